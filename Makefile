@@ -1,0 +1,25 @@
+# The two commands a fresh machine needs (see README): `make demo` and `make test`.
+# Both create the project's virtual environment on first use and install slashrt into it
+# (compiling native/ through the package build).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h)
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/slashrt demo
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) build *.egg-info slashrt/*.so

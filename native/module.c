@@ -1,0 +1,526 @@
+/* slashrt._native: CPython bindings for the native kernels.
+ *
+ *   HashAgg(kind, value_dtype)   hash aggregation over int64 keys (hashagg.c)
+ *   ysb_baseline(records, ad_to_campaign, n_campaigns, window_ms=10000)
+ *                                the plain-C YSB loop (ysb_baseline.c)
+ *
+ * Inputs are taken through the buffer protocol (no numpy headers needed): 1-D views of
+ * any stride, so a field of a structured array is read in place.  Hot loops run with
+ * the GIL released.  slashrt/_kernels.py wraps this module into the public API.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include "hashagg.h"
+#include "ysb_baseline.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "slashrt's record layouts are little-endian; this kernel assumes a little-endian host"
+#endif
+
+/* Below this many rows the GIL hand-off costs more than the loop and invites a thread
+ * switch, so small batches (the cache-resident case) keep the GIL. */
+#define NOGIL_MIN_ROWS 2048
+
+/* ---- buffer helpers ----------------------------------------------------------------- */
+
+/* Does a buffer format string describe one little-endian int64 (or float64)? */
+static int fmt_ok(const char *f, Py_ssize_t itemsize, int want_float) {
+    if (f == NULL) f = "B";
+    if (*f == '@' || *f == '=' || *f == '<')
+        f++;
+    else if (*f == '>' || *f == '!')
+        return 0;
+    if (itemsize != 8 || f[0] == '\0' || f[1] != '\0') return 0;
+    if (want_float) return f[0] == 'd';
+    return f[0] == 'q' || f[0] == 'l' || f[0] == 'n';
+}
+
+/* Get a 1-D (possibly strided) vector of int64 / float64 out of obj. */
+static int get_vec(PyObject *obj, Py_buffer *view, int want_float, const char *name,
+                   Py_ssize_t *n, Py_ssize_t *stride) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be a 1-D %s numpy array (or buffer), not %.100s",
+                     name, want_float ? "float64" : "int64", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if (view->ndim != 1 || !fmt_ok(view->format, view->itemsize, want_float)) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s must be a 1-D %s array (got ndim %d, format '%s', itemsize %zd)", name,
+                     want_float ? "float64" : "int64", view->ndim,
+                     view->format ? view->format : "B", view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    *n = view->shape[0];
+    *stride = view->strides[0];
+    return 0;
+}
+
+/* A writable C-contiguous output vector of exactly n int64 / float64 items. */
+static int get_out(PyObject *obj, Py_buffer *view, int want_float, const char *name,
+                   Py_ssize_t n) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
+        return -1;
+    if (view->ndim != 1 || !fmt_ok(view->format, view->itemsize, want_float) ||
+        view->shape[0] != n) {
+        PyErr_Format(PyExc_ValueError, "%s must be a writable contiguous %s array of length %zd",
+                     name, want_float ? "float64" : "int64", n);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* Minimal FASTCALL argument parser: fills out[] from positionals then keywords. */
+static int parse_fast(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                      const char *fname, const char *const *names, int nreq, int nmax,
+                      PyObject **out) {
+    for (int i = 0; i < nmax; i++) out[i] = NULL;
+    if (nargs > nmax) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d arguments (%zd given)", fname, nmax,
+                     nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) out[i] = args[i];
+    if (kwnames) {
+        Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t j = 0; j < nkw; j++) {
+            PyObject *kw = PyTuple_GET_ITEM(kwnames, j);
+            int found = -1;
+            for (int i = 0; i < nmax; i++)
+                if (PyUnicode_CompareWithASCIIString(kw, names[i]) == 0) found = i;
+            if (found < 0) {
+                PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'",
+                             fname, kw);
+                return -1;
+            }
+            if (out[found]) {
+                PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'",
+                             fname, names[found]);
+                return -1;
+            }
+            out[found] = args[nargs + j];
+        }
+    }
+    for (int i = 0; i < nreq; i++)
+        if (!out[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", fname, names[i]);
+            return -1;
+        }
+    return 0;
+}
+
+/* ---- HashAgg ------------------------------------------------------------------------ */
+
+static const char *const KIND_NAMES[] = {"count", "sum", "min", "max", "mean"};
+
+typedef struct {
+    PyObject_HEAD
+    ha_table t;
+    int ready; /* tp_init succeeded */
+    int busy;  /* a GIL-free loop is running on this table (guards against other threads) */
+} HashAggObject;
+
+static PyTypeObject HashAggType;
+
+static int ha_check(HashAggObject *self) {
+    if (!self->ready) {
+        PyErr_SetString(PyExc_RuntimeError, "HashAgg.__init__ was not called");
+        return -1;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "HashAgg is being updated by another thread (tables are not thread-safe)");
+        return -1;
+    }
+    return 0;
+}
+
+static int HashAgg_init(HashAggObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"kind", "value_dtype", NULL};
+    const char *kind = NULL, *vd = "i8";
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|s:HashAgg", kwlist, &kind, &vd)) return -1;
+    int k = -1;
+    for (int i = 0; i < 5; i++)
+        if (strcmp(kind, KIND_NAMES[i]) == 0) k = i;
+    if (k < 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "HashAgg kind must be one of count, sum, min, max, mean (got '%s')", kind);
+        return -1;
+    }
+    int isf;
+    if (strcmp(vd, "i8") == 0 || strcmp(vd, "<i8") == 0 || strcmp(vd, "int64") == 0)
+        isf = 0;
+    else if (strcmp(vd, "f8") == 0 || strcmp(vd, "<f8") == 0 || strcmp(vd, "float64") == 0)
+        isf = 1;
+    else {
+        PyErr_Format(PyExc_ValueError, "HashAgg value_dtype must be 'i8' or 'f8' (got '%s')", vd);
+        return -1;
+    }
+    if (self->busy) return ha_check(self);
+    if (self->ready) {
+        ha_free(&self->t);
+        self->ready = 0;
+    }
+    if (ha_init(&self->t, k, isf)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->ready = 1;
+    return 0;
+}
+
+static void HashAgg_dealloc(HashAggObject *self) {
+    if (self->ready) ha_free(&self->t);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Shared by update() and merge(): counts == NULL means one per row. */
+static PyObject *ha_fold(HashAggObject *self, PyObject *keys, PyObject *counts, PyObject *vals,
+                         const char *vname) {
+    if (ha_check(self)) return NULL;
+    Py_buffer kv, cv, vv;
+    Py_ssize_t n, ks, cn = 0, cs = 0, vn = 0, vs = 0;
+    const int kind = self->t.kind;
+    int have_c = 0, have_v = 0;
+    if (get_vec(keys, &kv, 0, "keys", &n, &ks)) return NULL;
+    if (counts) {
+        if (get_vec(counts, &cv, 0, "counts", &cn, &cs)) goto fail;
+        have_c = 1;
+        if (cn != n) {
+            PyErr_Format(PyExc_ValueError, "counts has length %zd, keys has %zd", cn, n);
+            goto fail;
+        }
+    }
+    if (vals && vals != Py_None) {
+        if (get_vec(vals, &vv, self->t.is_float, vname, &vn, &vs)) goto fail;
+        have_v = 1;
+        if (vn != n) {
+            PyErr_Format(PyExc_ValueError, "%s has length %zd, keys has %zd", vname, vn, n);
+            goto fail;
+        }
+    } else if (kind != HA_COUNT) {
+        PyErr_Format(PyExc_TypeError, "%s are required for kind '%s'", vname, KIND_NAMES[kind]);
+        goto fail;
+    }
+    int rc;
+    const char *cp = have_c ? (const char *)cv.buf : NULL;
+    const char *vp = (have_v && kind != HA_COUNT) ? (const char *)vv.buf : NULL;
+    if (n >= NOGIL_MIN_ROWS) {
+        self->busy = 1;
+        Py_BEGIN_ALLOW_THREADS
+        rc = ha_apply(&self->t, kv.buf, ks, cp, cs, vp, vs, (size_t)n);
+        Py_END_ALLOW_THREADS
+        self->busy = 0;
+    } else {
+        rc = ha_apply(&self->t, kv.buf, ks, cp, cs, vp, vs, (size_t)n);
+    }
+    PyBuffer_Release(&kv);
+    if (have_c) PyBuffer_Release(&cv);
+    if (have_v) PyBuffer_Release(&vv);
+    if (rc) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+fail:
+    PyBuffer_Release(&kv);
+    if (have_c) PyBuffer_Release(&cv);
+    if (have_v) PyBuffer_Release(&vv);
+    return NULL;
+}
+
+static PyObject *HashAgg_update(HashAggObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames) {
+    static const char *const names[] = {"keys", "values"};
+    PyObject *a[2];
+    if (parse_fast(args, nargs, kwnames, "update", names, 1, 2, a)) return NULL;
+    return ha_fold(self, a[0], NULL, a[1], "values");
+}
+
+static PyObject *HashAgg_merge(HashAggObject *self, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames) {
+    static const char *const names[] = {"keys", "counts", "vals"};
+    PyObject *a[3];
+    if (parse_fast(args, nargs, kwnames, "merge", names, 2, 3, a)) return NULL;
+    return ha_fold(self, a[0], a[1], a[2], "vals");
+}
+
+static PyObject *HashAgg_merge_from(HashAggObject *self, PyObject *other) {
+    if (ha_check(self)) return NULL;
+    if (!PyObject_TypeCheck(other, &HashAggType)) {
+        PyErr_Format(PyExc_TypeError, "merge_from needs a native HashAgg, not %.100s",
+                     Py_TYPE(other)->tp_name);
+        return NULL;
+    }
+    HashAggObject *o = (HashAggObject *)other;
+    if (ha_check(o)) return NULL;
+    if (o->t.kind != self->t.kind || o->t.is_float != self->t.is_float) {
+        PyErr_Format(PyExc_ValueError, "merge_from: cannot join HashAgg(%s, %s) into HashAgg(%s, %s)",
+                     KIND_NAMES[o->t.kind], o->t.is_float ? "f8" : "i8",
+                     KIND_NAMES[self->t.kind], self->t.is_float ? "f8" : "i8");
+        return NULL;
+    }
+    int rc;
+    self->busy = o->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ha_merge_table(&self->t, &o->t);
+    Py_END_ALLOW_THREADS
+    self->busy = o->busy = 0;
+    if (rc) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *HashAgg_export_into(HashAggObject *self, PyObject *const *args,
+                                     Py_ssize_t nargs) {
+    if (ha_check(self)) return NULL;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "_export_into(keys, counts, vals) takes 3 arguments");
+        return NULL;
+    }
+    Py_ssize_t n = (Py_ssize_t)ha_len(&self->t);
+    Py_buffer k, c, v;
+    if (get_out(args[0], &k, 0, "keys", n)) return NULL;
+    if (get_out(args[1], &c, 0, "counts", n)) {
+        PyBuffer_Release(&k);
+        return NULL;
+    }
+    if (get_out(args[2], &v, self->t.is_float, "vals", n)) {
+        PyBuffer_Release(&k);
+        PyBuffer_Release(&c);
+        return NULL;
+    }
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    ha_export(&self->t, (int64_t *)k.buf, (int64_t *)c.buf, (ha_val *)v.buf);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    PyBuffer_Release(&k);
+    PyBuffer_Release(&c);
+    PyBuffer_Release(&v);
+    Py_RETURN_NONE;
+}
+
+static PyObject *HashAgg_clear(HashAggObject *self, PyObject *unused) {
+    if (ha_check(self)) return NULL;
+    if (ha_clear(&self->t)) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *HashAgg_sizeof(HashAggObject *self, PyObject *unused) {
+    size_t extra = self->ready ? ha_nbytes(&self->t) - sizeof(ha_table) : 0;
+    return PyLong_FromSize_t((size_t)Py_TYPE(self)->tp_basicsize + extra);
+}
+
+static Py_ssize_t HashAgg_len(HashAggObject *self) {
+    return self->ready ? (Py_ssize_t)ha_len(&self->t) : 0;
+}
+
+static PyObject *HashAgg_get_kind(HashAggObject *self, void *c) {
+    if (!self->ready) Py_RETURN_NONE;
+    return PyUnicode_FromString(KIND_NAMES[self->t.kind]);
+}
+
+static PyObject *HashAgg_get_value_dtype(HashAggObject *self, void *c) {
+    if (!self->ready) Py_RETURN_NONE;
+    return PyUnicode_FromString(self->t.is_float ? "f8" : "i8");
+}
+
+static PyObject *HashAgg_get_nbytes(HashAggObject *self, void *c) {
+    return PyLong_FromSize_t(self->ready ? ha_nbytes(&self->t) : 0);
+}
+
+static PyObject *HashAgg_get_capacity(HashAggObject *self, void *c) {
+    return PyLong_FromUnsignedLongLong(self->ready ? self->t.cap : 0);
+}
+
+static PyMethodDef HashAgg_methods[] = {
+    {"update", (PyCFunction)(void (*)(void))HashAgg_update, METH_FASTCALL | METH_KEYWORDS,
+     "update(keys, values=None): fold one batch in (count += 1, val op= value per row)."},
+    {"merge", (PyCFunction)(void (*)(void))HashAgg_merge, METH_FASTCALL | METH_KEYWORDS,
+     "merge(keys, counts, vals=None): CRDT join of a partial given as exported arrays."},
+    {"merge_from", (PyCFunction)HashAgg_merge_from, METH_O,
+     "merge_from(other): CRDT join of another native HashAgg of the same kind and dtype."},
+    {"_export_into", (PyCFunction)(void (*)(void))HashAgg_export_into, METH_FASTCALL,
+     "_export_into(keys, counts, vals): fill preallocated arrays of length len(self)."},
+    {"clear", (PyCFunction)HashAgg_clear, METH_NOARGS,
+     "clear(): drop every key and shrink back to the initial capacity."},
+    {"__sizeof__", (PyCFunction)HashAgg_sizeof, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef HashAgg_getset[] = {
+    {"kind", (getter)HashAgg_get_kind, NULL, "aggregate kind", NULL},
+    {"value_dtype", (getter)HashAgg_get_value_dtype, NULL, "'i8' or 'f8'", NULL},
+    {"nbytes", (getter)HashAgg_get_nbytes, NULL, "bytes held by the table", NULL},
+    {"capacity", (getter)HashAgg_get_capacity, NULL, "slots in the open-addressing table", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods HashAgg_as_sequence = {
+    .sq_length = (lenfunc)HashAgg_len,
+};
+
+static PyTypeObject HashAggType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "slashrt._native.HashAgg",
+    .tp_basicsize = sizeof(HashAggObject),
+    .tp_dealloc = (destructor)HashAgg_dealloc,
+    .tp_as_sequence = &HashAgg_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "HashAgg(kind, value_dtype='i8'): hash aggregation over int64 keys "
+              "(open addressing, linear probing, prefetching batch loop).",
+    .tp_methods = HashAgg_methods,
+    .tp_getset = HashAgg_getset,
+    .tp_init = (initproc)HashAgg_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ---- ysb_baseline ------------------------------------------------------------------- */
+
+static PyObject *py_ysb_baseline(PyObject *mod, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"records", "ad_to_campaign", "n_campaigns", "window_ms", NULL};
+    PyObject *recobj, *mapobj;
+    long long ncamp, W = 10000;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOL|L:ysb_baseline", kwlist, &recobj, &mapobj,
+                                     &ncamp, &W))
+        return NULL;
+    if (ncamp < 1 || W < 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "ysb_baseline: n_campaigns and window_ms must be positive (got %lld, %lld)",
+                     ncamp, W);
+        return NULL;
+    }
+    Py_buffer rv, mv;
+    if (PyObject_GetBuffer(recobj, &rv, PyBUF_RECORDS_RO) < 0) return NULL;
+    size_t n;
+    if (!PyBuffer_IsContiguous(&rv, 'C')) {
+        PyErr_SetString(PyExc_ValueError, "ysb_baseline: records must be C-contiguous");
+        PyBuffer_Release(&rv);
+        return NULL;
+    }
+    if (rv.ndim == 1 && rv.itemsize == YSB_RECORD_SIZE) {
+        n = (size_t)rv.shape[0];
+    } else if (rv.itemsize == 1 && rv.len % YSB_RECORD_SIZE == 0) {
+        n = (size_t)(rv.len / YSB_RECORD_SIZE); /* raw bytes of back-to-back records */
+    } else {
+        PyErr_Format(PyExc_ValueError,
+                     "ysb_baseline: records must be a 1-D array of %d-byte records "
+                     "(got ndim %d, itemsize %zd)",
+                     YSB_RECORD_SIZE, rv.ndim, rv.itemsize);
+        PyBuffer_Release(&rv);
+        return NULL;
+    }
+    Py_ssize_t nmap, mstride;
+    if (get_vec(mapobj, &mv, 0, "ad_to_campaign", &nmap, &mstride)) {
+        PyBuffer_Release(&rv);
+        return NULL;
+    }
+    ysb_grid g;
+    int rc;
+    size_t nz = 0;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ysb_count((const unsigned char *)rv.buf, n, (const char *)mv.buf, mstride, nmap, ncamp,
+                   W, &g);
+    if (rc == YSB_OK && g.grid) {
+        const int64_t total = g.nwin * ncamp;
+        for (int64_t i = 0; i < total; i++) nz += g.grid[i] != 0;
+    }
+    Py_END_ALLOW_THREADS
+    if (rc != YSB_OK) {
+        const unsigned char *r = (const unsigned char *)rv.buf + g.err_row * YSB_RECORD_SIZE;
+        long long ad, t;
+        memcpy(&t, r, 8);
+        memcpy(&ad, r + 8, 8);
+        switch (rc) {
+        case YSB_BAD_AD:
+            PyErr_Format(PyExc_ValueError,
+                         "ysb_baseline: record %zu has ad_id %lld outside ad_to_campaign "
+                         "(valid ad_ids are 0..%zd)",
+                         g.err_row, ad, nmap - 1);
+            break;
+        case YSB_BAD_CAMPAIGN:
+            PyErr_Format(PyExc_ValueError,
+                         "ysb_baseline: record %zu: ad_to_campaign[%lld] = %lld is not a campaign "
+                         "in [0, n_campaigns=%lld)",
+                         g.err_row, ad, (long long)g.err_val, ncamp);
+            break;
+        case YSB_NOMEM:
+            PyErr_NoMemory();
+            break;
+        case YSB_SPAN:
+            PyErr_Format(PyExc_ValueError,
+                         "ysb_baseline: record %zu: event_time %lld makes the windows x campaigns "
+                         "grid exceed %lld cells (event times span too far)",
+                         g.err_row, t, (long long)YSB_MAX_CELLS);
+            break;
+        default:
+            PyErr_Format(PyExc_ValueError,
+                         "ysb_baseline: record %zu: event_time %lld is out of range", g.err_row,
+                         t);
+        }
+        PyBuffer_Release(&rv);
+        PyBuffer_Release(&mv);
+        return NULL;
+    }
+    PyBuffer_Release(&rv);
+    PyBuffer_Release(&mv);
+    PyObject *ow = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(nz * 8));
+    PyObject *oc = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(nz * 8));
+    PyObject *on = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(nz * 8));
+    if (!ow || !oc || !on) {
+        Py_XDECREF(ow);
+        Py_XDECREF(oc);
+        Py_XDECREF(on);
+        free(g.grid);
+        return NULL;
+    }
+    int64_t *pw = (int64_t *)PyByteArray_AS_STRING(ow);
+    int64_t *pc = (int64_t *)PyByteArray_AS_STRING(oc);
+    int64_t *pn = (int64_t *)PyByteArray_AS_STRING(on);
+    if (g.grid) {
+        Py_BEGIN_ALLOW_THREADS
+        size_t o = 0;
+        for (int64_t r = 0; r < g.nwin; r++) {
+            const int64_t *row = g.grid + r * ncamp;
+            for (int64_t c = 0; c < ncamp; c++) {
+                if (row[c] == 0) continue;
+                pw[o] = (g.w0 + r) * W;
+                pc[o] = c;
+                pn[o] = row[c];
+                o++;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        free(g.grid);
+    }
+    return Py_BuildValue("(NNN)", ow, oc, on);
+}
+
+static PyMethodDef module_methods[] = {
+    {"ysb_baseline", (PyCFunction)(void (*)(void))py_ysb_baseline, METH_VARARGS | METH_KEYWORDS,
+     "ysb_baseline(records, ad_to_campaign, n_campaigns, window_ms=10000) -> "
+     "(window_start, campaign, count) as three bytearrays of int64, sorted by window then "
+     "campaign, nonzero counts only."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "slashrt._native",
+    .m_doc = "Native kernels of slashrt (hash aggregation, YSB baseline); see slashrt._kernels.",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    if (PyType_Ready(&HashAggType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&native_module);
+    if (!m) return NULL;
+    Py_INCREF(&HashAggType);
+    if (PyModule_AddObject(m, "HashAgg", (PyObject *)&HashAggType) < 0) {
+        Py_DECREF(&HashAggType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,19 @@
+"""Build the native kernels under native/ as the extension module slashrt._native.
+
+The extension is optional: where no C compiler is available the build warns and
+slashrt falls back to its numpy implementations (slashrt/_kernels.py says which is in use).
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "slashrt._native",
+            sources=["native/module.c", "native/hashagg.c", "native/ysb_baseline.c"],
+            include_dirs=["native"],
+            extra_compile_args=["-O3", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        )
+    ]
+)

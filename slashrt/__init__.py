@@ -1,0 +1,53 @@
+"""slashrt: distributed stateful stream processing after the Slash design.
+
+The public surface is this module plus `slashrt.sinks`, `slashrt.testing` and
+`slashrt.transport`. Layers depend downwards only::
+
+    slashrt (Dataflow, run)          public API and runtime (_dataflow, _plan, _runtime, cli)
+      ├── slashrt.ops                operators: stateless, windows, sources, sinks
+      │     └── slashrt.ssb          CRDT partial state (and the shared state backend)
+      ├── slashrt.scheduler          the trio executor: compute and polling coroutines
+      └── slashrt.transport          the channel protocol and one module per medium
+            └── slashrt._buffer      the flat buffer format (payload, footer, flag last)
+    slashrt._kernels                 native C kernels (native/) with numpy fallbacks
+
+`transport` imports nothing from `ops` or `ssb`.
+"""
+
+from slashrt._batch import Batch
+from slashrt._dataflow import Dataflow, Stream, WindowedStream
+from slashrt._runtime import ChannelFailed, RunResult, run, run_async
+from slashrt._schema import Schema
+from slashrt.errors import (
+    ChannelClosed,
+    DataflowError,
+    MalformedBuffer,
+    OperatorError,
+    SchemaError,
+    SlashError,
+)
+from slashrt.ops.window import Sliding, Tumbling
+from slashrt import sinks
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Batch",
+    "ChannelClosed",
+    "ChannelFailed",
+    "DataflowError",
+    "Dataflow",
+    "MalformedBuffer",
+    "OperatorError",
+    "RunResult",
+    "Schema",
+    "SchemaError",
+    "SlashError",
+    "Sliding",
+    "Stream",
+    "Tumbling",
+    "WindowedStream",
+    "run",
+    "run_async",
+    "sinks",
+]

@@ -1,0 +1,278 @@
+"""The dataflow data model: a graph of named steps, built with a fluent API, run elsewhere.
+
+Nothing here executes anything. `Dataflow` records step specifications; `slashrt._plan`
+turns them into runtime operators. Every step has a dotted step id (``"ysb.views"``) that
+appears in errors, logs, metrics and snapshot keys.
+
+    flow = Dataflow("ysb")
+    events = flow.source("events", YSB_SCHEMA, time="event_time", max_delay=1000)
+    counts = (events.filter(lambda b: b["event_type"] == 0)
+                    .with_column("campaign_id", lambda b: ads[b["ad_id"]])
+                    .window(Tumbling(seconds=10))
+                    .count(key="campaign_id"))
+    counts.sink(sinks.Collect())
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+
+import attrs
+import numpy as np
+
+from slashrt._schema import Schema
+from slashrt.errors import DataflowError, SchemaError
+from slashrt.ssb.crdt import AggKind, result_dtype
+
+__all__ = ["Dataflow", "Stream", "WindowedStream"]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+
+Fields = dict[str, "np.dtype | None"]  # column name -> dtype (None: known only at run time)
+
+
+@attrs.frozen
+class SourceSpec:
+    step_id: str
+    schema: Schema
+    time: str | None
+    max_delay: int
+
+
+@attrs.frozen
+class ApplySpec:
+    step_id: str
+    up: str
+    fn: Callable
+    fields: Fields  # what the function promises to return
+
+
+@attrs.frozen
+class FilterSpec:
+    step_id: str
+    up: str
+    predicate: Callable
+
+
+@attrs.frozen
+class WithColumnSpec:
+    step_id: str
+    up: str
+    name: str
+    fn: Callable
+    dtype: np.dtype | None
+
+
+@attrs.frozen
+class ProjectSpec:
+    step_id: str
+    up: str
+    names: tuple[str, ...]
+
+
+@attrs.frozen
+class WindowAggSpec:
+    step_id: str
+    up: str
+    assigner: object  # slashrt.ops.window.Tumbling | Sliding
+    time: str
+    key: str
+    column: str | None
+    kind: AggKind
+    output: str
+    late: object | None  # a sink for late records, or None
+    value_dtype: np.dtype | None  # accumulator type (int64 or float64); None: decided at run time
+
+
+@attrs.frozen
+class SinkSpec:
+    step_id: str
+    up: str
+    sink: object
+
+
+class Dataflow:
+    """A named graph of steps. Build it with `source` and the `Stream` methods, then `slashrt.run`."""
+
+    def __init__(self, name: str):
+        if not _NAME.match(name):
+            raise DataflowError(f"dataflow name {name!r} must be an identifier-like string")
+        self.name = name
+        self.steps: dict[str, object] = {}
+        self._counter = 0
+
+    def _step_id(self, name: str | None, default: str) -> str:
+        if name is None:
+            self._counter += 1
+            name = f"{default}_{self._counter}"
+        if not _NAME.match(name):
+            raise DataflowError(f"step name {name!r} must be an identifier-like string")
+        step_id = f"{self.name}.{name}"
+        if step_id in self.steps:
+            raise DataflowError(f"step id {step_id!r} is used twice")
+        return step_id
+
+    def _add(self, spec) -> str:
+        self.steps[spec.step_id] = spec
+        return spec.step_id
+
+    def source(self, name: str, schema: Schema | np.dtype | dict, *, time: str | None = None, max_delay: int = 0) -> Stream:
+        """An input stream of records of `schema`.
+
+        `time` names the event-time column (int64, milliseconds by convention); the source's
+        watermark is the largest event time seen minus `max_delay`, the declared bound on
+        out-of-orderness. Records later than that are counted as late by windows, never dropped
+        silently.
+        """
+        schema = schema if isinstance(schema, Schema) else (
+            Schema.from_dtype(schema) if isinstance(schema, np.dtype) else Schema(schema)
+        )
+        if time is not None and time not in schema:
+            raise SchemaError(f"source {name!r}: time column {time!r} is not in {list(schema.names)}")
+        if time is not None and schema.field(time).kind not in "iu":
+            raise SchemaError(f"source {name!r}: time column {time!r} must be an integer field")
+        if max_delay < 0:
+            raise DataflowError(f"source {name!r}: max_delay must be >= 0, got {max_delay}")
+        step_id = self._add(SourceSpec(self._step_id(name, "source"), schema, time, int(max_delay)))
+        fields = {n: schema.field(n) for n in schema.names}
+        return Stream(self, step_id, fields, time)
+
+    def sources(self) -> list[SourceSpec]:
+        return [s for s in self.steps.values() if isinstance(s, SourceSpec)]
+
+    def downstream(self, step_id: str) -> list:
+        return [s for s in self.steps.values() if getattr(s, "up", None) == step_id]
+
+
+@attrs.define(frozen=True)
+class Stream:
+    """A stream of batches leaving one step."""
+
+    flow: Dataflow
+    step_id: str
+    fields: Fields
+    time: str | None  # event-time column carried from the source, if any
+
+    def _need(self, *names: str, what: str) -> None:
+        for n in names:
+            if n not in self.fields:
+                raise SchemaError(f"{what}: unknown column {n!r}; the stream from {self.step_id!r} has {list(self.fields)}")
+
+    def _next(self, spec, fields: Fields | None = None, time: str | None = ...) -> Stream:
+        self.flow._add(spec)
+        return Stream(self.flow, spec.step_id, self.fields if fields is None else fields, self.time if time is ... else time)
+
+    def apply(self, fn: Callable, *, name: str | None = None, schema: Schema | dict | None = None) -> Stream:
+        """Run a user operator, `async def fn(batch) -> batch` (a plain function works too).
+
+        It may return a Batch, a structured numpy array, or None to drop the batch. `schema`
+        declares the columns it returns when they differ from its input's.
+        """
+        if not callable(fn):
+            raise DataflowError(f"apply() needs a callable, got {fn!r}")
+        step_id = self.flow._step_id(name or getattr(fn, "__name__", None), "apply")
+        if schema is None:
+            fields = dict(self.fields)
+        else:
+            schema = schema if isinstance(schema, Schema) else Schema(schema)
+            fields = {n: schema.field(n) for n in schema.names}
+        time = self.time if self.time in fields else None
+        return self._next(ApplySpec(step_id, self.step_id, fn, fields), fields, time)
+
+    def filter(self, predicate: Callable, *, name: str | None = None) -> Stream:
+        """Keep the rows where `predicate(batch)` (a boolean array) is True."""
+        return self._next(FilterSpec(self.flow._step_id(name, "filter"), self.step_id, predicate))
+
+    def with_column(self, column: str, fn: Callable, *, dtype=None, name: str | None = None) -> Stream:
+        """Add or replace `column` with `fn(batch)`, an array of one value per row."""
+        if not _NAME.match(column):
+            raise SchemaError(f"column name {column!r} must be an identifier-like string")
+        dt = None if dtype is None else np.dtype(dtype)
+        fields = dict(self.fields)
+        fields[column] = dt
+        spec = WithColumnSpec(self.flow._step_id(name, f"with_{column}"), self.step_id, column, fn, dt)
+        return self._next(spec, fields)
+
+    def project(self, *columns: str, name: str | None = None) -> Stream:
+        """Keep only these columns, in this order."""
+        if not columns:
+            raise DataflowError("project() needs at least one column")
+        self._need(*columns, what="project")
+        fields = {c: self.fields[c] for c in columns}
+        time = self.time if self.time in fields else None
+        return self._next(ProjectSpec(self.flow._step_id(name, "project"), self.step_id, tuple(columns)), fields, time)
+
+    def window(self, assigner, *, time: str | None = None, late=None) -> WindowedStream:
+        """Group the stream into event-time windows (`Tumbling` or `Sliding`).
+
+        `late` is an optional sink that receives records that arrive after their window fired.
+        """
+        time = time or self.time
+        if time is None:
+            raise DataflowError("window(): no event-time column; name one with time= or on the source")
+        self._need(time, what="window")
+        return WindowedStream(self, assigner, time, late)
+
+    def sink(self, sink, *, name: str | None = None) -> str:
+        """Send the stream to a sink (`slashrt.sinks.Collect()`, `CsvFile`, `ParquetFile`, `Callback`)."""
+        default = getattr(sink, "default_name", "sink")
+        step_id = self.flow._step_id(name, default)
+        self.flow._add(SinkSpec(step_id, self.step_id, sink))
+        if hasattr(sink, "bind"):
+            sink.bind(step_id)
+        return step_id
+
+
+@attrs.define(frozen=True)
+class WindowedStream:
+    """A stream grouped into windows; finish it with an aggregate."""
+
+    stream: Stream
+    assigner: object
+    time: str
+    late: object | None
+
+    def _agg(self, kind: AggKind, key: str, column: str | None, name: str | None, output: str | None) -> Stream:
+        s = self.stream
+        s._need(key, what=f"{kind.value}(key=...)")
+        if column is not None:
+            s._need(column, what=f"{kind.value}({column!r})")
+        if s.fields[key] is not None and s.fields[key].kind not in "iu":
+            raise SchemaError(f"{kind.value}: key column {key!r} must be an integer column, is {s.fields[key]}")
+        value_dtype = np.dtype("<i8") if column is None else None
+        if column is not None and s.fields[column] is not None:
+            col = s.fields[column]
+            if col.kind not in "iuf":
+                raise SchemaError(f"{kind.value}: column {column!r} must be numeric, is {col}")
+            value_dtype = np.dtype("<f8") if col.kind == "f" else np.dtype("<i8")
+        output = output or (kind.value if column is None else f"{kind.value}_{column}")
+        step_id = s.flow._step_id(name, f"{kind.value}_window")
+        spec = WindowAggSpec(step_id, s.step_id, self.assigner, self.time, key, column, kind, output, self.late, value_dtype)
+        fields = {
+            "window_start": np.dtype("<i8"),
+            "window_end": np.dtype("<i8"),
+            key: np.dtype("<i8"),
+            output: None if value_dtype is None else result_dtype(kind, value_dtype),
+        }
+        return s._next(spec, fields, "window_end")
+
+    def count(self, key: str, *, name: str | None = None, output: str | None = None) -> Stream:
+        return self._agg(AggKind.COUNT, key, None, name, output)
+
+    def sum(self, column: str, key: str, *, name: str | None = None, output: str | None = None) -> Stream:
+        return self._agg(AggKind.SUM, key, column, name, output)
+
+    def min(self, column: str, key: str, *, name: str | None = None, output: str | None = None) -> Stream:
+        return self._agg(AggKind.MIN, key, column, name, output)
+
+    def max(self, column: str, key: str, *, name: str | None = None, output: str | None = None) -> Stream:
+        return self._agg(AggKind.MAX, key, column, name, output)
+
+    def mean(self, column: str, key: str, *, name: str | None = None, output: str | None = None) -> Stream:
+        return self._agg(AggKind.MEAN, key, column, name, output)
+
+
+def is_async(fn: Callable) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))

@@ -1,0 +1,258 @@
+"""Kernels numpy cannot do fast, in C with a pure-numpy fallback.
+
+* ``HashAgg``: hash aggregation over int64 keys (count, sum, min, max, mean). This is the
+  partial state of grouped aggregations: every executor folds its batches into its own
+  table and partials are joined later (``merge`` / ``merge_from`` are CRDT joins).
+* ``ysb_baseline``: the Yahoo Streaming Benchmark query as one plain C loop, the yardstick
+  the Python runtime is measured against.
+
+Which implementation is in use:
+
+* ``NATIVE`` is True when the C extension ``slashrt._native`` imported; then ``HashAgg`` is
+  ``NativeHashAgg``. Otherwise ``HashAgg`` is ``NumpyHashAgg``, and ``NativeHashAgg`` and
+  ``ysb_baseline`` are None.
+* ``SLASHRT_NATIVE=0`` forces the numpy fallback (the extension is not even imported);
+  ``SLASHRT_NATIVE=1`` makes a missing extension an ImportError instead of a fallback.
+
+HashAgg semantics (identical in both implementations):
+
+* ``update(keys, values)``: per row ``count += 1``; ``sum``/``mean``: ``val += v``;
+  ``min``/``max``: ``val = fmin/fmax(val, v)``. ``mean`` keeps sum and count; divide
+  ``vals / counts`` after ``export``. ``count`` ignores values (they may be None).
+* Integer sums and counts wrap modulo 2**64 like numpy int64 arithmetic.
+* Floats: min/max ignore NaN unless every value of a key is NaN (np.fmin/np.fmax);
+  sums propagate NaN. Float sums are order-dependent in the last bits, as always.
+* ``export()`` returns fresh writable arrays ``(keys, counts, vals)`` in no particular
+  order; for ``count`` the vals are 0.
+* Inputs are 1-D int64 keys (and values of ``value_dtype``), any stride; a field of a
+  structured array (``batch["ad_id"]``) is read in place. A table is not thread-safe, but
+  the native one releases the GIL on large batches so other tables can work in parallel.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import structlog
+
+__all__ = [
+    "KINDS",
+    "NATIVE",
+    "HashAgg",
+    "NumpyHashAgg",
+    "NativeHashAgg",
+    "ysb_baseline",
+    "YSB_RECORD_SIZE",
+]
+
+log = structlog.get_logger("slashrt.kernels")
+
+KINDS = ("count", "sum", "min", "max", "mean")
+YSB_RECORD_SIZE = 78
+
+# The CRDT join of the value per kind, as a numpy ufunc (None: no value is kept).
+_JOIN = {"count": None, "sum": np.add, "mean": np.add, "min": np.fmin, "max": np.fmax}
+
+
+def _value_dtype(value_dtype) -> str:
+    dt = np.dtype(value_dtype)
+    if dt == np.int64:
+        return "i8"
+    if dt == np.float64:
+        return "f8"
+    raise ValueError(f"HashAgg value_dtype must be int64 ('i8') or float64 ('f8'), got {dt}")
+
+
+def _check_kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"HashAgg kind must be one of {', '.join(KINDS)} (got {kind!r})")
+    return kind
+
+
+def _vec(x, dtype: np.dtype, name: str) -> np.ndarray:
+    a = np.asarray(x)
+    if a.ndim != 1 or a.dtype != dtype:
+        raise TypeError(f"{name} must be a 1-D {dtype} array (got {a.dtype}, ndim {a.ndim})")
+    return a
+
+
+class NumpyHashAgg:
+    """Pure-numpy HashAgg: sorted unique keys plus parallel count and value arrays.
+
+    A batch is reduced by sorting (argsort + ufunc.reduceat, exact for int64) and joined
+    into the state with searchsorted; new keys are spliced in with np.insert, so each
+    batch costs O(state + batch log batch). Fine as a fallback, not for huge key spaces.
+    """
+
+    __slots__ = ("kind", "value_dtype", "_dt", "_join", "_keys", "_counts", "_vals")
+
+    def __init__(self, kind: str, value_dtype="i8"):
+        self.kind = _check_kind(kind)
+        self.value_dtype = _value_dtype(value_dtype)
+        self._dt = np.dtype(self.value_dtype)
+        self._join = _JOIN[kind]
+        self.clear()
+
+    def clear(self) -> None:
+        self._keys = np.empty(0, np.int64)
+        self._counts = np.empty(0, np.int64)
+        self._vals = np.empty(0, self._dt)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    @property
+    def nbytes(self) -> int:
+        return self._keys.nbytes + self._counts.nbytes + self._vals.nbytes
+
+    def __repr__(self) -> str:
+        return f"NumpyHashAgg({self.kind!r}, {self.value_dtype!r}, len={len(self)})"
+
+    def update(self, keys, values=None) -> None:
+        keys = _vec(keys, np.dtype(np.int64), "keys")
+        vals = self._values(values, len(keys), "values")
+        self._fold(keys, None, vals)
+
+    def merge(self, keys, counts, vals=None) -> None:
+        keys = _vec(keys, np.dtype(np.int64), "keys")
+        counts = _vec(counts, np.dtype(np.int64), "counts")
+        if len(counts) != len(keys):
+            raise ValueError(f"counts has length {len(counts)}, keys has {len(keys)}")
+        self._fold(keys, counts, self._values(vals, len(keys), "vals"))
+
+    def merge_from(self, other) -> None:
+        if other.kind != self.kind or other.value_dtype != self.value_dtype:
+            raise ValueError(
+                f"merge_from: cannot join HashAgg({other.kind}, {other.value_dtype}) into "
+                f"HashAgg({self.kind}, {self.value_dtype})"
+            )
+        self.merge(*other.export())
+
+    def export(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self._keys.copy(), self._counts.copy(), self._vals.copy()
+
+    # -- internals --
+
+    def _values(self, values, n: int, name: str):
+        if self._join is None:  # count keeps no value
+            if values is not None and len(values) != n:
+                raise ValueError(f"{name} has length {len(values)}, keys has {n}")
+            return None
+        if values is None:
+            raise TypeError(f"{name} are required for kind {self.kind!r}")
+        v = _vec(values, self._dt, name)
+        if len(v) != n:
+            raise ValueError(f"{name} has length {len(v)}, keys has {n}")
+        return v
+
+    def _fold(self, keys: np.ndarray, counts: np.ndarray | None, vals: np.ndarray | None) -> None:
+        if len(keys) == 0:
+            return
+        # 1. reduce the batch to unique keys (stable sort keeps float sums deterministic)
+        order = np.argsort(keys, kind="stable")
+        sk = keys[order]
+        starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
+        uk = sk[starts]
+        if counts is None:
+            uc = np.diff(np.append(starts, len(sk))).astype(np.int64)
+        else:
+            uc = np.add.reduceat(counts[order], starts)
+        if vals is None:
+            uv = np.zeros(len(uk), self._dt)
+        else:
+            uv = self._join.reduceat(vals[order], starts)
+        # 2. join into the sorted state
+        pos = np.searchsorted(self._keys, uk)
+        hit = pos < len(self._keys)
+        hit[hit] = self._keys[pos[hit]] == uk[hit]
+        hp = pos[hit]
+        self._counts[hp] += uc[hit]
+        if vals is not None:
+            self._vals[hp] = self._join(self._vals[hp], uv[hit])
+        new = ~hit
+        if new.any():
+            np_ = pos[new]
+            self._keys = np.insert(self._keys, np_, uk[new])
+            self._counts = np.insert(self._counts, np_, uc[new])
+            self._vals = np.insert(self._vals, np_, uv[new])
+
+
+_native = None
+_mode = os.environ.get("SLASHRT_NATIVE", "").strip().lower()
+if _mode in ("0", "false", "no", "off"):
+    _why = "disabled by SLASHRT_NATIVE=0"
+else:
+    try:
+        from slashrt import _native  # type: ignore[attr-defined]
+
+        _why = "extension loaded"
+    except ImportError as exc:
+        if _mode in ("1", "true", "yes", "on"):
+            raise ImportError(f"SLASHRT_NATIVE=1 but the C extension is unavailable: {exc}") from exc
+        _why = f"extension unavailable ({exc})"
+
+NATIVE: bool = _native is not None
+
+if _native is not None:
+
+    class NativeHashAgg(_native.HashAgg):
+        """HashAgg in C (native/hashagg.c): open addressing with linear probing over
+        24-byte slots, murmur3-mixed int64 keys, batched hashing with software prefetch.
+
+        update, merge, clear, len, kind, value_dtype, nbytes and capacity come straight
+        from C (no Python frame per call); export and merge_from are thin wrappers.
+        """
+
+        __slots__ = ()
+
+        def __init__(self, kind: str, value_dtype="i8"):
+            super().__init__(_check_kind(kind), _value_dtype(value_dtype))
+
+        def export(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            n = len(self)
+            keys = np.empty(n, np.int64)
+            counts = np.empty(n, np.int64)
+            vals = np.empty(n, np.float64 if self.value_dtype == "f8" else np.int64)
+            self._export_into(keys, counts, vals)
+            return keys, counts, vals
+
+        def merge_from(self, other) -> None:
+            if isinstance(other, _native.HashAgg):
+                super().merge_from(other)
+                return
+            if other.kind != self.kind or other.value_dtype != self.value_dtype:
+                raise ValueError(
+                    f"merge_from: cannot join HashAgg({other.kind}, {other.value_dtype}) into "
+                    f"HashAgg({self.kind}, {self.value_dtype})"
+                )
+            self.merge(*other.export())
+
+        def __repr__(self) -> str:
+            return f"NativeHashAgg({self.kind!r}, {self.value_dtype!r}, len={len(self)})"
+
+    def ysb_baseline(
+        records: np.ndarray, ad_to_campaign: np.ndarray, n_campaigns: int, window_ms: int = 10000
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Count YSB views per (10 s window, campaign) in one C pass over raw records.
+
+        ``records``: C-contiguous array of 78-byte YSB records (structured or raw bytes);
+        ``ad_to_campaign``: int64 campaign per ad_id. Returns ``(window_start_ms, campaign,
+        count)`` int64 arrays for nonzero counts, sorted by window then campaign. Raises
+        ValueError for an ad_id outside the mapping or a campaign outside [0, n_campaigns).
+        """
+        w, c, n = _native.ysb_baseline(records, ad_to_campaign, int(n_campaigns), int(window_ms))
+        # bytearrays: frombuffer is zero-copy and the arrays stay writable
+        return (
+            np.frombuffer(w, np.int64),
+            np.frombuffer(c, np.int64),
+            np.frombuffer(n, np.int64),
+        )
+
+    HashAgg = NativeHashAgg
+else:
+    NativeHashAgg = None  # type: ignore[assignment,misc]
+    ysb_baseline = None  # type: ignore[assignment]
+    HashAgg = NumpyHashAgg  # type: ignore[assignment,misc]
+
+log.debug("kernels selected", impl="native" if NATIVE else "numpy", reason=_why)

@@ -1,0 +1,72 @@
+"""Turn a Dataflow's step specs into runtime operator trees, one fused pipeline per source."""
+
+from __future__ import annotations
+
+from slashrt._dataflow import (
+    ApplySpec,
+    Dataflow,
+    FilterSpec,
+    ProjectSpec,
+    SinkSpec,
+    SourceSpec,
+    WindowAggSpec,
+    WithColumnSpec,
+)
+from slashrt.errors import DataflowError
+from slashrt.ops._node import Node
+from slashrt.ops.sinks import SinkNode
+from slashrt.ops.stateless import ApplyNode, FilterNode, ProjectNode, WithColumnNode
+from slashrt.ops.window import WindowAggregate
+
+__all__ = ["Plan", "build_plan"]
+
+
+class Plan:
+    def __init__(self, roots: dict[str, Node], sources: dict[str, SourceSpec], sinks: list[SinkNode]):
+        self.roots = roots  # source step id -> pipeline root
+        self.sources = sources
+        self.sinks = sinks
+
+    def nodes(self):
+        for root in self.roots.values():
+            yield from root.walk()
+
+    def windows(self) -> list[WindowAggregate]:
+        return [n for n in self.nodes() if isinstance(n, WindowAggregate)]
+
+
+def build_plan(flow: Dataflow) -> Plan:
+    sources = {s.step_id: s for s in flow.sources()}
+    if not sources:
+        raise DataflowError(f"dataflow {flow.name!r} has no source")
+    sinks: list[SinkNode] = []
+
+    def build(spec) -> Node:
+        if isinstance(spec, SourceSpec):
+            node = Node(spec.step_id)
+        elif isinstance(spec, ApplySpec):
+            node = ApplyNode(spec)
+        elif isinstance(spec, FilterSpec):
+            node = FilterNode(spec)
+        elif isinstance(spec, WithColumnSpec):
+            node = WithColumnNode(spec)
+        elif isinstance(spec, ProjectSpec):
+            node = ProjectNode(spec)
+        elif isinstance(spec, WindowAggSpec):
+            late = None
+            if spec.late is not None:
+                late = SinkNode(f"{spec.step_id}.late", spec.late)
+                sinks.append(late)
+            node = WindowAggregate(spec, late)
+        elif isinstance(spec, SinkSpec):
+            node = SinkNode(spec.step_id, spec.sink)
+            sinks.append(node)
+        else:  # pragma: no cover - every spec type is listed above
+            raise DataflowError(f"unknown step {spec!r}")
+        node.children = [build(child) for child in flow.downstream(spec.step_id)]
+        return node
+
+    roots = {step_id: build(spec) for step_id, spec in sources.items()}
+    if not sinks:
+        raise DataflowError(f"dataflow {flow.name!r} has no sink: nothing would see its results")
+    return Plan(roots, sources, sinks)

@@ -1,0 +1,114 @@
+"""Running a dataflow on one executor: channels from in-memory sources into the trio executor.
+
+`run` is the blocking entry point; `run_async` is the same inside an existing trio run (for
+tests with pytest-trio and for users composing slashrt with other trio code).
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+import numpy as np
+import structlog
+import trio
+
+from slashrt._buffer import DEFAULT_SLOT_SIZE
+from slashrt._dataflow import Dataflow
+from slashrt._plan import build_plan
+from slashrt.errors import DataflowError, SlashError
+from slashrt.ops.sources import feed_array, validate_input
+from slashrt.scheduler import Executor, ExecutorStats, Input
+from slashrt.transport import RingSpec, open_inproc_channel
+
+__all__ = ["run", "run_async", "RunResult", "ChannelFailed"]
+
+log = structlog.get_logger("slashrt.run")
+
+
+class ChannelFailed(SlashError):
+    """Input channels were closed after bad input; the rest of the dataflow finished.
+
+    `result` holds what the healthy channels produced.
+    """
+
+    def __init__(self, failed: dict[str, BaseException], result: RunResult):
+        lines = "; ".join(f"{name}: {err}" for name, err in failed.items())
+        super().__init__(f"{len(failed)} input channel(s) failed: {lines}")
+        self.failed = failed
+        self.result = result
+
+
+@attrs.define
+class RunResult:
+    seconds: float
+    stats: list[ExecutorStats]
+    late_records: dict[str, int]  # window step id -> records that arrived after their window fired
+    outputs: dict[str, np.ndarray | None]  # Collect sink step id -> collected records
+
+    @property
+    def records(self) -> int:
+        return sum(s.records for s in self.stats)
+
+    def __getitem__(self, sink_step_id: str) -> np.ndarray | None:
+        return self.outputs[sink_step_id]
+
+
+def run(flow: Dataflow, inputs: dict[str, np.ndarray], **options) -> RunResult:
+    """Run `flow` to completion over in-memory inputs (source name -> structured array)."""
+    return trio.run(lambda: run_async(flow, inputs, **options))
+
+
+async def run_async(
+    flow: Dataflow,
+    inputs: dict[str, np.ndarray],
+    *,
+    slot_size: int = DEFAULT_SLOT_SIZE,
+    slots: int = 16,
+    watermark_every: int = 16,
+    yield_every: int = 8,
+) -> RunResult:
+    plan = build_plan(flow)
+    by_name = {sid.split(".", 1)[1]: sid for sid in plan.sources}
+    unknown = set(inputs) - set(by_name) - set(plan.sources)
+    if unknown:
+        raise DataflowError(f"inputs for unknown sources {sorted(unknown)}; the sources are {sorted(by_name)}")
+    feeds = []
+    executor_inputs = []
+    for step_id, spec in plan.sources.items():
+        name = step_id.split(".", 1)[1]
+        records = inputs.get(name, inputs.get(step_id))
+        if records is None:
+            raise DataflowError(f"no input given for source {name!r}")
+        records = validate_input(step_id, spec.schema, records)
+        ring = RingSpec(slots=slots, slot_size=slot_size, record_size=spec.schema.record_size)
+        sender, receiver = open_inproc_channel(ring)
+        feeds.append((sender, records, spec))
+        executor_inputs.append(Input(step_id, receiver, plan.roots[step_id], spec.schema.dtype))
+
+    executor = Executor(executor_inputs, yield_every=yield_every)
+    for sink in plan.sinks:
+        sink.open()
+    started = time.perf_counter()
+    try:
+        async with trio.open_nursery() as nursery:
+            for sender, records, spec in feeds:
+                nursery.start_soon(
+                    lambda s=sender, r=records, sp=spec: feed_array(
+                        s, r, time=sp.time, max_delay=sp.max_delay, watermark_every=watermark_every
+                    ),
+                    name=f"source:{spec.step_id}",
+                )
+            await executor.run()
+            # a failed channel's sender may still wait for credits that never come
+            nursery.cancel_scope.cancel()
+    finally:
+        for sink in plan.sinks:
+            sink.close()
+    seconds = time.perf_counter() - started
+    outputs = {s.step_id: s.sink.records for s in plan.sinks if hasattr(s.sink, "records")}
+    result = RunResult(seconds, [executor.stats], {w.step_id: w.late_records for w in plan.windows()}, outputs)
+    log.info("run finished", flow=flow.name, seconds=round(seconds, 6), records=result.records)
+    if executor.failed:
+        raise ChannelFailed(executor.failed, result)
+    return result

@@ -1,0 +1,51 @@
+"""Shared pieces of the benchmarks: peak memory, Zipf sampling, chunked generation, timing."""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import numpy as np
+
+__all__ = ["peak_rss_bytes", "zipf_choice", "generate_chunked", "Timer", "sort_rows"]
+
+GEN_CHUNK = 1 << 20
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def zipf_choice(rng: np.random.Generator, n_values: int, size: int, s: float) -> np.ndarray:
+    """`size` draws from 0..n_values-1 with P(i) proportional to 1/(i+1)**s (s=0: uniform)."""
+    if s <= 0:
+        return rng.integers(0, n_values, size, dtype=np.int64)
+    cdf = np.cumsum(1.0 / np.arange(1, n_values + 1, dtype=np.float64) ** s)
+    cdf /= cdf[-1]
+    return np.minimum(np.searchsorted(cdf, rng.random(size)), n_values - 1).astype(np.int64)
+
+
+def generate_chunked(dtype: np.dtype, n: int, fill, seed: int) -> np.ndarray:
+    """Allocate `n` records once and let `fill(out_chunk, first_index, rng)` fill it chunk by chunk,
+    so generation needs no temporaries of the whole input's size."""
+    out = np.zeros(n, dtype=dtype)
+    rng = np.random.default_rng(seed)
+    for start in range(0, n, GEN_CHUNK):
+        fill(out[start : start + GEN_CHUNK], start, rng)
+    return out
+
+
+def sort_rows(records: np.ndarray, *keys: str) -> np.ndarray:
+    """Rows sorted by the given columns (first key most significant)."""
+    order = np.lexsort(tuple(records[k] for k in reversed(keys)))
+    return records[order]
+
+
+class Timer:
+    def __enter__(self):
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self.start

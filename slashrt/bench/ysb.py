@@ -1,0 +1,156 @@
+"""Yahoo Streaming Benchmark as in the Slash paper.
+
+78-byte packed little-endian records; keep views, map ad to campaign, count per campaign per
+10-second tumbling event-time window. The reference (`reference`) is plain numpy, written
+without any runtime code, and the C loop (`slashrt._kernels.ysb_baseline`) is the yardstick
+for what the hardware allows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from slashrt._dataflow import Dataflow
+from slashrt._schema import Schema
+from slashrt.bench._common import generate_chunked, sort_rows, zipf_choice
+from slashrt.errors import SchemaError
+from slashrt.ops.sinks import Collect
+from slashrt.ops.window import Tumbling
+
+__all__ = ["YSB_SCHEMA", "VIEW", "WINDOW_MS", "generate", "campaign_map", "dataflow", "reference", "load_input"]
+
+YSB_SCHEMA = Schema(
+    [
+        ("event_time", "<i8"),
+        ("ad_id", "<i8"),
+        ("user_id", "<i8"),
+        ("page_id", "<i8"),
+        ("event_type", "u1"),
+        ("ad_type", "u1"),
+        ("ip", "<u4"),
+        ("filler", "V40"),
+    ]
+)
+assert YSB_SCHEMA.record_size == 78
+VIEW, CLICK, PURCHASE = 0, 1, 2
+ADS_PER_CAMPAIGN = 10
+WINDOW_MS = 10_000
+RESULT_DTYPE = np.dtype([("window_start_ms", "<i8"), ("campaign_id", "<i8"), ("count", "<i8")])
+
+
+def campaign_map(campaigns: int) -> np.ndarray:
+    """The default mapping: ad_id -> ad_id // 10 (ten ads per campaign)."""
+    return np.arange(campaigns * ADS_PER_CAMPAIGN, dtype=np.int64) // ADS_PER_CAMPAIGN
+
+
+def generate(
+    events: int,
+    campaigns: int = 1000,
+    *,
+    zipf: float = 0.0,
+    events_per_ms: int = 100,
+    disorder_ms: int = 0,
+    seed: int = 42,
+) -> np.ndarray:
+    """YSB events, `events_per_ms` per millisecond of event time, optionally out of order by up
+    to `disorder_ms` (each event's time moved back by a uniform amount below it)."""
+    n_ads = campaigns * ADS_PER_CAMPAIGN
+
+    def fill(out, first, rng):
+        n = len(out)
+        t = (np.arange(first, first + n, dtype=np.int64)) // events_per_ms
+        if disorder_ms:
+            t = np.maximum(t - rng.integers(0, disorder_ms, n), 0)
+        out["event_time"] = t
+        out["ad_id"] = zipf_choice(rng, n_ads, n, zipf)
+        out["user_id"] = rng.integers(0, 1 << 40, n)
+        out["page_id"] = rng.integers(0, 1 << 40, n)
+        out["event_type"] = rng.integers(0, 3, n, dtype=np.uint8)
+        out["ad_type"] = rng.integers(0, 5, n, dtype=np.uint8)
+        out["ip"] = rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+
+    return generate_chunked(YSB_SCHEMA.dtype, events, fill, seed)
+
+
+def load_input(path: str | Path) -> np.ndarray:
+    """Load YSB records from a .npy structured array (any dtype with YSB's names, sizes and
+    offsets; the filler may be bytes or void). Raises SchemaError naming the file."""
+    path = Path(path)
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise SchemaError(f"{path}: cannot read as a .npy array: {exc}") from None
+    YSB_SCHEMA.check_compatible(arr.dtype, str(path))
+    if arr.ndim != 1:
+        raise SchemaError(f"{path}: expected a 1-D array of records, got shape {arr.shape}")
+    return np.ascontiguousarray(arr).view(YSB_SCHEMA.dtype)
+
+
+def load_ads(path: str | Path, n_ads_needed: int | None = None) -> np.ndarray:
+    path = Path(path)
+    try:
+        ads = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise SchemaError(f"{path}: cannot read as a .npy array: {exc}") from None
+    if ads.ndim != 1 or ads.dtype.kind not in "iu":
+        raise SchemaError(f"{path}: the ad mapping must be a 1-D integer array indexed by ad_id, got {ads.dtype} {ads.shape}")
+    return ads.astype(np.int64)
+
+
+def dataflow(ad_to_campaign: np.ndarray, sink, *, max_delay: int = 0) -> Dataflow:
+    """The YSB query written against the public API."""
+    flow = Dataflow("ysb")
+    events = flow.source("events", YSB_SCHEMA, time="event_time", max_delay=max_delay)
+
+    async def views(batch):
+        return batch[batch["event_type"] == VIEW]
+
+    counts = (
+        events.apply(views)
+        .with_column("campaign_id", lambda b: ad_to_campaign[b["ad_id"]])
+        .window(Tumbling(ms=WINDOW_MS))
+        .count(key="campaign_id")
+    )
+    counts.sink(sink, name="counts")
+    return flow
+
+
+def to_result(records: np.ndarray | None) -> np.ndarray:
+    """Runtime output (window_start, window_end, campaign_id, count) as sorted result rows."""
+    if records is None:
+        return np.empty(0, RESULT_DTYPE)
+    out = np.empty(len(records), RESULT_DTYPE)
+    out["window_start_ms"] = records["window_start"]
+    out["campaign_id"] = records["campaign_id"]
+    out["count"] = records["count"]
+    return sort_rows(out, "window_start_ms", "campaign_id")
+
+
+def reference(records: np.ndarray, ad_to_campaign: np.ndarray) -> np.ndarray:
+    """Plain numpy: the same query, sorted by window then campaign."""
+    views = records["event_type"] == VIEW
+    campaign = ad_to_campaign[records["ad_id"][views]]
+    window = records["event_time"][views] // WINDOW_MS
+    pairs = np.stack([window, campaign], axis=1)
+    uniq, counts = np.unique(pairs, axis=0, return_counts=True)
+    out = np.empty(len(uniq), RESULT_DTYPE)
+    out["window_start_ms"] = uniq[:, 0] * WINDOW_MS
+    out["campaign_id"] = uniq[:, 1]
+    out["count"] = counts
+    return out
+
+
+def write_csv(result: np.ndarray, path: str | Path) -> None:
+    import pyarrow.csv
+
+    from slashrt.ops.sinks import to_arrow
+
+    pyarrow.csv.write_csv(
+        to_arrow(result), str(path), pyarrow.csv.WriteOptions(quoting_style="none")
+    )
+
+
+def new_sink() -> Collect:
+    return Collect()

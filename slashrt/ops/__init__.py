@@ -1,0 +1,1 @@
+"""Operators: stateless steps, event-time windows with CRDT aggregates, sources and sinks."""

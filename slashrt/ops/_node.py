@@ -1,0 +1,42 @@
+"""Runtime operators: push-based nodes fused into one pipeline per input.
+
+A pipeline is a tree of nodes called directly, one after the other, on each batch: no queue
+and no task switch between operators. Every node handles three events in stream order:
+a batch, a watermark (no later record has an event time below it) and the end of the stream.
+"""
+
+from __future__ import annotations
+
+from slashrt._batch import Batch
+
+__all__ = ["Node"]
+
+
+class Node:
+    """Forwards everything to its children; operators override what they change."""
+
+    def __init__(self, step_id: str):
+        self.step_id = step_id
+        self.children: list[Node] = []
+
+    async def emit(self, batch: Batch) -> None:
+        if len(batch):
+            for child in self.children:
+                await child.push(batch)
+
+    async def push(self, batch: Batch) -> None:
+        await self.emit(batch)
+
+    async def on_watermark(self, watermark: int) -> None:
+        for child in self.children:
+            await child.on_watermark(watermark)
+
+    async def on_end(self) -> None:
+        for child in self.children:
+            await child.on_end()
+
+    def walk(self):
+        """This node and everything downstream of it."""
+        yield self
+        for child in self.children:
+            yield from child.walk()

@@ -1,0 +1,142 @@
+"""Sinks: where a stream's batches end up (memory, a callback, CSV or Parquet files).
+
+A sink object is what the user holds; `SinkNode` is the runtime operator that feeds it.
+Every sink has `open()`, `write(records)` with a structured numpy array, and `close()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from slashrt._batch import Batch
+from slashrt.errors import OperatorError
+from slashrt.ops._node import Node
+
+__all__ = ["Collect", "Callback", "CsvFile", "ParquetFile", "SinkNode", "to_arrow"]
+
+
+class Collect:
+    """Keep every record in memory; after the run, `records` holds them as one array."""
+
+    default_name = "collect"
+
+    def __init__(self):
+        self._parts: list[np.ndarray] = []
+        self.records: np.ndarray | None = None
+        self.step_id: str | None = None
+
+    def bind(self, step_id: str) -> None:
+        self.step_id = step_id
+
+    def open(self) -> None:
+        self._parts = []
+        self.records = None
+
+    def write(self, records: np.ndarray) -> None:
+        self._parts.append(records)
+
+    def close(self) -> None:
+        self.records = np.concatenate(self._parts) if self._parts else None
+        self._parts = []
+
+
+class Callback:
+    """Call `fn(records)` with each structured array that reaches the sink."""
+
+    default_name = "callback"
+
+    def __init__(self, fn: Callable[[np.ndarray], object]):
+        self.fn = fn
+
+    def open(self) -> None:
+        pass
+
+    def write(self, records: np.ndarray) -> None:
+        self.fn(records)
+
+    def close(self) -> None:
+        pass
+
+
+def to_arrow(records: np.ndarray) -> pa.Table:
+    """A structured array as an Arrow table, column by column (fixed-size bytes stay binary)."""
+    columns = {}
+    for name in records.dtype.names:
+        col = records[name]
+        if col.dtype.kind in "SV":
+            width = col.dtype.itemsize
+            data = np.ascontiguousarray(col).view(np.uint8)
+            columns[name] = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(col), [None, pa.py_buffer(data)])
+        else:
+            columns[name] = pa.array(np.ascontiguousarray(col))
+    return pa.table(columns)
+
+
+class _ArrowFile:
+    def __init__(self, path):
+        self.path = Path(path)
+        self._writer = None
+
+    def open(self) -> None:
+        self._writer = None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, records: np.ndarray) -> None:
+        table = to_arrow(records)
+        if self._writer is None:
+            self._writer = self._make_writer(table.schema)
+        self._writer.write_table(table)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class CsvFile(_ArrowFile):
+    """Write records to a CSV file with a header line."""
+
+    default_name = "csv"
+
+    def _make_writer(self, schema):
+        import pyarrow.csv
+
+        return pyarrow.csv.CSVWriter(str(self.path), schema)
+
+
+class ParquetFile(_ArrowFile):
+    """Write records to a Parquet file."""
+
+    default_name = "parquet"
+
+    def _make_writer(self, schema):
+        import pyarrow.parquet
+
+        return pyarrow.parquet.ParquetWriter(str(self.path), schema)
+
+
+class SinkNode(Node):
+    """Feeds one sink; errors raised by the sink name its step."""
+
+    def __init__(self, step_id: str, sink):
+        super().__init__(step_id)
+        self.sink = sink
+        for method in ("open", "write", "close"):
+            if not callable(getattr(sink, method, None)):
+                raise TypeError(f"step {step_id!r}: sink {sink!r} has no {method}() method")
+
+    def open(self) -> None:
+        self.sink.open()
+
+    async def push(self, batch: Batch) -> None:
+        try:
+            self.sink.write(batch.to_numpy())
+        except Exception as exc:
+            raise OperatorError(self.step_id, f"sink failed: {type(exc).__name__}: {exc}") from exc
+
+    def close(self) -> None:
+        self.sink.close()

@@ -1,0 +1,153 @@
+"""The executor: one trio event loop running compute and polling coroutines.
+
+::
+
+      channel 0 ──poller 0──┐                        ┌─ pipeline of input 0 ─┐
+      channel 1 ──poller 1──┼──> ready (FIFO) ──> compute ─ pipeline of input 1 ─┼─> sinks
+      channel n ──poller n──┘                        └─ ...                  ┘
+
+One tick of a poller: read every posted slot of its channel into the ready queue and wake the
+compute coroutine; if nothing was there, count an empty poll and yield at once, so an empty or
+slow channel never blocks the others. When the whole executor is idle (nothing ready, nothing
+being computed), pollers park on their channel's notification (an eventfd, a socket, a verbs
+completion channel or, in process, a trio parking lot) instead of spinning.
+
+One tick of the compute coroutine: take the oldest ready buffer, run its input's fused
+pipeline on it (data: a zero-copy Batch; control: watermark or end of stream), release the
+slot (its credit goes back to the sender), and yield every `yield_every` buffers.
+
+A channel that delivers a malformed buffer is closed and reported; the other channels and
+their pipelines go on. An exception from an operator fails the executor (trio cancels every
+coroutine, nothing hangs).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import attrs
+import numpy as np
+import structlog
+import trio
+
+from slashrt._batch import Batch
+from slashrt._buffer import Control
+from slashrt.errors import ChannelClosed, MalformedBuffer
+from slashrt.ops._node import Node
+from slashrt.scheduler._stats import ExecutorStats
+from slashrt.transport import Buffer, Receiver
+
+__all__ = ["Executor", "Input"]
+
+log = structlog.get_logger("slashrt.executor")
+
+
+@attrs.define(eq=False)
+class Input:
+    """A channel feeding one pipeline."""
+
+    name: str  # the source's step id
+    receiver: Receiver
+    pipeline: Node
+    dtype: np.dtype
+    ended: bool = False
+    error: BaseException | None = None
+
+
+class Executor:
+    def __init__(self, inputs: list[Input], *, index: int = 0, yield_every: int = 8):
+        self.inputs = inputs
+        self.stats = ExecutorStats(executor=index)
+        self.yield_every = yield_every
+        self._ready: collections.deque[tuple[Input, Buffer | None]] = collections.deque()
+        self._compute_lot = trio.lowlevel.ParkingLot()
+        self._open = len(inputs)  # inputs whose end (or failure) compute has not handled yet
+        self.log = log.bind(executor=index)
+
+    @property
+    def failed(self) -> dict[str, BaseException]:
+        return {i.name: i.error for i in self.inputs if i.error is not None}
+
+    async def run(self) -> ExecutorStats:
+        started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for inp in self.inputs:
+                nursery.start_soon(self._poller, inp, name=f"poller:{inp.name}")
+            nursery.start_soon(self._compute, name="compute")
+        self.log.info("executor finished", seconds=round(time.perf_counter() - started, 6), **self.stats.as_dict())
+        return self.stats
+
+    # -- polling -----------------------------------------------------------------------------------
+    async def _poller(self, inp: Input) -> None:
+        rx, stats, ready = inp.receiver, self.stats, self._ready
+        while True:
+            t0 = time.perf_counter()
+            got = 0
+            try:
+                while (buf := rx.poll()) is not None:
+                    ready.append((inp, buf))
+                    got += 1
+            except (MalformedBuffer, ChannelClosed) as exc:
+                self._fail_channel(inp, exc)
+                return
+            finally:
+                stats.poll_s += time.perf_counter() - t0
+            if got:
+                self._compute_lot.unpark_all()
+            if rx.finished:
+                return
+            if got == 0:
+                stats.empty_polls += 1
+            if got == 0 and not ready and rx.outstanding == 0:
+                # the whole executor is idle as far as this channel can tell: park, don't spin
+                stats.parks += 1
+                t0 = time.perf_counter()
+                await rx.wait_readable()
+                stats.parked_s += time.perf_counter() - t0
+            else:
+                await trio.lowlevel.checkpoint()
+
+    def _fail_channel(self, inp: Input, exc: BaseException) -> None:
+        inp.error = exc
+        self.stats.failed_channels += 1
+        self.log.error("channel closed after bad input", channel=inp.name, error=str(exc))
+        # buffers polled before the bad one are good: compute handles them, then this marker
+        self._ready.append((inp, None))
+        self._compute_lot.unpark_all()
+
+    # -- computing ---------------------------------------------------------------------------------
+    async def _compute(self) -> None:
+        ready, stats = self._ready, self.stats
+        handled = 0
+        while self._open > 0:
+            if not ready:
+                await self._compute_lot.park()
+                continue
+            inp, buf = ready.popleft()
+            if buf is None:  # the channel failed after the buffers before this marker
+                self._open -= 1
+                continue
+            t0 = time.perf_counter()
+            await self._handle(inp, buf)
+            inp.receiver.release()
+            stats.compute_s += time.perf_counter() - t0
+            handled += 1
+            if handled % self.yield_every == 0:
+                await trio.lowlevel.checkpoint()
+
+    async def _handle(self, inp: Input, buf: Buffer) -> None:
+        if not buf.is_control:
+            batch = Batch(buf.records(inp.dtype))
+            self.stats.buffers += 1
+            self.stats.records += len(batch)
+            await inp.pipeline.push(batch)
+            return
+        self.stats.control += 1
+        ctype, value, _ = buf.control()
+        if ctype is Control.WATERMARK:
+            await inp.pipeline.on_watermark(value)
+        elif ctype is Control.END_OF_STREAM:
+            await inp.pipeline.on_end()
+            inp.ended = True
+            self._open -= 1

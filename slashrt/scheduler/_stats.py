@@ -1,0 +1,24 @@
+"""Per-executor counters, readable by the user and logged through structlog."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["ExecutorStats"]
+
+
+@attrs.define
+class ExecutorStats:
+    executor: int = 0
+    buffers: int = 0  # data buffers processed
+    records: int = 0  # records in those buffers
+    control: int = 0  # control buffers (watermarks, end of stream, barriers)
+    empty_polls: int = 0  # polls that found nothing and yielded at once
+    parks: int = 0  # times a poller parked on its channel's notification
+    compute_s: float = 0.0  # seconds running operator pipelines
+    poll_s: float = 0.0  # seconds reading footers
+    parked_s: float = 0.0  # seconds parked waiting for data
+    failed_channels: int = 0
+
+    def as_dict(self) -> dict:
+        return attrs.asdict(self)

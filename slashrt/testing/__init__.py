@@ -1,0 +1,21 @@
+"""Public test helpers for slashrt, its transports and its operators.
+
+- `check_channel(open_pair)`: the transport conformance kit. A backend supplies only a factory
+  ``open_pair(spec) -> async context manager of (sender, receiver)``; the kit runs every generic
+  check of the channel protocol (FIFO, credits, parking, control messages, malformed footers,
+  `send_records`) on fresh pairs and raises AssertionError naming the first check that fails.
+  `open_inproc_pair` is the reference factory, the in-process backend.
+- `MockClock`: trio's virtual clock. ``MockClock(autojump_threshold=0)`` (pytest-trio's
+  ``autojump_clock`` fixture) jumps time forward whenever every task is parked, so timeouts,
+  epochs and window timers run instantly and deterministically.
+- `wait_all_tasks_blocked()`: returns once every other task is parked. Prove that something
+  blocks by starting it in a task, awaiting this, and asserting it has not finished; never sleep.
+- `Sequencer`: forces an interleaving across tasks: ``async with seq(0): ...`` in one task runs
+  before ``async with seq(1): ...`` in another, whatever the scheduler would have chosen.
+"""
+
+from trio.testing import MockClock, Sequencer, wait_all_tasks_blocked
+
+from slashrt.testing._check_channels import OpenPair, check_channel, open_inproc_pair
+
+__all__ = ["MockClock", "OpenPair", "Sequencer", "check_channel", "open_inproc_pair", "wait_all_tasks_blocked"]

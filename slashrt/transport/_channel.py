@@ -1,0 +1,260 @@
+"""The channel protocol every transport implements.
+
+A channel is a ring of `slots` slots of `slot_size` bytes with credit-based flow control::
+
+    sender                                   receiver
+    ------                                   --------
+    credits = slots - (posted - released)
+    write payload, then footer, flag last  ->  poll: read the next slot's flag, validate footer
+    post (seq = posted)                        process ...
+                                           <-  release: clear flag, released += 1 (a credit)
+
+Invariants (checked by the property tests and the conformance kit in slashrt.testing):
+FIFO (buffers arrive in post order, seq numbers consecutive), the sender never writes a slot
+that has not been released (0 <= posted - released <= slots), and nothing posted is lost.
+
+Backends supply only memory and signalling through the hooks of `Sender` and `Receiver`:
+where slot bytes live, how a posted slot becomes visible, where the credit counter lives,
+and how an idle end parks. All protocol logic (sequence numbers, footers, credit arithmetic,
+validation) lives here, once.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import attrs
+import numpy as np
+
+from slashrt._buffer import (
+    CONTROL_DTYPE,
+    DEFAULT_SLOT_SIZE,
+    EMPTY,
+    FOOTER_SIZE,
+    FULL,
+    Control,
+    Footer,
+    Kind,
+    decode_control,
+    encode_control,
+    read_footer,
+    write_footer,
+)
+from slashrt.errors import ChannelClosed, MalformedBuffer
+
+__all__ = ["RingSpec", "Buffer", "Sender", "Receiver", "NoCredit"]
+
+
+class NoCredit(RuntimeError):
+    """reserve() was called without a credit; await wait_credit() first."""
+
+
+@attrs.frozen
+class RingSpec:
+    """Shape of a channel's ring, agreed by both ends."""
+
+    slots: int = 16
+    slot_size: int = DEFAULT_SLOT_SIZE
+    record_size: int | None = None  # when set, data footers are checked against it
+
+    def __attrs_post_init__(self):
+        if self.slots < 1:
+            raise ValueError(f"a ring needs at least one slot, got {self.slots}")
+        if self.slot_size < FOOTER_SIZE + CONTROL_DTYPE.itemsize:
+            raise ValueError(f"slot size {self.slot_size} is too small for a footer and a control message")
+        if self.record_size is not None and self.record_size > self.payload_capacity:
+            raise ValueError(f"record of {self.record_size} bytes does not fit a {self.slot_size}-byte slot")
+
+    @property
+    def payload_capacity(self) -> int:
+        return self.slot_size - FOOTER_SIZE
+
+    @property
+    def records_per_slot(self) -> int:
+        if self.record_size is None:
+            raise ValueError("ring spec has no record size")
+        return self.payload_capacity // self.record_size
+
+    @property
+    def ring_bytes(self) -> int:
+        return self.slots * self.slot_size
+
+
+@attrs.define(slots=True)
+class Buffer:
+    """A polled buffer: its decoded footer and a read-only view of its payload bytes."""
+
+    footer: Footer
+    payload: np.ndarray
+
+    @property
+    def is_control(self) -> bool:
+        return self.footer.kind is Kind.CONTROL
+
+    def control(self) -> tuple[Control, int, int]:
+        return decode_control(self.payload)
+
+    def records(self, dtype: np.dtype) -> np.ndarray:
+        """Zero-copy structured view of the payload's records."""
+        return self.payload.view(dtype)
+
+
+class Sender(abc.ABC):
+    """Producer end of a channel. Subclasses implement the four backend hooks."""
+
+    def __init__(self, spec: RingSpec):
+        self.spec = spec
+        self._posted = 0
+        self._closed = False
+
+    # -- backend hooks -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _slot(self, index: int) -> np.ndarray:
+        """Writable uint8 view of slot `index` (local memory; for RDMA, a staging slot)."""
+
+    @abc.abstractmethod
+    def _publish(self, index: int) -> None:
+        """Make the written slot visible to the receiver and wake it if it is parked."""
+
+    @abc.abstractmethod
+    def _released(self) -> int:
+        """The receiver's released counter as last seen (the credit word)."""
+
+    @abc.abstractmethod
+    async def _park_for_credit(self) -> None:
+        """Block until the credit word may have changed (or the channel closed)."""
+
+    # -- protocol --------------------------------------------------------------------------------
+    @property
+    def posted(self) -> int:
+        return self._posted
+
+    def credits(self) -> int:
+        return self.spec.slots - (self._posted - self._released())
+
+    def reserve(self) -> np.ndarray:
+        """Writable view of the next slot's payload area; needs a credit."""
+        if self._closed:
+            raise ChannelClosed("channel is closed for sending")
+        if self.credits() <= 0:
+            raise NoCredit("no credit: the receiver has not released the next slot yet")
+        return self._slot(self._posted % self.spec.slots)[: self.spec.payload_capacity]
+
+    def post(self, *, nbytes: int, count: int, kind: Kind = Kind.DATA, epoch: int = 0) -> None:
+        """Publish the reserved slot: footer after payload, flag byte last."""
+        # Same guards as reserve(): posting without a credit would overwrite an unread slot.
+        if self._closed:
+            raise ChannelClosed("channel is closed for sending")
+        if self.credits() <= 0:
+            raise NoCredit("no credit: the receiver has not released the next slot yet")
+        index = self._posted % self.spec.slots
+        write_footer(self._slot(index), count=count, nbytes=nbytes, seq=self._posted, epoch=epoch, kind=kind)
+        self._posted += 1
+        self._publish(index)
+
+    async def wait_credit(self) -> None:
+        while self.credits() <= 0:
+            if self._closed:
+                raise ChannelClosed("channel closed while waiting for credit")
+            await self._park_for_credit()
+
+    async def send_records(self, records: np.ndarray, *, epoch: int = 0) -> int:
+        """Copy a contiguous structured array into as many slots as it needs; return buffers sent."""
+        per_slot = self.spec.payload_capacity // records.dtype.itemsize
+        raw = np.ascontiguousarray(records).view(np.uint8)
+        size = records.dtype.itemsize
+        sent = 0
+        for start in range(0, len(records), per_slot):
+            n = min(per_slot, len(records) - start)
+            await self.wait_credit()
+            payload = self.reserve()
+            payload[: n * size] = raw[start * size : (start + n) * size]
+            self.post(nbytes=n * size, count=n, epoch=epoch)
+            sent += 1
+        return sent
+
+    async def send_control(self, ctype: Control, value: int = 0, aux: int = 0, *, epoch: int = 0) -> None:
+        await self.wait_credit()
+        nbytes = encode_control(self.reserve(), ctype, value, aux)
+        self.post(nbytes=nbytes, count=0, kind=Kind.CONTROL, epoch=epoch)
+
+    async def aclose(self) -> None:
+        """Send END_OF_STREAM and close the sending side."""
+        if not self._closed:
+            await self.send_control(Control.END_OF_STREAM)
+            self._closed = True
+
+
+class Receiver(abc.ABC):
+    """Consumer end of a channel. Subclasses implement the three backend hooks."""
+
+    def __init__(self, spec: RingSpec):
+        self.spec = spec
+        self._polled = 0
+        self._released_count = 0
+        self.finished = False  # END_OF_STREAM seen
+        self.error: BaseException | None = None
+
+    # -- backend hooks -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _slot(self, index: int) -> np.ndarray:
+        """uint8 view of local ring slot `index` (written by the sender)."""
+
+    @abc.abstractmethod
+    def _return_credits(self, released: int) -> None:
+        """Publish the released counter to the sender and wake it if it is parked."""
+
+    @abc.abstractmethod
+    async def _park_for_data(self) -> None:
+        """Block until the next slot may have been posted (or the peer vanished)."""
+
+    # -- protocol --------------------------------------------------------------------------------
+    @property
+    def outstanding(self) -> int:
+        """Buffers polled but not yet released."""
+        return self._polled - self._released_count
+
+    def ready(self) -> bool:
+        """Is the next slot posted? (Non-blocking, does not consume it.)"""
+        if self.finished or self.error is not None or self.outstanding >= self.spec.slots:
+            return False
+        return bool(self._slot(self._polled % self.spec.slots)[-1] == FULL)
+
+    def poll(self) -> Buffer | None:
+        """Return the next posted buffer in FIFO order, or None if none is ready.
+
+        Raises MalformedBuffer (and marks the channel failed) if the footer breaks the format.
+        """
+        if self.error is not None:
+            raise ChannelClosed(f"channel failed earlier: {self.error}") from self.error
+        if not self.ready():
+            return None
+        slot = self._slot(self._polled % self.spec.slots)
+        try:
+            footer = read_footer(slot, expected_seq=self._polled, record_size=self.spec.record_size)
+            # Decode control messages here too: an unknown type is malformed, and must fail the
+            # channel before the buffer counts as polled.
+            ctype = decode_control(slot[: footer.nbytes])[0] if footer.kind is Kind.CONTROL else None
+        except MalformedBuffer as exc:
+            self.error = exc
+            raise
+        self._polled += 1
+        if ctype is Control.END_OF_STREAM:
+            self.finished = True
+        return Buffer(footer, slot[: footer.nbytes])
+
+    def release(self, n: int = 1) -> None:
+        """Hand the `n` oldest polled slots back to the sender (one credit each)."""
+        if not 0 <= n <= self.outstanding:
+            raise ValueError(f"release({n}) with only {self.outstanding} buffers outstanding")
+        for i in range(self._released_count, self._released_count + n):
+            self._slot(i % self.spec.slots)[-1] = EMPTY
+        self._released_count += n
+        self._return_credits(self._released_count)
+
+    async def wait_readable(self) -> None:
+        """Park until the next slot may be ready; returns at once if it already is."""
+        while not self.ready() and not self.finished and self.error is None:
+            if self.outstanding >= self.spec.slots:
+                raise RuntimeError("every slot is polled and unreleased: release before waiting")
+            await self._park_for_data()
