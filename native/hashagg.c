@@ -33,8 +33,12 @@
 
 #define HA_MIN_CAP 64u
 #define HA_MAX_CAP (1ull << 40)
-#define HA_BLOCK 256                       /* rows hashed ahead of the probe loop */
-#define HA_PF 12                           /* prefetch distance in rows */
+#ifndef HA_BLOCK
+#define HA_BLOCK 1024 /* rows hashed ahead of the probe loop */
+#endif
+#ifndef HA_PF
+#define HA_PF 20 /* prefetch distance in rows: enough misses in flight to cover DRAM latency */
+#endif
 #define HA_MMAP_MIN (4u << 20)             /* tables from this size on are mmap'ed */
 #define HA_HUGE (2u << 20)                 /* huge page size for alignment */
 
@@ -77,6 +81,9 @@ static int slots_alloc(ha_table *t, uint64_t cap) {
         uintptr_t a = ((uintptr_t)p + HA_HUGE - 1) & ~(uintptr_t)(HA_HUGE - 1);
 #ifdef MADV_HUGEPAGE
         madvise((void *)a, bytes, MADV_HUGEPAGE); /* advisory: failure is harmless */
+#endif
+#if defined(MADV_POPULATE_WRITE) && defined(HA_POPULATE)
+        madvise((void *)a, bytes, MADV_POPULATE_WRITE);
 #endif
         t->map_base = p;
         t->map_len = len;

@@ -1,6 +1,7 @@
 """Batch: what operators see, a zero-copy view over a buffer's records.
 
-A batch wraps a numpy structured array (usually a view straight into a channel slot), an
+A batch wraps a numpy structured array (usually a view straight into a channel slot, or a 2-D
+view over several consecutive full slots, whose columns are flattened when first read), an
 optional selection (row indices kept by earlier filters, so filtering copies no records) and
 derived columns added by `with_columns`. Column access gathers only the column asked for.
 
@@ -36,7 +37,7 @@ class Batch:
         if records is None:
             self._len = len(next(iter(self._cols.values())))
         else:
-            self._len = len(records) if sel is None else len(sel)
+            self._len = records.size if sel is None else len(sel)
 
     # -- shape -------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -63,6 +64,9 @@ class Batch:
             col = self._records[name]
         except ValueError:
             raise SchemaError(f"no column {name!r} in batch with columns {list(self.names)}") from None
+        if col.ndim > 1:
+            # records of several slots: flatten this one column (a copy of one field only)
+            col = col.reshape(-1)
         return col if self._sel is None else col[self._sel]
 
     def __getitem__(self, key):
@@ -104,7 +108,7 @@ class Batch:
         """A packed structured array holding this batch (a copy only where needed)."""
         if dtype is None:
             if not self._cols and self._sel is None and self._records is not None:
-                return self._records
+                return self._records.reshape(-1)
             dtype = np.dtype([(n, self.column(n).dtype) for n in self.names])
         out = np.empty(self._len, dtype=dtype)
         for name in dtype.names:

@@ -18,6 +18,7 @@ are ordered with the data they refer to.
 from __future__ import annotations
 
 import enum
+import struct
 
 import numpy as np
 
@@ -59,6 +60,10 @@ FOOTER_DTYPE = np.dtype(
 )
 FOOTER_SIZE = FOOTER_DTYPE.itemsize
 assert FOOTER_SIZE == 32 and FOOTER_DTYPE.fields["flag"][1] == FOOTER_SIZE - 1
+# The same layout for struct, which packs and unpacks a footer in one call (this is per buffer).
+_FOOTER_STRUCT = struct.Struct("<IIQQHB4xB")
+assert _FOOTER_STRUCT.size == FOOTER_SIZE
+_HEAD_STRUCT = struct.Struct("<IIQQHB")  # everything before the reserved bytes and the flag
 
 
 class Kind(enum.IntEnum):
@@ -92,37 +97,30 @@ class Footer:
         )
 
 
-def _footer_view(slot: np.ndarray) -> np.ndarray:
-    return slot[-FOOTER_SIZE:].view(FOOTER_DTYPE)
-
-
 def write_footer(slot: np.ndarray, *, count: int, nbytes: int, seq: int, epoch: int, kind: Kind) -> None:
     """Write the footer of `slot` (a uint8 array of the whole slot), the flag byte last."""
-    if nbytes > slot.size - FOOTER_SIZE:
-        raise MalformedBuffer(f"payload of {nbytes} bytes does not fit a {slot.size}-byte slot")
-    f = _footer_view(slot)[0]
-    f["count"] = count
-    f["nbytes"] = nbytes
-    f["seq"] = seq
-    f["epoch"] = epoch
-    f["magic"] = MAGIC
-    f["kind"] = kind
-    slot[-1] = FULL
+    size = slot.size
+    if nbytes > size - FOOTER_SIZE:
+        raise MalformedBuffer(f"payload of {nbytes} bytes does not fit a {size}-byte slot")
+    _HEAD_STRUCT.pack_into(slot, size - FOOTER_SIZE, count, nbytes, seq, epoch, MAGIC, kind)
+    slot[size - 1] = FULL
+
+
+_KINDS = {k.value: k for k in Kind}
 
 
 def read_footer(slot: np.ndarray, *, expected_seq: int | None = None, record_size: int | None = None) -> Footer:
     """Decode and validate the footer of a full slot; raise MalformedBuffer on any violation."""
-    f = _footer_view(slot)[0]
-    if f["flag"] != FULL:
-        raise MalformedBuffer(f"slot flag is {int(f['flag'])}, expected {FULL} (full)")
-    if f["magic"] != MAGIC:
-        raise MalformedBuffer(f"bad footer magic 0x{int(f['magic']):04x}, expected 0x{MAGIC:04x}")
-    try:
-        kind = Kind(int(f["kind"]))
-    except ValueError:
-        raise MalformedBuffer(f"unknown buffer kind {int(f['kind'])}") from None
-    count, nbytes, seq = int(f["count"]), int(f["nbytes"]), int(f["seq"])
-    if nbytes > slot.size - FOOTER_SIZE:
+    size = slot.size
+    count, nbytes, seq, epoch, magic, kind_code, flag = _FOOTER_STRUCT.unpack_from(slot, size - FOOTER_SIZE)
+    if flag != FULL:
+        raise MalformedBuffer(f"slot flag is {flag}, expected {FULL} (full)")
+    if magic != MAGIC:
+        raise MalformedBuffer(f"bad footer magic 0x{magic:04x}, expected 0x{MAGIC:04x}")
+    kind = _KINDS.get(kind_code)
+    if kind is None:
+        raise MalformedBuffer(f"unknown buffer kind {kind_code}")
+    if nbytes > size - FOOTER_SIZE:
         raise MalformedBuffer(f"footer claims {nbytes} payload bytes in a {slot.size}-byte slot")
     if kind is Kind.DATA and record_size is not None and count * record_size != nbytes:
         raise MalformedBuffer(f"footer claims {count} records of {record_size} bytes but {nbytes} payload bytes")
@@ -130,7 +128,7 @@ def read_footer(slot: np.ndarray, *, expected_seq: int | None = None, record_siz
         raise MalformedBuffer(f"control buffer with {nbytes} payload bytes, expected {CONTROL_DTYPE.itemsize}")
     if expected_seq is not None and seq != expected_seq:
         raise MalformedBuffer(f"out-of-order buffer: sequence number {seq}, expected {expected_seq}")
-    return Footer(count, nbytes, seq, int(f["epoch"]), kind)
+    return Footer(count, nbytes, seq, epoch, kind)
 
 
 def encode_control(payload: np.ndarray, ctype: Control, value: int = 0, aux: int = 0) -> int:

@@ -64,10 +64,17 @@ async def run_async(
     inputs: dict[str, np.ndarray],
     *,
     slot_size: int = DEFAULT_SLOT_SIZE,
-    slots: int = 16,
-    watermark_every: int = 16,
-    yield_every: int = 8,
+    slots: int = 32,
+    watermark_every: int = 32,
+    yield_every: int = 4,
+    coalesce: int = 16,
 ) -> RunResult:
+    """Run `flow` inside the current trio run; see `run`.
+
+    Tuning: `slot_size` and `slots` shape each channel's ring; sources send a watermark every
+    `watermark_every` buffers; the executor yields to its pollers every `yield_every` pipeline
+    calls and hands up to `coalesce` consecutive full buffers to a pipeline at once.
+    """
     plan = build_plan(flow)
     by_name = {sid.split(".", 1)[1]: sid for sid in plan.sources}
     unknown = set(inputs) - set(by_name) - set(plan.sources)
@@ -86,7 +93,7 @@ async def run_async(
         feeds.append((sender, records, spec))
         executor_inputs.append(Input(step_id, receiver, plan.roots[step_id], spec.schema.dtype))
 
-    executor = Executor(executor_inputs, yield_every=yield_every)
+    executor = Executor(executor_inputs, yield_every=yield_every, coalesce=coalesce)
     for sink in plan.sinks:
         sink.open()
     started = time.perf_counter()

@@ -41,23 +41,34 @@ async def feed_array(
     raw = records.view(np.uint8).reshape(-1)
     times = records[time] if time is not None else None
     n = len(records)
-    since_watermark_start = 0
+    full_slots, tail = divmod(n, per_slot)
     max_time = None
-    buffers = 0
-    for start in range(0, n, per_slot):
-        end = min(start + per_slot, n)
+    sent = 0  # data buffers posted
+    watermark_from = 0  # first record not yet covered by a watermark
+    while sent < full_slots + (tail > 0):
         if sender.credits() <= 0:
             await sender.wait_credit()
-        payload = sender.reserve()
-        payload[: (end - start) * size] = raw[start * size : end * size]
-        sender.post(nbytes=(end - start) * size, count=end - start)
-        buffers += 1
-        if buffers % watermark_every == 0 or end == n:
+        # as many full slots as one copy can fill: up to the credits, the ring's end, the input's
+        # last full slot and the next watermark
+        k = min(sender.contiguous_credits(), full_slots - sent, watermark_every - sent % watermark_every)
+        if k > 0:
+            start = sent * per_slot
+            view = sender.reserve_run(k)
+            view[:, : per_slot * size] = raw[start * size : (start + k * per_slot) * size].reshape(k, per_slot * size)
+            for _ in range(k):
+                sender.post(nbytes=per_slot * size, count=per_slot)
+        else:  # the last, partial slot
+            k, start = 1, sent * per_slot
+            sender.reserve()[: tail * size] = raw[start * size :]
+            sender.post(nbytes=tail * size, count=tail)
+        sent += k
+        end = min(sent * per_slot, n)
+        if sent % watermark_every == 0 or end == n:
             if times is not None:
                 # one vectorised max per watermark interval, not per buffer
-                span_max = int(times[since_watermark_start:end].max())
+                span_max = int(times[watermark_from:end].max())
                 max_time = span_max if max_time is None else max(max_time, span_max)
                 await sender.send_control(Control.WATERMARK, max_time - max_delay)
-            since_watermark_start = end
+            watermark_from = end
             await trio.lowlevel.checkpoint()
     await sender.aclose()

@@ -135,9 +135,12 @@ class WindowAggregate(Node):
         if lo == hi:  # the common case: the whole batch falls into one slice
             self._slice(lo).update(keys, values)
         else:
-            for s in np.unique(slice_ids):
+            # a batch spans few slices: one vectorised pass per slice present
+            present = range(lo, hi + 1) if hi - lo < 64 else np.unique(slice_ids).tolist()
+            for s in present:
                 rows = slice_ids == s
-                self._slice(int(s)).update(keys[rows], None if values is None else values[rows])
+                if rows.any():
+                    self._slice(s).update(keys[rows], None if values is None else values[rows])
         first = int(self._earliest_end(lo)) - self.size
         if self.next_start is None or first < self.next_start:
             self.next_start = max(first, self._first_unfired_start())

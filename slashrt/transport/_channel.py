@@ -86,6 +86,7 @@ class Buffer:
 
     footer: Footer
     payload: np.ndarray
+    slot: int = -1  # index of the ring slot it occupies
 
     @property
     def is_control(self) -> bool:
@@ -139,6 +140,35 @@ class Sender(abc.ABC):
         if self.credits() <= 0:
             raise NoCredit("no credit: the receiver has not released the next slot yet")
         return self._slot(self._posted % self.spec.slots)[: self.spec.payload_capacity]
+
+    def _ring(self) -> np.ndarray | None:
+        """The whole local (or staging) ring as one contiguous uint8 array, if there is one."""
+        return None
+
+    def contiguous_credits(self) -> int:
+        """Credits usable by one `reserve_run`: held credits up to the end of the ring."""
+        if self._ring() is None:
+            return min(self.credits(), 1)
+        return min(self.credits(), self.spec.slots - self._posted % self.spec.slots)
+
+    def reserve_run(self, k: int) -> np.ndarray:
+        """Writable 2-D view (k x payload capacity) of the next k slots' payload areas, so a
+        source can fill several slots with one copy; post each of them with `post` after.
+        Needs k <= contiguous_credits()."""
+        if self._closed:
+            raise ChannelClosed("channel is closed for sending")
+        if k > self.contiguous_credits():
+            raise NoCredit(f"reserve_run({k}) with only {self.contiguous_credits()} contiguous credits")
+        ring = self._ring()
+        if ring is None:
+            return self.reserve()[None, :]
+        return np.ndarray(
+            (k, self.spec.payload_capacity),
+            dtype=np.uint8,
+            buffer=ring,
+            offset=(self._posted % self.spec.slots) * self.spec.slot_size,
+            strides=(self.spec.slot_size, 1),
+        )
 
     def post(self, *, nbytes: int, count: int, kind: Kind = Kind.DATA, epoch: int = 0) -> None:
         """Publish the reserved slot: footer after payload, flag byte last."""
@@ -208,6 +238,28 @@ class Receiver(abc.ABC):
     async def _park_for_data(self) -> None:
         """Block until the next slot may have been posted (or the peer vanished)."""
 
+    def _ring(self) -> np.ndarray | None:
+        """The whole local ring as one contiguous uint8 array, if the backend has one."""
+        return None
+
+    def records_run(self, first_slot: int, slots: int, count: int, dtype: np.dtype) -> np.ndarray | None:
+        """Zero-copy 2-D view (slots x count) of the records of `slots` consecutive polled slots
+        that each hold `count` records, or None where the ring is not one contiguous array.
+
+        Lets compute work on several ready buffers in one vectorised step; their slots stay
+        owned by the receiver until released as usual.
+        """
+        ring = self._ring()
+        if ring is None or first_slot + slots > self.spec.slots:
+            return None
+        return np.ndarray(
+            (slots, count),
+            dtype=dtype,
+            buffer=ring,
+            offset=first_slot * self.spec.slot_size,
+            strides=(self.spec.slot_size, dtype.itemsize),
+        )
+
     # -- protocol --------------------------------------------------------------------------------
     @property
     def outstanding(self) -> int:
@@ -241,7 +293,7 @@ class Receiver(abc.ABC):
         self._polled += 1
         if ctype is Control.END_OF_STREAM:
             self.finished = True
-        return Buffer(footer, slot[: footer.nbytes])
+        return Buffer(footer, slot[: footer.nbytes], (self._polled - 1) % self.spec.slots)
 
     def release(self, n: int = 1) -> None:
         """Hand the `n` oldest polled slots back to the sender (one credit each)."""

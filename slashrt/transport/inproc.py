@@ -46,6 +46,9 @@ class InprocSender(Sender):
     def _released(self):
         return self._shared.released
 
+    def _ring(self):
+        return self._shared.ring
+
     async def _park_for_credit(self):
         await self._shared.credit_lot.park()
 
@@ -66,6 +69,9 @@ class InprocReceiver(Receiver):
 
     async def _park_for_data(self):
         await self._shared.data_lot.park()
+
+    def _ring(self):
+        return self._shared.ring
 
 
 def open_inproc_channel(spec: RingSpec | None = None) -> tuple[InprocSender, InprocReceiver]:
