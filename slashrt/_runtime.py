@@ -54,6 +54,12 @@ class RunResult:
         return self.outputs[sink_step_id]
 
 
+async def _report_progress(executor: Executor, progress) -> None:
+    while True:
+        await trio.sleep(0.1)
+        progress(executor.stats.records)
+
+
 def run(flow: Dataflow, inputs: dict[str, np.ndarray], **options) -> RunResult:
     """Run `flow` to completion over in-memory inputs (source name -> structured array)."""
     return trio.run(lambda: run_async(flow, inputs, **options))
@@ -68,12 +74,14 @@ async def run_async(
     watermark_every: int = 32,
     yield_every: int = 4,
     coalesce: int = 16,
+    progress=None,
 ) -> RunResult:
     """Run `flow` inside the current trio run; see `run`.
 
     Tuning: `slot_size` and `slots` shape each channel's ring; sources send a watermark every
     `watermark_every` buffers; the executor yields to its pollers every `yield_every` pipeline
     calls and hands up to `coalesce` consecutive full buffers to a pipeline at once.
+    `progress`, if given, is called now and then with the number of records processed.
     """
     plan = build_plan(flow)
     by_name = {sid.split(".", 1)[1]: sid for sid in plan.sources}
@@ -106,7 +114,11 @@ async def run_async(
                     ),
                     name=f"source:{spec.step_id}",
                 )
+            if progress is not None:
+                nursery.start_soon(_report_progress, executor, progress)
             await executor.run()
+            if progress is not None:
+                progress(executor.stats.records)
             # a failed channel's sender may still wait for credits that never come
             nursery.cancel_scope.cancel()
     finally:

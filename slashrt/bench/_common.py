@@ -49,3 +49,27 @@ class Timer:
 
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self.start
+
+
+def run_measured(flow, inputs: dict, *, show_progress: bool, **options) -> tuple[object, int]:
+    """Run a dataflow with a progress display; return the RunResult and the peak RSS right after."""
+    from slashrt._progress import Progress
+    from slashrt._runtime import run
+
+    total = sum(len(v) for v in inputs.values())
+    progress = Progress(total) if show_progress else None
+    result = run(flow, inputs, progress=progress, **options)
+    return result, peak_rss_bytes()
+
+
+def throughput_fields(query: str, events: int, result, **extra) -> dict:
+    """The fields every benchmark's JSON object starts with."""
+    return {
+        "query": query,
+        "events": events,
+        "executors": 1,
+        "transport": "inproc",
+        "seconds": round(result.seconds, 6),
+        "records_per_s": round(events / result.seconds, 1),
+        **extra,
+    }

@@ -1,0 +1,5 @@
+import sys
+
+from slashrt.cli import main
+
+sys.exit(main())

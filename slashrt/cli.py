@@ -1,0 +1,151 @@
+"""The `slashrt` command: the demo job and the benchmarks.
+
+    slashrt demo                      YSB on the embedded default (one local executor)
+    slashrt bench ysb|ro|cm [--json]  benchmarks that verify their own results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from slashrt._buffer import DEFAULT_SLOT_SIZE
+from slashrt.errors import SlashError
+
+__all__ = ["main"]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = _positive_int(text) if text.strip() not in ("0",) else 0
+    return value
+
+
+def _add_runtime_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object with the results")
+    p.add_argument("--slot-size", type=_positive_int, default=DEFAULT_SLOT_SIZE, help="bytes per buffer slot")
+    p.add_argument("--slots", type=_positive_int, default=32, help="slots per channel ring")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slashrt", description="slashrt: stateful stream processing after Slash")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run YSB on the embedded default and print its result")
+    demo.add_argument("--events", type=_positive_int, default=10_000_000)
+    demo.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+
+    bench = sub.add_parser("bench", help="run a benchmark query and check it against a reference")
+    queries = bench.add_subparsers(dest="query", required=True)
+
+    ysb = queries.add_parser("ysb", help="Yahoo Streaming Benchmark (count views per campaign per 10 s)")
+    ysb.add_argument("--events", type=_positive_int, default=10_000_000)
+    ysb.add_argument("--campaigns", type=_positive_int, default=1000)
+    ysb.add_argument("--zipf", type=_non_negative_float, default=0.0, help="Zipf exponent of ad popularity (0: uniform)")
+    ysb.add_argument("--disorder-ms", type=_non_negative_int, default=0, help="out-of-orderness of generated events")
+    ysb.add_argument("--input", help=".npy structured array of YSB records (instead of generating)")
+    ysb.add_argument("--ads", help=".npy int64 array mapping ad_id to campaign_id")
+    ysb.add_argument("--output", help="write window_start_ms,campaign_id,count to this CSV file")
+    _add_runtime_options(ysb)
+
+    ro = queries.add_parser("ro", help="read-only: count occurrences per key per window")
+    ro.add_argument("--events", type=_positive_int, default=10_000_000)
+    ro.add_argument("--keys", type=_positive_int, default=100_000_000, help="keys are uniform over [0, KEYS)")
+    ro.add_argument("--window-ms", type=_positive_int, default=1000)
+    _add_runtime_options(ro)
+
+    cm = queries.add_parser("cm", help="cluster monitoring: mean CPU per job per 2 s")
+    cm.add_argument("--events", type=_positive_int, default=10_000_000)
+    cm.add_argument("--jobs", type=_positive_int, default=10_000)
+    _add_runtime_options(cm)
+    return parser
+
+
+def _runtime_options(args) -> dict:
+    return {"slot_size": args.slot_size, "slots": args.slots}
+
+
+def _run_bench(args) -> dict:
+    progress = not args.json or sys.stderr.isatty()
+    if args.query == "ysb":
+        from slashrt.bench import ysb
+
+        return ysb.bench(
+            events=args.events, campaigns=args.campaigns, zipf=args.zipf, input=args.input, output=args.output,
+            ads=args.ads, disorder_ms=args.disorder_ms, show_progress=progress, **_runtime_options(args),
+        )
+    if args.query == "ro":
+        from slashrt.bench import ro
+
+        return ro.bench(events=args.events, key_range=args.keys, window_ms=args.window_ms, show_progress=progress,
+                        **_runtime_options(args))
+    from slashrt.bench import cm
+
+    return cm.bench(events=args.events, jobs=args.jobs, show_progress=progress, **_runtime_options(args))
+
+
+def _print_human(result: dict) -> None:
+    width = max(len(k) for k in result)
+    for key, value in result.items():
+        if isinstance(value, float):
+            value = f"{value:,.3f}" if value < 1000 else f"{value:,.0f}"
+        elif isinstance(value, int) and not isinstance(value, bool):
+            value = f"{value:,}"
+        print(f"{key:<{width}}  {value}")
+
+
+def _demo(args) -> int:
+    from slashrt.bench import ysb
+
+    print(f"slashrt demo: YSB, {args.events:,} events, 1,000 campaigns, one local executor (in-process channels)")
+    result = ysb.bench(events=args.events, campaigns=1000, show_progress=True)
+    print()
+    _print_human(result)
+    print()
+    verdict = "matches" if result["correct"] else "DOES NOT MATCH"
+    print(f"result {verdict} the numpy reference; {result['records_per_s'] / 1e6:.1f} million records/s")
+    return 0 if result["correct"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from slashrt._logging import configure
+
+    configure(args.log_level)
+    try:
+        if args.command == "demo":
+            return _demo(args)
+        result = _run_bench(args)
+    except (SlashError, OSError) as exc:
+        print(f"slashrt: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _print_human(result)
+    return 0 if result.get("correct") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
