@@ -194,20 +194,22 @@ static PyObject *ha_fold(HashAggObject *self, PyObject *keys, PyObject *counts, 
             goto fail;
         }
     }
-    if (vals && vals != Py_None) {
+    if (kind == HA_COUNT) {
+        /* count keeps no value: whatever was passed is ignored, not even checked */
+    } else if (vals && vals != Py_None) {
         if (get_vec(vals, &vv, self->t.is_float, vname, &vn, &vs)) goto fail;
         have_v = 1;
         if (vn != n) {
             PyErr_Format(PyExc_ValueError, "%s has length %zd, keys has %zd", vname, vn, n);
             goto fail;
         }
-    } else if (kind != HA_COUNT) {
+    } else {
         PyErr_Format(PyExc_TypeError, "%s are required for kind '%s'", vname, KIND_NAMES[kind]);
         goto fail;
     }
     int rc;
     const char *cp = have_c ? (const char *)cv.buf : NULL;
-    const char *vp = (have_v && kind != HA_COUNT) ? (const char *)vv.buf : NULL;
+    const char *vp = have_v ? (const char *)vv.buf : NULL;
     if (n >= NOGIL_MIN_ROWS) {
         self->busy = 1;
         Py_BEGIN_ALLOW_THREADS

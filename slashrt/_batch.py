@@ -77,6 +77,8 @@ class Batch:
     def select(self, rows) -> Batch:
         """Keep the rows picked by a boolean mask, an index array or a slice (no record copied)."""
         rows = np.asarray(rows) if not isinstance(rows, slice) else rows
+        if isinstance(rows, np.ndarray) and rows.size == 0 and rows.dtype != np.bool_:
+            rows = rows.astype(np.intp)  # np.asarray([]) is float64, no index
         if isinstance(rows, np.ndarray) and rows.dtype == np.bool_:
             if rows.shape != (self._len,):
                 raise SchemaError(f"boolean mask of shape {rows.shape} for a batch of {self._len} rows")

@@ -172,7 +172,10 @@ class Stream:
         """
         if not callable(fn):
             raise DataflowError(f"apply() needs a callable, got {fn!r}")
-        step_id = self.flow._step_id(name or getattr(fn, "__name__", None), "apply")
+        default = getattr(fn, "__name__", None)
+        if not (isinstance(default, str) and _NAME.match(default)):
+            default = None  # a lambda's "<lambda>" is no step name: number it instead
+        step_id = self.flow._step_id(name or default, "apply")
         if schema is None:
             fields = dict(self.fields)
         else:

@@ -18,7 +18,7 @@ HashAgg semantics (identical in both implementations):
 
 * ``update(keys, values)``: per row ``count += 1``; ``sum``/``mean``: ``val += v``;
   ``min``/``max``: ``val = fmin/fmax(val, v)``. ``mean`` keeps sum and count; divide
-  ``vals / counts`` after ``export``. ``count`` ignores values (they may be None).
+  ``vals / counts`` after ``export``. ``count`` ignores values entirely (pass None).
 * Integer sums and counts wrap modulo 2**64 like numpy int64 arithmetic.
 * Floats: min/max ignore NaN unless every value of a key is NaN (np.fmin/np.fmax);
   sums propagate NaN. Float sums are order-dependent in the last bits, as always.
@@ -135,9 +135,7 @@ class NumpyHashAgg:
     # -- internals --
 
     def _values(self, values, n: int, name: str):
-        if self._join is None:  # count keeps no value
-            if values is not None and len(values) != n:
-                raise ValueError(f"{name} has length {len(values)}, keys has {n}")
+        if self._join is None:  # count keeps no value: values are ignored, like in C
             return None
         if values is None:
             raise TypeError(f"{name} are required for kind {self.kind!r}")

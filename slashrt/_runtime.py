@@ -71,7 +71,7 @@ async def run_async(
     *,
     slot_size: int = DEFAULT_SLOT_SIZE,
     slots: int = 32,
-    watermark_every: int = 32,
+    watermark_every: int | None = None,
     yield_every: int = 4,
     coalesce: int = 16,
     progress=None,
@@ -79,7 +79,8 @@ async def run_async(
     """Run `flow` inside the current trio run; see `run`.
 
     Tuning: `slot_size` and `slots` shape each channel's ring; sources send a watermark every
-    `watermark_every` buffers; the executor yields to its pollers every `yield_every` pipeline
+    `watermark_every` buffers (default `slots - 1`, so data and watermark fill the ring exactly
+    and runs of buffers stay aligned with it); the executor yields to its pollers every `yield_every` pipeline
     calls and hands up to `coalesce` consecutive full buffers to a pipeline at once.
     `progress`, if given, is called now and then with the number of records processed.
     """
@@ -101,6 +102,8 @@ async def run_async(
         feeds.append((sender, records, spec))
         executor_inputs.append(Input(step_id, receiver, plan.roots[step_id], spec.schema.dtype))
 
+    if watermark_every is None:
+        watermark_every = max(1, slots - 1)
     executor = Executor(executor_inputs, yield_every=yield_every, coalesce=coalesce)
     for sink in plan.sinks:
         sink.open()

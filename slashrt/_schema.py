@@ -20,7 +20,7 @@ def _field_dtype(name: str, spec) -> np.dtype:
         dt = np.dtype(spec)
     except TypeError as exc:
         raise SchemaError(f"field {name!r}: {spec!r} is not a numpy dtype") from exc
-    if dt.hasobject or dt.itemsize == 0 or dt.fields is not None:
+    if dt.hasobject or dt.itemsize == 0 or dt.fields is not None or dt.subdtype is not None:
         raise SchemaError(f"field {name!r}: {dt} is not a fixed-size scalar type")
     # Fixed little-endian layout on the wire, whatever the host order.
     return dt.newbyteorder("<") if dt.byteorder not in ("|", "<", "=") else dt

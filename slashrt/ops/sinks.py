@@ -37,7 +37,8 @@ class Collect:
         self.records = None
 
     def write(self, records: np.ndarray) -> None:
-        self._parts.append(records)
+        # a batch of raw input is a view into a channel slot that is reused once released
+        self._parts.append(records if records.flags.owndata else records.copy())
 
     def close(self) -> None:
         self.records = np.concatenate(self._parts) if self._parts else None

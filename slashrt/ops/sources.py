@@ -39,36 +39,43 @@ async def feed_array(
     size = records.dtype.itemsize
     per_slot = sender.spec.payload_capacity // size
     raw = records.view(np.uint8).reshape(-1)
-    times = records[time] if time is not None else None
     n = len(records)
     full_slots, tail = divmod(n, per_slot)
     max_time = None
     sent = 0  # data buffers posted
-    watermark_from = 0  # first record not yet covered by a watermark
     while sent < full_slots + (tail > 0):
-        if sender.credits() <= 0:
-            await sender.wait_credit()
+        want = min(max(1, sender.spec.slots // 2), full_slots + (tail > 0) - sent)
+        if sender.credits() < want:
+            # wait for half a ring of credits, not one: writing (and so computing) runs of
+            # buffers amortises the fixed cost per step; cf. silly-window avoidance in TCP
+            await sender.wait_credit(want)
         # as many full slots as one copy can fill: up to the credits, the ring's end, the input's
         # last full slot and the next watermark
         k = min(sender.contiguous_credits(), full_slots - sent, watermark_every - sent % watermark_every)
         if k > 0:
             start = sent * per_slot
             view = sender.reserve_run(k)
-            view[:, : per_slot * size] = raw[start * size : (start + k * per_slot) * size].reshape(k, per_slot * size)
+            run = view[:, : per_slot * size]
+            run[...] = raw[start * size : (start + k * per_slot) * size].reshape(k, per_slot * size)
+            if time is not None:
+                # the watermark's max is read from the slots just written (in cache), before
+                # they are posted, not from the input (another pass over main memory)
+                run_max = int(run.view(records.dtype)[time].max())
+                max_time = run_max if max_time is None else max(max_time, run_max)
             for _ in range(k):
                 sender.post(nbytes=per_slot * size, count=per_slot)
         else:  # the last, partial slot
             k, start = 1, sent * per_slot
-            sender.reserve()[: tail * size] = raw[start * size :]
+            payload = sender.reserve()[: tail * size]
+            payload[...] = raw[start * size :]
+            if time is not None:
+                run_max = int(payload.view(records.dtype)[time].max())
+                max_time = run_max if max_time is None else max(max_time, run_max)
             sender.post(nbytes=tail * size, count=tail)
         sent += k
         end = min(sent * per_slot, n)
         if sent % watermark_every == 0 or end == n:
-            if times is not None:
-                # one vectorised max per watermark interval, not per buffer
-                span_max = int(times[watermark_from:end].max())
-                max_time = span_max if max_time is None else max(max_time, span_max)
+            if max_time is not None:
                 await sender.send_control(Control.WATERMARK, max_time - max_delay)
-            watermark_from = end
             await trio.lowlevel.checkpoint()
     await sender.aclose()

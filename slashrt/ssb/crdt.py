@@ -58,7 +58,8 @@ def join(kind: AggKind, a: Partial, b: Partial) -> Partial:
         out_vals = np.zeros(len(ukeys), vals.dtype)
         np.add.at(out_vals, inverse, vals)
     else:
-        ufunc = np.minimum if kind is AggKind.MIN else np.maximum
+        # fmin/fmax as HashAgg: a NaN is ignored unless every value of the key is NaN
+        ufunc = np.fmin if kind is AggKind.MIN else np.fmax
         out_vals = np.empty(len(ukeys), vals.dtype)
         # seed every key with one of its own values, then fold the rest in
         out_vals[inverse] = vals

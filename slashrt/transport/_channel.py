@@ -182,8 +182,10 @@ class Sender(abc.ABC):
         self._posted += 1
         self._publish(index)
 
-    async def wait_credit(self) -> None:
-        while self.credits() <= 0:
+    async def wait_credit(self, n: int = 1) -> None:
+        """Park until at least `n` credits are held (n <= slots)."""
+        n = min(n, self.spec.slots)
+        while self.credits() < n:
             if self._closed:
                 raise ChannelClosed("channel closed while waiting for credit")
             await self._park_for_credit()

@@ -1,0 +1,249 @@
+"""The fluent dataflow API: step ids, build-time validation, and input validation by `run`."""
+
+import numpy as np
+import pytest
+
+import slashrt
+from slashrt import Dataflow, DataflowError, OperatorError, Schema, SchemaError, Sliding, Tumbling, sinks
+
+SCHEMA = Schema({"t": "i8", "k": "i8", "v": "f8", "tag": "S4"})
+
+
+def events(flow=None, **kw):
+    flow = flow or Dataflow("f")
+    return flow, flow.source("events", SCHEMA, time="t", **kw)
+
+
+def rows(n=100):
+    a = np.zeros(n, SCHEMA.dtype)
+    a["t"] = np.arange(n)
+    a["k"] = np.arange(n) % 4
+    a["v"] = 1.0
+    return a
+
+
+# -- step ids --------------------------------------------------------------------------------------
+
+
+def test_step_ids_are_dotted_flow_and_step_names():
+    flow, src = events()
+    assert src.step_id == "f.events"
+    f = src.filter(lambda b: b["k"] > 0)
+    assert f.step_id == "f.filter_1"
+    w = f.with_column("k2", lambda b: b["k"] * 2, name="double")
+    assert w.step_id == "f.double"
+    c = w.window(Tumbling(ms=10)).count(key="k2")
+    assert c.step_id == "f.count_window_2"
+    assert c.sink(sinks.Collect(), name="out") == "f.out"
+    assert list(flow.steps) == ["f.events", "f.filter_1", "f.double", "f.count_window_2", "f.out"]
+
+
+def test_apply_is_named_after_its_function_and_a_lambda_is_numbered():
+    flow, src = events()
+
+    async def views(batch):
+        return batch
+
+    assert src.apply(views).step_id == "f.views"
+    assert src.apply(lambda b: b).step_id == "f.apply_1"
+    assert src.apply(views, name="again").step_id == "f.again"
+
+
+def test_a_sink_learns_its_step_id():
+    flow, src = events()
+    c = sinks.Collect()
+    src.sink(c)
+    assert c.step_id == "f.collect_1"
+
+
+@pytest.mark.parametrize("second", ["source", "filter", "sink"])
+def test_duplicate_step_names_are_rejected(second):
+    flow, src = events()
+    src.filter(lambda b: b["k"] > 0, name="dup")
+    with pytest.raises(DataflowError, match=r"step id 'f\.dup' is used twice"):
+        if second == "source":
+            flow.source("dup", SCHEMA)
+        elif second == "filter":
+            src.filter(lambda b: b["k"] > 1, name="dup")
+        else:
+            src.sink(sinks.Collect(), name="dup")
+
+
+@pytest.mark.parametrize("bad", ["", "a.b", "1x", "with space"])
+def test_names_must_be_identifier_like(bad):
+    with pytest.raises(DataflowError, match="identifier-like"):
+        Dataflow(bad)
+    flow, src = events()
+    with pytest.raises(DataflowError, match="identifier-like"):
+        src.filter(lambda b: b["k"] > 0, name=bad)
+
+
+# -- build-time validation ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "build, column",
+    [
+        (lambda s: s.project("t", "nope"), "nope"),
+        (lambda s: s.window(Tumbling(ms=10), time="when"), "when"),
+        (lambda s: s.window(Tumbling(ms=10)).count(key="nokey"), "nokey"),
+        (lambda s: s.window(Tumbling(ms=10)).sum("novalue", key="k"), "novalue"),
+        (lambda s: s.window(Sliding(size_ms=10, slide_ms=5)).mean("novalue", key="k"), "novalue"),
+        (lambda s: s.project("k", "v").window(Tumbling(ms=10), time="t"), "t"),
+        (lambda s: s.with_column("x", lambda b: b["k"]).window(Tumbling(ms=10)).max("y", key="x"), "y"),
+    ],
+)
+def test_unknown_columns_raise_schema_error_naming_them_at_build_time(build, column):
+    flow, src = events()
+    with pytest.raises(SchemaError, match=f"unknown column '{column}'; the stream from 'f\\."):
+        build(src)
+
+
+def test_columns_added_by_with_column_are_known_downstream():
+    flow, src = events()
+    s = src.with_column("campaign", lambda b: b["k"] // 2, dtype="i8")
+    assert s.fields["campaign"] == np.dtype("i8")
+    out = s.window(Tumbling(ms=10)).sum("v", key="campaign")
+    assert list(out.fields) == ["window_start", "window_end", "campaign", "sum_v"]
+    assert out.fields["sum_v"] == np.dtype("<f8")
+    assert out.time == "window_end"
+
+
+def test_apply_with_a_schema_declares_its_output_columns():
+    flow, src = events()
+    s = src.apply(lambda b: b, schema={"k": "i8", "w": "f8"})
+    assert list(s.fields) == ["k", "w"]
+    assert s.time is None
+    with pytest.raises(DataflowError, match="no event-time column"):
+        s.window(Tumbling(ms=10))
+    with pytest.raises(DataflowError, match="callable"):
+        src.apply("not a function")
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda s: s.window(Tumbling(ms=10)).count(key="v"), "key column 'v' must be an integer"),
+        (lambda s: s.window(Tumbling(ms=10)).sum("tag", key="k"), "column 'tag' must be numeric"),
+        (lambda s: s.with_column("bad name", lambda b: b["k"]), "identifier-like"),
+    ],
+)
+def test_wrong_column_types_raise_schema_error(build, match):
+    flow, src = events()
+    with pytest.raises(SchemaError, match=match):
+        build(src)
+
+
+def test_window_without_a_time_column_raises():
+    flow = Dataflow("f")
+    src = flow.source("events", SCHEMA)  # no time=
+    with pytest.raises(DataflowError, match="no event-time column"):
+        src.window(Tumbling(ms=10))
+    # naming one on the window works
+    assert src.window(Tumbling(ms=10), time="t").time == "t"
+
+
+def test_project_dropping_the_time_column_drops_event_time():
+    flow, src = events()
+    with pytest.raises(DataflowError, match="no event-time column"):
+        src.project("k", "v").window(Tumbling(ms=10))
+
+
+@pytest.mark.parametrize(
+    "kw, exc, match",
+    [
+        (dict(time="nope"), SchemaError, "time column 'nope' is not in"),
+        (dict(time="v"), SchemaError, "time column 'v' must be an integer"),
+        (dict(time="t", max_delay=-1), DataflowError, "max_delay must be >= 0"),
+    ],
+)
+def test_bad_sources_raise(kw, exc, match):
+    with pytest.raises(exc, match=match):
+        Dataflow("f").source("events", SCHEMA, **kw)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: Tumbling(ms=0), "positive"),
+        (lambda: Tumbling(ms=1.5), "whole number"),
+        (lambda: Tumbling(ms=10, seconds=1), "exactly one"),
+        (lambda: Sliding(size_ms=10, slide_ms=20), "longer than the window size"),
+    ],
+)
+def test_bad_window_lengths_raise(make, match):
+    with pytest.raises(DataflowError, match=match):
+        make()
+
+
+def test_seconds_are_milliseconds_times_1000():
+    assert Tumbling(seconds=10).size == 10_000
+    w = Sliding(seconds=10, every_seconds=4)
+    assert (w.size, w.slide, w.slice_len) == (10_000, 4_000, 2_000)
+
+
+# -- validation by run -------------------------------------------------------------------------------
+
+
+def test_a_dataflow_without_sink_does_not_run():
+    flow, src = events()
+    src.filter(lambda b: b["k"] > 0)
+    with pytest.raises(DataflowError, match="'f' has no sink"):
+        slashrt.run(flow, {"events": rows()})
+
+
+def test_a_dataflow_without_source_does_not_run():
+    with pytest.raises(DataflowError, match="'f' has no source"):
+        slashrt.run(Dataflow("f"), {})
+
+
+def collecting_flow():
+    flow, src = events()
+    src.sink(sinks.Collect(), name="out")
+    return flow
+
+
+def test_inputs_by_source_name_or_step_id():
+    a = rows()
+    assert np.array_equal(slashrt.run(collecting_flow(), {"events": a})["f.out"], a)
+    assert np.array_equal(slashrt.run(collecting_flow(), {"f.events": a})["f.out"], a)
+
+
+def test_a_missing_input_names_the_source():
+    with pytest.raises(DataflowError, match="no input given for source 'events'"):
+        slashrt.run(collecting_flow(), {})
+
+
+def test_an_input_for_an_unknown_source_is_rejected():
+    with pytest.raises(DataflowError, match=r"unknown sources \['evnts'\]; the sources are \['events'\]"):
+        slashrt.run(collecting_flow(), {"events": rows(), "evnts": rows()})
+
+
+@pytest.mark.parametrize(
+    "bad, exc, match",
+    [
+        (np.zeros(3, [("t", "<i8"), ("k", "<i8"), ("v", "<f8")]), SchemaError, "record size is 24 bytes, expected 28"),
+        (np.zeros(3, [("t", "<i8"), ("k", "<i8"), ("v", "<i8"), ("tag", "S4")]), SchemaError, "'v' has type <i8"),
+        (np.zeros(3, [("t", "<i8"), ("key", "<i8"), ("v", "<f8"), ("tag", "S4")]), SchemaError, "missing field 'k'"),
+        (np.zeros((2, 3), SCHEMA.dtype), ValueError, "must be 1-D"),
+        ([1, 2, 3], TypeError, "must be a numpy structured array"),
+    ],
+)
+def test_a_wrong_input_names_the_source(bad, exc, match):
+    with pytest.raises(exc, match=f"input for source 'f.events'.*{match}"):
+        slashrt.run(collecting_flow(), {"events": bad})
+
+
+def test_an_input_with_void_filler_instead_of_bytes_is_accepted():
+    a = rows()
+    other = a.view(np.dtype([("t", "<i8"), ("k", "<i8"), ("v", "<f8"), ("tag", "V4")]))
+    out = slashrt.run(collecting_flow(), {"events": other})["f.out"]
+    assert np.array_equal(out.view(np.uint8), a.view(np.uint8))
+
+
+def test_unknown_column_inside_a_filter_fails_at_run_time_naming_step_and_column():
+    # a predicate is code: its columns are only known when it runs
+    flow, src = events()
+    src.filter(lambda b: b["nope"] > 0, name="keep").sink(sinks.Collect())
+    with pytest.raises(OperatorError, match=r"step 'f\.keep'.*no column 'nope'"):
+        slashrt.run(flow, {"events": rows()})
