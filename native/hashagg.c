@@ -258,6 +258,7 @@ HA_INLINE int apply_core(ha_table *t, const char *kp, ptrdiff_t ks, const char *
             const char *cq = cp + (ptrdiff_t)b * cs;
             for (int j = 0; j < m; j++) cb[j] = ld64(cq + (ptrdiff_t)j * cs);
         }
+        uint64_t size = t->size; /* a local: slot stores could alias t->size otherwise */
         for (int j = 0; j < m; j++) {
             if (j + HA_PF < m) prefetch_slot(&slots[idx[j + HA_PF]]);
             const int64_t k = kb[j];
@@ -285,12 +286,13 @@ HA_INLINE int apply_core(ha_table *t, const char *kp, ptrdiff_t ks, const char *
                 }
                 if (s->key == 0) {
                     put(s, k, c, v, kind);
-                    t->size++;
+                    size++;
                     break;
                 }
                 p = (p + 1) & mask;
             }
         }
+        t->size = size;
     }
     return 0;
 }
