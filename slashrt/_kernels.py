@@ -34,7 +34,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import structlog
 
 __all__ = [
     "KINDS",
@@ -46,7 +45,6 @@ __all__ = [
     "YSB_RECORD_SIZE",
 ]
 
-log = structlog.get_logger("slashrt.kernels")
 
 KINDS = ("count", "sum", "min", "max", "mean")
 YSB_RECORD_SIZE = 78
@@ -253,4 +251,6 @@ else:
     ysb_baseline = None  # type: ignore[assignment]
     HashAgg = NumpyHashAgg  # type: ignore[assignment,misc]
 
-log.debug("kernels selected", impl="native" if NATIVE else "numpy", reason=_why)
+# Why this implementation was chosen; logged by the runtime at the start of a run rather than
+# here, at import time, before the application has configured logging.
+SELECTED = {"impl": "native" if NATIVE else "numpy", "reason": _why}

@@ -13,6 +13,7 @@ import numpy as np
 import structlog
 import trio
 
+from slashrt import _kernels as kernels
 from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._dataflow import Dataflow
 from slashrt._plan import build_plan
@@ -85,6 +86,7 @@ async def run_async(
     `progress`, if given, is called now and then with the number of records processed.
     """
     plan = build_plan(flow)
+    log.debug("kernels selected", **kernels.SELECTED)
     by_name = {sid.split(".", 1)[1]: sid for sid in plan.sources}
     unknown = set(inputs) - set(by_name) - set(plan.sources)
     if unknown:

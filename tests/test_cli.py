@@ -1,0 +1,124 @@
+"""The `slashrt` command: benchmarks verify themselves, bad input gives clear errors."""
+
+import csv
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from slashrt.bench import ysb
+from slashrt.cli import main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "slashrt", *args], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
+    )
+
+
+def test_bench_ysb_json_is_one_correct_object():
+    proc = run_cli("bench", "ysb", "--events", "300000", "--campaigns", "50", "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)  # stdout is exactly one JSON object
+    for field in ("query", "events", "executors", "transport", "seconds", "records_per_s", "correct"):
+        assert field in result
+    assert result["query"] == "ysb" and result["events"] == 300_000 and result["correct"] is True
+    assert result["c_loop_agrees"] is True and result["records_per_s"] > 0
+
+
+@pytest.mark.parametrize("query,extra", [("ro", ["--keys", "1000000"]), ("cm", ["--jobs", "500"])])
+def test_bench_ro_and_cm_verify_themselves(query, extra, capsys):
+    assert main(["bench", query, "--events", "200000", *extra, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["query"] == query and result["correct"] is True and result["events"] == 200_000
+
+
+def test_ysb_input_and_output_files(tmp_path, capsys):
+    records = ysb.generate(50_000, 20, seed=3)
+    # a filler declared as bytes instead of void is accepted: same names, sizes and offsets
+    as_bytes = records.view(
+        np.dtype([(n, "S40" if n == "filler" else records.dtype.fields[n][0]) for n in records.dtype.names])
+    )
+    src, out = tmp_path / "events.npy", tmp_path / "counts.csv"
+    np.save(src, as_bytes)
+    assert main(["bench", "ysb", "--input", str(src), "--campaigns", "20", "--output", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["events"] == 50_000
+    with out.open() as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["window_start_ms", "campaign_id", "count"]
+    expected = ysb.reference(records, ysb.campaign_map(20))
+    got = np.array([[int(v) for v in row] for row in rows[1:]])
+    assert np.array_equal(got[:, 0], expected["window_start_ms"])
+    assert np.array_equal(got[:, 1], expected["campaign_id"])
+    assert np.array_equal(got[:, 2], expected["count"])
+
+
+def test_ysb_ads_mapping_file(tmp_path, capsys):
+    records = ysb.generate(20_000, 10, seed=5)
+    ads = (np.arange(100, dtype=np.int64) * 7) % 3  # 100 ads onto 3 campaigns
+    np.save(tmp_path / "e.npy", records)
+    np.save(tmp_path / "ads.npy", ads)
+    assert main(["bench", "ysb", "--input", str(tmp_path / "e.npy"), "--ads", str(tmp_path / "ads.npy"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["correct"] is True and result["campaigns"] == 3
+
+
+def test_ysb_input_with_wrong_record_size_names_the_file(tmp_path):
+    bad = np.zeros(10, dtype=[("event_time", "<i8"), ("ad_id", "<i8")])
+    path = tmp_path / "bad.npy"
+    np.save(path, bad)
+    proc = run_cli("bench", "ysb", "--input", str(path), "--json")
+    assert proc.returncode == 2
+    assert "bad.npy" in proc.stderr and "record size" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_ysb_input_with_wrong_field_type_names_field(tmp_path, capsys):
+    records = ysb.generate(100, 10)
+    dt = np.dtype([(n, "<f8" if n == "ad_id" else records.dtype.fields[n][0]) for n in records.dtype.names])
+    path = tmp_path / "floats.npy"
+    np.save(path, np.zeros(100, dt))
+    assert main(["bench", "ysb", "--input", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "floats.npy" in err and "ad_id" in err
+
+
+def test_ysb_input_not_npy(tmp_path, capsys):
+    path = tmp_path / "junk.npy"
+    path.write_bytes(b"not a numpy file")
+    assert main(["bench", "ysb", "--input", str(path)]) == 2
+    assert "junk.npy" in capsys.readouterr().err
+
+
+def test_ysb_ad_ids_outside_mapping(tmp_path, capsys):
+    records = ysb.generate(1000, 10)
+    np.save(tmp_path / "e.npy", records)
+    np.save(tmp_path / "ads.npy", np.zeros(5, np.int64))  # covers ad ids 0..4 only
+    assert main(["bench", "ysb", "--input", str(tmp_path / "e.npy"), "--ads", str(tmp_path / "ads.npy")]) == 2
+    assert "ad_id" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["bench", "ysb", "--events", "-5"], "must be positive"),
+        (["bench", "ysb", "--events", "many"], "not a whole number"),
+        (["bench", "ysb", "--zipf", "-1"], "must be >= 0"),
+        (["bench", "nosuch"], "invalid choice"),
+        ([], "required"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(args, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_demo_prints_result_and_throughput():
+    proc = run_cli("demo", "--events", "200000")
+    assert proc.returncode == 0, proc.stderr
+    assert "matches the numpy reference" in proc.stdout
+    assert "million records/s" in proc.stdout
