@@ -3,6 +3,10 @@
  *   HashAgg(kind, value_dtype)   hash aggregation over int64 keys (hashagg.c)
  *   ysb_baseline(records, ad_to_campaign, n_campaigns, window_ms=10000)
  *                                the plain-C YSB loop (ysb_baseline.c)
+ *   gather(field, sel, out)      a field of a 1-D or 2-D strided record view, selected rows
+ *   minmax_i64(field)            (min, max) of an int64 field view (columns.c)
+ *   ring_post / ring_poll_data / ring_release
+ *                                footers of runs of ring slots, release/acquire ordered (ring.c)
  *
  * Inputs are taken through the buffer protocol (no numpy headers needed): 1-D views of
  * any stride, so a field of a structured array is read in place.  Hot loops run with
@@ -12,7 +16,9 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include "columns.h"
 #include "hashagg.h"
+#include "ring.h"
 #include "ysb_baseline.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -498,7 +504,206 @@ static PyObject *py_ysb_baseline(PyObject *mod, PyObject *args, PyObject *kwds) 
     return Py_BuildValue("(NNN)", ow, oc, on);
 }
 
+/* ---- column kernels ------------------------------------------------------------------ */
+
+/* Fill a field_view from a 1-D or 2-D strided buffer (rows x cols). */
+static int get_field_view(PyObject *obj, Py_buffer *b, field_view *v, const char *what) {
+    if (PyObject_GetBuffer(obj, b, PyBUF_RECORDS_RO) < 0) return -1;
+    if (b->ndim < 1 || b->ndim > 2) {
+        PyErr_Format(PyExc_ValueError, "%s must be 1-D or 2-D, got %d dimensions", what, b->ndim);
+        PyBuffer_Release(b);
+        return -1;
+    }
+    v->base = (const char *)b->buf;
+    v->itemsize = b->itemsize;
+    if (b->ndim == 1) {
+        v->rows = 1;
+        v->cols = b->shape[0];
+        v->row_stride = 0;
+        v->col_stride = b->strides[0];
+    } else {
+        v->rows = b->shape[0];
+        v->cols = b->shape[1];
+        v->row_stride = b->strides[0];
+        v->col_stride = b->strides[1];
+    }
+    return 0;
+}
+
+static PyObject *py_gather(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "gather(field, sel_or_None, out)");
+        return NULL;
+    }
+    Py_buffer fb, sb = {0}, ob;
+    field_view v;
+    if (get_field_view(args[0], &fb, &v, "field") < 0) return NULL;
+    int have_sel = args[1] != Py_None;
+    if (have_sel && PyObject_GetBuffer(args[1], &sb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto fail_f;
+    if (PyObject_GetBuffer(args[2], &ob, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto fail_s;
+    int64_t m = have_sel ? (int64_t)(sb.len / 8) : v.rows * v.cols;
+    if (have_sel && (sb.itemsize != 8 || !fmt_ok(sb.format, sb.itemsize, 0))) {
+        PyErr_SetString(PyExc_TypeError, "gather: sel must be a contiguous int64 array");
+        goto fail_o;
+    }
+    if (ob.len != m * v.itemsize) {
+        PyErr_Format(PyExc_ValueError, "gather: out has %zd bytes, needs %lld", ob.len, (long long)(m * v.itemsize));
+        goto fail_o;
+    }
+    int64_t bad;
+    if (m >= NOGIL_MIN_ROWS) {
+        Py_BEGIN_ALLOW_THREADS
+        bad = columns_gather(&v, have_sel ? (const int64_t *)sb.buf : NULL, m, (char *)ob.buf);
+        Py_END_ALLOW_THREADS
+    } else {
+        bad = columns_gather(&v, have_sel ? (const int64_t *)sb.buf : NULL, m, (char *)ob.buf);
+    }
+    if (bad) {
+        PyErr_Format(PyExc_IndexError, "gather: index %lld out of range for %lld rows",
+                     (long long)((const int64_t *)sb.buf)[bad - 1], (long long)(v.rows * v.cols));
+        goto fail_o;
+    }
+    PyBuffer_Release(&ob);
+    if (have_sel) PyBuffer_Release(&sb);
+    PyBuffer_Release(&fb);
+    Py_RETURN_NONE;
+fail_o:
+    PyBuffer_Release(&ob);
+fail_s:
+    if (have_sel) PyBuffer_Release(&sb);
+fail_f:
+    PyBuffer_Release(&fb);
+    return NULL;
+}
+
+static PyObject *py_minmax_i64(PyObject *mod, PyObject *field) {
+    Py_buffer fb;
+    field_view v;
+    if (get_field_view(field, &fb, &v, "field") < 0) return NULL;
+    if (!fmt_ok(fb.format, fb.itemsize, 0)) {
+        PyBuffer_Release(&fb);
+        PyErr_SetString(PyExc_TypeError, "minmax_i64: field must be int64");
+        return NULL;
+    }
+    if (v.rows * v.cols == 0) {
+        PyBuffer_Release(&fb);
+        PyErr_SetString(PyExc_ValueError, "minmax_i64 of an empty field");
+        return NULL;
+    }
+    int64_t lo, hi;
+    columns_minmax_i64(&v, &lo, &hi);
+    PyBuffer_Release(&fb);
+    return Py_BuildValue("(LL)", (long long)lo, (long long)hi);
+}
+
+/* ---- ring footers ---------------------------------------------------------------------- */
+
+/* A writable (or read-only) contiguous ring buffer that holds slots [first, first + k). */
+static int get_ring(PyObject *obj, Py_buffer *b, int writable, int64_t slot_size, int64_t first, int64_t k) {
+    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
+    if (slot_size < RING_FOOTER_SIZE || first < 0 || k < 0 || (first + k) * slot_size > b->len) {
+        PyErr_Format(PyExc_ValueError, "ring of %zd bytes has no slots [%lld, %lld) of %lld bytes", b->len,
+                     (long long)first, (long long)(first + k), (long long)slot_size);
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_ring_post(PyObject *mod, PyObject *args) {
+    PyObject *ring;
+    long long slot_size, first, k, seq0, epoch;
+    unsigned int count, nbytes;
+    int kind;
+    if (!PyArg_ParseTuple(args, "OLLLIILLi", &ring, &slot_size, &first, &k, &count, &nbytes, &seq0, &epoch, &kind))
+        return NULL;
+    Py_buffer b;
+    if (get_ring(ring, &b, 1, slot_size, first, k) < 0) return NULL;
+    if ((long long)nbytes > slot_size - RING_FOOTER_SIZE) {
+        PyBuffer_Release(&b);
+        return PyErr_Format(PyExc_ValueError, "payload of %u bytes does not fit a %lld-byte slot", nbytes, slot_size);
+    }
+    ring_post((char *)b.buf, slot_size, first, k, count, nbytes, (uint64_t)seq0, (uint64_t)epoch, (uint8_t)kind);
+    PyBuffer_Release(&b);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_ring_poll_data(PyObject *mod, PyObject *args) {
+    PyObject *ring;
+    long long slot_size, first, max_k, expected_seq, record_size;
+    if (!PyArg_ParseTuple(args, "OLLLLL", &ring, &slot_size, &first, &max_k, &expected_seq, &record_size)) return NULL;
+    Py_buffer b;
+    if (get_ring(ring, &b, 0, slot_size, first, max_k) < 0) return NULL;
+    uint32_t count = 0;
+    int64_t n = ring_poll_data((const char *)b.buf, slot_size, first, max_k, (uint64_t)expected_seq, record_size, &count);
+    PyBuffer_Release(&b);
+    return Py_BuildValue("(LI)", (long long)n, count);
+}
+
+static PyObject *py_ring_release(PyObject *mod, PyObject *args) {
+    PyObject *ring;
+    long long slot_size, first, k;
+    if (!PyArg_ParseTuple(args, "OLLL", &ring, &slot_size, &first, &k)) return NULL;
+    Py_buffer b;
+    if (get_ring(ring, &b, 1, slot_size, first, k) < 0) return NULL;
+    ring_release((char *)b.buf, slot_size, first, k);
+    PyBuffer_Release(&b);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_copy_rows_max(PyObject *mod, PyObject *args) {
+    PyObject *dst, *src;
+    long long row_bytes, record_size, field_offset;
+    if (!PyArg_ParseTuple(args, "OOLLL", &dst, &src, &row_bytes, &record_size, &field_offset)) return NULL;
+    Py_buffer db, sb;
+    field_view v;
+    if (PyObject_GetBuffer(dst, &db, PyBUF_RECORDS) < 0) return NULL;
+    if (db.ndim != 2 || db.itemsize != 1 || db.strides[1] != 1 || db.shape[1] < row_bytes || record_size <= 0 ||
+        field_offset + 8 > record_size) {
+        PyBuffer_Release(&db);
+        PyErr_SetString(PyExc_ValueError, "copy_rows_max: dst must be a 2-D uint8 view with rows of >= row_bytes "
+                                          "contiguous bytes, and the field must fit a record");
+        return NULL;
+    }
+    v.base = (const char *)db.buf;
+    v.rows = db.shape[0];
+    v.cols = db.shape[1];
+    v.row_stride = db.strides[0];
+    v.col_stride = 1;
+    v.itemsize = 1;
+    if (PyObject_GetBuffer(src, &sb, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&db);
+        return NULL;
+    }
+    if (sb.len != v.rows * row_bytes) {
+        PyErr_Format(PyExc_ValueError, "copy_rows_max: src has %zd bytes, expected %lld", sb.len,
+                     (long long)(v.rows * row_bytes));
+        PyBuffer_Release(&sb);
+        PyBuffer_Release(&db);
+        return NULL;
+    }
+    int64_t hi;
+    Py_BEGIN_ALLOW_THREADS
+    hi = columns_copy_rows_max(&v, (const char *)sb.buf, row_bytes, record_size, field_offset);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&db);
+    return PyLong_FromLongLong(hi);
+}
+
 static PyMethodDef module_methods[] = {
+    {"copy_rows_max", py_copy_rows_max, METH_VARARGS,
+     "copy_rows_max(dst2d, src, row_bytes, record_size, field_offset) -> max int64 field of the copied records."},
+    {"ring_post", py_ring_post, METH_VARARGS,
+     "ring_post(ring, slot_size, first, k, count, nbytes, seq0, epoch, kind): footers of k slots, flag last (release)."},
+    {"ring_poll_data", py_ring_poll_data, METH_VARARGS,
+     "ring_poll_data(ring, slot_size, first, max_k, expected_seq, record_size) -> (n, count): posted, well-formed "
+     "data buffers with one record count at the head of the ring (acquire loads)."},
+    {"ring_release", py_ring_release, METH_VARARGS, "ring_release(ring, slot_size, first, k): clear k flags (release)."},
+    {"gather", (PyCFunction)(void (*)(void))py_gather, METH_FASTCALL,
+     "gather(field, sel, out): out[i] = flat element sel[i] of a 1-D/2-D strided field view "
+     "(sel None: every element, row-major)."},
+    {"minmax_i64", (PyCFunction)py_minmax_i64, METH_O, "minmax_i64(field) -> (min, max) of an int64 field view."},
     {"ysb_baseline", (PyCFunction)(void (*)(void))py_ysb_baseline, METH_VARARGS | METH_KEYWORDS,
      "ysb_baseline(records, ad_to_campaign, n_campaigns, window_ms=10000) -> "
      "(window_start, campaign, count) as three bytearrays of int64, sorted by window then "

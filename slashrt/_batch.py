@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from slashrt._kernels import gather
 from slashrt.errors import SchemaError
 
 __all__ = ["Batch", "as_batch"]
@@ -65,8 +66,9 @@ class Batch:
         except ValueError:
             raise SchemaError(f"no column {name!r} in batch with columns {list(self.names)}") from None
         if col.ndim > 1:
-            # records of several slots: flatten this one column (a copy of one field only)
-            col = col.reshape(-1)
+            # records of several slots: read this one field (and only the selected rows) in
+            # one native pass, instead of numpy's flattening copy and then a gather
+            return gather(col, self._sel)
         return col if self._sel is None else col[self._sel]
 
     def __getitem__(self, key):

@@ -251,6 +251,9 @@ class WindowedStream:
                 raise SchemaError(f"{kind.value}: column {column!r} must be numeric, is {col}")
             value_dtype = np.dtype("<f8") if col.kind == "f" else np.dtype("<i8")
         output = output or (kind.value if column is None else f"{kind.value}_{column}")
+        names = ["window_start", "window_end", key, output]
+        if len(set(names)) < len(names):
+            raise SchemaError(f"{kind.value}: the result columns {names} must have distinct names; rename with output=")
         step_id = s.flow._step_id(name, f"{kind.value}_window")
         spec = WindowAggSpec(step_id, s.step_id, self.assigner, self.time, key, column, kind, output, self.late, value_dtype)
         fields = {

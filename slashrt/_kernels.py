@@ -5,6 +5,12 @@
   table and partials are joined later (``merge`` / ``merge_from`` are CRDT joins).
 * ``ysb_baseline``: the Yahoo Streaming Benchmark query as one plain C loop, the yardstick
   the Python runtime is measured against.
+* ``ring_post``, ``ring_poll_data``, ``ring_release``: footers of runs of ring slots, the flag
+  stored with release and loaded with acquire ordering (what makes a ring shared between
+  processes safe), one call per run of buffers instead of one per buffer.
+* ``gather`` and ``minmax``: read a field of a strided record view (a 2-D view over several
+  ring slots, or a field of a structured array) in one pass, without numpy's intermediate
+  flattening copy.
 
 Which implementation is in use:
 
@@ -43,6 +49,12 @@ __all__ = [
     "NativeHashAgg",
     "ysb_baseline",
     "YSB_RECORD_SIZE",
+    "gather",
+    "minmax",
+    "copy_rows_max",
+    "ring_post",
+    "ring_poll_data",
+    "ring_release",
 ]
 
 
@@ -224,8 +236,17 @@ if _native is not None:
                 )
             self.merge(*other.export())
 
+        def __reduce__(self):
+            # pickles as its exported arrays (used by snapshots); rebuilt with one merge
+            return (_rebuild_native, (type(self), self.kind, self.value_dtype, *self.export()))
+
         def __repr__(self) -> str:
             return f"NativeHashAgg({self.kind!r}, {self.value_dtype!r}, len={len(self)})"
+
+    def _rebuild_native(cls, kind, value_dtype, keys, counts, vals):
+        t = cls(kind, value_dtype)
+        t.merge(keys, counts, vals)
+        return t
 
     def ysb_baseline(
         records: np.ndarray, ad_to_campaign: np.ndarray, n_campaigns: int, window_ms: int = 10000
@@ -254,3 +275,88 @@ else:
 # Why this implementation was chosen; logged by the runtime at the start of a run rather than
 # here, at import time, before the application has configured logging.
 SELECTED = {"impl": "native" if NATIVE else "numpy", "reason": _why}
+
+
+def _numpy_gather(field: np.ndarray, sel: np.ndarray | None = None) -> np.ndarray:
+    flat = field.reshape(-1)
+    return flat.copy() if sel is None else flat[sel]
+
+
+def _numpy_minmax(field: np.ndarray) -> tuple[int, int]:
+    return int(field.min()), int(field.max())
+
+
+if _native is not None:
+
+    def gather(field: np.ndarray, sel: np.ndarray | None = None) -> np.ndarray:
+        """Elements `sel` (flat, row-major; all if None) of a 1-D or 2-D field view, as a new
+        contiguous 1-D array."""
+        if sel is not None and (sel.dtype != np.int64 or not sel.flags.c_contiguous):
+            sel = np.ascontiguousarray(sel, dtype=np.int64)
+        out = np.empty(field.size if sel is None else len(sel), field.dtype)
+        _native.gather(field, sel, out)
+        return out
+
+    def minmax(field: np.ndarray) -> tuple[int, int]:
+        """(min, max) of an int64 field view of any stride, 1-D or 2-D, in one pass."""
+        if field.dtype != np.int64:
+            return _numpy_minmax(field)
+        return _native.minmax_i64(field)
+
+else:
+    gather = _numpy_gather
+    minmax = _numpy_minmax
+
+
+def _slot(ring: np.ndarray, slot_size: int, index: int) -> np.ndarray:
+    return ring[index * slot_size : (index + 1) * slot_size]
+
+
+def _numpy_ring_post(ring, slot_size, first, k, count, nbytes, seq0, epoch, kind) -> None:
+    from slashrt._buffer import Kind, write_footer
+
+    for i in range(k):
+        write_footer(_slot(ring, slot_size, first + i), count=count, nbytes=nbytes, seq=seq0 + i, epoch=epoch, kind=Kind(kind))
+
+
+def _numpy_ring_poll_data(ring, slot_size, first, max_k, expected_seq, record_size) -> tuple[int, int]:
+    from slashrt._buffer import FULL, Kind, read_footer
+    from slashrt.errors import MalformedBuffer
+
+    count = 0
+    for n in range(max_k):
+        slot = _slot(ring, slot_size, first + n)
+        if slot[-1] != FULL:
+            return n, count
+        try:
+            footer = read_footer(slot, expected_seq=expected_seq + n, record_size=record_size)
+        except MalformedBuffer:
+            return n, count
+        if footer.kind is not Kind.DATA or (n > 0 and footer.count != count):
+            return n, count
+        count = footer.count
+    return max_k, count
+
+
+def _numpy_ring_release(ring, slot_size, first, k) -> None:
+    ring[(first + 1) * slot_size - 1 : (first + k + 1) * slot_size - 1 : slot_size] = 0
+
+
+def _numpy_copy_rows_max(dst: np.ndarray, src: np.ndarray, row_bytes: int, record_size: int, field_offset: int) -> int:
+    dst[:, :row_bytes] = np.asarray(src).reshape(dst.shape[0], row_bytes)
+    if field_offset < 0:
+        return -(2**63)
+    rows = dst[:, :row_bytes].reshape(dst.shape[0], -1, record_size)
+    return int(rows[:, :, field_offset : field_offset + 8].copy().view("<i8").max())
+
+
+if _native is not None:
+    copy_rows_max = _native.copy_rows_max
+    ring_post = _native.ring_post
+    ring_poll_data = _native.ring_poll_data
+    ring_release = _native.ring_release
+else:
+    copy_rows_max = _numpy_copy_rows_max
+    ring_post = _numpy_ring_post
+    ring_poll_data = _numpy_ring_poll_data
+    ring_release = _numpy_ring_release

@@ -134,6 +134,16 @@ def test_wrong_column_types_raise_schema_error(build, match):
         build(src)
 
 
+def test_result_columns_must_not_clash():
+    flow, src = events()
+    with pytest.raises(SchemaError, match=r"\['window_start', 'window_end', 'k', 'k'\] must have distinct names"):
+        src.window(Tumbling(ms=10)).count(key="k", output="k")
+    with pytest.raises(SchemaError, match="must have distinct names"):
+        src.window(Tumbling(ms=10)).sum("v", key="k", output="window_end")
+    with pytest.raises(SchemaError, match="must have distinct names"):
+        src.with_column("window_start", lambda b: b["k"]).window(Tumbling(ms=10)).count(key="window_start")
+
+
 def test_window_without_a_time_column_raises():
     flow = Dataflow("f")
     src = flow.source("events", SCHEMA)  # no time=

@@ -310,6 +310,18 @@ def test_export_is_fresh(impl):
     assert as_dict(t) == {1: (1, 10), 2: (1, 20)}
 
 
+@pytest.mark.parametrize("kind,dtype", [("sum", "i8"), ("min", "f8"), ("count", "i8")])
+def test_pickle_roundtrip(impl, kind, dtype):
+    import pickle
+
+    t = impl(kind, dtype)
+    keys = np.array([0, -1, I64_MIN, 3, 3], np.int64)
+    t.update(keys, keys.astype(dtype))
+    u = pickle.loads(pickle.dumps(t))
+    assert type(u) is impl and u.kind == kind and u.value_dtype == dtype
+    assert_same(as_dict(u), as_dict(t))
+
+
 def test_empty_inputs(impl):
     t = impl("min", "i8")
     t.update(np.empty(0, np.int64), np.empty(0, np.int64))

@@ -12,6 +12,7 @@ import numpy as np
 import trio
 
 from slashrt._buffer import Control
+from slashrt._kernels import copy_rows_max
 from slashrt._schema import Schema
 from slashrt.transport import Sender
 
@@ -41,6 +42,22 @@ async def feed_array(
     raw = records.view(np.uint8).reshape(-1)
     n = len(records)
     full_slots, tail = divmod(n, per_slot)
+    time_offset = -1 if time is None else records.dtype.fields[time][1]
+    fused = time is None or records.dtype.fields[time][0] == np.dtype("<i8")
+
+    def fill(view: np.ndarray, first: int, count: int) -> int | None:
+        """Copy `count` records per row of `view` from record `first` on; return their max time.
+
+        The max is read from the slots just written (in cache), in the same native pass as the
+        copy, not from the input (another pass over main memory)."""
+        row_bytes = count * size
+        src = raw[first * size : first * size + view.shape[0] * row_bytes]
+        if fused:
+            top = copy_rows_max(view, src, row_bytes, size, time_offset)
+            return None if time is None else top
+        view[:, :row_bytes] = src.reshape(view.shape[0], row_bytes)
+        return int(view[:, :row_bytes].view(records.dtype)[time].max())
+
     max_time = None
     sent = 0  # data buffers posted
     while sent < full_slots + (tail > 0):
@@ -52,26 +69,12 @@ async def feed_array(
         # as many full slots as one copy can fill: up to the credits, the ring's end, the input's
         # last full slot and the next watermark
         k = min(sender.contiguous_credits(), full_slots - sent, watermark_every - sent % watermark_every)
-        if k > 0:
-            start = sent * per_slot
-            view = sender.reserve_run(k)
-            run = view[:, : per_slot * size]
-            run[...] = raw[start * size : (start + k * per_slot) * size].reshape(k, per_slot * size)
-            if time is not None:
-                # the watermark's max is read from the slots just written (in cache), before
-                # they are posted, not from the input (another pass over main memory)
-                run_max = int(run.view(records.dtype)[time].max())
-                max_time = run_max if max_time is None else max(max_time, run_max)
-            for _ in range(k):
-                sender.post(nbytes=per_slot * size, count=per_slot)
-        else:  # the last, partial slot
-            k, start = 1, sent * per_slot
-            payload = sender.reserve()[: tail * size]
-            payload[...] = raw[start * size :]
-            if time is not None:
-                run_max = int(payload.view(records.dtype)[time].max())
-                max_time = run_max if max_time is None else max(max_time, run_max)
-            sender.post(nbytes=tail * size, count=tail)
+        count = per_slot if k > 0 else tail
+        k = max(k, 1)  # else: the last, partial slot
+        run_max = fill(sender.reserve_run(k), sent * per_slot, count)
+        if run_max is not None:
+            max_time = run_max if max_time is None else max(max_time, run_max)
+        sender.post_run(k, nbytes=count * size, count=count)
         sent += k
         end = min(sent * per_slot, n)
         if sent % watermark_every == 0 or end == n:

@@ -25,7 +25,7 @@ import structlog
 from slashrt._batch import Batch
 from slashrt._dataflow import WindowAggSpec
 from slashrt._kernels import HashAgg
-from slashrt.errors import DataflowError
+from slashrt.errors import DataflowError, OperatorError
 from slashrt.ops._node import Node
 from slashrt.ssb.crdt import finalize
 
@@ -129,8 +129,12 @@ class WindowAggregate(Node):
             kind = "i" if values is None else values.dtype.kind
             self.value_dtype = np.dtype("<f8") if kind == "f" else np.dtype("<i8")
         if keys.dtype != np.int64:
+            if keys.dtype.kind not in "iu":  # its type may be known only now (a with_column)
+                raise OperatorError(self.step_id, f"key column {self.spec.key!r} must be integers, is {keys.dtype}")
             keys = keys.astype(np.int64)
         if values is not None and values.dtype != self.value_dtype:
+            if values.dtype.kind not in "biuf":
+                raise OperatorError(self.step_id, f"column {self.spec.column!r} must be numeric, is {values.dtype}")
             values = values.astype(self.value_dtype)
         if lo == hi:  # the common case: the whole batch falls into one slice
             self._slice(lo).update(keys, values)

@@ -14,10 +14,11 @@ completion channel or, in process, a trio parking lot) instead of spinning.
 
 One tick of the compute coroutine: take the oldest ready buffer, run its input's fused
 pipeline on it (data: a zero-copy Batch; control: watermark or end of stream), release the
-slot (its credit goes back to the sender), and yield every `yield_every` buffers. Full data
-buffers of one input that sit in consecutive ring slots and are all ready are handed to the
-pipeline together (up to `coalesce` of them) as one 2-D zero-copy view, so Python's fixed cost
-per call is paid once per run of buffers instead of once per 64 KiB.
+slot (its credit goes back to the sender), and yield every `yield_every` pipeline calls.
+Pollers take data buffers in runs (up to `coalesce` consecutive slots whose buffers hold the
+same number of records, validated in one native pass) and compute hands a run to the pipeline
+as one 2-D zero-copy view, so Python's fixed cost per call is paid once per run of buffers
+instead of once per 64 KiB.
 
 A channel that delivers a malformed buffer is closed and reported; the other channels and
 their pipelines go on. An exception from an operator fails the executor (trio cancels every
@@ -39,7 +40,7 @@ from slashrt._buffer import Control
 from slashrt.errors import ChannelClosed, MalformedBuffer
 from slashrt.ops._node import Node
 from slashrt.scheduler._stats import ExecutorStats
-from slashrt.transport import Buffer, Receiver
+from slashrt.transport import Buffer, DataRun, Receiver
 
 __all__ = ["Executor", "Input"]
 
@@ -56,10 +57,6 @@ class Input:
     dtype: np.dtype
     ended: bool = False
     error: BaseException | None = None
-    full_count: int = attrs.field(init=False)  # records in a full data buffer
-
-    def __attrs_post_init__(self):
-        self.full_count = self.receiver.spec.payload_capacity // self.dtype.itemsize
 
 
 class Executor:
@@ -68,7 +65,7 @@ class Executor:
         self.stats = ExecutorStats(executor=index)
         self.yield_every = yield_every
         self.coalesce = coalesce
-        self._ready: collections.deque[tuple[Input, Buffer | None]] = collections.deque()
+        self._ready: collections.deque[tuple[Input, Buffer | DataRun | None]] = collections.deque()
         self._compute_lot = trio.lowlevel.ParkingLot()
         self._open = len(inputs)  # inputs whose end (or failure) compute has not handled yet
         self.log = log.bind(executor=index)
@@ -88,13 +85,17 @@ class Executor:
 
     # -- polling -----------------------------------------------------------------------------------
     async def _poller(self, inp: Input) -> None:
-        rx, stats, ready = inp.receiver, self.stats, self._ready
+        rx, stats, ready, coalesce = inp.receiver, self.stats, self._ready, self.coalesce
         while True:
             t0 = time.perf_counter()
             got = 0
             try:
-                while (buf := rx.poll()) is not None:
-                    ready.append((inp, buf))
+                while True:
+                    # runs of data buffers in one native pass; anything else one by one
+                    item = rx.poll_run(coalesce)
+                    if item is None and (item := rx.poll()) is None:
+                        break
+                    ready.append((inp, item))
                     got += 1
             except (MalformedBuffer, ChannelClosed) as exc:
                 self._fail_channel(inp, exc)
@@ -137,41 +138,23 @@ class Executor:
                 self._open -= 1
                 continue
             t0 = time.perf_counter()
+            rx = inp.receiver
             if buf.is_control:
                 await self._handle_control(inp, buf)
-                inp.receiver.release()
+                rx.release()
             else:
-                n = self._run_length(inp, buf)
-                records = None
-                if n > 1:
-                    records = inp.receiver.records_run(buf.slot, n, inp.full_count, inp.dtype)
-                if records is None:
-                    n = 1
-                    records = buf.records(inp.dtype)
-                for _ in range(n - 1):
-                    ready.popleft()
+                if isinstance(buf, DataRun):
+                    records, n = rx.run_records(buf, inp.dtype), buf.n
+                else:  # a data buffer polled on its own (e.g. a partial last one)
+                    records, n = buf.records(inp.dtype), 1
                 stats.buffers += n
                 stats.records += records.size
                 await inp.pipeline.push(Batch(records))
-                inp.receiver.release(n)
+                rx.release(n)
             stats.compute_s += time.perf_counter() - t0
             handled += 1
             if handled % self.yield_every == 0:
                 await trio.lowlevel.checkpoint()
-
-    def _run_length(self, inp: Input, buf: Buffer) -> int:
-        """How many full data buffers of `inp`, in consecutive slots, start the ready queue."""
-        full = inp.full_count
-        if buf.footer.count != full:
-            return 1
-        n, ready = 1, self._ready
-        limit = min(self.coalesce, len(ready) + 1)
-        while n < limit:
-            nxt_inp, nxt = ready[n - 1]
-            if nxt_inp is not inp or nxt is None or nxt.is_control or nxt.footer.count != full or nxt.slot != buf.slot + n:
-                break
-            n += 1
-        return n
 
     async def _handle_control(self, inp: Input, buf: Buffer) -> None:
         self.stats.control += 1

@@ -40,9 +40,10 @@ from slashrt._buffer import (
     read_footer,
     write_footer,
 )
+from slashrt import _kernels as kernels
 from slashrt.errors import ChannelClosed, MalformedBuffer
 
-__all__ = ["RingSpec", "Buffer", "Sender", "Receiver", "NoCredit"]
+__all__ = ["RingSpec", "Buffer", "DataRun", "Sender", "Receiver", "NoCredit"]
 
 
 class NoCredit(RuntimeError):
@@ -86,7 +87,6 @@ class Buffer:
 
     footer: Footer
     payload: np.ndarray
-    slot: int = -1  # index of the ring slot it occupies
 
     @property
     def is_control(self) -> bool:
@@ -98,6 +98,17 @@ class Buffer:
     def records(self, dtype: np.dtype) -> np.ndarray:
         """Zero-copy structured view of the payload's records."""
         return self.payload.view(dtype)
+
+
+@attrs.define(slots=True)
+class DataRun:
+    """`n` polled data buffers of `count` records each, in consecutive slots from `first_slot`."""
+
+    first_slot: int
+    n: int
+    count: int
+
+    is_control = False
 
 
 class Sender(abc.ABC):
@@ -153,7 +164,7 @@ class Sender(abc.ABC):
 
     def reserve_run(self, k: int) -> np.ndarray:
         """Writable 2-D view (k x payload capacity) of the next k slots' payload areas, so a
-        source can fill several slots with one copy; post each of them with `post` after.
+        source can fill several slots with one copy; publish them with `post_run` after.
         Needs k <= contiguous_credits()."""
         if self._closed:
             raise ChannelClosed("channel is closed for sending")
@@ -181,6 +192,28 @@ class Sender(abc.ABC):
         write_footer(self._slot(index), count=count, nbytes=nbytes, seq=self._posted, epoch=epoch, kind=kind)
         self._posted += 1
         self._publish(index)
+
+    def post_run(self, k: int, *, nbytes: int, count: int, epoch: int = 0) -> None:
+        """Publish the next k slots (filled through `reserve_run`) as data buffers of `count`
+        records each: one native call writes their footers, each flag last (release order)."""
+        if self._closed:
+            raise ChannelClosed("channel is closed for sending")
+        if k > self.contiguous_credits():
+            raise NoCredit(f"post_run({k}) with only {self.contiguous_credits()} contiguous credits")
+        ring = self._ring()
+        if ring is None:
+            for _ in range(k):
+                self.post(nbytes=nbytes, count=count, epoch=epoch)
+            return
+        first = self._posted % self.spec.slots
+        kernels.ring_post(ring, self.spec.slot_size, first, k, count, nbytes, self._posted, epoch, Kind.DATA)
+        self._posted += k
+        self._publish_run(first, k)
+
+    def _publish_run(self, first: int, k: int) -> None:
+        """Make k consecutive written slots visible; backends may do it at once (one RDMA WRITE)."""
+        for index in range(first, first + k):
+            self._publish(index)
 
     async def wait_credit(self, n: int = 1) -> None:
         """Park until at least `n` credits are held (n <= slots)."""
@@ -244,21 +277,17 @@ class Receiver(abc.ABC):
         """The whole local ring as one contiguous uint8 array, if the backend has one."""
         return None
 
-    def records_run(self, first_slot: int, slots: int, count: int, dtype: np.dtype) -> np.ndarray | None:
-        """Zero-copy 2-D view (slots x count) of the records of `slots` consecutive polled slots
-        that each hold `count` records, or None where the ring is not one contiguous array.
-
-        Lets compute work on several ready buffers in one vectorised step; their slots stay
-        owned by the receiver until released as usual.
-        """
+    def run_records(self, run: DataRun, dtype: np.dtype) -> np.ndarray:
+        """Zero-copy view of a polled run's records: 1-D for one buffer, else 2-D (buffers x
+        records per buffer). The slots stay the receiver's until released as usual."""
         ring = self._ring()
-        if ring is None or first_slot + slots > self.spec.slots:
-            return None
+        if run.n == 1:
+            return np.ndarray((run.count,), dtype=dtype, buffer=ring, offset=run.first_slot * self.spec.slot_size)
         return np.ndarray(
-            (slots, count),
+            (run.n, run.count),
             dtype=dtype,
             buffer=ring,
-            offset=first_slot * self.spec.slot_size,
+            offset=run.first_slot * self.spec.slot_size,
             strides=(self.spec.slot_size, dtype.itemsize),
         )
 
@@ -295,14 +324,43 @@ class Receiver(abc.ABC):
         self._polled += 1
         if ctype is Control.END_OF_STREAM:
             self.finished = True
-        return Buffer(footer, slot[: footer.nbytes], (self._polled - 1) % self.spec.slots)
+        return Buffer(footer, slot[: footer.nbytes])
+
+    def poll_run(self, max_buffers: int) -> DataRun | None:
+        """Poll up to `max_buffers` posted data buffers that hold the same number of records and
+        sit in consecutive slots, in one native pass over their footers (acquire loads).
+
+        Returns None when the next slot is not such a buffer (not posted, a control buffer, a
+        malformed one): `poll` then takes it on its own and reports what is wrong with it.
+        Needs a ring that is one contiguous array and a spec with a record size.
+        """
+        ring = self._ring()
+        if ring is None or self.spec.record_size is None or self.finished or self.error is not None:
+            return None
+        first = self._polled % self.spec.slots
+        limit = min(max_buffers, self.spec.slots - self.outstanding, self.spec.slots - first)
+        if limit <= 0:
+            return None
+        n, count = kernels.ring_poll_data(ring, self.spec.slot_size, first, limit, self._polled, self.spec.record_size)
+        if n == 0:
+            return None
+        self._polled += n
+        return DataRun(first, n, count)
 
     def release(self, n: int = 1) -> None:
         """Hand the `n` oldest polled slots back to the sender (one credit each)."""
         if not 0 <= n <= self.outstanding:
             raise ValueError(f"release({n}) with only {self.outstanding} buffers outstanding")
-        for i in range(self._released_count, self._released_count + n):
-            self._slot(i % self.spec.slots)[-1] = EMPTY
+        ring = self._ring()
+        if ring is None:
+            for i in range(self._released_count, self._released_count + n):
+                self._slot(i % self.spec.slots)[-1] = EMPTY
+        else:
+            first = self._released_count % self.spec.slots
+            head = min(n, self.spec.slots - first)  # up to the ring's end, then from its start
+            kernels.ring_release(ring, self.spec.slot_size, first, head)
+            if n > head:
+                kernels.ring_release(ring, self.spec.slot_size, 0, n - head)
         self._released_count += n
         self._return_credits(self._released_count)
 

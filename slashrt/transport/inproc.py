@@ -43,6 +43,9 @@ class InprocSender(Sender):
         if self._shared.data_lot:
             self._shared.data_lot.unpark_all()
 
+    def _publish_run(self, first, k):
+        self._publish(first + k - 1)
+
     def _released(self):
         return self._shared.released
 

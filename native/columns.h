@@ -1,0 +1,36 @@
+/* Column kernels over strided record layouts (numpy cannot do these in one pass).
+ *
+ * A field of records spread over consecutive ring slots is a 2-D strided array
+ * (slots x records, strides slot_size x record_size). These kernels read such fields
+ * in place, with no Python in them.
+ */
+#ifndef SLASHRT_COLUMNS_H
+#define SLASHRT_COLUMNS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* A field view: rows x cols elements of itemsize bytes at base + r*row_stride + c*col_stride. */
+typedef struct {
+    const char *base;
+    int64_t rows, cols;
+    int64_t row_stride, col_stride;
+    int64_t itemsize;
+} field_view;
+
+/* out[i] = element number sel[i] (row-major flat index) of v, for i < m; sel == NULL takes
+ * every element in order (m must be rows*cols). Returns the first bad position + 1 if an
+ * index is out of range (nothing is guaranteed about out then), 0 on success. */
+int64_t columns_gather(const field_view *v, const int64_t *sel, int64_t m, char *out);
+
+/* Minimum and maximum of an int64 field (rows*cols >= 1). */
+void columns_minmax_i64(const field_view *v, int64_t *min_out, int64_t *max_out);
+
+/* Copy `rows` rows of `row_bytes` contiguous bytes from src into the rows of dst (a 2-D
+ * uint8 view, e.g. the payload areas of k ring slots) and return the maximum of the int64
+ * field at `field_offset` of each `record_size`-byte record copied (INT64_MIN if field_offset
+ * < 0): one pass, each row read again while still in cache. */
+int64_t columns_copy_rows_max(const field_view *dst, const char *src, int64_t row_bytes, int64_t record_size,
+                              int64_t field_offset);
+
+#endif
