@@ -3,44 +3,56 @@
 
 #include <string.h>
 
-#define LOAD_STORE(T)                                                  \
-    do {                                                               \
-        T x;                                                           \
-        memcpy(&x, src, sizeof(T));                                    \
-        memcpy(out + i * (int64_t)sizeof(T), &x, sizeof(T));           \
+/* One loop per element size, so the inner loops are plain typed loads and stores. */
+#define GATHER_LOOPS(T)                                                                            \
+    do {                                                                                           \
+        T *o = (T *)out;                                                                           \
+        if (sel == NULL) {                                                                         \
+            int64_t i = 0;                                                                         \
+            for (int64_t r = 0; r < v->rows; r++) {                                                \
+                const char *row = v->base + r * v->row_stride;                                     \
+                for (int64_t c = 0; c < cols; c++, i++) memcpy(&o[i], row + c * v->col_stride, sizeof(T)); \
+            }                                                                                      \
+            return 0;                                                                              \
+        }                                                                                          \
+        int64_t row = 0, row_first = 0;                                                            \
+        const char *row_base = v->base;                                                            \
+        for (int64_t i = 0; i < m; i++) {                                                          \
+            int64_t idx = sel[i];                                                                  \
+            if ((uint64_t)(idx - row_first) >= (uint64_t)cols) {                                   \
+                /* selections from filters ascend: step to the next row, divide only on a jump */ \
+                if (idx < 0 || idx >= total) return i + 1;                                         \
+                row = (idx >= row_first + cols && idx < row_first + 2 * cols) ? row + 1 : idx / cols; \
+                row_first = row * cols;                                                            \
+                row_base = v->base + row * v->row_stride;                                          \
+            }                                                                                      \
+            memcpy(&o[i], row_base + (idx - row_first) * v->col_stride, sizeof(T));                \
+        }                                                                                          \
+        return 0;                                                                                  \
     } while (0)
 
-static inline void copy_elem(const char *src, char *out, int64_t i, int64_t itemsize) {
-    switch (itemsize) {
-        case 1: out[i] = *src; break;
-        case 2: LOAD_STORE(uint16_t); break;
-        case 4: LOAD_STORE(uint32_t); break;
-        case 8: LOAD_STORE(uint64_t); break;
-        default: memcpy(out + i * itemsize, src, (size_t)itemsize);
-    }
-}
+typedef struct { char b[16]; } bytes16;
 
 int64_t columns_gather(const field_view *v, const int64_t *sel, int64_t m, char *out) {
     const int64_t cols = v->cols, total = v->rows * v->cols, isz = v->itemsize;
-    if (sel == NULL) {
-        int64_t i = 0;
-        for (int64_t r = 0; r < v->rows; r++) {
-            const char *row = v->base + r * v->row_stride;
-            for (int64_t c = 0; c < cols; c++, i++) copy_elem(row + c * v->col_stride, out, i, isz);
-        }
-        return 0;
+    switch (isz) {
+        case 1: GATHER_LOOPS(uint8_t);
+        case 2: GATHER_LOOPS(uint16_t);
+        case 4: GATHER_LOOPS(uint32_t);
+        case 8: GATHER_LOOPS(uint64_t);
+        case 16: GATHER_LOOPS(bytes16);
+        default: break;
     }
-    /* Selections come from filters and are ascending: track the current row instead of
-     * dividing for every index; fall back to a division when an index jumps. */
+    /* any other element size: memcpy per element */
     int64_t row = 0, row_first = 0;
-    for (int64_t i = 0; i < m; i++) {
-        int64_t idx = sel[i];
+    for (int64_t i = 0; i < (sel ? m : total); i++) {
+        int64_t idx = sel ? sel[i] : i;
         if (idx < 0 || idx >= total) return i + 1;
         if (idx < row_first || idx >= row_first + cols) {
-            row = (idx >= row_first + cols && idx < row_first + 2 * cols) ? row + 1 : idx / cols;
+            row = idx / cols;
             row_first = row * cols;
         }
-        copy_elem(v->base + row * v->row_stride + (idx - row_first) * v->col_stride, out, i, isz);
+        memcpy(out + i * isz, v->base + row * v->row_stride + (idx - row_first) * v->col_stride, (size_t)isz);
     }
     return 0;
 }

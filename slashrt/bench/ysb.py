@@ -171,6 +171,7 @@ def bench(
     ads: str | None = None,
     disorder_ms: int = 0,
     seed: int = 42,
+    repeat: int = 1,
     show_progress: bool = False,
     **options,
 ) -> dict:
@@ -183,28 +184,38 @@ def bench(
         records = generate(events, campaigns, zipf=zipf, disorder_ms=disorder_ms, seed=seed)
     mapping = load_ads(ads) if ads is not None else campaign_map(campaigns)
     check_ads(records, mapping, input or "generated events")
-    sink = Collect()
-    flow = dataflow(mapping, sink, max_delay=disorder_ms)
-    result, peak = run_measured(flow, {"events": records}, show_progress=show_progress, **options)
-    got = to_result(sink.records)
     expected = reference(records, mapping)
+    # best of `repeat` runs for the runtime and for the C loop alike, each run checked
+    result, correct, got = None, True, None
+    for _ in range(repeat):
+        sink = Collect()
+        flow = dataflow(mapping, sink, max_delay=disorder_ms)
+        run_result, peak = run_measured(flow, {"events": records}, show_progress=show_progress, **options)
+        got = to_result(sink.records)
+        correct = correct and bool(np.array_equal(got, expected))
+        if result is None or run_result.seconds < result.seconds:
+            result = run_result
     fields = throughput_fields(
         "ysb",
         len(records),
         result,
-        correct=bool(np.array_equal(got, expected)),
+        correct=correct,
         campaigns=int(mapping.max()) + 1 if len(mapping) else 0,
         windows=int(len(np.unique(got["window_start_ms"]))),
         result_rows=len(got),
         late_records=sum(result.late_records.values()),
+        repeat=repeat,
         peak_rss_bytes=peak,
         input_bytes=int(records.nbytes),
     )
     if ysb_baseline is not None:
         # the yardstick: one C loop over the same records, measured in this same run
-        with Timer() as t:
-            base = ysb_baseline(records, mapping, fields["campaigns"], WINDOW_MS)
-        fields["c_loop_records_per_s"] = round(len(records) / t.seconds, 1)
+        best = None
+        for _ in range(repeat):
+            with Timer() as t:
+                base = ysb_baseline(records, mapping, fields["campaigns"], WINDOW_MS)
+            best = t.seconds if best is None else min(best, t.seconds)
+        fields["c_loop_records_per_s"] = round(len(records) / best, 1)
         fields["c_loop_over_slashrt"] = round(fields["c_loop_records_per_s"] / fields["records_per_s"], 3)
         fields["c_loop_agrees"] = bool(
             np.array_equal(base[0], expected["window_start_ms"])
