@@ -173,8 +173,10 @@ class Stream:
         if not callable(fn):
             raise DataflowError(f"apply() needs a callable, got {fn!r}")
         default = getattr(fn, "__name__", None)
-        if not (isinstance(default, str) and _NAME.match(default)):
-            default = None  # a lambda's "<lambda>" is no step name: number it instead
+        if not (isinstance(default, str) and _NAME.match(default)) or f"{self.flow.name}.{default}" in self.flow.steps:
+            # a lambda's "<lambda>" is no step name, and one function applied twice needs two
+            # ids: number it instead
+            default = None
         step_id = self.flow._step_id(name or default, "apply")
         if schema is None:
             fields = dict(self.fields)

@@ -14,18 +14,30 @@ import structlog
 __all__ = ["configure"]
 
 
-def configure(level: str = "info", stream=None) -> None:
+class _StderrLogger(structlog.PrintLogger):
+    """Prints to whatever `sys.stderr` is at the time of each message (it may be replaced,
+    e.g. by a test harness capturing output), not the stream seen at configuration."""
+
+    @property
+    def _file(self):
+        return sys.stderr
+
+    @_file.setter
+    def _file(self, value):
+        pass
+
+
+def configure(level: str = "info") -> None:
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}")
-    stream = stream or sys.stderr
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso"),
-            structlog.dev.ConsoleRenderer(colors=stream.isatty()),
+            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(stream),
+        logger_factory=lambda *args: _StderrLogger(),
         cache_logger_on_first_use=False,
     )
