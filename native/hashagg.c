@@ -152,6 +152,12 @@ int ha_clear(ha_table *t) {
     return 0;
 }
 
+void ha_reset(ha_table *t) {
+    memset(t->slots, 0, (size_t)t->cap * sizeof(ha_slot));
+    t->size = 0;
+    t->has_zero = 0;
+}
+
 /* Rehash into a table of newcap slots; keys are known distinct, so inserting only
  * looks for the first empty slot.  Same block + prefetch scheme as ha_apply. */
 static int ha_resize(ha_table *t, uint64_t newcap) {

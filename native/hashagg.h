@@ -50,7 +50,10 @@ typedef struct {
  * (the table is then unchanged for resize, or partially updated for apply). */
 int ha_init(ha_table *t, int kind, int is_float);
 void ha_free(ha_table *t);
-int ha_clear(ha_table *t); /* empties and shrinks back to the initial capacity */
+int ha_clear(ha_table *t);
+/* Drop every key but keep the capacity (and the memory, already faulted in): for a table
+ * that is about to be refilled to a similar size. */
+void ha_reset(ha_table *t); /* empties and shrinks back to the initial capacity */
 
 /* Fold n rows into the table.  Pointers are byte addresses of the first element and
  * strides are in bytes (so strided numpy views work without copying; loads are

@@ -314,6 +314,12 @@ static PyObject *HashAgg_clear(HashAggObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+static PyObject *HashAgg_reset(HashAggObject *self, PyObject *unused) {
+    if (ha_check(self)) return NULL;
+    ha_reset(&self->t);
+    Py_RETURN_NONE;
+}
+
 static PyObject *HashAgg_sizeof(HashAggObject *self, PyObject *unused) {
     size_t extra = self->ready ? ha_nbytes(&self->t) - sizeof(ha_table) : 0;
     return PyLong_FromSize_t((size_t)Py_TYPE(self)->tp_basicsize + extra);
@@ -350,6 +356,8 @@ static PyMethodDef HashAgg_methods[] = {
      "merge_from(other): CRDT join of another native HashAgg of the same kind and dtype."},
     {"_export_into", (PyCFunction)(void (*)(void))HashAgg_export_into, METH_FASTCALL,
      "_export_into(keys, counts, vals): fill preallocated arrays of length len(self)."},
+    {"reset", (PyCFunction)HashAgg_reset, METH_NOARGS,
+     "reset(): drop every key but keep the capacity, to be refilled to a similar size."},
     {"clear", (PyCFunction)HashAgg_clear, METH_NOARGS,
      "clear(): drop every key and shrink back to the initial capacity."},
     {"__sizeof__", (PyCFunction)HashAgg_sizeof, METH_NOARGS, NULL},

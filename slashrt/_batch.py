@@ -112,7 +112,7 @@ class Batch:
         """A packed structured array holding this batch (a copy only where needed)."""
         if dtype is None:
             if not self._cols and self._sel is None and self._records is not None:
-                return self._records.reshape(-1)
+                return self._records if self._records.ndim == 1 else self._records.reshape(-1)
             dtype = np.dtype([(n, self.column(n).dtype) for n in self.names])
         out = np.empty(self._len, dtype=dtype)
         for name in dtype.names:

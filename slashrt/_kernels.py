@@ -109,6 +109,10 @@ class NumpyHashAgg:
         self._counts = np.empty(0, np.int64)
         self._vals = np.empty(0, self._dt)
 
+    def reset(self) -> None:
+        """Drop every key (the native table keeps its capacity; here there is none to keep)."""
+        self.clear()
+
     def __len__(self) -> int:
         return len(self._keys)
 

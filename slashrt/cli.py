@@ -46,6 +46,7 @@ def _add_runtime_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slot-size", type=_positive_int, default=DEFAULT_SLOT_SIZE, help="bytes per buffer slot")
     p.add_argument("--slots", type=_positive_int, default=32, help="slots per channel ring")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--repeat", type=_positive_int, default=3, help="report the best of this many runs (each checked)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,7 +68,6 @@ def _parser() -> argparse.ArgumentParser:
     ysb.add_argument("--input", help=".npy structured array of YSB records (instead of generating)")
     ysb.add_argument("--ads", help=".npy int64 array mapping ad_id to campaign_id")
     ysb.add_argument("--output", help="write window_start_ms,campaign_id,count to this CSV file")
-    ysb.add_argument("--repeat", type=_positive_int, default=3, help="report the best of this many runs (each checked)")
     _add_runtime_options(ysb)
 
     ro = queries.add_parser("ro", help="read-only: count occurrences per key per window")
@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _runtime_options(args) -> dict:
-    return {"slot_size": args.slot_size, "slots": args.slots}
+    return {"slot_size": args.slot_size, "slots": args.slots, "repeat": args.repeat}
 
 
 def _run_bench(args) -> dict:
@@ -94,8 +94,7 @@ def _run_bench(args) -> dict:
 
         return ysb.bench(
             events=args.events, campaigns=args.campaigns, zipf=args.zipf, input=args.input, output=args.output,
-            ads=args.ads, disorder_ms=args.disorder_ms, repeat=args.repeat, show_progress=progress,
-            **_runtime_options(args),
+            ads=args.ads, disorder_ms=args.disorder_ms, show_progress=progress, **_runtime_options(args),
         )
     if args.query == "ro":
         from slashrt.bench import ro

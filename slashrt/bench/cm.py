@@ -10,8 +10,7 @@ import numpy as np
 
 from slashrt._dataflow import Dataflow
 from slashrt._schema import Schema
-from slashrt.bench._common import generate_chunked, run_measured, sort_rows, throughput_fields, zipf_choice
-from slashrt.ops.sinks import Collect
+from slashrt.bench._common import generate_chunked, run_best, sort_rows, throughput_fields, zipf_choice
 from slashrt.ops.window import Tumbling
 
 __all__ = ["CM_SCHEMA", "generate", "dataflow", "reference", "bench"]
@@ -85,12 +84,19 @@ def matches(got: np.ndarray, ref: np.ndarray) -> bool:
     )
 
 
-def bench(*, events: int, jobs: int, show_progress: bool, **options) -> dict:
+def bench(*, events: int, jobs: int, repeat: int = 1, show_progress: bool = False, **options) -> dict:
     records = generate(events, jobs)
-    sink = Collect()
-    result, peak = run_measured(dataflow(sink), {"usage": records}, show_progress=show_progress, **options)
-    got = to_result(sink.records)
+    expected = reference(records)
+    m = run_best(
+        dataflow,
+        {"usage": records},
+        repeat=repeat,
+        to_result=to_result,
+        check=lambda got: matches(got, expected),
+        show_progress=show_progress,
+        **options,
+    )
     return throughput_fields(
-        "cm", events, result, correct=matches(got, reference(records)), jobs=jobs,
-        job_windows=len(got), peak_rss_bytes=peak, input_bytes=records.nbytes,
+        "cm", events, m.result, correct=m.correct, jobs=jobs, job_windows=len(m.output), repeat=repeat,
+        peak_rss_bytes=m.peak_rss_bytes, input_bytes=records.nbytes,
     )

@@ -8,8 +8,7 @@ import numpy as np
 
 from slashrt._dataflow import Dataflow
 from slashrt._schema import Schema
-from slashrt.bench._common import generate_chunked, run_measured, sort_rows, throughput_fields
-from slashrt.ops.sinks import Collect
+from slashrt.bench._common import generate_chunked, run_best, sort_rows, throughput_fields
 from slashrt.ops.window import Tumbling
 
 __all__ = ["RO_SCHEMA", "generate", "dataflow", "reference", "bench"]
@@ -50,13 +49,19 @@ def reference(records: np.ndarray, window_ms: int) -> np.ndarray:
     return out
 
 
-def bench(*, events: int, key_range: int, window_ms: int, show_progress: bool, **options) -> dict:
+def bench(*, events: int, key_range: int, window_ms: int, repeat: int = 1, show_progress: bool = False, **options) -> dict:
     records = generate(events, key_range)
-    sink = Collect()
-    result, peak = run_measured(dataflow(sink, window_ms=window_ms), {"records": records}, show_progress=show_progress, **options)
-    got = to_result(sink.records)
-    correct = bool(np.array_equal(got, reference(records, window_ms)))
+    expected = reference(records, window_ms)
+    m = run_best(
+        lambda sink: dataflow(sink, window_ms=window_ms),
+        {"records": records},
+        repeat=repeat,
+        to_result=to_result,
+        check=lambda got: np.array_equal(got, expected),
+        show_progress=show_progress,
+        **options,
+    )
     return throughput_fields(
-        "ro", events, result, correct=correct, key_range=key_range, window_ms=window_ms,
-        distinct_key_windows=len(got), peak_rss_bytes=peak, input_bytes=records.nbytes,
+        "ro", events, m.result, correct=m.correct, key_range=key_range, window_ms=window_ms,
+        distinct_key_windows=len(m.output), repeat=repeat, peak_rss_bytes=m.peak_rss_bytes, input_bytes=records.nbytes,
     )

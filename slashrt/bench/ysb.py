@@ -16,7 +16,6 @@ from slashrt._dataflow import Dataflow
 from slashrt._schema import Schema
 from slashrt.bench._common import generate_chunked, sort_rows, zipf_choice
 from slashrt.errors import SchemaError
-from slashrt.ops.sinks import Collect
 from slashrt.ops.window import Tumbling
 
 __all__ = ["YSB_SCHEMA", "VIEW", "WINDOW_MS", "generate", "campaign_map", "dataflow", "reference", "load_input"]
@@ -176,7 +175,7 @@ def bench(
     **options,
 ) -> dict:
     from slashrt._kernels import ysb_baseline
-    from slashrt.bench._common import Timer, run_measured, throughput_fields
+    from slashrt.bench._common import Timer, run_best, throughput_fields
 
     if input is not None:
         records = load_input(input)
@@ -185,27 +184,27 @@ def bench(
     mapping = load_ads(ads) if ads is not None else campaign_map(campaigns)
     check_ads(records, mapping, input or "generated events")
     expected = reference(records, mapping)
-    # best of `repeat` runs for the runtime and for the C loop alike, each run checked
-    result, correct, got = None, True, None
-    for _ in range(repeat):
-        sink = Collect()
-        flow = dataflow(mapping, sink, max_delay=disorder_ms)
-        run_result, peak = run_measured(flow, {"events": records}, show_progress=show_progress, **options)
-        got = to_result(sink.records)
-        correct = correct and bool(np.array_equal(got, expected))
-        if result is None or run_result.seconds < result.seconds:
-            result = run_result
+    m = run_best(
+        lambda sink: dataflow(mapping, sink, max_delay=disorder_ms),
+        {"events": records},
+        repeat=repeat,
+        to_result=to_result,
+        check=lambda got: np.array_equal(got, expected),
+        show_progress=show_progress,
+        **options,
+    )
+    got = m.output
     fields = throughput_fields(
         "ysb",
         len(records),
-        result,
-        correct=correct,
+        m.result,
+        correct=m.correct,
         campaigns=int(mapping.max()) + 1 if len(mapping) else 0,
         windows=int(len(np.unique(got["window_start_ms"]))),
         result_rows=len(got),
-        late_records=sum(result.late_records.values()),
+        late_records=sum(m.result.late_records.values()),
         repeat=repeat,
-        peak_rss_bytes=peak,
+        peak_rss_bytes=m.peak_rss_bytes,
         input_bytes=int(records.nbytes),
     )
     if ysb_baseline is not None:

@@ -20,13 +20,16 @@ __all__ = ["Collect", "Callback", "CsvFile", "ParquetFile", "SinkNode", "to_arro
 
 
 class Collect:
-    """Keep every record in memory; after the run, `records` holds them as one array."""
+    """Keep every record in memory; after the run, `records` holds them as one array.
+
+    Batches are kept as they come and joined into one array when `records` is first read,
+    so collecting costs one copy at most (none for batches the runtime made for the sink)."""
 
     default_name = "collect"
 
     def __init__(self):
         self._parts: list[np.ndarray] = []
-        self.records: np.ndarray | None = None
+        self._records: np.ndarray | None = None
         self.step_id: str | None = None
 
     def bind(self, step_id: str) -> None:
@@ -34,15 +37,23 @@ class Collect:
 
     def open(self) -> None:
         self._parts = []
-        self.records = None
+        self._records = None
 
     def write(self, records: np.ndarray) -> None:
         # a batch of raw input is a view into a channel slot that is reused once released
         self._parts.append(records if records.flags.owndata else records.copy())
 
     def close(self) -> None:
-        self.records = np.concatenate(self._parts) if self._parts else None
-        self._parts = []
+        pass
+
+    @property
+    def records(self) -> np.ndarray | None:
+        """Everything collected, as one structured array (None if nothing arrived)."""
+        if self._parts:
+            joined = self._parts if self._records is None else [self._records, *self._parts]
+            self._records = joined[0] if len(joined) == 1 else np.concatenate(joined)
+            self._parts = []
+        return self._records
 
 
 class Callback:

@@ -34,6 +34,7 @@ __all__ = ["Tumbling", "Sliding", "WindowAggregate", "WindowState"]
 log = structlog.get_logger("slashrt.window")
 
 NO_TIME = -(2**63)
+_SPARE_TABLES = 2
 
 
 def _length(ms, seconds, what: str) -> int:
@@ -96,6 +97,7 @@ class WindowAggregate(Node):
         # type was not known when the dataflow was built)
         self.value_dtype = spec.value_dtype
         self.slices: dict[int, HashAgg] = {}
+        self._spare: list[HashAgg] = []
         self.next_start: int | None = None  # start of the next window to fire
         self.fired_until = NO_TIME  # every window ending at or before this has fired
         self.late_records = 0
@@ -162,8 +164,17 @@ class WindowAggregate(Node):
     def _slice(self, slice_id: int) -> HashAgg:
         agg = self.slices.get(slice_id)
         if agg is None:
-            agg = self.slices[slice_id] = HashAgg(self.kind.value, self.value_dtype.str[1:])
+            agg = self._spare.pop() if self._spare else HashAgg(self.kind.value, self.value_dtype.str[1:])
+            self.slices[slice_id] = agg
         return agg
+
+    def _drop_slice(self, slice_id: int) -> None:
+        # Keep a few emptied tables for the next slices: they keep their capacity and memory,
+        # so a steady stream refills them without growing (rehashing) or faulting in new pages.
+        agg = self.slices.pop(slice_id)
+        if len(self._spare) < _SPARE_TABLES:
+            agg.reset()
+            self._spare.append(agg)
 
     def _first_unfired_start(self) -> int:
         if self.fired_until == NO_TIME:
@@ -193,7 +204,7 @@ class WindowAggregate(Node):
             self.next_start = start + self.slide
             self.fired_until = max(self.fired_until, end)
             for s in [s for s in self.slices if (s + 1) * self.slice_len <= self.next_start]:
-                del self.slices[s]
+                self._drop_slice(s)
         if not self.slices:
             self.next_start = None
         if watermark is not None:
