@@ -71,10 +71,10 @@ async def run_async(
     inputs: dict[str, np.ndarray],
     *,
     slot_size: int = DEFAULT_SLOT_SIZE,
-    slots: int = 32,
+    slots: int = 96,
     watermark_every: int | None = None,
-    yield_every: int = 4,
-    coalesce: int = 16,
+    yield_every: int = Executor.YIELD_EVERY,
+    coalesce: int = Executor.COALESCE,
     progress=None,
 ) -> RunResult:
     """Run `flow` inside the current trio run; see `run`.

@@ -60,7 +60,12 @@ class Input:
 
 
 class Executor:
-    def __init__(self, inputs: list[Input], *, index: int = 0, yield_every: int = 8, coalesce: int = 8):
+    # Defaults measured on YSB (docs/benchmarks.md): long runs amortise the fixed cost of a
+    # pipeline call; yielding every few calls keeps pollers and sources moving.
+    YIELD_EVERY = 4
+    COALESCE = 32
+
+    def __init__(self, inputs: list[Input], *, index: int = 0, yield_every: int = YIELD_EVERY, coalesce: int = COALESCE):
         self.inputs = inputs
         self.stats = ExecutorStats(executor=index)
         self.yield_every = yield_every
