@@ -10,7 +10,7 @@ import numpy as np
 
 from slashrt._dataflow import Dataflow
 from slashrt._schema import Schema
-from slashrt.bench._common import generate_chunked, run_best, sort_rows, throughput_fields, zipf_choice
+from slashrt.bench._common import generate_chunked, lazy, run_best, sort_rows, throughput_fields, zipf_choice
 from slashrt.ops.window import Tumbling
 
 __all__ = ["CM_SCHEMA", "generate", "dataflow", "reference", "bench"]
@@ -86,13 +86,13 @@ def matches(got: np.ndarray, ref: np.ndarray) -> bool:
 
 def bench(*, events: int, jobs: int, repeat: int = 1, show_progress: bool = False, **options) -> dict:
     records = generate(events, jobs)
-    expected = reference(records)
+    expected = lazy(lambda: reference(records))
     m = run_best(
         dataflow,
         {"usage": records},
         repeat=repeat,
         to_result=to_result,
-        check=lambda got: matches(got, expected),
+        check=lambda got: matches(got, expected()),
         show_progress=show_progress,
         **options,
     )

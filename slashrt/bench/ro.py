@@ -8,7 +8,7 @@ import numpy as np
 
 from slashrt._dataflow import Dataflow
 from slashrt._schema import Schema
-from slashrt.bench._common import generate_chunked, run_best, sort_rows, throughput_fields
+from slashrt.bench._common import generate_chunked, lazy, run_best, sort_rows, throughput_fields
 from slashrt.ops.window import Tumbling
 
 __all__ = ["RO_SCHEMA", "generate", "dataflow", "reference", "bench"]
@@ -51,13 +51,13 @@ def reference(records: np.ndarray, window_ms: int) -> np.ndarray:
 
 def bench(*, events: int, key_range: int, window_ms: int, repeat: int = 1, show_progress: bool = False, **options) -> dict:
     records = generate(events, key_range)
-    expected = reference(records, window_ms)
+    expected = lazy(lambda: reference(records, window_ms))
     m = run_best(
         lambda sink: dataflow(sink, window_ms=window_ms),
         {"records": records},
         repeat=repeat,
         to_result=to_result,
-        check=lambda got: np.array_equal(got, expected),
+        check=lambda got: np.array_equal(got, expected()),
         show_progress=show_progress,
         **options,
     )
