@@ -45,6 +45,7 @@ def _add_runtime_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object with the results")
     p.add_argument("--slot-size", type=_positive_int, default=DEFAULT_SLOT_SIZE, help="bytes per buffer slot")
     p.add_argument("--slots", type=_positive_int, default=96, help="slots per channel ring")
+    p.add_argument("--coalesce", type=_positive_int, default=32, help="most buffers handed to a pipeline at once")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     p.add_argument("--repeat", type=_positive_int, default=3, help="report the best of this many runs (each checked)")
 
@@ -84,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _runtime_options(args) -> dict:
-    return {"slot_size": args.slot_size, "slots": args.slots, "repeat": args.repeat}
+    return {"slot_size": args.slot_size, "slots": args.slots, "coalesce": args.coalesce, "repeat": args.repeat}
 
 
 def _run_bench(args) -> dict:

@@ -81,10 +81,15 @@ class Executor:
 
     async def run(self) -> ExecutorStats:
         started = time.perf_counter()
-        async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as drivers:
             for inp in self.inputs:
-                nursery.start_soon(self._poller, inp, name=f"poller:{inp.name}")
-            nursery.start_soon(self._compute, name="compute")
+                drivers.start_soon(inp.receiver.drive, name=f"drive:{inp.name}")
+            async with trio.open_nursery() as nursery:
+                for inp in self.inputs:
+                    nursery.start_soon(self._poller, inp, name=f"poller:{inp.name}")
+                nursery.start_soon(self._compute, name="compute")
+            # every input ended or failed: stop moving bytes for them
+            drivers.cancel_scope.cancel()
         self.log.info("executor finished", seconds=round(time.perf_counter() - started, 6), **self.stats.as_dict())
         return self.stats
 

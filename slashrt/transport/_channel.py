@@ -136,6 +136,13 @@ class Sender(abc.ABC):
     async def _park_for_credit(self) -> None:
         """Block until the credit word may have changed (or the channel closed)."""
 
+    async def drive(self) -> None:
+        """The coroutine that moves this end's bytes, for media that need one (a socket to
+        write posted slots to and read credits from, a completion queue to poll). Whoever
+        owns the sender runs it in a nursery beside the code that posts; memory backends
+        return at once. It does not raise for a failed or vanished peer: it records the
+        failure (later calls raise ChannelClosed naming it) and wakes whoever is parked."""
+
     # -- protocol --------------------------------------------------------------------------------
     @property
     def posted(self) -> int:
@@ -276,6 +283,13 @@ class Receiver(abc.ABC):
     def _ring(self) -> np.ndarray | None:
         """The whole local ring as one contiguous uint8 array, if the backend has one."""
         return None
+
+    async def drive(self) -> None:
+        """The coroutine that moves this end's bytes, for media that need one (reading frames
+        from a socket into the ring, returning credits); the executor runs it beside the
+        channel's poller. Memory backends return at once. A failed or vanished peer is
+        recorded in `error` (poll then raises ChannelClosed naming it) and wakes the poller;
+        it does not raise."""
 
     def run_records(self, run: DataRun, dtype: np.dtype) -> np.ndarray:
         """Zero-copy view of a polled run's records: 1-D for one buffer, else 2-D (buffers x

@@ -1,0 +1,143 @@
+"""Cluster secrets and the mutual HMAC handshake every network connection starts with.
+
+Before any data, ring address or memory key crosses a connection, both ends prove they hold
+the cluster secret without sending it::
+
+    client -> server   HELLO  b"SLRT1" + client nonce (32 B)
+    server -> client   b"SLRT1" + server nonce (32 B) + HMAC(secret, "server" | cn | sn)
+    client -> server   HMAC(secret, "client" | sn | cn)
+    server -> client   b"OK" (or the server closes the connection)
+
+Each side checks the other's MAC with a constant-time comparison. Nonces are fresh random
+bytes, so a recorded exchange cannot be replayed. A wrong secret, a short read or a slow peer
+raises `AuthenticationFailed` (a ChannelClosed) with a message saying which.
+
+The secret comes from `SLASHRT_SECRET` (hex), or a file named by `SLASHRT_SECRET_FILE`, or is
+generated for a local cluster with `generate_secret`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+import trio
+
+from slashrt.errors import ChannelClosed
+
+__all__ = ["AuthenticationFailed", "generate_secret", "load_secret", "server_handshake", "client_handshake"]
+
+MAGIC = b"SLRT1"
+NONCE = 32
+MAC = hashlib.sha256().digest_size
+ACCEPTED = b"OK"
+HANDSHAKE_TIMEOUT = 10.0
+
+
+class AuthenticationFailed(ChannelClosed):
+    """The peer did not prove the cluster secret (or did not finish the handshake)."""
+
+
+def generate_secret() -> bytes:
+    return secrets.token_bytes(32)
+
+
+def load_secret(*, env: str = "SLASHRT_SECRET", file_env: str = "SLASHRT_SECRET_FILE") -> bytes:
+    """The cluster secret from the environment: hex in $SLASHRT_SECRET, or the contents of the
+    file named by $SLASHRT_SECRET_FILE (raw bytes or hex). Raises AuthenticationFailed if
+    neither is set or the secret is shorter than 16 bytes."""
+    if (text := os.environ.get(env)) is not None:
+        try:
+            secret = bytes.fromhex(text.strip())
+        except ValueError:
+            raise AuthenticationFailed(f"${env} must be a hex string") from None
+    elif (path := os.environ.get(file_env)) is not None:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as exc:
+            raise AuthenticationFailed(f"cannot read the cluster secret file ${file_env}={path}: {exc}") from None
+        try:
+            secret = bytes.fromhex(data.decode("ascii").strip())
+        except (UnicodeDecodeError, ValueError):
+            secret = data
+    else:
+        raise AuthenticationFailed(f"no cluster secret: set ${env} (hex) or ${file_env}")
+    if len(secret) < 16:
+        raise AuthenticationFailed("the cluster secret must be at least 16 bytes")
+    return secret
+
+
+def _mac(secret: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
+    return hmac.new(secret, role + first + second, hashlib.sha256).digest()
+
+
+async def receive_exactly(stream: trio.abc.ReceiveStream, n: int, what: str) -> bytes:
+    """Read exactly n bytes or raise ChannelClosed naming what was being read."""
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = await stream.receive_some(n - len(buf))
+        if not chunk:
+            raise ChannelClosed(f"peer closed the connection while sending {what} ({len(buf)} of {n} bytes)")
+        buf += chunk
+    return bytes(buf)
+
+
+async def server_handshake(stream: trio.abc.Stream, secret: bytes, *, timeout: float = HANDSHAKE_TIMEOUT) -> None:
+    """The accepting side of the handshake; raises AuthenticationFailed unless the peer proves the secret."""
+    with trio.move_on_after(timeout) as scope:
+        try:
+            hello = await receive_exactly(stream, len(MAGIC) + NONCE, "the handshake hello")
+            if hello[: len(MAGIC)] != MAGIC:
+                raise AuthenticationFailed("peer does not speak the slashrt protocol (bad hello)")
+            client_nonce = hello[len(MAGIC) :]
+            server_nonce = secrets.token_bytes(NONCE)
+            await stream.send_all(MAGIC + server_nonce + _mac(secret, b"server", client_nonce, server_nonce))
+            proof = await receive_exactly(stream, MAC, "the handshake proof")
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise AuthenticationFailed(f"connection lost during the handshake: {exc}") from None
+        except ChannelClosed as exc:
+            if isinstance(exc, AuthenticationFailed):
+                raise
+            raise AuthenticationFailed(str(exc)) from None
+        if not hmac.compare_digest(proof, _mac(secret, b"client", server_nonce, client_nonce)):
+            raise AuthenticationFailed("peer failed the handshake: wrong cluster secret")
+        try:
+            await stream.send_all(ACCEPTED)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise AuthenticationFailed(f"connection lost during the handshake: {exc}") from None
+        return
+    if scope.cancelled_caught:
+        raise AuthenticationFailed(f"peer did not finish the handshake within {timeout} s")
+
+
+async def client_handshake(stream: trio.abc.Stream, secret: bytes, *, timeout: float = HANDSHAKE_TIMEOUT) -> None:
+    """The connecting side; raises AuthenticationFailed unless the server proves the secret."""
+    with trio.move_on_after(timeout) as scope:
+        try:
+            client_nonce = secrets.token_bytes(NONCE)
+            await stream.send_all(MAGIC + client_nonce)
+            reply = await receive_exactly(stream, len(MAGIC) + NONCE + MAC, "the handshake reply")
+            if reply[: len(MAGIC)] != MAGIC:
+                raise AuthenticationFailed("server does not speak the slashrt protocol (bad reply)")
+            server_nonce = reply[len(MAGIC) : len(MAGIC) + NONCE]
+            if not hmac.compare_digest(reply[len(MAGIC) + NONCE :], _mac(secret, b"server", client_nonce, server_nonce)):
+                raise AuthenticationFailed("server failed the handshake: wrong cluster secret")
+            await stream.send_all(_mac(secret, b"client", server_nonce, client_nonce))
+            try:
+                verdict = await receive_exactly(stream, len(ACCEPTED), "the handshake verdict")
+            except ChannelClosed:
+                raise AuthenticationFailed("server refused our proof: wrong cluster secret") from None
+            if verdict != ACCEPTED:
+                raise AuthenticationFailed("server sent a bad handshake verdict")
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise AuthenticationFailed(f"connection lost during the handshake: {exc}") from None
+        except ChannelClosed as exc:
+            if isinstance(exc, AuthenticationFailed):
+                raise
+            raise AuthenticationFailed(str(exc)) from None
+        return
+    if scope.cancelled_caught:
+        raise AuthenticationFailed(f"server did not finish the handshake within {timeout} s")
