@@ -22,7 +22,7 @@ class Progress:
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.interval = interval if interval is not None else (0.2 if self.tty else 2.0)
         self.started = time.perf_counter()
-        self._last = 0.0
+        self._last = float("-inf")  # the first call always draws
 
     def __call__(self, done: int) -> None:
         now = time.perf_counter()
