@@ -10,6 +10,8 @@ import argparse
 import json
 import sys
 
+import numpy as np
+
 from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt.errors import SlashError
 
@@ -121,7 +123,12 @@ def _demo(args) -> int:
     from slashrt.bench import ysb
 
     print(f"slashrt demo: YSB, {args.events:,} events, 1,000 campaigns, one local executor (in-process channels)")
-    result = ysb.bench(events=args.events, campaigns=1000, show_progress=True)
+    result, rows = ysb.bench_with_result(events=args.events, campaigns=1000, show_progress=True)
+    first = rows[rows["window_start_ms"] == rows["window_start_ms"][0]] if len(rows) else rows
+    top = first[np.argsort(-first["count"], kind="stable")[:5]]
+    print(f"\nwindow starting at {first['window_start_ms'][0] if len(first) else 0} ms, top campaigns by views:")
+    for row in top:
+        print(f"  campaign {row['campaign_id']:>5}  {row['count']:>6,} views")
     print()
     _print_human(result)
     print()

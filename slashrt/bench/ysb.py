@@ -160,7 +160,12 @@ def check_ads(records: np.ndarray, ads: np.ndarray, source: str) -> None:
         raise SchemaError(f"{source}: ad_id values span [{lo}, {hi}] but the ad mapping covers [0, {len(ads) - 1}]")
 
 
-def bench(
+def bench(**kwargs) -> dict:
+    """Run the YSB benchmark (see `bench_with_result`) and return its report."""
+    return bench_with_result(**kwargs)[0]
+
+
+def bench_with_result(
     *,
     events: int,
     campaigns: int,
@@ -173,7 +178,10 @@ def bench(
     repeat: int = 1,
     show_progress: bool = False,
     **options,
-) -> dict:
+) -> tuple[dict, np.ndarray]:
+    """Generate (or load) YSB events, run the query `repeat` times, check every run against the
+    numpy reference and time the C loop on the same records. Returns the report and the
+    result rows (window_start_ms, campaign_id, count) sorted by window then campaign."""
     from slashrt._kernels import ysb_baseline
     from slashrt.bench._common import Timer, lazy, run_best, throughput_fields
 
@@ -225,4 +233,4 @@ def bench(
     if output is not None:
         write_csv(got, output)
         fields["output"] = str(output)
-    return fields
+    return fields, got
