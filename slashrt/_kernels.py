@@ -364,3 +364,100 @@ else:
     ring_post = _numpy_ring_post
     ring_poll_data = _numpy_ring_poll_data
     ring_release = _numpy_ring_release
+
+
+# -- shared-memory control block (slashrt/transport/shm.py; native/shm.c) ------------------------
+#
+# ``shm_load_u64`` / ``shm_store_u64``: the credit word, acquire load and release store.
+# ``shm_load_u8``: a slot flag, acquire load. ``shm_park(buf, off, want)`` / ``shm_unpark``: the
+# parked word of one side (seq_cst). ``shm_wake(buf, parked_off, value, efd)``: after a
+# publication, a full fence, then if the peer is parked for `value` (parked word nonzero and
+# <= value) clear the word and write the eventfd; returns whether it wrote. A busy pair finds the
+# word clear and makes no system call. ``shm_store_and_wake``: release store, then shm_wake.
+#
+# The numpy fallbacks are plain loads and stores, which are ordered as the protocol needs on x86
+# (TSO: stores are not reordered with stores nor loads with loads), and take the one full fence
+# the parking protocol needs (store then load, Dekker) from a lock's atomic read-modify-write.
+
+import threading as _threading
+
+_FENCE_LOCK = _threading.Lock()
+
+
+def _numpy_shm_load_u64(buf: np.ndarray, off: int) -> int:
+    return int(buf[off : off + 8].view("<u8")[0])
+
+
+def _numpy_shm_store_u64(buf: np.ndarray, off: int, value: int) -> None:
+    buf[off : off + 8].view("<u8")[0] = value
+
+
+def _numpy_shm_load_u8(buf: np.ndarray, off: int) -> int:
+    return int(buf[off])
+
+
+def _numpy_shm_fence() -> None:
+    with _FENCE_LOCK:
+        pass
+
+
+def _numpy_shm_park(buf: np.ndarray, off: int, want: int) -> int:
+    if want == 0:
+        raise ValueError("shm_park: want must be nonzero (0 means not parked)")
+    old = _numpy_shm_load_u64(buf, off)
+    _numpy_shm_store_u64(buf, off, want)
+    _numpy_shm_fence()
+    return old
+
+
+def _numpy_shm_unpark(buf: np.ndarray, off: int) -> None:
+    _numpy_shm_store_u64(buf, off, 0)
+
+
+def _numpy_shm_wake(buf: np.ndarray, parked_off: int, value: int, efd: int) -> bool:
+    _numpy_shm_fence()
+    want = _numpy_shm_load_u64(buf, parked_off)
+    if want == 0 or value < want:
+        return False
+    _numpy_shm_store_u64(buf, parked_off, 0)  # a racing second waker at worst writes once more
+    try:
+        os.eventfd_write(efd, 1)
+    except BlockingIOError:  # counter at its maximum: the parker is awake anyway
+        pass
+    return True
+
+
+def _numpy_shm_store_and_wake(buf: np.ndarray, off: int, value: int, parked_off: int, efd: int) -> bool:
+    _numpy_shm_store_u64(buf, off, value)
+    return _numpy_shm_wake(buf, parked_off, value, efd)
+
+
+if _native is not None:
+    shm_load_u64 = _native.shm_load_u64
+    shm_store_u64 = _native.shm_store_u64
+    shm_load_u8 = _native.shm_load_u8
+    shm_park = _native.shm_park
+    shm_unpark = _native.shm_unpark
+    shm_fence = _native.shm_fence
+    shm_wake = _native.shm_wake
+    shm_store_and_wake = _native.shm_store_and_wake
+else:
+    shm_load_u64 = _numpy_shm_load_u64
+    shm_store_u64 = _numpy_shm_store_u64
+    shm_load_u8 = _numpy_shm_load_u8
+    shm_park = _numpy_shm_park
+    shm_unpark = _numpy_shm_unpark
+    shm_fence = _numpy_shm_fence
+    shm_wake = _numpy_shm_wake
+    shm_store_and_wake = _numpy_shm_store_and_wake
+
+__all__ += [
+    "shm_load_u64",
+    "shm_store_u64",
+    "shm_load_u8",
+    "shm_park",
+    "shm_unpark",
+    "shm_fence",
+    "shm_wake",
+    "shm_store_and_wake",
+]

@@ -22,7 +22,7 @@ from slashrt.ops.sources import feed_array, validate_input
 from slashrt.scheduler import Executor, ExecutorStats, Input
 from slashrt.transport import RingSpec, open_inproc_channel
 
-__all__ = ["run", "run_async", "RunResult", "ChannelFailed"]
+__all__ = ["run", "run_async", "run_receivers", "execute", "RunResult", "ChannelFailed"]
 
 log = structlog.get_logger("slashrt.run")
 
@@ -106,19 +106,55 @@ async def run_async(
 
     if watermark_every is None:
         watermark_every = max(1, slots - 1)
+
+    async def sources(nursery) -> None:
+        for sender, records, spec in feeds:
+            nursery.start_soon(
+                lambda s=sender, r=records, sp=spec: feed_array(
+                    s, r, time=sp.time, max_delay=sp.max_delay, watermark_every=watermark_every
+                ),
+                name=f"source:{spec.step_id}",
+            )
+
+    return await execute(
+        flow, plan, executor_inputs, start=sources, yield_every=yield_every, coalesce=coalesce, progress=progress
+    )
+
+
+async def run_receivers(flow: Dataflow, receivers: dict, **options) -> RunResult:
+    """Run `flow` on one executor whose sources are already-connected channel receivers
+    (source name -> Receiver), e.g. channels from producers in other processes or hosts."""
+    plan = build_plan(flow)
+    executor_inputs = []
+    for step_id, spec in plan.sources.items():
+        name = step_id.split(".", 1)[1]
+        receiver = receivers.get(name, receivers.get(step_id))
+        if receiver is None:
+            raise DataflowError(f"no channel given for source {name!r}")
+        executor_inputs.append(Input(step_id, receiver, plan.roots[step_id], spec.schema.dtype))
+    return await execute(flow, plan, executor_inputs, **options)
+
+
+async def execute(
+    flow: Dataflow,
+    plan,
+    executor_inputs: list[Input],
+    *,
+    start=None,
+    yield_every: int = Executor.YIELD_EVERY,
+    coalesce: int = Executor.COALESCE,
+    progress=None,
+) -> RunResult:
+    """Run one executor over `executor_inputs` to the end of every input; `start(nursery)`
+    starts whatever feeds them (sources) beside it. Opens and closes the plan's sinks."""
     executor = Executor(executor_inputs, yield_every=yield_every, coalesce=coalesce)
     for sink in plan.sinks:
         sink.open()
     started = time.perf_counter()
     try:
         async with trio.open_nursery() as nursery:
-            for sender, records, spec in feeds:
-                nursery.start_soon(
-                    lambda s=sender, r=records, sp=spec: feed_array(
-                        s, r, time=sp.time, max_delay=sp.max_delay, watermark_every=watermark_every
-                    ),
-                    name=f"source:{spec.step_id}",
-                )
+            if start is not None:
+                await start(nursery)
             if progress is not None:
                 nursery.start_soon(_report_progress, executor, progress)
             await executor.run()

@@ -77,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     ro.add_argument("--events", type=_positive_int, default=10_000_000)
     ro.add_argument("--keys", type=_positive_int, default=100_000_000, help="keys are uniform over [0, KEYS)")
     ro.add_argument("--window-ms", type=_positive_int, default=1000)
+    ro.add_argument(
+        "--transport",
+        choices=["inproc", "shm", "tcp", "verbs"],
+        help="stream the records from a producer process over this transport to a consumer that counts them",
+    )
+    ro.add_argument("--buffer-size", type=_positive_int, default=DEFAULT_SLOT_SIZE, help="with --transport: bytes per buffer")
     _add_runtime_options(ro)
 
     cm = queries.add_parser("cm", help="cluster monitoring: mean CPU per job per 2 s")
@@ -98,6 +104,13 @@ def _run_bench(args) -> dict:
         return ysb.bench(
             events=args.events, campaigns=args.campaigns, zipf=args.zipf, input=args.input, output=args.output,
             ads=args.ads, disorder_ms=args.disorder_ms, show_progress=progress, **_runtime_options(args),
+        )
+    if args.query == "ro" and args.transport is not None:
+        from slashrt.bench import channel
+
+        return channel.bench(
+            transport=args.transport, buffer_size=args.buffer_size, events=args.events, key_range=args.keys,
+            slots=args.slots,
         )
     if args.query == "ro":
         from slashrt.bench import ro

@@ -1,0 +1,155 @@
+"""RO over a transport: a producer process streams 16-byte records through one channel to a
+consumer process that counts them per key (`slashrt bench ro --transport T --buffer-size B`).
+
+The consumer is this process: it opens a listener, starts the producer (slashrt.bench._producer)
+and runs the RO dataflow on one executor whose input is the accepted channel. Two phases:
+throughput (the whole stream, as fast as credits allow) and latency (single buffers, one in
+flight, each stamped with CLOCK_MONOTONIC at the producer and measured when the consumer's
+pipeline receives it). A plain memcpy of the same bytes, timed in the same run, is the
+yardstick. `inproc` runs the producer as a task in this process instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import trio
+
+from slashrt._dataflow import Dataflow
+from slashrt._runtime import run_receivers
+from slashrt.bench import ro
+from slashrt.bench._common import Timer, lazy
+from slashrt.ops.sinks import Callback, Collect
+from slashrt.ops.sources import feed_array
+from slashrt.transport import RingSpec, open_inproc_channel
+from slashrt.transport._auth import generate_secret
+from slashrt.transport._registry import open_listener
+
+__all__ = ["bench"]
+
+WINDOW_MS = 1 << 40  # one window over the whole stream: the count per key is the result
+PRODUCER_TIMEOUT = 300.0
+
+
+def _latency_flow(latencies: list) -> Dataflow:
+    flow = Dataflow("latency")
+
+    def probe(batch):
+        latencies.append(time.perf_counter_ns() - int(batch["key"][0]))
+
+    flow.source("records", ro.RO_SCHEMA).apply(probe).sink(Callback(lambda r: None))
+    return flow
+
+
+async def _with_producer(transport: str, spec: RingSpec, flow: Dataflow, producer_args: list[str]):
+    """Listen, start the producer process, run `flow` on the accepted channel."""
+    secret = generate_secret()
+    async with open_listener(transport, spec, secret) as listener:
+        cmd = [
+            sys.executable, "-m", "slashrt.bench._producer", "--transport", transport,
+            "--address", json.dumps(listener.address), "--slot-size", str(spec.slot_size),
+            "--slots", str(spec.slots), *producer_args,
+        ]
+        env = dict(os.environ, SLASHRT_SECRET=secret.hex())
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
+        try:
+            with trio.fail_after(PRODUCER_TIMEOUT):
+                receiver = await listener.accept()
+                try:
+                    result = await run_receivers(flow, {"records": receiver})
+                finally:
+                    await receiver.aclose()
+                await trio.to_thread.run_sync(proc.wait)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"the producer process failed with exit code {proc.returncode}")
+    return result
+
+
+async def _inproc(spec: RingSpec, flow: Dataflow, records: np.ndarray | None, latency_count: int):
+    sender, receiver = open_inproc_channel(spec)
+
+    async def produce():
+        if records is not None:
+            await feed_array(sender, records, time="ts", max_delay=0, watermark_every=max(1, spec.slots - 1))
+        else:
+            per_slot = spec.payload_capacity // ro.RO_SCHEMA.record_size
+            probe = np.zeros(per_slot, ro.RO_SCHEMA.dtype)
+            for i in range(latency_count):
+                await sender.wait_credit(spec.slots)
+                probe["key"][0] = time.perf_counter_ns()
+                sender.reserve()[: probe.nbytes] = probe.view(np.uint8)
+                sender.post(nbytes=probe.nbytes, count=per_slot)
+            await sender.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(produce)
+        return await run_receivers(flow, {"records": receiver})
+
+
+def bench(
+    *,
+    transport: str,
+    buffer_size: int,
+    events: int,
+    key_range: int,
+    slots: int = 32,
+    latency_count: int = 2000,
+    seed: int = 7,
+    **_ignored,
+) -> dict:
+    spec = RingSpec(slots=slots, slot_size=buffer_size, record_size=ro.RO_SCHEMA.record_size)
+    if spec.records_per_slot < 1:
+        raise ValueError(f"buffer size {buffer_size} is too small for one record")
+    sink = Collect()
+    count_flow = ro.dataflow(sink, window_ms=WINDOW_MS)
+    latencies: list[int] = []
+    if transport == "inproc":
+        records = ro.generate(events, key_range, seed=seed)
+        result = trio.run(_inproc, spec, count_flow, records, 0)
+        trio.run(_inproc, RingSpec(slots=slots, slot_size=4096, record_size=16), _latency_flow(latencies), None, latency_count)
+    else:
+        producer = ["--events", str(events), "--key-range", str(key_range), "--seed", str(seed)]
+        result = trio.run(_with_producer, transport, spec, count_flow, ["--phase", "throughput", *producer])
+        latency_spec = RingSpec(slots=slots, slot_size=4096, record_size=16)
+        trio.run(_with_producer, transport, latency_spec, _latency_flow(latencies), ["--phase", "latency", "--count", str(latency_count)])
+        records = ro.generate(events, key_range, seed=seed)  # the same records, for the reference
+
+    expected = lazy(lambda: ro.reference(records, WINDOW_MS))
+    got = ro.to_result(sink.records)
+    correct = bool(np.array_equal(got, expected()))
+    nbytes = events * ro.RO_SCHEMA.record_size
+    # the yardstick: a plain copy of the same bytes, best of three, in this same run
+    src = records.view(np.uint8)
+    dst = np.ones_like(src)  # touched: no page faults inside the timing
+    best = None
+    for _ in range(3):
+        with Timer() as t:
+            np.copyto(dst, src)
+        best = t.seconds if best is None else min(best, t.seconds)
+    lat = np.array(latencies[10:] or latencies, dtype=np.float64) / 1e3  # skip warm-up buffers
+    gbps = nbytes / result.seconds / 1e9
+    return {
+        "query": "ro",
+        "transport": transport,
+        "buffer_size": buffer_size,
+        "slots": slots,
+        "events": events,
+        "seconds": round(result.seconds, 6),
+        "gbytes_per_s": round(gbps, 3),
+        "records_per_s": round(events / result.seconds, 1),
+        "latency_us_p50": round(float(np.percentile(lat, 50)), 2) if len(lat) else None,
+        "latency_us_p99": round(float(np.percentile(lat, 99)), 2) if len(lat) else None,
+        "latency_buffer_size": 4096,
+        "memcpy_gbytes_per_s": round(nbytes / best / 1e9, 3),
+        "fraction_of_memcpy": round(gbps / (nbytes / best / 1e9), 3),
+        "correct": correct,
+    }
