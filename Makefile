@@ -1,6 +1,7 @@
 # The two commands a fresh machine needs (see README): `make demo` and `make test`.
 # Both create the project's virtual environment on first use and install slashrt into it
-# (compiling native/ through the package build).
+# (compiling native/ through the package build). `make test` runs the host suite, then the
+# RDMA suite (tests/rdma) inside one soft-RoCE VM, installing what that needs (see scripts/).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
@@ -20,6 +21,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+	bash scripts/rdma-tests.sh $(VENV)
 
 clean:
 	rm -rf $(VENV) build *.egg-info slashrt/*.so

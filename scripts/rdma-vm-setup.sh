@@ -11,7 +11,7 @@
 # - makes Debian's pyverbs importable from the venv's Python by symlinking just the `pyverbs`
 #   package into the venv's site-packages (the venv's Python is a CPython 3.11 like Debian's).
 #
-# Exit codes: 0 ready; 77 this machine cannot host the VM (one line on stderr says why);
+# Exit codes: 0 ready; 77 this machine cannot host the VM (one line says why);
 # anything else: an unexpected failure.
 set -euo pipefail
 
@@ -20,7 +20,7 @@ VENV="${1:-.venv}"
 T0=$(date +%s)
 
 cannot() {
-    echo "rdma-vm-setup: cannot run the RDMA VM tests here: $*" >&2
+    echo "rdma-vm-setup: cannot run the RDMA VM tests here: $*"
     exit 77
 }
 
@@ -50,8 +50,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
         fi
     done
     # --no-install-recommends: the kernel would otherwise pull firmware and apparmor, qemu
-    # a pile of UI and firmware packages the harness never uses.
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/tmp/rdma-vm-setup-apt.log 2>&1 || {
+    # a pile of UI and firmware packages the harness never uses. INITRD=No: the kernel's
+    # postinst skips building an initramfs (about 25 s); virtme-ng makes its own.
+    INITRD=No apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+        >/tmp/rdma-vm-setup-apt.log 2>&1 || {
         tail -n 30 /tmp/rdma-vm-setup-apt.log >&2
         cannot "apt-get install ${missing[*]} failed (log above, full log in /tmp/rdma-vm-setup-apt.log)"
     }
@@ -78,6 +80,10 @@ fi
 # numpy, etc. with Debian's).
 DEB_PYVERBS=/usr/lib/python3/dist-packages/pyverbs
 [ -d "$DEB_PYVERBS" ] || cannot "python3-pyverbs installed but $DEB_PYVERBS is missing"
+VENV_PYVER=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+DEB_PYVER=$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+[ "$VENV_PYVER" = "$DEB_PYVER" ] \
+    || cannot "Debian's pyverbs is built for Python $DEB_PYVER, the venv runs Python $VENV_PYVER"
 SITE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 if [ "$(readlink "$SITE/pyverbs" 2>/dev/null || true)" != "$DEB_PYVERBS" ]; then
     rm -rf "$SITE/pyverbs"

@@ -143,10 +143,10 @@ def rc_pair(ctx: Context, mr_size: int = 1 << 20, cq_depth: int = 256,
     with contextlib.ExitStack() as stack:
         ends = []
         for _ in range(2):
-            pd = PD(ctx)
-            stack.callback(pd.close)  # closes its MRs and QPs first
             cq = CQ(ctx, cq_depth)
             stack.callback(cq.close)
+            pd = PD(ctx)
+            stack.callback(pd.close)  # closes its QP and MR, before the CQ is closed
             mr = make_mr(pd, mr_size)
             qp = make_rc_qp(pd, cq, max_send_wr=max_send_wr)
             ends.append(Endpoint(ctx, pd, cq, qp, mr))
