@@ -17,7 +17,7 @@ from slashrt import _kernels as kernels
 from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._dataflow import Dataflow
 from slashrt._plan import build_plan
-from slashrt.errors import DataflowError, SlashError
+from slashrt.errors import DataflowError, SlashError, unwrap_groups
 from slashrt.ops.sources import feed_array, validate_input
 from slashrt.scheduler import Executor, ExecutorStats, Input
 from slashrt.transport import RingSpec, open_inproc_channel
@@ -152,7 +152,7 @@ async def execute(
         sink.open()
     started = time.perf_counter()
     try:
-        async with trio.open_nursery() as nursery:
+        async with unwrap_groups(), trio.open_nursery() as nursery:
             if start is not None:
                 await start(nursery)
             if progress is not None:

@@ -1,5 +1,7 @@
 """The exceptions slashrt raises; every one derives from SlashError."""
 
+import contextlib
+
 __all__ = [
     "SlashError",
     "SchemaError",
@@ -7,6 +9,8 @@ __all__ = [
     "ChannelClosed",
     "OperatorError",
     "DataflowError",
+    "first_error",
+    "unwrap_groups",
 ]
 
 
@@ -36,3 +40,39 @@ class OperatorError(SlashError):
     def __init__(self, step_id: str, message: str):
         super().__init__(f"step {step_id!r}: {message}")
         self.step_id = step_id
+
+
+def first_error(group: BaseExceptionGroup) -> BaseException | None:
+    """The exception a user should see for a failed nursery: the first leaf that is not a
+    cancellation (trio wraps even a single failure in an exception group); None if every
+    leaf is a cancellation, which must propagate as it is."""
+    import trio
+
+    leaves = []
+
+    def walk(exc):
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    for exc in leaves:
+        if not isinstance(exc, trio.Cancelled):
+            return exc
+    return None
+
+
+@contextlib.asynccontextmanager
+async def unwrap_groups():
+    """Around a nursery: raise the failure itself (an OperatorError, a ChannelClosed), with its
+    own cause and traceback, rather than the exception group trio wraps it in."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        error = first_error(group)
+        if error is None:
+            raise
+        error.__suppress_context__ = True  # the group is trio's wrapping, not a second error
+        raise error

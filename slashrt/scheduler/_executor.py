@@ -37,7 +37,7 @@ import trio
 
 from slashrt._batch import Batch
 from slashrt._buffer import Control
-from slashrt.errors import ChannelClosed, MalformedBuffer
+from slashrt.errors import ChannelClosed, MalformedBuffer, unwrap_groups
 from slashrt.ops._node import Node
 from slashrt.scheduler._stats import ExecutorStats
 from slashrt.transport import Buffer, DataRun, Receiver
@@ -81,7 +81,7 @@ class Executor:
 
     async def run(self) -> ExecutorStats:
         started = time.perf_counter()
-        async with trio.open_nursery() as drivers:
+        async with unwrap_groups(), trio.open_nursery() as drivers:
             for inp in self.inputs:
                 drivers.start_soon(inp.receiver.drive, name=f"drive:{inp.name}")
             async with trio.open_nursery() as nursery:
