@@ -5,7 +5,6 @@ phase). Started by slashrt.bench.channel; the cluster secret comes in $SLASHRT_S
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -16,17 +15,16 @@ from slashrt.bench import ro
 from slashrt.ops.sources import feed_array
 from slashrt.transport import RingSpec
 from slashrt.transport._auth import load_secret
-from slashrt.transport._registry import connect
+from slashrt.bench._process import producer_channel
 
 FINISH_TIMEOUT = 60.0
 
 
-async def _throughput(sender, args) -> None:
-    records = ro.generate(args.events, args.key_range, seed=args.seed)
+async def _throughput(sender, args, records) -> None:
     await feed_array(sender, records, time="ts", max_delay=0, watermark_every=max(1, args.slots - 1))
 
 
-async def _latency(sender, args) -> None:
+async def _latency(sender, args, _records) -> None:
     per_slot = sender.spec.payload_capacity // ro.RO_SCHEMA.record_size
     records = np.zeros(per_slot, ro.RO_SCHEMA.dtype)
     raw = records.view(np.uint8)
@@ -43,12 +41,13 @@ async def _latency(sender, args) -> None:
 
 async def main_async(args) -> None:
     spec = RingSpec(slots=args.slots, slot_size=args.slot_size, record_size=ro.RO_SCHEMA.record_size)
-    address = json.loads(args.address)
-    sender = await connect(args.transport, tuple(address) if isinstance(address, list) else address, spec, load_secret())
+    # generate before connecting: the consumer's clock starts at the connection
+    records = ro.generate(args.events, args.key_range, seed=args.seed) if args.phase == "throughput" else None
+    sender = await producer_channel(args, spec, load_secret())
     with trio.fail_after(FINISH_TIMEOUT + args.events / 1e6):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sender.drive)
-            await (_latency(sender, args) if args.phase == "latency" else _throughput(sender, args))
+            await (_latency if args.phase == "latency" else _throughput)(sender, args, records)
             # the consumer closes the channel once it has taken everything: drive() then ends
     await sender.aclose()
 

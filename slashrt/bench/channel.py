@@ -11,10 +11,6 @@ yardstick. `inproc` runs the producer as a task in this process instead.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -24,16 +20,15 @@ from slashrt._dataflow import Dataflow
 from slashrt._runtime import run_receivers
 from slashrt.bench import ro
 from slashrt.bench._common import Timer, lazy
+from slashrt.bench._process import run_with_producer
 from slashrt.ops.sinks import Callback, Collect
 from slashrt.ops.sources import feed_array
 from slashrt.transport import RingSpec, open_inproc_channel
-from slashrt.transport._auth import generate_secret
-from slashrt.transport._registry import open_listener
 
 __all__ = ["bench"]
 
 WINDOW_MS = 1 << 40  # one window over the whole stream: the count per key is the result
-PRODUCER_TIMEOUT = 300.0
+PRODUCER = "slashrt.bench._producer"
 
 
 def _latency_flow(latencies: list) -> Dataflow:
@@ -44,34 +39,6 @@ def _latency_flow(latencies: list) -> Dataflow:
 
     flow.source("records", ro.RO_SCHEMA).apply(probe).sink(Callback(lambda r: None))
     return flow
-
-
-async def _with_producer(transport: str, spec: RingSpec, flow: Dataflow, producer_args: list[str]):
-    """Listen, start the producer process, run `flow` on the accepted channel."""
-    secret = generate_secret()
-    async with open_listener(transport, spec, secret) as listener:
-        cmd = [
-            sys.executable, "-m", "slashrt.bench._producer", "--transport", transport,
-            "--address", json.dumps(listener.address), "--slot-size", str(spec.slot_size),
-            "--slots", str(spec.slots), *producer_args,
-        ]
-        env = dict(os.environ, SLASHRT_SECRET=secret.hex())
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
-        try:
-            with trio.fail_after(PRODUCER_TIMEOUT):
-                receiver = await listener.accept()
-                try:
-                    result = await run_receivers(flow, {"records": receiver})
-                finally:
-                    await receiver.aclose()
-                await trio.to_thread.run_sync(proc.wait)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    if proc.returncode != 0:
-        raise RuntimeError(f"the producer process failed with exit code {proc.returncode}")
-    return result
 
 
 async def _inproc(spec: RingSpec, flow: Dataflow, records: np.ndarray | None, latency_count: int):
@@ -118,9 +85,12 @@ def bench(
         trio.run(_inproc, RingSpec(slots=slots, slot_size=4096, record_size=16), _latency_flow(latencies), None, latency_count)
     else:
         producer = ["--events", str(events), "--key-range", str(key_range), "--seed", str(seed)]
-        result = trio.run(_with_producer, transport, spec, count_flow, ["--phase", "throughput", *producer])
+        result = trio.run(run_with_producer, transport, spec, count_flow, "records", PRODUCER, ["--phase", "throughput", *producer])
         latency_spec = RingSpec(slots=slots, slot_size=4096, record_size=16)
-        trio.run(_with_producer, transport, latency_spec, _latency_flow(latencies), ["--phase", "latency", "--count", str(latency_count)])
+        trio.run(
+            run_with_producer, transport, latency_spec, _latency_flow(latencies), "records", PRODUCER,
+            ["--phase", "latency", "--count", str(latency_count)],
+        )
         records = ro.generate(events, key_range, seed=seed)  # the same records, for the reference
 
     expected = lazy(lambda: ro.reference(records, WINDOW_MS))

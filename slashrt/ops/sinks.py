@@ -132,23 +132,45 @@ class ParquetFile(_ArrowFile):
 
 
 class SinkNode(Node):
-    """Feeds one sink; errors raised by the sink name its step."""
+    """Feeds one sink; errors raised by the sink name its step.
+
+    A sink may also be asynchronous and stream-aware (see `slashrt.ops.exchange.ChannelSink`):
+    then `awrite(records)` replaces `write`, and `awatermark(w)` / `aend()` receive the
+    stream's watermarks and its end."""
 
     def __init__(self, step_id: str, sink):
         super().__init__(step_id)
         self.sink = sink
-        for method in ("open", "write", "close"):
+        for method in ("open", "close"):
             if not callable(getattr(sink, method, None)):
                 raise TypeError(f"step {step_id!r}: sink {sink!r} has no {method}() method")
+        self._awrite = getattr(sink, "awrite", None)
+        if self._awrite is None and not callable(getattr(sink, "write", None)):
+            raise TypeError(f"step {step_id!r}: sink {sink!r} has no write() or awrite() method")
+        self._dtype = getattr(sink, "dtype", None)  # the record layout the sink wants, if any
 
     def open(self) -> None:
         self.sink.open()
 
     async def push(self, batch: Batch) -> None:
         try:
-            self.sink.write(batch.to_numpy())
+            records = batch.to_numpy(self._dtype)
+            if self._awrite is not None:
+                await self._awrite(records)
+            else:
+                self.sink.write(records)
+        except OperatorError:
+            raise
         except Exception as exc:
             raise OperatorError(self.step_id, f"sink failed: {type(exc).__name__}: {exc}") from exc
+
+    async def on_watermark(self, watermark: int) -> None:
+        if (forward := getattr(self.sink, "awatermark", None)) is not None:
+            await forward(watermark)
+
+    async def on_end(self) -> None:
+        if (end := getattr(self.sink, "aend", None)) is not None:
+            await end()
 
     def close(self) -> None:
         self.sink.close()

@@ -1,0 +1,59 @@
+"""A consumer executor here, its producer in another process, one channel between them.
+
+`run_with_producer` opens a listener of the chosen transport, starts
+`python -m <producer module> --transport T --address A --slot-size B --slots C ...` with the
+cluster secret in $SLASHRT_SECRET, accepts its channel and runs a dataflow on it. The
+producer is killed if it outlives a bounded time or the consumer fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import trio
+
+from slashrt._dataflow import Dataflow
+from slashrt._runtime import RunResult, run_receivers
+from slashrt.transport import RingSpec
+from slashrt.transport._auth import generate_secret
+from slashrt.transport._registry import connect, open_listener
+
+__all__ = ["run_with_producer", "producer_channel", "PRODUCER_TIMEOUT"]
+
+PRODUCER_TIMEOUT = 300.0
+
+
+async def run_with_producer(
+    transport: str, spec: RingSpec, flow: Dataflow, source: str, module: str, args: list[str]
+) -> RunResult:
+    secret = generate_secret()
+    async with open_listener(transport, spec, secret) as listener:
+        cmd = [
+            sys.executable, "-m", module, "--transport", transport, "--address", json.dumps(listener.address),
+            "--slot-size", str(spec.slot_size), "--slots", str(spec.slots), *args,
+        ]
+        proc = subprocess.Popen(cmd, env=dict(os.environ, SLASHRT_SECRET=secret.hex()), stdin=subprocess.DEVNULL)
+        try:
+            with trio.fail_after(PRODUCER_TIMEOUT):
+                receiver = await listener.accept()
+                try:
+                    result = await run_receivers(flow, {source: receiver})
+                finally:
+                    await receiver.aclose()
+                await trio.to_thread.run_sync(proc.wait)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"the producer process {module} failed with exit code {proc.returncode}")
+    return result
+
+
+async def producer_channel(args, spec: RingSpec, secret: bytes):
+    """In a producer process: connect a sender to the consumer named on the command line."""
+    address = json.loads(args.address)
+    return await connect(args.transport, tuple(address) if isinstance(address, list) else address, spec, secret)
