@@ -1,12 +1,17 @@
 /* slashrt._native: CPython bindings for the native kernels.
  *
- *   HashAgg(kind, value_dtype)   hash aggregation over int64 keys (hashagg.c)
+ *   HashAgg(kind, value_dtype)   hash aggregation over int64 keys, a hash index over a
+ *                                log-structured store (hashagg.c)
  *   ysb_baseline(records, ad_to_campaign, n_campaigns, window_ms=10000)
  *                                the plain-C YSB loop (ysb_baseline.c)
  *   gather(field, sel, out)      a field of a 1-D or 2-D strided record view, selected rows
  *   minmax_i64(field)            (min, max) of an int64 field view (columns.c)
  *   ring_post / ring_poll_data / ring_release
  *                                footers of runs of ring slots, release/acquire ordered (ring.c)
+ *   shm_load_u64 / shm_store_u64 / shm_load_u8 / shm_park / shm_unpark / shm_fence /
+ *   shm_wake / shm_store_and_wake
+ *                                control-block atomics and eventfd wake-ups of rings shared
+ *                                between processes (shm.c)
  *
  * Inputs are taken through the buffer protocol (no numpy headers needed): 1-D views of
  * any stride, so a field of a structured array is read in place.  Hot loops run with
@@ -19,6 +24,7 @@
 #include "columns.h"
 #include "hashagg.h"
 #include "ring.h"
+#include "shm.h"
 #include "ysb_baseline.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -278,6 +284,36 @@ static PyObject *HashAgg_merge_from(HashAggObject *self, PyObject *other) {
     Py_RETURN_NONE;
 }
 
+/* Three writable output vectors of n items (int64 keys, int64 counts, vals of the table). */
+static int get_outs(HashAggObject *self, PyObject *const *args, Py_ssize_t n, Py_buffer *k,
+                    Py_buffer *c, Py_buffer *v) {
+    if (get_out(args[0], k, 0, "keys", n)) return -1;
+    if (get_out(args[1], c, 0, "counts", n)) {
+        PyBuffer_Release(k);
+        return -1;
+    }
+    if (get_out(args[2], v, self->t.is_float, "vals", n)) {
+        PyBuffer_Release(k);
+        PyBuffer_Release(c);
+        return -1;
+    }
+    return 0;
+}
+
+/* Run `call` (an int-returning expression on self->t), without the GIL when the log is long. */
+#define HA_RUN(self, rc, call)                                                                 \
+    do {                                                                                       \
+        if ((self)->t.n >= NOGIL_MIN_ROWS) {                                                   \
+            (self)->busy = 1;                                                                  \
+            Py_BEGIN_ALLOW_THREADS                                                             \
+            rc = (call);                                                                       \
+            Py_END_ALLOW_THREADS                                                               \
+            (self)->busy = 0;                                                                  \
+        } else {                                                                               \
+            rc = (call);                                                                       \
+        }                                                                                      \
+    } while (0)
+
 static PyObject *HashAgg_export_into(HashAggObject *self, PyObject *const *args,
                                      Py_ssize_t nargs) {
     if (ha_check(self)) return NULL;
@@ -285,26 +321,86 @@ static PyObject *HashAgg_export_into(HashAggObject *self, PyObject *const *args,
         PyErr_SetString(PyExc_TypeError, "_export_into(keys, counts, vals) takes 3 arguments");
         return NULL;
     }
-    Py_ssize_t n = (Py_ssize_t)ha_len(&self->t);
     Py_buffer k, c, v;
-    if (get_out(args[0], &k, 0, "keys", n)) return NULL;
-    if (get_out(args[1], &c, 0, "counts", n)) {
-        PyBuffer_Release(&k);
-        return NULL;
-    }
-    if (get_out(args[2], &v, self->t.is_float, "vals", n)) {
-        PyBuffer_Release(&k);
-        PyBuffer_Release(&c);
-        return NULL;
-    }
-    self->busy = 1;
-    Py_BEGIN_ALLOW_THREADS
-    ha_export(&self->t, (int64_t *)k.buf, (int64_t *)c.buf, (ha_val *)v.buf);
-    Py_END_ALLOW_THREADS
-    self->busy = 0;
+    if (get_outs(self, args, (Py_ssize_t)ha_len(&self->t), &k, &c, &v)) return NULL;
+    int rc;
+    HA_RUN(self, rc, ha_export(&self->t, (int64_t *)k.buf, (int64_t *)c.buf, (ha_val *)v.buf));
     PyBuffer_Release(&k);
     PyBuffer_Release(&c);
     PyBuffer_Release(&v);
+    if (rc) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *HashAgg_ship_into(HashAggObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (ha_check(self)) return NULL;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "_ship_into(keys, counts, vals) takes 3 arguments");
+        return NULL;
+    }
+    Py_buffer k, c, v;
+    if (get_outs(self, args, (Py_ssize_t)ha_len(&self->t), &k, &c, &v)) return NULL;
+    int rc;
+    HA_RUN(self, rc, ha_ship(&self->t, (int64_t *)k.buf, (int64_t *)c.buf, (ha_val *)v.buf));
+    PyBuffer_Release(&k);
+    PyBuffer_Release(&c);
+    PyBuffer_Release(&v);
+    if (rc) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* LSN argument of delta(): an int in [log_floor, log_end]. */
+static int get_since(HashAggObject *self, PyObject *obj, uint64_t *since) {
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    if (overflow || x < 0 || (uint64_t)x < ha_log_floor(&self->t) ||
+        (uint64_t)x > ha_log_end(&self->t)) {
+        PyErr_Format(PyExc_ValueError,
+                     "delta(since=%R): not a valid log position, valid are %llu (log_floor: "
+                     "older marks were compacted or reset away) to %llu (log_end)",
+                     obj, (unsigned long long)ha_log_floor(&self->t),
+                     (unsigned long long)ha_log_end(&self->t));
+        return -1;
+    }
+    *since = (uint64_t)x;
+    return 0;
+}
+
+static PyObject *HashAgg_delta_into(HashAggObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (ha_check(self)) return NULL;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "_delta_into(since, keys, counts, vals) takes 4 arguments");
+        return NULL;
+    }
+    uint64_t since;
+    if (get_since(self, args[0], &since)) return NULL;
+    Py_buffer k, c, v;
+    if (get_outs(self, args + 1, (Py_ssize_t)ha_delta(&self->t, since, NULL, NULL, NULL), &k, &c, &v))
+        return NULL;
+    int64_t rc;
+    HA_RUN(self, rc, ha_delta(&self->t, since, (int64_t *)k.buf, (int64_t *)c.buf, (ha_val *)v.buf));
+    PyBuffer_Release(&k);
+    PyBuffer_Release(&c);
+    PyBuffer_Release(&v);
+    (void)rc; /* since was checked above */
+    Py_RETURN_NONE;
+}
+
+static PyObject *HashAgg_mark(HashAggObject *self, PyObject *unused) {
+    if (ha_check(self)) return NULL;
+    uint64_t lsn = 0;
+    int rc;
+    HA_RUN(self, rc, ha_mark(&self->t, &lsn));
+    if (rc) return PyErr_NoMemory();
+    return PyLong_FromUnsignedLongLong(lsn);
+}
+
+static PyObject *HashAgg_compact(HashAggObject *self, PyObject *unused) {
+    if (ha_check(self)) return NULL;
+    int rc;
+    HA_RUN(self, rc, ha_compact(&self->t));
+    if (rc) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
@@ -347,6 +443,18 @@ static PyObject *HashAgg_get_capacity(HashAggObject *self, void *c) {
     return PyLong_FromUnsignedLongLong(self->ready ? self->t.cap : 0);
 }
 
+static PyObject *HashAgg_get_log_len(HashAggObject *self, void *c) {
+    return PyLong_FromUnsignedLongLong(self->ready ? self->t.n : 0);
+}
+
+static PyObject *HashAgg_get_log_end(HashAggObject *self, void *c) {
+    return PyLong_FromUnsignedLongLong(self->ready ? ha_log_end(&self->t) : 0);
+}
+
+static PyObject *HashAgg_get_log_floor(HashAggObject *self, void *c) {
+    return PyLong_FromUnsignedLongLong(self->ready ? ha_log_floor(&self->t) : 0);
+}
+
 static PyMethodDef HashAgg_methods[] = {
     {"update", (PyCFunction)(void (*)(void))HashAgg_update, METH_FASTCALL | METH_KEYWORDS,
      "update(keys, values=None): fold one batch in (count += 1, val op= value per row)."},
@@ -356,6 +464,16 @@ static PyMethodDef HashAgg_methods[] = {
      "merge_from(other): CRDT join of another native HashAgg of the same kind and dtype."},
     {"_export_into", (PyCFunction)(void (*)(void))HashAgg_export_into, METH_FASTCALL,
      "_export_into(keys, counts, vals): fill preallocated arrays of length len(self)."},
+    {"_ship_into", (PyCFunction)(void (*)(void))HashAgg_ship_into, METH_FASTCALL,
+     "_ship_into(keys, counts, vals): _export_into, then empty the table for the next epoch."},
+    {"_delta_into", (PyCFunction)(void (*)(void))HashAgg_delta_into, METH_FASTCALL,
+     "_delta_into(since, keys, counts, vals): fill arrays of length log_end - since with the "
+     "log entries from position since."},
+    {"mark", (PyCFunction)HashAgg_mark, METH_NOARGS,
+     "mark() -> int: freeze the log (an epoch boundary) and return the position of its end."},
+    {"compact", (PyCFunction)HashAgg_compact, METH_NOARGS,
+     "compact(): drop superseded entries of the frozen log prefix (log_floor moves up to the "
+     "latest mark)."},
     {"reset", (PyCFunction)HashAgg_reset, METH_NOARGS,
      "reset(): drop every key but keep the capacity, to be refilled to a similar size."},
     {"clear", (PyCFunction)HashAgg_clear, METH_NOARGS,
@@ -368,7 +486,13 @@ static PyGetSetDef HashAgg_getset[] = {
     {"kind", (getter)HashAgg_get_kind, NULL, "aggregate kind", NULL},
     {"value_dtype", (getter)HashAgg_get_value_dtype, NULL, "'i8' or 'f8'", NULL},
     {"nbytes", (getter)HashAgg_get_nbytes, NULL, "bytes held by the table", NULL},
-    {"capacity", (getter)HashAgg_get_capacity, NULL, "slots in the open-addressing table", NULL},
+    {"capacity", (getter)HashAgg_get_capacity, NULL, "slots in the open-addressing index", NULL},
+    {"log_len", (getter)HashAgg_get_log_len, NULL,
+     "entries in the log, superseded ones included (>= len)", NULL},
+    {"log_end", (getter)HashAgg_get_log_end, NULL,
+     "log position (LSN) of the end of the log: what mark() would return", NULL},
+    {"log_floor", (getter)HashAgg_get_log_floor, NULL,
+     "oldest log position delta() accepts", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -383,8 +507,9 @@ static PyTypeObject HashAggType = {
     .tp_dealloc = (destructor)HashAgg_dealloc,
     .tp_as_sequence = &HashAgg_as_sequence,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "HashAgg(kind, value_dtype='i8'): hash aggregation over int64 keys "
-              "(open addressing, linear probing, prefetching batch loop).",
+    .tp_doc = "HashAgg(kind, value_dtype='i8'): hash aggregation over int64 keys: a hash "
+              "index (open addressing, linear probing, prefetching batch loop) over a "
+              "log-structured store whose tail since mark() is the delta of an epoch.",
     .tp_methods = HashAgg_methods,
     .tp_getset = HashAgg_getset,
     .tp_init = (initproc)HashAgg_init,
@@ -699,6 +824,143 @@ static PyObject *py_copy_rows_max(PyObject *mod, PyObject *args) {
     return PyLong_FromLongLong(hi);
 }
 
+/* ---- shared-memory control block ------------------------------------------------------- */
+
+/* A pointer to the `size`-byte word at byte `off` of a contiguous buffer, naturally aligned. */
+static char *shm_word(PyObject *obj, PyObject *offobj, Py_ssize_t size, int writable, Py_buffer *b) {
+    Py_ssize_t off = PyLong_AsSsize_t(offobj);
+    if (off == -1 && PyErr_Occurred()) return NULL;
+    if (PyObject_GetBuffer(obj, b, PyBUF_SIMPLE | (writable ? PyBUF_WRITABLE : 0)) < 0) return NULL;
+    char *p = (char *)b->buf + off;
+    if (off < 0 || off + size > b->len || ((uintptr_t)p % (uintptr_t)size) != 0) {
+        PyErr_Format(PyExc_ValueError, "no aligned %zd-byte word at offset %zd of a %zd-byte buffer", size, off, b->len);
+        PyBuffer_Release(b);
+        return NULL;
+    }
+    return p;
+}
+
+static int shm_nargs(Py_ssize_t nargs, Py_ssize_t want, const char *usage) {
+    if (nargs == want) return 0;
+    PyErr_Format(PyExc_TypeError, "%s", usage);
+    return -1;
+}
+
+static int shm_fd(PyObject *obj) {
+    long fd = PyLong_AsLong(obj);
+    if (fd == -1 && PyErr_Occurred()) return -1;
+    if (fd < 0 || fd > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "bad file descriptor %ld", fd);
+        return -1;
+    }
+    return (int)fd;
+}
+
+static PyObject *shm_wake_result(int rc) {
+    if (rc < 0) {
+        errno = -rc;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyBool_FromLong(rc);
+}
+
+static PyObject *py_shm_load_u64(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (shm_nargs(nargs, 2, "shm_load_u64(buf, off)")) return NULL;
+    Py_buffer b;
+    char *p = shm_word(args[0], args[1], 8, 0, &b);
+    if (!p) return NULL;
+    uint64_t v = shm_load_acquire_u64(p);
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLongLong(v);
+}
+
+static PyObject *py_shm_store_u64(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (shm_nargs(nargs, 3, "shm_store_u64(buf, off, value)")) return NULL;
+    unsigned long long v = PyLong_AsUnsignedLongLong(args[2]);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    Py_buffer b;
+    char *p = shm_word(args[0], args[1], 8, 1, &b);
+    if (!p) return NULL;
+    shm_store_release_u64(p, v);
+    PyBuffer_Release(&b);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_shm_load_u8(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (shm_nargs(nargs, 2, "shm_load_u8(buf, off)")) return NULL;
+    Py_buffer b;
+    char *p = shm_word(args[0], args[1], 1, 0, &b);
+    if (!p) return NULL;
+    uint8_t v = shm_load_acquire_u8(p);
+    PyBuffer_Release(&b);
+    return PyLong_FromLong(v);
+}
+
+static PyObject *py_shm_park(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (shm_nargs(nargs, 3, "shm_park(buf, off, want)")) return NULL;
+    unsigned long long want = PyLong_AsUnsignedLongLong(args[2]);
+    if (want == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    if (want == 0) {
+        PyErr_SetString(PyExc_ValueError, "shm_park: want must be nonzero (0 means not parked)");
+        return NULL;
+    }
+    Py_buffer b;
+    char *p = shm_word(args[0], args[1], 8, 1, &b);
+    if (!p) return NULL;
+    uint64_t old = shm_park(p, want);
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLongLong(old);
+}
+
+static PyObject *py_shm_unpark(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (shm_nargs(nargs, 2, "shm_unpark(buf, off)")) return NULL;
+    Py_buffer b;
+    char *p = shm_word(args[0], args[1], 8, 1, &b);
+    if (!p) return NULL;
+    shm_unpark(p);
+    PyBuffer_Release(&b);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_shm_fence(PyObject *mod, PyObject *unused) {
+    shm_fence();
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_shm_wake(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (shm_nargs(nargs, 4, "shm_wake(buf, parked_off, value, efd)")) return NULL;
+    unsigned long long v = PyLong_AsUnsignedLongLong(args[2]);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    int efd = shm_fd(args[3]);
+    if (efd < 0) return NULL;
+    Py_buffer b;
+    char *p = shm_word(args[0], args[1], 8, 1, &b);
+    if (!p) return NULL;
+    int rc = shm_wake(p, v, efd);
+    PyBuffer_Release(&b);
+    return shm_wake_result(rc);
+}
+
+static PyObject *py_shm_store_and_wake(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (shm_nargs(nargs, 5, "shm_store_and_wake(buf, off, value, parked_off, efd)")) return NULL;
+    unsigned long long v = PyLong_AsUnsignedLongLong(args[2]);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    int efd = shm_fd(args[4]);
+    if (efd < 0) return NULL;
+    Py_buffer b, pb;
+    char *p = shm_word(args[0], args[1], 8, 1, &b);
+    if (!p) return NULL;
+    char *q = shm_word(args[0], args[3], 8, 1, &pb);
+    if (!q) {
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    int rc = shm_store_and_wake(p, v, q, efd);
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&b);
+    return shm_wake_result(rc);
+}
+
 static PyMethodDef module_methods[] = {
     {"copy_rows_max", py_copy_rows_max, METH_VARARGS,
      "copy_rows_max(dst2d, src, row_bytes, record_size, field_offset) -> max int64 field of the copied records."},
@@ -708,6 +970,22 @@ static PyMethodDef module_methods[] = {
      "ring_poll_data(ring, slot_size, first, max_k, expected_seq, record_size) -> (n, count): posted, well-formed "
      "data buffers with one record count at the head of the ring (acquire loads)."},
     {"ring_release", py_ring_release, METH_VARARGS, "ring_release(ring, slot_size, first, k): clear k flags (release)."},
+    {"shm_load_u64", (PyCFunction)(void (*)(void))py_shm_load_u64, METH_FASTCALL,
+     "shm_load_u64(buf, off) -> the u64 at byte off (acquire load)."},
+    {"shm_store_u64", (PyCFunction)(void (*)(void))py_shm_store_u64, METH_FASTCALL,
+     "shm_store_u64(buf, off, value): store a u64 at byte off (release store)."},
+    {"shm_load_u8", (PyCFunction)(void (*)(void))py_shm_load_u8, METH_FASTCALL,
+     "shm_load_u8(buf, off) -> the byte at off (acquire load), e.g. a slot flag."},
+    {"shm_park", (PyCFunction)(void (*)(void))py_shm_park, METH_FASTCALL,
+     "shm_park(buf, off, want) -> old: set the parked word to want (nonzero; seq_cst exchange)."},
+    {"shm_unpark", (PyCFunction)(void (*)(void))py_shm_unpark, METH_FASTCALL,
+     "shm_unpark(buf, off): clear the parked word (seq_cst)."},
+    {"shm_fence", py_shm_fence, METH_NOARGS, "shm_fence(): a full (seq_cst) memory fence."},
+    {"shm_wake", (PyCFunction)(void (*)(void))py_shm_wake, METH_FASTCALL,
+     "shm_wake(buf, parked_off, value, efd) -> woke: fence; if the parked word is set and value >= it, "
+     "clear it and write 1 to the eventfd."},
+    {"shm_store_and_wake", (PyCFunction)(void (*)(void))py_shm_store_and_wake, METH_FASTCALL,
+     "shm_store_and_wake(buf, off, value, parked_off, efd) -> woke: release store of value, then shm_wake."},
     {"gather", (PyCFunction)(void (*)(void))py_gather, METH_FASTCALL,
      "gather(field, sel, out): out[i] = flat element sel[i] of a 1-D/2-D strided field view "
      "(sel None: every element, row-major)."},

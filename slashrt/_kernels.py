@@ -28,15 +28,36 @@ HashAgg semantics (identical in both implementations):
 * Integer sums and counts wrap modulo 2**64 like numpy int64 arithmetic.
 * Floats: min/max ignore NaN unless every value of a key is NaN (np.fmin/np.fmax);
   sums propagate NaN. Float sums are order-dependent in the last bits, as always.
-* ``export()`` returns fresh writable arrays ``(keys, counts, vals)`` in no particular
-  order; for ``count`` the vals are 0.
+* ``export()`` returns fresh writable arrays ``(keys, counts, vals)``, one row per key, in no
+  particular order (natively: order of first insertion); for ``count`` the vals are 0.
 * Inputs are 1-D int64 keys (and values of ``value_dtype``), any stride; a field of a
   structured array (``batch["ad_id"]``) is read in place. A table is not thread-safe, but
   the native one releases the GIL on large batches so other tables can work in parallel.
+* ``reset()`` empties the table and keeps its capacity (a window slice about to be refilled);
+  ``clear()`` empties it and gives the memory back.
+
+The epoch protocol of the Slash State Backend (an SSB fragment is a HashAgg):
+
+* ``mark() -> int`` freezes the table at an epoch boundary and returns the log position of that
+  boundary. After it, the first update of a key appends a *new* entry holding the zero value
+  joined with the update (the old entry stays as it was), so every key changed since the mark
+  has exactly one entry at a position >= the mark, holding exactly its change (a CRDT delta).
+* ``delta(since) -> (keys, counts, vals)``: the entries from log position ``since`` (a value
+  mark() returned) to the end: the change since that mark, contiguous natively. Merging the
+  deltas of successive epochs (``merge(*delta)``) gives the table of everything. Positions are
+  never reused; ``log_floor`` is the oldest one still valid (compaction and reset move it up;
+  the latest mark, and right after ``mark()`` the previous one, stay valid). ``log_end`` is
+  where the log ends now.
+* ``ship() -> (keys, counts, vals)``: the whole content (as ``export()``), after which the
+  table is empty and restarts from the zero value (a helper's fragment at the end of an
+  epoch). Natively it keeps its capacity for the next epoch unless it was far too large.
+* ``compact()`` folds the entries superseded before the latest mark (this also happens on its
+  own when they make up most of the log); ``log_len`` counts entries, superseded ones included.
 """
 
 from __future__ import annotations
 
+import operator
 import os
 
 import numpy as np
@@ -93,32 +114,99 @@ class NumpyHashAgg:
     A batch is reduced by sorting (argsort + ufunc.reduceat, exact for int64) and joined
     into the state with searchsorted; new keys are spliced in with np.insert, so each
     batch costs O(state + batch log batch). Fine as a fallback, not for huge key spaces.
+
+    The epoch protocol keeps the same log positions as the native table (each epoch appends
+    one entry per key it changed) in three sorted partials: ``_keys``/``_counts``/``_vals``
+    are the changes since the latest mark (all of the table when mark() was never called),
+    ``_last`` the epoch before it, ``_base`` the join of everything older.
     """
 
-    __slots__ = ("kind", "value_dtype", "_dt", "_join", "_keys", "_counts", "_vals")
+    __slots__ = (
+        "kind", "value_dtype", "_dt", "_join", "_keys", "_counts", "_vals",
+        "_base", "_last", "_mark", "_prev", "_floor",
+    )
 
     def __init__(self, kind: str, value_dtype="i8"):
         self.kind = _check_kind(kind)
         self.value_dtype = _value_dtype(value_dtype)
         self._dt = np.dtype(self.value_dtype)
         self._join = _JOIN[kind]
+        self._mark = 0
+        self._keys, self._counts, self._vals = self._empty()
         self.clear()
 
+    def _empty(self):
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, self._dt)
+
     def clear(self) -> None:
-        self._keys = np.empty(0, np.int64)
-        self._counts = np.empty(0, np.int64)
-        self._vals = np.empty(0, self._dt)
+        end = self.log_end
+        self._keys, self._counts, self._vals = self._empty()
+        self._base = self._last = None
+        self._mark = self._floor = end  # log positions go on: no old mark can be mistaken
+        self._prev = None
 
     def reset(self) -> None:
         """Drop every key (the native table keeps its capacity; here there is none to keep)."""
         self.clear()
 
     def __len__(self) -> int:
-        return len(self._keys)
+        if self._base is None and self._last is None:
+            return len(self._keys)
+        return len(np.unique(np.concatenate([p[0] for p in self._parts()])))
 
     @property
     def nbytes(self) -> int:
-        return self._keys.nbytes + self._counts.nbytes + self._vals.nbytes
+        return sum(a.nbytes for p in self._parts() for a in p)
+
+    @property
+    def log_len(self) -> int:
+        return sum(len(p[0]) for p in self._parts())
+
+    @property
+    def log_end(self) -> int:
+        return self._mark + len(self._keys)
+
+    @property
+    def log_floor(self) -> int:
+        return self._floor
+
+    def mark(self) -> int:
+        end = self.log_end
+        if self._last is not None:  # compaction of the previous prefix
+            self._base = self._last if self._base is None else self._joined([self._base, self._last])
+        self._last = (self._keys, self._counts, self._vals)
+        self._keys, self._counts, self._vals = self._empty()
+        self._prev, self._mark = self._mark, end
+        self._floor = self._prev
+        return end
+
+    def delta(self, since: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        since = operator.index(since)
+        end = self.log_end
+        if not self._floor <= since <= end:
+            raise ValueError(
+                f"delta(since={since}): not a valid log position, valid are {self._floor} "
+                f"(log_floor: older marks were compacted or reset away) to {end} (log_end)"
+            )
+        if since == end:
+            return self._empty()
+        if since == self._mark:
+            return self._keys.copy(), self._counts.copy(), self._vals.copy()
+        if since == self._prev and self._last is not None:
+            return tuple(np.concatenate([a, b]) for a, b in zip(self._last, (self._keys, self._counts, self._vals)))
+        raise ValueError(f"delta(since={since}): the numpy HashAgg only knows the positions returned by mark()")
+
+    def ship(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        out = self.export()
+        self.reset()
+        return out
+
+    def compact(self) -> None:
+        if self._last is not None:
+            self._base = self._last if self._base is None else self._joined([self._base, self._last])
+            self._last = None
+            self._prev = None
+            self._floor = self._mark
 
     def __repr__(self) -> str:
         return f"NumpyHashAgg({self.kind!r}, {self.value_dtype!r}, len={len(self)})"
@@ -144,9 +232,24 @@ class NumpyHashAgg:
         self.merge(*other.export())
 
     def export(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self._keys.copy(), self._counts.copy(), self._vals.copy()
+        if self._base is None and self._last is None:
+            return self._keys.copy(), self._counts.copy(), self._vals.copy()
+        return self._joined(self._parts())
 
     # -- internals --
+
+    def _parts(self):
+        return [p for p in (self._base, self._last) if p is not None] + [(self._keys, self._counts, self._vals)]
+
+    def _joined(self, parts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The join of partials (in order, so float sums fold chronologically), sorted by key."""
+        t = NumpyHashAgg(self.kind, self.value_dtype)
+        t._fold(
+            np.concatenate([p[0] for p in parts]),
+            np.concatenate([p[1] for p in parts]),
+            None if self._join is None else np.concatenate([p[2] for p in parts]),
+        )
+        return t._keys, t._counts, t._vals
 
     def _values(self, values, n: int, name: str):
         if self._join is None:  # count keeps no value: values are ignored, like in C
@@ -209,11 +312,13 @@ NATIVE: bool = _native is not None
 if _native is not None:
 
     class NativeHashAgg(_native.HashAgg):
-        """HashAgg in C (native/hashagg.c): open addressing with linear probing over
-        24-byte slots, murmur3-mixed int64 keys, batched hashing with software prefetch.
+        """HashAgg in C (native/hashagg.c): a hash index (open addressing, linear probing,
+        8-byte slots of tag + log position, murmur3-mixed int64 keys, batched hashing with
+        software prefetch) over a log of 24-byte (key, count, val) entries in insertion order.
 
-        update, merge, clear, len, kind, value_dtype, nbytes and capacity come straight
-        from C (no Python frame per call); export and merge_from are thin wrappers.
+        update, merge, clear, reset, mark, compact, len, kind, value_dtype, nbytes, capacity,
+        log_len, log_end and log_floor come straight from C (no Python frame per call);
+        export, delta, ship and merge_from are thin wrappers.
         """
 
         __slots__ = ()
@@ -221,13 +326,34 @@ if _native is not None:
         def __init__(self, kind: str, value_dtype="i8"):
             super().__init__(_check_kind(kind), _value_dtype(value_dtype))
 
+        def _arrays(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            vdt = np.float64 if self.value_dtype == "f8" else np.int64
+            return np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, vdt)
+
         def export(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            n = len(self)
-            keys = np.empty(n, np.int64)
-            counts = np.empty(n, np.int64)
-            vals = np.empty(n, np.float64 if self.value_dtype == "f8" else np.int64)
-            self._export_into(keys, counts, vals)
-            return keys, counts, vals
+            out = self._arrays(len(self))
+            self._export_into(*out)
+            return out
+
+        def delta(self, since: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            """The log entries from position `since` (a value mark() returned) to the end:
+            one contiguous copy of the log's tail."""
+            since = operator.index(since)
+            end = self.log_end
+            if not self.log_floor <= since <= end:
+                raise ValueError(
+                    f"delta(since={since}): not a valid log position, valid are {self.log_floor} "
+                    f"(log_floor: older marks were compacted or reset away) to {end} (log_end)"
+                )
+            out = self._arrays(end - since)
+            self._delta_into(since, *out)
+            return out
+
+        def ship(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            """export(), then empty the table for the next epoch (keeping its capacity)."""
+            out = self._arrays(len(self))
+            self._ship_into(*out)
+            return out
 
         def merge_from(self, other) -> None:
             if isinstance(other, _native.HashAgg):
@@ -364,3 +490,100 @@ else:
     ring_post = _numpy_ring_post
     ring_poll_data = _numpy_ring_poll_data
     ring_release = _numpy_ring_release
+
+
+# -- shared-memory control block (slashrt/transport/shm.py; native/shm.c) ------------------------
+#
+# ``shm_load_u64`` / ``shm_store_u64``: the credit word, acquire load and release store.
+# ``shm_load_u8``: a slot flag, acquire load. ``shm_park(buf, off, want)`` / ``shm_unpark``: the
+# parked word of one side (seq_cst). ``shm_wake(buf, parked_off, value, efd)``: after a
+# publication, a full fence, then if the peer is parked for `value` (parked word nonzero and
+# <= value) clear the word and write the eventfd; returns whether it wrote. A busy pair finds the
+# word clear and makes no system call. ``shm_store_and_wake``: release store, then shm_wake.
+#
+# The numpy fallbacks are plain loads and stores, which are ordered as the protocol needs on x86
+# (TSO: stores are not reordered with stores nor loads with loads), and take the one full fence
+# the parking protocol needs (store then load, Dekker) from a lock's atomic read-modify-write.
+
+import threading as _threading
+
+_FENCE_LOCK = _threading.Lock()
+
+
+def _numpy_shm_load_u64(buf: np.ndarray, off: int) -> int:
+    return int(buf[off : off + 8].view("<u8")[0])
+
+
+def _numpy_shm_store_u64(buf: np.ndarray, off: int, value: int) -> None:
+    buf[off : off + 8].view("<u8")[0] = value
+
+
+def _numpy_shm_load_u8(buf: np.ndarray, off: int) -> int:
+    return int(buf[off])
+
+
+def _numpy_shm_fence() -> None:
+    with _FENCE_LOCK:
+        pass
+
+
+def _numpy_shm_park(buf: np.ndarray, off: int, want: int) -> int:
+    if want == 0:
+        raise ValueError("shm_park: want must be nonzero (0 means not parked)")
+    old = _numpy_shm_load_u64(buf, off)
+    _numpy_shm_store_u64(buf, off, want)
+    _numpy_shm_fence()
+    return old
+
+
+def _numpy_shm_unpark(buf: np.ndarray, off: int) -> None:
+    _numpy_shm_store_u64(buf, off, 0)
+
+
+def _numpy_shm_wake(buf: np.ndarray, parked_off: int, value: int, efd: int) -> bool:
+    _numpy_shm_fence()
+    want = _numpy_shm_load_u64(buf, parked_off)
+    if want == 0 or value < want:
+        return False
+    _numpy_shm_store_u64(buf, parked_off, 0)  # a racing second waker at worst writes once more
+    try:
+        os.eventfd_write(efd, 1)
+    except BlockingIOError:  # counter at its maximum: the parker is awake anyway
+        pass
+    return True
+
+
+def _numpy_shm_store_and_wake(buf: np.ndarray, off: int, value: int, parked_off: int, efd: int) -> bool:
+    _numpy_shm_store_u64(buf, off, value)
+    return _numpy_shm_wake(buf, parked_off, value, efd)
+
+
+if _native is not None:
+    shm_load_u64 = _native.shm_load_u64
+    shm_store_u64 = _native.shm_store_u64
+    shm_load_u8 = _native.shm_load_u8
+    shm_park = _native.shm_park
+    shm_unpark = _native.shm_unpark
+    shm_fence = _native.shm_fence
+    shm_wake = _native.shm_wake
+    shm_store_and_wake = _native.shm_store_and_wake
+else:
+    shm_load_u64 = _numpy_shm_load_u64
+    shm_store_u64 = _numpy_shm_store_u64
+    shm_load_u8 = _numpy_shm_load_u8
+    shm_park = _numpy_shm_park
+    shm_unpark = _numpy_shm_unpark
+    shm_fence = _numpy_shm_fence
+    shm_wake = _numpy_shm_wake
+    shm_store_and_wake = _numpy_shm_store_and_wake
+
+__all__ += [
+    "shm_load_u64",
+    "shm_store_u64",
+    "shm_load_u8",
+    "shm_park",
+    "shm_unpark",
+    "shm_fence",
+    "shm_wake",
+    "shm_store_and_wake",
+]

@@ -480,3 +480,380 @@ def test_ysb_errors(ysb):
     r["event_time"][50] = 10**15  # 10^14 windows of 1 ms: too wide for a dense grid
     with pytest.raises(ValueError, match="span"):
         ysb(r, mapping, 10, 1)
+
+
+# ---- the epoch protocol: mark / delta / ship / compact (SSB fragments) ---------------------
+
+
+def dict_of(part, distinct=True):
+    """{key: (count, val)} of a partial (keys, counts, vals); `distinct`: keys must not repeat."""
+    keys, counts, vals = part
+    assert keys.dtype == np.int64 and counts.dtype == np.int64
+    assert len(keys) == len(counts) == len(vals)
+    if distinct:
+        assert len(set(keys.tolist())) == len(keys), "keys must be distinct"
+    return {int(k): (int(c), v.item()) for k, c, v in zip(keys, counts, vals)}
+
+
+@st.composite
+def epoch_ops(draw, dtype):
+    """Batches (as updates or as merges of partials with counts) with random epoch boundaries
+    ("mark") and explicit compactions in between."""
+    ops = []
+    for keys, vals in draw(batches(dtype, max_batches=8)):
+        if draw(st.booleans()):
+            ops.append(("update", keys, None, vals))
+        else:
+            counts = np.array(draw(st.lists(st.integers(-3, 5) | st.integers(I64_MIN, I64_MAX),
+                                            min_size=len(keys), max_size=len(keys))), np.int64)
+            ops.append(("merge", keys, counts, vals))
+        if draw(st.integers(0, 2)) == 0:
+            ops.append(("mark",))
+        if draw(st.integers(0, 5)) == 0:
+            ops.append(("compact",))
+    return ops
+
+
+def other_impl_of(impl):
+    return K.NumpyHashAgg if impl is not K.NumpyHashAgg else (K.NativeHashAgg or K.NumpyHashAgg)
+
+
+def run_epochs(impl, kind, dtype, ops, mark_first):
+    """Run `ops` on a fragment; at every mark, ship delta(previous mark) to a leader (of the other
+    implementation). Checks each delta against the rows of its epoch; returns the marks."""
+    t = impl(kind, dtype)
+    leader = other_impl_of(impl)(kind, dtype)
+    m = t.log_end
+    assert m == 0 and t.log_floor == 0
+    marks, rows, epoch = [], [], []
+    for op in ops:
+        if op[0] in ("update", "merge"):
+            _, keys, counts, vals = op
+            v = None if kind == "count" else vals
+            if op[0] == "update":
+                t.update(keys, v)
+                new = rows_of(keys, vals)
+            else:
+                t.merge(keys, counts, v)
+                new = [(int(k), int(c), r[2]) for k, c, r in zip(keys, counts, rows_of(keys, vals))]
+            rows += new
+            epoch += new
+        elif op[0] == "compact":
+            t.compact()
+            assert t.log_floor <= m <= t.log_end  # the latest mark survives compaction
+        else:
+            if mark_first:  # "mark the tail read-only, then ship it"
+                m2 = t.mark()
+                d = t.delta(m)
+                m = m2
+            else:
+                d = t.delta(m)
+                m = t.mark()
+            assert m == t.log_end
+            marks.append(m)
+            # the tail since the previous mark is exactly that epoch's change, once per key
+            assert_same(dict_of(d), reference(kind, dtype, epoch))
+            leader.merge(*d)
+            epoch = []
+    d = t.delta(m)
+    assert_same(dict_of(d), reference(kind, dtype, epoch))
+    leader.merge(*d)
+    whole = reference(kind, dtype, rows)
+    assert_same(as_dict(leader), whole)  # the join of all deltas is the table of everything
+    assert_same(as_dict(t), whole)  # and marks never change the table's own content
+    assert len(t) == len(whole) <= t.log_len
+    return marks
+
+
+@pytest.mark.parametrize("kind,dtype", KIND_DTYPE)
+@pytest.mark.parametrize("mark_first", [False, True], ids=["delta-then-mark", "mark-then-delta"])
+def test_epoch_deltas_join_to_the_whole(impl, kind, dtype, mark_first):
+    @HYP
+    @given(ops=epoch_ops(dtype))
+    def check(ops):
+        run_epochs(impl, kind, dtype, ops, mark_first)
+
+    check()
+
+
+@pytest.mark.parametrize("kind,dtype", [("sum", "i8"), ("min", "f8"), ("count", "i8"), ("mean", "f8")])
+def test_epoch_positions_agree_across_implementations(kind, dtype):
+    """Both implementations hand out the same log positions for the same operations."""
+    _require_native()
+
+    @HYP
+    @given(ops=epoch_ops(dtype))
+    def check(ops):
+        assert run_epochs(K.NativeHashAgg, kind, dtype, ops, False) == run_epochs(K.NumpyHashAgg, kind, dtype, ops, True)
+
+    check()
+
+
+@pytest.mark.parametrize("kind,dtype", KIND_DTYPE)
+def test_ship_per_epoch_joins_to_the_whole(impl, kind, dtype):
+    """A helper ships its whole fragment at the end of every epoch and restarts from zero."""
+
+    @HYP
+    @given(ops=epoch_ops(dtype))
+    def check(ops):
+        t = impl(kind, dtype)
+        leader = other_impl_of(impl)(kind, dtype)
+        rows, epoch = [], []
+        for op in ops:
+            if op[0] == "update":
+                t.update(op[1], None if kind == "count" else op[3])
+                epoch += rows_of(op[1], op[3])
+            elif op[0] == "merge":
+                t.merge(op[1], op[2], None if kind == "count" else op[3])
+                epoch += [(int(k), int(c), r[2]) for k, c, r in zip(op[1], op[2], rows_of(op[1], op[3]))]
+            elif op[0] == "compact":
+                t.mark()  # marks inside an epoch: ship still sends each key once
+            else:
+                end = t.log_end
+                shipped = t.ship()
+                assert_same(dict_of(shipped), reference(kind, dtype, epoch))
+                assert len(t) == 0 and [len(a) for a in t.export()] == [0, 0, 0]
+                assert t.log_end == t.log_floor == end  # positions go on, nothing before is valid
+                leader.merge(*shipped)
+                rows += epoch
+                epoch = []
+        leader.merge(*t.ship())
+        assert_same(as_dict(leader), reference(kind, dtype, rows + epoch))
+
+    check()
+
+
+def test_delta_after_update_of_frozen_entries(impl):
+    t = impl("sum")
+    t.update(np.array([1, 2, 3], np.int64), np.array([10, 20, 30], np.int64))
+    m = t.mark()
+    assert m == 3 and t.delta(m)[0].size == 0
+    t.update(np.array([2, 4, 2], np.int64), np.array([1, 2, 3], np.int64))
+    assert dict_of(t.delta(m)) == {2: (2, 4), 4: (1, 2)}  # the change, not the full value
+    assert as_dict(t) == {1: (1, 10), 2: (3, 24), 3: (1, 30), 4: (1, 2)}
+    assert t.log_len == 5 and len(t) == 4
+    assert dict_of(t.delta(0), distinct=False) == {1: (1, 10), 2: (2, 4), 3: (1, 30), 4: (1, 2)}
+    m2 = t.mark()
+    assert dict_of(t.delta(m)) == {2: (2, 4), 4: (1, 2)}  # the previous mark holds after mark()
+    t.update(np.array([2], np.int64), np.array([100], np.int64))
+    assert dict_of(t.delta(m2)) == {2: (1, 100)}
+    assert as_dict(t)[2] == (4, 124)
+
+
+def test_delta_argument_checks(impl):
+    t = impl("max", "f8")
+    t.update(np.array([1, 2], np.int64), np.array([1.0, 2.0]))
+    m = t.mark()
+    t.update(np.array([3], np.int64), np.array([3.0]))
+    for bad in (-1, t.log_end + 1, 2**70):
+        with pytest.raises(ValueError, match="log position"):
+            t.delta(bad)
+    with pytest.raises(TypeError):
+        t.delta(1.5)
+    assert dict_of(t.delta(np.int64(m))) == {3: (1, 3.0)}
+    t.reset()
+    with pytest.raises(ValueError, match="log position"):
+        t.delta(m)  # reset away
+    assert t.log_floor == t.log_end == m + 1
+    assert [len(a) for a in t.delta(t.log_end)] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("compact", ["auto", "explicit"])
+def test_compaction_keeps_content_and_bounds_the_log(impl, compact):
+    """A long-lived leader fragment whose keys all change every epoch: the log tracks the live
+    keys (superseded entries are folded), not the history, and nothing changes in content."""
+    rng = np.random.default_rng(5)
+    n = 3000
+    keys = np.concatenate([np.arange(n, dtype=np.int64) * 7919 - 10**6, [0, -1, I64_MIN, I64_MAX]])
+    t = impl("sum")
+    want = np.zeros(len(keys), np.int64)
+    m = t.mark()
+    for epoch in range(30):
+        vals = rng.integers(-100, 100, len(keys))
+        order = rng.permutation(len(keys))
+        t.update(keys[order], vals[order])
+        want += vals
+        d = dict_of(t.delta(m))
+        assert len(d) == len(keys) and all(d[int(k)] == (1, int(v)) for k, v in zip(keys[:50], vals[:50]))
+        m = t.mark()
+        if compact == "explicit":
+            t.compact()
+            assert t.log_len == len(t)  # right after a mark the tail is empty
+            assert t.log_floor == m
+        assert t.log_len <= 3 * len(keys)
+    got = as_dict(t)
+    assert got == {int(k): (30, int(w)) for k, w in zip(keys, want)}
+    assert t.log_floor <= m == t.log_end
+
+
+@pytest.mark.parametrize("kind,dtype", KIND_DTYPE)
+def test_compact_preserves_content_and_tail(impl, kind, dtype):
+    @HYP
+    @given(ops=epoch_ops(dtype))
+    def check(ops):
+        t = impl(kind, dtype)
+        for op in ops:
+            if op[0] == "update":
+                t.update(op[1], None if kind == "count" else op[3])
+            elif op[0] == "merge":
+                t.merge(op[1], op[2], None if kind == "count" else op[3])
+            else:
+                t.mark()
+        m = t.mark()
+        # an epoch that changes some old keys (their entries are frozen) and a new one
+        keys = np.concatenate([ops[0][1][:20], np.array([7, I64_MIN], np.int64)])
+        t.update(keys, None if kind == "count" else np.arange(len(keys)).astype(dtype))
+        before, tail = as_dict(t), dict_of(t.delta(m))
+        t.compact()
+        assert_same(as_dict(t), before)
+        assert_same(dict_of(t.delta(m)), tail)
+        assert t.log_len <= len(t) + len(tail)  # only keys changed since the mark have 2 entries
+
+    check()
+
+
+def test_native_ship_keeps_capacity_then_shrinks():
+    _require_native()
+    keys = np.arange(100_000, dtype=np.int64)
+    t = K.NativeHashAgg("sum")
+    t.update(keys, keys)
+    cap, nbytes = t.capacity, t.nbytes
+    k, c, v = t.ship()
+    assert len(k) == len(keys) and t.capacity == cap  # the next epoch of this size fits as is
+    t.update(keys, keys)
+    assert t.capacity == cap and t.nbytes == nbytes
+    t.ship()
+    t.update(keys[:10], keys[:10])
+    t.ship()  # a far smaller epoch: give the memory back
+    assert t.capacity <= 256 and t.nbytes < nbytes / 50
+    t.update(keys[:10], keys[:10])
+    assert as_dict(t) == {i: (1, i) for i in range(10)}
+    t.clear()
+    assert t.capacity == 64 and len(t) == 0
+
+
+def test_native_merge_from_self_with_superseded_entries():
+    _require_native()
+    t = K.NativeHashAgg("sum")
+    t.update(np.array([1, 2, 0], np.int64), np.array([1, 2, 3], np.int64))
+    t.mark()
+    t.update(np.array([2, 5], np.int64), np.array([10, 50], np.int64))
+    assert t.log_len == 5
+    t.merge_from(t)
+    assert as_dict(t) == {1: (2, 2), 2: (4, 24), 0: (2, 6), 5: (2, 100)}
+
+
+# Keys built by inverting the hash (murmur3's fmix64 is a bijection), so that many share both the
+# home slot and the 32-bit tag of the native index: every probe among them meets slots whose tag
+# matches and whose key does not.
+_M64 = 2**64 - 1
+_C1, _C2 = 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53
+
+
+def _fmix64(k):
+    k &= _M64
+    k ^= k >> 33
+    k = k * _C1 & _M64
+    k ^= k >> 33
+    k = k * _C2 & _M64
+    return k ^ (k >> 33)
+
+
+def _unfmix64(h):
+    h ^= h >> 33
+    h = h * pow(_C2, -1, 2**64) & _M64
+    h ^= h >> 33
+    h = h * pow(_C1, -1, 2**64) & _M64
+    return h ^ (h >> 33)
+
+
+def _signed(u):
+    return u - 2**64 if u >= 2**63 else u
+
+
+COLLIDING = [_signed(_unfmix64((0x9E3779B9 << 32) | (i << 18) | 0x2A)) for i in range(60)]
+
+
+def test_colliding_keys(impl):
+    assert all(_fmix64(k) >> 32 == 0x9E3779B9 and _fmix64(k) & 0x3FFFF == 0x2A for k in COLLIDING)
+    keys = np.array(COLLIDING + EXTREME, np.int64)
+    rng = np.random.default_rng(2)
+    t = impl("min", "i8")
+    rows = []
+    m = t.mark()
+    for epoch in range(6):
+        ks = rng.choice(keys, 200)
+        vs = rng.integers(-(10**9), 10**9, 200)
+        t.update(ks, vs)
+        rows_e = rows_of(ks, vs)
+        assert_same(dict_of(t.delta(m)), reference("min", "i8", rows_e))
+        rows += rows_e
+        m = t.mark()
+        if epoch % 2:
+            t.compact()
+    assert_same(as_dict(t), reference("min", "i8", rows))
+    shipped = t.ship()
+    assert_same(dict_of(shipped), reference("min", "i8", rows))
+    t.update(keys[::-1], keys[::-1])
+    assert_same(as_dict(t), reference("min", "i8", rows_of(keys[::-1], keys[::-1])))
+
+
+def test_reset_of_a_sparse_table(impl):
+    """reset() of a table far emptier than its capacity (natively: zeroes only the slots in use),
+    also with superseded entries in its log."""
+    big = np.arange(300_000, dtype=np.int64) - 150_000
+    t = impl("count")
+    t.update(big)
+    cap = getattr(t, "capacity", None)
+    t.reset()
+    few = np.array(COLLIDING[:20] + EXTREME, np.int64)
+    t.update(few)
+    t.mark()
+    t.update(few[::2])
+    assert t.log_len == len(few) + len(few[::2])
+    t.reset()
+    assert len(t) == 0 and [len(a) for a in t.export()] == [0, 0, 0]
+    assert getattr(t, "capacity", None) == cap  # reset keeps the capacity
+    t.update(few[:5])
+    t.update(big[:1000])
+    want = reference("count", "i8", [(int(k), 1, 0) for k in np.concatenate([few[:5], big[:1000]])])
+    assert_same(as_dict(t), want)
+
+
+def test_growth_across_epochs(impl):
+    """Key set growing while epochs are marked and compacted; the log grows and is folded."""
+    rng = np.random.default_rng(9)
+    n = 40_000 if impl is K.NumpyHashAgg else 250_000
+    keys = rng.integers(I64_MIN, I64_MAX, n, dtype=np.int64, endpoint=True)
+    keys = np.concatenate([keys, keys[: n // 3]])  # every third key comes back in a later epoch
+    vals = rng.integers(-1000, 1000, len(keys))
+    t = impl("sum")
+    leader = impl("sum")
+    m = t.mark()
+    for i in range(0, len(keys), 7919):
+        t.update(keys[i:i + 7919], vals[i:i + 7919])
+        if (i // 7919) % 3 == 2:
+            leader.merge(*t.delta(m))
+            m = t.mark()
+    leader.merge(*t.delta(m))
+    uk, inv = np.unique(keys, return_inverse=True)
+    want_s = np.zeros(len(uk), np.int64)
+    np.add.at(want_s, inv, vals)
+    for table in (t, leader):
+        k, c, v = table.export()
+        o = np.argsort(k)
+        np.testing.assert_array_equal(k[o], uk)
+        np.testing.assert_array_equal(c[o], np.bincount(inv))
+        np.testing.assert_array_equal(v[o], want_s)
+    assert t.log_len < 2 * len(uk)
+
+
+def test_pickle_after_marks(impl):
+    import pickle
+
+    t = impl("sum", "f8")
+    t.update(np.array([1, 2], np.int64), np.array([1.5, 2.5]))
+    t.mark()
+    t.update(np.array([2, 3], np.int64), np.array([1.0, -3.0]))
+    u = pickle.loads(pickle.dumps(t))
+    assert as_dict(u) == as_dict(t) == {1: (1, 1.5), 2: (2, 3.5), 3: (1, -3.0)}

@@ -223,7 +223,8 @@ class WindowAggregate(Node):
             for p in parts:
                 merged.merge_from(p)
             keys, counts, vals = merged.export()
-        # rows come in hash-table order: sorting belongs to whoever needs it, not the hot path
+        # rows come in the table's insertion order: sorting belongs to whoever needs it, not the
+        # hot path
         values = finalize(self.kind, counts, vals)
         out = np.empty(len(keys), dtype=self._result_dtype(values.dtype))
         out["window_start"] = start

@@ -13,7 +13,11 @@ order (Slash's idea 2). Laws, checked by property tests in tests/ssb/test_crdt.p
 - join(a, zero) == a                                    (the empty partial is the identity)
 
 `HashAgg` in slashrt._kernels is the mutable, native form of the same join; this module is the
-vectorised reference and the merge used on exported partials.
+vectorised reference and the merge used on exported partials. A HashAgg is also an SSB fragment:
+a hash index over a log-structured store, where ``mark()`` ends an epoch and ``delta(mark)`` is
+the change since then as one contiguous tail of the log (each key once, holding the join of its
+updates since the mark), and ``ship()`` hands a helper's whole fragment over and restarts it from
+the zero value. Deltas of successive epochs join to the partial of everything.
 """
 
 from __future__ import annotations
