@@ -87,17 +87,9 @@ async def run_async(
     """
     plan = build_plan(flow)
     log.debug("kernels selected", **kernels.SELECTED)
-    by_name = {sid.split(".", 1)[1]: sid for sid in plan.sources}
-    unknown = set(inputs) - set(by_name) - set(plan.sources)
-    if unknown:
-        raise DataflowError(f"inputs for unknown sources {sorted(unknown)}; the sources are {sorted(by_name)}")
     feeds = []
     executor_inputs = []
-    for step_id, spec in plan.sources.items():
-        name = step_id.split(".", 1)[1]
-        records = inputs.get(name, inputs.get(step_id))
-        if records is None:
-            raise DataflowError(f"no input given for source {name!r}")
+    for step_id, spec, records in _per_source(plan, inputs, "input"):
         records = validate_input(step_id, spec.schema, records)
         ring = RingSpec(slots=slots, slot_size=slot_size, record_size=spec.schema.record_size)
         sender, receiver = open_inproc_channel(ring)
@@ -125,14 +117,25 @@ async def run_receivers(flow: Dataflow, receivers: dict, **options) -> RunResult
     """Run `flow` on one executor whose sources are already-connected channel receivers
     (source name -> Receiver), e.g. channels from producers in other processes or hosts."""
     plan = build_plan(flow)
-    executor_inputs = []
-    for step_id, spec in plan.sources.items():
-        name = step_id.split(".", 1)[1]
-        receiver = receivers.get(name, receivers.get(step_id))
-        if receiver is None:
-            raise DataflowError(f"no channel given for source {name!r}")
-        executor_inputs.append(Input(step_id, receiver, plan.roots[step_id], spec.schema.dtype))
+    executor_inputs = [
+        Input(step_id, receiver, plan.roots[step_id], spec.schema.dtype)
+        for step_id, spec, receiver in _per_source(plan, receivers, "channel")
+    ]
     return await execute(flow, plan, executor_inputs, **options)
+
+
+def _per_source(plan, given: dict, what: str):
+    """(step id, spec, value) for every source of the plan, the value looked up by the source's
+    name or step id in `given`; anything missing or left over is an error naming it."""
+    by_name = {sid.split(".", 1)[1]: sid for sid in plan.sources}
+    unknown = set(given) - set(by_name) - set(plan.sources)
+    if unknown:
+        raise DataflowError(f"{what}s for unknown sources {sorted(unknown)}; the sources are {sorted(by_name)}")
+    for name, step_id in by_name.items():
+        value = given.get(name, given.get(step_id))
+        if value is None:
+            raise DataflowError(f"no {what} given for source {name!r}")
+        yield step_id, plan.sources[step_id], value
 
 
 async def execute(

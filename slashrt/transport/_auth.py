@@ -18,6 +18,7 @@ generated for a local cluster with `generate_secret`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -85,59 +86,52 @@ async def receive_exactly(stream: trio.abc.ReceiveStream, n: int, what: str) -> 
     return bytes(buf)
 
 
+@contextlib.contextmanager
+def _handshake_errors(timeout: float, who: str):
+    """Turn whatever goes wrong during a handshake into AuthenticationFailed saying what."""
+    try:
+        with trio.fail_after(timeout):
+            yield
+    except trio.TooSlowError:
+        raise AuthenticationFailed(f"{who} did not finish the handshake within {timeout} s") from None
+    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        raise AuthenticationFailed(f"connection lost during the handshake: {exc}") from None
+    except AuthenticationFailed:
+        raise
+    except ChannelClosed as exc:  # the peer closed the connection half-way
+        raise AuthenticationFailed(str(exc)) from None
+
+
 async def server_handshake(stream: trio.abc.Stream, secret: bytes, *, timeout: float = HANDSHAKE_TIMEOUT) -> None:
     """The accepting side of the handshake; raises AuthenticationFailed unless the peer proves the secret."""
-    with trio.move_on_after(timeout) as scope:
-        try:
-            hello = await receive_exactly(stream, len(MAGIC) + NONCE, "the handshake hello")
-            if hello[: len(MAGIC)] != MAGIC:
-                raise AuthenticationFailed("peer does not speak the slashrt protocol (bad hello)")
-            client_nonce = hello[len(MAGIC) :]
-            server_nonce = secrets.token_bytes(NONCE)
-            await stream.send_all(MAGIC + server_nonce + _mac(secret, b"server", client_nonce, server_nonce))
-            proof = await receive_exactly(stream, MAC, "the handshake proof")
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise AuthenticationFailed(f"connection lost during the handshake: {exc}") from None
-        except ChannelClosed as exc:
-            if isinstance(exc, AuthenticationFailed):
-                raise
-            raise AuthenticationFailed(str(exc)) from None
+    with _handshake_errors(timeout, "peer"):
+        hello = await receive_exactly(stream, len(MAGIC) + NONCE, "the handshake hello")
+        if hello[: len(MAGIC)] != MAGIC:
+            raise AuthenticationFailed("peer does not speak the slashrt protocol (bad hello)")
+        client_nonce = hello[len(MAGIC) :]
+        server_nonce = secrets.token_bytes(NONCE)
+        await stream.send_all(MAGIC + server_nonce + _mac(secret, b"server", client_nonce, server_nonce))
+        proof = await receive_exactly(stream, MAC, "the handshake proof")
         if not hmac.compare_digest(proof, _mac(secret, b"client", server_nonce, client_nonce)):
             raise AuthenticationFailed("peer failed the handshake: wrong cluster secret")
-        try:
-            await stream.send_all(ACCEPTED)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise AuthenticationFailed(f"connection lost during the handshake: {exc}") from None
-        return
-    if scope.cancelled_caught:
-        raise AuthenticationFailed(f"peer did not finish the handshake within {timeout} s")
+        await stream.send_all(ACCEPTED)
 
 
 async def client_handshake(stream: trio.abc.Stream, secret: bytes, *, timeout: float = HANDSHAKE_TIMEOUT) -> None:
     """The connecting side; raises AuthenticationFailed unless the server proves the secret."""
-    with trio.move_on_after(timeout) as scope:
+    with _handshake_errors(timeout, "server"):
+        client_nonce = secrets.token_bytes(NONCE)
+        await stream.send_all(MAGIC + client_nonce)
+        reply = await receive_exactly(stream, len(MAGIC) + NONCE + MAC, "the handshake reply")
+        if reply[: len(MAGIC)] != MAGIC:
+            raise AuthenticationFailed("server does not speak the slashrt protocol (bad reply)")
+        server_nonce = reply[len(MAGIC) : len(MAGIC) + NONCE]
+        if not hmac.compare_digest(reply[len(MAGIC) + NONCE :], _mac(secret, b"server", client_nonce, server_nonce)):
+            raise AuthenticationFailed("server failed the handshake: wrong cluster secret")
+        await stream.send_all(_mac(secret, b"client", server_nonce, client_nonce))
         try:
-            client_nonce = secrets.token_bytes(NONCE)
-            await stream.send_all(MAGIC + client_nonce)
-            reply = await receive_exactly(stream, len(MAGIC) + NONCE + MAC, "the handshake reply")
-            if reply[: len(MAGIC)] != MAGIC:
-                raise AuthenticationFailed("server does not speak the slashrt protocol (bad reply)")
-            server_nonce = reply[len(MAGIC) : len(MAGIC) + NONCE]
-            if not hmac.compare_digest(reply[len(MAGIC) + NONCE :], _mac(secret, b"server", client_nonce, server_nonce)):
-                raise AuthenticationFailed("server failed the handshake: wrong cluster secret")
-            await stream.send_all(_mac(secret, b"client", server_nonce, client_nonce))
-            try:
-                verdict = await receive_exactly(stream, len(ACCEPTED), "the handshake verdict")
-            except ChannelClosed:
-                raise AuthenticationFailed("server refused our proof: wrong cluster secret") from None
-            if verdict != ACCEPTED:
-                raise AuthenticationFailed("server sent a bad handshake verdict")
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise AuthenticationFailed(f"connection lost during the handshake: {exc}") from None
-        except ChannelClosed as exc:
-            if isinstance(exc, AuthenticationFailed):
-                raise
-            raise AuthenticationFailed(str(exc)) from None
-        return
-    if scope.cancelled_caught:
-        raise AuthenticationFailed(f"server did not finish the handshake within {timeout} s")
+            verdict = await receive_exactly(stream, len(ACCEPTED), "the handshake verdict")
+        except ChannelClosed:
+            raise AuthenticationFailed("server refused our proof: wrong cluster secret") from None
+        if verdict != ACCEPTED:
+            raise AuthenticationFailed("server sent a bad handshake verdict")
