@@ -745,10 +745,11 @@ static int get_ring(PyObject *obj, Py_buffer *b, int writable, int64_t slot_size
 
 static PyObject *py_ring_post(PyObject *mod, PyObject *args) {
     PyObject *ring;
-    long long slot_size, first, k, seq0, epoch;
+    long long slot_size, first, k;
+    unsigned long long seq0, epoch; /* footer fields are u64 */
     unsigned int count, nbytes;
     int kind;
-    if (!PyArg_ParseTuple(args, "OLLLIILLi", &ring, &slot_size, &first, &k, &count, &nbytes, &seq0, &epoch, &kind))
+    if (!PyArg_ParseTuple(args, "OLLLIIKKi", &ring, &slot_size, &first, &k, &count, &nbytes, &seq0, &epoch, &kind))
         return NULL;
     Py_buffer b;
     if (get_ring(ring, &b, 1, slot_size, first, k) < 0) return NULL;

@@ -118,6 +118,20 @@ class Sender(abc.ABC):
         self.spec = spec
         self._posted = 0
         self._closed = False
+        self.error: BaseException | None = None  # set by a backend when its channel failed
+        self.peer = "its peer"  # backends name the other end, for error messages
+
+    def _check_open(self) -> None:
+        """Refuse to write on a failed or closed channel, naming why."""
+        if self.error is not None:
+            raise self._failure()
+        if self._closed:
+            raise ChannelClosed("channel is closed for sending")
+
+    def _failure(self) -> ChannelClosed:
+        exc = ChannelClosed(f"channel to {self.peer} failed: {self.error}")
+        exc.__cause__ = self.error
+        return exc
 
     # -- backend hooks -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -153,8 +167,7 @@ class Sender(abc.ABC):
 
     def reserve(self) -> np.ndarray:
         """Writable view of the next slot's payload area; needs a credit."""
-        if self._closed:
-            raise ChannelClosed("channel is closed for sending")
+        self._check_open()
         if self.credits() <= 0:
             raise NoCredit("no credit: the receiver has not released the next slot yet")
         return self._slot(self._posted % self.spec.slots)[: self.spec.payload_capacity]
@@ -173,8 +186,7 @@ class Sender(abc.ABC):
         """Writable 2-D view (k x payload capacity) of the next k slots' payload areas, so a
         source can fill several slots with one copy; publish them with `post_run` after.
         Needs k <= contiguous_credits()."""
-        if self._closed:
-            raise ChannelClosed("channel is closed for sending")
+        self._check_open()
         if k > self.contiguous_credits():
             raise NoCredit(f"reserve_run({k}) with only {self.contiguous_credits()} contiguous credits")
         ring = self._ring()
@@ -191,20 +203,24 @@ class Sender(abc.ABC):
     def post(self, *, nbytes: int, count: int, kind: Kind = Kind.DATA, epoch: int = 0) -> None:
         """Publish the reserved slot: footer after payload, flag byte last."""
         # Same guards as reserve(): posting without a credit would overwrite an unread slot.
-        if self._closed:
-            raise ChannelClosed("channel is closed for sending")
+        self._check_open()
         if self.credits() <= 0:
             raise NoCredit("no credit: the receiver has not released the next slot yet")
+        if not 0 <= nbytes <= self.spec.payload_capacity:
+            raise MalformedBuffer(f"payload of {nbytes} bytes does not fit a {self.spec.slot_size}-byte slot")
         index = self._posted % self.spec.slots
-        write_footer(self._slot(index), count=count, nbytes=nbytes, seq=self._posted, epoch=epoch, kind=kind)
+        ring = self._ring()
+        if ring is not None:  # native: the flag stored last with release ordering
+            kernels.ring_post(ring, self.spec.slot_size, index, 1, count, nbytes, self._posted, epoch, int(kind))
+        else:
+            write_footer(self._slot(index), count=count, nbytes=nbytes, seq=self._posted, epoch=epoch, kind=kind)
         self._posted += 1
         self._publish(index)
 
     def post_run(self, k: int, *, nbytes: int, count: int, epoch: int = 0) -> None:
         """Publish the next k slots (filled through `reserve_run`) as data buffers of `count`
         records each: one native call writes their footers, each flag last (release order)."""
-        if self._closed:
-            raise ChannelClosed("channel is closed for sending")
+        self._check_open()
         if k > self.contiguous_credits():
             raise NoCredit(f"post_run({k}) with only {self.contiguous_credits()} contiguous credits")
         ring = self._ring()

@@ -753,31 +753,6 @@ class VerbsSender(Sender):
             raise self._failure()
 
     # -- a failed channel names its cause in every later call ---------------------------------------------
-    def _failure(self) -> ChannelClosed:
-        exc = ChannelClosed(f"channel to {self.peer} failed: {self.error}")
-        exc.__cause__ = self.error
-        return exc
-
-    def reserve(self):
-        if self.error is not None:
-            raise self._failure()
-        return super().reserve()
-
-    def reserve_run(self, k):
-        if self.error is not None:
-            raise self._failure()
-        return super().reserve_run(k)
-
-    def post(self, **kwargs):
-        if self.error is not None:
-            raise self._failure()
-        super().post(**kwargs)
-
-    def post_run(self, k, **kwargs):
-        if self.error is not None:
-            raise self._failure()
-        super().post_run(k, **kwargs)
-
     def _fail(self, exc: BaseException) -> None:
         if self.error is None:
             self.error = exc
