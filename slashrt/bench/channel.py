@@ -107,6 +107,7 @@ def bench(
         best = t.seconds if best is None else min(best, t.seconds)
     lat = np.array(latencies[10:] or latencies, dtype=np.float64) / 1e3  # skip warm-up buffers
     gbps = nbytes / result.seconds / 1e9
+    extra = _ib_write_bw_fields(buffer_size, gbps) if transport == "verbs" else {}
     return {
         "query": "ro",
         "transport": transport,
@@ -122,4 +123,23 @@ def bench(
         "memcpy_gbytes_per_s": round(nbytes / best / 1e9, 3),
         "fraction_of_memcpy": round(gbps / (nbytes / best / 1e9), 3),
         "correct": correct,
+        **extra,
+    }
+
+
+def _ib_write_bw_fields(buffer_size: int, gbps: float) -> dict:
+    """perftest's ib_write_bw on the device the verbs channel used, in this same run."""
+    import ipaddress
+
+    from slashrt.bench.perftest import ib_write_bw
+    from slashrt.transport.verbs import discover_device
+
+    choice = discover_device()
+    words = [int(w, 16) for w in choice.gid.split(":")]
+    address = str(ipaddress.IPv4Address((words[6] << 16) | words[7]))  # the GID's IPv4-mapped address
+    bw = ib_write_bw(choice.name, choice.gid_index, address, size=buffer_size, iters=300)
+    reference = bw["avg_mb_per_s"] / 1e3
+    return {
+        "ib_write_bw_gbytes_per_s": round(reference, 4),
+        "fraction_of_ib_write_bw": round(gbps / reference, 3) if reference else None,
     }

@@ -8,10 +8,11 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import subprocess
 import time
 
 import pyverbs.enums as e
+
+from slashrt.bench.perftest import ib_write_bw
 
 from . import _verbs as v
 
@@ -108,41 +109,7 @@ def test_poll_cq_is_bounded(ctx):
         assert time.monotonic() - t0 < 5
 
 
-def _tcp_listening(port: int) -> bool:
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                next(f)
-                for row in f:
-                    local, state = row.split()[1], row.split()[3]
-                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
-                        return True
-        except FileNotFoundError:
-            continue
-    return False
-
-
 def test_perftest_ib_write_bw(rdma_device, rdma_report):
-    port = 18515
-    args = ["ib_write_bw", "-d", rdma_device, "-x", str(v.GID_INDEX), "-s", "65536", "-n", "300",
-            "-F", "-p", str(port)]
-    server = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while not _tcp_listening(port):
-            assert server.poll() is None, f"ib_write_bw server exited:\n{server.communicate()[0]}"
-            assert time.monotonic() < deadline, "ib_write_bw server not listening after 30 s"
-            time.sleep(0.1)
-        client = subprocess.run(args + [v.ADDR], capture_output=True, text=True, timeout=180)
-        server_out, _ = server.communicate(timeout=60)
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-    assert client.returncode == 0, f"client:\n{client.stdout}{client.stderr}\nserver:\n{server_out}"
-    assert server.returncode == 0, server_out
-    rows = re.findall(r"^\s*65536\s+300\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", client.stdout, re.M)
-    assert rows, f"no bandwidth line in:\n{client.stdout}"
-    peak, avg, mpps = map(float, rows[0])
-    assert avg > 0, client.stdout
-    rdma_report(f"ib_write_bw -s 65536 -n 300: average {avg:.1f} MB/sec (peak {peak:.1f})")
+    result = ib_write_bw(rdma_device, v.GID_INDEX, v.ADDR, size=65536, iters=300, port=18515)
+    assert result["avg_mb_per_s"] > 0 and result["peak_mb_per_s"] >= result["avg_mb_per_s"] * 0.5
+    rdma_report(f"ib_write_bw -s 65536 -n 300: average {result['avg_mb_per_s']:.1f} MB/sec (peak {result['peak_mb_per_s']:.1f})")

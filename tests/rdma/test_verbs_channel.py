@@ -21,6 +21,7 @@ import numpy as np
 import trio
 
 from slashrt._buffer import Control
+from slashrt.bench.perftest import ib_write_bw
 from slashrt.errors import ChannelClosed
 from slashrt.transport import DataRun, RingSpec
 from slashrt.transport._auth import AuthenticationFailed, generate_secret, load_secret
@@ -453,41 +454,9 @@ async def test_producer_killed_mid_stream(rdma_device):
 # -- throughput against perftest ------------------------------------------------------------------------------
 
 
-def _tcp_listening(port: int) -> bool:
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                next(f)
-                for row in f:
-                    local, state = row.split()[1], row.split()[3]
-                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
-                        return True
-        except FileNotFoundError:
-            continue
-    return False
-
-
 def _ib_write_bw(device: str, gid_index: int, iters: int) -> float:
     """ib_write_bw with 64 KiB messages on this device (rxe loopback): average MB/s (10^6 B/s)."""
-    port = 18517
-    args = ["ib_write_bw", "-d", device, "-x", str(gid_index), "-s", str(KIB64), "-n", str(iters), "-F", "-p", str(port)]
-    server = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while not _tcp_listening(port):
-            assert server.poll() is None, f"ib_write_bw server exited:\n{server.communicate()[0]}"
-            assert time.monotonic() < deadline, "ib_write_bw server not listening after 30 s"
-            time.sleep(0.1)
-        client = subprocess.run(args + [RDMA_ADDR], capture_output=True, text=True, timeout=180)
-        server_out, _ = server.communicate(timeout=60)
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-    assert client.returncode == 0, f"client:\n{client.stdout}{client.stderr}\nserver:\n{server_out}"
-    rows = re.findall(rf"^\s*{KIB64}\s+{iters}\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", client.stdout, re.M)
-    assert rows, f"no bandwidth line in:\n{client.stdout}"
-    return float(rows[0][1])
+    return ib_write_bw(device, gid_index, RDMA_ADDR, size=KIB64, iters=iters, port=18517)["avg_mb_per_s"]
 
 
 async def test_throughput_against_ib_write_bw(rdma_device, rdma_report):
