@@ -6,12 +6,54 @@ import pytest
 import trio
 
 from slashrt.testing import check_channel, open_inproc_pair
+from slashrt.transport._auth import generate_secret
 from slashrt.transport.inproc import InprocReceiver, InprocSender, _Shared
+from slashrt.transport.shm import connect_shm, open_shm_listener, open_shm_pair
+
+from .test_tcp import open_tcp_pair
+
+
+@contextlib.asynccontextmanager
+async def open_shm_pair_cm(spec):
+    """Both ends over one memfd in this process (two mappings, eventfds, a socket pair)."""
+    sender, receiver = open_shm_pair(spec)
+    try:
+        yield sender, receiver
+    finally:
+        sender.close()
+        receiver.close()
+
+
+@contextlib.asynccontextmanager
+async def open_shm_connected(spec):
+    """The full set-up path: a listener, the handshake, descriptors passed with SCM_RIGHTS."""
+    secret = generate_secret()
+    async with open_shm_listener(spec, secret) as listener:
+        async with trio.open_nursery() as nursery:
+            accepted = []
+
+            async def accept():
+                accepted.append(await listener.accept())
+
+            nursery.start_soon(accept)
+            sender = await connect_shm(listener.address, spec, secret)
+    (receiver,) = accepted
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receiver.drive)
+            nursery.start_soon(sender.drive)
+            yield sender, receiver
+            nursery.cancel_scope.cancel()
+    finally:
+        sender.close()
+        receiver.close()
+
 
 BACKENDS = [
     pytest.param(open_inproc_pair, id="inproc"),
-    # pytest.param(open_shm_pair, id="shm"),
-    # pytest.param(open_tcp_pair, id="tcp"),
+    pytest.param(open_shm_pair_cm, id="shm"),
+    pytest.param(open_shm_connected, id="shm-connected"),
+    pytest.param(open_tcp_pair, id="tcp"),
 ]
 
 
