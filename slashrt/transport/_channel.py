@@ -282,6 +282,9 @@ class Receiver(abc.ABC):
         self._released_count = 0
         self.finished = False  # END_OF_STREAM seen
         self.error: BaseException | None = None
+        # A fault a backend's drive() found (a vanished peer, a bad frame): poll() raises it once
+        # the buffers that landed before it are consumed, so nothing accepted is lost.
+        self._peer_error: BaseException | None = None
 
     # -- backend hooks -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -341,6 +344,9 @@ class Receiver(abc.ABC):
         if self.error is not None:
             raise ChannelClosed(f"channel failed earlier: {self.error}") from self.error
         if not self.ready():
+            if self._peer_error is not None and not self.finished and not self._next_landed():
+                self.error = self._peer_error
+                raise self._peer_error
             return None
         slot = self._slot(self._polled % self.spec.slots)
         try:
@@ -394,9 +400,14 @@ class Receiver(abc.ABC):
         self._released_count += n
         self._return_credits(self._released_count)
 
+    def _next_landed(self) -> bool:
+        """Has the next slot landed (its flag set), whether or not it may be polled yet?"""
+        return self.outstanding < self.spec.slots and self._slot(self._polled % self.spec.slots)[-1] == FULL
+
     async def wait_readable(self) -> None:
-        """Park until the next slot may be ready; returns at once if it already is."""
-        while not self.ready() and not self.finished and self.error is None:
+        """Park until the next slot may be ready; returns at once if it already is, or if a
+        fault is pending (the next poll raises it)."""
+        while not self.ready() and not self.finished and self.error is None and self._peer_error is None:
             if self.outstanding >= self.spec.slots:
                 raise RuntimeError("every slot is polled and unreleased: release before waiting")
             await self._park_for_data()

@@ -65,7 +65,7 @@ import structlog
 import trio
 
 from slashrt import _kernels as kernels
-from slashrt._buffer import FULL, MAGIC as FOOTER_MAGIC, Kind
+from slashrt._buffer import FULL, Kind
 from slashrt.errors import ChannelClosed, MalformedBuffer
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._channel import NoCredit, Receiver, RingSpec, Sender

@@ -490,7 +490,6 @@ class TcpReceiver(Receiver):
         self._credit_batch = max(1, spec.slots // 4)
         self._data_lot = trio.lowlevel.ParkingLot()  # the poller parks here
         self._credit_lot = trio.lowlevel.ParkingLot()  # drive's credit writer parks here
-        self._peer_error: BaseException | None = None  # a fault not yet reported by poll()
         self._eos = False  # END_OF_STREAM received
         self._done = False  # the stream ended cleanly
         self._drive_scope: trio.CancelScope | None = None
@@ -551,22 +550,9 @@ class TcpReceiver(Receiver):
             self._log.error("tcp channel closed", reason=str(exc), received=self._received)
             self._stop()
             raise
-        if buf is None:
-            if self._released_count > self._credit_sent:
-                self._want_credits()
-            fault = self._peer_error
-            if fault is not None and self.error is None and not self.finished and self._received == self._polled:
-                self.error = fault
-                raise fault
+        if buf is None and self._released_count > self._credit_sent:
+            self._want_credits()
         return buf
-
-    async def wait_readable(self):
-        while not self.ready() and not self.finished and self.error is None:
-            if self._peer_error is not None:
-                return  # the next poll() raises it
-            if self.outstanding >= self.spec.slots:
-                raise RuntimeError("every slot is polled and unreleased: release before waiting")
-            await self._park_for_data()
 
     def _fail(self, exc: BaseException) -> None:
         if self._peer_error is None and self.error is None:

@@ -1030,7 +1030,6 @@ class VerbsReceiver(Receiver):
         self._credit_batch = max(1, nslots // 4)
         self._sock: socket.socket | None = None
         self._data_lot = trio.lowlevel.ParkingLot()  # the poller parks here
-        self._peer_error: BaseException | None = None  # a fault not yet reported by poll()
         self._sender_done = False  # the sender said goodbye: the whole stream is in the ring
         self._drive_scope: trio.CancelScope | None = None
         self._log = log.bind(end=_RECEIVER)
@@ -1110,24 +1109,9 @@ class VerbsReceiver(Receiver):
     # -- faults are reported after the buffers that landed before them -----------------------------------------
     def poll(self):
         buf = super().poll()
-        if buf is None:
-            if self._released_count > self._credit_sent:
-                self._post_credit()
-            if self._peer_error is not None and self.error is None and not self.finished and not self._next_full():
-                self.error = self._peer_error
-                raise self._peer_error
+        if buf is None and self._released_count > self._credit_sent:
+            self._post_credit()
         return buf
-
-    def _next_full(self) -> bool:
-        return self.outstanding < self.spec.slots and self._slots[self._polled % self.spec.slots][-1] == FULL
-
-    async def wait_readable(self):
-        while not self.ready() and not self.finished and self.error is None:
-            if self._peer_error is not None:
-                return  # the next poll() raises it
-            if self.outstanding >= self.spec.slots:
-                raise RuntimeError("every slot is polled and unreleased: release before waiting")
-            await self._park_for_data()
 
     def _fail(self, exc: BaseException) -> None:
         if self._peer_error is None and self.error is None:
