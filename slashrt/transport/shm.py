@@ -310,7 +310,6 @@ class ShmSender(Sender):
         self._last_released = 0
         self._credit_target = 0
         self._parking = _Parking()
-        self.error: BaseException | None = None
         self.stats = ShmStats()
 
     def __repr__(self) -> str:

@@ -159,6 +159,37 @@ def _close_socket(sock: socket.socket | None) -> None:
 # -- sender --------------------------------------------------------------------------------------
 
 
+async def _drive(end, write, read, failure, *, finished: bool = False) -> None:
+    """The drive of either end: `write(sock)` beside `read(sock)` until the channel ends or
+    fails (recorded by `end._fail`, never raised; `failure()` reads it). A second call while
+    one runs waits for it. A failed channel's socket is closed."""
+    if end._drive_done is not None:
+        await end._drive_done.wait()
+        return
+    sock = end._sock
+    if sock is None or finished or failure() is not None:
+        return
+    end._drive_done = trio.Event()
+    try:
+        async with trio.open_nursery() as nursery:
+            end._drive_scope = nursery.cancel_scope
+            nursery.start_soon(write, sock)
+            try:
+                await read(sock)
+            except (MalformedBuffer, ChannelClosed) as exc:
+                end._fail(exc)
+            except trio.ClosedResourceError:
+                pass  # closed locally (aclose) while waiting on the socket
+            nursery.cancel_scope.cancel()
+    finally:
+        end._drive_scope = None
+        end._drive_done.set()
+        end._drive_done = None
+        if failure() is not None:
+            _close_socket(end._sock)
+            end._sock = None
+
+
 class TcpSender(Sender):
     """Producer end over TCP (from `connect_tcp`). Run `drive()` in a nursery while the
     channel is in use; `aclose()` sends END_OF_STREAM and closes the connection.
@@ -170,7 +201,6 @@ class TcpSender(Sender):
     def __init__(self, spec: RingSpec, sock: socket.socket, peer: str):
         super().__init__(spec)
         self.peer = peer
-        self.error: BaseException | None = None
         self._sock: socket.socket | None = sock
         self._stage = np.zeros(spec.ring_bytes, dtype=np.uint8)
         ss, cap = spec.slot_size, spec.payload_capacity
@@ -252,31 +282,7 @@ class TcpSender(Sender):
         """Write posted slots to the socket and read credits until the channel ends or fails.
         Returns once the receiver has acknowledged END_OF_STREAM; a failure is recorded in
         `error` (and logged), never raised. A second call while one runs waits for it."""
-        if self._drive_done is not None:
-            await self._drive_done.wait()
-            return
-        sock = self._sock
-        if sock is None or self.error is not None:
-            return
-        self._drive_done = trio.Event()
-        try:
-            async with trio.open_nursery() as nursery:
-                self._drive_scope = nursery.cancel_scope
-                nursery.start_soon(self._write_frames, sock)
-                try:
-                    await self._read_credits(sock)
-                except (MalformedBuffer, ChannelClosed) as exc:
-                    self._fail(exc)
-                except trio.ClosedResourceError:
-                    pass  # closed locally (aclose) while waiting on the socket
-                nursery.cancel_scope.cancel()
-        finally:
-            self._drive_scope = None
-            self._drive_done.set()
-            self._drive_done = None
-            if self.error is not None:
-                _close_socket(self._sock)
-                self._sock = None
+        await _drive(self, self._write_frames, self._read_credits, lambda: self.error)
 
     async def _write_frames(self, sock: socket.socket) -> None:
         self._wsock = sock
@@ -575,31 +581,7 @@ class TcpReceiver(Receiver):
         """Read frames into the ring and return credits until the stream ends or fails. A
         failure is recorded (poll raises it once the buffers received before it are consumed)
         and logged, never raised. A second call while one runs waits for it."""
-        if self._drive_done is not None:
-            await self._drive_done.wait()
-            return
-        sock = self._sock
-        if sock is None or self._peer_error is not None or self._done:
-            return
-        self._drive_done = trio.Event()
-        try:
-            async with trio.open_nursery() as nursery:
-                self._drive_scope = nursery.cancel_scope
-                nursery.start_soon(self._write_credits, sock)
-                try:
-                    await self._read_frames(sock)
-                except (MalformedBuffer, ChannelClosed) as exc:
-                    self._fail(exc)
-                except trio.ClosedResourceError:
-                    pass  # closed locally (aclose) while waiting on the socket
-                nursery.cancel_scope.cancel()
-        finally:
-            self._drive_scope = None
-            self._drive_done.set()
-            self._drive_done = None
-            if self._peer_error is not None:
-                _close_socket(self._sock)
-                self._sock = None
+        await _drive(self, self._write_credits, self._read_frames, lambda: self._peer_error, finished=self._done)
 
     async def _read_frames(self, sock: socket.socket) -> None:
         nslots, ss = self.spec.slots, self.spec.slot_size

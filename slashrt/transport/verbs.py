@@ -484,6 +484,30 @@ async def _pump(ep: _Endpoint, handle) -> None:
         cq.ack_events(1)
 
 
+async def _drive(end, role: str, failed: BaseException | None) -> None:
+    """The drive of either end: pump its completion queue beside a watch of the control
+    connection until the channel ends or fails (recorded by `end._fail`, never raised)."""
+    if end._drive_scope is not None:
+        raise RuntimeError(f"drive() is already running for this {role}")
+    if end._ep is None or end._sock is None or failed is not None:
+        return
+    try:
+        async with trio.open_nursery() as nursery:
+            end._drive_scope = nursery.cancel_scope
+            nursery.start_soon(end._watch)
+            try:
+                await _pump(end._ep, end._on_completions)
+            except _Stop:
+                pass
+            except trio.ClosedResourceError:
+                pass  # closed locally
+            except PyverbsError as exc:
+                end._fail(ChannelClosed(f"polling the completion queue of the channel with {end.peer} failed: {exc}"))
+            nursery.cancel_scope.cancel()
+    finally:
+        end._drive_scope = None
+
+
 def _detach(stream: trio.SocketStream) -> socket.socket:
     tsock = stream.socket
     sock = socket.socket(tsock.family, tsock.type, tsock.proto, fileno=tsock.detach())
@@ -651,7 +675,6 @@ class VerbsSender(Sender):
     def __init__(self, spec: RingSpec, choice: DeviceChoice, *, sig_every: int | None = None):
         super().__init__(spec)
         self.peer = "?"
-        self.error: BaseException | None = None
         nslots, ss = spec.slots, spec.slot_size
         self.sig_every = max(1, sig_every if sig_every is not None else min(32, nslots // 4))
         # At most 3 WRITEs per buffer (payload, footer, flag) for every staging slot not yet
@@ -875,25 +898,7 @@ class VerbsSender(Sender):
         """Reap completions (written buffers, arriving credits) and watch the control connection
         until the channel ends or fails. Returns once the receiver acknowledged the end of the
         stream; a failure is recorded in `error` (and logged), never raised."""
-        if self._drive_scope is not None:
-            raise RuntimeError("drive() is already running for this sender")
-        if self._ep is None or self._sock is None or self.error is not None:
-            return
-        try:
-            async with trio.open_nursery() as nursery:
-                self._drive_scope = nursery.cancel_scope
-                nursery.start_soon(self._watch)
-                try:
-                    await _pump(self._ep, self._on_completions)
-                except _Stop:
-                    pass
-                except trio.ClosedResourceError:
-                    pass  # closed locally
-                except PyverbsError as exc:
-                    self._fail(ChannelClosed(f"polling the completion queue of the channel with {self.peer} failed: {exc}"))
-                nursery.cancel_scope.cancel()
-        finally:
-            self._drive_scope = None
+        await _drive(self, "sender", self.error)
 
     async def _watch(self) -> None:
         try:
@@ -1155,25 +1160,7 @@ class VerbsReceiver(Receiver):
         and watch the control connection, until the stream ends or fails. A failure is
         recorded (poll raises it once the buffers that landed before it are consumed) and
         logged, never raised."""
-        if self._drive_scope is not None:
-            raise RuntimeError("drive() is already running for this receiver")
-        if self._ep is None or self._sock is None or self._peer_error is not None:
-            return
-        try:
-            async with trio.open_nursery() as nursery:
-                self._drive_scope = nursery.cancel_scope
-                nursery.start_soon(self._watch)
-                try:
-                    await _pump(self._ep, self._on_completions)
-                except _Stop:
-                    pass
-                except trio.ClosedResourceError:
-                    pass  # closed locally
-                except PyverbsError as exc:
-                    self._fail(ChannelClosed(f"polling the completion queue of the channel with {self.peer} failed: {exc}"))
-                nursery.cancel_scope.cancel()
-        finally:
-            self._drive_scope = None
+        await _drive(self, "receiver", self._peer_error)
 
     async def _watch(self) -> None:
         sock = self._sock
