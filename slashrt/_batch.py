@@ -45,6 +45,14 @@ class Batch:
         return self._len
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of the rows this batch covers (whole records, plus any added columns)."""
+        row = sum(c.itemsize for c in self._cols.values())
+        if self._records is not None:
+            row += self._records.dtype.itemsize
+        return self._len * row
+
+    @property
     def names(self) -> tuple[str, ...]:
         if self._records is None:
             return tuple(self._cols)

@@ -1,6 +1,14 @@
-"""Turn a Dataflow's step specs into runtime operator trees, one fused pipeline per source."""
+"""Turn a Dataflow's step specs into runtime operator trees, one fused pipeline per source.
+
+In a multi-executor run (`ClusterRole` given) every keyed window becomes an *exchange*: an
+`SsbWindowAggregate` (mode "slash") or a `RouteByOwner` in front of a window (mode "uppar").
+Exchanges talk to the other executors through channels that the cluster runtime wires with
+`add_peer` and `inbound`.
+"""
 
 from __future__ import annotations
+
+import attrs
 
 from slashrt._dataflow import (
     ApplySpec,
@@ -16,9 +24,35 @@ from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.stateless import ApplyNode, FilterNode, ProjectNode, WithColumnNode
+from slashrt.ops.ssb_window import SsbWindowAggregate
+from slashrt.ops.uppar import RouteByOwner
 from slashrt.ops.window import WindowAggregate
+from slashrt.ssb.partitions import Partitioning
 
-__all__ = ["Plan", "build_plan"]
+__all__ = ["Plan", "build_plan", "ClusterRole", "MODES"]
+
+MODES = ("slash", "uppar")
+
+
+@attrs.frozen
+class ClusterRole:
+    """This executor's place in a multi-executor run."""
+
+    index: int
+    partitioning: Partitioning
+    mode: str = "slash"
+    epoch_bytes: int = 64 << 20
+
+    def __attrs_post_init__(self):
+        if self.mode not in MODES:
+            raise DataflowError(f"unknown mode {self.mode!r}; choose one of {list(MODES)}")
+
+    def window(self, spec: WindowAggSpec, late: SinkNode | None) -> Node:
+        if self.mode == "slash":
+            return SsbWindowAggregate(
+                spec, late, index=self.index, partitioning=self.partitioning, epoch_bytes=self.epoch_bytes
+            )
+        return RouteByOwner(spec, WindowAggregate(spec, late), index=self.index, partitioning=self.partitioning)
 
 
 class Plan:
@@ -34,8 +68,12 @@ class Plan:
     def windows(self) -> list[WindowAggregate]:
         return [n for n in self.nodes() if isinstance(n, WindowAggregate)]
 
+    def exchanges(self) -> list[SsbWindowAggregate | RouteByOwner]:
+        """The operators that exchange state or records with other executors."""
+        return [n for n in self.nodes() if isinstance(n, (SsbWindowAggregate, RouteByOwner))]
 
-def build_plan(flow: Dataflow) -> Plan:
+
+def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
     sources = {s.step_id: s for s in flow.sources()}
     if not sources:
         raise DataflowError(f"dataflow {flow.name!r} has no source")
@@ -57,7 +95,7 @@ def build_plan(flow: Dataflow) -> Plan:
             if spec.late is not None:
                 late = SinkNode(f"{spec.step_id}.late", spec.late)
                 sinks.append(late)
-            node = WindowAggregate(spec, late)
+            node = WindowAggregate(spec, late) if cluster is None else cluster.window(spec, late)
         elif isinstance(spec, SinkSpec):
             node = SinkNode(spec.step_id, spec.sink)
             sinks.append(node)

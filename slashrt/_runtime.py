@@ -46,6 +46,8 @@ class RunResult:
     stats: list[ExecutorStats]
     late_records: dict[str, int]  # window step id -> records that arrived after their window fired
     outputs: dict[str, np.ndarray | None]  # Collect sink step id -> collected records
+    # multi-executor runs: SSB window step id -> per executor, the EpochStats of each epoch
+    epochs: dict[str, list] = attrs.field(factory=dict)
 
     @property
     def records(self) -> int:
@@ -61,9 +63,31 @@ async def _report_progress(executor: Executor, progress) -> None:
         progress(executor.stats.records)
 
 
-def run(flow: Dataflow, inputs: dict[str, np.ndarray], **options) -> RunResult:
-    """Run `flow` to completion over in-memory inputs (source name -> structured array)."""
-    return trio.run(lambda: run_async(flow, inputs, **options))
+def run(
+    flow: Dataflow,
+    inputs: dict[str, np.ndarray],
+    *,
+    executors: int | list[str] = 1,
+    transport: str | None = None,
+    mode: str | None = None,
+    **options,
+) -> RunResult:
+    """Run `flow` to completion over in-memory inputs (source name -> structured array).
+
+    With the defaults it runs on one executor in this process. `executors=N` (or a list of
+    agents' "HOST:PORT" addresses), a `transport` or a `mode` run it on a cluster instead (see
+    `slashrt.cluster`): N executor processes over shared memory by default, every keyed window
+    on the shared state backend (`mode="slash"`) or repartitioned (`mode="uppar"`); inputs may
+    then also be `slashrt.cluster.PerExecutor` functions."""
+    if executors == 1 and transport is None and mode is None:
+        return trio.run(lambda: run_async(flow, inputs, **options))
+    from slashrt.cluster import run_cluster_async
+
+    return trio.run(
+        lambda: run_cluster_async(
+            flow, inputs, executors=executors, transport=transport or "shm", mode=mode or "slash", **options
+        )
+    )
 
 
 async def run_async(
@@ -87,6 +111,17 @@ async def run_async(
     """
     plan = build_plan(flow)
     log.debug("kernels selected", **kernels.SELECTED)
+    executor_inputs, sources = local_inputs(
+        plan, inputs, slot_size=slot_size, slots=slots, watermark_every=watermark_every
+    )
+    return await execute(
+        flow, plan, executor_inputs, start=sources, yield_every=yield_every, coalesce=coalesce, progress=progress
+    )
+
+
+def local_inputs(plan, inputs: dict[str, np.ndarray], *, slot_size: int, slots: int, watermark_every: int | None):
+    """Executor inputs fed from in-memory arrays: an in-process channel per source, and a
+    `start(nursery)` that starts a task streaming each array into its channel."""
     feeds = []
     executor_inputs = []
     for step_id, spec, records in _per_source(plan, inputs, "input"):
@@ -108,9 +143,7 @@ async def run_async(
                 name=f"source:{spec.step_id}",
             )
 
-    return await execute(
-        flow, plan, executor_inputs, start=sources, yield_every=yield_every, coalesce=coalesce, progress=progress
-    )
+    return executor_inputs, sources
 
 
 async def run_receivers(flow: Dataflow, receivers: dict, **options) -> RunResult:
@@ -144,13 +177,14 @@ async def execute(
     executor_inputs: list[Input],
     *,
     start=None,
+    index: int = 0,
     yield_every: int = Executor.YIELD_EVERY,
     coalesce: int = Executor.COALESCE,
     progress=None,
 ) -> RunResult:
     """Run one executor over `executor_inputs` to the end of every input; `start(nursery)`
     starts whatever feeds them (sources) beside it. Opens and closes the plan's sinks."""
-    executor = Executor(executor_inputs, yield_every=yield_every, coalesce=coalesce)
+    executor = Executor(executor_inputs, index=index, yield_every=yield_every, coalesce=coalesce)
     for sink in plan.sinks:
         sink.open()
     started = time.perf_counter()
@@ -170,7 +204,8 @@ async def execute(
             sink.close()
     seconds = time.perf_counter() - started
     outputs = {s.step_id: s.sink.records for s in plan.sinks if hasattr(s.sink, "records")}
-    result = RunResult(seconds, [executor.stats], {w.step_id: w.late_records for w in plan.windows()}, outputs)
+    epochs = {w.step_id: [w.epochs] for w in plan.windows() if hasattr(w, "epochs")}
+    result = RunResult(seconds, [executor.stats], {w.step_id: w.late_records for w in plan.windows()}, outputs, epochs)
     log.info("run finished", flow=flow.name, seconds=round(seconds, 6), records=result.records)
     if executor.failed:
         raise ChannelFailed(executor.failed, result)

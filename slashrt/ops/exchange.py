@@ -9,12 +9,16 @@ and END_OF_STREAM. It is the building block for splitting a dataflow across exec
 from __future__ import annotations
 
 import numpy as np
+import trio
 
+from slashrt._batch import Batch
 from slashrt._buffer import Control
 from slashrt._schema import Schema
+from slashrt.ops._node import Node
+from slashrt.progress import Frontier
 from slashrt.transport import Sender
 
-__all__ = ["ChannelSink"]
+__all__ = ["ChannelSink", "FrontierGate", "Inbound", "END_TIME"]
 
 
 class ChannelSink:
@@ -46,3 +50,49 @@ class ChannelSink:
 
     def close(self) -> None:
         pass
+
+
+END_TIME = 2**63 - 1  # a source's watermark once its stream has ended
+
+
+class FrontierGate:
+    """Where the streams of several executors meet one operator: it forwards the minimum of
+    their watermarks (a `Frontier`), and the end of the stream once every one has ended.
+
+    `target` is a node (a window's merged state, or a window fed by repartitioned records).
+    Forwarding is serialised: two compute lanes may advance the gate, a window fires once."""
+
+    def __init__(self, target: Node, frontier: Frontier):
+        self.target = target
+        self.frontier = frontier
+        self._lock = trio.Lock()
+
+    async def advance(self, source: int, watermark: int) -> None:
+        async with self._lock:
+            if not self.frontier.advance(source, watermark):
+                return
+            low = self.frontier.low
+            if low == END_TIME:
+                await self.target.on_end()
+            else:
+                await self.target.on_watermark(low)
+
+
+class Inbound(Node):
+    """The root of a pipeline fed by another executor's channel: batches go to `on_batch`,
+    the channel's watermarks and end of stream to the gate as source `source`."""
+
+    def __init__(self, step_id: str, source: int, on_batch, gate: FrontierGate):
+        super().__init__(f"{step_id}.from{source}")
+        self.source = source
+        self.on_batch = on_batch
+        self.gate = gate
+
+    async def push(self, batch: Batch) -> None:
+        await self.on_batch(self.source, batch)
+
+    async def on_watermark(self, watermark: int) -> None:
+        await self.gate.advance(self.source, watermark)
+
+    async def on_end(self) -> None:
+        await self.gate.advance(self.source, END_TIME)

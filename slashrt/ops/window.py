@@ -160,6 +160,30 @@ class WindowAggregate(Node):
         await self._fire_until(None)
         await super().on_end()
 
+    def merge_partials(self, slice_ids: np.ndarray, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray) -> None:
+        """Join partial states (CRDT merge) into their slices: a leader taking a helper's delta."""
+        if not len(keys):
+            return
+        if self.value_dtype is None:
+            self.value_dtype = vals.dtype.newbyteorder("<")
+        lo, hi = int(slice_ids.min()), int(slice_ids.max())
+        if self._latest_end(lo) <= self.fired_until:
+            raise OperatorError(
+                self.step_id, f"partial state for slice {lo} arrived after all its windows fired (up to {self.fired_until})"
+            )
+        present = [lo] if lo == hi else np.unique(slice_ids).tolist()
+        for s in present:
+            rows = slice(None) if lo == hi else slice_ids == s
+            self._slice(s).merge(keys[rows], counts[rows], vals[rows])
+        first = int(self._earliest_end(lo)) - self.size
+        if self.next_start is None or first < self.next_start:
+            self.next_start = max(first, self._first_unfired_start())
+
+    def promise(self, watermark: int) -> int:
+        """The end of the last window complete by `watermark` (every window ending at or before
+        it may fire)."""
+        return (watermark - self.size) // self.slide * self.slide + self.size
+
     # -- helpers -----------------------------------------------------------------------------------
     def _slice(self, slice_id: int) -> HashAgg:
         agg = self.slices.get(slice_id)
@@ -209,7 +233,7 @@ class WindowAggregate(Node):
             self.next_start = None
         if watermark is not None:
             # Windows ending by the watermark are complete even if they held no state.
-            self.fired_until = max(self.fired_until, (watermark - self.size) // self.slide * self.slide + self.size)
+            self.fired_until = max(self.fired_until, self.promise(watermark))
 
     async def _fire(self, start: int, end: int) -> None:
         first, last = start // self.slice_len, end // self.slice_len

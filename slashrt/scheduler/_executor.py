@@ -20,6 +20,11 @@ same number of records, validated in one native pass) and compute hands a run to
 as one 2-D zero-copy view, so Python's fixed cost per call is paid once per run of buffers
 instead of once per 64 KiB.
 
+Inputs belong to lanes, one compute coroutine each (usually one lane). A multi-executor run puts
+the channels arriving from other executors in a lane of their own: a pipeline that waits for a
+peer's credits then never stops this executor from consuming what its peers send it, which is
+what returns their credits (two executors repartitioning into each other cannot deadlock).
+
 A channel that delivers a malformed buffer is closed and reported; the other channels and
 their pipelines go on. An exception from an operator fails the executor (trio cancels every
 coroutine, nothing hangs).
@@ -55,8 +60,18 @@ class Input:
     receiver: Receiver
     pipeline: Node
     dtype: np.dtype
+    lane: int = 0  # inputs of different lanes are computed by different coroutines
     ended: bool = False
     error: BaseException | None = None
+
+
+class _Lane:
+    """One compute coroutine's share: the inputs it runs, their ready buffers, its wake-up."""
+
+    def __init__(self, inputs: list[Input]):
+        self.ready: collections.deque[tuple[Input, Buffer | DataRun | None]] = collections.deque()
+        self.lot = trio.lowlevel.ParkingLot()
+        self.open = len(inputs)  # inputs whose end (or failure) compute has not handled yet
 
 
 class Executor:
@@ -70,9 +85,7 @@ class Executor:
         self.stats = ExecutorStats(executor=index)
         self.yield_every = yield_every
         self.coalesce = coalesce
-        self._ready: collections.deque[tuple[Input, Buffer | DataRun | None]] = collections.deque()
-        self._compute_lot = trio.lowlevel.ParkingLot()
-        self._open = len(inputs)  # inputs whose end (or failure) compute has not handled yet
+        self._lanes = {n: _Lane([i for i in inputs if i.lane == n]) for n in sorted({i.lane for i in inputs})}
         self.log = log.bind(executor=index)
 
     @property
@@ -87,7 +100,8 @@ class Executor:
             async with trio.open_nursery() as nursery:
                 for inp in self.inputs:
                     nursery.start_soon(self._poller, inp, name=f"poller:{inp.name}")
-                nursery.start_soon(self._compute, name="compute")
+                for n, lane in self._lanes.items():
+                    nursery.start_soon(self._compute, lane, name=f"compute:{n}")
             # every input ended or failed: stop moving bytes for them
             drivers.cancel_scope.cancel()
         self.log.info("executor finished", seconds=round(time.perf_counter() - started, 6), **self.stats.as_dict())
@@ -95,7 +109,8 @@ class Executor:
 
     # -- polling -----------------------------------------------------------------------------------
     async def _poller(self, inp: Input) -> None:
-        rx, stats, ready, coalesce = inp.receiver, self.stats, self._ready, self.coalesce
+        lane = self._lanes[inp.lane]
+        rx, stats, ready, coalesce = inp.receiver, self.stats, lane.ready, self.coalesce
         while True:
             t0 = time.perf_counter()
             got = 0
@@ -113,12 +128,12 @@ class Executor:
             finally:
                 stats.poll_s += time.perf_counter() - t0
             if got:
-                self._compute_lot.unpark_all()
+                lane.lot.unpark_all()
             if rx.finished:
                 return
             if got == 0:
                 stats.empty_polls += 1
-            if got == 0 and not ready and rx.outstanding == 0:
+            if got == 0 and not ready and rx.outstanding == 0 and self._idle():
                 # the whole executor is idle as far as this channel can tell: park, don't spin
                 stats.parks += 1
                 t0 = time.perf_counter()
@@ -132,20 +147,24 @@ class Executor:
         self.stats.failed_channels += 1
         self.log.error("channel closed after bad input", channel=inp.name, error=str(exc))
         # buffers polled before the bad one are good: compute handles them, then this marker
-        self._ready.append((inp, None))
-        self._compute_lot.unpark_all()
+        lane = self._lanes[inp.lane]
+        lane.ready.append((inp, None))
+        lane.lot.unpark_all()
+
+    def _idle(self) -> bool:
+        return not any(lane.ready for lane in self._lanes.values())
 
     # -- computing ---------------------------------------------------------------------------------
-    async def _compute(self) -> None:
-        ready, stats = self._ready, self.stats
+    async def _compute(self, lane: _Lane) -> None:
+        ready, stats = lane.ready, self.stats
         handled = 0
-        while self._open > 0:
+        while lane.open > 0:
             if not ready:
-                await self._compute_lot.park()
+                await lane.lot.park()
                 continue
             inp, buf = ready.popleft()
             if buf is None:  # the channel failed after the buffers before this marker
-                self._open -= 1
+                lane.open -= 1
                 continue
             t0 = time.perf_counter()
             rx = inp.receiver
@@ -174,4 +193,4 @@ class Executor:
         elif ctype is Control.END_OF_STREAM:
             await inp.pipeline.on_end()
             inp.ended = True
-            self._open -= 1
+            self._lanes[inp.lane].open -= 1

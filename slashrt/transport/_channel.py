@@ -272,6 +272,12 @@ class Sender(abc.ABC):
             await self.send_control(Control.END_OF_STREAM)
             self._closed = True
 
+    def abort(self) -> None:
+        """Close *without* END_OF_STREAM, for a stream that is incomplete (its producer failed):
+        a receiver in another process sees the channel fail after what was posted, never a
+        normal end. Backends with a connection override this to drop it."""
+        self._closed = True
+
 
 class Receiver(abc.ABC):
     """Consumer end of a channel. Subclasses implement the three backend hooks."""

@@ -413,6 +413,9 @@ class ShmSender(Sender):
             await self._park_for_credit()
 
     # -- closing -----------------------------------------------------------------------------------
+    def abort(self) -> None:
+        self.close()
+
     def close(self) -> None:
         """Release the mapping and descriptors now, without END_OF_STREAM; the receiver sees the
         channel closed after the buffers already posted."""

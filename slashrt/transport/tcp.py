@@ -448,6 +448,13 @@ class TcpSender(Sender):
         if self.error is not None and not self._delivered:
             raise self._failure()
 
+    def abort(self) -> None:
+        self._closed = True
+        if self._sock is not None and self._closing is None:
+            _close_socket(self._sock)
+            self._sock = None
+            self._credit_lot.unpark_all()
+
     async def _finish(self) -> None:
         try:
             await Sender.aclose(self)  # END_OF_STREAM, through the usual credit wait

@@ -979,6 +979,9 @@ class VerbsSender(Sender):
         with trio.move_on_after(CLOSE_TIMEOUT):
             await self._peer_done.wait()
 
+    def abort(self) -> None:
+        self.close()
+
     def close(self) -> None:
         """Release the queue pair, memory registrations and control connection now (no
         END_OF_STREAM; the receiver sees the channel closed). Idempotent."""

@@ -1,0 +1,10 @@
+"""Multi-executor runs: a coordinator, executor agents, and how the input is shared.
+
+`slashrt.run(flow, inputs, executors=N)` goes through `run_cluster_async`; `slashrt
+executor` (`slashrt.cluster.agent`) is the process that runs one executor on a host.
+"""
+
+from slashrt.cluster._job import PerExecutor, share
+from slashrt.cluster.coordinator import ClusterError, run_cluster_async
+
+__all__ = ["PerExecutor", "share", "ClusterError", "run_cluster_async"]

@@ -1,0 +1,268 @@
+"""The coordinator: deploys a dataflow on N executor agents, wires them, collects the result.
+
+::
+
+    coordinator                           agent i (one process, one executor)
+      spawn agents (local) or take          listen for the control connection
+      their addresses (multi-host)
+      connect, prove the secret      ───>   prove it back
+      "job" (flow, share of input)   ───>   build the plan, open data listeners
+                                     <───   "addresses"
+      "peers" (everyone's addresses) ───>   connect to peers, accept peers, make input
+                                     <───   "ready"
+      "start"  (the clock starts)    ───>   run the executor
+                                     <───   "done" (RunResult) or "failed" (why)
+
+Any executor that fails, disconnects or exits before "done" fails the whole job with a
+`ClusterError` naming it; the coordinator then closes every control connection (agents stop
+their jobs) and kills the processes it spawned, as it does on Ctrl-C. Results are never
+partial: a job either returns every executor's output or raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import structlog
+import trio
+
+from slashrt._plan import MODES, build_plan
+from slashrt._runtime import RunResult, _per_source
+from slashrt.cluster._control import receive_message, send_message
+from slashrt.cluster._job import Job, PerExecutor, share
+from slashrt.errors import ChannelClosed, DataflowError, SlashError, unwrap_groups
+from slashrt.ops.sinks import Collect
+from slashrt.ops.sources import validate_input
+from slashrt.ops.ssb_window import DEFAULT_EPOCH_BYTES
+from slashrt.ssb.partitions import DEFAULT_PARTITIONS
+from slashrt.transport._auth import client_handshake, generate_secret, load_secret
+from slashrt.transport._registry import NETWORK_TRANSPORTS
+
+__all__ = ["run_cluster_async", "ClusterError", "START_TIMEOUT"]
+
+log = structlog.get_logger("slashrt.cluster")
+
+START_TIMEOUT = 180.0  # spawning, connecting and wiring every executor
+
+
+class ClusterError(SlashError):
+    """An executor failed, vanished or could not be started; the job has no result."""
+
+
+def _parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = str(text).rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise DataflowError(f"executor address {text!r} must be HOST:PORT")
+    return host, int(port)
+
+
+def _secret(secret: bytes | None) -> bytes:
+    if secret is not None:
+        return secret
+    if os.environ.get("SLASHRT_SECRET") or os.environ.get("SLASHRT_SECRET_FILE"):
+        return load_secret()
+    return generate_secret()
+
+
+async def _spawn_agent(secret: bytes, index: int) -> tuple[trio.Process, tuple[str, int]]:
+    """Start a local agent process and read the address it listens on."""
+    level = os.environ.get("SLASHRT_LOG_LEVEL", "warning")
+    cmd = [sys.executable, "-m", "slashrt.cluster.agent", "--listen", "127.0.0.1:0", "--once", "--with-parent", "--log-level", level]
+    proc = await trio.lowlevel.open_process(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=dict(os.environ, SLASHRT_SECRET=secret.hex())
+    )
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = await proc.stdout.receive_some(256)
+        if not chunk:
+            code = await proc.wait()
+            raise ClusterError(f"executor {index} exited with code {code} before listening")
+        line += chunk
+    words = line.decode(errors="replace").split()
+    if words[:2] != ["slashrt-agent", "listening"] or len(words) != 4:
+        raise ClusterError(f"executor {index} said {line!r} instead of its address")
+    return proc, (words[2], int(words[3]))
+
+
+class _Agents:
+    """The control connections of a run and one task per agent reading its messages."""
+
+    def __init__(self, controls: list[trio.SocketStream], procs: list[trio.Process | None]):
+        self.controls = controls
+        self.procs = procs
+        self.done: set[int] = set()
+        self._send, self._inbox = trio.open_memory_channel(float("inf"))
+
+    def start(self, nursery) -> None:
+        for i, control in enumerate(self.controls):
+            nursery.start_soon(self._read, i, control)
+            if self.procs[i] is not None:
+                nursery.start_soon(self._exit, i, self.procs[i])
+
+    async def _read(self, i: int, control) -> None:
+        while True:
+            try:
+                kind, payload = await receive_message(control)
+            except ChannelClosed as exc:
+                await self._send.send((i, "lost", str(exc)))
+                return
+            await self._send.send((i, kind, payload))
+            if kind in ("done", "failed"):
+                return
+
+    async def _exit(self, i: int, proc: trio.Process) -> None:
+        code = await proc.wait()
+        await self._send.send((i, "exited", code))
+
+    async def send_all(self, kind: str, payloads) -> None:
+        for control, payload in zip(self.controls, payloads):
+            await send_message(control, kind, payload)
+
+    async def gather(self, kind: str) -> list:
+        """One `kind` message from every agent, in executor order; any failure raises."""
+        got: dict[int, object] = {}
+        while len(got) < len(self.controls):
+            i, what, payload = await self._inbox.receive()
+            if what == kind and i not in got:
+                got[i] = payload
+                if kind == "done":
+                    self.done.add(i)
+            elif what == "failed":
+                raise ClusterError(str(payload))
+            elif what == "lost" and i not in self.done:
+                raise ClusterError(f"executor {i} lost its control connection: {payload}")
+            elif what == "exited" and i not in self.done:
+                raise ClusterError(f"executor {i} exited with code {payload} during the job")
+        return [got[i] for i in range(len(self.controls))]
+
+
+def _shares(plan, inputs: dict, executors: int) -> list[dict]:
+    shares: list[dict] = [{} for _ in range(executors)]
+    for step_id, spec, value in _per_source(plan, inputs, "input"):
+        name = step_id.split(".", 1)[1]
+        if not isinstance(value, PerExecutor):
+            value = validate_input(step_id, spec.schema, value)
+        for i in range(executors):
+            shares[i][name] = value if isinstance(value, PerExecutor) else share(value, i, executors)
+    return shares
+
+
+def _combine(plan, results: list[RunResult], seconds: float) -> RunResult:
+    outputs = {}
+    for node in plan.sinks:
+        if isinstance(node.sink, Collect):  # the user's own Collect: fill it as a local run would
+            node.sink.open()
+            for r in results:
+                part = r.outputs.get(node.step_id)
+                if part is not None:
+                    node.sink.write(part)
+            node.sink.close()
+            outputs[node.step_id] = node.sink.records
+    late = {}
+    for r in results:
+        for step, n in r.late_records.items():
+            late[step] = late.get(step, 0) + n
+    epochs = {}
+    for r in results:
+        for step, per_executor in r.epochs.items():
+            epochs.setdefault(step, []).extend(per_executor)
+    return RunResult(seconds, [s for r in results for s in r.stats], late, outputs, epochs)
+
+
+async def run_cluster_async(
+    flow,
+    inputs: dict,
+    *,
+    executors: int | list[str] = 2,
+    transport: str = "shm",
+    mode: str = "slash",
+    partitions: int = DEFAULT_PARTITIONS,
+    epoch_bytes: int = DEFAULT_EPOCH_BYTES,
+    secret: bytes | None = None,
+    **options,
+) -> RunResult:
+    """Run `flow` on N executors: `executors` is a count (local processes spawned here) or a
+    list of agents' "HOST:PORT" addresses (agents started with `slashrt executor`)."""
+    plan = build_plan(flow)
+    if mode not in MODES:
+        raise DataflowError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
+    if transport not in NETWORK_TRANSPORTS:
+        raise DataflowError(f"unknown transport {transport!r}; choose one of {sorted(NETWORK_TRANSPORTS)}")
+    if partitions < 1 or epoch_bytes < 1:
+        raise DataflowError(f"partitions and epoch_bytes must be positive, got {partitions} and {epoch_bytes}")
+    options.pop("progress", None)  # progress is reported by each executor's log, not here
+    local = isinstance(executors, int)
+    addresses = None if local else [_parse_address(a) for a in executors]
+    n = executors if local else len(addresses)
+    if n < 1:
+        raise DataflowError(f"need at least one executor, got {n}")
+    if not local and transport == "shm" and any(not h.startswith("127.") and h != "localhost" for h, _ in addresses):
+        raise DataflowError("shm joins processes of one machine: use transport='tcp' or 'verbs' across hosts")
+    shares = _shares(plan, inputs, n)
+    secret = _secret(secret)
+    procs: list[trio.Process | None] = [None] * n
+    controls: list[trio.SocketStream] = []
+    bound = log.bind(flow=flow.name, executors=n, transport=transport, mode=mode)
+    try:
+        async with unwrap_groups(), trio.open_nursery() as nursery:
+            with trio.fail_after(START_TIMEOUT):
+                if local:
+                    addresses = [None] * n
+
+                    async def spawn(i):
+                        procs[i], addresses[i] = await _spawn_agent(secret, i)
+
+                    async with trio.open_nursery() as spawning:
+                        for i in range(n):
+                            spawning.start_soon(spawn, i)
+                for i, (host, port) in enumerate(addresses):
+                    try:
+                        stream = await trio.open_tcp_stream(host, port)
+                    except OSError as exc:
+                        raise ClusterError(f"cannot reach executor {i} at {host}:{port}: {exc}") from None
+                    controls.append(stream)
+                    await client_handshake(stream, secret)
+                agents = _Agents(controls, procs)
+                agents.start(nursery)
+                jobs = [
+                    Job(flow, i, n, shares[i], transport, mode, partitions, epoch_bytes, addresses[i][0], options)
+                    for i in range(n)
+                ]
+                await agents.send_all("job", jobs)
+                directory = dict(enumerate(await agents.gather("addresses")))
+                await agents.send_all("peers", [directory] * n)
+                await agents.gather("ready")
+            bound.info("cluster ready")
+            started = time.perf_counter()
+            await agents.send_all("start", [None] * n)
+            results = await agents.gather("done")
+            seconds = time.perf_counter() - started
+            nursery.cancel_scope.cancel()
+    except trio.TooSlowError:
+        raise ClusterError(f"the executors were not ready within {START_TIMEOUT:.0f} s") from None
+    finally:
+        for control in controls:
+            with contextlib.suppress(Exception):
+                await control.aclose()
+        with trio.CancelScope(shield=True):
+            await _reap(procs)
+    result = _combine(plan, results, seconds)
+    bound.info("cluster run finished", seconds=round(seconds, 6))
+    return result
+
+
+async def _reap(procs) -> None:
+    """Let spawned agents exit on their own for a moment (they finish after "done"), then kill."""
+    with trio.move_on_after(5):
+        for proc in procs:
+            if proc is not None:
+                await proc.wait()
+    for proc in procs:
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -1,0 +1,224 @@
+"""Windowed aggregates on the Slash State Backend: aggregate locally, merge lazily at leaders.
+
+Every executor runs the whole pipeline on the streams it receives and folds them into its own
+window slices (its *fragments* of every partition, a log-structured HashAgg per slice): no
+record crosses the network. An epoch ends every `epoch_bytes` of the operator's input, and
+early when the watermark completes a window. At an epoch's end the executor
+
+1. ships each slice's content (`HashAgg.ship()`: the delta since the last epoch, after which
+   the fragment restarts from the zero value) as delta rows (epoch, slice, key, count, value),
+   split by the leader of each key's partition;
+2. merges the rows of the partitions it leads into its own leader state at once, and queues the
+   others, followed by its low watermark, for the shippers of its outgoing channels (a task per
+   peer, so compute never waits for a peer's credits);
+3. advances its own entry of the vector clock.
+
+A leader merges the deltas it receives (CRDT join, in epoch order per helper: the channel is
+FIFO and the epoch column is checked) and fires a window of its partitions only when every
+executor's watermark passed the window's end (property P1, a `FrontierGate` over a
+`VectorClock`). Results are the CRDT join of every fragment, so they equal a sequential run
+(property P2) whatever the split of the input.
+
+Records arriving at an executor below the watermark it already shipped are late *here*: the
+windows they belong to may have fired at their leader. They are counted and sent to the late
+sink, as in a single executor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+import structlog
+import trio
+
+from slashrt._batch import Batch
+from slashrt._buffer import Control
+from slashrt._dataflow import WindowAggSpec
+from slashrt.errors import DataflowError, OperatorError
+from slashrt.ops._node import Node
+from slashrt.ops.exchange import END_TIME, FrontierGate, Inbound
+from slashrt.ops.window import NO_TIME, WindowAggregate
+from slashrt.progress import VectorClock
+from slashrt.ssb.partitions import Partitioning
+from slashrt.transport import Sender
+
+__all__ = ["SsbWindowAggregate", "delta_dtype", "DEFAULT_EPOCH_BYTES", "Shipper", "EpochStats"]
+
+log = structlog.get_logger("slashrt.ssb")
+
+DEFAULT_EPOCH_BYTES = 64 << 20  # as in the paper
+
+
+def delta_dtype(value_dtype: np.dtype) -> np.dtype:
+    """One row of an epoch delta: a key's partial state in one slice (40 bytes)."""
+    return np.dtype(
+        [("epoch", "<i8"), ("slice", "<i8"), ("key", "<i8"), ("count", "<i8"), ("value", np.dtype(value_dtype).newbyteorder("<"))]
+    )
+
+
+@attrs.define
+class EpochStats:
+    """What one executor's operator did in one epoch."""
+
+    epoch: int
+    input_bytes: int  # bytes of the operator's input folded in this epoch
+    keys_touched: int  # (slice, key) pairs changed in this epoch: the delta's rows
+    shipped_rows: int  # of them, rows sent to other leaders
+    shipped_bytes: int
+    watermark: int
+
+
+class Shipper:
+    """The outgoing channel to one peer: an unbounded FIFO of deltas and watermarks, drained
+    into the channel by `run()`, so that compute never blocks on the peer's credits."""
+
+    def __init__(self, peer: int, sender: Sender):
+        self.peer = peer
+        self.sender = sender
+        self._in, self._out = trio.open_memory_channel(math.inf)
+
+    def rows(self, rows: np.ndarray) -> None:
+        self._in.send_nowait((None, rows))
+
+    def watermark(self, watermark: int) -> None:
+        self._in.send_nowait((Control.WATERMARK, watermark))
+
+    def end(self) -> None:
+        self._in.send_nowait((Control.END_OF_STREAM, None))
+
+    async def run(self) -> None:
+        async with self._out:
+            async for kind, value in self._out:
+                if kind is None:
+                    await self.sender.send_records(value)
+                elif kind is Control.WATERMARK:
+                    await self.sender.send_control(Control.WATERMARK, value)
+                else:
+                    await self.sender.aclose()
+                    return
+
+
+class SsbWindowAggregate(WindowAggregate):
+    """A keyed window aggregate whose state is shared across executors through the SSB."""
+
+    def __init__(
+        self, spec: WindowAggSpec, late_node: Node | None, *, index: int, partitioning: Partitioning, epoch_bytes: int
+    ):
+        if spec.value_dtype is None:
+            raise DataflowError(
+                f"{spec.step_id}: in a multi-executor run the type of column {spec.column!r} must be known when the "
+                "dataflow is built (give with_column a dtype=)"
+            )
+        if epoch_bytes < 1:
+            raise DataflowError(f"epoch size must be at least one byte, got {epoch_bytes}")
+        # the leader state: windows of the partitions this executor leads, fired by the gate
+        self.merged = WindowAggregate(spec)
+        super().__init__(spec, late_node)
+        self.index = index
+        self.partitioning = partitioning
+        self.epoch_bytes = epoch_bytes
+        self.gate = FrontierGate(self.merged, VectorClock(partitioning.executors))
+        self.shippers: dict[int, Shipper] = {}  # peer executor -> its outgoing channel
+        self.exchange_dtype = delta_dtype(self.value_dtype)
+        self.epoch = 0
+        self.epochs: list[EpochStats] = []
+        self._bytes = 0
+        self._watermark = NO_TIME
+        self._shipped_promise = NO_TIME
+        self._helper_epoch = [0] * partitioning.executors
+        self.partition_epochs = np.zeros(partitioning.partitions, np.int64)  # last epoch merged per partition
+
+    # the merged state emits to this operator's children (assigned after construction)
+    @property
+    def children(self) -> list[Node]:
+        return self.merged.children
+
+    @children.setter
+    def children(self, nodes: list[Node]) -> None:
+        self.merged.children = nodes
+
+    def add_peer(self, peer: int, sender: Sender) -> None:
+        """The channel carrying deltas to executor `peer` (the leader of some partitions)."""
+        self.shippers[peer] = Shipper(peer, sender)
+
+    def background(self) -> list:
+        """Tasks to run beside the executor: one shipper per outgoing channel."""
+        return [s.run for s in self.shippers.values()]
+
+    def inbound(self, source: int) -> Inbound:
+        """The root node for the delta channel arriving from executor `source`."""
+        return Inbound(self.step_id, source, self._merge_delta, self.gate)
+
+    # -- events of the local stream ------------------------------------------------------------------
+    async def push(self, batch: Batch) -> None:
+        await super().push(batch)
+        self._bytes += batch.nbytes
+        if self._bytes >= self.epoch_bytes:
+            await self._end_epoch()
+
+    async def on_watermark(self, watermark: int) -> None:
+        # Not fired here: the watermark is a promise shipped to the leaders with the epoch.
+        self._watermark = watermark
+        promise = self.promise(watermark)
+        self.fired_until = max(self.fired_until, promise)  # records below it are late from now on
+        if promise > self._shipped_promise:
+            await self._end_epoch()  # a window may fire: end the epoch early
+
+    async def on_end(self) -> None:
+        await self._end_epoch(final=True)
+
+    # -- the epoch protocol -------------------------------------------------------------------------
+    async def _end_epoch(self, *, final: bool = False) -> None:
+        self.epoch += 1
+        rows = self._ship_slices()
+        owners = self.partitioning.owner_of(rows["key"])
+        shipped = 0
+        for owner in range(self.partitioning.executors):
+            mine = rows[owners == owner] if self.partitioning.executors > 1 else rows
+            if owner == self.index:
+                self.merged.merge_partials(mine["slice"], mine["key"], mine["count"], mine["value"])
+            elif len(mine):
+                self.shippers[owner].rows(mine)
+                shipped += len(mine)
+        watermark = END_TIME if final else self._watermark
+        for shipper in self.shippers.values():
+            shipper.end() if final else shipper.watermark(watermark)
+        stats = EpochStats(self.epoch, self._bytes, len(rows), shipped, shipped * self.exchange_dtype.itemsize, watermark)
+        self.epochs.append(stats)
+        log.debug("epoch shipped", step=self.step_id, executor=self.index, **attrs.asdict(stats))
+        self._bytes = 0
+        self._shipped_promise = self.promise(watermark) if not final else END_TIME
+        await self.gate.advance(self.index, watermark)
+
+    def _ship_slices(self) -> np.ndarray:
+        """Every slice's change since the last epoch as delta rows; the fragments restart empty."""
+        parts = [(s, self.slices[s].ship()) for s in sorted(self.slices)]
+        for s, _ in parts:
+            self._drop_slice(s)
+        rows = np.empty(sum(len(k) for _, (k, _, _) in parts), self.exchange_dtype)
+        rows["epoch"] = self.epoch
+        at = 0
+        for s, (keys, counts, vals) in parts:
+            n = len(keys)
+            rows["slice"][at : at + n] = s
+            rows["key"][at : at + n] = keys
+            rows["count"][at : at + n] = counts
+            rows["value"][at : at + n] = vals
+            at += n
+        return rows
+
+    async def _merge_delta(self, source: int, batch: Batch) -> None:
+        """A helper's delta for partitions this executor leads: join it, in epoch order."""
+        epochs = batch["epoch"]
+        first, last = int(epochs.min()), int(epochs.max())
+        if first < self._helper_epoch[source] or np.any(epochs[1:] < epochs[:-1]):
+            raise OperatorError(
+                self.step_id,
+                f"executor {source} sent epoch {first} after epoch {self._helper_epoch[source]}: deltas out of order",
+            )
+        self._helper_epoch[source] = last
+        keys = batch["key"]
+        self.partition_epochs[self.partitioning.partition_of(keys)] = epochs
+        self.merged.merge_partials(batch["slice"], keys, batch["count"], batch["value"])

@@ -1,0 +1,104 @@
+"""UpPar: the repartitioning baseline. Records go to the executor owning their key's partition.
+
+Where the dataflow has a keyed window, each executor routes the rows the window needs (time,
+key, value) by the owner of the key's partition (the same `Partitioning` the SSB uses):
+its own rows go straight into its local window, the others through a transport channel to
+their owner, whose window takes them from an `Inbound` pipeline in the exchange lane. Every
+executor's watermark travels in band with its rows; the window sees the minimum over all of
+them (a `FrontierGate`) and ends when every executor's stream has ended. This is the strawman
+the Slash paper measures against, built on the same channels so that the comparison is fair:
+every record crosses a channel once unless its owner is the executor that read it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from slashrt._batch import Batch
+from slashrt._buffer import Control
+from slashrt._dataflow import WindowAggSpec
+from slashrt.errors import DataflowError
+from slashrt.ops._node import Node
+from slashrt.ops.exchange import END_TIME, FrontierGate, Inbound
+from slashrt.ops.window import WindowAggregate
+from slashrt.progress import VectorClock
+from slashrt.ssb.partitions import Partitioning
+from slashrt.transport import Sender
+
+__all__ = ["RouteByOwner", "routed_dtype"]
+
+
+def routed_dtype(spec: WindowAggSpec) -> np.dtype:
+    """The rows that cross the network: only the fields the window reads."""
+    if spec.value_dtype is None:
+        raise DataflowError(
+            f"{spec.step_id}: in a multi-executor run the type of column {spec.column!r} must be known when the "
+            "dataflow is built (give with_column a dtype=)"
+        )
+    fields = [(spec.time, "<i8"), (spec.key, "<i8")]
+    if spec.column is not None:
+        fields.append((spec.column, spec.value_dtype))
+    return np.dtype(fields)
+
+
+class RouteByOwner(Node):
+    """Stands where the window is in the local pipeline: routes rows to their owners."""
+
+    def __init__(self, spec: WindowAggSpec, window: WindowAggregate, *, index: int, partitioning: Partitioning):
+        self.window = window
+        super().__init__(f"{spec.step_id}.route")
+        self.spec = spec
+        self.index = index
+        self.partitioning = partitioning
+        self.exchange_dtype = routed_dtype(spec)
+        self.gate = FrontierGate(window, VectorClock(partitioning.executors))
+        self.senders: dict[int, Sender] = {}  # owner executor -> channel to it
+
+    # the plan walks through to the window; what is built downstream hangs off the window
+    @property
+    def children(self) -> list[Node]:
+        return [self.window]
+
+    @children.setter
+    def children(self, nodes: list[Node]) -> None:
+        self.window.children = nodes
+
+    def add_peer(self, peer: int, sender: Sender) -> None:
+        """The channel carrying rows owned by executor `peer`."""
+        self.senders[peer] = sender
+
+    def background(self) -> list:
+        return []  # rows are sent by compute itself: backpressure reaches the sources
+
+    def inbound(self, source: int) -> Inbound:
+        """The root node for the channel of rows arriving from executor `source`."""
+        return Inbound(self.spec.step_id, source, self._from_peer, self.gate)
+
+    async def _from_peer(self, source: int, batch: Batch) -> None:
+        await self.window.push(batch)
+
+    async def push(self, batch: Batch) -> None:
+        keys = batch[self.spec.key]
+        owners = self.partitioning.owner_of(keys)
+        columns = [(name, batch[name]) for name in self.exchange_dtype.names]
+        for owner in range(self.partitioning.executors):
+            take = np.flatnonzero(owners == owner)
+            if not len(take):
+                continue
+            rows = np.empty(len(take), self.exchange_dtype)
+            for name, column in columns:
+                rows[name] = column[take]
+            if owner == self.index:
+                await self.window.push(Batch(rows))
+            else:
+                await self.senders[owner].send_records(rows)
+
+    async def on_watermark(self, watermark: int) -> None:
+        for sender in self.senders.values():
+            await sender.send_control(Control.WATERMARK, watermark)
+        await self.gate.advance(self.index, watermark)
+
+    async def on_end(self) -> None:
+        for sender in self.senders.values():
+            await sender.aclose()
+        await self.gate.advance(self.index, END_TIME)
