@@ -73,9 +73,10 @@ async def _spawn_agent(secret: bytes, index: int) -> tuple[trio.Process, tuple[s
     """Start a local agent process and read the address it listens on."""
     level = os.environ.get("SLASHRT_LOG_LEVEL", "warning")
     cmd = [sys.executable, "-m", "slashrt.cluster.agent", "--listen", "127.0.0.1:0", "--once", "--with-parent", "--log-level", level]
-    proc = await trio.lowlevel.open_process(
-        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=dict(os.environ, SLASHRT_SECRET=secret.hex())
-    )
+    # the agent imports what this process can (the job's functions are pickled by reference
+    # when they live in importable modules, e.g. a test module or the user's package)
+    env = dict(os.environ, SLASHRT_SECRET=secret.hex(), PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
+    proc = await trio.lowlevel.open_process(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)
     line = b""
     while not line.endswith(b"\n"):
         chunk = await proc.stdout.receive_some(256)

@@ -93,6 +93,10 @@ class _ArrowFile:
         self.path = Path(path)
         self._writer = None
 
+    def for_executor(self, index: int):
+        """Executor `index`'s part file in a multi-executor run: out.csv -> out-1.csv."""
+        return type(self)(self.path.with_name(f"{self.path.stem}-{index}{self.path.suffix}"))
+
     def open(self) -> None:
         self._writer = None
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -44,9 +44,3 @@ class Partitioning:
     def led_by(self, executor: int) -> np.ndarray:
         """The partitions `executor` leads."""
         return np.arange(executor, self.partitions, self.executors, dtype=np.int64)
-
-    def split(self, owners: np.ndarray) -> list[np.ndarray]:
-        """Row indices per owner executor (stable: rows keep their order within an owner)."""
-        order = np.argsort(owners, kind="stable")
-        bounds = np.searchsorted(owners[order], np.arange(self.executors + 1))
-        return [order[bounds[e] : bounds[e + 1]] for e in range(self.executors)]

@@ -1,0 +1,229 @@
+"""Multi-executor runs in real processes: results equal a sequential run (P2), windows never
+fire early (P1), failures fail the job, bad arguments are refused."""
+
+import os
+import signal
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import slashrt
+from slashrt import Dataflow, Schema, Sliding, Tumbling
+from slashrt.bench._common import sort_rows, zipf_choice
+from slashrt.cluster import ClusterError, PerExecutor, share
+from slashrt.errors import DataflowError
+from slashrt.ops.sinks import Collect, CsvFile
+
+SCHEMA = Schema([("ts", "<i8"), ("key", "<i8"), ("value", "<i8")])
+KINDS = ("count", "sum", "min", "max", "mean")
+
+
+def records(n: int, *, keys: int, zipf: float, disorder: int, seed: int, per_ms: int = 20) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    out = np.zeros(n, SCHEMA.dtype)
+    t = np.arange(n, dtype=np.int64) // per_ms
+    if disorder:
+        t = np.maximum(t - rng.integers(0, disorder + 1, n), 0)
+    out["ts"] = t
+    out["key"] = zipf_choice(rng, keys, n, zipf) * 7919 - keys  # negative and sparse keys too
+    out["value"] = rng.integers(-1000, 1000, n)
+    return out
+
+
+def flow(sink, *, kind: str, assigner, max_delay: int) -> Dataflow:
+    f = Dataflow("p2")
+    s = f.source("r", SCHEMA, time="ts", max_delay=max_delay)
+    w = s.window(assigner)
+    agg = w.count(key="key") if kind == "count" else getattr(w, kind)("value", key="key", output="out")
+    agg.sink(sink, name="out")
+    return f
+
+
+def result(sink) -> np.ndarray:
+    rows = sink.records
+    assert rows is not None
+    return sort_rows(rows, "window_start", "key")
+
+
+def sequential(kind, assigner, data, max_delay) -> np.ndarray:
+    sink = Collect()
+    slashrt.run(flow(sink, kind=kind, assigner=assigner, max_delay=max_delay), {"r": data})
+    return result(sink)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(
+    executors=st.integers(1, 4),
+    epoch_bytes=st.sampled_from([512, 64 << 10, 64 << 20]),
+    zipf=st.sampled_from([0.0, 1.5]),
+    n=st.integers(1, 40_000),
+    keys=st.sampled_from([3, 1000]),
+    kind=st.sampled_from(KINDS),
+    sliding=st.booleans(),
+    mode=st.sampled_from(["slash", "uppar"]),
+    seed=st.integers(0, 1000),
+)
+def test_p2_cluster_equals_sequential(executors, epoch_bytes, zipf, n, keys, kind, sliding, mode, seed):
+    data = records(n, keys=keys, zipf=zipf, disorder=30, seed=seed)
+    assigner = Sliding(size_ms=300, slide_ms=100) if sliding else Tumbling(ms=250)
+    expected = sequential(kind, assigner, data, 30)
+    sink = Collect()
+    r = slashrt.run(
+        flow(sink, kind=kind, assigner=assigner, max_delay=30),
+        {"r": data},
+        executors=executors,
+        mode=mode,
+        epoch_bytes=epoch_bytes,
+        partitions=16,
+    )
+    got = result(sink)
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+    assert sum(r.late_records.values()) == 0
+    assert len(r.stats) == executors
+
+
+def test_state_shipped_per_epoch_follows_distinct_keys_not_input():
+    # 2 executors, 5 distinct keys, epochs of 16 KiB (an epoch ends after the batch that
+    # crosses the bound: one 64 KiB buffer per batch here): each epoch ships at most 5 keys per slice
+    data = records(200_000, keys=5, zipf=0.0, disorder=0, seed=3, per_ms=1000)
+    sink = Collect()
+    r = slashrt.run(
+        flow(sink, kind="count", assigner=Tumbling(ms=1000), max_delay=0),
+        {"r": data},
+        executors=2,
+        epoch_bytes=16 << 10,
+        coalesce=1,
+    )
+    np.testing.assert_array_equal(result(sink), sequential("count", Tumbling(ms=1000), data, 0))
+    (per_executor,) = r.epochs.values()
+    epochs = [e for ex in per_executor for e in ex]
+    assert len(epochs) > 20  # many epochs: the 16 KiB bound, not only window ends
+    assert sum(e.input_bytes for e in epochs) == data.nbytes
+    for e in epochs:
+        assert e.keys_touched <= 5 * 2  # distinct (slice, key) pairs: an epoch spans at most 2 slices
+        assert e.shipped_bytes == e.shipped_rows * 40
+    assert max(e.shipped_bytes for e in epochs) < 1000 < min(e.input_bytes for e in epochs if e.input_bytes)
+
+
+def test_per_executor_inputs_and_tcp_transport():
+    def make(index, executors):
+        return records(30_000, keys=50, zipf=0.0, disorder=0, seed=100 + index)
+
+    sink = Collect()
+    slashrt.run(
+        flow(sink, kind="sum", assigner=Tumbling(ms=500), max_delay=0), {"r": PerExecutor(make)}, executors=3, transport="tcp"
+    )
+    whole = np.concatenate([make(i, 3) for i in range(3)])
+    whole = whole[np.argsort(whole["ts"], kind="stable")]
+    np.testing.assert_array_equal(result(sink), sequential("sum", Tumbling(ms=500), whole, 0))
+
+
+def test_share_is_disjoint_and_complete():
+    data = np.arange(10_001)
+    parts = [share(data, i, 3, block=100) for i in range(3)]
+    assert sorted(np.concatenate(parts).tolist()) == data.tolist()
+    assert all((np.diff(p) > 0).all() for p in parts)  # each executor's stream keeps its order
+    assert parts[1][:3].tolist() == [100, 101, 102]
+
+
+def _slow_on_executor_1(batch):
+    # executor 1's stream (marked by odd values) is slow: every batch takes a while
+    if len(batch) and batch["value"][0] % 2:
+        import time
+
+        time.sleep(0.02)
+    return batch
+
+
+def test_p1_a_slow_executor_holds_back_every_window():
+    def make(index, executors):
+        d = records(20_000, keys=20, zipf=0.0, disorder=0, seed=7 + index, per_ms=10)
+        d["value"] = d["value"] * 2 + index  # odd values mark executor 1's stream
+        return d
+
+    fired = Collect()
+    f = Dataflow("p1")
+    s = f.source("r", SCHEMA, time="ts").apply(_slow_on_executor_1)
+    s.window(Tumbling(ms=100)).sum("value", key="key", output="out").sink(fired, name="out")
+    # one buffer per batch and a watermark after each: executor 0 races ahead, epoch after epoch
+    r = slashrt.run(f, {"r": PerExecutor(make)}, executors=2, epoch_bytes=4096, coalesce=1, watermark_every=1)
+    whole = np.concatenate([make(i, 2) for i in range(2)])
+    whole = whole[np.argsort(whole["ts"], kind="stable")]
+    np.testing.assert_array_equal(result(fired), sequential("sum", Tumbling(ms=100), whole, 0))
+    assert sum(r.late_records.values()) == 0
+    # the slow executor shipped many epochs; had a leader fired before its watermark passed,
+    # its later deltas would have been refused as arriving after their windows fired
+    (per_executor,) = r.epochs.values()
+    assert len(per_executor[1]) > 10
+    assert [e.epoch for e in per_executor[1]] == list(range(1, len(per_executor[1]) + 1))
+
+
+def _die_on_executor_1(batch):
+    if len(batch) and batch["value"][0] == -1 and batch["ts"][0] > 50:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return batch
+
+
+def test_a_helper_dying_mid_epoch_fails_the_job():
+    def make(index, executors):
+        d = records(20_000, keys=20, zipf=0.0, disorder=0, seed=index, per_ms=10)
+        d["value"] = -1 if index == 1 else 1
+        return d
+
+    f = Dataflow("dies")
+    f.source("r", SCHEMA, time="ts").apply(_die_on_executor_1).window(Tumbling(ms=100)).count(key="key").sink(
+        Collect(), name="out"
+    )
+    with pytest.raises(ClusterError, match="executor 1"):
+        slashrt.run(f, {"r": PerExecutor(make)}, executors=2, epoch_bytes=4096)
+
+
+def test_an_operator_error_on_one_executor_fails_the_job_naming_it():
+    def make(index, executors):
+        return records(5000, keys=5, zipf=0.0, disorder=0, seed=index)
+
+    def boom(batch):
+        if batch["ts"][0] > 100:
+            raise ValueError("bad record")
+        return batch
+
+    f = Dataflow("boom")
+    f.source("r", SCHEMA, time="ts").apply(boom, name="check").window(Tumbling(ms=100)).count(key="key").sink(Collect())
+    with pytest.raises(ClusterError, match=r"executor \d: OperatorError: .*check.*bad record"):
+        slashrt.run(f, {"r": PerExecutor(make)}, executors=2)
+
+
+def test_file_sinks_write_one_part_per_executor(tmp_path):
+    data = records(10_000, keys=10, zipf=0.0, disorder=0, seed=1)
+    f = flow(CsvFile(tmp_path / "out.csv"), kind="count", assigner=Tumbling(ms=100), max_delay=0)
+    slashrt.run(f, {"r": data}, executors=2)
+    parts = sorted(p.name for p in tmp_path.iterdir())
+    assert parts == ["out-0.csv", "out-1.csv"]
+    lines = sum(len((tmp_path / p).read_text().splitlines()) - 1 for p in parts)
+    assert lines == len(sequential("count", Tumbling(ms=100), data, 0))
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(executors=2, mode="hash"), "unknown mode"),
+        (dict(executors=2, transport="carrier-pigeon"), "unknown transport"),
+        (dict(executors=0), "at least one executor"),
+        (dict(executors=["nohost"]), "HOST:PORT"),
+        (dict(executors=["10.1.2.3:7000"], transport="shm"), "one machine"),
+        (dict(executors=2, partitions=0), "must be positive"),
+    ],
+)
+def test_bad_cluster_arguments_are_refused(options, message):
+    f = flow(Collect(), kind="count", assigner=Tumbling(ms=100), max_delay=0)
+    with pytest.raises(DataflowError, match=message):
+        slashrt.run(f, {"r": records(10, keys=2, zipf=0, disorder=0, seed=0)}, **options)
+
+
+def test_unreachable_executor_is_a_clear_error():
+    f = flow(Collect(), kind="count", assigner=Tumbling(ms=100), max_delay=0)
+    with pytest.raises(ClusterError, match="cannot reach executor 0"):
+        slashrt.run(f, {"r": records(10, keys=2, zipf=0, disorder=0, seed=0)}, executors=["127.0.0.1:1"], transport="tcp")

@@ -1,0 +1,36 @@
+import numpy as np
+import pytest
+
+from slashrt.ssb.partitions import Partitioning
+
+
+def test_every_key_has_one_partition_and_leader():
+    p = Partitioning(256, 3)
+    keys = np.array([0, 1, -1, 2**63 - 1, -(2**63), 12345], np.int64)
+    parts = p.partition_of(keys)
+    assert parts.dtype == np.int64
+    assert ((parts >= 0) & (parts < 256)).all()
+    assert np.array_equal(p.owner_of(keys), parts % 3)
+    assert np.array_equal(p.partition_of(keys), parts)  # a function of the key alone
+
+
+def test_neighbouring_keys_spread_over_partitions_and_leaders():
+    p = Partitioning(256, 4)
+    parts = p.partition_of(np.arange(100_000, dtype=np.int64))
+    counts = np.bincount(parts, minlength=256)
+    assert counts.min() > 0.8 * counts.mean() and counts.max() < 1.2 * counts.mean()
+    owners = np.bincount(p.owner_of(np.arange(100_000, dtype=np.int64)), minlength=4)
+    assert owners.min() > 0.9 * owners.mean()
+
+
+def test_led_by_partitions_cover_the_key_space_once():
+    p = Partitioning(10, 3)
+    led = np.concatenate([p.led_by(e) for e in range(3)])
+    assert sorted(led.tolist()) == list(range(10))
+    assert all((p.leader_of(p.led_by(e)) == e).all() for e in range(3))
+
+
+@pytest.mark.parametrize("partitions, executors", [(0, 1), (4, 0)])
+def test_bad_sizes_are_refused(partitions, executors):
+    with pytest.raises(ValueError, match="at least one"):
+        Partitioning(partitions, executors)
