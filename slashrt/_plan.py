@@ -48,6 +48,8 @@ class ClusterRole:
             raise DataflowError(f"unknown mode {self.mode!r}; choose one of {list(MODES)}")
 
     def window(self, spec: WindowAggSpec, late: SinkNode | None) -> Node:
+        if self.partitioning.executors == 1:
+            return WindowAggregate(spec, late)  # no helpers, nobody to route to: nothing to share
         if self.mode == "slash":
             return SsbWindowAggregate(
                 spec, late, index=self.index, partitioning=self.partitioning, epoch_bytes=self.epoch_bytes

@@ -1,7 +1,10 @@
-"""The `slashrt` command: the demo job and the benchmarks.
+"""The `slashrt` command: the demo job, the benchmarks and the executor agent.
 
-    slashrt demo                      YSB on the embedded default (one local executor)
-    slashrt bench ysb|ro|cm [--json]  benchmarks that verify their own results
+    slashrt demo                                YSB on the embedded default (a local cluster)
+    slashrt bench ysb|ro|cm|nexmark [--json]    benchmarks that verify their own results
+        [--executors N --mode slash|uppar --zipf S]   ... on N executors (weak scaling)
+    slashrt bench report                        the scaling and skew sweeps, with plots
+    slashrt executor --listen HOST:PORT         an executor agent for multi-host runs
 """
 
 from __future__ import annotations
@@ -52,6 +55,16 @@ def _add_runtime_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=_positive_int, default=3, help="report the best of this many runs (each checked)")
 
 
+def _add_cluster_options(p: argparse.ArgumentParser, *, transport: bool = True) -> None:
+    g = p.add_argument_group("multi-executor runs (weak scaling: EVENTS per executor)")
+    g.add_argument("--executors", type=_positive_int, help="run on this many executor processes")
+    g.add_argument("--mode", choices=["slash", "uppar"], help="shared state backend (default) or repartitioning")
+    g.add_argument("--epoch-bytes", type=_positive_int, help="SSB epoch length in bytes of input (default 64 MiB)")
+    g.add_argument("--partitions", type=_positive_int, help="SSB partitions per operator (default 256)")
+    if transport:
+        g.add_argument("--transport", choices=["shm", "tcp", "verbs"], help="between executors (default shm)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="slashrt", description="slashrt: stateful stream processing after Slash")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -72,6 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     ysb.add_argument("--ads", help=".npy int64 array mapping ad_id to campaign_id")
     ysb.add_argument("--output", help="write window_start_ms,campaign_id,count to this CSV file")
     _add_runtime_options(ysb)
+    _add_cluster_options(ysb)
 
     ro = queries.add_parser("ro", help="read-only: count occurrences per key per window")
     ro.add_argument("--events", type=_positive_int, default=10_000_000)
@@ -80,15 +94,39 @@ def _parser() -> argparse.ArgumentParser:
     ro.add_argument(
         "--transport",
         choices=["inproc", "shm", "tcp", "verbs"],
-        help="stream the records from a producer process over this transport to a consumer that counts them",
+        help="stream the records from a producer process over this transport to a consumer that counts them "
+        "(with --executors: the transport between executors)",
     )
     ro.add_argument("--buffer-size", type=_positive_int, default=DEFAULT_SLOT_SIZE, help="with --transport: bytes per buffer")
+    ro.add_argument("--zipf", type=_non_negative_float, default=0.0, help="Zipf exponent of key popularity (0: uniform)")
     _add_runtime_options(ro)
+    _add_cluster_options(ro, transport=False)
 
     cm = queries.add_parser("cm", help="cluster monitoring: mean CPU per job per 2 s")
     cm.add_argument("--events", type=_positive_int, default=10_000_000)
     cm.add_argument("--jobs", type=_positive_int, default=10_000)
+    cm.add_argument("--zipf", type=_non_negative_float, default=1.1, help="Zipf exponent of job popularity")
     _add_runtime_options(cm)
+    _add_cluster_options(cm)
+
+    nex = queries.add_parser("nexmark", help="NEXMark: query 7, the highest bid per 60 s window")
+    nex.add_argument("--query", dest="nexmark_query", type=int, default=7, choices=[7], help="the NEXMark query (7)")
+    nex.add_argument("--events", type=_positive_int, default=10_000_000)
+    nex.add_argument("--zipf", type=_non_negative_float, default=0.0, help="Zipf exponent of auctions and bidders")
+    _add_runtime_options(nex)
+    _add_cluster_options(nex)
+
+    report = queries.add_parser("report", help="weak-scaling and skew sweeps of every query, with PNG plots")
+    report.add_argument("--events", type=_positive_int, default=4_000_000, help="records per executor per run")
+    report.add_argument("--executors", type=_positive_int, default=2, help="the largest executor count")
+    report.add_argument("--zipf", default="0.2,0.6,1.0,1.4,2.0", help="comma-separated Zipf exponents of the skew sweep")
+    report.add_argument("--out", default="docs/img", help="directory for the plots and report.json")
+    _add_runtime_options(report)
+
+    executor = sub.add_parser("executor", help="run an executor agent that coordinators deploy jobs on")
+    executor.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT for the control connection")
+    executor.add_argument("--once", action="store_true", help="exit after one job")
+    executor.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
 
@@ -96,8 +134,39 @@ def _runtime_options(args) -> dict:
     return {"slot_size": args.slot_size, "slots": args.slots, "coalesce": args.coalesce, "repeat": args.repeat}
 
 
+def _cluster_bench(args) -> dict:
+    from slashrt.bench import scaling
+
+    params = {
+        "ysb": lambda: {"campaigns": args.campaigns},
+        "ro": lambda: {"key_range": args.keys, "window_ms": args.window_ms},
+        "cm": lambda: {"jobs": args.jobs},
+        "nexmark": lambda: {},
+    }[args.query]()
+    return scaling.bench(
+        args.query,
+        events=args.events,
+        executors=args.executors or 1,
+        mode=args.mode or "slash",
+        transport=args.transport or "shm",
+        zipf=args.zipf,
+        epoch_bytes=args.epoch_bytes,
+        partitions=args.partitions,
+        params=params,
+        **_runtime_options(args),
+    )
+
+
 def _run_bench(args) -> dict:
     progress = not args.json or sys.stderr.isatty()
+    if args.query == "report":
+        from slashrt.bench import report
+
+        zipfs = [float(z) for z in args.zipf.split(",") if z.strip()]
+        return report.run(events=args.events, max_executors=args.executors, zipfs=zipfs, out=args.out,
+                          **_runtime_options(args))
+    if getattr(args, "executors", None) is not None or getattr(args, "mode", None) is not None or args.query == "nexmark":
+        return _cluster_bench(args)
     if args.query == "ysb":
         from slashrt.bench import ysb
 
@@ -115,11 +184,18 @@ def _run_bench(args) -> dict:
     if args.query == "ro":
         from slashrt.bench import ro
 
-        return ro.bench(events=args.events, key_range=args.keys, window_ms=args.window_ms, show_progress=progress,
-                        **_runtime_options(args))
+        return ro.bench(events=args.events, key_range=args.keys, window_ms=args.window_ms, zipf=args.zipf,
+                        show_progress=progress, **_runtime_options(args))
     from slashrt.bench import cm
 
-    return cm.bench(events=args.events, jobs=args.jobs, show_progress=progress, **_runtime_options(args))
+    return cm.bench(events=args.events, jobs=args.jobs, zipf=args.zipf, show_progress=progress, **_runtime_options(args))
+
+
+def _executor(args) -> int:
+    from slashrt.cluster import agent
+
+    argv = ["--listen", args.listen, "--log-level", args.log_level] + (["--once"] if args.once else [])
+    return agent.main(argv)
 
 
 def _print_human(result: dict) -> None:
@@ -155,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     from slashrt._logging import configure
 
     configure(args.log_level)
+    if args.command == "executor":
+        return _executor(args)
     try:
         if args.command == "demo":
             return _demo(args)

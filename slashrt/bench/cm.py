@@ -33,11 +33,11 @@ WINDOW_MS = 2000
 RESULT_DTYPE = np.dtype([("window_start", "<i8"), ("job_id", "<i8"), ("mean_cpu", "<f8")])
 
 
-def generate(events: int, jobs: int = 10_000, *, events_per_ms: int = 100, seed: int = 11) -> np.ndarray:
+def generate(events: int, jobs: int = 10_000, *, zipf: float = 1.1, events_per_ms: int = 100, seed: int = 11) -> np.ndarray:
     def fill(out, first, rng):
         n = len(out)
         out["event_time"] = np.arange(first, first + n, dtype=np.int64) // events_per_ms
-        out["job_id"] = zipf_choice(rng, jobs, n, 1.1) + 6_000_000_000  # trace job ids are large
+        out["job_id"] = zipf_choice(rng, jobs, n, zipf) + 6_000_000_000  # trace job ids are large
         out["task_id"] = rng.integers(0, 2000, n)
         out["machine_id"] = rng.integers(0, 12_500, n)
         out["cpu"] = np.minimum(rng.lognormal(-4.0, 1.0, n), 1.0)
@@ -84,8 +84,8 @@ def matches(got: np.ndarray, ref: np.ndarray) -> bool:
     )
 
 
-def bench(*, events: int, jobs: int, repeat: int = 1, show_progress: bool = False, **options) -> dict:
-    records = generate(events, jobs)
+def bench(*, events: int, jobs: int, zipf: float = 1.1, repeat: int = 1, show_progress: bool = False, **options) -> dict:
+    records = generate(events, jobs, zipf=zipf)
     expected = lazy(lambda: reference(records))
     m = run_best(
         dataflow,

@@ -8,7 +8,7 @@ import numpy as np
 
 from slashrt._dataflow import Dataflow
 from slashrt._schema import Schema
-from slashrt.bench._common import generate_chunked, lazy, run_best, sort_rows, throughput_fields
+from slashrt.bench._common import generate_chunked, lazy, run_best, sort_rows, throughput_fields, zipf_choice
 from slashrt.ops.window import Tumbling
 
 __all__ = ["RO_SCHEMA", "generate", "dataflow", "reference", "bench"]
@@ -17,9 +17,11 @@ RO_SCHEMA = Schema([("key", "<i8"), ("ts", "<i8")])
 RESULT_DTYPE = np.dtype([("window_start", "<i8"), ("key", "<i8"), ("count", "<i8")])
 
 
-def generate(events: int, key_range: int = 100_000_000, *, events_per_ms: int = 1000, seed: int = 7) -> np.ndarray:
+def generate(
+    events: int, key_range: int = 100_000_000, *, zipf: float = 0.0, events_per_ms: int = 1000, seed: int = 7
+) -> np.ndarray:
     def fill(out, first, rng):
-        out["key"] = rng.integers(0, key_range, len(out), dtype=np.int64)
+        out["key"] = zipf_choice(rng, key_range, len(out), zipf)
         out["ts"] = np.arange(first, first + len(out), dtype=np.int64) // events_per_ms
 
     return generate_chunked(RO_SCHEMA.dtype, events, fill, seed)
@@ -49,8 +51,10 @@ def reference(records: np.ndarray, window_ms: int) -> np.ndarray:
     return out
 
 
-def bench(*, events: int, key_range: int, window_ms: int, repeat: int = 1, show_progress: bool = False, **options) -> dict:
-    records = generate(events, key_range)
+def bench(
+    *, events: int, key_range: int, window_ms: int, zipf: float = 0.0, repeat: int = 1, show_progress: bool = False, **options
+) -> dict:
+    records = generate(events, key_range, zipf=zipf)
     expected = lazy(lambda: reference(records, window_ms))
     m = run_best(
         lambda sink: dataflow(sink, window_ms=window_ms),

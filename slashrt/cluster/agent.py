@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
-import signal
+import os
 import sys
 import traceback
 
@@ -136,6 +135,7 @@ async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
                             nursery.start_soon(task)
                     result = await execute(job.flow, plan, executor_inputs, start=sources, index=job.index, **opts)
                 watch.cancel_scope.cancel()
+            await send_message(control, "finished")
         finally:
             for sender in senders:
                 if not sender._closed:
@@ -183,10 +183,22 @@ async def serve(host: str, port: int, secret: bytes, *, once: bool = False, task
             await listener.aclose()
 
 
-def _die_with_parent() -> None:
-    """A local executor does not outlive the coordinator that spawned it (even on SIGKILL)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+async def _serve_while_parent_lives(host: str, port: int, secret: bytes, once: bool) -> None:
+    """A local executor does not outlive the coordinator that spawned it, even one killed by
+    SIGKILL. (Not PR_SET_PDEATHSIG: that fires when the spawning *thread* ends, and the
+    coordinator spawns from a worker thread that is retired after a few idle seconds.)"""
+    parent = os.getppid()
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            while os.getppid() == parent:
+                await trio.sleep(0.5)
+            log.error("the coordinator that started this executor is gone; exiting")
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch)
+        await serve(host, port, secret, once=once)
+        nursery.cancel_scope.cancel()
 
 
 def main(argv=None) -> int:
@@ -199,8 +211,6 @@ def main(argv=None) -> int:
     host, sep, port = args.listen.rpartition(":")
     if not sep or not port.isdigit():
         parser.error(f"--listen must be HOST:PORT, got {args.listen!r}")
-    if args.with_parent:
-        _die_with_parent()
     from slashrt._logging import configure
 
     try:
@@ -212,7 +222,10 @@ def main(argv=None) -> int:
     except Exception as exc:
         parser.error(str(exc))
     try:
-        trio.run(lambda: serve(host, int(port), secret, once=args.once))
+        if args.with_parent:
+            trio.run(_serve_while_parent_lives, host, int(port), secret, args.once)
+        else:
+            trio.run(lambda: serve(host, int(port), secret, once=args.once))
     except KeyboardInterrupt:
         return 130
     except Exception:

@@ -11,7 +11,8 @@
       "peers" (everyone's addresses) ───>   connect to peers, accept peers, make input
                                      <───   "ready"
       "start"  (the clock starts)    ───>   run the executor
-                                     <───   "done" (RunResult) or "failed" (why)
+                                     <───   "finished" (the clock stops), then
+                                            "done" (RunResult) or "failed" (why)
 
 Any executor that fails, disconnects or exits before "done" fails the whole job with a
 `ClusterError` naming it; the coordinator then closes every control connection (agents stop
@@ -21,6 +22,7 @@ partial: a job either returns every executor's output or raises.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import subprocess
@@ -91,13 +93,17 @@ async def _spawn_agent(secret: bytes, index: int) -> tuple[trio.Process, tuple[s
 
 
 class _Agents:
-    """The control connections of a run and one task per agent reading its messages."""
+    """The control connections of a run and one task per agent reading its messages into
+    that agent's FIFO (each agent's messages are consumed in the order it sent them)."""
+
+    # a crashed agent's last words (its "failed" message) are worth a moment's wait
+    LAST_WORDS_S = 0.5
 
     def __init__(self, controls: list[trio.SocketStream], procs: list[trio.Process | None]):
         self.controls = controls
         self.procs = procs
-        self.done: set[int] = set()
-        self._send, self._inbox = trio.open_memory_channel(float("inf"))
+        self._fifos = [collections.deque() for _ in controls]
+        self._arrived = trio.Event()
 
     def start(self, nursery) -> None:
         for i, control in enumerate(self.controls):
@@ -105,40 +111,70 @@ class _Agents:
             if self.procs[i] is not None:
                 nursery.start_soon(self._exit, i, self.procs[i])
 
+    def _put(self, i: int, kind: str, payload) -> None:
+        self._fifos[i].append((kind, payload))
+        self._arrived.set()
+
     async def _read(self, i: int, control) -> None:
         while True:
             try:
                 kind, payload = await receive_message(control)
             except ChannelClosed as exc:
-                await self._send.send((i, "lost", str(exc)))
+                self._put(i, "lost", str(exc))
                 return
-            await self._send.send((i, kind, payload))
+            self._put(i, kind, payload)
             if kind in ("done", "failed"):
                 return
 
     async def _exit(self, i: int, proc: trio.Process) -> None:
         code = await proc.wait()
-        await self._send.send((i, "exited", code))
+        if code != 0:  # a clean exit follows "done"; a lost connection reports the rest
+            await trio.sleep(self.LAST_WORDS_S)
+            self._put(i, "exited", code)
 
     async def send_all(self, kind: str, payloads) -> None:
         for control, payload in zip(self.controls, payloads):
             await send_message(control, kind, payload)
 
+    @staticmethod
+    def _describe(i: int, what: str, payload, kind: str) -> str:
+        if what == "failed":
+            return str(payload)
+        if what == "lost":
+            return f"executor {i} lost its control connection: {payload}"
+        if what == "exited":
+            return f"executor {i} exited with code {payload} during the job"
+        return f"executor {i} sent {what!r} where {kind!r} was due"
+
+    async def _fail(self, i: int, what: str, payload, kind: str):
+        """Raise the job's failure, naming the root cause: an executor that died makes its
+        peers fail too (their channels from it break), so look for a death first."""
+        message = self._describe(i, what, payload, kind)
+        if what == "failed":
+            await trio.sleep(2 * self.LAST_WORDS_S)
+            deaths = [
+                self._describe(j, w, p, kind) for j, fifo in enumerate(self._fifos) for w, p in fifo if w in ("exited", "lost")
+            ]
+            if deaths:
+                message = f"{deaths[0]} (then {message})"
+        raise ClusterError(message)
+
     async def gather(self, kind: str) -> list:
-        """One `kind` message from every agent, in executor order; any failure raises."""
+        """The next message of every agent, which must be `kind`; any failure raises."""
         got: dict[int, object] = {}
         while len(got) < len(self.controls):
-            i, what, payload = await self._inbox.receive()
-            if what == kind and i not in got:
-                got[i] = payload
-                if kind == "done":
-                    self.done.add(i)
-            elif what == "failed":
-                raise ClusterError(str(payload))
-            elif what == "lost" and i not in self.done:
-                raise ClusterError(f"executor {i} lost its control connection: {payload}")
-            elif what == "exited" and i not in self.done:
-                raise ClusterError(f"executor {i} exited with code {payload} during the job")
+            for i, fifo in enumerate(self._fifos):
+                if i in got or not fifo:
+                    continue
+                what, payload = fifo.popleft()
+                if what == kind:
+                    got[i] = payload
+                else:
+                    await self._fail(i, what, payload, kind)
+            if len(got) < len(self.controls):
+                self._arrived = trio.Event()
+                if not any(self._fifos[i] for i in range(len(self._fifos)) if i not in got):
+                    await self._arrived.wait()
         return [got[i] for i in range(len(self.controls))]
 
 
@@ -241,8 +277,10 @@ async def run_cluster_async(
             bound.info("cluster ready")
             started = time.perf_counter()
             await agents.send_all("start", [None] * n)
-            results = await agents.gather("done")
+            # the run ends when every executor has finished; collecting results is delivery
+            await agents.gather("finished")
             seconds = time.perf_counter() - started
+            results = await agents.gather("done")
             nursery.cancel_scope.cancel()
     except trio.TooSlowError:
         raise ClusterError(f"the executors were not ready within {START_TIMEOUT:.0f} s") from None

@@ -172,41 +172,46 @@ class SsbWindowAggregate(WindowAggregate):
     # -- the epoch protocol -------------------------------------------------------------------------
     async def _end_epoch(self, *, final: bool = False) -> None:
         self.epoch += 1
-        rows = self._ship_slices()
-        owners = self.partitioning.owner_of(rows["key"])
+        executors = self.partitioning.executors
+        outgoing: list[list[np.ndarray]] = [[] for _ in range(executors)]
+        touched = 0
+        for s in sorted(self.slices):
+            keys, counts, vals = self.slices[s].ship()  # the fragment restarts from zero
+            self._drop_slice(s)
+            touched += len(keys)
+            if executors == 1:
+                self.merged.merge_slice(s, keys, counts, vals)
+                continue
+            owners = self.partitioning.owner_of(keys)
+            for owner in range(executors):
+                take = owners == owner
+                if owner == self.index:
+                    self.merged.merge_slice(s, keys[take], counts[take], vals[take])
+                elif take.any():
+                    outgoing[owner].append(self._delta_rows(s, keys[take], counts[take], vals[take]))
         shipped = 0
-        for owner in range(self.partitioning.executors):
-            mine = rows[owners == owner] if self.partitioning.executors > 1 else rows
-            if owner == self.index:
-                self.merged.merge_partials(mine["slice"], mine["key"], mine["count"], mine["value"])
-            elif len(mine):
-                self.shippers[owner].rows(mine)
-                shipped += len(mine)
+        for owner, parts in enumerate(outgoing):
+            if parts:
+                rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
+                self.shippers[owner].rows(rows)
+                shipped += len(rows)
         watermark = END_TIME if final else self._watermark
         for shipper in self.shippers.values():
             shipper.end() if final else shipper.watermark(watermark)
-        stats = EpochStats(self.epoch, self._bytes, len(rows), shipped, shipped * self.exchange_dtype.itemsize, watermark)
+        stats = EpochStats(self.epoch, self._bytes, touched, shipped, shipped * self.exchange_dtype.itemsize, watermark)
         self.epochs.append(stats)
         log.debug("epoch shipped", step=self.step_id, executor=self.index, **attrs.asdict(stats))
         self._bytes = 0
         self._shipped_promise = self.promise(watermark) if not final else END_TIME
         await self.gate.advance(self.index, watermark)
 
-    def _ship_slices(self) -> np.ndarray:
-        """Every slice's change since the last epoch as delta rows; the fragments restart empty."""
-        parts = [(s, self.slices[s].ship()) for s in sorted(self.slices)]
-        for s, _ in parts:
-            self._drop_slice(s)
-        rows = np.empty(sum(len(k) for _, (k, _, _) in parts), self.exchange_dtype)
+    def _delta_rows(self, slice_id: int, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray) -> np.ndarray:
+        rows = np.empty(len(keys), self.exchange_dtype)
         rows["epoch"] = self.epoch
-        at = 0
-        for s, (keys, counts, vals) in parts:
-            n = len(keys)
-            rows["slice"][at : at + n] = s
-            rows["key"][at : at + n] = keys
-            rows["count"][at : at + n] = counts
-            rows["value"][at : at + n] = vals
-            at += n
+        rows["slice"] = slice_id
+        rows["key"] = keys
+        rows["count"] = counts
+        rows["value"] = vals
         return rows
 
     async def _merge_delta(self, source: int, batch: Batch) -> None:

@@ -161,21 +161,27 @@ class WindowAggregate(Node):
         await super().on_end()
 
     def merge_partials(self, slice_ids: np.ndarray, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray) -> None:
-        """Join partial states (CRDT merge) into their slices: a leader taking a helper's delta."""
+        """Join partial states (CRDT merge) into their slices: a leader taking a helper's delta.
+        Rows come grouped by slice (as epochs ship them); each run of one slice is one merge."""
+        if not len(keys):
+            return
+        cuts = np.flatnonzero(slice_ids[1:] != slice_ids[:-1]) + 1
+        bounds = [0, *cuts.tolist(), len(keys)]
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            self.merge_slice(int(slice_ids[a]), keys[a:b], counts[a:b], vals[a:b])
+
+    def merge_slice(self, slice_id: int, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray) -> None:
+        """Join partial states of one slice into it."""
         if not len(keys):
             return
         if self.value_dtype is None:
             self.value_dtype = vals.dtype.newbyteorder("<")
-        lo, hi = int(slice_ids.min()), int(slice_ids.max())
-        if self._latest_end(lo) <= self.fired_until:
+        if self._latest_end(slice_id) <= self.fired_until:
             raise OperatorError(
-                self.step_id, f"partial state for slice {lo} arrived after all its windows fired (up to {self.fired_until})"
+                self.step_id, f"partial state for slice {slice_id} arrived after all its windows fired (up to {self.fired_until})"
             )
-        present = [lo] if lo == hi else np.unique(slice_ids).tolist()
-        for s in present:
-            rows = slice(None) if lo == hi else slice_ids == s
-            self._slice(s).merge(keys[rows], counts[rows], vals[rows])
-        first = int(self._earliest_end(lo)) - self.size
+        self._slice(slice_id).merge(keys, counts, vals)
+        first = int(self._earliest_end(slice_id)) - self.size
         if self.next_start is None or first < self.next_start:
             self.next_start = max(first, self._first_unfired_start())
 

@@ -1,0 +1,150 @@
+"""The benchmark queries on N executors (`slashrt bench Q --executors N --mode slash|uppar`).
+
+Weak scaling, as in the Slash paper: every executor reads `events` records of its own stream
+(generated in its process before the clock starts, each with its own seed, all over the same
+event-time range), so N executors process N times the input. Throughput is the total over the
+wall time from "start" to the last executor's result. The result is checked against the numpy
+reference over the union of all streams. State shipped per epoch (SSB) is reported beside the
+input per epoch: it follows the distinct keys an epoch touched, not its input.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import attrs
+import numpy as np
+
+from slashrt.bench import cm, nexmark, ro, ysb
+from slashrt.bench._common import lazy
+from slashrt.cluster import PerExecutor
+from slashrt.ops.sinks import Collect
+
+__all__ = ["QUERIES", "bench"]
+
+
+@attrs.frozen
+class Query:
+    source: str
+    generate: object  # (events, *, zipf, seed, **params) -> records
+    flow: object  # (sink, **params) -> Dataflow
+    reference: object  # (records, **params) -> result rows
+    to_result: object
+    matches: object = np.array_equal
+    seed: int = 0
+
+
+def _ysb_generate(events, *, zipf, seed, campaigns, **_):
+    return ysb.generate(events, campaigns, zipf=zipf, seed=seed)
+
+
+def _ysb_flow(sink, *, campaigns, **_):
+    return ysb.dataflow(ysb.campaign_map(campaigns), sink)
+
+
+def _ysb_reference(records, *, campaigns, **_):
+    return ysb.reference(records, ysb.campaign_map(campaigns))
+
+
+QUERIES = {
+    "ysb": Query("events", _ysb_generate, _ysb_flow, _ysb_reference, ysb.to_result, seed=42),
+    "ro": Query(
+        "records",
+        lambda events, *, zipf, seed, key_range, **_: ro.generate(events, key_range, zipf=zipf, seed=seed),
+        lambda sink, *, window_ms, **_: ro.dataflow(sink, window_ms=window_ms),
+        lambda records, *, window_ms, **_: ro.reference(records, window_ms),
+        ro.to_result,
+        seed=7,
+    ),
+    "cm": Query(
+        "usage",
+        lambda events, *, zipf, seed, jobs, **_: cm.generate(events, jobs, zipf=zipf, seed=seed),
+        lambda sink, **_: cm.dataflow(sink),
+        lambda records, **_: cm.reference(records),
+        cm.to_result,
+        cm.matches,
+        seed=11,
+    ),
+    "nexmark": Query(
+        "bids",
+        lambda events, *, zipf, seed, **_: nexmark.generate(events, zipf=zipf, seed=seed),
+        lambda sink, **_: nexmark.dataflow(sink),
+        lambda records, **_: nexmark.reference(records),
+        nexmark.to_result,
+        seed=13,
+    ),
+}
+
+
+def _make(query: str, events: int, zipf: float, params: dict, index: int, executors: int) -> np.ndarray:
+    q = QUERIES[query]
+    return q.generate(events, zipf=zipf, seed=q.seed + 1000 * index, **params)
+
+
+def _epoch_fields(result) -> dict:
+    epochs = [e for per_executor in result.epochs.values() for ex in per_executor for e in ex if e.input_bytes]
+    if not epochs:
+        return {"epochs": 0}
+    shipped = np.array([e.shipped_bytes for e in epochs], np.float64)
+    return {
+        "epochs": len(epochs),
+        "input_bytes_per_epoch": round(float(np.mean([e.input_bytes for e in epochs])), 1),
+        "keys_touched_per_epoch": round(float(np.mean([e.keys_touched for e in epochs])), 1),
+        "state_bytes_shipped_per_epoch": round(float(shipped.mean()), 1),
+        "state_bytes_shipped_per_epoch_max": int(shipped.max()),
+        "state_bytes_shipped": int(shipped.sum()),
+    }
+
+
+def bench(
+    query: str,
+    *,
+    events: int,
+    executors: int,
+    mode: str = "slash",
+    transport: str = "shm",
+    zipf: float = 0.0,
+    repeat: int = 1,
+    epoch_bytes: int | None = None,
+    partitions: int | None = None,
+    params: dict | None = None,
+    **options,
+) -> dict:
+    """Run `query` on `executors` executors, `events` records each; best of `repeat` checked runs."""
+    import slashrt
+
+    q = QUERIES[query]
+    params = dict(params or {})
+    make = PerExecutor(functools.partial(_make, query, events, zipf, params))
+    expected = lazy(lambda: q.reference(np.concatenate([make.make(i, executors) for i in range(executors)]), **params))
+    extra = {k: v for k, v in (("epoch_bytes", epoch_bytes), ("partitions", partitions)) if v is not None}
+    best, correct, rows = None, True, 0
+    for _ in range(repeat):
+        sink = Collect()
+        result = slashrt.run(
+            q.flow(sink, **params), {q.source: make}, executors=executors, mode=mode, transport=transport, **extra, **options
+        )
+        got = q.to_result(sink.records)
+        correct = correct and bool(q.matches(got, expected()))
+        rows = len(got)
+        if best is None or result.seconds < best.seconds:
+            best = result
+    total = events * executors
+    return {
+        "query": query,
+        "events": total,
+        "events_per_executor": events,
+        "executors": executors,
+        "mode": mode,
+        "transport": transport,
+        "zipf": zipf,
+        "seconds": round(best.seconds, 6),
+        "records_per_s": round(total / best.seconds, 1),
+        "correct": correct,
+        "result_rows": rows,
+        "late_records": sum(best.late_records.values()),
+        **_epoch_fields(best),
+        **params,
+        **extra,
+        "repeat": repeat,
+    }
