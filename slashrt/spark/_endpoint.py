@@ -34,7 +34,7 @@ from slashrt import _kernels as kernels
 from slashrt._buffer import Control
 from slashrt._runtime import RunResult, run_receivers
 from slashrt._schema import Schema
-from slashrt.errors import ChannelClosed, DataflowError, MalformedBuffer, SlashError
+from slashrt.errors import ChannelClosed, DataflowError, MalformedBuffer, SlashError, unwrap_groups
 from slashrt.spark._protocol import DEFAULT_SLOT_SIZE, DEFAULT_SLOTS, IngestTarget, fields_of, read_message
 from slashrt.transport import RingSpec
 from slashrt.transport._auth import generate_secret
@@ -165,7 +165,7 @@ class IngestEndpoint:
     # -- the service (the receiver's drive) -----------------------------------------------------------
     async def _serve(self) -> None:
         if self._listener is None:
-            self.receiver._fail_source(IngestError("the ingest endpoint was never opened (use `async with`)"))
+            self.receiver._fail_source(ChannelClosed("the ingest endpoint was never opened (use `async with`)"))
             return
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._forward)
@@ -182,7 +182,7 @@ class IngestEndpoint:
                 nursery.start_soon(self._connection, rx)
 
     async def _connection(self, rx) -> None:
-        async with trio.open_nursery() as nursery:
+        async with unwrap_groups(), trio.open_nursery() as nursery:
             nursery.start_soon(rx.drive)
             try:
                 await self._talk(rx)
@@ -359,7 +359,9 @@ class IngestEndpoint:
         """The source cannot be exact any more: fail it (the run raises ChannelFailed) and the
         connection that found out (its driver sees the channel closed)."""
         self._log.error("ingest failed", reason=str(exc))
-        self.receiver._fail_source(exc)
+        failure = ChannelClosed(f"ingest endpoint of source {self.source!r}: {exc}")
+        failure.__cause__ = exc
+        self.receiver._fail_source(failure)
         raise exc
 
     async def _forward(self) -> None:

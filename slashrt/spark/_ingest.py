@@ -33,7 +33,7 @@ import structlog
 import trio
 
 from slashrt._buffer import Control
-from slashrt.errors import ChannelClosed
+from slashrt.errors import ChannelClosed, unwrap_groups
 from slashrt.spark._convert import ArrowConverter
 from slashrt.spark._endpoint import IngestError
 from slashrt.spark._mapping import ColumnPlan, IngestSchemaError, plan_columns
@@ -146,7 +146,7 @@ class _PartitionPusher:
         sender = await connect_tcp(target.address, target.spec, secret)
         writer = _SlotWriter(sender, self.plan.schema.record_size)
         complete = False
-        async with trio.open_nursery() as nursery:
+        async with unwrap_groups(), trio.open_nursery() as nursery:
             nursery.start_soon(sender.drive)
             try:
                 await send_message(sender, Control.INGEST_OPEN, self.ingest_id, attempt, partition)
@@ -222,7 +222,7 @@ def check_data(df, plan: ColumnPlan) -> None:
 async def _driver_send(target: IngestTarget, secret: bytes, messages) -> None:
     """Send driver messages on one connection and wait until the endpoint has handled them all."""
     sender = await connect_tcp(target.address, target.spec, secret)
-    async with trio.open_nursery() as nursery:
+    async with unwrap_groups(), trio.open_nursery() as nursery:
         nursery.start_soon(sender.drive)
         try:
             for ctype, value, aux, pad in messages:
