@@ -89,7 +89,19 @@ def _parser() -> argparse.ArgumentParser:
     cm.add_argument("--events", type=_positive_int, default=10_000_000)
     cm.add_argument("--jobs", type=_positive_int, default=10_000)
     _add_runtime_options(cm)
+    _add_spark_benchmarks(queries)
     return parser
+
+
+def _add_spark_benchmarks(queries) -> None:
+    """slashrt.spark's benchmarks (no JVM needed for these)."""
+    conv = queries.add_parser("spark-convert", help="Arrow batches from the Spark generator to slashrt records")
+    conv.add_argument("--events", type=_positive_int, default=10_000_000)
+    conv.add_argument("--batch-rows", type=_positive_int, default=10_000, help="rows per Arrow batch (Spark's default)")
+    conv.add_argument("--stream", choices=["ysb", "bids", "cm", "ro"], default="ysb")
+    conv.add_argument("--repeat", type=_positive_int, default=3, help="report the best of this many passes")
+    conv.add_argument("--json", action="store_true", help="print one JSON object with the results")
+    conv.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
 def _runtime_options(args) -> dict:
@@ -98,6 +110,10 @@ def _runtime_options(args) -> dict:
 
 def _run_bench(args) -> dict:
     progress = not args.json or sys.stderr.isatty()
+    if args.query == "spark-convert":
+        from slashrt.spark.bench import convert_bench
+
+        return convert_bench(rows=args.events, batch_rows=args.batch_rows, repeat=args.repeat, stream=args.stream)
     if args.query == "ysb":
         from slashrt.bench import ysb
 

@@ -122,3 +122,13 @@ def test_ysb_plan_needs_range_checks_only_where_spark_types_are_wider():
     plan = plan_columns(stream.spark_schema(), YSB_SCHEMA, defaults=stream.defaults)
     assert sorted((what, f.field) for what, f in plan.data_checks()) == [
         ("range", "ad_type"), ("range", "event_type"), ("range", "ip")]
+
+
+def test_the_conversion_benchmark_checks_itself(capsys):
+    import json
+
+    from slashrt.cli import main
+
+    assert main(["bench", "spark-convert", "--events", "200000", "--repeat", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["correct"] is True and result["events"] == 200_000 and result["records_per_s"] > 0
