@@ -75,9 +75,12 @@ def test_tasks_failing_mid_partition_are_retried_and_counted_once(spark):
         stats = server.endpoints["events"].stats
     assert np.array_equal(ysb.to_result(sink.records), ysb_expected(n, seed=5))
     assert sorted(report.retried_partitions) == [1, 2] and report.rows == n
-    assert stats.attempts_opened == 5 and stats.partitions_committed == 3 and stats.rows_committed == n
-    # partition 2's first attempt broke off; partition 1's first looked complete and was dropped
-    assert stats.attempts_aborted >= 1 and stats.attempts_aborted + stats.attempts_dropped == 2
+    assert stats.partitions_committed == 3 and stats.rows_committed == n
+    # partition 2's first attempt broke off after sending rows (aborted); partition 1's first, if
+    # Spark started its ingest before the failure, looked complete and was dropped: every opened
+    # attempt that was not committed was aborted or dropped, none counted
+    assert stats.attempts_opened in (4, 5) and stats.attempts_aborted >= 1
+    assert stats.attempts_aborted + stats.attempts_dropped == stats.attempts_opened - 3
 
 
 @pytest.mark.parametrize(
