@@ -11,6 +11,8 @@ STAMP := $(VENV)/.installed-stamp
 install: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h)
+	@# PySpark (tests/spark) needs a JVM: Java 17 from Debian when none is installed
+	command -v java >/dev/null 2>&1 || (apt-get update && apt-get install -y openjdk-17-jre-headless)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'

@@ -77,6 +77,14 @@ class Control(enum.IntEnum):
     WATERMARK = 1  # value: the sender's event-time low watermark
     END_OF_STREAM = 2  # the sender will send nothing more on this channel
     BARRIER = 3  # value: checkpoint id (snapshots)
+    # Ingestion from Spark (slashrt.spark._protocol): an ingest endpoint consumes these itself;
+    # they never reach a dataflow.
+    INGEST_OPEN = 16  # a task attempt's partition stream starts: value ingest id, aux attempt, pad partition
+    INGEST_PREPARE = 17  # the attempt's stream is complete: value rows, aux data buffers
+    INGEST_PICK = 18  # driver: commit this attempt: value attempt, aux rows, pad partition
+    INGEST_COMMIT = 19  # driver: commit the picks sent before: value ingest id, aux picks
+    INGEST_ABORT = 20  # driver: drop everything staged for ingest id `value`
+    INGEST_END = 21  # driver: the ingested stream ends after what was committed
 
 
 CONTROL_DTYPE = np.dtype([("type", "<u4"), ("pad", "<u4"), ("value", "<i8"), ("aux", "<i8")])

@@ -123,11 +123,24 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--out", default="docs/img", help="directory for the plots and report.json")
     _add_runtime_options(report)
 
+    _add_spark_benchmarks(queries)
+
     executor = sub.add_parser("executor", help="run an executor agent that coordinators deploy jobs on")
     executor.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT for the control connection")
     executor.add_argument("--once", action="store_true", help="exit after one job")
     executor.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
+
+
+def _add_spark_benchmarks(queries) -> None:
+    """slashrt.spark's benchmarks (no JVM needed for these)."""
+    conv = queries.add_parser("spark-convert", help="Arrow batches from the Spark generator to slashrt records")
+    conv.add_argument("--events", type=_positive_int, default=10_000_000)
+    conv.add_argument("--batch-rows", type=_positive_int, default=10_000, help="rows per Arrow batch (Spark's default)")
+    conv.add_argument("--stream", choices=["ysb", "bids", "cm", "ro"], default="ysb")
+    conv.add_argument("--repeat", type=_positive_int, default=3, help="report the best of this many passes")
+    conv.add_argument("--json", action="store_true", help="print one JSON object with the results")
+    conv.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
 def _runtime_options(args) -> dict:
@@ -159,6 +172,10 @@ def _cluster_bench(args) -> dict:
 
 def _run_bench(args) -> dict:
     progress = not args.json or sys.stderr.isatty()
+    if args.query == "spark-convert":
+        from slashrt.spark.bench import convert_bench
+
+        return convert_bench(rows=args.events, batch_rows=args.batch_rows, repeat=args.repeat, stream=args.stream)
     if args.query == "report":
         from slashrt.bench import report
 
