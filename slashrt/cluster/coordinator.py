@@ -153,7 +153,11 @@ class _Agents:
         if what == "failed":
             await trio.sleep(2 * self.LAST_WORDS_S)
             deaths = [
-                self._describe(j, w, p, kind) for j, fifo in enumerate(self._fifos) for w, p in fifo if w in ("exited", "lost")
+                self._describe(j, w, p, kind)
+                for j, fifo in enumerate(self._fifos)
+                if j != i
+                for w, p in fifo
+                if w in ("exited", "lost")
             ]
             if deaths:
                 message = f"{deaths[0]} (then {message})"
