@@ -267,7 +267,10 @@ async def run_cluster_async(
                     except OSError as exc:
                         raise ClusterError(f"cannot reach executor {i} at {host}:{port}: {exc}") from None
                     controls.append(stream)
-                    await client_handshake(stream, secret)
+                    try:
+                        await client_handshake(stream, secret)
+                    except ChannelClosed as exc:
+                        raise ClusterError(f"executor {i} at {host}:{port} did not accept the cluster secret: {exc}") from None
                 agents = _Agents(controls, procs)
                 agents.start(nursery)
                 jobs = [

@@ -1,0 +1,135 @@
+"""A multi-host run on this machine: executor agents in their own network namespaces (hosts
+with their own addresses, joined by veth pairs on a bridge), the coordinator in the root
+namespace, channels over tcp between the namespaces. The same code path as real hosts."""
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+
+import slashrt
+from slashrt import Dataflow, Schema, Tumbling
+from slashrt.bench._common import sort_rows
+from slashrt.cluster import ClusterError, PerExecutor
+from slashrt.ops.sinks import Collect
+from slashrt.transport._auth import generate_secret
+
+SCHEMA = Schema([("ts", "<i8"), ("key", "<i8"), ("value", "<i8")])
+HOSTS = 3
+AGENT_PORT = 7711
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    """Three test hosts (network namespaces) at 10.77.x.2..4 on a bridge at 10.77.x.1."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.fail("the multi-host test needs root and iproute2 (ip netns) to make its test hosts")
+    tag = uuid.uuid4().hex[:6]
+    subnet = 10 + int(tag, 16) % 200
+    bridge = f"slbr{tag}"
+    names = [f"slrt{tag}{i}" for i in range(HOSTS)]
+    addresses = [f"10.77.{subnet}.{i + 2}" for i in range(HOSTS)]
+    try:
+        _ip("link", "add", bridge, "type", "bridge")
+        _ip("addr", "add", f"10.77.{subnet}.1/24", "dev", bridge)
+        _ip("link", "set", bridge, "up")
+        for i, (ns, addr) in enumerate(zip(names, addresses)):
+            _ip("netns", "add", ns)
+            _ip("link", "add", f"slv{tag}{i}", "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("link", "set", f"slv{tag}{i}", "master", bridge)
+            _ip("link", "set", f"slv{tag}{i}", "up")
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+        yield names, addresses
+    finally:
+        for ns in names:
+            subprocess.run(["ip", "netns", "pids", ns], capture_output=True)
+            subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+        subprocess.run(["ip", "link", "delete", bridge], capture_output=True)
+
+
+def _start_agents(names, addresses, secret: bytes):
+    env = dict(os.environ, SLASHRT_SECRET=secret.hex(), PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
+    procs = []
+    for ns, addr in zip(names, addresses):
+        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "slashrt.cluster.agent", "--once",
+               "--listen", f"{addr}:{AGENT_PORT}", "--log-level", "warning"]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        procs.append(proc)
+    for proc in procs:  # each prints its address once it listens
+        line = proc.stdout.readline().decode()
+        assert line.startswith("slashrt-agent listening"), line
+    return procs
+
+
+def _stop(procs) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+def _stream(index: int, executors: int) -> np.ndarray:
+    rng = np.random.default_rng(index)
+    out = np.zeros(30_000, SCHEMA.dtype)
+    out["ts"] = np.arange(len(out)) // 20
+    out["key"] = rng.integers(0, 500, len(out))
+    out["value"] = rng.integers(0, 100, len(out))
+    return out
+
+
+def _flow(sink) -> Dataflow:
+    f = Dataflow("netns")
+    f.source("r", SCHEMA, time="ts").window(Tumbling(ms=200)).sum("value", key="key", output="total").sink(sink)
+    return f
+
+
+@pytest.mark.parametrize("mode", ["slash", "uppar"])
+def test_executors_on_three_hosts_over_tcp_equal_the_sequential_run(hosts, mode):
+    names, addresses = hosts
+    secret = generate_secret()
+    procs = _start_agents(names, addresses, secret)
+    try:
+        sink = Collect()
+        slashrt.run(
+            _flow(sink),
+            {"r": PerExecutor(_stream)},
+            executors=[f"{a}:{AGENT_PORT}" for a in addresses],
+            transport="tcp",
+            mode=mode,
+            secret=secret,
+        )
+        for proc in procs:
+            assert proc.wait(timeout=30) == 0
+    finally:
+        _stop(procs)
+    whole = np.concatenate([_stream(i, HOSTS) for i in range(HOSTS)])
+    expected = Collect()
+    slashrt.run(_flow(expected), {"r": whole[np.argsort(whole["ts"], kind="stable")]})
+    order = ("window_start", "key")
+    np.testing.assert_array_equal(sort_rows(sink.records, *order), sort_rows(expected.records, *order))
+
+
+def test_a_coordinator_without_the_secret_is_refused(hosts):
+    names, addresses = hosts
+    procs = _start_agents(names[:1], addresses[:1], generate_secret())
+    try:
+        with pytest.raises(ClusterError, match="executor 0|secret|handshake"):
+            slashrt.run(
+                _flow(Collect()),
+                {"r": PerExecutor(_stream)},
+                executors=[f"{addresses[0]}:{AGENT_PORT}"],
+                transport="tcp",
+                secret=generate_secret(),
+            )
+    finally:
+        _stop(procs)
