@@ -69,8 +69,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="slashrt", description="slashrt: stateful stream processing after Slash")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="run YSB on the embedded default and print its result")
-    demo.add_argument("--events", type=_positive_int, default=10_000_000)
+    demo = sub.add_parser("demo", help="run YSB on the embedded default (a local cluster) and print its result")
+    demo.add_argument("--events", type=_positive_int, default=10_000_000, help="events in all (split over the executors)")
+    demo.add_argument("--executors", type=_positive_int, default=2, help="executor processes of the local cluster")
+    demo.add_argument("--transport", choices=["shm", "tcp", "verbs"], default="shm", help="between executors")
     demo.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
     bench = sub.add_parser("bench", help="run a benchmark query and check it against a reference")
@@ -226,10 +228,16 @@ def _print_human(result: dict) -> None:
 
 
 def _demo(args) -> int:
-    from slashrt.bench import ysb
+    from slashrt.bench import scaling
 
-    print(f"slashrt demo: YSB, {args.events:,} events, 1,000 campaigns, one local executor (in-process channels)")
-    result, rows = ysb.bench_with_result(events=args.events, campaigns=1000, show_progress=True)
+    per_executor = max(1, args.events // args.executors)
+    print(
+        f"slashrt demo: YSB, {per_executor * args.executors:,} events, 1,000 campaigns, a local cluster of "
+        f"{args.executors} executor processes over {args.transport} (shared state backend)"
+    )
+    result, rows = scaling.bench_with_result(
+        "ysb", events=per_executor, executors=args.executors, transport=args.transport, params={"campaigns": 1000}
+    )
     first = rows[rows["window_start_ms"] == rows["window_start_ms"][0]] if len(rows) else rows
     top = first[np.argsort(-first["count"], kind="stable")[:5]]
     print(f"\nwindow starting at {first['window_start_ms'][0] if len(first) else 0} ms, top campaigns by views:")

@@ -120,5 +120,41 @@ def test_bad_arguments_exit_2_with_a_message(args, message, capsys):
 def test_demo_prints_result_and_throughput():
     proc = run_cli("demo", "--events", "200000")
     assert proc.returncode == 0, proc.stderr
+    assert "local cluster of 2 executor processes over shm" in proc.stdout
     assert "matches the numpy reference" in proc.stdout
     assert "million records/s" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "query,extra",
+    [
+        ("ysb", ["--campaigns", "50", "--mode", "uppar"]),
+        ("ro", ["--keys", "10000", "--zipf", "1.2"]),
+        ("cm", ["--jobs", "200", "--epoch-bytes", "65536"]),
+        ("nexmark", ["--query", "7", "--partitions", "8"]),
+    ],
+)
+def test_bench_on_two_executors_verifies_itself(query, extra, capsys):
+    assert main(["bench", query, "--executors", "2", "--events", "100000", "--repeat", "1", *extra, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["query"] == query and result["correct"] is True
+    assert result["executors"] == 2 and result["events"] == 200_000 and result["events_per_executor"] == 100_000
+    if result["mode"] == "slash":
+        assert result["epochs"] > 0 and "state_bytes_shipped_per_epoch" in result
+
+
+def test_bench_report_writes_plots_and_ratios(tmp_path, capsys):
+    out = tmp_path / "img"
+    assert main(["bench", "report", "--events", "20000", "--zipf", "1.0", "--repeat", "1", "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["correct"] is True and summary["runs"] == 4 * 3 + 2 * 2
+    for key in ("ysb_scaling_2x", "ro_slash_over_uppar", "nexmark_scaling_2x", "ysb_slash_by_zipf"):
+        assert key in summary
+    assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "skew.png").stat().st_size > 1000
+    assert len(json.loads((out / "report.json").read_text())) == summary["runs"]
+
+
+def test_executor_with_a_bad_listen_address_exits_2():
+    proc = run_cli("executor", "--listen", "nowhere")
+    assert proc.returncode == 2 and "HOST:PORT" in proc.stderr

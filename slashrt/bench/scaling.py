@@ -20,7 +20,7 @@ from slashrt.bench._common import lazy
 from slashrt.cluster import PerExecutor
 from slashrt.ops.sinks import Collect
 
-__all__ = ["QUERIES", "bench"]
+__all__ = ["QUERIES", "bench", "bench_with_result"]
 
 
 @attrs.frozen
@@ -96,7 +96,12 @@ def _epoch_fields(result) -> dict:
     }
 
 
-def bench(
+def bench(query: str, **kwargs) -> dict:
+    """Run `query` on N executors (see `bench_with_result`) and return its report."""
+    return bench_with_result(query, **kwargs)[0]
+
+
+def bench_with_result(
     query: str,
     *,
     events: int,
@@ -110,7 +115,8 @@ def bench(
     params: dict | None = None,
     **options,
 ) -> dict:
-    """Run `query` on `executors` executors, `events` records each; best of `repeat` checked runs."""
+    """Run `query` on `executors` executors, `events` records each; best of `repeat` checked runs.
+    Returns the report and the last run's result rows."""
     import slashrt
 
     q = QUERIES[query]
@@ -118,7 +124,7 @@ def bench(
     make = PerExecutor(functools.partial(_make, query, events, zipf, params))
     expected = lazy(lambda: q.reference(np.concatenate([make.make(i, executors) for i in range(executors)]), **params))
     extra = {k: v for k, v in (("epoch_bytes", epoch_bytes), ("partitions", partitions)) if v is not None}
-    best, correct, rows = None, True, 0
+    best, correct, got = None, True, None
     for _ in range(repeat):
         sink = Collect()
         result = slashrt.run(
@@ -126,11 +132,10 @@ def bench(
         )
         got = q.to_result(sink.records)
         correct = correct and bool(q.matches(got, expected()))
-        rows = len(got)
         if best is None or result.seconds < best.seconds:
             best = result
     total = events * executors
-    return {
+    report = {
         "query": query,
         "events": total,
         "events_per_executor": events,
@@ -141,10 +146,11 @@ def bench(
         "seconds": round(best.seconds, 6),
         "records_per_s": round(total / best.seconds, 1),
         "correct": correct,
-        "result_rows": rows,
+        "result_rows": len(got),
         "late_records": sum(best.late_records.values()),
         **_epoch_fields(best),
         **params,
         **extra,
         "repeat": repeat,
     }
+    return report, got
