@@ -6,6 +6,7 @@ tests with pytest-trio and for users composing slashrt with other trio code).
 
 from __future__ import annotations
 
+import collections.abc
 import time
 
 import attrs
@@ -40,12 +41,35 @@ class ChannelFailed(SlashError):
         self.result = result
 
 
+class _CollectedOutputs(collections.abc.Mapping):
+    """Collect sink step id -> its records, joined into one array when first asked for (the
+    join of a large result is the caller's cost, not the run's)."""
+
+    def __init__(self, sinks: dict):
+        self._sinks = sinks
+
+    def __getitem__(self, step_id: str):
+        return self._sinks[step_id].records
+
+    def __iter__(self):
+        return iter(self._sinks)
+
+    def __len__(self) -> int:
+        return len(self._sinks)
+
+    def __reduce__(self):  # pickles (to a coordinator) as the plain dict of arrays
+        return (dict, (dict(self),))
+
+    def __repr__(self) -> str:
+        return f"outputs({sorted(self._sinks)})"
+
+
 @attrs.define
 class RunResult:
     seconds: float
     stats: list[ExecutorStats]
     late_records: dict[str, int]  # window step id -> records that arrived after their window fired
-    outputs: dict[str, np.ndarray | None]  # Collect sink step id -> collected records
+    outputs: collections.abc.Mapping  # Collect sink step id -> collected records (np.ndarray or None)
     # multi-executor runs: SSB window step id -> per executor, the EpochStats of each epoch
     epochs: dict[str, list] = attrs.field(factory=dict)
 
@@ -203,7 +227,7 @@ async def execute(
         for sink in plan.sinks:
             sink.close()
     seconds = time.perf_counter() - started
-    outputs = {s.step_id: s.sink.records for s in plan.sinks if hasattr(s.sink, "records")}
+    outputs = _CollectedOutputs({s.step_id: s.sink for s in plan.sinks if hasattr(s.sink, "records")})
     epochs = {w.step_id: [w.epochs] for w in plan.windows() if hasattr(w, "epochs")}
     result = RunResult(seconds, [executor.stats], {w.step_id: w.late_records for w in plan.windows()}, outputs, epochs)
     log.info("run finished", flow=flow.name, seconds=round(seconds, 6), records=result.records)
