@@ -227,3 +227,14 @@ def test_unreachable_executor_is_a_clear_error():
     f = flow(Collect(), kind="count", assigner=Tumbling(ms=100), max_delay=0)
     with pytest.raises(ClusterError, match="cannot reach executor 0"):
         slashrt.run(f, {"r": records(10, keys=2, zipf=0, disorder=0, seed=0)}, executors=["127.0.0.1:1"], transport="tcp")
+
+
+def test_uppar_executors_routing_into_each_other_through_small_rings_do_not_deadlock():
+    # 4 KiB slots: the exchange rings hold 32 x 4 KiB while each executor routes ~3 MB to the
+    # other; both block on credits unless each keeps consuming what the other sends (lane 1)
+    data = records(250_000, keys=1000, zipf=0.0, disorder=0, seed=5, per_ms=100)
+    sink = Collect()
+    slashrt.run(
+        flow(sink, kind="sum", assigner=Tumbling(ms=1000), max_delay=0), {"r": data}, executors=2, mode="uppar", slot_size=4096
+    )
+    np.testing.assert_array_equal(result(sink), sequential("sum", Tumbling(ms=1000), data, 0))

@@ -1,0 +1,61 @@
+"""The SSB window operator's own checks, in one process (the protocol runs in tests/cluster)."""
+
+import numpy as np
+import pytest
+import trio
+
+from slashrt import Dataflow, Schema, Tumbling
+from slashrt._batch import Batch
+from slashrt._plan import ClusterRole, build_plan
+from slashrt.errors import DataflowError, OperatorError
+from slashrt.ops.sinks import Collect
+from slashrt.ops.ssb_window import SsbWindowAggregate, delta_dtype
+from slashrt.ssb.partitions import Partitioning
+
+SCHEMA = Schema([("ts", "<i8"), ("key", "<i8"), ("value", "<i8")])
+
+
+def _plan(executors=2, index=0, **window):
+    f = Dataflow("w")
+    f.source("r", SCHEMA, time="ts").window(Tumbling(ms=100)).sum("value", key="key").sink(Collect())
+    return build_plan(f, ClusterRole(index, Partitioning(8, executors), "slash", 1 << 20))
+
+
+def _delta(epochs, keys):
+    rows = np.zeros(len(keys), delta_dtype(np.dtype("<i8")))
+    rows["epoch"], rows["slice"], rows["key"], rows["count"], rows["value"] = epochs, 0, keys, 1, 5
+    return Batch(rows)
+
+
+async def test_deltas_out_of_epoch_order_are_refused():
+    (op,) = _plan().exchanges()
+    assert isinstance(op, SsbWindowAggregate)
+    await op._merge_delta(1, _delta([2, 2], [1, 2]))
+    with pytest.raises(OperatorError, match="out of order"):
+        await op._merge_delta(1, _delta([1], [3]))
+    with pytest.raises(OperatorError, match="out of order"):
+        await op._merge_delta(1, _delta([3, 2], [3, 4]))
+
+
+async def test_a_leader_fires_only_when_every_executor_passed_the_window():
+    plan = _plan()
+    (op,) = plan.exchanges()
+    sink_node = plan.sinks[0]
+    sink_node.open()
+    await op._merge_delta(1, _delta([1, 1], [10, 11]))  # helper 1's state for slice 0 ([0, 100))
+    await op.gate.advance(0, 150)  # this executor is past the window ...
+    assert sink_node.sink.records is None
+    await op.gate.advance(1, 99)  # ... executor 1 not yet
+    assert sink_node.sink.records is None
+    await op.gate.advance(1, 100)
+    got = sink_node.sink.records
+    assert sorted(got["key"].tolist()) == [10, 11] and (got["sum_value"] == 5).all()
+
+
+def test_a_computed_column_of_unknown_type_is_refused_in_a_cluster():
+    f = Dataflow("w")
+    s = f.source("r", SCHEMA, time="ts").with_column("v2", lambda b: b["value"] * 2)
+    s.window(Tumbling(ms=100)).sum("v2", key="key").sink(Collect())
+    with pytest.raises(DataflowError, match="dtype="):
+        build_plan(f, ClusterRole(0, Partitioning(8, 2)))
+    build_plan(f, ClusterRole(0, Partitioning(8, 1)))  # one executor: a plain window decides at run time
