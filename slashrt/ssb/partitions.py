@@ -1,7 +1,8 @@
 """SSB partitions: the key space of a stateful operator cut into P shards, each led by one executor.
 
-A key's partition is a 64-bit multiplicative hash of the key, so neighbouring keys spread over
-all partitions; partition p is led by executor ``p % N``. Every executor may hold a fragment
+A key's partition is a 64-bit multiplicative hash of the key (its high 32 bits scaled to
+[0, P) by a multiply and a shift: no division on the hot path), so neighbouring keys spread
+over all partitions; partition p is led by executor ``p % N``. Every executor may hold a fragment
 of any partition (whatever keys its own streams carried); only the leader merges them and
 fires their windows. The same map routes records in the UpPar baseline, so both modes split
 the work identically.
@@ -24,21 +25,31 @@ class Partitioning:
     executors: int
 
     def __attrs_post_init__(self):
-        if self.partitions < 1:
-            raise ValueError(f"need at least one partition, got {self.partitions}")
+        if self.partitions < 1 or self.partitions >= 2**31:
+            raise ValueError(f"need at least one partition (and fewer than 2**31), got {self.partitions}")
         if self.executors < 1:
             raise ValueError(f"need at least one executor, got {self.executors}")
 
     def partition_of(self, keys: np.ndarray) -> np.ndarray:
         """The partition of each int64 key (vectorised)."""
-        mixed = np.asarray(keys).astype(np.uint64, copy=False) * _GOLDEN
-        return ((mixed >> np.uint64(32)) % np.uint64(self.partitions)).astype(np.int64)
+        keys = np.asarray(keys)
+        mixed = (keys.view(np.uint64) if keys.dtype == np.int64 else keys.astype(np.uint64)) * _GOLDEN
+        mixed >>= np.uint64(32)
+        mixed *= np.uint64(self.partitions)
+        mixed >>= np.uint64(32)
+        return mixed.view(np.int64)
 
     def leader_of(self, partitions: np.ndarray) -> np.ndarray:
-        return partitions % self.executors
+        return self._leaders[partitions]
+
+    @property
+    def _leaders(self) -> np.ndarray:
+        return np.arange(self.partitions, dtype=np.int64) % self.executors
 
     def owner_of(self, keys: np.ndarray) -> np.ndarray:
         """The executor leading each key's partition."""
+        if self.executors == 1:
+            return np.zeros(len(keys), np.int64)
         return self.leader_of(self.partition_of(keys))
 
     def led_by(self, executor: int) -> np.ndarray:
