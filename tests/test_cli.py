@@ -147,11 +147,11 @@ def test_bench_report_writes_plots_and_ratios(tmp_path, capsys):
     out = tmp_path / "img"
     assert main(["bench", "report", "--events", "20000", "--zipf", "1.0", "--repeat", "1", "--out", str(out), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["correct"] is True and summary["runs"] == 4 * 3 + 2 * 2
+    assert summary["correct"] is True and summary["runs"] == 4 * 3 + 2 * 2 + 3 * 3
     for key in ("ysb_scaling_2x", "ro_slash_over_uppar", "nexmark_scaling_2x", "ysb_slash_by_zipf"):
         assert key in summary
     assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (out / "skew.png").stat().st_size > 1000
+    assert (out / "skew.png").stat().st_size > 1000 and (out / "ro_keys.png").stat().st_size > 1000
     assert len(json.loads((out / "report.json").read_text())) == summary["runs"]
 
 
