@@ -238,3 +238,56 @@ def test_uppar_executors_routing_into_each_other_through_small_rings_do_not_dead
         flow(sink, kind="sum", assigner=Tumbling(ms=1000), max_delay=0), {"r": data}, executors=2, mode="uppar", slot_size=4096
     )
     np.testing.assert_array_equal(result(sink), sequential("sum", Tumbling(ms=1000), data, 0))
+
+
+CTRL_C_SCRIPT = """
+import time, numpy as np, slashrt, sys
+from slashrt import Dataflow, Schema, Tumbling
+from slashrt.cluster import PerExecutor
+from slashrt.ops.sinks import Collect
+
+S = Schema([("ts", "<i8"), ("key", "<i8")])
+
+def make(index, executors):
+    out = np.zeros(2_000_000, S.dtype)
+    out["ts"] = np.arange(len(out)) // 100
+    return out
+
+def crawl(batch):
+    time.sleep(0.05)  # a slow job: still running when Ctrl-C comes
+    return batch
+
+f = Dataflow("slow")
+f.source("r", S, time="ts").apply(crawl).window(Tumbling(ms=100)).count(key="key").sink(Collect())
+print("starting", flush=True)
+slashrt.run(f, {"r": PerExecutor(make)}, executors=2)
+"""
+
+
+def test_ctrl_c_stops_the_job_and_every_executor(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "job.py"
+    script.write_text(CTRL_C_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "starting"
+        children = []
+        deadline = time.monotonic() + 60
+        while len(children) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            out = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout
+            children = [int(p) for p in out.split()]
+        assert len(children) == 2, "the executors did not start"
+        time.sleep(3)  # let the job run
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) != 0  # interrupted, no result
+        time.sleep(1)
+        for pid in children:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
