@@ -25,6 +25,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(HA_HAVE_MMAP)
+#define HA_HAVE_DENSE 1
+#include <pthread.h>
+#endif
+
 #if defined(__GNUC__)
 #define HA_INLINE static inline __attribute__((always_inline))
 #define HA_NOINLINE static __attribute__((noinline))
@@ -698,5 +703,148 @@ int ha_ship(ha_table *t, int64_t *keys, int64_t *counts, ha_val *vals) {
     if (!fresh_index) index_zero(t);
     log_restart(t);
     if (t->log_cap >= 8 * logw) log_resize(t, 2 * logw); /* shrinking: failure is harmless */
+    return 0;
+}
+
+/* ---- update from a view, with the dense path ------------------------------------------- */
+
+#ifdef HA_HAVE_DENSE
+/* Per-thread scratch of the dense path (a table is not thread-safe, but different tables may
+ * be updated in different threads at once).  calloc'ed once per thread (about 512 KiB, of
+ * which only the pages of the key ranges used are ever touched) and kept zeroed between
+ * calls: a call resets exactly the counters it used. */
+typedef struct {
+    uint32_t cnt[HA_DENSE_MAX];
+    uint32_t order[HA_DENSE_MAX + 1]; /* + 1: the branch-free append writes one past the last */
+    ha_val val[HA_DENSE_MAX];
+} dense_scratch;
+
+static pthread_key_t dense_key;
+static pthread_once_t dense_once = PTHREAD_ONCE_INIT;
+static int dense_key_ok;
+
+static void dense_key_init(void) { dense_key_ok = pthread_key_create(&dense_key, free) == 0; }
+
+static dense_scratch *dense_get(void) {
+    pthread_once(&dense_once, dense_key_init);
+    if (!dense_key_ok) return NULL;
+    dense_scratch *d = pthread_getspecific(dense_key);
+    if (d == NULL) {
+        d = calloc(1, sizeof(*d));
+        if (d != NULL && pthread_setspecific(dense_key, d) != 0) {
+            free(d);
+            d = NULL;
+        }
+    }
+    return d;
+}
+
+/* Count (and join the values of) every element into the dense arrays: slot key - lo.  The
+ * first appearance of a key appends its slot to `order` (branch-free: order[no] is always
+ * written, no moves on only for a new key). */
+HA_INLINE uint32_t dense_fill(dense_scratch *d, const ha_view *kv, const ha_view *vv, int64_t lo,
+                              const int kind) {
+    uint32_t *const cnt = d->cnt, *const order = d->order;
+    ha_val *const val = d->val;
+    uint32_t no = 0;
+    for (int64_t r = 0; r < kv->rows; r++) {
+        const char *kr = kv->base + r * kv->row_stride;
+        const ptrdiff_t ks = kv->col_stride;
+        const int64_t cols = kv->cols;
+        if (kind == HA_COUNT) {
+            for (int64_t c = 0; c < cols; c++) {
+                const uint32_t i = (uint32_t)((uint64_t)ld64(kr + c * ks) - (uint64_t)lo);
+                order[no] = i;
+                no += cnt[i]++ == 0;
+            }
+            continue;
+        }
+        const char *vr = vv->base + r * vv->row_stride;
+        const ptrdiff_t vs = vv->col_stride;
+        for (int64_t c = 0; c < cols; c++) {
+            const uint32_t i = (uint32_t)((uint64_t)ld64(kr + c * ks) - (uint64_t)lo);
+            const int64_t v = ld64(vr + c * vs);
+            if (cnt[i]++ == 0) {
+                order[no++] = i;
+                val[i].i = v;
+            } else if (kind == HA_SUM || kind == HA_MEAN) {
+                val[i].i = (int64_t)((uint64_t)val[i].i + (uint64_t)v);
+            } else if (kind == HA_MIN) {
+                if (v < val[i].i) val[i].i = v;
+            } else if (v > val[i].i) {
+                val[i].i = v;
+            }
+        }
+    }
+    return no;
+}
+
+/* Fold the dense aggregate into the table in order of first appearance (as merge rows), and
+ * zero the counters used. */
+static int dense_fold(ha_table *t, dense_scratch *d, uint32_t no, int64_t lo) {
+    int64_t kb[HA_BLOCK], cb[HA_BLOCK];
+    ha_val vb[HA_BLOCK];
+    int rc = 0;
+    const ptrdiff_t st = 8;
+    for (uint32_t b = 0; b < no; b += HA_BLOCK) {
+        const uint32_t m = no - b < HA_BLOCK ? no - b : HA_BLOCK;
+        for (uint32_t j = 0; j < m; j++) {
+            const uint32_t i = d->order[b + j];
+            kb[j] = (int64_t)((uint64_t)lo + i);
+            cb[j] = d->cnt[i];
+            vb[j] = d->val[i];
+            d->cnt[i] = 0;
+        }
+        if (rc == 0)
+            rc = ha_apply(t, (const char *)kb, st, (const char *)cb, st, (const char *)vb, st, m);
+    }
+    return rc;
+}
+#endif
+
+static void view_minmax(const ha_view *v, int64_t *lo_out, int64_t *hi_out) {
+    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    for (int64_t r = 0; r < v->rows; r++) {
+        const char *row = v->base + r * v->row_stride;
+        for (int64_t c = 0; c < v->cols; c++) {
+            const int64_t x = ld64(row + c * v->col_stride);
+            lo = x < lo ? x : lo;
+            hi = x > hi ? x : hi;
+        }
+    }
+    *lo_out = lo;
+    *hi_out = hi;
+}
+
+/* Below this many elements the min/max pass and the fold cost more than they save. */
+#define HA_DENSE_MIN_ROWS 256
+
+int ha_update_view(ha_table *t, const ha_view *kv, const ha_view *vv) {
+    const int64_t n = kv->rows * kv->cols;
+    if (n <= 0) return 0;
+#ifdef HA_HAVE_DENSE
+    if (!t->is_float && n >= HA_DENSE_MIN_ROWS && n < (int64_t)UINT32_MAX) {
+        int64_t lo, hi;
+        view_minmax(kv, &lo, &hi);
+        dense_scratch *d;
+        if ((uint64_t)hi - (uint64_t)lo < HA_DENSE_MAX && (d = dense_get()) != NULL) {
+            uint32_t no;
+            switch (t->kind) {
+            case HA_COUNT: no = dense_fill(d, kv, vv, lo, HA_COUNT); break;
+            case HA_SUM: no = dense_fill(d, kv, vv, lo, HA_SUM); break;
+            case HA_MIN: no = dense_fill(d, kv, vv, lo, HA_MIN); break;
+            case HA_MAX: no = dense_fill(d, kv, vv, lo, HA_MAX); break;
+            default: no = dense_fill(d, kv, vv, lo, HA_MEAN); break;
+            }
+            return dense_fold(t, d, no, lo);
+        }
+    }
+#endif
+    for (int64_t r = 0; r < kv->rows; r++) {
+        const char *vp = vv ? vv->base + r * vv->row_stride : NULL;
+        if (ha_apply(t, kv->base + r * kv->row_stride, kv->col_stride, NULL, 0, vp,
+                     vv ? vv->col_stride : 0, (size_t)kv->cols))
+            return -1;
+    }
     return 0;
 }

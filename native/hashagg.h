@@ -134,6 +134,28 @@ void ha_reset(ha_table *t);
 int ha_apply(ha_table *t, const char *keys, ptrdiff_t kstride, const char *counts,
              ptrdiff_t cstride, const char *vals, ptrdiff_t vstride, size_t n);
 
+/* A 1-D or 2-D strided view: rows x cols elements at base + r*row_stride + c*col_stride (a
+ * field of the records of a run of ring slots, read in place; 1-D: rows == 1). */
+typedef struct {
+    const char *base;
+    int64_t rows, cols;
+    ptrdiff_t row_stride, col_stride;
+} ha_view;
+
+/* An update (count 1 per element) from a view of keys and, unless the kind is count, a view
+ * of values of the same shape (vals NULL for count).  Same result, in the same log order, as
+ * ha_apply over the elements row by row.
+ *
+ * Dense path: integer tables whose keys in this call span fewer than HA_DENSE_MAX values
+ * (a min/max pass over the keys tells) first aggregate the call into a per-thread dense array
+ * indexed by key - min (one increment per element, no hashing or probing), noting each key
+ * at its first appearance, then fold one (key, count, val) row per distinct key into the table
+ * in that order.  That fold goes through the ordinary merge path, so marks, deltas and the
+ * log order of new keys are exactly those of the element-by-element update.  Float tables
+ * (whose sums depend on the order of additions) and wide key ranges take the hash path. */
+#define HA_DENSE_MAX (1u << 15)
+int ha_update_view(ha_table *t, const ha_view *keys, const ha_view *vals);
+
 /* dst ⊔= src (CRDT join).  dst == src doubles every entry. */
 int ha_merge_table(ha_table *dst, const ha_table *src);
 

@@ -243,12 +243,85 @@ fail:
     return NULL;
 }
 
+/* A 1-D or 2-D (possibly strided) int64 / float64 view out of obj, e.g. a field of the
+ * records of a run of ring slots. */
+static int get_view(PyObject *obj, Py_buffer *b, int want_float, const char *name, ha_view *v) {
+    if (PyObject_GetBuffer(obj, b, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be a 1-D or 2-D %s numpy array (or buffer), not %.100s",
+                     name, want_float ? "float64" : "int64", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if (b->ndim < 1 || b->ndim > 2 || !fmt_ok(b->format, b->itemsize, want_float)) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s must be a 1-D or 2-D %s array (got ndim %d, format '%s', itemsize %zd)",
+                     name, want_float ? "float64" : "int64", b->ndim, b->format ? b->format : "B",
+                     b->itemsize);
+        PyBuffer_Release(b);
+        return -1;
+    }
+    v->base = (const char *)b->buf;
+    if (b->ndim == 1) {
+        v->rows = 1;
+        v->cols = b->shape[0];
+        v->row_stride = 0;
+        v->col_stride = b->strides[0];
+    } else {
+        v->rows = b->shape[0];
+        v->cols = b->shape[1];
+        v->row_stride = b->strides[0];
+        v->col_stride = b->strides[1];
+    }
+    return 0;
+}
+
 static PyObject *HashAgg_update(HashAggObject *self, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames) {
     static const char *const names[] = {"keys", "values"};
     PyObject *a[2];
     if (parse_fast(args, nargs, kwnames, "update", names, 1, 2, a)) return NULL;
-    return ha_fold(self, a[0], NULL, a[1], "values");
+    if (ha_check(self)) return NULL;
+    const int kind = self->t.kind;
+    Py_buffer kb, vb;
+    ha_view kv, vv;
+    int have_v = 0;
+    if (get_view(a[0], &kb, 0, "keys", &kv)) return NULL;
+    if (kind == HA_COUNT) {
+        /* count keeps no value: whatever was passed is ignored, not even checked */
+    } else if (a[1] && a[1] != Py_None) {
+        if (get_view(a[1], &vb, self->t.is_float, "values", &vv)) goto fail;
+        have_v = 1;
+        if (kb.ndim == 1 && vb.ndim == 1 && vv.cols != kv.cols) {
+            PyErr_Format(PyExc_ValueError, "values has length %lld, keys has %lld",
+                         (long long)vv.cols, (long long)kv.cols);
+            goto fail;
+        }
+        if (kb.ndim != vb.ndim || vv.rows != kv.rows || vv.cols != kv.cols) {
+            PyErr_Format(PyExc_ValueError, "values has shape (%lld, %lld), keys has (%lld, %lld)",
+                         (long long)vv.rows, (long long)vv.cols, (long long)kv.rows, (long long)kv.cols);
+            goto fail;
+        }
+    } else {
+        PyErr_Format(PyExc_TypeError, "values are required for kind '%s'", KIND_NAMES[kind]);
+        goto fail;
+    }
+    int rc;
+    if (kv.rows * kv.cols >= NOGIL_MIN_ROWS) {
+        self->busy = 1;
+        Py_BEGIN_ALLOW_THREADS
+        rc = ha_update_view(&self->t, &kv, have_v ? &vv : NULL);
+        Py_END_ALLOW_THREADS
+        self->busy = 0;
+    } else {
+        rc = ha_update_view(&self->t, &kv, have_v ? &vv : NULL);
+    }
+    PyBuffer_Release(&kb);
+    if (have_v) PyBuffer_Release(&vb);
+    if (rc) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+fail:
+    PyBuffer_Release(&kb);
+    if (have_v) PyBuffer_Release(&vb);
+    return NULL;
 }
 
 static PyObject *HashAgg_merge(HashAggObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -1013,6 +1086,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     Py_INCREF(&HashAggType);
     if (PyModule_AddObject(m, "HashAgg", (PyObject *)&HashAggType) < 0) {
         Py_DECREF(&HashAggType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "DENSE_MAX", HA_DENSE_MAX) < 0) {
         Py_DECREF(m);
         return NULL;
     }

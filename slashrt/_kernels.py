@@ -31,7 +31,13 @@ HashAgg semantics (identical in both implementations):
 * ``export()`` returns fresh writable arrays ``(keys, counts, vals)``, one row per key, in no
   particular order (natively: order of first insertion); for ``count`` the vals are 0.
 * Inputs are 1-D int64 keys (and values of ``value_dtype``), any stride; a field of a
-  structured array (``batch["ad_id"]``) is read in place. A table is not thread-safe, but
+  structured array (``batch["ad_id"]``) is read in place. ``update`` also takes 2-D views of
+  the same shape (a field of the records of a run of ring slots, rows x records), read in
+  place natively (flattened by the numpy fallback).
+* Natively, ``update`` of an integer table whose keys in the call span fewer than
+  ``DENSE_MAX`` values counts in a dense per-thread array first and folds one row per
+  distinct key into the table (in order of first appearance, through the merge path): the
+  same table, log and order as the row-by-row update, without hashing every row. A table is not thread-safe, but
   the native one releases the GIL on large batches so other tables can work in parallel.
 * ``reset()`` empties the table and keeps its capacity (a window slice about to be refilled);
   ``clear()`` empties it and gives the memory back.
@@ -64,6 +70,7 @@ import numpy as np
 
 __all__ = [
     "KINDS",
+    "DENSE_MAX",
     "NATIVE",
     "HashAgg",
     "NumpyHashAgg",
@@ -80,6 +87,8 @@ __all__ = [
 
 
 KINDS = ("count", "sum", "min", "max", "mean")
+# Natively, an update whose keys span fewer values than this counts densely (native/hashagg.h)
+DENSE_MAX = 1 << 15
 YSB_RECORD_SIZE = 78
 
 # The CRDT join of the value per kind, as a numpy ufunc (None: no value is kept).
@@ -106,6 +115,22 @@ def _vec(x, dtype: np.dtype, name: str) -> np.ndarray:
     if a.ndim != 1 or a.dtype != dtype:
         raise TypeError(f"{name} must be a 1-D {dtype} array (got {a.dtype}, ndim {a.ndim})")
     return a
+
+
+def _flat2d(keys, values, need_values: bool):
+    """update() also takes 2-D views (a field of a run of ring slots): flattened here, with
+    the shapes of keys and values checked against each other first."""
+    k = np.asarray(keys)
+    if k.ndim != 2:
+        return keys, values
+    if need_values and values is not None:
+        v = np.asarray(values)
+        if v.ndim == 2 and v.shape != k.shape:
+            raise ValueError(f"values has shape {v.shape}, keys has {k.shape}")
+        if v.ndim != 2:
+            raise ValueError(f"values has shape {v.shape}, keys has {k.shape}")
+        values = v.reshape(-1)
+    return k.reshape(-1), values
 
 
 class NumpyHashAgg:
@@ -212,6 +237,7 @@ class NumpyHashAgg:
         return f"NumpyHashAgg({self.kind!r}, {self.value_dtype!r}, len={len(self)})"
 
     def update(self, keys, values=None) -> None:
+        keys, values = _flat2d(keys, values, self._join is not None)
         keys = _vec(keys, np.dtype(np.int64), "keys")
         vals = self._values(values, len(keys), "values")
         self._fold(keys, None, vals)

@@ -342,8 +342,12 @@ def test_bad_arguments(impl):
         t.update(k.astype(np.int32), k)
     with pytest.raises(TypeError):
         t.update(k, k.astype(np.float64))
-    with pytest.raises(TypeError):
-        t.update(k.reshape(1, 3), k.reshape(1, 3))
+    with pytest.raises((TypeError, ValueError)):
+        t.update(k.reshape(1, 1, 3), k.reshape(1, 1, 3))  # 1-D or 2-D only
+    with pytest.raises(ValueError):
+        t.update(k.reshape(1, 3), k)  # 2-D keys take 2-D values of the same shape
+    with pytest.raises(ValueError):
+        t.update(np.arange(6).reshape(2, 3), np.arange(6).reshape(3, 2))
     with pytest.raises(ValueError):
         t.update(k, k[:2])
     with pytest.raises(ValueError):
@@ -857,3 +861,166 @@ def test_pickle_after_marks(impl):
     t.update(np.array([2, 3], np.int64), np.array([1.0, -3.0]))
     u = pickle.loads(pickle.dumps(t))
     assert as_dict(u) == as_dict(t) == {1: (1, 1.5), 2: (2, 3.5), 3: (1, -3.0)}
+
+
+# ---- update from 2-D views, and the native dense path ----------------------------------------
+
+
+def _slot_run(keys, vals, per_row, pad=3):
+    """keys/vals laid out like a field of a run of ring slots: a 2-D view (rows x per_row) of
+    packed 16-byte records whose rows are `pad` records longer than their payload."""
+    rows = len(keys) // per_row
+    rec = np.zeros((rows, per_row + pad), np.dtype([("k", "<i8"), ("v", vals.dtype)]))
+    rec["k"][:, :per_row] = keys[: rows * per_row].reshape(rows, per_row)
+    rec["v"][:, :per_row] = vals[: rows * per_row].reshape(rows, per_row)
+    kv, vv = rec["k"][:, :per_row], rec["v"][:, :per_row]
+    assert kv.ndim == 2 and not kv.flags.c_contiguous
+    return kv, vv
+
+
+def _row_by_row(kind, dtype, keys, vals):
+    """The native table fed in pieces too small for the dense path: the element-by-element
+    hash update the dense path must be indistinguishable from."""
+    t = K.NativeHashAgg(kind, dtype)
+    for i in range(0, len(keys), 100):
+        t.update(keys[i : i + 100], None if kind == "count" else vals[i : i + 100])
+    return t
+
+
+def _export_equal(a, b):
+    for x, y in zip(a.export(), b.export()):
+        assert x.dtype == y.dtype
+        np.testing.assert_array_equal(x, y)
+
+
+SPANS = {
+    "dense-small": (0, 1000),
+    "negative": (-500, 500),
+    "at-int64-min": (I64_MIN, I64_MIN + 700),
+    "at-int64-max": (I64_MAX - 700, I64_MAX),
+    "span-just-dense": (10**12, 10**12 + K.DENSE_MAX - 1),
+    "span-just-too-wide": (10**12, 10**12 + K.DENSE_MAX),
+    "huge": (I64_MIN, I64_MAX),
+}
+
+
+@pytest.mark.parametrize("kind,dtype", KIND_DTYPE)
+@pytest.mark.parametrize("span", list(SPANS))
+def test_update_2d_view_matches_reference(impl, kind, dtype, span):
+    lo, hi = SPANS[span]
+    rng = np.random.default_rng(hash(span) % 2**32)
+    n = 6 * 1500
+    keys = rng.integers(lo, hi, n, dtype=np.int64, endpoint=True)
+    keys[0], keys[-1] = lo, hi  # the whole span is present
+    vals = rng.integers(-(2**62), 2**62, n) if dtype == "i8" else rng.standard_normal(n)
+    kv, vv = _slot_run(keys, vals, 1500)
+    t = impl(kind, dtype)
+    t.update(kv, vv)
+    t.update(kv[:1], vv[:1])  # one row of a 2-D view
+    rows = rows_of(keys, vals) + rows_of(keys[:1500], vals[:1500])
+    want = reference(kind, dtype, rows)
+    if dtype == "f8" and kind in ("sum", "mean"):
+        got = as_dict(t)  # float sums: only the order of additions may differ
+        assert got.keys() == want.keys()
+        for k, (c, v) in want.items():
+            assert got[k][0] == c and got[k][1] == pytest.approx(v, rel=1e-9, abs=1e-9)
+    else:
+        assert_same(as_dict(t), want)
+
+
+@pytest.mark.parametrize("kind", K.KINDS)
+@pytest.mark.parametrize("span", ["dense-small", "negative", "at-int64-min", "at-int64-max", "span-just-dense"])
+def test_dense_update_is_the_row_by_row_update(kind, span):
+    """Same keys in the same log order (export order), same deltas after marks, same log
+    length: the dense path changes how, not what."""
+    _require_native()
+    lo, hi = SPANS[span]
+    rng = np.random.default_rng(5)
+    t = K.NativeHashAgg(kind, "i8")
+    parts = []
+    for step in range(4):
+        n = 3000
+        keys = rng.integers(lo, min(hi, lo + 200 + 400 * step), n, dtype=np.int64, endpoint=True)
+        vals = rng.integers(-(2**63), 2**63 - 1, n, endpoint=True)
+        parts.append((keys, vals))
+        t.update(keys, None if kind == "count" else vals)
+        if step == 1:
+            m = t.mark()
+    ref = K.NativeHashAgg(kind, "i8")
+    for step, (keys, vals) in enumerate(parts):
+        for i in range(0, len(keys), 100):
+            ref.update(keys[i : i + 100], None if kind == "count" else vals[i : i + 100])
+        if step == 1:
+            assert ref.mark() == m
+    assert t.log_len == ref.log_len and t.log_end == ref.log_end and len(t) == len(ref)
+    _export_equal(t, ref)
+    for a, b in zip(t.delta(m), ref.delta(m)):
+        np.testing.assert_array_equal(a, b)
+    # counts of a key that sits only before the mark stay in the frozen prefix
+    assert int(t.delta(m)[1].sum()) == sum(len(k) for k, _ in parts[2:])
+
+
+def test_dense_update_edge_cases(impl):
+    t = impl("count")
+    t.update(np.empty((0, 5), np.int64))  # empty 2-D view
+    t.update(np.empty((3, 0), np.int64))
+    assert len(t) == 0
+    t.update(np.array([[7]], np.int64))  # one record
+    assert as_dict(t) == {7: (1, 0)}
+    # every record the same key: a span of one
+    t.update(np.full((4, 1000), -3, np.int64))
+    assert as_dict(t) == {7: (1, 0), -3: (4000, 0)}
+    # the same call with the two extreme keys: not dense, still right
+    t.update(np.array([I64_MIN, I64_MAX] * 500, np.int64))
+    assert as_dict(t)[I64_MIN] == (500, 0) and as_dict(t)[I64_MAX] == (500, 0)
+
+
+def test_dense_update_dtype_errors(impl):
+    t = impl("sum", "i8")
+    k = np.zeros((2, 300), np.int64)
+    with pytest.raises(TypeError):
+        t.update(k.astype(np.int32), k)  # keys must be int64
+    with pytest.raises(TypeError):
+        t.update(k, k.astype(np.float64))  # values must be the table's dtype
+    with pytest.raises(TypeError):
+        t.update(k)  # sum needs values
+    assert len(t) == 0
+
+
+def test_dense_update_integer_sums_wrap(impl):
+    t = impl("sum", "i8")
+    keys = np.tile(np.arange(10, dtype=np.int64), 100)
+    t.update(keys.reshape(10, 100), np.full((10, 100), I64_MAX, np.int64))
+    want = _wrap(100 * I64_MAX)
+    assert as_dict(t) == {k: (100, want) for k in range(10)}
+
+
+def test_dense_scratch_is_per_thread_and_left_clean():
+    """Tables updated from several threads at once (the GIL released) each get the right
+    counts: the dense scratch is per thread and every call leaves it zeroed."""
+    _require_native()
+    keys = np.random.default_rng(3).integers(0, 5000, 200_000, dtype=np.int64)
+    want = np.bincount(keys, minlength=5000)
+    tables = [K.NativeHashAgg("count") for _ in range(4)]
+
+    def work(t):
+        for i in range(5):
+            t.update(keys.reshape(100, -1))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in tables]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t in tables:
+        k, c, _ = t.export()
+        got = np.zeros(5000, np.int64)
+        got[k] = c
+        np.testing.assert_array_equal(got, 5 * want)
+
+
+def test_dense_max_matches_the_extension():
+    _require_native()
+    from slashrt import _native
+
+    assert _native.DENSE_MAX == K.DENSE_MAX
