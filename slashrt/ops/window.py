@@ -24,7 +24,7 @@ import structlog
 
 from slashrt._batch import Batch
 from slashrt._dataflow import WindowAggSpec
-from slashrt._kernels import HashAgg
+from slashrt._kernels import HashAgg, gather, minmax
 from slashrt.errors import DataflowError, OperatorError
 from slashrt.ops._node import Node
 from slashrt.ssb.crdt import finalize
@@ -116,17 +116,19 @@ class WindowAggregate(Node):
 
     # -- events ------------------------------------------------------------------------------------
     async def push(self, batch: Batch) -> None:
-        times = batch[self.spec.time]
-        slice_ids = times // self.slice_len
-        lo = int(slice_ids.min())
+        # Slice bounds from the min and max event time (floor division is monotone): in the
+        # common case the whole batch falls into one slice and no record is divided; fields
+        # are then read in place (2-D views over a run of slots), never gathered.
+        tmin, tmax = minmax(batch.view(self.spec.time))
+        lo, hi = int(tmin // self.slice_len), int(tmax // self.slice_len)
+        slice_ids = None
         if self._earliest_end(lo) <= self.fired_until:
-            batch, slice_ids = await self._split_late(batch, slice_ids)
+            batch, slice_ids = await self._split_late(batch, batch[self.spec.time] // self.slice_len)
             if not len(batch):
                 return
-            lo = int(slice_ids.min())
-        hi = int(slice_ids.max())
-        keys = batch[self.spec.key]
-        values = None if self.spec.column is None else batch[self.spec.column]
+            lo, hi = int(slice_ids.min()), int(slice_ids.max())
+        keys = batch.view(self.spec.key)
+        values = None if self.spec.column is None else batch.view(self.spec.column)
         if self.value_dtype is None:
             kind = "i" if values is None else values.dtype.kind
             self.value_dtype = np.dtype("<f8") if kind == "f" else np.dtype("<i8")
@@ -142,6 +144,10 @@ class WindowAggregate(Node):
             self._slice(lo).update(keys, values)
         else:
             # a batch spans few slices: one vectorised pass per slice present
+            if slice_ids is None:
+                slice_ids = batch[self.spec.time] // self.slice_len
+            if keys.ndim > 1:  # a run of slots: gather the fields (one native pass each)
+                keys, values = gather(keys), None if values is None else gather(values)
             present = range(lo, hi + 1) if hi - lo < 64 else np.unique(slice_ids).tolist()
             for s in present:
                 rows = slice_ids == s
