@@ -739,33 +739,29 @@ static dense_scratch *dense_get(void) {
     return d;
 }
 
-/* Count (and join the values of) every element into the dense arrays: slot key - lo.  The
- * first appearance of a key appends its slot to `order` (branch-free: order[no] is always
- * written, no moves on only for a new key). */
-HA_INLINE uint32_t dense_fill(dense_scratch *d, const ha_view *kv, const ha_view *vv, int64_t lo,
-                              const int kind) {
+/* Count (and join the values of) n elements (keys at kp, stride ks; values at vp, stride vs)
+ * into the dense arrays: slot key - lo (modulo 2^64).  The first appearance of a key appends
+ * its slot to `order`.  Stops at the first key outside [lo, lo + HA_DENSE_MAX); returns the
+ * number of elements counted (n unless it stopped). */
+HA_INLINE int64_t dense_fill(dense_scratch *d, uint32_t *nop, const char *kp, ptrdiff_t ks,
+                             const char *vp, ptrdiff_t vs, int64_t n, int64_t lo, const int kind) {
     uint32_t *const cnt = d->cnt, *const order = d->order;
     ha_val *const val = d->val;
-    uint32_t no = 0;
-    for (int64_t r = 0; r < kv->rows; r++) {
-        const char *kr = kv->base + r * kv->row_stride;
-        const ptrdiff_t ks = kv->col_stride;
-        const int64_t cols = kv->cols;
-        if (kind == HA_COUNT) {
-            for (int64_t c = 0; c < cols; c++) {
-                const uint32_t i = (uint32_t)((uint64_t)ld64(kr + c * ks) - (uint64_t)lo);
-                order[no] = i;
-                no += cnt[i]++ == 0;
-            }
-            continue;
+    uint32_t no = *nop;
+    int64_t c = 0;
+    if (kind == HA_COUNT) {
+        for (; c < n; c++) {
+            const uint64_t i = (uint64_t)ld64(kp + c * ks) - (uint64_t)lo;
+            if (HA_UNLIKELY(i >= HA_DENSE_MAX)) break;
+            if (HA_UNLIKELY(cnt[i]++ == 0)) order[no++] = (uint32_t)i;
         }
-        const char *vr = vv->base + r * vv->row_stride;
-        const ptrdiff_t vs = vv->col_stride;
-        for (int64_t c = 0; c < cols; c++) {
-            const uint32_t i = (uint32_t)((uint64_t)ld64(kr + c * ks) - (uint64_t)lo);
-            const int64_t v = ld64(vr + c * vs);
-            if (cnt[i]++ == 0) {
-                order[no++] = i;
+    } else {
+        for (; c < n; c++) {
+            const uint64_t i = (uint64_t)ld64(kp + c * ks) - (uint64_t)lo;
+            if (HA_UNLIKELY(i >= HA_DENSE_MAX)) break;
+            const int64_t v = ld64(vp + c * vs);
+            if (HA_UNLIKELY(cnt[i]++ == 0)) {
+                order[no++] = (uint32_t)i;
                 val[i].i = v;
             } else if (kind == HA_SUM || kind == HA_MEAN) {
                 val[i].i = (int64_t)((uint64_t)val[i].i + (uint64_t)v);
@@ -776,7 +772,19 @@ HA_INLINE uint32_t dense_fill(dense_scratch *d, const ha_view *kv, const ha_view
             }
         }
     }
-    return no;
+    *nop = no;
+    return c;
+}
+
+static int64_t dense_fill_any(dense_scratch *d, uint32_t *nop, const char *kp, ptrdiff_t ks,
+                              const char *vp, ptrdiff_t vs, int64_t n, int64_t lo, int kind) {
+    switch (kind) {
+    case HA_COUNT: return dense_fill(d, nop, kp, ks, vp, vs, n, lo, HA_COUNT);
+    case HA_SUM: return dense_fill(d, nop, kp, ks, vp, vs, n, lo, HA_SUM);
+    case HA_MIN: return dense_fill(d, nop, kp, ks, vp, vs, n, lo, HA_MIN);
+    case HA_MAX: return dense_fill(d, nop, kp, ks, vp, vs, n, lo, HA_MAX);
+    default: return dense_fill(d, nop, kp, ks, vp, vs, n, lo, HA_MEAN);
+    }
 }
 
 /* Fold the dense aggregate into the table in order of first appearance (as merge rows), and
@@ -803,48 +811,159 @@ static int dense_fold(ha_table *t, dense_scratch *d, uint32_t no, int64_t lo) {
 #endif
 
 static void view_minmax(const ha_view *v, int64_t *lo_out, int64_t *hi_out) {
-    int64_t lo = INT64_MAX, hi = INT64_MIN;
+    /* four independent (min, max) pairs, as columns_minmax_i64 */
+    int64_t lo[4] = {INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX};
+    int64_t hi[4] = {INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN};
+    const ptrdiff_t cs = v->col_stride;
     for (int64_t r = 0; r < v->rows; r++) {
         const char *row = v->base + r * v->row_stride;
-        for (int64_t c = 0; c < v->cols; c++) {
-            const int64_t x = ld64(row + c * v->col_stride);
-            lo = x < lo ? x : lo;
-            hi = x > hi ? x : hi;
+        int64_t c = 0;
+        for (; c + 4 <= v->cols; c += 4) {
+            for (int u = 0; u < 4; u++) {
+                const int64_t x = ld64(row + (c + u) * cs);
+                lo[u] = x < lo[u] ? x : lo[u];
+                hi[u] = x > hi[u] ? x : hi[u];
+            }
+        }
+        for (; c < v->cols; c++) {
+            const int64_t x = ld64(row + c * cs);
+            lo[0] = x < lo[0] ? x : lo[0];
+            hi[0] = x > hi[0] ? x : hi[0];
         }
     }
-    *lo_out = lo;
-    *hi_out = hi;
+    for (int u = 1; u < 4; u++) {
+        lo[0] = lo[u] < lo[0] ? lo[u] : lo[0];
+        hi[0] = hi[u] > hi[0] ? hi[u] : hi[0];
+    }
+    *lo_out = lo[0];
+    *hi_out = hi[0];
 }
 
 /* Below this many elements the min/max pass and the fold cost more than they save. */
 #define HA_DENSE_MIN_ROWS 256
+/* Elements per segment: a view is read a segment at a time (its times checked, then its keys
+ * counted), so the second read of the segment's cache lines hits L1. */
+#define HA_SEG 1024
 
-int ha_update_view(ha_table *t, const ha_view *kv, const ha_view *vv) {
+/* The elements of a view from (r, c) on, as up to two views: the rest of row r, then the
+ * rows after it. */
+static void view_rest(const ha_view *v, int64_t r, int64_t c, ha_view *head, ha_view *tail) {
+    *head = *v;
+    head->base = v->base + r * v->row_stride + c * v->col_stride;
+    head->rows = 1;
+    head->cols = v->cols - c;
+    *tail = *v;
+    tail->base = v->base + (r + 1) * v->row_stride;
+    tail->rows = v->rows - r - 1;
+}
+
+/* Number of leading elements of a segment with tlo <= time <= thi. */
+static int64_t seg_within(const char *tp, ptrdiff_t ts, int64_t n, int64_t tlo, int64_t thi) {
+    const ha_view seg = {tp, 1, n, 0, ts};
+    int64_t lo, hi;
+    view_minmax(&seg, &lo, &hi);
+    if (lo >= tlo && hi <= thi) return n;
+    int64_t c = 0;
+    while (c < n) {
+        const int64_t x = ld64(tp + c * ts);
+        if (x < tlo || x > thi) break;
+        c++;
+    }
+    return c;
+}
+
+/* How an update proceeds: densely from base `lo`, or by hashing. */
+typedef struct {
+    dense_scratch *d; /* NULL: hashing */
+    int64_t lo;
+    uint32_t no;      /* distinct keys counted densely and not folded yet */
+} dense_state;
+
+/* Choose dense (with a base) or hashing for the elements of kv from (r, c) on. */
+static void dense_choose(dense_state *st, const ha_view *kv, int64_t r, int64_t c) {
+    ha_view kh, kt;
+    int64_t lo, hi, lo2, hi2;
+    view_rest(kv, r, c, &kh, &kt);
+    view_minmax(&kh, &lo, &hi);
+    view_minmax(&kt, &lo2, &hi2);
+    lo = lo2 < lo ? lo2 : lo;
+    hi = hi2 > hi ? hi2 : hi;
+    const uint64_t span = (uint64_t)hi - (uint64_t)lo;
+    if (span >= HA_DENSE_MAX) {
+        st->d = NULL;
+        return;
+    }
+    /* centre the keys in the dense range: later updates may drift either way */
+    st->lo = (int64_t)((uint64_t)lo - (HA_DENSE_MAX - 1 - span) / 2);
+}
+
+int ha_update_view_until(ha_table *t, const ha_view *kv, const ha_view *vv, const ha_view *tv,
+                         int64_t tlo, int64_t thi, int64_t *done) {
+    *done = 0;
     const int64_t n = kv->rows * kv->cols;
     if (n <= 0) return 0;
+    dense_state st = {NULL, 0, 0};
 #ifdef HA_HAVE_DENSE
-    if (!t->is_float && n >= HA_DENSE_MIN_ROWS && n < (int64_t)UINT32_MAX) {
-        int64_t lo, hi;
-        view_minmax(kv, &lo, &hi);
-        dense_scratch *d;
-        if ((uint64_t)hi - (uint64_t)lo < HA_DENSE_MAX && (d = dense_get()) != NULL) {
-            uint32_t no;
-            switch (t->kind) {
-            case HA_COUNT: no = dense_fill(d, kv, vv, lo, HA_COUNT); break;
-            case HA_SUM: no = dense_fill(d, kv, vv, lo, HA_SUM); break;
-            case HA_MIN: no = dense_fill(d, kv, vv, lo, HA_MIN); break;
-            case HA_MAX: no = dense_fill(d, kv, vv, lo, HA_MAX); break;
-            default: no = dense_fill(d, kv, vv, lo, HA_MEAN); break;
-            }
-            return dense_fold(t, d, no, lo);
-        }
+    if (!t->is_float && n >= HA_DENSE_MIN_ROWS && n < (int64_t)UINT32_MAX && (st.d = dense_get()) != NULL) {
+        if (t->dense_hint)
+            st.lo = t->dense_lo; /* the range of the last update: no min/max pass */
+        else
+            dense_choose(&st, kv, 0, 0);
     }
 #endif
-    for (int64_t r = 0; r < kv->rows; r++) {
-        const char *vp = vv ? vv->base + r * vv->row_stride : NULL;
-        if (ha_apply(t, kv->base + r * kv->row_stride, kv->col_stride, NULL, 0, vp,
-                     vv ? vv->col_stride : 0, (size_t)kv->cols))
-            return -1;
+    const ptrdiff_t ks = kv->col_stride, vs = vv ? vv->col_stride : 0, ts = tv ? tv->col_stride : 0;
+    int64_t applied = 0;
+    int stop = 0, rc = 0;
+    for (int64_t r = 0; r < kv->rows && !stop && rc == 0; r++) {
+        for (int64_t c0 = 0; c0 < kv->cols && !stop; c0 += HA_SEG) {
+            int64_t len = kv->cols - c0 < HA_SEG ? kv->cols - c0 : HA_SEG;
+            if (tv) {
+                const int64_t ok = seg_within(tv->base + r * tv->row_stride + c0 * ts, ts, len, tlo, thi);
+                stop = ok < len;
+                len = ok;
+            }
+            int64_t c = c0;
+            const int64_t end = c0 + len;
+            while (c < end) {
+                const char *kp = kv->base + r * kv->row_stride + c * ks;
+                const char *vp = vv ? vv->base + r * vv->row_stride + c * vs : NULL;
+#ifdef HA_HAVE_DENSE
+                if (st.d) {
+                    const int64_t got = dense_fill_any(st.d, &st.no, kp, ks, vp, vs, end - c, st.lo, t->kind);
+                    c += got;
+                    if (c < end) {
+                        /* a key outside the range: fold what was counted (the log keeps the
+                         * order of the rows), then choose again for what is left */
+                        rc = dense_fold(t, st.d, st.no, st.lo);
+                        st.no = 0;
+                        if (rc) break;
+                        dense_choose(&st, kv, r, c);
+                    }
+                    continue;
+                }
+#endif
+                rc = ha_apply(t, kp, ks, NULL, 0, vp, vs, (size_t)(end - c));
+                if (rc) break;
+                c = end;
+            }
+            applied += c - c0;
+            if (rc) break;
+        }
     }
-    return 0;
+#ifdef HA_HAVE_DENSE
+    if (st.d) {
+        if (dense_fold(t, st.d, st.no, st.lo)) rc = -1;
+        t->dense_hint = rc == 0;
+        t->dense_lo = st.lo;
+    } else {
+        t->dense_hint = 0;
+    }
+#endif
+    *done = applied;
+    return rc;
+}
+
+int ha_update_view(ha_table *t, const ha_view *kv, const ha_view *vv) {
+    int64_t done;
+    return ha_update_view_until(t, kv, vv, NULL, 0, 0, &done);
 }

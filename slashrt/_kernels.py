@@ -34,6 +34,10 @@ HashAgg semantics (identical in both implementations):
   structured array (``batch["ad_id"]``) is read in place. ``update`` also takes 2-D views of
   the same shape (a field of the records of a run of ring slots, rows x records), read in
   place natively (flattened by the numpy fallback).
+* ``update_within(keys, values, times, lo, hi) -> n``: ``update`` with the longest prefix of
+  rows (row-major) whose int64 time lies in ``[lo, hi]``; returns its length. What a window
+  slice does with a batch that should fall into it: natively the times are checked a segment
+  at a time right before its keys are counted (no separate pass over the batch).
 * Natively, ``update`` of an integer table whose keys in the call span fewer than
   ``DENSE_MAX`` values counts in a dense per-thread array first and folds one row per
   distinct key into the table (in order of first appearance, through the merge path): the
@@ -241,6 +245,22 @@ class NumpyHashAgg:
         keys = _vec(keys, np.dtype(np.int64), "keys")
         vals = self._values(values, len(keys), "values")
         self._fold(keys, None, vals)
+
+    def update_within(self, keys, values, times, lo: int, hi: int) -> int:
+        t = np.asarray(times)
+        if t.dtype != np.int64 or t.ndim not in (1, 2):
+            raise TypeError(f"times must be a 1-D or 2-D int64 array (got {t.dtype}, ndim {t.ndim})")
+        if t.shape != np.shape(keys):
+            raise ValueError(f"times has shape {t.shape}, keys has {np.shape(keys)}")
+        if self._join is not None and values is not None and np.shape(values) != t.shape:
+            raise ValueError(f"values has shape {np.shape(values)}, keys has {t.shape}")
+        flat = t.reshape(-1)
+        outside = (flat < operator.index(lo)) | (flat > operator.index(hi))
+        n = int(np.argmax(outside)) if outside.any() else len(flat)
+        keys, values = _flat2d(keys, values, self._join is not None)
+        values = None if self._join is None or values is None else np.asarray(values)[:n]
+        self.update(np.asarray(keys)[:n], values)
+        return n
 
     def merge(self, keys, counts, vals=None) -> None:
         keys = _vec(keys, np.dtype(np.int64), "keys")

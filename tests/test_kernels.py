@@ -1024,3 +1024,106 @@ def test_dense_max_matches_the_extension():
     from slashrt import _native
 
     assert _native.DENSE_MAX == K.DENSE_MAX
+
+
+@pytest.mark.parametrize("kind", ["count", "sum", "max"])
+def test_dense_range_guess_missed_mid_call(kind):
+    """A table remembers the key range of its last dense update; keys outside it in the middle
+    of a later call (in the middle of a row of a 2-D view) fold what was counted so far and
+    start over: content, log order and deltas stay those of the row-by-row update."""
+    _require_native()
+    rng = np.random.default_rng(11)
+    calls = [
+        rng.integers(0, 500, (3, 400)),  # sets the guess around [0, 500)
+        np.concatenate([rng.integers(0, 500, 700), rng.integers(10**9, 10**9 + 50, 500)]).reshape(3, 400),
+        np.concatenate([rng.integers(10**9, 10**9 + 50, 300), [I64_MIN, I64_MAX], rng.integers(0, 9, 898)]).reshape(4, 300),
+        rng.integers(-(10**6), -(10**6) + 3, (2, 500)),  # everything outside the last guess
+        rng.integers(0, 500, (3, 400)),
+    ]
+    t = K.NativeHashAgg(kind, "i8")
+    ref = K.NativeHashAgg(kind, "i8")
+    for i, keys in enumerate(calls):
+        keys = keys.astype(np.int64)
+        vals = rng.integers(-(2**40), 2**40, keys.shape)
+        t.update(keys, None if kind == "count" else vals)
+        flat_k, flat_v = keys.reshape(-1), vals.reshape(-1)
+        for j in range(0, len(flat_k), 100):
+            ref.update(flat_k[j : j + 100], None if kind == "count" else flat_v[j : j + 100])
+        if i == 2:
+            assert t.mark() == ref.mark()
+        assert t.log_len == ref.log_len
+        _export_equal(t, ref)
+
+
+def _within_reference(kind, keys, vals, times, lo, hi):
+    flat_t = times.reshape(-1)
+    bad = np.flatnonzero((flat_t < lo) | (flat_t > hi))
+    n = int(bad[0]) if len(bad) else len(flat_t)
+    return n, reference(kind, "i8", rows_of(keys.reshape(-1)[:n], vals.reshape(-1)[:n]))
+
+
+@pytest.mark.parametrize("kind", ["count", "sum", "min"])
+@pytest.mark.parametrize("where", ["all", "none", "mid-row", "row-edge", "last", "late-one"])
+def test_update_within_applies_the_prefix_in_range(impl, kind, where):
+    rng = np.random.default_rng(hash(where) % 2**32)
+    rows, per = 5, 1500
+    keys = rng.integers(-50, 2000, rows * per).astype(np.int64)
+    vals = rng.integers(-(10**9), 10**9, rows * per).astype(np.int64)
+    times = rng.integers(1000, 1999, rows * per, endpoint=True).astype(np.int64)
+    cut = {"all": None, "none": 0, "mid-row": 2 * per + 777, "row-edge": 3 * per, "last": rows * per - 1,
+           "late-one": 1234}[where]
+    if cut is not None:
+        times[cut] = 999 if where == "late-one" else 2000  # just outside [1000, 1999]
+        times[cut + 1 :: 7] = 5000  # more outside after it: only the first counts
+    kv, vv = _slot_run(keys, vals, per)
+    tv, _ = _slot_run(times, vals, per)
+    t = impl(kind, "i8")
+    n = t.update_within(kv, None if kind == "count" else vv, tv, 1000, 1999)
+    want_n, want = _within_reference(kind, keys, vals, times, 1000, 1999)
+    assert n == want_n == (rows * per if cut is None else cut)
+    assert_same(as_dict(t), want)
+    # 1-D views too
+    t1 = impl(kind, "i8")
+    assert t1.update_within(keys, vals, times, 1000, 1999) == want_n
+    assert_same(as_dict(t1), want)
+
+
+def test_update_within_edges_and_errors(impl):
+    t = impl("count")
+    assert t.update_within(np.empty(0, np.int64), None, np.empty(0, np.int64), 0, 0) == 0
+    assert t.update_within(np.array([5], np.int64), None, np.array([I64_MAX], np.int64), I64_MIN, I64_MAX) == 1
+    assert t.update_within(np.array([5], np.int64), None, np.array([I64_MIN], np.int64), I64_MIN + 1, I64_MAX) == 0
+    assert as_dict(t) == {5: (1, 0)}
+    k = np.zeros((2, 300), np.int64)
+    with pytest.raises(TypeError):
+        t.update_within(k, None, k.astype(np.int32), 0, 1)  # times must be int64
+    with pytest.raises(ValueError):
+        t.update_within(k, None, k[:1], 0, 1)  # times of another shape
+    s = impl("sum", "i8")
+    with pytest.raises(TypeError):
+        s.update_within(k, k.astype(np.float64), k, 0, 1)
+    with pytest.raises(ValueError):
+        s.update_within(k, k[:, :5], k, 0, 1)
+    assert len(s) == 0
+
+
+def test_update_within_keeps_the_log_order_and_deltas():
+    """Dense, missed range guesses and marks through update_within give the very table the
+    row-by-row update of the same prefix gives."""
+    _require_native()
+    rng = np.random.default_rng(2)
+    t, ref = K.NativeHashAgg("sum", "i8"), K.NativeHashAgg("sum", "i8")
+    for step in range(5):
+        keys = np.concatenate([rng.integers(0, 300, 2000), rng.integers(10**15, 10**15 + 9, 1000)]).astype(np.int64)
+        rng.shuffle(keys)
+        vals = rng.integers(-5, 5, len(keys)).astype(np.int64)
+        times = np.full(len(keys), 7, np.int64)
+        times[2500 + step * 100 :] = 8
+        n = t.update_within(keys.reshape(3, 1000), vals.reshape(3, 1000), times.reshape(3, 1000), 0, 7)
+        assert n == 2500 + step * 100
+        for j in range(0, n, 100):
+            ref.update(keys[j : min(n, j + 100)], vals[j : min(n, j + 100)])
+        if step == 2:
+            assert t.mark() == ref.mark()
+    _export_equal(t, ref)
+    assert t.log_len == ref.log_len
