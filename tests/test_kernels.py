@@ -1127,3 +1127,76 @@ def test_update_within_keeps_the_log_order_and_deltas():
             assert t.mark() == ref.mark()
     _export_equal(t, ref)
     assert t.log_len == ref.log_len
+
+
+# ---- column kernels: minmax and copy_rows_max ------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(1,), (3,), (4,), (5,), (7, 1), (3, 4094), (2, 13)])
+@pytest.mark.parametrize("layout_", ["contiguous", "field16", "field78", "reversed"])
+def test_minmax_matches_numpy(shape, layout_):
+    rng = np.random.default_rng(len(shape) * 100 + shape[-1])
+    n = int(np.prod(shape))
+    x = rng.integers(I64_MIN, I64_MAX, n, dtype=np.int64, endpoint=True)
+    x[rng.integers(0, n)] = I64_MAX if n > 2 else x[0]
+    if layout_ == "contiguous":
+        v = x.reshape(shape)
+    elif layout_ == "reversed":
+        v = x[::-1].reshape(shape) if len(shape) == 1 else x.reshape(shape)[:, ::-1]
+    else:
+        size = 16 if layout_ == "field16" else 78
+        rec = np.zeros(n, np.dtype({"names": ["t"], "formats": ["<i8"], "offsets": [size - 8 - (size % 8)], "itemsize": size}))
+        rec["t"] = x
+        v = rec.reshape(shape)["t"]
+    want = (int(v.min()), int(v.max()))
+    assert K.minmax(v) == want
+    assert K._numpy_minmax(v) == want
+
+
+def test_minmax_errors():
+    if K.NATIVE:
+        with pytest.raises(ValueError):
+            K.minmax(np.empty((2, 0), np.int64))
+    with pytest.raises(ValueError):
+        K._numpy_minmax(np.empty(0, np.int64))
+    assert K.minmax(np.array([3.5, -1.0])) == (-1, 3)  # other dtypes: numpy's min/max
+
+
+@pytest.mark.parametrize("record_size,field_offset", [(16, 8), (16, 0), (8, 0), (32, 24), (24, 8), (78, 30), (16, -1)])
+@pytest.mark.parametrize("rows,per_row", [(1, 1), (3, 5), (4, 4094), (2, 2048), (5, 3)])
+def test_copy_rows_max_matches_numpy(record_size, field_offset, rows, per_row):
+    rng = np.random.default_rng(record_size * 1000 + rows * 10 + per_row)
+    row_bytes = per_row * record_size
+    src = rng.integers(0, 256, rows * row_bytes, dtype=np.uint8)
+    if field_offset >= 0:  # plant the extremes in the field of random records
+        view = src.reshape(rows * per_row, record_size)
+        f = view[:, field_offset : field_offset + 8]
+        # small (negative) times among random bytes: the bytes around them read as int64 are
+        # mostly far larger, so a kernel reading the wrong lanes gets a wrong max
+        f[:] = rng.integers(-(10**6), -(10**3), len(f), dtype=np.int64).view(np.uint8).reshape(-1, 8)
+        f[rng.integers(0, len(f))] = np.array([-7], "<i8").view(np.uint8)
+    slot = row_bytes + 40  # rows of a ring: payload, then room the copy must not touch
+    ring_native = np.full(rows * slot, 0xAB, np.uint8)
+    ring_numpy = ring_native.copy()
+    dst_n = np.lib.stride_tricks.as_strided(ring_native, (rows, slot), (slot, 1))
+    dst_p = np.lib.stride_tricks.as_strided(ring_numpy, (rows, slot), (slot, 1))
+    got = K.copy_rows_max(dst_n, src, row_bytes, record_size, field_offset)
+    want = K._numpy_copy_rows_max(dst_p, src, row_bytes, record_size, field_offset)
+    assert got == want
+    np.testing.assert_array_equal(ring_native, ring_numpy)
+    if field_offset >= 0:
+        assert want == int(src.reshape(-1, record_size)[:, field_offset : field_offset + 8].copy().view("<i8").max())
+    else:
+        assert want == I64_MIN
+
+
+def test_copy_rows_max_extremes():
+    rec = np.zeros((2, 64), np.dtype([("k", "<i8"), ("t", "<i8")]))
+    rec["k"] = I64_MAX
+    rec["t"] = I64_MIN
+    src = rec.view(np.uint8).reshape(-1)
+    dst = np.zeros((2, 64 * 16 + 32), np.uint8)
+    assert K.copy_rows_max(dst, src, 64 * 16, 16, 8) == I64_MIN
+    rec["t"][1, 63] = I64_MAX
+    assert K.copy_rows_max(dst, rec.view(np.uint8).reshape(-1), 64 * 16, 16, 8) == I64_MAX
+    assert K.copy_rows_max(dst, src, 64 * 16, 16, 0) == I64_MAX
