@@ -36,7 +36,9 @@
 #define HA_LIKELY(x) __builtin_expect(!!(x), 1)
 #define HA_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define HA_PREFETCH_W(p) __builtin_prefetch((p), 1, 3)
+#define HA_PREFETCH_R(p) __builtin_prefetch((p), 0, 3)
 #else
+#define HA_PREFETCH_R(p) ((void)0)
 #define HA_INLINE static inline
 #define HA_NOINLINE static
 #define HA_LIKELY(x) (x)
@@ -857,13 +859,33 @@ static void view_rest(const ha_view *v, int64_t r, int64_t c, ha_view *head, ha_
     tail->rows = v->rows - r - 1;
 }
 
+/* Rows read for the first time (a ring slot the producer's core just wrote) come from
+ * another core's cache or L3: prefetching this many elements ahead keeps several lines in
+ * flight, across the 4 KiB page boundaries the hardware prefetcher stops at. */
+#define HA_SEG_PF 64
+
 /* Number of leading elements of a segment with tlo <= time <= thi. */
 static int64_t seg_within(const char *tp, ptrdiff_t ts, int64_t n, int64_t tlo, int64_t thi) {
-    const ha_view seg = {tp, 1, n, 0, ts};
-    int64_t lo, hi;
-    view_minmax(&seg, &lo, &hi);
-    if (lo >= tlo && hi <= thi) return n;
+    int64_t lo[4] = {INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX};
+    int64_t hi[4] = {INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN};
     int64_t c = 0;
+    for (; c + 4 <= n; c += 4) {
+        HA_PREFETCH_R(tp + (c + HA_SEG_PF) * ts);
+        for (int u = 0; u < 4; u++) {
+            const int64_t x = ld64(tp + (c + u) * ts);
+            lo[u] = x < lo[u] ? x : lo[u];
+            hi[u] = x > hi[u] ? x : hi[u];
+        }
+    }
+    for (; c < n; c++) {
+        const int64_t x = ld64(tp + c * ts);
+        lo[0] = x < lo[0] ? x : lo[0];
+        hi[0] = x > hi[0] ? x : hi[0];
+    }
+    int ok = 1;
+    for (int u = 0; u < 4; u++) ok &= lo[u] >= tlo && hi[u] <= thi;
+    if (ok) return n;
+    c = 0;
     while (c < n) {
         const int64_t x = ld64(tp + c * ts);
         if (x < tlo || x > thi) break;
