@@ -306,9 +306,8 @@ class ShmSender(Sender):
 
     post_every = POST_EVERY
 
-    def __init__(self, spec: RingSpec, link: _Link, *, spin_us: float = DEFAULT_SPIN_US):
+    def __init__(self, spec: RingSpec, link: _Link):
         super().__init__(spec)
-        self.spin_us = spin_us
         self._link = link
         self._ctrl = link.seg.ctrl
         self._ring_array = link.seg.ring
@@ -351,9 +350,6 @@ class ShmSender(Sender):
         # the credit word this wait needs (wait_credit sets it; else the next credit)
         target = max(1, self._credit_target or self._posted - self.spec.slots + 1)
         self._credit_target = 0
-        if self.spin_us > 0 and self._spin(target):
-            await trio.lowlevel.checkpoint()
-            return
         parking.busy = True
         try:
             kernels.shm_park(self._ctrl, SEND_PARKED, target)
@@ -368,14 +364,6 @@ class ShmSender(Sender):
         if self._link.gone is not None:
             self._peer_gone()
         self._check_open()
-
-    def _spin(self, target: int) -> bool:
-        """Poll the credit word for up to spin_us; True if it reached `target` meanwhile."""
-        deadline = time.perf_counter() + self.spin_us * 1e-6
-        while time.perf_counter() < deadline:
-            if kernels.shm_load_u64(self._ctrl, RELEASED) >= target:
-                return True
-        return False
 
     async def drive(self) -> None:
         """Wait on the connection (never spinning) until the receiver goes or this end closes;
