@@ -61,27 +61,20 @@ async def feed_array(
     max_time = None
     sent = 0  # data buffers posted
     while sent < full_slots + (tail > 0):
-        # wait for half a ring of credits, not one: writing (and so computing) runs of buffers
-        # amortises the fixed cost per step (cf. silly-window avoidance in TCP); a consumer in
-        # another process computes while this one writes, and is fed a piece at a time instead
-        want = min(sender.post_every or max(1, sender.spec.slots // 2), full_slots + (tail > 0) - sent)
+        want = min(max(1, sender.spec.slots // 2), full_slots + (tail > 0) - sent)
         if sender.credits() < want:
+            # wait for half a ring of credits, not one: writing (and so computing) runs of
+            # buffers amortises the fixed cost per step; cf. silly-window avoidance in TCP
             await sender.wait_credit(want)
         # as many full slots as one copy can fill: up to the credits, the ring's end, the input's
         # last full slot and the next watermark
         k = min(sender.contiguous_credits(), full_slots - sent, watermark_every - sent % watermark_every)
         count = per_slot if k > 0 else tail
         k = max(k, 1)  # else: the last, partial slot
-        view = sender.reserve_run(k)
-        # post the run in pieces where the consumer runs beside this producer (another
-        # process): it starts on the first slots while the rest are being copied
-        step = sender.post_every or k
-        for i in range(0, k, step):
-            j = min(step, k - i)
-            run_max = fill(view[i : i + j], (sent + i) * per_slot, count)
-            if run_max is not None:
-                max_time = run_max if max_time is None else max(max_time, run_max)
-            sender.post_run(j, nbytes=count * size, count=count)
+        run_max = fill(sender.reserve_run(k), sent * per_slot, count)
+        if run_max is not None:
+            max_time = run_max if max_time is None else max(max_time, run_max)
+        sender.post_run(k, nbytes=count * size, count=count)
         sent += k
         end = min(sent * per_slot, n)
         if sent % watermark_every == 0 or end == n:

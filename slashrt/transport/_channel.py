@@ -114,11 +114,6 @@ class DataRun:
 class Sender(abc.ABC):
     """Producer end of a channel. Subclasses implement the four backend hooks."""
 
-    # Slots a source should post at a time when it fills a run of them (None: the whole run).
-    # Where the consumer runs beside the producer (another process), posting a long run in
-    # pieces lets it start on the first slots while the rest are being written.
-    post_every: int | None = None
-
     def __init__(self, spec: RingSpec):
         self.spec = spec
         self._posted = 0

@@ -116,10 +116,6 @@ def _record_size(spec: RingSpec) -> int:
 # Measured: 4 KiB latency through the executor p50 74 us with 0, 31 us with 100 (docs/benchmarks.md).
 DEFAULT_SPIN_US = 100.0
 
-# A source filling a run of slots posts them this many at a time (Sender.post_every): the
-# consumer process starts on the first ones while the producer copies the rest.
-POST_EVERY = 8
-
 class _Segment:
     """One mapping of the channel's memfd, seen as numpy arrays (control block and ring)."""
 
@@ -303,8 +299,6 @@ class _Parking:
 
 class ShmSender(Sender):
     """Producer end: writes slots of the shared ring, reads the credit word from it."""
-
-    post_every = POST_EVERY
 
     def __init__(self, spec: RingSpec, link: _Link):
         super().__init__(spec)
