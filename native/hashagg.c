@@ -710,6 +710,11 @@ int ha_ship(ha_table *t, int64_t *keys, int64_t *counts, ha_val *vals) {
 
 /* ---- update from a view, with the dense path ------------------------------------------- */
 
+/* Rows read for the first time (a ring slot the producer's core just wrote) come from
+ * another core's cache or L3: prefetching this many elements ahead keeps several lines in
+ * flight, across the 4 KiB page boundaries the hardware prefetcher stops at. */
+#define HA_SEG_PF 64
+
 #ifdef HA_HAVE_DENSE
 /* Per-thread scratch of the dense path (a table is not thread-safe, but different tables may
  * be updated in different threads at once).  calloc'ed once per thread (about 512 KiB, of
@@ -743,49 +748,69 @@ static dense_scratch *dense_get(void) {
 
 /* Count (and join the values of) n elements (keys at kp, stride ks; values at vp, stride vs)
  * into the dense arrays: slot key - lo (modulo 2^64).  The first appearance of a key appends
- * its slot to `order`.  Stops at the first key outside [lo, lo + HA_DENSE_MAX); returns the
- * number of elements counted (n unless it stopped). */
+ * its slot to `order`.  Stops at the first key outside [lo, lo + HA_DENSE_MAX), and, when
+ * `check` is set, at the first element whose time (at tp, stride ts) lies outside
+ * [tlo, tlo + twidth] (then *tstop is set): returns the number of elements counted.  Keys and
+ * times of packed records share cache lines, so the check reads nothing the count does not. */
 HA_INLINE int64_t dense_fill(dense_scratch *d, uint32_t *nop, const char *kp, ptrdiff_t ks,
-                             const char *vp, ptrdiff_t vs, int64_t n, int64_t lo, const int kind) {
+                             const char *vp, ptrdiff_t vs, const char *tp, ptrdiff_t ts, int64_t tlo,
+                             uint64_t twidth, int *tstop, int64_t n, int64_t lo, const int kind,
+                             const int check) {
     uint32_t *const cnt = d->cnt, *const order = d->order;
     ha_val *const val = d->val;
     uint32_t no = *nop;
     int64_t c = 0;
-    if (kind == HA_COUNT) {
-        for (; c < n; c++) {
-            const uint64_t i = (uint64_t)ld64(kp + c * ks) - (uint64_t)lo;
-            if (HA_UNLIKELY(i >= HA_DENSE_MAX)) break;
-            if (HA_UNLIKELY(cnt[i]++ == 0)) order[no++] = (uint32_t)i;
-        }
-    } else {
-        for (; c < n; c++) {
-            const uint64_t i = (uint64_t)ld64(kp + c * ks) - (uint64_t)lo;
-            if (HA_UNLIKELY(i >= HA_DENSE_MAX)) break;
-            const int64_t v = ld64(vp + c * vs);
-            if (HA_UNLIKELY(cnt[i]++ == 0)) {
-                order[no++] = (uint32_t)i;
-                val[i].i = v;
-            } else if (kind == HA_SUM || kind == HA_MEAN) {
-                val[i].i = (int64_t)((uint64_t)val[i].i + (uint64_t)v);
-            } else if (kind == HA_MIN) {
-                if (v < val[i].i) val[i].i = v;
-            } else if (v > val[i].i) {
-                val[i].i = v;
+    for (; c < n; c++) {
+        if (check) {
+            HA_PREFETCH_R(kp + (c + HA_SEG_PF) * ks);
+            if (HA_UNLIKELY((uint64_t)ld64(tp + c * ts) - (uint64_t)tlo > twidth)) {
+                *tstop = 1;
+                break;
             }
+        }
+        const uint64_t i = (uint64_t)ld64(kp + c * ks) - (uint64_t)lo;
+        if (HA_UNLIKELY(i >= HA_DENSE_MAX)) break;
+        if (kind == HA_COUNT) {
+            if (HA_UNLIKELY(cnt[i]++ == 0)) order[no++] = (uint32_t)i;
+            continue;
+        }
+        const int64_t v = ld64(vp + c * vs);
+        if (HA_UNLIKELY(cnt[i]++ == 0)) {
+            order[no++] = (uint32_t)i;
+            val[i].i = v;
+        } else if (kind == HA_SUM || kind == HA_MEAN) {
+            val[i].i = (int64_t)((uint64_t)val[i].i + (uint64_t)v);
+        } else if (kind == HA_MIN) {
+            if (v < val[i].i) val[i].i = v;
+        } else if (v > val[i].i) {
+            val[i].i = v;
         }
     }
     *nop = no;
     return c;
 }
 
+#define DENSE_KIND(KIND, CHECK) \
+    dense_fill(d, nop, kp, ks, vp, vs, tp, ts, tlo, twidth, tstop, n, lo, KIND, CHECK)
+
 static int64_t dense_fill_any(dense_scratch *d, uint32_t *nop, const char *kp, ptrdiff_t ks,
-                              const char *vp, ptrdiff_t vs, int64_t n, int64_t lo, int kind) {
+                              const char *vp, ptrdiff_t vs, const char *tp, ptrdiff_t ts, int64_t tlo,
+                              uint64_t twidth, int *tstop, int64_t n, int64_t lo, int kind) {
+    if (tp) {
+        switch (kind) {
+        case HA_COUNT: return DENSE_KIND(HA_COUNT, 1);
+        case HA_SUM: return DENSE_KIND(HA_SUM, 1);
+        case HA_MIN: return DENSE_KIND(HA_MIN, 1);
+        case HA_MAX: return DENSE_KIND(HA_MAX, 1);
+        default: return DENSE_KIND(HA_MEAN, 1);
+        }
+    }
     switch (kind) {
-    case HA_COUNT: return dense_fill(d, nop, kp, ks, vp, vs, n, lo, HA_COUNT);
-    case HA_SUM: return dense_fill(d, nop, kp, ks, vp, vs, n, lo, HA_SUM);
-    case HA_MIN: return dense_fill(d, nop, kp, ks, vp, vs, n, lo, HA_MIN);
-    case HA_MAX: return dense_fill(d, nop, kp, ks, vp, vs, n, lo, HA_MAX);
-    default: return dense_fill(d, nop, kp, ks, vp, vs, n, lo, HA_MEAN);
+    case HA_COUNT: return DENSE_KIND(HA_COUNT, 0);
+    case HA_SUM: return DENSE_KIND(HA_SUM, 0);
+    case HA_MIN: return DENSE_KIND(HA_MIN, 0);
+    case HA_MAX: return DENSE_KIND(HA_MAX, 0);
+    default: return DENSE_KIND(HA_MEAN, 0);
     }
 }
 
@@ -859,10 +884,6 @@ static void view_rest(const ha_view *v, int64_t r, int64_t c, ha_view *head, ha_
     tail->rows = v->rows - r - 1;
 }
 
-/* Rows read for the first time (a ring slot the producer's core just wrote) come from
- * another core's cache or L3: prefetching this many elements ahead keeps several lines in
- * flight, across the 4 KiB page boundaries the hardware prefetcher stops at. */
-#define HA_SEG_PF 64
 
 /* Number of leading elements of a segment with tlo <= time <= thi. */
 static int64_t seg_within(const char *tp, ptrdiff_t ts, int64_t n, int64_t tlo, int64_t thi) {
@@ -923,7 +944,7 @@ int ha_update_view_until(ha_table *t, const ha_view *kv, const ha_view *vv, cons
                          int64_t tlo, int64_t thi, int64_t *done) {
     *done = 0;
     const int64_t n = kv->rows * kv->cols;
-    if (n <= 0) return 0;
+    if (n <= 0 || (tv && thi < tlo)) return 0; /* nothing, or an empty time range */
     dense_state st = {NULL, 0, 0};
 #ifdef HA_HAVE_DENSE
     if (!t->is_float && n >= HA_DENSE_MIN_ROWS && n < (int64_t)UINT32_MAX && (st.d = dense_get()) != NULL) {
@@ -934,25 +955,33 @@ int ha_update_view_until(ha_table *t, const ha_view *kv, const ha_view *vv, cons
     }
 #endif
     const ptrdiff_t ks = kv->col_stride, vs = vv ? vv->col_stride : 0, ts = tv ? tv->col_stride : 0;
+    const uint64_t twidth = (uint64_t)thi - (uint64_t)tlo;
     int64_t applied = 0;
     int stop = 0, rc = 0;
     for (int64_t r = 0; r < kv->rows && !stop && rc == 0; r++) {
         for (int64_t c0 = 0; c0 < kv->cols && !stop; c0 += HA_SEG) {
-            int64_t len = kv->cols - c0 < HA_SEG ? kv->cols - c0 : HA_SEG;
-            if (tv) {
-                const int64_t ok = seg_within(tv->base + r * tv->row_stride + c0 * ts, ts, len, tlo, thi);
-                stop = ok < len;
-                len = ok;
+            int64_t end = kv->cols - c0 < HA_SEG ? kv->cols : c0 + HA_SEG;
+            /* counted densely, the times are checked in the counting loop; hashed, a
+             * segment's times are checked first */
+            if (tv && !st.d) {
+                const int64_t ok = seg_within(tv->base + r * tv->row_stride + c0 * ts, ts, end - c0, tlo, thi);
+                stop = c0 + ok < end;
+                end = c0 + ok;
             }
             int64_t c = c0;
-            const int64_t end = c0 + len;
             while (c < end) {
                 const char *kp = kv->base + r * kv->row_stride + c * ks;
                 const char *vp = vv ? vv->base + r * vv->row_stride + c * vs : NULL;
 #ifdef HA_HAVE_DENSE
                 if (st.d) {
-                    const int64_t got = dense_fill_any(st.d, &st.no, kp, ks, vp, vs, end - c, st.lo, t->kind);
-                    c += got;
+                    const char *tp = tv ? tv->base + r * tv->row_stride + c * ts : NULL;
+                    int tstop = 0;
+                    c += dense_fill_any(st.d, &st.no, kp, ks, vp, vs, tp, ts, tlo, twidth, &tstop, end - c,
+                                        st.lo, t->kind);
+                    if (tstop) {
+                        stop = 1;
+                        break;
+                    }
                     if (c < end) {
                         /* a key outside the range: fold what was counted (the log keeps the
                          * order of the rows), then choose again for what is left */
@@ -960,6 +989,11 @@ int ha_update_view_until(ha_table *t, const ha_view *kv, const ha_view *vv, cons
                         st.no = 0;
                         if (rc) break;
                         dense_choose(&st, kv, r, c);
+                        if (tv && !st.d) { /* hashing from here: check this segment's rest */
+                            const int64_t ok = seg_within(tv->base + r * tv->row_stride + c * ts, ts, end - c, tlo, thi);
+                            stop = c + ok < end;
+                            end = c + ok;
+                        }
                     }
                     continue;
                 }

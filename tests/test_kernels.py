@@ -1094,6 +1094,11 @@ def test_update_within_edges_and_errors(impl):
     assert t.update_within(np.array([5], np.int64), None, np.array([I64_MAX], np.int64), I64_MIN, I64_MAX) == 1
     assert t.update_within(np.array([5], np.int64), None, np.array([I64_MIN], np.int64), I64_MIN + 1, I64_MAX) == 0
     assert as_dict(t) == {5: (1, 0)}
+    # an empty range takes nothing (hi < lo), even with times at the extremes
+    ones = np.ones((2, 300), np.int64)
+    assert t.update_within(ones, None, np.full((2, 300), I64_MAX, np.int64), I64_MAX, I64_MIN) == 0
+    assert t.update_within(ones, None, ones, 2, 1) == 0
+    assert as_dict(t) == {5: (1, 0)}
     k = np.zeros((2, 300), np.int64)
     with pytest.raises(TypeError):
         t.update_within(k, None, k.astype(np.int32), 0, 1)  # times must be int64
@@ -1200,3 +1205,25 @@ def test_copy_rows_max_extremes():
     rec["t"][1, 63] = I64_MAX
     assert K.copy_rows_max(dst, rec.view(np.uint8).reshape(-1), 64 * 16, 16, 8) == I64_MAX
     assert K.copy_rows_max(dst, src, 64 * 16, 16, 0) == I64_MAX
+
+
+@pytest.mark.parametrize("bad_at", [700, 1500, 2999])
+def test_update_within_switching_from_dense_to_hashing_mid_segment(bad_at):
+    """Counting densely (the range guessed from the last call), a wide key mid-segment folds,
+    finds the rest too wide and hashes it: the times of the rest are still checked."""
+    _require_native()
+    rng = np.random.default_rng(bad_at)
+    t, ref = K.NativeHashAgg("sum", "i8"), K.NativeHashAgg("sum", "i8")
+    warm = rng.integers(0, 300, 1000).astype(np.int64)
+    t.update(warm, warm)
+    ref.update(warm, warm)
+    keys = np.concatenate([rng.integers(0, 300, 500), rng.choice([7, 10**15, -(10**15)], 2500)]).astype(np.int64)
+    vals = rng.integers(-9, 9, len(keys)).astype(np.int64)
+    times = np.zeros(len(keys), np.int64)
+    times[bad_at] = 1
+    n = t.update_within(keys.reshape(1, -1), vals.reshape(1, -1), times.reshape(1, -1), 0, 0)
+    assert n == bad_at
+    for j in range(0, n, 100):
+        ref.update(keys[j : min(n, j + 100)], vals[j : min(n, j + 100)])
+    _export_equal(t, ref)
+    assert t.log_len == ref.log_len
