@@ -170,5 +170,6 @@ def test_bench_ro_over_a_transport_repeats_and_checks_every_run(transport):
     result = json.loads(proc.stdout)
     assert result["transport"] == transport and result["repeat"] == 2 and result["correct"] is True
     assert result["events"] == 300_000 and result["gbytes_per_s"] > 0 and result["memcpy_gbytes_per_s"] > 0
-    assert 0 < result["fraction_of_memcpy"] == pytest.approx(result["gbytes_per_s"] / result["memcpy_gbytes_per_s"], rel=0.01)
+    # the JSON rounds to 3 decimals
+    assert 0 <= result["fraction_of_memcpy"] == pytest.approx(result["gbytes_per_s"] / result["memcpy_gbytes_per_s"], abs=2e-3)
     assert result["latency_us_p50"] > 0
