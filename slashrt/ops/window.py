@@ -85,6 +85,11 @@ class WindowState:
     late_records: int
 
 
+def _flat(a: np.ndarray) -> np.ndarray:
+    """1-D: a 2-D field view of a run of slots gathered in one native pass."""
+    return gather(a) if a.ndim > 1 else a
+
+
 class WindowAggregate(Node):
     """Keyed windowed aggregate over slices (count, sum, min, max, mean)."""
 
@@ -127,6 +132,8 @@ class WindowAggregate(Node):
             times = batch.view(self.spec.time)
             if times.dtype == np.int64:
                 keys, values = self._fields(batch)
+                if times.ndim != keys.ndim:  # a derived column (1-D) beside a field of a run (2-D)
+                    keys, values, times = _flat(keys), None if values is None else _flat(values), _flat(times)
                 first_t = max(s * self.slice_len, _I64_MIN)
                 last_t = min((s + 1) * self.slice_len - 1, _I64_MAX)
                 done = self.slices[s].update_within(keys, values, times, first_t, last_t)
@@ -178,6 +185,8 @@ class WindowAggregate(Node):
             if values.dtype.kind not in "biuf":
                 raise OperatorError(self.step_id, f"column {self.spec.column!r} must be numeric, is {values.dtype}")
             values = values.astype(self.value_dtype)
+        if values is not None and values.ndim != keys.ndim:  # a derived column beside a field of a run
+            keys, values = _flat(keys), _flat(values)
         return keys, values
 
     async def on_watermark(self, watermark: int) -> None:
