@@ -25,13 +25,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(HA_HAVE_MMAP)
+#define HA_HAVE_DENSE 1
+#include <pthread.h>
+#endif
+
 #if defined(__GNUC__)
 #define HA_INLINE static inline __attribute__((always_inline))
 #define HA_NOINLINE static __attribute__((noinline))
 #define HA_LIKELY(x) __builtin_expect(!!(x), 1)
 #define HA_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define HA_PREFETCH_W(p) __builtin_prefetch((p), 1, 3)
+#define HA_PREFETCH_R(p) __builtin_prefetch((p), 0, 3)
 #else
+#define HA_PREFETCH_R(p) ((void)0)
 #define HA_INLINE static inline
 #define HA_NOINLINE static
 #define HA_LIKELY(x) (x)
@@ -699,4 +706,320 @@ int ha_ship(ha_table *t, int64_t *keys, int64_t *counts, ha_val *vals) {
     log_restart(t);
     if (t->log_cap >= 8 * logw) log_resize(t, 2 * logw); /* shrinking: failure is harmless */
     return 0;
+}
+
+/* ---- update from a view, with the dense path ------------------------------------------- */
+
+/* Rows read for the first time (a ring slot the producer's core just wrote) come from
+ * another core's cache or L3: prefetching this many elements ahead keeps several lines in
+ * flight, across the 4 KiB page boundaries the hardware prefetcher stops at. */
+#define HA_SEG_PF 64
+
+#ifdef HA_HAVE_DENSE
+/* Per-thread scratch of the dense path (a table is not thread-safe, but different tables may
+ * be updated in different threads at once).  calloc'ed once per thread (about 512 KiB, of
+ * which only the pages of the key ranges used are ever touched) and kept zeroed between
+ * calls: a call resets exactly the counters it used. */
+typedef struct {
+    uint32_t cnt[HA_DENSE_MAX];
+    uint32_t order[HA_DENSE_MAX + 1]; /* + 1: the branch-free append writes one past the last */
+    ha_val val[HA_DENSE_MAX];
+} dense_scratch;
+
+static pthread_key_t dense_key;
+static pthread_once_t dense_once = PTHREAD_ONCE_INIT;
+static int dense_key_ok;
+
+static void dense_key_init(void) { dense_key_ok = pthread_key_create(&dense_key, free) == 0; }
+
+static dense_scratch *dense_get(void) {
+    pthread_once(&dense_once, dense_key_init);
+    if (!dense_key_ok) return NULL;
+    dense_scratch *d = pthread_getspecific(dense_key);
+    if (d == NULL) {
+        d = calloc(1, sizeof(*d));
+        if (d != NULL && pthread_setspecific(dense_key, d) != 0) {
+            free(d);
+            d = NULL;
+        }
+    }
+    return d;
+}
+
+/* Count (and join the values of) n elements (keys at kp, stride ks; values at vp, stride vs)
+ * into the dense arrays: slot key - lo (modulo 2^64).  The first appearance of a key appends
+ * its slot to `order`.  Stops at the first key outside [lo, lo + HA_DENSE_MAX), and, when
+ * `check` is set, at the first element whose time (at tp, stride ts) lies outside
+ * [tlo, tlo + twidth] (then *tstop is set): returns the number of elements counted.  Keys and
+ * times of packed records share cache lines, so the check reads nothing the count does not. */
+HA_INLINE int64_t dense_fill(dense_scratch *d, uint32_t *nop, const char *kp, ptrdiff_t ks,
+                             const char *vp, ptrdiff_t vs, const char *tp, ptrdiff_t ts, int64_t tlo,
+                             uint64_t twidth, int *tstop, int64_t n, int64_t lo, const int kind,
+                             const int check) {
+    uint32_t *const cnt = d->cnt, *const order = d->order;
+    ha_val *const val = d->val;
+    uint32_t no = *nop;
+    int64_t c = 0;
+    for (; c < n; c++) {
+        if (check) {
+            HA_PREFETCH_R(kp + (c + HA_SEG_PF) * ks);
+            if (HA_UNLIKELY((uint64_t)ld64(tp + c * ts) - (uint64_t)tlo > twidth)) {
+                *tstop = 1;
+                break;
+            }
+        }
+        const uint64_t i = (uint64_t)ld64(kp + c * ks) - (uint64_t)lo;
+        if (HA_UNLIKELY(i >= HA_DENSE_MAX)) break;
+        if (kind == HA_COUNT) {
+            if (HA_UNLIKELY(cnt[i]++ == 0)) order[no++] = (uint32_t)i;
+            continue;
+        }
+        const int64_t v = ld64(vp + c * vs);
+        if (HA_UNLIKELY(cnt[i]++ == 0)) {
+            order[no++] = (uint32_t)i;
+            val[i].i = v;
+        } else if (kind == HA_SUM || kind == HA_MEAN) {
+            val[i].i = (int64_t)((uint64_t)val[i].i + (uint64_t)v);
+        } else if (kind == HA_MIN) {
+            if (v < val[i].i) val[i].i = v;
+        } else if (v > val[i].i) {
+            val[i].i = v;
+        }
+    }
+    *nop = no;
+    return c;
+}
+
+#define DENSE_KIND(KIND, CHECK) \
+    dense_fill(d, nop, kp, ks, vp, vs, tp, ts, tlo, twidth, tstop, n, lo, KIND, CHECK)
+
+static int64_t dense_fill_any(dense_scratch *d, uint32_t *nop, const char *kp, ptrdiff_t ks,
+                              const char *vp, ptrdiff_t vs, const char *tp, ptrdiff_t ts, int64_t tlo,
+                              uint64_t twidth, int *tstop, int64_t n, int64_t lo, int kind) {
+    if (tp) {
+        switch (kind) {
+        case HA_COUNT: return DENSE_KIND(HA_COUNT, 1);
+        case HA_SUM: return DENSE_KIND(HA_SUM, 1);
+        case HA_MIN: return DENSE_KIND(HA_MIN, 1);
+        case HA_MAX: return DENSE_KIND(HA_MAX, 1);
+        default: return DENSE_KIND(HA_MEAN, 1);
+        }
+    }
+    switch (kind) {
+    case HA_COUNT: return DENSE_KIND(HA_COUNT, 0);
+    case HA_SUM: return DENSE_KIND(HA_SUM, 0);
+    case HA_MIN: return DENSE_KIND(HA_MIN, 0);
+    case HA_MAX: return DENSE_KIND(HA_MAX, 0);
+    default: return DENSE_KIND(HA_MEAN, 0);
+    }
+}
+
+/* Fold the dense aggregate into the table in order of first appearance (as merge rows), and
+ * zero the counters used. */
+static int dense_fold(ha_table *t, dense_scratch *d, uint32_t no, int64_t lo) {
+    int64_t kb[HA_BLOCK], cb[HA_BLOCK];
+    ha_val vb[HA_BLOCK];
+    int rc = 0;
+    const ptrdiff_t st = 8;
+    for (uint32_t b = 0; b < no; b += HA_BLOCK) {
+        const uint32_t m = no - b < HA_BLOCK ? no - b : HA_BLOCK;
+        for (uint32_t j = 0; j < m; j++) {
+            const uint32_t i = d->order[b + j];
+            kb[j] = (int64_t)((uint64_t)lo + i);
+            cb[j] = d->cnt[i];
+            vb[j] = d->val[i];
+            d->cnt[i] = 0;
+        }
+        if (rc == 0)
+            rc = ha_apply(t, (const char *)kb, st, (const char *)cb, st, (const char *)vb, st, m);
+    }
+    return rc;
+}
+#endif
+
+static void view_minmax(const ha_view *v, int64_t *lo_out, int64_t *hi_out) {
+    /* four independent (min, max) pairs, as columns_minmax_i64 */
+    int64_t lo[4] = {INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX};
+    int64_t hi[4] = {INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN};
+    const ptrdiff_t cs = v->col_stride;
+    for (int64_t r = 0; r < v->rows; r++) {
+        const char *row = v->base + r * v->row_stride;
+        int64_t c = 0;
+        for (; c + 4 <= v->cols; c += 4) {
+            for (int u = 0; u < 4; u++) {
+                const int64_t x = ld64(row + (c + u) * cs);
+                lo[u] = x < lo[u] ? x : lo[u];
+                hi[u] = x > hi[u] ? x : hi[u];
+            }
+        }
+        for (; c < v->cols; c++) {
+            const int64_t x = ld64(row + c * cs);
+            lo[0] = x < lo[0] ? x : lo[0];
+            hi[0] = x > hi[0] ? x : hi[0];
+        }
+    }
+    for (int u = 1; u < 4; u++) {
+        lo[0] = lo[u] < lo[0] ? lo[u] : lo[0];
+        hi[0] = hi[u] > hi[0] ? hi[u] : hi[0];
+    }
+    *lo_out = lo[0];
+    *hi_out = hi[0];
+}
+
+/* Below this many elements the min/max pass and the fold cost more than they save. */
+#define HA_DENSE_MIN_ROWS 256
+/* Elements per segment: a view is read a segment at a time (its times checked, then its keys
+ * counted), so the second read of the segment's cache lines hits L1. */
+#define HA_SEG 1024
+
+/* The elements of a view from (r, c) on, as up to two views: the rest of row r, then the
+ * rows after it. */
+static void view_rest(const ha_view *v, int64_t r, int64_t c, ha_view *head, ha_view *tail) {
+    *head = *v;
+    head->base = v->base + r * v->row_stride + c * v->col_stride;
+    head->rows = 1;
+    head->cols = v->cols - c;
+    *tail = *v;
+    tail->base = v->base + (r + 1) * v->row_stride;
+    tail->rows = v->rows - r - 1;
+}
+
+
+/* Number of leading elements of a segment with tlo <= time <= thi. */
+static int64_t seg_within(const char *tp, ptrdiff_t ts, int64_t n, int64_t tlo, int64_t thi) {
+    int64_t lo[4] = {INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX};
+    int64_t hi[4] = {INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN};
+    int64_t c = 0;
+    for (; c + 4 <= n; c += 4) {
+        HA_PREFETCH_R(tp + (c + HA_SEG_PF) * ts);
+        for (int u = 0; u < 4; u++) {
+            const int64_t x = ld64(tp + (c + u) * ts);
+            lo[u] = x < lo[u] ? x : lo[u];
+            hi[u] = x > hi[u] ? x : hi[u];
+        }
+    }
+    for (; c < n; c++) {
+        const int64_t x = ld64(tp + c * ts);
+        lo[0] = x < lo[0] ? x : lo[0];
+        hi[0] = x > hi[0] ? x : hi[0];
+    }
+    int ok = 1;
+    for (int u = 0; u < 4; u++) ok &= lo[u] >= tlo && hi[u] <= thi;
+    if (ok) return n;
+    c = 0;
+    while (c < n) {
+        const int64_t x = ld64(tp + c * ts);
+        if (x < tlo || x > thi) break;
+        c++;
+    }
+    return c;
+}
+
+/* How an update proceeds: densely from base `lo`, or by hashing. */
+typedef struct {
+    dense_scratch *d; /* NULL: hashing */
+    int64_t lo;
+    uint32_t no;      /* distinct keys counted densely and not folded yet */
+} dense_state;
+
+/* Choose dense (with a base) or hashing for the elements of kv from (r, c) on. */
+static void dense_choose(dense_state *st, const ha_view *kv, int64_t r, int64_t c) {
+    ha_view kh, kt;
+    int64_t lo, hi, lo2, hi2;
+    view_rest(kv, r, c, &kh, &kt);
+    view_minmax(&kh, &lo, &hi);
+    view_minmax(&kt, &lo2, &hi2);
+    lo = lo2 < lo ? lo2 : lo;
+    hi = hi2 > hi ? hi2 : hi;
+    const uint64_t span = (uint64_t)hi - (uint64_t)lo;
+    if (span >= HA_DENSE_MAX) {
+        st->d = NULL;
+        return;
+    }
+    /* centre the keys in the dense range: later updates may drift either way */
+    st->lo = (int64_t)((uint64_t)lo - (HA_DENSE_MAX - 1 - span) / 2);
+}
+
+int ha_update_view_until(ha_table *t, const ha_view *kv, const ha_view *vv, const ha_view *tv,
+                         int64_t tlo, int64_t thi, int64_t *done) {
+    *done = 0;
+    const int64_t n = kv->rows * kv->cols;
+    if (n <= 0 || (tv && thi < tlo)) return 0; /* nothing, or an empty time range */
+    dense_state st = {NULL, 0, 0};
+#ifdef HA_HAVE_DENSE
+    if (!t->is_float && n >= HA_DENSE_MIN_ROWS && n < (int64_t)UINT32_MAX && (st.d = dense_get()) != NULL) {
+        if (t->dense_hint)
+            st.lo = t->dense_lo; /* the range of the last update: no min/max pass */
+        else
+            dense_choose(&st, kv, 0, 0);
+    }
+#endif
+    const ptrdiff_t ks = kv->col_stride, vs = vv ? vv->col_stride : 0, ts = tv ? tv->col_stride : 0;
+    const uint64_t twidth = (uint64_t)thi - (uint64_t)tlo;
+    int64_t applied = 0;
+    int stop = 0, rc = 0;
+    for (int64_t r = 0; r < kv->rows && !stop && rc == 0; r++) {
+        for (int64_t c0 = 0; c0 < kv->cols && !stop; c0 += HA_SEG) {
+            int64_t end = kv->cols - c0 < HA_SEG ? kv->cols : c0 + HA_SEG;
+            /* counted densely, the times are checked in the counting loop; hashed, a
+             * segment's times are checked first */
+            if (tv && !st.d) {
+                const int64_t ok = seg_within(tv->base + r * tv->row_stride + c0 * ts, ts, end - c0, tlo, thi);
+                stop = c0 + ok < end;
+                end = c0 + ok;
+            }
+            int64_t c = c0;
+            while (c < end) {
+                const char *kp = kv->base + r * kv->row_stride + c * ks;
+                const char *vp = vv ? vv->base + r * vv->row_stride + c * vs : NULL;
+#ifdef HA_HAVE_DENSE
+                if (st.d) {
+                    const char *tp = tv ? tv->base + r * tv->row_stride + c * ts : NULL;
+                    int tstop = 0;
+                    c += dense_fill_any(st.d, &st.no, kp, ks, vp, vs, tp, ts, tlo, twidth, &tstop, end - c,
+                                        st.lo, t->kind);
+                    if (tstop) {
+                        stop = 1;
+                        break;
+                    }
+                    if (c < end) {
+                        /* a key outside the range: fold what was counted (the log keeps the
+                         * order of the rows), then choose again for what is left */
+                        rc = dense_fold(t, st.d, st.no, st.lo);
+                        st.no = 0;
+                        if (rc) break;
+                        dense_choose(&st, kv, r, c);
+                        if (tv && !st.d) { /* hashing from here: check this segment's rest */
+                            const int64_t ok = seg_within(tv->base + r * tv->row_stride + c * ts, ts, end - c, tlo, thi);
+                            stop = c + ok < end;
+                            end = c + ok;
+                        }
+                    }
+                    continue;
+                }
+#endif
+                rc = ha_apply(t, kp, ks, NULL, 0, vp, vs, (size_t)(end - c));
+                if (rc) break;
+                c = end;
+            }
+            applied += c - c0;
+            if (rc) break;
+        }
+    }
+#ifdef HA_HAVE_DENSE
+    if (st.d) {
+        if (dense_fold(t, st.d, st.no, st.lo)) rc = -1;
+        t->dense_hint = rc == 0;
+        t->dense_lo = st.lo;
+    } else {
+        t->dense_hint = 0;
+    }
+#endif
+    *done = applied;
+    return rc;
+}
+
+int ha_update_view(ha_table *t, const ha_view *kv, const ha_view *vv) {
+    int64_t done;
+    return ha_update_view_until(t, kv, vv, NULL, 0, 0, &done);
 }

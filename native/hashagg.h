@@ -114,6 +114,10 @@ typedef struct {
     int kind;
     int is_float;
     ha_mem idx_mem, log_mem;
+    /* the dense path's guess for the next update: keys in [dense_lo, dense_lo + HA_DENSE_MAX)
+     * (modulo 2^64), valid when dense_hint is set; a key outside it ends the guess */
+    int64_t dense_lo;
+    int dense_hint;
 } ha_table;
 
 /* All functions returning int return 0 on success and -1 when memory ran out (the table is
@@ -133,6 +137,38 @@ void ha_reset(ha_table *t);
  * NULL only for HA_COUNT. */
 int ha_apply(ha_table *t, const char *keys, ptrdiff_t kstride, const char *counts,
              ptrdiff_t cstride, const char *vals, ptrdiff_t vstride, size_t n);
+
+/* A 1-D or 2-D strided view: rows x cols elements at base + r*row_stride + c*col_stride (a
+ * field of the records of a run of ring slots, read in place; 1-D: rows == 1). */
+typedef struct {
+    const char *base;
+    int64_t rows, cols;
+    ptrdiff_t row_stride, col_stride;
+} ha_view;
+
+/* An update (count 1 per element) from a view of keys and, unless the kind is count, a view
+ * of values of the same shape (vals NULL for count).  Same result, in the same log order, as
+ * ha_apply over the elements row by row.
+ *
+ * Dense path: integer tables whose keys in this call span fewer than HA_DENSE_MAX values
+ * (a min/max pass over the keys tells) first aggregate the call into a per-thread dense array
+ * indexed by key - base (one increment per element, no hashing or probing), noting each key
+ * at its first appearance, then fold one (key, count, val) row per distinct key into the table
+ * in that order.  The table remembers the base for its next update, which then skips the
+ * min/max pass; a key outside the remembered range folds what was counted so far and the rest
+ * of the call starts over with a min/max pass.  That fold goes through the ordinary merge path, so marks, deltas and the
+ * log order of new keys are exactly those of the element-by-element update.  Float tables
+ * (whose sums depend on the order of additions) and wide key ranges take the hash path. */
+#define HA_DENSE_MAX (1u << 15)
+int ha_update_view(ha_table *t, const ha_view *keys, const ha_view *vals);
+
+/* ha_update_view of the longest prefix (in row-major order) of elements whose time (a view of
+ * int64 times of the same shape) lies in [tlo, thi]; *done is set to its length.  The times are
+ * checked a segment (HA_SEG elements) at a time just before its keys are counted, so the
+ * check costs no extra pass over memory: what a window slice does with a batch that should fall
+ * into it (the batch's remaining elements then go their own way).  tv NULL: every element. */
+int ha_update_view_until(ha_table *t, const ha_view *keys, const ha_view *vals, const ha_view *times,
+                         int64_t tlo, int64_t thi, int64_t *done);
 
 /* dst ⊔= src (CRDT join).  dst == src doubles every entry. */
 int ha_merge_table(ha_table *dst, const ha_table *src);

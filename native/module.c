@@ -243,12 +243,117 @@ fail:
     return NULL;
 }
 
+/* A 1-D or 2-D (possibly strided) int64 / float64 view out of obj, e.g. a field of the
+ * records of a run of ring slots. */
+static int get_view(PyObject *obj, Py_buffer *b, int want_float, const char *name, ha_view *v) {
+    if (PyObject_GetBuffer(obj, b, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be a 1-D or 2-D %s numpy array (or buffer), not %.100s",
+                     name, want_float ? "float64" : "int64", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if (b->ndim < 1 || b->ndim > 2 || !fmt_ok(b->format, b->itemsize, want_float)) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s must be a 1-D or 2-D %s array (got ndim %d, format '%s', itemsize %zd)",
+                     name, want_float ? "float64" : "int64", b->ndim, b->format ? b->format : "B",
+                     b->itemsize);
+        PyBuffer_Release(b);
+        return -1;
+    }
+    v->base = (const char *)b->buf;
+    if (b->ndim == 1) {
+        v->rows = 1;
+        v->cols = b->shape[0];
+        v->row_stride = 0;
+        v->col_stride = b->strides[0];
+    } else {
+        v->rows = b->shape[0];
+        v->cols = b->shape[1];
+        v->row_stride = b->strides[0];
+        v->col_stride = b->strides[1];
+    }
+    return 0;
+}
+
+/* update() and update_within(): times NULL means every row. */
+static PyObject *ha_update_common(HashAggObject *self, PyObject *keys, PyObject *values,
+                                  PyObject *times, int64_t tlo, int64_t thi) {
+    if (ha_check(self)) return NULL;
+    const int kind = self->t.kind;
+    Py_buffer kb, vb, tb;
+    ha_view kv, vv, tv;
+    int have_v = 0, have_t = 0;
+    if (get_view(keys, &kb, 0, "keys", &kv)) return NULL;
+    if (kind == HA_COUNT) {
+        /* count keeps no value: whatever was passed is ignored, not even checked */
+    } else if (values && values != Py_None) {
+        if (get_view(values, &vb, self->t.is_float, "values", &vv)) goto fail;
+        have_v = 1;
+        if (kb.ndim == 1 && vb.ndim == 1 && vv.cols != kv.cols) {
+            PyErr_Format(PyExc_ValueError, "values has length %lld, keys has %lld",
+                         (long long)vv.cols, (long long)kv.cols);
+            goto fail;
+        }
+        if (kb.ndim != vb.ndim || vv.rows != kv.rows || vv.cols != kv.cols) {
+            PyErr_Format(PyExc_ValueError, "values has shape (%lld, %lld), keys has (%lld, %lld)",
+                         (long long)vv.rows, (long long)vv.cols, (long long)kv.rows, (long long)kv.cols);
+            goto fail;
+        }
+    } else {
+        PyErr_Format(PyExc_TypeError, "values are required for kind '%s'", KIND_NAMES[kind]);
+        goto fail;
+    }
+    if (times) {
+        if (get_view(times, &tb, 0, "times", &tv)) goto fail;
+        have_t = 1;
+        if (kb.ndim != tb.ndim || tv.rows != kv.rows || tv.cols != kv.cols) {
+            PyErr_Format(PyExc_ValueError, "times has shape (%lld, %lld), keys has (%lld, %lld)",
+                         (long long)tv.rows, (long long)tv.cols, (long long)kv.rows, (long long)kv.cols);
+            goto fail;
+        }
+    }
+    int rc;
+    int64_t done = 0;
+    const ha_view *vp = have_v ? &vv : NULL, *tp = have_t ? &tv : NULL;
+    if (kv.rows * kv.cols >= NOGIL_MIN_ROWS) {
+        self->busy = 1;
+        Py_BEGIN_ALLOW_THREADS
+        rc = ha_update_view_until(&self->t, &kv, vp, tp, tlo, thi, &done);
+        Py_END_ALLOW_THREADS
+        self->busy = 0;
+    } else {
+        rc = ha_update_view_until(&self->t, &kv, vp, tp, tlo, thi, &done);
+    }
+    PyBuffer_Release(&kb);
+    if (have_v) PyBuffer_Release(&vb);
+    if (have_t) PyBuffer_Release(&tb);
+    if (rc) return PyErr_NoMemory();
+    if (times) return PyLong_FromLongLong((long long)done);
+    Py_RETURN_NONE;
+fail:
+    PyBuffer_Release(&kb);
+    if (have_v) PyBuffer_Release(&vb);
+    if (have_t) PyBuffer_Release(&tb);
+    return NULL;
+}
+
 static PyObject *HashAgg_update(HashAggObject *self, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames) {
     static const char *const names[] = {"keys", "values"};
     PyObject *a[2];
     if (parse_fast(args, nargs, kwnames, "update", names, 1, 2, a)) return NULL;
-    return ha_fold(self, a[0], NULL, a[1], "values");
+    return ha_update_common(self, a[0], a[1], NULL, 0, 0);
+}
+
+static PyObject *HashAgg_update_within(HashAggObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                       PyObject *kwnames) {
+    static const char *const names[] = {"keys", "values", "times", "lo", "hi"};
+    PyObject *a[5];
+    if (parse_fast(args, nargs, kwnames, "update_within", names, 5, 5, a)) return NULL;
+    long long lo = PyLong_AsLongLong(a[3]);
+    if (lo == -1 && PyErr_Occurred()) return NULL;
+    long long hi = PyLong_AsLongLong(a[4]);
+    if (hi == -1 && PyErr_Occurred()) return NULL;
+    return ha_update_common(self, a[0], a[1], a[2], (int64_t)lo, (int64_t)hi);
 }
 
 static PyObject *HashAgg_merge(HashAggObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -458,6 +563,9 @@ static PyObject *HashAgg_get_log_floor(HashAggObject *self, void *c) {
 static PyMethodDef HashAgg_methods[] = {
     {"update", (PyCFunction)(void (*)(void))HashAgg_update, METH_FASTCALL | METH_KEYWORDS,
      "update(keys, values=None): fold one batch in (count += 1, val op= value per row)."},
+    {"update_within", (PyCFunction)(void (*)(void))HashAgg_update_within, METH_FASTCALL | METH_KEYWORDS,
+     "update_within(keys, values, times, lo, hi) -> int: update() with the longest prefix of rows "
+     "whose time lies in [lo, hi]; returns its length."},
     {"merge", (PyCFunction)(void (*)(void))HashAgg_merge, METH_FASTCALL | METH_KEYWORDS,
      "merge(keys, counts, vals=None): CRDT join of a partial given as exported arrays."},
     {"merge_from", (PyCFunction)HashAgg_merge_from, METH_O,
@@ -1013,6 +1121,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     Py_INCREF(&HashAggType);
     if (PyModule_AddObject(m, "HashAgg", (PyObject *)&HashAggType) < 0) {
         Py_DECREF(&HashAggType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "DENSE_MAX", HA_DENSE_MAX) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -79,6 +79,18 @@ class Batch:
             return gather(col, self._sel)
         return col if self._sel is None else col[self._sel]
 
+    def view(self, name: str) -> np.ndarray:
+        """The column without a copy where possible: a record field read in place (for the
+        records of a run of slots a 2-D strided view, slots x records) when nothing was
+        selected; otherwise what `column` returns. For kernels that take strided 1-D/2-D
+        views (`minmax`, `HashAgg.update`), so that a whole batch never gathers its fields."""
+        if self._sel is None and self._records is not None and name not in self._cols:
+            try:
+                return self._records[name]
+            except ValueError:
+                pass  # column() names the missing column
+        return self.column(name)
+
     def __getitem__(self, key):
         if isinstance(key, str):
             return self.column(key)

@@ -31,7 +31,17 @@ HashAgg semantics (identical in both implementations):
 * ``export()`` returns fresh writable arrays ``(keys, counts, vals)``, one row per key, in no
   particular order (natively: order of first insertion); for ``count`` the vals are 0.
 * Inputs are 1-D int64 keys (and values of ``value_dtype``), any stride; a field of a
-  structured array (``batch["ad_id"]``) is read in place. A table is not thread-safe, but
+  structured array (``batch["ad_id"]``) is read in place. ``update`` also takes 2-D views of
+  the same shape (a field of the records of a run of ring slots, rows x records), read in
+  place natively (flattened by the numpy fallback).
+* ``update_within(keys, values, times, lo, hi) -> n``: ``update`` with the longest prefix of
+  rows (row-major) whose int64 time lies in ``[lo, hi]``; returns its length. What a window
+  slice does with a batch that should fall into it: natively the times are checked a segment
+  at a time right before its keys are counted (no separate pass over the batch).
+* Natively, ``update`` of an integer table whose keys in the call span fewer than
+  ``DENSE_MAX`` values counts in a dense per-thread array first and folds one row per
+  distinct key into the table (in order of first appearance, through the merge path): the
+  same table, log and order as the row-by-row update, without hashing every row. A table is not thread-safe, but
   the native one releases the GIL on large batches so other tables can work in parallel.
 * ``reset()`` empties the table and keeps its capacity (a window slice about to be refilled);
   ``clear()`` empties it and gives the memory back.
@@ -64,6 +74,7 @@ import numpy as np
 
 __all__ = [
     "KINDS",
+    "DENSE_MAX",
     "NATIVE",
     "HashAgg",
     "NumpyHashAgg",
@@ -80,6 +91,8 @@ __all__ = [
 
 
 KINDS = ("count", "sum", "min", "max", "mean")
+# Natively, an update whose keys span fewer values than this counts densely (native/hashagg.h)
+DENSE_MAX = 1 << 15
 YSB_RECORD_SIZE = 78
 
 # The CRDT join of the value per kind, as a numpy ufunc (None: no value is kept).
@@ -106,6 +119,22 @@ def _vec(x, dtype: np.dtype, name: str) -> np.ndarray:
     if a.ndim != 1 or a.dtype != dtype:
         raise TypeError(f"{name} must be a 1-D {dtype} array (got {a.dtype}, ndim {a.ndim})")
     return a
+
+
+def _flat2d(keys, values, need_values: bool):
+    """update() also takes 2-D views (a field of a run of ring slots): flattened here, with
+    the shapes of keys and values checked against each other first."""
+    k = np.asarray(keys)
+    if k.ndim != 2:
+        return keys, values
+    if need_values and values is not None:
+        v = np.asarray(values)
+        if v.ndim == 2 and v.shape != k.shape:
+            raise ValueError(f"values has shape {v.shape}, keys has {k.shape}")
+        if v.ndim != 2:
+            raise ValueError(f"values has shape {v.shape}, keys has {k.shape}")
+        values = v.reshape(-1)
+    return k.reshape(-1), values
 
 
 class NumpyHashAgg:
@@ -212,9 +241,26 @@ class NumpyHashAgg:
         return f"NumpyHashAgg({self.kind!r}, {self.value_dtype!r}, len={len(self)})"
 
     def update(self, keys, values=None) -> None:
+        keys, values = _flat2d(keys, values, self._join is not None)
         keys = _vec(keys, np.dtype(np.int64), "keys")
         vals = self._values(values, len(keys), "values")
         self._fold(keys, None, vals)
+
+    def update_within(self, keys, values, times, lo: int, hi: int) -> int:
+        t = np.asarray(times)
+        if t.dtype != np.int64 or t.ndim not in (1, 2):
+            raise TypeError(f"times must be a 1-D or 2-D int64 array (got {t.dtype}, ndim {t.ndim})")
+        if t.shape != np.shape(keys):
+            raise ValueError(f"times has shape {t.shape}, keys has {np.shape(keys)}")
+        if self._join is not None and values is not None and np.shape(values) != t.shape:
+            raise ValueError(f"values has shape {np.shape(values)}, keys has {t.shape}")
+        flat = t.reshape(-1)
+        outside = (flat < operator.index(lo)) | (flat > operator.index(hi))
+        n = int(np.argmax(outside)) if outside.any() else len(flat)
+        keys, values = _flat2d(keys, values, self._join is not None)
+        values = None if self._join is None or values is None else np.asarray(values)[:n]
+        self.update(np.asarray(keys)[:n], values)
+        return n
 
     def merge(self, keys, counts, vals=None) -> None:
         keys = _vec(keys, np.dtype(np.int64), "keys")

@@ -198,7 +198,7 @@ def _run_bench(args) -> dict:
 
         return channel.bench(
             transport=args.transport, buffer_size=args.buffer_size, events=args.events, key_range=args.keys,
-            slots=args.slots,
+            slots=args.slots, repeat=args.repeat,
         )
     if args.query == "ro":
         from slashrt.bench import ro

@@ -158,3 +158,18 @@ def test_bench_report_writes_plots_and_ratios(tmp_path, capsys):
 def test_executor_with_a_bad_listen_address_exits_2():
     proc = run_cli("executor", "--listen", "nowhere")
     assert proc.returncode == 2 and "HOST:PORT" in proc.stderr
+
+
+@pytest.mark.parametrize("transport", ["inproc", "shm"])
+def test_bench_ro_over_a_transport_repeats_and_checks_every_run(transport):
+    proc = run_cli(
+        "bench", "ro", "--transport", transport, "--buffer-size", "65536", "--events", "300000", "--keys", "1000",
+        "--slots", "16", "--repeat", "2", "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["transport"] == transport and result["repeat"] == 2 and result["correct"] is True
+    assert result["events"] == 300_000 and result["gbytes_per_s"] > 0 and result["memcpy_gbytes_per_s"] > 0
+    # the JSON rounds to 3 decimals
+    assert 0 <= result["fraction_of_memcpy"] == pytest.approx(result["gbytes_per_s"] / result["memcpy_gbytes_per_s"], abs=2e-3)
+    assert result["latency_us_p50"] > 0

@@ -342,8 +342,12 @@ def test_bad_arguments(impl):
         t.update(k.astype(np.int32), k)
     with pytest.raises(TypeError):
         t.update(k, k.astype(np.float64))
-    with pytest.raises(TypeError):
-        t.update(k.reshape(1, 3), k.reshape(1, 3))
+    with pytest.raises((TypeError, ValueError)):
+        t.update(k.reshape(1, 1, 3), k.reshape(1, 1, 3))  # 1-D or 2-D only
+    with pytest.raises(ValueError):
+        t.update(k.reshape(1, 3), k)  # 2-D keys take 2-D values of the same shape
+    with pytest.raises(ValueError):
+        t.update(np.arange(6).reshape(2, 3), np.arange(6).reshape(3, 2))
     with pytest.raises(ValueError):
         t.update(k, k[:2])
     with pytest.raises(ValueError):
@@ -857,3 +861,369 @@ def test_pickle_after_marks(impl):
     t.update(np.array([2, 3], np.int64), np.array([1.0, -3.0]))
     u = pickle.loads(pickle.dumps(t))
     assert as_dict(u) == as_dict(t) == {1: (1, 1.5), 2: (2, 3.5), 3: (1, -3.0)}
+
+
+# ---- update from 2-D views, and the native dense path ----------------------------------------
+
+
+def _slot_run(keys, vals, per_row, pad=3):
+    """keys/vals laid out like a field of a run of ring slots: a 2-D view (rows x per_row) of
+    packed 16-byte records whose rows are `pad` records longer than their payload."""
+    rows = len(keys) // per_row
+    rec = np.zeros((rows, per_row + pad), np.dtype([("k", "<i8"), ("v", vals.dtype)]))
+    rec["k"][:, :per_row] = keys[: rows * per_row].reshape(rows, per_row)
+    rec["v"][:, :per_row] = vals[: rows * per_row].reshape(rows, per_row)
+    kv, vv = rec["k"][:, :per_row], rec["v"][:, :per_row]
+    assert kv.ndim == 2 and not kv.flags.c_contiguous
+    return kv, vv
+
+
+def _row_by_row(kind, dtype, keys, vals):
+    """The native table fed in pieces too small for the dense path: the element-by-element
+    hash update the dense path must be indistinguishable from."""
+    t = K.NativeHashAgg(kind, dtype)
+    for i in range(0, len(keys), 100):
+        t.update(keys[i : i + 100], None if kind == "count" else vals[i : i + 100])
+    return t
+
+
+def _export_equal(a, b):
+    for x, y in zip(a.export(), b.export()):
+        assert x.dtype == y.dtype
+        np.testing.assert_array_equal(x, y)
+
+
+SPANS = {
+    "dense-small": (0, 1000),
+    "negative": (-500, 500),
+    "at-int64-min": (I64_MIN, I64_MIN + 700),
+    "at-int64-max": (I64_MAX - 700, I64_MAX),
+    "span-just-dense": (10**12, 10**12 + K.DENSE_MAX - 1),
+    "span-just-too-wide": (10**12, 10**12 + K.DENSE_MAX),
+    "huge": (I64_MIN, I64_MAX),
+}
+
+
+@pytest.mark.parametrize("kind,dtype", KIND_DTYPE)
+@pytest.mark.parametrize("span", list(SPANS))
+def test_update_2d_view_matches_reference(impl, kind, dtype, span):
+    lo, hi = SPANS[span]
+    rng = np.random.default_rng(hash(span) % 2**32)
+    n = 6 * 1500
+    keys = rng.integers(lo, hi, n, dtype=np.int64, endpoint=True)
+    keys[0], keys[-1] = lo, hi  # the whole span is present
+    vals = rng.integers(-(2**62), 2**62, n) if dtype == "i8" else rng.standard_normal(n)
+    kv, vv = _slot_run(keys, vals, 1500)
+    t = impl(kind, dtype)
+    t.update(kv, vv)
+    t.update(kv[:1], vv[:1])  # one row of a 2-D view
+    rows = rows_of(keys, vals) + rows_of(keys[:1500], vals[:1500])
+    want = reference(kind, dtype, rows)
+    if dtype == "f8" and kind in ("sum", "mean"):
+        got = as_dict(t)  # float sums: only the order of additions may differ
+        assert got.keys() == want.keys()
+        for k, (c, v) in want.items():
+            assert got[k][0] == c and got[k][1] == pytest.approx(v, rel=1e-9, abs=1e-9)
+    else:
+        assert_same(as_dict(t), want)
+
+
+@pytest.mark.parametrize("kind", K.KINDS)
+@pytest.mark.parametrize("span", ["dense-small", "negative", "at-int64-min", "at-int64-max", "span-just-dense"])
+def test_dense_update_is_the_row_by_row_update(kind, span):
+    """Same keys in the same log order (export order), same deltas after marks, same log
+    length: the dense path changes how, not what."""
+    _require_native()
+    lo, hi = SPANS[span]
+    rng = np.random.default_rng(5)
+    t = K.NativeHashAgg(kind, "i8")
+    parts = []
+    for step in range(4):
+        n = 3000
+        keys = rng.integers(lo, min(hi, lo + 200 + 400 * step), n, dtype=np.int64, endpoint=True)
+        vals = rng.integers(-(2**63), 2**63 - 1, n, endpoint=True)
+        parts.append((keys, vals))
+        t.update(keys, None if kind == "count" else vals)
+        if step == 1:
+            m = t.mark()
+    ref = K.NativeHashAgg(kind, "i8")
+    for step, (keys, vals) in enumerate(parts):
+        for i in range(0, len(keys), 100):
+            ref.update(keys[i : i + 100], None if kind == "count" else vals[i : i + 100])
+        if step == 1:
+            assert ref.mark() == m
+    assert t.log_len == ref.log_len and t.log_end == ref.log_end and len(t) == len(ref)
+    _export_equal(t, ref)
+    for a, b in zip(t.delta(m), ref.delta(m)):
+        np.testing.assert_array_equal(a, b)
+    # counts of a key that sits only before the mark stay in the frozen prefix
+    assert int(t.delta(m)[1].sum()) == sum(len(k) for k, _ in parts[2:])
+
+
+def test_dense_update_edge_cases(impl):
+    t = impl("count")
+    t.update(np.empty((0, 5), np.int64))  # empty 2-D view
+    t.update(np.empty((3, 0), np.int64))
+    assert len(t) == 0
+    t.update(np.array([[7]], np.int64))  # one record
+    assert as_dict(t) == {7: (1, 0)}
+    # every record the same key: a span of one
+    t.update(np.full((4, 1000), -3, np.int64))
+    assert as_dict(t) == {7: (1, 0), -3: (4000, 0)}
+    # the same call with the two extreme keys: not dense, still right
+    t.update(np.array([I64_MIN, I64_MAX] * 500, np.int64))
+    assert as_dict(t)[I64_MIN] == (500, 0) and as_dict(t)[I64_MAX] == (500, 0)
+
+
+def test_dense_update_dtype_errors(impl):
+    t = impl("sum", "i8")
+    k = np.zeros((2, 300), np.int64)
+    with pytest.raises(TypeError):
+        t.update(k.astype(np.int32), k)  # keys must be int64
+    with pytest.raises(TypeError):
+        t.update(k, k.astype(np.float64))  # values must be the table's dtype
+    with pytest.raises(TypeError):
+        t.update(k)  # sum needs values
+    assert len(t) == 0
+
+
+def test_dense_update_integer_sums_wrap(impl):
+    t = impl("sum", "i8")
+    keys = np.tile(np.arange(10, dtype=np.int64), 100)
+    t.update(keys.reshape(10, 100), np.full((10, 100), I64_MAX, np.int64))
+    want = _wrap(100 * I64_MAX)
+    assert as_dict(t) == {k: (100, want) for k in range(10)}
+
+
+def test_dense_scratch_is_per_thread_and_left_clean():
+    """Tables updated from several threads at once (the GIL released) each get the right
+    counts: the dense scratch is per thread and every call leaves it zeroed."""
+    _require_native()
+    keys = np.random.default_rng(3).integers(0, 5000, 200_000, dtype=np.int64)
+    want = np.bincount(keys, minlength=5000)
+    tables = [K.NativeHashAgg("count") for _ in range(4)]
+
+    def work(t):
+        for i in range(5):
+            t.update(keys.reshape(100, -1))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in tables]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for t in tables:
+        k, c, _ = t.export()
+        got = np.zeros(5000, np.int64)
+        got[k] = c
+        np.testing.assert_array_equal(got, 5 * want)
+
+
+def test_dense_max_matches_the_extension():
+    _require_native()
+    from slashrt import _native
+
+    assert _native.DENSE_MAX == K.DENSE_MAX
+
+
+@pytest.mark.parametrize("kind", ["count", "sum", "max"])
+def test_dense_range_guess_missed_mid_call(kind):
+    """A table remembers the key range of its last dense update; keys outside it in the middle
+    of a later call (in the middle of a row of a 2-D view) fold what was counted so far and
+    start over: content, log order and deltas stay those of the row-by-row update."""
+    _require_native()
+    rng = np.random.default_rng(11)
+    calls = [
+        rng.integers(0, 500, (3, 400)),  # sets the guess around [0, 500)
+        np.concatenate([rng.integers(0, 500, 700), rng.integers(10**9, 10**9 + 50, 500)]).reshape(3, 400),
+        np.concatenate([rng.integers(10**9, 10**9 + 50, 300), [I64_MIN, I64_MAX], rng.integers(0, 9, 898)]).reshape(4, 300),
+        rng.integers(-(10**6), -(10**6) + 3, (2, 500)),  # everything outside the last guess
+        rng.integers(0, 500, (3, 400)),
+    ]
+    t = K.NativeHashAgg(kind, "i8")
+    ref = K.NativeHashAgg(kind, "i8")
+    for i, keys in enumerate(calls):
+        keys = keys.astype(np.int64)
+        vals = rng.integers(-(2**40), 2**40, keys.shape)
+        t.update(keys, None if kind == "count" else vals)
+        flat_k, flat_v = keys.reshape(-1), vals.reshape(-1)
+        for j in range(0, len(flat_k), 100):
+            ref.update(flat_k[j : j + 100], None if kind == "count" else flat_v[j : j + 100])
+        if i == 2:
+            assert t.mark() == ref.mark()
+        assert t.log_len == ref.log_len
+        _export_equal(t, ref)
+
+
+def _within_reference(kind, keys, vals, times, lo, hi):
+    flat_t = times.reshape(-1)
+    bad = np.flatnonzero((flat_t < lo) | (flat_t > hi))
+    n = int(bad[0]) if len(bad) else len(flat_t)
+    return n, reference(kind, "i8", rows_of(keys.reshape(-1)[:n], vals.reshape(-1)[:n]))
+
+
+@pytest.mark.parametrize("kind", ["count", "sum", "min"])
+@pytest.mark.parametrize("where", ["all", "none", "mid-row", "row-edge", "last", "late-one"])
+def test_update_within_applies_the_prefix_in_range(impl, kind, where):
+    rng = np.random.default_rng(hash(where) % 2**32)
+    rows, per = 5, 1500
+    keys = rng.integers(-50, 2000, rows * per).astype(np.int64)
+    vals = rng.integers(-(10**9), 10**9, rows * per).astype(np.int64)
+    times = rng.integers(1000, 1999, rows * per, endpoint=True).astype(np.int64)
+    cut = {"all": None, "none": 0, "mid-row": 2 * per + 777, "row-edge": 3 * per, "last": rows * per - 1,
+           "late-one": 1234}[where]
+    if cut is not None:
+        times[cut] = 999 if where == "late-one" else 2000  # just outside [1000, 1999]
+        times[cut + 1 :: 7] = 5000  # more outside after it: only the first counts
+    kv, vv = _slot_run(keys, vals, per)
+    tv, _ = _slot_run(times, vals, per)
+    t = impl(kind, "i8")
+    n = t.update_within(kv, None if kind == "count" else vv, tv, 1000, 1999)
+    want_n, want = _within_reference(kind, keys, vals, times, 1000, 1999)
+    assert n == want_n == (rows * per if cut is None else cut)
+    assert_same(as_dict(t), want)
+    # 1-D views too
+    t1 = impl(kind, "i8")
+    assert t1.update_within(keys, vals, times, 1000, 1999) == want_n
+    assert_same(as_dict(t1), want)
+
+
+def test_update_within_edges_and_errors(impl):
+    t = impl("count")
+    assert t.update_within(np.empty(0, np.int64), None, np.empty(0, np.int64), 0, 0) == 0
+    assert t.update_within(np.array([5], np.int64), None, np.array([I64_MAX], np.int64), I64_MIN, I64_MAX) == 1
+    assert t.update_within(np.array([5], np.int64), None, np.array([I64_MIN], np.int64), I64_MIN + 1, I64_MAX) == 0
+    assert as_dict(t) == {5: (1, 0)}
+    # an empty range takes nothing (hi < lo), even with times at the extremes
+    ones = np.ones((2, 300), np.int64)
+    assert t.update_within(ones, None, np.full((2, 300), I64_MAX, np.int64), I64_MAX, I64_MIN) == 0
+    assert t.update_within(ones, None, ones, 2, 1) == 0
+    assert as_dict(t) == {5: (1, 0)}
+    k = np.zeros((2, 300), np.int64)
+    with pytest.raises(TypeError):
+        t.update_within(k, None, k.astype(np.int32), 0, 1)  # times must be int64
+    with pytest.raises(ValueError):
+        t.update_within(k, None, k[:1], 0, 1)  # times of another shape
+    s = impl("sum", "i8")
+    with pytest.raises(TypeError):
+        s.update_within(k, k.astype(np.float64), k, 0, 1)
+    with pytest.raises(ValueError):
+        s.update_within(k, k[:, :5], k, 0, 1)
+    assert len(s) == 0
+
+
+def test_update_within_keeps_the_log_order_and_deltas():
+    """Dense, missed range guesses and marks through update_within give the very table the
+    row-by-row update of the same prefix gives."""
+    _require_native()
+    rng = np.random.default_rng(2)
+    t, ref = K.NativeHashAgg("sum", "i8"), K.NativeHashAgg("sum", "i8")
+    for step in range(5):
+        keys = np.concatenate([rng.integers(0, 300, 2000), rng.integers(10**15, 10**15 + 9, 1000)]).astype(np.int64)
+        rng.shuffle(keys)
+        vals = rng.integers(-5, 5, len(keys)).astype(np.int64)
+        times = np.full(len(keys), 7, np.int64)
+        times[2500 + step * 100 :] = 8
+        n = t.update_within(keys.reshape(3, 1000), vals.reshape(3, 1000), times.reshape(3, 1000), 0, 7)
+        assert n == 2500 + step * 100
+        for j in range(0, n, 100):
+            ref.update(keys[j : min(n, j + 100)], vals[j : min(n, j + 100)])
+        if step == 2:
+            assert t.mark() == ref.mark()
+    _export_equal(t, ref)
+    assert t.log_len == ref.log_len
+
+
+# ---- column kernels: minmax and copy_rows_max ------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(1,), (3,), (4,), (5,), (7, 1), (3, 4094), (2, 13)])
+@pytest.mark.parametrize("layout_", ["contiguous", "field16", "field78", "reversed"])
+def test_minmax_matches_numpy(shape, layout_):
+    rng = np.random.default_rng(len(shape) * 100 + shape[-1])
+    n = int(np.prod(shape))
+    x = rng.integers(I64_MIN, I64_MAX, n, dtype=np.int64, endpoint=True)
+    x[rng.integers(0, n)] = I64_MAX if n > 2 else x[0]
+    if layout_ == "contiguous":
+        v = x.reshape(shape)
+    elif layout_ == "reversed":
+        v = x[::-1].reshape(shape) if len(shape) == 1 else x.reshape(shape)[:, ::-1]
+    else:
+        size = 16 if layout_ == "field16" else 78
+        rec = np.zeros(n, np.dtype({"names": ["t"], "formats": ["<i8"], "offsets": [size - 8 - (size % 8)], "itemsize": size}))
+        rec["t"] = x
+        v = rec.reshape(shape)["t"]
+    want = (int(v.min()), int(v.max()))
+    assert K.minmax(v) == want
+    assert K._numpy_minmax(v) == want
+
+
+def test_minmax_errors():
+    if K.NATIVE:
+        with pytest.raises(ValueError):
+            K.minmax(np.empty((2, 0), np.int64))
+    with pytest.raises(ValueError):
+        K._numpy_minmax(np.empty(0, np.int64))
+    assert K.minmax(np.array([3.5, -1.0])) == (-1, 3)  # other dtypes: numpy's min/max
+
+
+@pytest.mark.parametrize("record_size,field_offset", [(16, 8), (16, 0), (8, 0), (32, 24), (24, 8), (78, 30), (16, -1)])
+@pytest.mark.parametrize("rows,per_row", [(1, 1), (3, 5), (4, 4094), (2, 2048), (5, 3)])
+def test_copy_rows_max_matches_numpy(record_size, field_offset, rows, per_row):
+    rng = np.random.default_rng(record_size * 1000 + rows * 10 + per_row)
+    row_bytes = per_row * record_size
+    src = rng.integers(0, 256, rows * row_bytes, dtype=np.uint8)
+    if field_offset >= 0:  # plant the extremes in the field of random records
+        view = src.reshape(rows * per_row, record_size)
+        f = view[:, field_offset : field_offset + 8]
+        # small (negative) times among random bytes: the bytes around them read as int64 are
+        # mostly far larger, so a kernel reading the wrong lanes gets a wrong max
+        f[:] = rng.integers(-(10**6), -(10**3), len(f), dtype=np.int64).view(np.uint8).reshape(-1, 8)
+        f[rng.integers(0, len(f))] = np.array([-7], "<i8").view(np.uint8)
+    slot = row_bytes + 40  # rows of a ring: payload, then room the copy must not touch
+    ring_native = np.full(rows * slot, 0xAB, np.uint8)
+    ring_numpy = ring_native.copy()
+    dst_n = np.lib.stride_tricks.as_strided(ring_native, (rows, slot), (slot, 1))
+    dst_p = np.lib.stride_tricks.as_strided(ring_numpy, (rows, slot), (slot, 1))
+    got = K.copy_rows_max(dst_n, src, row_bytes, record_size, field_offset)
+    want = K._numpy_copy_rows_max(dst_p, src, row_bytes, record_size, field_offset)
+    assert got == want
+    np.testing.assert_array_equal(ring_native, ring_numpy)
+    if field_offset >= 0:
+        assert want == int(src.reshape(-1, record_size)[:, field_offset : field_offset + 8].copy().view("<i8").max())
+    else:
+        assert want == I64_MIN
+
+
+def test_copy_rows_max_extremes():
+    rec = np.zeros((2, 64), np.dtype([("k", "<i8"), ("t", "<i8")]))
+    rec["k"] = I64_MAX
+    rec["t"] = I64_MIN
+    src = rec.view(np.uint8).reshape(-1)
+    dst = np.zeros((2, 64 * 16 + 32), np.uint8)
+    assert K.copy_rows_max(dst, src, 64 * 16, 16, 8) == I64_MIN
+    rec["t"][1, 63] = I64_MAX
+    assert K.copy_rows_max(dst, rec.view(np.uint8).reshape(-1), 64 * 16, 16, 8) == I64_MAX
+    assert K.copy_rows_max(dst, src, 64 * 16, 16, 0) == I64_MAX
+
+
+@pytest.mark.parametrize("bad_at", [700, 1500, 2999])
+def test_update_within_switching_from_dense_to_hashing_mid_segment(bad_at):
+    """Counting densely (the range guessed from the last call), a wide key mid-segment folds,
+    finds the rest too wide and hashes it: the times of the rest are still checked."""
+    _require_native()
+    rng = np.random.default_rng(bad_at)
+    t, ref = K.NativeHashAgg("sum", "i8"), K.NativeHashAgg("sum", "i8")
+    warm = rng.integers(0, 300, 1000).astype(np.int64)
+    t.update(warm, warm)
+    ref.update(warm, warm)
+    keys = np.concatenate([rng.integers(0, 300, 500), rng.choice([7, 10**15, -(10**15)], 2500)]).astype(np.int64)
+    vals = rng.integers(-9, 9, len(keys)).astype(np.int64)
+    times = np.zeros(len(keys), np.int64)
+    times[bad_at] = 1
+    n = t.update_within(keys.reshape(1, -1), vals.reshape(1, -1), times.reshape(1, -1), 0, 0)
+    assert n == bad_at
+    for j in range(0, n, 100):
+        ref.update(keys[j : min(n, j + 100)], vals[j : min(n, j + 100)])
+    _export_equal(t, ref)
+    assert t.log_len == ref.log_len

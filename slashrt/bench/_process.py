@@ -35,7 +35,10 @@ async def run_with_producer(
             sys.executable, "-m", module, "--transport", transport, "--address", json.dumps(listener.address),
             "--slot-size", str(spec.slot_size), "--slots", str(spec.slots), *args,
         ]
-        proc = subprocess.Popen(cmd, env=dict(os.environ, SLASHRT_SECRET=secret.hex()), stdin=subprocess.DEVNULL)
+        # the producer's output (its log lines) goes to stderr: stdout is the result's (--json)
+        proc = subprocess.Popen(
+            cmd, env=dict(os.environ, SLASHRT_SECRET=secret.hex()), stdin=subprocess.DEVNULL, stdout=2
+        )
         try:
             with trio.fail_after(PRODUCER_TIMEOUT):
                 receiver = await listener.accept()

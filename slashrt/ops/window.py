@@ -24,7 +24,7 @@ import structlog
 
 from slashrt._batch import Batch
 from slashrt._dataflow import WindowAggSpec
-from slashrt._kernels import HashAgg
+from slashrt._kernels import HashAgg, gather, minmax
 from slashrt.errors import DataflowError, OperatorError
 from slashrt.ops._node import Node
 from slashrt.ssb.crdt import finalize
@@ -34,6 +34,7 @@ __all__ = ["Tumbling", "Sliding", "WindowAggregate", "WindowState"]
 log = structlog.get_logger("slashrt.window")
 
 NO_TIME = -(2**63)
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _SPARE_TABLES = 2
 
 
@@ -84,6 +85,11 @@ class WindowState:
     late_records: int
 
 
+def _flat(a: np.ndarray) -> np.ndarray:
+    """1-D: a 2-D field view of a run of slots gathered in one native pass."""
+    return gather(a) if a.ndim > 1 else a
+
+
 class WindowAggregate(Node):
     """Keyed windowed aggregate over slices (count, sum, min, max, mean)."""
 
@@ -103,6 +109,7 @@ class WindowAggregate(Node):
         self.late_records = 0
         self.late_node = late_node
         self._out_dtype = None
+        self._last_slice: int | None = None  # the slice the last batch ended in
 
     # -- slice arithmetic (vectorised: works on ints and int64 arrays) ----------------------------
     def _earliest_end(self, slice_ids):
@@ -116,17 +123,57 @@ class WindowAggregate(Node):
 
     # -- events ------------------------------------------------------------------------------------
     async def push(self, batch: Batch) -> None:
-        times = batch[self.spec.time]
-        slice_ids = times // self.slice_len
-        lo = int(slice_ids.min())
+        # Fast path: the batch falls into the slice the last one fell into (a stream in time
+        # order). That slice's table takes the longest prefix whose times lie in the slice,
+        # checking them a segment at a time as it counts (no separate pass over the batch),
+        # straight from the fields in place (2-D views over a run of slots, never gathered).
+        s = self._last_slice
+        if s is not None and s in self.slices and self._earliest_end(s) > self.fired_until:
+            times = batch.view(self.spec.time)
+            if times.dtype == np.int64:
+                keys, values = self._fields(batch)
+                if times.ndim != keys.ndim:  # a derived column (1-D) beside a field of a run (2-D)
+                    keys, values, times = _flat(keys), None if values is None else _flat(values), _flat(times)
+                first_t = max(s * self.slice_len, _I64_MIN)
+                last_t = min((s + 1) * self.slice_len - 1, _I64_MAX)
+                done = self.slices[s].update_within(keys, values, times, first_t, last_t)
+                if done == len(batch):
+                    return
+                if done:
+                    batch = batch.select(slice(done, None))
+        # Slice bounds from the min and max event time (floor division is monotone): in the
+        # common case the whole batch falls into one slice and no record is divided.
+        tmin, tmax = minmax(batch.view(self.spec.time))
+        lo, hi = int(tmin // self.slice_len), int(tmax // self.slice_len)
+        slice_ids = None
         if self._earliest_end(lo) <= self.fired_until:
-            batch, slice_ids = await self._split_late(batch, slice_ids)
+            batch, slice_ids = await self._split_late(batch, batch[self.spec.time] // self.slice_len)
             if not len(batch):
                 return
-            lo = int(slice_ids.min())
-        hi = int(slice_ids.max())
-        keys = batch[self.spec.key]
-        values = None if self.spec.column is None else batch[self.spec.column]
+            lo, hi = int(slice_ids.min()), int(slice_ids.max())
+        keys, values = self._fields(batch)
+        if lo == hi:  # the whole batch falls into one slice
+            self._slice(lo).update(keys, values)
+        else:
+            # a batch spans few slices: one vectorised pass per slice present
+            if slice_ids is None:
+                slice_ids = batch[self.spec.time] // self.slice_len
+            if keys.ndim > 1:  # a run of slots: gather the fields (one native pass each)
+                keys, values = gather(keys), None if values is None else gather(values)
+            present = range(lo, hi + 1) if hi - lo < 64 else np.unique(slice_ids).tolist()
+            for s in present:
+                rows = slice_ids == s
+                if rows.any():
+                    self._slice(s).update(keys[rows], None if values is None else values[rows])
+        self._last_slice = hi  # the next batch most likely continues there
+        first = int(self._earliest_end(lo)) - self.size
+        if self.next_start is None or first < self.next_start:
+            self.next_start = max(first, self._first_unfired_start())
+
+    def _fields(self, batch: Batch):
+        """The key and value columns of a batch as the tables take them (in place if possible)."""
+        keys = batch.view(self.spec.key)
+        values = None if self.spec.column is None else batch.view(self.spec.column)
         if self.value_dtype is None:
             kind = "i" if values is None else values.dtype.kind
             self.value_dtype = np.dtype("<f8") if kind == "f" else np.dtype("<i8")
@@ -138,18 +185,9 @@ class WindowAggregate(Node):
             if values.dtype.kind not in "biuf":
                 raise OperatorError(self.step_id, f"column {self.spec.column!r} must be numeric, is {values.dtype}")
             values = values.astype(self.value_dtype)
-        if lo == hi:  # the common case: the whole batch falls into one slice
-            self._slice(lo).update(keys, values)
-        else:
-            # a batch spans few slices: one vectorised pass per slice present
-            present = range(lo, hi + 1) if hi - lo < 64 else np.unique(slice_ids).tolist()
-            for s in present:
-                rows = slice_ids == s
-                if rows.any():
-                    self._slice(s).update(keys[rows], None if values is None else values[rows])
-        first = int(self._earliest_end(lo)) - self.size
-        if self.next_start is None or first < self.next_start:
-            self.next_start = max(first, self._first_unfired_start())
+        if values is not None and values.ndim != keys.ndim:  # a derived column beside a field of a run
+            keys, values = _flat(keys), _flat(values)
+        return keys, values
 
     async def on_watermark(self, watermark: int) -> None:
         await self._fire_until(watermark)

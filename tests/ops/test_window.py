@@ -375,3 +375,32 @@ async def test_restore_does_not_share_state_with_the_snapshot():
     other.restore(state)
     await other.on_end()
     assert list(rec2.rows()["sum_v"]) == [6]
+
+
+@pytest.mark.parametrize("derived", ["key", "value", "time", "key+value"])
+def test_derived_columns_beside_fields_of_multi_slot_runs(derived):
+    """Columns added by with_column are 1-D while record fields of a run of slots are 2-D views:
+    the window takes any mix of them (regression: 'values has shape (32, 1637), keys has ...')."""
+    records = make_input(6000, seed=3)
+    flow = Dataflow("w")
+    src = flow.source("events", SCHEMA, time="t")
+    names = {"key": "k", "value": "v", "time": "t"}
+    if "key" in derived:
+        src = src.with_column("k2", lambda b: b["k"] + 0)
+        names["key"] = "k2"
+    if "value" in derived:
+        src = src.with_column("v2", lambda b: b["v"] + 0)
+        names["value"] = "v2"
+    if derived == "time":  # the event time replaced by a derived column of the same name
+        src = src.with_column("t", lambda b: b["t"] + 0)
+    win = src.window(Tumbling(ms=100))
+    agg = win.sum(names["value"], key=names["key"], name="agg")
+    out = sinks.Collect()
+    agg.sink(out, name="out")
+    slashrt.run(flow, {"events": records}, slot_size=4096, slots=16, coalesce=8)
+    got = out.records
+    order = np.lexsort((got[names["key"]], got["window_start"]))
+    starts, keys, vals = reference(records, 100, 100, "sum")
+    assert np.array_equal(got["window_start"][order], starts)
+    assert np.array_equal(got[names["key"]][order], keys)
+    assert np.array_equal(got[f"sum_{names['value']}"][order], vals)
