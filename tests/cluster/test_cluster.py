@@ -254,7 +254,7 @@ def make(index, executors):
     return out
 
 def crawl(batch):
-    time.sleep(0.05)  # a slow job: still running when Ctrl-C comes
+    time.sleep(1.0)  # a slow job (16 batches): still running when Ctrl-C comes
     return batch
 
 f = Dataflow("slow")
