@@ -21,7 +21,7 @@ from slashrt._plan import build_plan
 from slashrt.errors import DataflowError, SlashError, unwrap_groups
 from slashrt.ops.sources import feed_array, validate_input
 from slashrt.scheduler import Executor, ExecutorStats, Input
-from slashrt.transport import RingSpec, open_inproc_channel
+from slashrt.transport import Receiver, RingSpec, open_inproc_channel
 
 __all__ = ["run", "run_async", "run_receivers", "execute", "RunResult", "ChannelFailed"]
 
@@ -145,10 +145,14 @@ async def run_async(
 
 def local_inputs(plan, inputs: dict[str, np.ndarray], *, slot_size: int, slots: int, watermark_every: int | None):
     """Executor inputs fed from in-memory arrays: an in-process channel per source, and a
-    `start(nursery)` that starts a task streaming each array into its channel."""
+    `start(nursery)` that starts a task streaming each array into its channel. A source whose
+    input is already a channel `Receiver` (an ingest endpoint's, say) reads from it directly."""
     feeds = []
     executor_inputs = []
     for step_id, spec, records in _per_source(plan, inputs, "input"):
+        if isinstance(records, Receiver):
+            executor_inputs.append(Input(step_id, records, plan.roots[step_id], spec.schema.dtype))
+            continue
         records = validate_input(step_id, spec.schema, records)
         ring = RingSpec(slots=slots, slot_size=slot_size, record_size=spec.schema.record_size)
         sender, receiver = open_inproc_channel(ring)

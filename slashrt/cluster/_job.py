@@ -3,7 +3,9 @@
 Inputs are split into disjoint physical streams, never by key: executor i of N gets blocks
 i, i + N, i + 2N, ... of `SPLIT_BLOCK` records of every in-memory input (so every executor's
 stream covers the whole event-time range, as parallel readers of one log would), or
-generates its own stream where the input is a `PerExecutor` function.
+generates its own stream where the input is a `PerExecutor` function, or opens an ingest
+endpoint that Spark tasks (or any producer speaking `slashrt.spark`'s protocol) stream into,
+where the input is `Ingest()`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 
 from slashrt._dataflow import Dataflow
 
-__all__ = ["Job", "PerExecutor", "share", "SPLIT_BLOCK"]
+__all__ = ["Job", "Ingest", "PerExecutor", "share", "SPLIT_BLOCK"]
 
 SPLIT_BLOCK = 4096  # records per block when splitting an array across executors
 
@@ -27,6 +29,19 @@ class PerExecutor:
     executor's process before the job starts, so it is not part of the measured run."""
 
     make: Callable[[int, int], np.ndarray]
+
+
+@attrs.frozen
+class Ingest:
+    """A source that every executor feeds from its own ingest endpoint
+    (`slashrt.spark.IngestEndpoint`, listening on the executor's host). The coordinator hands
+    every executor's `IngestTarget` to its `on_ready` callback before the run starts; the
+    source's stream on each executor is what gets committed into its endpoint, and ends with
+    the ingest's end (`slashrt.spark.ingest(..., end=True)` or `slashrt.spark.finish`).
+    `slots` and `slot_size` shape the connections' rings (the protocol's defaults if None)."""
+
+    slots: int | None = None
+    slot_size: int | None = None
 
 
 def share(records: np.ndarray, index: int, executors: int, block: int = SPLIT_BLOCK) -> np.ndarray:

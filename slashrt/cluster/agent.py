@@ -9,7 +9,9 @@ it listens, and for each job:
 1. builds its plan: every keyed window is an exchange (SSB or UpPar, see `slashrt._plan`);
 2. opens a data listener per (exchange, peer), reports the addresses, gets everyone's back;
 3. connects a channel to every peer per exchange and accepts every peer's, then makes its
-   own input (its share of arrays, or a `PerExecutor` generator) and reports ready;
+   own input (its share of arrays, or a `PerExecutor` generator) and reports ready; an
+   `Ingest` input opens an ingest endpoint instead (slashrt.spark), whose `IngestTarget` the
+   "ready" message carries ({source: target}; empty without such inputs);
 4. on "start", runs one executor: its sources in lane 0, the peers' channels in lane 1, the
    exchanges' shippers beside it; sends the `RunResult` back, or the failure.
 
@@ -32,7 +34,7 @@ from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._plan import ClusterRole, build_plan
 from slashrt._runtime import execute, local_inputs
 from slashrt.cluster._control import receive_message, send_message
-from slashrt.cluster._job import Job, PerExecutor
+from slashrt.cluster._job import Ingest, Job, PerExecutor
 from slashrt.errors import ChannelClosed, unwrap_groups
 from slashrt.scheduler import Input
 from slashrt.ssb.partitions import Partitioning
@@ -113,18 +115,26 @@ async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
                         for dst in peers:
                             nursery.start_soon(dial, step_id, dst)
                 # the input is made before "ready": it is not part of the measured run
-                inputs = {
-                    name: value.make(job.index, job.executors) if isinstance(value, PerExecutor) else value
-                    for name, value in job.inputs.items()
-                }
+                inputs, targets = {}, {}
+                for name, value in job.inputs.items():
+                    if isinstance(value, PerExecutor):
+                        inputs[name] = value.make(job.index, job.executors)
+                    elif isinstance(value, Ingest):
+                        endpoint = await stack.enter_async_context(
+                            _ingest_endpoint(job, name, value, secret, slots=slots, slot_size=slot_size)
+                        )
+                        inputs[name], targets[name] = endpoint.receiver, endpoint.target
+                    else:
+                        inputs[name] = value
                 executor_inputs, sources = local_inputs(
                     plan, inputs, slot_size=slot_size, slots=slots, watermark_every=watermark_every
                 )
             for (step_id, src), receiver in sorted(receivers.items()):
                 x = exchanges[step_id]
                 executor_inputs.append(Input(f"{step_id}.from{src}", receiver, x.inbound(src), x.exchange_dtype, lane=1))
-            bound.info("executor ready", exchanges=list(exchanges), records={k: len(v) for k, v in inputs.items()})
-            await send_message(control, "ready")
+            bound.info("executor ready", exchanges=list(exchanges),
+                       records={k: len(v) for k, v in inputs.items() if k not in targets}, ingest=sorted(targets))
+            await send_message(control, "ready", targets)
             await receive_message(control, "start")
 
             async with unwrap_groups(), trio.open_nursery() as watch:
@@ -144,6 +154,16 @@ async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
                 with contextlib.suppress(Exception):
                     await receiver.aclose()
     await send_message(control, "done", result)
+
+
+def _ingest_endpoint(job: Job, name: str, spec: Ingest, secret: bytes, *, slots: int, slot_size: int):
+    """The ingest endpoint feeding source `name` on this executor, on the executor's host."""
+    from slashrt.spark._endpoint import IngestEndpoint  # needs pyarrow, not pyspark
+
+    options = {"slot_size": spec.slot_size or slot_size, "forward_slots": slots}
+    if spec.slots:
+        options["slots"] = spec.slots
+    return IngestEndpoint.for_source(job.flow, name, secret, host=job.host, **options)
 
 
 def _describe(exc: BaseException) -> str:

@@ -9,10 +9,16 @@
       "job" (flow, share of input)   ───>   build the plan, open data listeners
                                      <───   "addresses"
       "peers" (everyone's addresses) ───>   connect to peers, accept peers, make input
-                                     <───   "ready"
+                                     <───   "ready" ({source: IngestTarget} of its
+      on_ready(targets), if given           `Ingest` inputs' endpoints; usually empty)
       "start"  (the clock starts)    ───>   run the executor
                                      <───   "finished" (the clock stops), then
                                             "done" (RunResult) or "failed" (why)
+
+`Ingest` inputs are fed from outside while the job runs: `on_ready` receives
+{source: [IngestTarget of executor 0, 1, ...]} before "start", and the caller ingests into
+them (e.g. `slashrt.spark.ingest` from another thread); each executor's source ends when its
+endpoint's stream is ended.
 
 Any executor that fails, disconnects or exits before "done" fails the whole job with a
 `ClusterError` naming it; the coordinator then closes every control connection (agents stop
@@ -36,7 +42,7 @@ import trio
 from slashrt._plan import MODES, build_plan
 from slashrt._runtime import RunResult, _per_source
 from slashrt.cluster._control import receive_message, send_message
-from slashrt.cluster._job import Job, PerExecutor, share
+from slashrt.cluster._job import Ingest, Job, PerExecutor, share
 from slashrt.errors import ChannelClosed, DataflowError, SlashError, unwrap_groups
 from slashrt.ops.sinks import Collect
 from slashrt.ops.sources import validate_input
@@ -186,10 +192,11 @@ def _shares(plan, inputs: dict, executors: int) -> list[dict]:
     shares: list[dict] = [{} for _ in range(executors)]
     for step_id, spec, value in _per_source(plan, inputs, "input"):
         name = step_id.split(".", 1)[1]
-        if not isinstance(value, PerExecutor):
+        own = isinstance(value, (PerExecutor, Ingest))  # each executor makes (or opens) its own
+        if not own:
             value = validate_input(step_id, spec.schema, value)
         for i in range(executors):
-            shares[i][name] = value if isinstance(value, PerExecutor) else share(value, i, executors)
+            shares[i][name] = value if own else share(value, i, executors)
     return shares
 
 
@@ -225,10 +232,13 @@ async def run_cluster_async(
     partitions: int = DEFAULT_PARTITIONS,
     epoch_bytes: int = DEFAULT_EPOCH_BYTES,
     secret: bytes | None = None,
+    on_ready=None,
     **options,
 ) -> RunResult:
     """Run `flow` on N executors: `executors` is a count (local processes spawned here) or a
-    list of agents' "HOST:PORT" addresses (agents started with `slashrt executor`)."""
+    list of agents' "HOST:PORT" addresses (agents started with `slashrt executor`).
+    `on_ready({source: [IngestTarget per executor]})` is called once every executor is ready,
+    before the run starts; `Ingest` inputs need it (it is how their producers find them)."""
     plan = build_plan(flow)
     if mode not in MODES:
         raise DataflowError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
@@ -245,6 +255,8 @@ async def run_cluster_async(
     if not local and transport == "shm" and any(not h.startswith("127.") and h != "localhost" for h, _ in addresses):
         raise DataflowError("shm joins processes of one machine: use transport='tcp' or 'verbs' across hosts")
     shares = _shares(plan, inputs, n)
+    if on_ready is None and any(isinstance(v, Ingest) for v in shares[0].values()):
+        raise DataflowError("Ingest inputs need on_ready: it hands their endpoints' targets to the producers")
     secret = _secret(secret)
     procs: list[trio.Process | None] = [None] * n
     controls: list[trio.SocketStream] = []
@@ -280,8 +292,10 @@ async def run_cluster_async(
                 await agents.send_all("job", jobs)
                 directory = dict(enumerate(await agents.gather("addresses")))
                 await agents.send_all("peers", [directory] * n)
-                await agents.gather("ready")
+                readies = await agents.gather("ready")
             bound.info("cluster ready")
+            if on_ready is not None:
+                on_ready({name: [(r or {})[name] for r in readies] for name in (readies[0] or {})})
             started = time.perf_counter()
             await agents.send_all("start", [None] * n)
             # the run ends when every executor has finished; collecting results is delivery
