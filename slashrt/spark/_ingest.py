@@ -56,6 +56,8 @@ RESULT_FIELDS = [
     ("first_seq", pa.int64()),  # sequence number of the partition stream's first data buffer
     ("last_seq", pa.int64()),  # ... and of its last (first_seq - 1 when there was no data)
     ("seconds", pa.float64()),  # the task's time inside the UDF
+    ("wait_seconds", pa.float64()),  # ... of it waiting for Spark's next Arrow batch (upstream steps)
+    ("convert_seconds", pa.float64()),  # ... converting Arrow batches to records (the rest: sending)
 ]
 RESULT_ARROW = pa.schema(RESULT_FIELDS)
 RESULT_DDL = ", ".join(f"{name} {'double' if typ == pa.float64() else 'long'}" for name, typ in RESULT_FIELDS)
@@ -72,6 +74,11 @@ class IngestReport:
     seconds: float  # wall time of the whole ingest (check, job, commit)
     job_seconds: float  # the Spark job (generation, conversion, transfer)
     commit_seconds: float
+
+    def task_seconds(self, what: str = "seconds") -> float:
+        """Summed over the partitions' tasks: "seconds" in the UDF, "wait_seconds" of them waiting
+        for Spark's batches, "convert_seconds" converting (the rest went into sending)."""
+        return float(sum(p[what] for p in self.partitions))
 
     @property
     def retried_partitions(self) -> list[int]:
@@ -126,8 +133,8 @@ class _SlotWriter:
 class _PartitionPusher:
     """The mapInArrow UDF: one task attempt's partition into the endpoint; yields its report."""
 
-    def __init__(self, target: IngestTarget, plan: ColumnPlan, ingest_id: int, secret: bytes | None, fault=None):
-        self.target, self.plan, self.ingest_id, self.secret, self.fault = target, plan, ingest_id, secret, fault
+    def __init__(self, targets: list[IngestTarget], plan: ColumnPlan, ingest_id: int, secret: bytes | None, fault=None):
+        self.targets, self.plan, self.ingest_id, self.secret, self.fault = targets, plan, ingest_id, secret, fault
 
     def __call__(self, batches):
         from pyspark import TaskContext
@@ -140,18 +147,32 @@ class _PartitionPusher:
         yield pa.RecordBatch.from_pylist([report], schema=RESULT_ARROW)
 
     async def _push(self, batches, partition: int, attempt: int, number: int) -> dict:
-        target = self.target
+        target = self.targets[partition % len(self.targets)]
         secret = self.secret if self.secret is not None else load_secret()
         converter = ArrowConverter(self.plan)
         sender = await connect_tcp(target.address, target.spec, secret)
         writer = _SlotWriter(sender, self.plan.schema.record_size)
         complete = False
+        waited = converting = 0.0
+        clock = time.perf_counter
         async with unwrap_groups(), trio.open_nursery() as nursery:
             nursery.start_soon(sender.drive)
             try:
                 await send_message(sender, Control.INGEST_OPEN, self.ingest_id, attempt, partition)
-                for batch in batches:
-                    for block in converter.convert(batch):
+                while True:
+                    t0 = clock()
+                    batch = next(batches, None)
+                    t1 = clock()
+                    waited += t1 - t0
+                    if batch is None:
+                        break
+                    blocks = converter.convert(batch)  # views of one staging array: write each at once
+                    while True:
+                        t1 = clock()
+                        block = next(blocks, None)
+                        converting += clock() - t1
+                        if block is None:
+                            break
                         await writer.write(block)
                     if self.fault is not None:
                         self.fault(partition, number, writer.rows + writer.filled)
@@ -180,6 +201,8 @@ class _PartitionPusher:
             "buffers": writer.buffers,
             "first_seq": first,
             "last_seq": writer.last_seq if writer.last_seq is not None else first - 1,
+            "wait_seconds": waited,
+            "convert_seconds": converting,
         }
 
 
@@ -219,6 +242,24 @@ def check_data(df, plan: ColumnPlan) -> None:
         raise IngestSchemaError(f"the DataFrame does not fit source {plan.source!r}; nothing was sent: " + "; ".join(problems))
 
 
+def _targets(target) -> list[IngestTarget]:
+    """One target, or several endpoints of the same source (one per executor of a cluster)."""
+    targets = [target] if isinstance(target, IngestTarget) else list(target)
+    if not targets:
+        raise ValueError("no ingest target given")
+    if any(t.fields != targets[0].fields for t in targets):
+        raise ValueError("the ingest targets have different record layouts: they must feed the same source")
+    return targets
+
+
+async def _driver_send_all(targets: list[IngestTarget], secret: bytes, messages: list) -> None:
+    """`messages[i]` to `targets[i]`, all at once (empty lists skipped)."""
+    async with unwrap_groups(), trio.open_nursery() as nursery:
+        for target, batch in zip(targets, messages):
+            if batch:
+                nursery.start_soon(_driver_send, target, secret, batch)
+
+
 async def _driver_send(target: IngestTarget, secret: bytes, messages) -> None:
     """Send driver messages on one connection and wait until the endpoint has handled them all."""
     sender = await connect_tcp(target.address, target.spec, secret)
@@ -248,7 +289,7 @@ def _secret(secret: bytes | None) -> bytes:
 
 def ingest(
     df,
-    target: IngestTarget,
+    target: IngestTarget | list[IngestTarget],
     columns: dict[str, str] | None = None,
     *,
     secret: bytes | None = None,
@@ -261,6 +302,10 @@ def ingest(
     _fault=None,
 ) -> IngestReport:
     """Push every row of `df` into the target source once; return what was delivered.
+
+    `target` may also be a list of targets of one source (e.g. one endpoint per executor of a
+    cluster, `IngestCluster.targets()`): partition p goes to target p mod len(targets), each
+    endpoint commits its own partitions, and `end` ends every endpoint's stream.
 
     `columns` maps DataFrame column -> source field (unnamed fields take the column of the same
     name); `defaults` fills fields no column fills; `fill_nulls` replaces nulls. `check`:
@@ -276,32 +321,38 @@ def ingest(
     if check not in ("driver", "tasks"):
         raise ValueError(f"check must be 'driver' or 'tasks', got {check!r}")
     secret = _secret(secret)
+    targets = _targets(target)
+    target = targets[0]
     plan = plan_columns(df.schema, target.schema, columns, defaults=defaults, fill_nulls=fill_nulls, source=target.source)
     if check == "driver":
         check_data(df, plan)
     if ingest_id is None:
         ingest_id = ingest_id_for(name) if name is not None else _secrets.randbits(62)
     selected = df.select(*[F.col(f.column).alias(f"_c{i}") for i, f in enumerate(plan.columns)])
-    pushed = selected.mapInArrow(_PartitionPusher(target, plan, ingest_id, secret, _fault), RESULT_DDL)
+    pushed = selected.mapInArrow(_PartitionPusher(targets, plan, ingest_id, secret, _fault), RESULT_DDL)
     expected = pushed.rdd.getNumPartitions()
     job_started = time.perf_counter()
     try:
         rows = [r.asDict() for r in pushed.collect()]
     except BaseException:
-        _abort(target, secret, ingest_id)
+        _abort(targets, secret, ingest_id)
         raise
     job_seconds = time.perf_counter() - job_started
     rows.sort(key=lambda r: r["partition"])
     seen = [r["partition"] for r in rows]
     if seen != list(range(expected)):
-        _abort(target, secret, ingest_id)
+        _abort(targets, secret, ingest_id)
         raise IngestError(f"ingest {ingest_id:x}: the job reported partitions {seen}, expected 0..{expected - 1} once each")
-    messages = [(Control.INGEST_PICK, r["attempt"], r["rows"], r["partition"]) for r in rows]
-    messages.append((Control.INGEST_COMMIT, ingest_id, len(rows), 0))
-    if end:
-        messages.append((Control.INGEST_END, 0, 0, 0))
+    messages = []
+    for k in range(len(targets)):
+        mine = [r for r in rows if r["partition"] % len(targets) == k]
+        batch = [(Control.INGEST_PICK, r["attempt"], r["rows"], r["partition"]) for r in mine]
+        batch.append((Control.INGEST_COMMIT, ingest_id, len(mine), 0))
+        if end:
+            batch.append((Control.INGEST_END, 0, 0, 0))
+        messages.append(batch)
     commit_started = time.perf_counter()
-    trio.run(_driver_send, target, secret, messages)
+    trio.run(_driver_send_all, targets, secret, messages)
     finished = time.perf_counter()
     report = IngestReport(
         ingest_id, sum(r["rows"] for r in rows), sum(r["bytes"] for r in rows), rows,
@@ -312,19 +363,21 @@ def ingest(
     return report
 
 
-def _abort(target: IngestTarget, secret: bytes, ingest_id: int) -> None:
+def _abort(targets: list[IngestTarget], secret: bytes, ingest_id: int) -> None:
     try:
-        trio.run(_driver_send, target, secret, [(Control.INGEST_ABORT, ingest_id, 0, 0)])
+        trio.run(_driver_send_all, targets, secret, [[(Control.INGEST_ABORT, ingest_id, 0, 0)]] * len(targets))
     except Exception as exc:  # the original failure matters more
         log.warning("could not abort the ingest", ingest=f"{ingest_id:x}", reason=str(exc))
 
 
-def finish(target: IngestTarget, *, secret: bytes | None = None) -> None:
-    """End the source's stream after everything committed (its windows all fire)."""
-    trio.run(_driver_send, target, _secret(secret), [(Control.INGEST_END, 0, 0, 0)])
+def finish(target: IngestTarget | list[IngestTarget], *, secret: bytes | None = None) -> None:
+    """End the source's stream after everything committed (its windows all fire); with a list
+    of targets, every endpoint's."""
+    targets = _targets(target)
+    trio.run(_driver_send_all, targets, _secret(secret), [[(Control.INGEST_END, 0, 0, 0)]] * len(targets))
 
 
-def stream_writer(target: IngestTarget, columns: dict[str, str] | None = None, *, name: str, **options):
+def stream_writer(target: IngestTarget | list[IngestTarget], columns: dict[str, str] | None = None, *, name: str, **options):
     """A `writeStream.foreachBatch` function that ingests each micro-batch exactly once.
 
         query = sdf.writeStream.foreachBatch(stream_writer(target, name="clicks", secret=s)).start()
