@@ -9,11 +9,15 @@ On the slashrt side, an ingest endpoint feeds one dataflow source from many Spar
 On the Spark side, `ingest` (a DataFrame, the target, a column mapping) and `stream_writer`
 (Structured Streaming's foreachBatch) convert Arrow batches to slashrt records with numpy and
 stream them over the authenticated TCP transport; `generators` makes the benchmark streams on
-Spark. The pieces: `_mapping` (Spark types to fields, checks), `_convert` (Arrow to records),
+Spark. `IngestCluster` runs the dataflow on a slashrt cluster with one endpoint per executor
+(`_cluster`); `run_on_spark` starts the cluster's executors as the tasks of a Spark barrier
+stage (`_barrier`). The pieces: `_mapping` (Spark types to fields, checks), `_convert` (Arrow to records),
 `_protocol` (what travels), `_endpoint` (slashrt side), `_ingest` (Spark side). PySpark is
 needed only on the Spark side (`pip install slashrt[spark]`).
 """
 
+from slashrt.spark._barrier import run_on_spark
+from slashrt.spark._cluster import IngestCluster
 from slashrt.spark._convert import ArrowConverter
 from slashrt.spark._endpoint import IngestEndpoint, IngestError, IngestServer, IngestStats
 from slashrt.spark._ingest import IngestReport, check_data, finish, ingest, stream_writer
@@ -24,6 +28,7 @@ __all__ = [
     "ArrowConverter",
     "ColumnPlan",
     "FieldPlan",
+    "IngestCluster",
     "IngestEndpoint",
     "IngestError",
     "IngestReport",
@@ -36,5 +41,6 @@ __all__ = [
     "ingest",
     "ingest_id_for",
     "plan_columns",
+    "run_on_spark",
     "stream_writer",
 ]
