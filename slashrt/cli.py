@@ -5,6 +5,7 @@
         [--executors N --mode slash|uppar --zipf S]   ... on N executors (weak scaling)
     slashrt bench report                        the scaling and skew sweeps, with plots
     slashrt executor --listen HOST:PORT         an executor agent for multi-host runs
+    slashrt spark-demo [--events N] [--json]    Spark generates YSB, ingests into a 2-executor cluster
 """
 
 from __future__ import annotations
@@ -131,6 +132,13 @@ def _parser() -> argparse.ArgumentParser:
     executor.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT for the control connection")
     executor.add_argument("--once", action="store_true", help="exit after one job")
     executor.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    spark_demo = sub.add_parser("spark-demo", help="local Spark generates YSB and ingests it into a 2-executor cluster")
+    spark_demo.add_argument("--events", type=_positive_int, default=2_000_000)
+    spark_demo.add_argument("--campaigns", type=_positive_int, default=1000)
+    spark_demo.add_argument("--partitions", type=_positive_int, help="Spark partitions (default: Spark's parallelism)")
+    spark_demo.add_argument("--json", action="store_true", help="print one JSON object with the results")
+    spark_demo.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     return parser
 
 
@@ -251,6 +259,15 @@ def _demo(args) -> int:
     return 0 if result["correct"] else 1
 
 
+def _spark_demo(args) -> dict:
+    from slashrt.spark.demo import run_demo
+
+    if not args.json:
+        print(f"slashrt spark-demo: local Spark generates {args.events:,} YSB events and ingests them into a "
+              "2-executor slashrt cluster over tcp")
+    return run_demo(events=args.events, campaigns=args.campaigns, partitions=args.partitions)[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from slashrt._logging import configure
@@ -261,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _demo(args)
-        result = _run_bench(args)
+        result = _spark_demo(args) if args.command == "spark-demo" else _run_bench(args)
     except (SlashError, OSError) as exc:
         print(f"slashrt: error: {exc}", file=sys.stderr)
         return 2
