@@ -154,19 +154,18 @@ class _Agents:
 
     async def _fail(self, i: int, what: str, payload, kind: str):
         """Raise the job's failure, naming the root cause: an executor that died makes its
-        peers fail too (their channels from it break), so look for a death first."""
+        peers fail too (their channels from it break), so look for a death first; and a peer
+        whose own failure aborted the channel that broke (ChannelFailed) is the cause too."""
         message = self._describe(i, what, payload, kind)
         if what == "failed":
             await trio.sleep(2 * self.LAST_WORDS_S)
-            deaths = [
-                self._describe(j, w, p, kind)
-                for j, fifo in enumerate(self._fifos)
-                if j != i
-                for w, p in fifo
-                if w in ("exited", "lost")
-            ]
+            others = [(w, p, self._describe(j, w, p, kind)) for j, fifo in enumerate(self._fifos) if j != i for w, p in fifo]
+            deaths = [text for w, _, text in others if w in ("exited", "lost")]
+            causes = [text for w, p, text in others if w == "failed" and "ChannelFailed" not in str(p)]
             if deaths:
                 message = f"{deaths[0]} (then {message})"
+            elif causes and "ChannelFailed" in message:
+                message = f"{causes[0]} (then {message})"
         raise ClusterError(message)
 
     async def gather(self, kind: str) -> list:
