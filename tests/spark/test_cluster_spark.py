@@ -17,7 +17,7 @@ import pytest
 import slashrt
 from slashrt import Dataflow, Schema, Tumbling
 from slashrt.bench._common import sort_rows
-from slashrt.cluster import ClusterError, PerExecutor
+from slashrt.cluster import ClusterError, Ingest, PerExecutor
 from slashrt.errors import DataflowError
 from slashrt.spark import run_on_spark
 
@@ -130,6 +130,11 @@ def test_a_failing_executor_fails_the_stage_clearly_and_leaves_no_process(spark,
 def test_more_executors_than_spark_task_slots_is_refused(spark):
     with pytest.raises(DataflowError, match="task slots"):
         run_on_spark(spark, summing(slashrt.sinks.Collect()), {"r": records(10, seed=0)}, executors=3)
+
+
+def test_ingest_inputs_need_someone_to_hand_their_targets_to():
+    with pytest.raises(DataflowError, match="on_ready"):
+        slashrt.run(summing(slashrt.sinks.Collect()), {"r": Ingest()}, executors=2, transport="tcp")
 
 
 def test_spark_demo_ingests_into_a_two_executor_cluster_exactly(spark, capsys):
