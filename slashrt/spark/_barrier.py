@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import subprocess
 import sys
 import tempfile
@@ -40,10 +41,11 @@ import structlog
 import trio
 
 from slashrt._plan import build_plan
-from slashrt._runtime import RunResult
-from slashrt.cluster import ClusterError, Ingest, run_cluster_async
+from slashrt._runtime import RunResult, _per_source
+from slashrt.cluster import ClusterError, Ingest, PerExecutor, run_cluster_async
 from slashrt.errors import DataflowError
 from slashrt.ops.sinks import Collect
+from slashrt.ops.sources import validate_input
 from slashrt.transport._auth import generate_secret, load_secret
 
 __all__ = ["run_on_spark", "AGENT_START_TIMEOUT"]
@@ -67,7 +69,8 @@ class _Agent:
         env.pop("SLASHRT_SECRET_FILE", None)
         self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr, env=env)
-        line = self.proc.stdout.readline().decode(errors="replace")
+        ready, _, _ = select.select([self.proc.stdout], [], [], AGENT_START_TIMEOUT)
+        line = self.proc.stdout.readline().decode(errors="replace") if ready else "nothing"
         words = line.split()
         if words[:2] != ["slashrt-agent", "listening"] or len(words) != 4:
             self.stop()
@@ -173,7 +176,10 @@ def run_on_spark(
         )
     if any(isinstance(v, Ingest) for v in inputs.values()):
         raise DataflowError("Ingest inputs are for IngestCluster; a barrier-mode cluster takes arrays or PerExecutor")
-    build_plan(flow)  # a bad dataflow fails here, not in a task
+    plan = build_plan(flow)  # a bad dataflow or input fails here, not in a task
+    for step_id, spec, value in _per_source(plan, inputs, "input"):
+        if not isinstance(value, PerExecutor):
+            validate_input(step_id, spec.schema, value)
     if host is None and sc.master.startswith("local"):
         host = "127.0.0.1"
     secret_hex = None if secret_from_env else (secret or generate_secret()).hex()
@@ -193,7 +199,7 @@ def run_on_spark(
     if len(rows) != 1:
         raise ClusterError(f"the barrier stage returned {len(rows)} results, expected one (from task 0)")
     result: RunResult = cloudpickle.loads(rows[0])
-    for node in build_plan(flow).sinks:
+    for node in plan.sinks:
         if isinstance(node.sink, Collect):  # the user's own Collect sinks, as a local run fills them
             node.sink.open()
             part = result.outputs.get(node.step_id)

@@ -133,8 +133,9 @@ class _SlotWriter:
 class _PartitionPusher:
     """The mapInArrow UDF: one task attempt's partition into the endpoint; yields its report."""
 
-    def __init__(self, targets: list[IngestTarget], plan: ColumnPlan, ingest_id: int, secret: bytes | None, fault=None):
-        self.targets, self.plan, self.ingest_id, self.secret, self.fault = targets, plan, ingest_id, secret, fault
+    def __init__(self, targets, plan: ColumnPlan, ingest_id: int, secret: bytes | None, fault=None):
+        self.targets = _targets(targets)  # partition p goes to targets[p mod len(targets)]
+        self.plan, self.ingest_id, self.secret, self.fault = plan, ingest_id, secret, fault
 
     def __call__(self, batches):
         from pyspark import TaskContext
