@@ -1,6 +1,8 @@
 /* Column kernels: gather a field of a 2-D strided record view, min/max of an int64 field. */
 #include "columns.h"
 
+#include <stdlib.h>
+
 #include <string.h>
 
 /* One loop per element size, so the inner loops are plain typed loads and stores. */
@@ -210,4 +212,41 @@ int64_t columns_copy_rows_max(const field_view *dst, const char *src, int64_t ro
         }
     }
     return hi;
+}
+
+/* ---- routing rows to the executors leading their keys' partitions ---------------------- */
+
+int columns_route(const int64_t *keys, const int64_t *counts, const uint64_t *vals, int64_t n,
+                  const int64_t *leaders, int64_t partitions, int64_t owners, int64_t *keys_out,
+                  int64_t *counts_out, uint64_t *vals_out, int64_t *offsets) {
+    int32_t *own = (int32_t *)malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    int64_t *pos = (int64_t *)malloc((size_t)owners * sizeof(int64_t));
+    if (!own || !pos) {
+        free(own);
+        free(pos);
+        return -1;
+    }
+    for (int64_t o = 0; o <= owners; o++) offsets[o] = 0;
+    /* partition = high 32 bits of the Fibonacci hash scaled to [0, partitions): the same
+     * arithmetic as Partitioning.partition_of */
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t h = ((uint64_t)keys[i] * 0x9E3779B97F4A7C15ULL) >> 32;
+        h = (h * (uint64_t)partitions) >> 32;
+        const int32_t o = (int32_t)leaders[h];
+        own[i] = o;
+        offsets[o + 1]++;
+    }
+    for (int64_t o = 0; o < owners; o++) {
+        offsets[o + 1] += offsets[o];
+        pos[o] = offsets[o];
+    }
+    for (int64_t i = 0; i < n; i++) { /* stable: rows keep their order within an owner */
+        const int64_t j = pos[own[i]]++;
+        keys_out[j] = keys[i];
+        counts_out[j] = counts[i];
+        vals_out[j] = vals[i];
+    }
+    free(own);
+    free(pos);
+    return 0;
 }

@@ -6,6 +6,7 @@
  *                                the plain-C YSB loop (ysb_baseline.c)
  *   gather(field, sel, out)      a field of a 1-D or 2-D strided record view, selected rows
  *   minmax_i64(field)            (min, max) of an int64 field view (columns.c)
+ *   route(keys, counts, vals, leaders, ...)  rows grouped by their partition's leader (columns.c)
  *   ring_post / ring_poll_data / ring_release
  *                                footers of runs of ring slots, release/acquire ordered (ring.c)
  *   shm_load_u64 / shm_store_u64 / shm_load_u8 / shm_park / shm_unpark / shm_fence /
@@ -837,6 +838,61 @@ static PyObject *py_minmax_i64(PyObject *mod, PyObject *field) {
     return Py_BuildValue("(LL)", (long long)lo, (long long)hi);
 }
 
+/* route(keys, counts, vals, leaders, keys_out, counts_out, vals_out, offsets): contiguous
+ * 8-byte columns of n rows, leaders int64[partitions], offsets int64[owners + 1]. */
+static PyObject *py_route(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "route(keys, counts, vals, leaders, keys_out, counts_out, vals_out, offsets)");
+        return NULL;
+    }
+    Py_buffer b[8];
+    int got = 0, ok = 1;
+    for (; got < 8; got++) {
+        const int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | ((got >= 4) ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(args[got], &b[got], flags) < 0) {
+            ok = 0;
+            break;
+        }
+        if (b[got].itemsize != 8) {
+            PyErr_Format(PyExc_TypeError, "route: argument %d must hold 8-byte items", got);
+            got++;
+            ok = 0;
+            break;
+        }
+    }
+    if (ok) {
+        const int64_t n = b[0].len / 8, partitions = b[3].len / 8, owners = b[7].len / 8 - 1;
+        if (b[1].len / 8 != n || b[2].len / 8 != n || b[4].len / 8 != n || b[5].len / 8 != n || b[6].len / 8 != n ||
+            partitions < 1 || partitions >= ((int64_t)1 << 31) || owners < 1) {
+            PyErr_SetString(PyExc_ValueError, "route: columns of different lengths, or no partitions or owners");
+            ok = 0;
+        } else {
+            const int64_t *leaders = (const int64_t *)b[3].buf;
+            for (int64_t p = 0; p < partitions && ok; p++)
+                if (leaders[p] < 0 || leaders[p] >= owners) {
+                    PyErr_Format(PyExc_ValueError, "route: partition %lld has leader %lld, not in [0, %lld)",
+                                 (long long)p, (long long)leaders[p], (long long)owners);
+                    ok = 0;
+                }
+            if (ok) {
+                int bad;
+                Py_BEGIN_ALLOW_THREADS
+                bad = columns_route((const int64_t *)b[0].buf, (const int64_t *)b[1].buf, (const uint64_t *)b[2].buf, n,
+                                    leaders, partitions, owners, (int64_t *)b[4].buf, (int64_t *)b[5].buf,
+                                    (uint64_t *)b[6].buf, (int64_t *)b[7].buf);
+                Py_END_ALLOW_THREADS
+                if (bad) {
+                    PyErr_NoMemory();
+                    ok = 0;
+                }
+            }
+        }
+    }
+    for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* ---- ring footers ---------------------------------------------------------------------- */
 
 /* A writable (or read-only) contiguous ring buffer that holds slots [first, first + k). */
@@ -1099,6 +1155,9 @@ static PyMethodDef module_methods[] = {
      "gather(field, sel, out): out[i] = flat element sel[i] of a 1-D/2-D strided field view "
      "(sel None: every element, row-major)."},
     {"minmax_i64", (PyCFunction)py_minmax_i64, METH_O, "minmax_i64(field) -> (min, max) of an int64 field view."},
+    {"route", (PyCFunction)(void (*)(void))py_route, METH_FASTCALL,
+     "route(keys, counts, vals, leaders, keys_out, counts_out, vals_out, offsets): group rows by the "
+     "leader of each key's partition (stable)."},
     {"ysb_baseline", (PyCFunction)(void (*)(void))py_ysb_baseline, METH_VARARGS | METH_KEYWORDS,
      "ysb_baseline(records, ad_to_campaign, n_campaigns, window_ms=10000) -> "
      "(window_start, campaign, count) as three bytearrays of int64, sorted by window then "

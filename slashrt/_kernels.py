@@ -83,6 +83,8 @@ __all__ = [
     "YSB_RECORD_SIZE",
     "gather",
     "minmax",
+    "partition_of",
+    "route",
     "copy_rows_max",
     "ring_post",
     "ring_poll_data",
@@ -482,6 +484,49 @@ if _native is not None:
 else:
     gather = _numpy_gather
     minmax = _numpy_minmax
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def partition_of(keys: np.ndarray, partitions: int) -> np.ndarray:
+    """Each int64 key's partition in [0, partitions): the high 32 bits of its Fibonacci hash,
+    scaled by a multiply and a shift (no division). `route` computes the same."""
+    keys = np.asarray(keys)
+    mixed = (keys.view(np.uint64) if keys.dtype == np.int64 else keys.astype(np.uint64)) * _GOLDEN
+    mixed >>= np.uint64(32)
+    mixed *= np.uint64(partitions)
+    mixed >>= np.uint64(32)
+    return mixed.view(np.int64)
+
+
+def _numpy_route(keys, counts, vals, leaders):
+    owners = leaders[partition_of(keys, len(leaders))]
+    order = np.argsort(owners.astype(np.int16), kind="stable")  # a radix sort for small ints
+    return owners[order], keys[order], counts[order], vals[order]
+
+
+def route(keys: np.ndarray, counts: np.ndarray, vals: np.ndarray, leaders: np.ndarray, owners: int):
+    """Rows (key, count, value) grouped by the executor leading each key's partition
+    (`leaders[partition]`), stably: returns `offsets` (owner o's rows are
+    ``offsets[o]:offsets[o + 1]``) and the regrouped keys, counts and values. One counting
+    sort natively; a radix argsort and gathers in numpy."""
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
+    vals = np.ascontiguousarray(vals)
+    leaders = np.ascontiguousarray(leaders, dtype=np.int64)
+    if vals.itemsize != 8 or len(counts) != len(keys) or len(vals) != len(keys):
+        raise ValueError("route: keys, counts and 8-byte vals of one length")
+    if _native is not None:
+        out = np.empty_like(keys), np.empty_like(counts), np.empty_like(vals)
+        offsets = np.empty(owners + 1, np.int64)
+        _native.route(keys, counts, vals, leaders, *out, offsets)
+        return (offsets, *out)
+    if len(leaders) and (leaders.min() < 0 or leaders.max() >= owners):
+        raise ValueError(f"route: leaders must be in [0, {owners})")
+    grouped, *out = _numpy_route(keys, counts, vals, leaders)
+    offsets = np.searchsorted(grouped, np.arange(owners + 1)).astype(np.int64)
+    return (offsets, *out)
 
 
 def _slot(ring: np.ndarray, slot_size: int, index: int) -> np.ndarray:

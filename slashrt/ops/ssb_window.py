@@ -182,13 +182,11 @@ class SsbWindowAggregate(WindowAggregate):
             if executors == 1:
                 self.merged.merge_slice(s, keys, counts, vals)
                 continue
-            owners = self.partitioning.owner_of(keys)
-            for owner in range(executors):
-                take = owners == owner
+            for owner, (k, c, v) in enumerate(self.partitioning.route(keys, counts, vals)):
                 if owner == self.index:
-                    self.merged.merge_slice(s, keys[take], counts[take], vals[take])
-                elif take.any():
-                    outgoing[owner].append(self._delta_rows(s, keys[take], counts[take], vals[take]))
+                    self.merged.merge_slice(s, k, c, v)
+                elif len(k):
+                    outgoing[owner].append(self._delta_rows(s, k, c, v))
         shipped = 0
         for owner, parts in enumerate(outgoing):
             if parts:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from slashrt import _kernels as kernels
+
 __all__ = ["Partitioning", "DEFAULT_PARTITIONS"]
 
 DEFAULT_PARTITIONS = 256
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / phi: Fibonacci hashing
 
 
 @attrs.frozen
@@ -32,12 +33,13 @@ class Partitioning:
 
     def partition_of(self, keys: np.ndarray) -> np.ndarray:
         """The partition of each int64 key (vectorised)."""
-        keys = np.asarray(keys)
-        mixed = (keys.view(np.uint64) if keys.dtype == np.int64 else keys.astype(np.uint64)) * _GOLDEN
-        mixed >>= np.uint64(32)
-        mixed *= np.uint64(self.partitions)
-        mixed >>= np.uint64(32)
-        return mixed.view(np.int64)
+        return kernels.partition_of(keys, self.partitions)
+
+    def route(self, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray) -> list[tuple[np.ndarray, ...]]:
+        """Rows (key, count, value) grouped by owner: entry o holds owner o's rows, in order."""
+        offsets, keys, counts, vals = kernels.route(keys, counts, vals, self._leaders, self.executors)
+        bounds = offsets.tolist()
+        return [(keys[a:b], counts[a:b], vals[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
     def leader_of(self, partitions: np.ndarray) -> np.ndarray:
         return self._leaders[partitions]

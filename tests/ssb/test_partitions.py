@@ -34,3 +34,35 @@ def test_led_by_partitions_cover_the_key_space_once():
 def test_bad_sizes_are_refused(partitions, executors):
     with pytest.raises(ValueError, match="at least one"):
         Partitioning(partitions, executors)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_route_groups_rows_by_owner_stably(native, monkeypatch):
+    from slashrt import _kernels
+
+    if not native:
+        monkeypatch.setattr(_kernels, "_native", None)
+    p = Partitioning(64, 3)
+    rng = np.random.default_rng(0)
+    keys = rng.integers(-(2**62), 2**62, 10_000)
+    counts = np.arange(10_000, dtype=np.int64)
+    vals = rng.random(10_000)
+    parts = p.route(keys, counts, vals)
+    owners = p.owner_of(keys)
+    for o, (k, c, v) in enumerate(parts):
+        mine = owners == o
+        np.testing.assert_array_equal(k, keys[mine])  # same rows, same order
+        np.testing.assert_array_equal(c, counts[mine])
+        np.testing.assert_array_equal(v, vals[mine])
+    assert sum(len(k) for k, _, _ in parts) == 10_000
+    empty = p.route(keys[:0], counts[:0], vals[:0])
+    assert [len(k) for k, _, _ in empty] == [0, 0, 0]
+
+
+def test_route_refuses_leaders_outside_the_executors():
+    from slashrt import _kernels
+
+    with pytest.raises(ValueError, match="leader"):
+        _kernels.route(np.arange(4), np.ones(4, np.int64), np.zeros(4), np.array([0, 5]), 2)
+    with pytest.raises(ValueError, match="length"):
+        _kernels.route(np.arange(4), np.ones(3, np.int64), np.zeros(4), np.array([0, 1]), 2)
