@@ -50,7 +50,9 @@ def _non_negative_int(text: str) -> int:
 def _add_runtime_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object with the results")
     p.add_argument("--slot-size", type=_positive_int, default=DEFAULT_SLOT_SIZE, help="bytes per buffer slot")
-    p.add_argument("--slots", type=_positive_int, default=96, help="slots per channel ring")
+    p.add_argument(
+        "--slots", type=_positive_int, help="slots per channel ring (default 96; 64 for `ro --transport`, a 4 MiB ring)"
+    )
     p.add_argument("--coalesce", type=_positive_int, default=32, help="most buffers handed to a pipeline at once")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     p.add_argument("--repeat", type=_positive_int, default=3, help="report the best of this many runs (each checked)")
@@ -154,7 +156,7 @@ def _add_spark_benchmarks(queries) -> None:
 
 
 def _runtime_options(args) -> dict:
-    return {"slot_size": args.slot_size, "slots": args.slots, "coalesce": args.coalesce, "repeat": args.repeat}
+    return {"slot_size": args.slot_size, "slots": args.slots or 96, "coalesce": args.coalesce, "repeat": args.repeat}
 
 
 def _cluster_bench(args) -> dict:
@@ -206,7 +208,7 @@ def _run_bench(args) -> dict:
 
         return channel.bench(
             transport=args.transport, buffer_size=args.buffer_size, events=args.events, key_range=args.keys,
-            slots=args.slots, repeat=args.repeat,
+            slots=args.slots or channel.DEFAULT_SLOTS, repeat=args.repeat,
         )
     if args.query == "ro":
         from slashrt.bench import ro

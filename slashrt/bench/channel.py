@@ -29,6 +29,9 @@ __all__ = ["bench"]
 
 WINDOW_MS = 1 << 40  # one window over the whole stream: the count per key is the result
 PRODUCER = "slashrt.bench._producer"
+# 64 slots of 64 KiB: a 4 MiB ring, the size of a core's L2 here; 32 slots measured 0.29-0.47
+# of memcpy over shm, 64 slots 0.56-0.60, 96 slots 0.46 (docs/benchmarks.md)
+DEFAULT_SLOTS = 64
 
 
 def _latency_flow(latencies: list) -> Dataflow:
@@ -68,7 +71,7 @@ def bench(
     buffer_size: int,
     events: int,
     key_range: int,
-    slots: int = 32,
+    slots: int = DEFAULT_SLOTS,
     latency_count: int = 2000,
     seed: int = 7,
     repeat: int = 1,
