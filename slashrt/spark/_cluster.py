@@ -16,16 +16,13 @@ merge their window state as in any cluster run.
 from __future__ import annotations
 
 import functools
-import threading
 
 import structlog
-import trio
 
-from slashrt._runtime import RunResult
 from slashrt.cluster import Ingest, run_cluster_async
 from slashrt.cluster.coordinator import START_TIMEOUT
 from slashrt.errors import DataflowError
-from slashrt.spark._endpoint import IngestError
+from slashrt.spark._endpoint import BackgroundRun
 from slashrt.spark._protocol import IngestTarget
 from slashrt.transport._auth import generate_secret
 
@@ -34,13 +31,16 @@ __all__ = ["IngestCluster"]
 log = structlog.get_logger("slashrt.spark.cluster")
 
 
-class IngestCluster:
+class IngestCluster(BackgroundRun):
     """Run `flow` on a slashrt cluster (N local executor processes, or agents' "HOST:PORT"
     addresses) with every source fed by one ingest endpoint per executor.
 
     `inputs` may give some sources ordinary inputs (arrays, `PerExecutor`); every other source
     is ingested. Leaving the `with` block before the streams ended stops the job (executors
     are stopped, local processes reaped)."""
+
+    thread_name = "slashrt-cluster"
+    what = "the cluster"
 
     def __init__(
         self,
@@ -53,24 +53,18 @@ class IngestCluster:
         inputs: dict | None = None,
         **options,
     ):
-        self.flow = flow
+        super().__init__(flow)
         self.secret = secret or generate_secret()
         names = [spec.step_id.split(".", 1)[1] for spec in flow.sources()]
         given = dict(inputs or {})
         self.inputs = {name: given.pop(name, Ingest()) for name in names}
         if given:
             raise DataflowError(f"inputs for unknown sources {sorted(given)}; the sources are {names}")
-        self._run = functools.partial(
+        self._serve = functools.partial(
             run_cluster_async, flow, self.inputs, executors=executors, transport=transport, mode=mode,
             secret=self.secret, on_ready=self._on_ready, **options,
         )
         self._targets: dict[str, list[IngestTarget]] | None = None
-        self._ready = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._token = None
-        self._cancel: trio.CancelScope | None = None
-        self._result: RunResult | None = None
-        self._error: BaseException | None = None
 
     def _on_ready(self, targets: dict[str, list[IngestTarget]]) -> None:
         self._targets = targets
@@ -91,52 +85,4 @@ class IngestCluster:
 
     def start(self, timeout: float = START_TIMEOUT + 10) -> IngestCluster:
         """Start the coordinator; return once every executor is ready and its endpoints listen."""
-        self._thread = threading.Thread(target=self._main, name=f"slashrt-cluster-{self.flow.name}", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            self.stop()
-            raise IngestError(f"the cluster for {self.flow.name!r} was not ready within {timeout:.0f} s")
-        if self._error is not None:
-            raise self._error
-        return self
-
-    def _main(self) -> None:
-        try:
-            trio.run(self._main_async)
-        except BaseException as exc:  # handed to whoever asks for the result
-            self._error = exc
-        finally:
-            self._ready.set()
-
-    async def _main_async(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
-        with trio.CancelScope() as self._cancel:
-            self._result = await self._run()
-
-    def result(self, timeout: float | None = None) -> RunResult:
-        """Wait for the job to finish (every executor's stream ended) and return its result."""
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise TimeoutError(f"the dataflow {self.flow.name!r} did not finish within {timeout} s")
-        if self._error is not None:
-            raise self._error
-        if self._result is None:
-            raise IngestError(f"the dataflow {self.flow.name!r} was stopped before its streams ended")
-        return self._result
-
-    def stop(self) -> None:
-        """Stop the job now (its executors stop; whatever was not committed is lost)."""
-        if self._thread is None or not self._thread.is_alive():
-            return
-        if self._token is not None:
-            try:
-                trio.from_thread.run_sync(self._cancel.cancel, trio_token=self._token)
-            except trio.RunFinishedError:
-                pass
-        self._thread.join()
-
-    def __enter__(self) -> IngestCluster:
-        return self.start()
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
+        return super().start(timeout)

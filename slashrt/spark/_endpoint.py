@@ -41,7 +41,7 @@ from slashrt.transport._auth import generate_secret
 from slashrt.transport._registry import open_listener
 from slashrt.transport.inproc import InprocReceiver, _Shared, InprocSender
 
-__all__ = ["IngestEndpoint", "IngestError", "IngestStats", "IngestServer"]
+__all__ = ["BackgroundRun", "IngestEndpoint", "IngestError", "IngestStats", "IngestServer"]
 
 log = structlog.get_logger("slashrt.spark.endpoint")
 
@@ -380,7 +380,81 @@ class IngestEndpoint:
                 return
 
 
-class IngestServer:
+class BackgroundRun:
+    """A dataflow run in a trio loop of its own thread, for a Spark driver program.
+
+    Subclasses implement `_serve()`, which sets `_ready` once its endpoints listen and returns
+    the run's result. `start()` returns when they listen, `result()` waits for the end of the
+    streams, `stop()` (or leaving the `with` block) cancels the run."""
+
+    thread_name = "slashrt-run"
+    what = "the dataflow"  # named when start() times out
+
+    def __init__(self, flow):
+        self.flow = flow
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._token = None
+        self._cancel: trio.CancelScope | None = None
+        self._result: RunResult | None = None
+        self._error: BaseException | None = None
+
+    async def _serve(self) -> RunResult:
+        raise NotImplementedError
+
+    def start(self, timeout: float | None = None):
+        self._thread = threading.Thread(target=self._main, name=f"{self.thread_name}-{self.flow.name}", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            self.stop()
+            raise IngestError(f"{self.what} for {self.flow.name!r} was not ready within {timeout:.0f} s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _main(self) -> None:
+        try:
+            trio.run(self._main_async)
+        except BaseException as exc:  # handed to whoever asks for the result
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    async def _main_async(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        with trio.CancelScope() as self._cancel:
+            self._result = await self._serve()
+
+    def result(self, timeout: float | None = None) -> RunResult:
+        """Wait for the dataflow to finish (its streams ended) and return its result."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the dataflow {self.flow.name!r} did not finish within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            raise IngestError(f"the dataflow {self.flow.name!r} was stopped before its streams ended")
+        return self._result
+
+    def stop(self) -> None:
+        """Stop the dataflow now (whatever was not committed is lost)."""
+        if self._thread is None or not self._thread.is_alive():
+            return
+        if self._token is not None:
+            try:
+                trio.from_thread.run_sync(self._cancel.cancel, trio_token=self._token)
+            except trio.RunFinishedError:
+                pass
+        self._thread.join()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+class IngestServer(BackgroundRun):
     """A dataflow whose sources are ingest endpoints, run on one executor in a background thread.
 
         with IngestServer(flow) as server:          # endpoints listen once this returns
@@ -389,20 +463,16 @@ class IngestServer:
 
     Leaving the `with` block before the stream ended stops the dataflow."""
 
+    thread_name = "slashrt-ingest"
+
     def __init__(self, flow, *, secret: bytes | None = None, host: str = "127.0.0.1", **run_options):
-        self.flow = flow
+        super().__init__(flow)
         self.secret = secret or generate_secret()
         self.endpoints = {
             spec.step_id.split(".", 1)[1]: IngestEndpoint.for_source(flow, spec.step_id.split(".", 1)[1], self.secret, host=host)
             for spec in flow.sources()
         }
         self._run_options = run_options
-        self._ready = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._token = None
-        self._cancel: trio.CancelScope | None = None
-        self._result: RunResult | None = None
-        self._error: BaseException | None = None
 
     def target(self, source: str | None = None) -> IngestTarget:
         if source is None:
@@ -411,59 +481,15 @@ class IngestServer:
             source = next(iter(self.endpoints))
         return self.endpoints[source].target
 
-    def start(self) -> IngestServer:
-        self._thread = threading.Thread(target=self._main, name=f"slashrt-ingest-{self.flow.name}", daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            raise self._error
-        return self
-
-    def _main(self) -> None:
+    async def _serve(self) -> RunResult:
+        opened = []
         try:
-            trio.run(self._run)
-        except BaseException as exc:  # handed to whoever asks for the result
-            self._error = exc
-        finally:
+            for endpoint in self.endpoints.values():
+                await endpoint.__aenter__()
+                opened.append(endpoint)
             self._ready.set()
-
-    async def _run(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
-        with trio.CancelScope() as self._cancel:
-            opened = []
-            try:
-                for endpoint in self.endpoints.values():
-                    await endpoint.__aenter__()
-                    opened.append(endpoint)
-                self._ready.set()
-                receivers = {name: ep.receiver for name, ep in self.endpoints.items()}
-                self._result = await run_receivers(self.flow, receivers, **self._run_options)
-            finally:
-                for endpoint in opened:
-                    await endpoint.__aexit__(None, None, None)
-
-    def result(self, timeout: float | None = None) -> RunResult:
-        """Wait for the dataflow to finish (the stream ended) and return its result."""
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise TimeoutError(f"the dataflow {self.flow.name!r} did not finish within {timeout} s")
-        if self._error is not None:
-            raise self._error
-        if self._result is None:
-            raise IngestError(f"the dataflow {self.flow.name!r} was stopped before its stream ended")
-        return self._result
-
-    def stop(self) -> None:
-        """Stop the dataflow now (whatever was not committed is lost)."""
-        if self._thread is not None and self._thread.is_alive() and self._token is not None:
-            try:
-                trio.from_thread.run_sync(self._cancel.cancel, trio_token=self._token)
-            except trio.RunFinishedError:
-                pass
-            self._thread.join()
-
-    def __enter__(self) -> IngestServer:
-        return self.start()
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
+            receivers = {name: ep.receiver for name, ep in self.endpoints.items()}
+            return await run_receivers(self.flow, receivers, **self._run_options)
+        finally:
+            for endpoint in opened:
+                await endpoint.__aexit__(None, None, None)

@@ -33,7 +33,7 @@ import numpy as np
 from slashrt._buffer import CONTROL_DTYPE, Control, Kind
 from slashrt.transport import RingSpec, Sender
 
-__all__ = ["IngestTarget", "ingest_id_for", "send_message", "read_message", "Message", "DEFAULT_SPEC"]
+__all__ = ["IngestTarget", "ingest_id_for", "send_message", "read_message", "Message"]
 
 DEFAULT_SLOTS = 32
 DEFAULT_SLOT_SIZE = 64 * 1024
