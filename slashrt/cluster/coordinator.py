@@ -35,7 +35,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import structlog
 import trio
 

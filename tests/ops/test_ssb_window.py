@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import trio
 
 from slashrt import Dataflow, Schema, Tumbling
 from slashrt._batch import Batch

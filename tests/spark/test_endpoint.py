@@ -10,7 +10,7 @@ import slashrt
 from slashrt import Schema, Tumbling
 from slashrt._runtime import run_receivers
 from slashrt.errors import ChannelClosed
-from slashrt.spark import ArrowConverter, IngestEndpoint, IngestError, plan_columns
+from slashrt.spark import IngestEndpoint, IngestError, plan_columns
 from slashrt.spark._ingest import _driver_send, _PartitionPusher
 from slashrt._buffer import Control
 from slashrt.transport._auth import generate_secret
@@ -81,7 +81,7 @@ async def test_only_the_committed_attempt_of_each_partition_counts():
             await attempt(target, secret, 7, 0, 100, batches(0, 5000), fail_after_rows=2000)
         r0 = await attempt(target, secret, 7, 0, 101, batches(0, 5000))
         r0b = await attempt(target, secret, 7, 0, 102, batches(0, 5000))
-        r1 = await attempt(target, secret, 7, 1, 103, batches(5000, 9000))
+        await attempt(target, secret, 7, 1, 103, batches(5000, 9000))
         assert (r0["rows"], r0["bytes"], r0["first_seq"]) == (5000, 80000, 1)
         assert r0["last_seq"] - r0["first_seq"] + 1 == r0["buffers"] == -(-5000 // (4064 // 16))
         assert endpoint.stats.attempts_aborted == 1 and endpoint.stats.attempts_prepared == 3

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 import slashrt
-from slashrt import Schema, Tumbling
+from slashrt import Schema
 from slashrt.bench import ysb
 from slashrt.spark import IngestSchemaError, IngestServer, finish, ingest, stream_writer
 from slashrt.spark import generators
