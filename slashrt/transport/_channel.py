@@ -417,3 +417,26 @@ class Receiver(abc.ABC):
             if self.outstanding >= self.spec.slots:
                 raise RuntimeError("every slot is polled and unreleased: release before waiting")
             await self._park_for_data()
+
+
+class DrivenReceiver(Receiver):
+    """A receiver whose bytes a drive() coroutine moves (the network media). The subclass's
+    __init__ sets `_data_lot` (where the poller parks), `_drive_scope` (the running drive's
+    cancel scope, or None) and `_log`; `medium` and `_progress()` name it in log lines."""
+
+    medium = "channel"
+
+    def _progress(self) -> dict:
+        """How far the stream got, for the log line of a fault."""
+        return {"polled": self._polled}
+
+    def _fail(self, exc: BaseException) -> None:
+        """A fault the drive found: logged once and kept for poll() to raise after the buffers
+        that landed before it; the poller is woken and the drive stopped."""
+        if self._peer_error is None and self.error is None:
+            self._peer_error = exc
+            self._log.error(f"{self.medium} channel closed", reason=str(exc), **self._progress())
+        if self._data_lot:
+            self._data_lot.unpark_all()
+        if self._drive_scope is not None:
+            self._drive_scope.cancel()

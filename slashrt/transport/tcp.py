@@ -63,7 +63,7 @@ import trio
 from slashrt._buffer import FOOTER_SIZE, FULL, Control, Kind
 from slashrt.errors import ChannelClosed, MalformedBuffer
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
-from slashrt.transport._channel import Receiver, RingSpec, Sender
+from slashrt.transport._channel import DrivenReceiver, RingSpec, Sender
 
 __all__ = ["TcpListener", "TcpReceiver", "TcpSender", "TcpStatistics", "connect_tcp", "open_tcp_listener"]
 
@@ -478,7 +478,7 @@ class TcpSender(Sender):
 # -- receiver --------------------------------------------------------------------------------------
 
 
-class TcpReceiver(Receiver):
+class TcpReceiver(DrivenReceiver):
     """Consumer end over TCP (from `TcpListener.accept`). Run `drive()` in a nursery beside
     the code that polls; `aclose()` closes the connection.
 
@@ -560,21 +560,17 @@ class TcpReceiver(Receiver):
         try:
             buf = super().poll()
         except MalformedBuffer as exc:  # a bad footer, found by the protocol's validation
-            self._log.error("tcp channel closed", reason=str(exc), received=self._received)
+            self._log.error(f"{self.medium} channel closed", reason=str(exc), **self._progress())
             self._stop()
             raise
         if buf is None and self._released_count > self._credit_sent:
             self._want_credits()
         return buf
 
-    def _fail(self, exc: BaseException) -> None:
-        if self._peer_error is None and self.error is None:
-            self._peer_error = exc
-            self._log.error("tcp channel closed", reason=str(exc), received=self._received)
-        if self._data_lot:
-            self._data_lot.unpark_all()
-        if self._drive_scope is not None:
-            self._drive_scope.cancel()
+    medium = "tcp"
+
+    def _progress(self) -> dict:
+        return {"received": self._received}
 
     def _stop(self) -> None:
         """Stop reading from the peer: its drive ends, the socket closes, the peer sees it."""

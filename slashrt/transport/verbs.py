@@ -100,7 +100,7 @@ from slashrt import _kernels as kernels
 from slashrt._buffer import FOOTER_SIZE, FULL
 from slashrt.errors import ChannelClosed
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
-from slashrt.transport._channel import Receiver, RingSpec, Sender
+from slashrt.transport._channel import DrivenReceiver, RingSpec, Sender
 
 # pyverbs configures the root logger when it is imported (logging.basicConfig in pyverbs.base);
 # undo that so that importing this backend leaves the application's logging as it was.
@@ -1004,7 +1004,7 @@ class VerbsSender(Sender):
 # -- receiver --------------------------------------------------------------------------------------------
 
 
-class VerbsReceiver(Receiver):
+class VerbsReceiver(DrivenReceiver):
     """Consumer end over RDMA. Run `drive()` in a nursery beside the code that polls."""
 
     def __init__(self, spec: RingSpec, choice: DeviceChoice):
@@ -1121,14 +1121,7 @@ class VerbsReceiver(Receiver):
             self._post_credit()
         return buf
 
-    def _fail(self, exc: BaseException) -> None:
-        if self._peer_error is None and self.error is None:
-            self._peer_error = exc
-            self._log.error("verbs channel closed", reason=str(exc), polled=self._polled)
-        if self._data_lot:
-            self._data_lot.unpark_all()
-        if self._drive_scope is not None:
-            self._drive_scope.cancel()
+    medium = "verbs"
 
     # -- completions -----------------------------------------------------------------------------------------
     def _quiet(self) -> bool:
