@@ -65,10 +65,10 @@ import structlog
 import trio
 
 from slashrt import _kernels as kernels
-from slashrt._buffer import FULL, Kind
-from slashrt.errors import ChannelClosed, MalformedBuffer
+from slashrt._buffer import FULL
+from slashrt.errors import ChannelClosed
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
-from slashrt.transport._channel import NoCredit, Receiver, RingSpec, Sender
+from slashrt.transport._channel import Receiver, RingSpec, Sender
 
 __all__ = [
     "ShmListener",
@@ -376,32 +376,6 @@ class ShmSender(Sender):
             raise ChannelClosed(f"channel failed: {self.error}") from self.error
         if self._closed or self._ctrl is None:
             raise ChannelClosed("channel is closed for sending")
-
-    # -- protocol, with this medium's failure checks and a native (release) footer store -----------
-    def reserve(self):
-        self._check_open()
-        return super().reserve()
-
-    def reserve_run(self, k):
-        self._check_open()
-        return super().reserve_run(k)
-
-    def post(self, *, nbytes: int, count: int, kind: Kind = Kind.DATA, epoch: int = 0) -> None:
-        """Publish the reserved slot: the footer after the payload, its flag stored last with
-        release ordering (native/ring.c), so the other process sees the whole buffer or nothing."""
-        self._check_open()
-        if self.credits() <= 0:
-            raise NoCredit("no credit: the receiver has not released the next slot yet")
-        if not 0 <= nbytes <= self.spec.payload_capacity:
-            raise MalformedBuffer(f"payload of {nbytes} bytes does not fit a {self.spec.slot_size}-byte slot")
-        index = self._posted % self.spec.slots
-        kernels.ring_post(self._ring_array, self.spec.slot_size, index, 1, count, nbytes, self._posted, epoch, int(kind))
-        self._posted += 1
-        self._publish(index)
-
-    def post_run(self, k, *, nbytes, count, epoch=0):
-        self._check_open()
-        super().post_run(k, nbytes=nbytes, count=count, epoch=epoch)
 
     async def wait_credit(self, n: int = 1) -> None:
         """Park until at least `n` credits are held (n <= slots); the receiver wakes this end
