@@ -116,6 +116,17 @@ def _check_kind(kind: str) -> str:
     return kind
 
 
+def _delta_position(since, floor: int, end: int) -> tuple[int, int]:
+    """`since` as an int, checked to be a valid log position for delta(); and the log's end."""
+    since = operator.index(since)
+    if not floor <= since <= end:
+        raise ValueError(
+            f"delta(since={since}): not a valid log position, valid are {floor} "
+            f"(log_floor: older marks were compacted or reset away) to {end} (log_end)"
+        )
+    return since, end
+
+
 def _vec(x, dtype: np.dtype, name: str) -> np.ndarray:
     a = np.asarray(x)
     if a.ndim != 1 or a.dtype != dtype:
@@ -212,13 +223,7 @@ class NumpyHashAgg:
         return end
 
     def delta(self, since: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        since = operator.index(since)
-        end = self.log_end
-        if not self._floor <= since <= end:
-            raise ValueError(
-                f"delta(since={since}): not a valid log position, valid are {self._floor} "
-                f"(log_floor: older marks were compacted or reset away) to {end} (log_end)"
-            )
+        since, end = _delta_position(since, self._floor, self.log_end)
         if since == end:
             return self._empty()
         if since == self._mark:
@@ -386,13 +391,7 @@ if _native is not None:
         def delta(self, since: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             """The log entries from position `since` (a value mark() returned) to the end:
             one contiguous copy of the log's tail."""
-            since = operator.index(since)
-            end = self.log_end
-            if not self.log_floor <= since <= end:
-                raise ValueError(
-                    f"delta(since={since}): not a valid log position, valid are {self.log_floor} "
-                    f"(log_floor: older marks were compacted or reset away) to {end} (log_end)"
-                )
+            since, end = _delta_position(since, self.log_floor, self.log_end)
             out = self._arrays(end - since)
             self._delta_into(since, *out)
             return out
