@@ -716,6 +716,7 @@ class VerbsSender(Sender):
         self._delivered = False  # END_OF_STREAM known written
         self._goodbye_sent = False
         self._drive_scope: trio.CancelScope | None = None
+        self._own_drive = False  # aclose() runs the drive itself (nobody else had started one)
         self._log = log.bind(end=_SENDER)
 
     # -- set-up ------------------------------------------------------------------------------------
@@ -898,6 +899,8 @@ class VerbsSender(Sender):
         """Reap completions (written buffers, arriving credits) and watch the control connection
         until the channel ends or fails. Returns once the receiver acknowledged the end of the
         stream; a failure is recorded in `error` (and logged), never raised."""
+        if self._own_drive:
+            return  # aclose() drives this sender to its end
         await _drive(self, "sender", self.error)
 
     async def _watch(self) -> None:
@@ -949,8 +952,10 @@ class VerbsSender(Sender):
                 if self._drive_scope is not None:
                     await self._finish()
                 else:
+                    # a drive the caller spawned but that has not started yet stands aside
+                    self._own_drive = True
                     async with trio.open_nursery() as nursery:
-                        nursery.start_soon(self.drive)
+                        nursery.start_soon(_drive, self, _SENDER, self.error)
                         await self._finish()
                         nursery.cancel_scope.cancel()
         finally:

@@ -227,6 +227,25 @@ async def test_fifo_and_credits_under_a_slow_consumer(rdma_device):
         assert s.error is None
 
 
+async def test_aclose_before_the_spawned_drive_ran_still_delivers_the_stream(rdma_device):
+    """A producer that fails at once closes its sender before the drive it spawned has run a
+    step: aclose() drives the channel itself, and the late drive stands aside (it used to raise
+    "drive() is already running" into the producer's nursery)."""
+    spec = RingSpec(slots=4, slot_size=4096, record_size=MARK.itemsize)
+    async with open_verbs_pair(spec) as (s, r):
+        assert s._drive_scope is None  # spawned, not started
+        consumer = _Consumer(r)
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(consumer.run)  # starts after the aclose below has begun
+                _mark(s.reserve()[None, :], 0)
+                nbytes = (spec.payload_capacity // 16) * 16
+                s.post(nbytes=nbytes, count=nbytes // 16)
+                await s.aclose()
+        assert consumer.error is None and consumer.end_at is not None and consumer.seqs == [0]
+        assert s.error is None and s._own_drive
+
+
 async def test_producer_outrunning_the_consumer_is_bounded_and_loses_nothing(rdma_device):
     spec = RingSpec(slots=4, slot_size=8192, record_size=MARK.itemsize)
     count = 200
