@@ -38,10 +38,19 @@ class Ingest:
     every executor's `IngestTarget` to its `on_ready` callback before the run starts; the
     source's stream on each executor is what gets committed into its endpoint, and ends with
     the ingest's end (`slashrt.spark.ingest(..., end=True)` or `slashrt.spark.finish`).
-    `slots` and `slot_size` shape the connections' rings (the protocol's defaults if None)."""
+    `slots` and `slot_size` shape the connections' rings (the protocol's defaults if None);
+    `transport` is the endpoints' ("auto": a verbs listener too where the executor's host has
+    an RDMA device; "tcp"; "verbs": required)."""
 
     slots: int | None = None
     slot_size: int | None = None
+    transport: str = attrs.field(default="auto")
+
+    @transport.validator
+    def _check(self, attribute, value) -> None:
+        from slashrt.spark._protocol import check_transport  # the spark package imports the cluster
+
+        check_transport(value)
 
 
 def share(records: np.ndarray, index: int, executors: int, block: int = SPLIT_BLOCK) -> np.ndarray:

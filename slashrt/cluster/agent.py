@@ -163,7 +163,7 @@ def _ingest_endpoint(job: Job, name: str, spec: Ingest, secret: bytes, *, slots:
     options = {"slot_size": spec.slot_size or slot_size, "forward_slots": slots}
     if spec.slots:
         options["slots"] = spec.slots
-    return IngestEndpoint.for_source(job.flow, name, secret, host=job.host, **options)
+    return IngestEndpoint.for_source(job.flow, name, secret, host=job.host, transport=spec.transport, **options)
 
 
 def _describe(exc: BaseException) -> str:

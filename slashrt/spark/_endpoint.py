@@ -1,10 +1,11 @@
 """The slashrt side of ingestion: an endpoint that many Spark tasks stream into, feeding one source.
 
 `IngestEndpoint` is a plain object that runs inside any executor process: it opens a TCP
-listener (cluster secret handshake, loopback unless a host is given) and offers a `receiver`
-for `run_receivers`. The executor runs the receiver's `drive()` as it does for every channel;
+listener (cluster secret handshake, loopback unless a host is given) and, where the host has an
+RDMA device (`transport="auto"`, the default) or must (`"verbs"`), a verbs listener beside it,
+and offers a `receiver` for `run_receivers`. The executor runs the receiver's `drive()` as it does for every channel;
 for this receiver the drive is the endpoint itself: it accepts one connection per Spark task
-attempt (and the driver's), stages each attempt's records, and when the driver commits an
+attempt (and the driver's) on either listener, stages each attempt's records, and when the driver commits an
 ingest, forwards the chosen attempts' records into the dataflow's source, followed by a
 watermark (the largest committed event time minus the source's `max_delay`). See
 `slashrt.spark._protocol` for what travels and why commits come from the driver.
@@ -35,7 +36,9 @@ from slashrt._buffer import Control
 from slashrt._runtime import RunResult, run_receivers
 from slashrt._schema import Schema
 from slashrt.errors import ChannelClosed, DataflowError, MalformedBuffer, SlashError, unwrap_groups
-from slashrt.spark._protocol import DEFAULT_SLOT_SIZE, DEFAULT_SLOTS, IngestTarget, fields_of, read_message
+from slashrt.spark._protocol import (
+    DEFAULT_SLOT_SIZE, DEFAULT_SLOTS, IngestTarget, check_transport, fields_of, read_message, verbs_unavailable,
+)
 from slashrt.transport import RingSpec
 from slashrt.transport._auth import generate_secret
 from slashrt.transport._registry import open_listener
@@ -67,6 +70,7 @@ class IngestStats:
     rows_committed: int = 0
     bytes_committed: int = 0
     refused_connections: int = 0
+    verbs_connections: int = 0  # of `connections`, those that arrived over verbs
 
 
 @attrs.define(eq=False)
@@ -111,9 +115,11 @@ class IngestEndpoint:
         slots: int = DEFAULT_SLOTS,
         slot_size: int = DEFAULT_SLOT_SIZE,
         forward_slots: int = 96,
+        transport: str = "auto",
     ):
         if not secret:
             raise ValueError("an ingest endpoint needs the cluster secret")
+        self.transport = check_transport(transport)
         self.schema = schema
         self.source = source
         self.time = time
@@ -125,9 +131,10 @@ class IngestEndpoint:
         shared = _Shared(RingSpec(slots=forward_slots, slot_size=slot_size, record_size=schema.record_size))
         self._sender = InprocSender(shared)
         self.receiver = _EndpointReceiver(shared, self)
-        self._listener_cm = None
-        self._listener = None
+        self._listener_cms: list = []
+        self._listeners: list = []  # tcp, then verbs where offered
         self.address: tuple[str, int] | None = None
+        self.verbs_address: tuple[str, int] | None = None
         self._staged: dict[int, dict[tuple[int, int], _Attempt]] = {}
         self._committed: set[int] = set()
         self._max_time: int | None = None
@@ -149,37 +156,62 @@ class IngestEndpoint:
     def target(self) -> IngestTarget:
         if self.address is None:
             raise RuntimeError("the endpoint is not open yet: use `async with endpoint:` first")
-        return IngestTarget(self.address, fields_of(self.schema), self.source, self._spec.slots, self._spec.slot_size)
+        return IngestTarget(
+            self.address, fields_of(self.schema), self.source, self._spec.slots, self._spec.slot_size, self.verbs_address
+        )
 
     async def __aenter__(self) -> IngestEndpoint:
-        self._listener_cm = open_listener("tcp", self._spec, self._secret, host=self.host, port=self.port)
-        self._listener = await self._listener_cm.__aenter__()
-        self.address = tuple(self._listener.address)
+        try:
+            self.address = await self._listen("tcp")
+            why_not = verbs_unavailable() if self.transport != "tcp" else "not asked for"
+            if why_not is None:
+                self.verbs_address = await self._listen("verbs")
+            elif self.transport == "verbs":
+                raise IngestError(f"ingest endpoint of source {self.source!r}: verbs asked for, but {why_not}")
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        verbs = f"{self.verbs_address[0]}:{self.verbs_address[1]}" if self.verbs_address else f"no ({why_not})"
         self._log = self._log.bind(address=f"{self.address[0]}:{self.address[1]}")
-        self._log.info("ingest endpoint listening")
+        self._log.info("ingest endpoint listening", verbs=verbs)
         return self
 
+    async def _listen(self, transport: str) -> tuple[str, int]:
+        port = self.port if transport == "tcp" else 0
+        cm = open_listener(transport, self._spec, self._secret, host=self.host, port=port)
+        listener = await cm.__aenter__()
+        self._listener_cms.append(cm)
+        self._listeners.append(listener)
+        return tuple(listener.address)
+
     async def __aexit__(self, *exc_info) -> None:
-        await self._listener_cm.__aexit__(*exc_info)
+        cms, self._listener_cms = self._listener_cms, []
+        for cm in reversed(cms):
+            await cm.__aexit__(*exc_info)
 
     # -- the service (the receiver's drive) -----------------------------------------------------------
     async def _serve(self) -> None:
-        if self._listener is None:
+        if not self._listeners:
             self.receiver._fail_source(ChannelClosed("the ingest endpoint was never opened (use `async with`)"))
             return
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._forward)
-            while True:
-                try:
-                    rx = await self._listener.accept()
-                except ChannelClosed:  # a peer without the secret, or a ring spec mismatch: logged
-                    self.stats.refused_connections += 1
-                    continue
-                except (trio.ClosedResourceError, OSError) as exc:
-                    self._log.debug("ingest endpoint stops accepting", reason=str(exc))
-                    return
-                self.stats.connections += 1
-                nursery.start_soon(self._connection, rx)
+            for listener in self._listeners:
+                nursery.start_soon(self._accept, listener, nursery, listener is not self._listeners[0])
+
+    async def _accept(self, listener, nursery: trio.Nursery, verbs: bool) -> None:
+        while True:
+            try:
+                rx = await listener.accept()
+            except ChannelClosed:  # a peer without the secret, or a ring spec mismatch: logged
+                self.stats.refused_connections += 1
+                continue
+            except (trio.ClosedResourceError, OSError) as exc:
+                self._log.debug("ingest endpoint stops accepting", reason=str(exc))
+                return
+            self.stats.connections += 1
+            self.stats.verbs_connections += verbs
+            nursery.start_soon(self._connection, rx)
 
     async def _connection(self, rx) -> None:
         async with unwrap_groups(), trio.open_nursery() as nursery:
@@ -461,16 +493,19 @@ class IngestServer(BackgroundRun):
             ingest(df, server.target("events"), secret=server.secret, end=True)
             result = server.result()                # RunResult, once the stream has ended
 
-    Leaving the `with` block before the stream ended stops the dataflow."""
+    Leaving the `with` block before the stream ended stops the dataflow. `transport` is the
+    endpoints' (see `IngestEndpoint`): "auto" adds a verbs listener where there is an RDMA device."""
 
     thread_name = "slashrt-ingest"
 
-    def __init__(self, flow, *, secret: bytes | None = None, host: str = "127.0.0.1", **run_options):
+    def __init__(
+        self, flow, *, secret: bytes | None = None, host: str = "127.0.0.1", transport: str = "auto", **run_options
+    ):
         super().__init__(flow)
         self.secret = secret or generate_secret()
         self.endpoints = {
-            spec.step_id.split(".", 1)[1]: IngestEndpoint.for_source(flow, spec.step_id.split(".", 1)[1], self.secret, host=host)
-            for spec in flow.sources()
+            name: IngestEndpoint.for_source(flow, name, self.secret, host=host, transport=transport)
+            for name in (spec.step_id.split(".", 1)[1] for spec in flow.sources())
         }
         self._run_options = run_options
 

@@ -7,7 +7,8 @@
    still be wrong (nullable columns, strings, narrowing integers), check it in one Spark
    aggregation, so bad input fails before anything is sent.
 2. On the executors: `mapInArrow` runs one task per partition; each task attempt connects to
-   the ingest endpoint over the authenticated TCP transport, converts its Arrow batches into
+   the ingest endpoint over an authenticated channel (verbs where the endpoint offers it and
+   the task's host has an RDMA device, else TCP; `transport=` narrows the choice), converts its Arrow batches into
    packed records (vectorised, `ArrowConverter`), streams them in full slots, announces the
    end (`INGEST_PREPARE`), waits until the endpoint has taken everything, and returns one row:
    (ingest id, partition, attempt, rows, bytes, buffers, first and last sequence number).
@@ -37,8 +38,9 @@ from slashrt.errors import ChannelClosed, unwrap_groups
 from slashrt.spark._convert import ArrowConverter
 from slashrt.spark._endpoint import IngestError
 from slashrt.spark._mapping import ColumnPlan, IngestSchemaError, plan_columns
-from slashrt.spark._protocol import IngestTarget, ingest_id_for, send_message
+from slashrt.spark._protocol import IngestTarget, check_transport, ingest_id_for, send_message, verbs_unavailable
 from slashrt.transport._auth import load_secret
+from slashrt.transport._registry import connect
 from slashrt.transport.tcp import connect_tcp
 
 __all__ = ["ingest", "IngestReport", "finish", "stream_writer", "check_data", "RESULT_FIELDS"]
@@ -58,6 +60,7 @@ RESULT_FIELDS = [
     ("seconds", pa.float64()),  # the task's time inside the UDF
     ("wait_seconds", pa.float64()),  # ... of it waiting for Spark's next Arrow batch (upstream steps)
     ("convert_seconds", pa.float64()),  # ... converting Arrow batches to records (the rest: sending)
+    ("verbs", pa.int64()),  # 1: the partition travelled over verbs (RDMA WRITEs), 0: over TCP
 ]
 RESULT_ARROW = pa.schema(RESULT_FIELDS)
 RESULT_DDL = ", ".join(f"{name} {'double' if typ == pa.float64() else 'long'}" for name, typ in RESULT_FIELDS)
@@ -74,6 +77,11 @@ class IngestReport:
     seconds: float  # wall time of the whole ingest (check, job, commit)
     job_seconds: float  # the Spark job (generation, conversion, transfer)
     commit_seconds: float
+
+    @property
+    def verbs_partitions(self) -> list[int]:
+        """The partitions that travelled over verbs (the rest went over TCP)."""
+        return [p["partition"] for p in self.partitions if p["verbs"]]
 
     def task_seconds(self, what: str = "seconds") -> float:
         """Summed over the partitions' tasks: "seconds" in the UDF, "wait_seconds" of them waiting
@@ -133,9 +141,10 @@ class _SlotWriter:
 class _PartitionPusher:
     """The mapInArrow UDF: one task attempt's partition into the endpoint; yields its report."""
 
-    def __init__(self, targets, plan: ColumnPlan, ingest_id: int, secret: bytes | None, fault=None):
+    def __init__(self, targets, plan: ColumnPlan, ingest_id: int, secret: bytes | None, transport: str = "auto", fault=None):
         self.targets = _targets(targets)  # partition p goes to targets[p mod len(targets)]
         self.plan, self.ingest_id, self.secret, self.fault = plan, ingest_id, secret, fault
+        self.transport = transport
 
     def __call__(self, batches):
         from pyspark import TaskContext
@@ -151,7 +160,8 @@ class _PartitionPusher:
         target = self.targets[partition % len(self.targets)]
         secret = self.secret if self.secret is not None else load_secret()
         converter = ArrowConverter(self.plan)
-        sender = await connect_tcp(target.address, target.spec, secret)
+        medium, address = self._medium(target, partition)
+        sender = await connect(medium, address, target.spec, secret)
         writer = _SlotWriter(sender, self.plan.schema.record_size)
         complete = False
         waited = converting = 0.0
@@ -204,7 +214,21 @@ class _PartitionPusher:
             "last_seq": writer.last_seq if writer.last_seq is not None else first - 1,
             "wait_seconds": waited,
             "convert_seconds": converting,
+            "verbs": int(medium == "verbs"),
         }
+
+    def _medium(self, target: IngestTarget, partition: int) -> tuple[str, tuple[str, int]]:
+        """Verbs where the endpoint offers it and this host can, else TCP (or fail, when the
+        caller insisted on verbs)."""
+        if self.transport == "tcp" or (self.transport == "auto" and target.verbs_address is None):
+            return "tcp", target.address
+        why_not = "the endpoint offers no verbs listener" if target.verbs_address is None else verbs_unavailable()
+        if why_not is None:
+            return "verbs", target.verbs_address
+        if self.transport == "verbs":
+            raise IngestError(f"partition {partition}: verbs asked for, but {why_not}")
+        log.info("ingest over tcp: no verbs on this host", partition=partition, reason=why_not)
+        return "tcp", target.address
 
 
 def check_data(df, plan: ColumnPlan) -> None:
@@ -300,6 +324,7 @@ def ingest(
     name: str | None = None,
     check: str = "driver",
     end: bool = False,
+    transport: str = "auto",
     _fault=None,
 ) -> IngestReport:
     """Push every row of `df` into the target source once; return what was delivered.
@@ -315,14 +340,26 @@ def ingest(
     to the tasks (an extra pass over `df` saved; a violation then fails the job, and nothing of
     the ingest is counted). The ingest id is `ingest_id`, else derived from `name` (the same
     name is recognised as a duplicate), else random. `end=True` ends the source's stream after
-    this ingest (the dataflow's windows all fire). The secret defaults to $SLASHRT_SECRET."""
+    this ingest (the dataflow's windows all fire). `transport`: "auto" (default) sends a
+    partition over verbs where its endpoint offers a verbs listener and the task's host has an
+    RDMA device, else over TCP; "tcp" or "verbs" insist on one (a task that cannot use verbs
+    then fails, and nothing of the ingest is counted); the report says which partitions went
+    over verbs. The driver's commit always travels over TCP. The secret defaults to
+    $SLASHRT_SECRET."""
     from pyspark.sql import functions as F
 
     started = time.perf_counter()
     if check not in ("driver", "tasks"):
         raise ValueError(f"check must be 'driver' or 'tasks', got {check!r}")
+    check_transport(transport)
     secret = _secret(secret)
     targets = _targets(target)
+    if transport == "verbs" and any(t.verbs_address is None for t in targets):
+        raise IngestError(
+            "verbs asked for, but the ingest endpoints at "
+            + ", ".join(f"{t.address[0]}:{t.address[1]}" for t in targets if t.verbs_address is None)
+            + " offer no verbs listener (no RDMA device on their host, or opened with transport='tcp'); nothing was sent"
+        )
     target = targets[0]
     plan = plan_columns(df.schema, target.schema, columns, defaults=defaults, fill_nulls=fill_nulls, source=target.source)
     if check == "driver":
@@ -330,7 +367,7 @@ def ingest(
     if ingest_id is None:
         ingest_id = ingest_id_for(name) if name is not None else _secrets.randbits(62)
     selected = df.select(*[F.col(f.column).alias(f"_c{i}") for i, f in enumerate(plan.columns)])
-    pushed = selected.mapInArrow(_PartitionPusher(targets, plan, ingest_id, secret, _fault), RESULT_DDL)
+    pushed = selected.mapInArrow(_PartitionPusher(targets, plan, ingest_id, secret, transport, _fault), RESULT_DDL)
     expected = pushed.rdd.getNumPartitions()
     job_started = time.perf_counter()
     try:

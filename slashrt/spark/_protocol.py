@@ -1,8 +1,10 @@
 """The ingest protocol: what a Spark task and the driver say to an ingest endpoint.
 
-Every connection is an ordinary authenticated channel (`slashrt.transport.tcp`: the cluster
-secret handshake, then the ring protocol with its consecutive sequence numbers). What travels
-on it is:
+Every connection is an ordinary authenticated channel (the cluster secret handshake, then the
+ring protocol with its consecutive sequence numbers): over TCP (`slashrt.transport.tcp`), or,
+for a task on a host with an RDMA device when the endpoint offers one, over verbs
+(`slashrt.transport.verbs`: the task's buffers are RDMA WRITEs into the endpoint's ring). What
+travels on it is the same either way:
 
     task attempt   INGEST_OPEN(ingest id, partition, attempt)     sequence 0
                    data buffers (whole records of the source)   sequences 1 .. n
@@ -33,10 +35,34 @@ import numpy as np
 from slashrt._buffer import CONTROL_DTYPE, Control, Kind
 from slashrt.transport import RingSpec, Sender
 
-__all__ = ["IngestTarget", "ingest_id_for", "send_message", "read_message", "Message"]
+__all__ = ["IngestTarget", "ingest_id_for", "send_message", "read_message", "Message", "TRANSPORTS", "verbs_unavailable"]
 
 DEFAULT_SLOTS = 32
 DEFAULT_SLOT_SIZE = 64 * 1024
+# "auto": verbs where both ends have an RDMA device, else tcp; "tcp", "verbs": that one only
+TRANSPORTS = ("auto", "tcp", "verbs")
+
+
+def check_transport(transport: str) -> str:
+    if transport not in TRANSPORTS:
+        raise ValueError(f"unknown ingest transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
+    return transport
+
+
+def verbs_unavailable() -> str | None:
+    """None when this host can open verbs channels; otherwise why not (no pyverbs, no device,
+    no ACTIVE port: see `slashrt.transport.verbs.discover_device`, whose environment
+    overrides apply)."""
+    try:
+        from slashrt.errors import ChannelClosed
+        from slashrt.transport.verbs import discover_device
+    except ImportError as exc:
+        return f"pyverbs is not importable ({exc})"
+    try:
+        discover_device()
+    except ChannelClosed as exc:
+        return str(exc)
+    return None
 
 
 @attrs.frozen
@@ -46,6 +72,8 @@ class IngestTarget:
     Plain and picklable (it travels to Spark's executors inside the UDF). Get one from
     `IngestEndpoint.target` or `IngestServer.target(name)`, or build it by hand for an
     endpoint running elsewhere (`fields` as (name, numpy type string) pairs, in order).
+    `verbs_address` is the endpoint's verbs listener, where it has an RDMA device (else None);
+    `address` (TCP) always takes tasks and the driver.
     """
 
     address: tuple[str, int]
@@ -53,6 +81,7 @@ class IngestTarget:
     source: str = "events"
     slots: int = DEFAULT_SLOTS
     slot_size: int = DEFAULT_SLOT_SIZE
+    verbs_address: tuple[str, int] | None = None
 
     @property
     def schema(self):

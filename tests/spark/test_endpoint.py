@@ -54,7 +54,7 @@ async def attempt(target, secret, ingest_id, partition, attempt_id, data, fail_a
         if fail_after_rows is not None and rows >= fail_after_rows:
             raise RuntimeError("task killed")
 
-    pusher = _PartitionPusher(target, PLAN, ingest_id, secret, fault)
+    pusher = _PartitionPusher(target, PLAN, ingest_id, secret, fault=fault)
     return await pusher._push(iter(data), partition, attempt_id, 0)
 
 
@@ -150,4 +150,36 @@ async def test_peers_without_the_secret_are_refused_and_the_endpoint_goes_on():
         await attempt(target, secret, 4, 0, 31, batches(0, 100))
         await _driver_send(target, secret, commit(4, [(0, 31, 100)], end=True))
     assert endpoint.stats.refused_connections == 1
+    assert rows_of(sink) == reference(np.arange(100))
+
+
+async def test_verbs_is_used_only_where_offered_and_insisting_on_it_elsewhere_fails_clearly(monkeypatch):
+    """No usable RDMA device (a device name that exists nowhere): an endpoint that must offer
+    verbs refuses to open and closes its TCP listener; "auto" offers TCP only; a task that
+    insists on verbs against it fails before sending anything, and the stream goes on."""
+    monkeypatch.setenv("SLASHRT_VERBS_DEVICE", "nosuch0")
+    secret = generate_secret()
+    flow, sink = flow_and_sink()
+    with pytest.raises(ValueError, match="unknown ingest transport 'rdma'"):
+        IngestEndpoint.for_source(flow, "events", secret, transport="rdma")
+    must = IngestEndpoint.for_source(flow, "events", secret, transport="verbs")
+    with pytest.raises(IngestError, match="source 'events': verbs asked for, but .*(nosuch0|pyverbs|no RDMA devices)"):
+        async with must:
+            pass
+    assert must._listener_cms == [] and must.verbs_address is None
+    with pytest.raises(OSError):  # its TCP listener was closed again
+        await trio.open_tcp_stream(*must.address)
+
+    endpoint = IngestEndpoint.for_source(flow, "events", secret)  # "auto"
+    async with endpoint, trio.open_nursery() as nursery:
+        target = endpoint.target
+        assert target.verbs_address is None
+        nursery.start_soon(run_receivers, flow, {"events": endpoint.receiver})
+        insisting = _PartitionPusher(target, PLAN, 5, secret, transport="verbs")
+        with pytest.raises(IngestError, match="partition 0: verbs asked for, but the endpoint offers no verbs listener"):
+            await insisting._push(batches(0, 100), 0, 40, 0)
+        report = await attempt(target, secret, 5, 0, 41, batches(0, 100))
+        await _driver_send(target, secret, commit(5, [(0, 41, 100)], end=True))
+    assert report["verbs"] == 0 and endpoint.stats.connections == 2  # the task and the driver
+    assert endpoint.stats.verbs_connections == 0
     assert rows_of(sink) == reference(np.arange(100))

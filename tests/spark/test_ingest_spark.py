@@ -10,7 +10,7 @@ import pytest
 import slashrt
 from slashrt import Schema
 from slashrt.bench import ysb
-from slashrt.spark import IngestSchemaError, IngestServer, finish, ingest, stream_writer
+from slashrt.spark import IngestError, IngestSchemaError, IngestServer, finish, ingest, stream_writer
 from slashrt.spark import generators
 from slashrt.spark._convert import ArrowConverter
 from slashrt.spark._mapping import plan_columns
@@ -102,6 +102,19 @@ def test_bad_input_is_refused_on_the_spark_side_before_anything_is_sent(spark, r
         with pytest.raises(IngestSchemaError, match=message):
             ingest(df, server.target(), columns, secret=server.secret)
         assert server.endpoints["events"].stats.connections == 0  # nothing was sent
+
+
+def test_insisting_on_verbs_where_the_endpoint_offers_none_sends_nothing(spark):
+    flow = slashrt.Dataflow("tcp-only")
+    flow.source("events", Schema({"t": "i8", "k": "i8"}), time="t").sink(slashrt.sinks.Collect(), name="out")
+    df = spark.createDataFrame([(1, 2)], "t long, k long")
+    with IngestServer(flow, transport="tcp") as server:
+        assert server.target().verbs_address is None
+        with pytest.raises(IngestError, match="verbs asked for, but the ingest endpoints at 127.0.0.1:[0-9]+ offer no verbs"):
+            ingest(df, server.target(), secret=server.secret, transport="verbs")
+        with pytest.raises(ValueError, match="unknown ingest transport 'ib'"):
+            ingest(df, server.target(), secret=server.secret, transport="ib")
+        assert server.endpoints["events"].stats.connections == 0
 
 
 def test_structured_streaming_feeds_one_long_running_dataflow_batch_after_batch(spark, tmp_path):
