@@ -42,6 +42,7 @@ class ClusterRole:
     partitioning: Partitioning
     mode: str = "slash"
     epoch_bytes: int = 64 << 20
+    ssb_routing: str = "auto"  # SsbWindowAggregate's routing: auto, fragments or direct
 
     def __attrs_post_init__(self):
         if self.mode not in MODES:
@@ -52,7 +53,8 @@ class ClusterRole:
             return WindowAggregate(spec, late)  # no helpers, nobody to route to: nothing to share
         if self.mode == "slash":
             return SsbWindowAggregate(
-                spec, late, index=self.index, partitioning=self.partitioning, epoch_bytes=self.epoch_bytes
+                spec, late, index=self.index, partitioning=self.partitioning, epoch_bytes=self.epoch_bytes,
+                routing=self.ssb_routing,
             )
         return RouteByOwner(spec, WindowAggregate(spec, late), index=self.index, partitioning=self.partitioning)
 

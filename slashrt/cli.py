@@ -64,6 +64,11 @@ def _add_cluster_options(p: argparse.ArgumentParser, *, transport: bool = True) 
     g.add_argument("--mode", choices=["slash", "uppar"], help="shared state backend (default) or repartitioning")
     g.add_argument("--epoch-bytes", type=_positive_int, help="SSB epoch length in bytes of input (default 64 MiB)")
     g.add_argument("--partitions", type=_positive_int, help="SSB partitions per operator (default 256)")
+    g.add_argument(
+        "--ssb-routing", choices=["auto", "fragments", "direct"],
+        help="SSB: fold records into fragments first, or route each to its leader at once (default auto: by "
+        "how many keys an epoch touches per record)",
+    )
     if transport:
         g.add_argument("--transport", choices=["shm", "tcp", "verbs"], help="between executors (default shm)")
 
@@ -177,6 +182,7 @@ def _cluster_bench(args) -> dict:
         zipf=args.zipf,
         epoch_bytes=args.epoch_bytes,
         partitions=args.partitions,
+        ssb_routing=args.ssb_routing,
         params=params,
         **_runtime_options(args),
     )

@@ -93,6 +93,7 @@ def _epoch_fields(result) -> dict:
         "state_bytes_shipped_per_epoch": round(float(shipped.mean()), 1),
         "state_bytes_shipped_per_epoch_max": int(shipped.max()),
         "state_bytes_shipped": int(shipped.sum()),
+        "direct_epochs": sum(e.direct for e in epochs),
     }
 
 
@@ -112,6 +113,7 @@ def bench_with_result(
     repeat: int = 1,
     epoch_bytes: int | None = None,
     partitions: int | None = None,
+    ssb_routing: str | None = None,
     params: dict | None = None,
     **options,
 ) -> dict:
@@ -123,7 +125,10 @@ def bench_with_result(
     params = dict(params or {})
     make = PerExecutor(functools.partial(_make, query, events, zipf, params))
     expected = lazy(lambda: q.reference(np.concatenate([make.make(i, executors) for i in range(executors)]), **params))
-    extra = {k: v for k, v in (("epoch_bytes", epoch_bytes), ("partitions", partitions)) if v is not None}
+    extra = {
+        k: v for k, v in (("epoch_bytes", epoch_bytes), ("partitions", partitions), ("ssb_routing", ssb_routing))
+        if v is not None
+    }
     best, correct, got = None, True, None
     for _ in range(repeat):
         sink = Collect()

@@ -73,12 +73,13 @@ async def _watch_coordinator(control: trio.SocketStream) -> None:
 async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
     """Run one executor's part of `job`; protocol messages go over `control`."""
     bound = log.bind(executor=job.index, executors=job.executors, mode=job.mode, transport=job.transport)
-    role = ClusterRole(job.index, Partitioning(job.partitions, job.executors), job.mode, job.epoch_bytes)
+    opts = dict(job.options)
+    routing = opts.pop("ssb_routing", "auto")
+    role = ClusterRole(job.index, Partitioning(job.partitions, job.executors), job.mode, job.epoch_bytes, routing)
     plan = build_plan(job.flow, role)
     _executor_sinks(plan, job.index)
     exchanges = {x.step_id: x for x in plan.exchanges()}
     peers = [e for e in range(job.executors) if e != job.index]
-    opts = dict(job.options)
     slot_size = opts.pop("slot_size", DEFAULT_SLOT_SIZE)
     slots = opts.pop("slots", 96)
     watermark_every = opts.pop("watermark_every", None)

@@ -19,6 +19,18 @@ executor's watermark passed the window's end (property P1, a `FrontierGate` over
 `VectorClock`). Results are the CRDT join of every fragment, so they equal a sequential run
 (property P2) whatever the split of the input.
 
+Where most records of an epoch carry keys new to it (a large key space), folding them into
+fragments first saves nothing: every record would be inserted twice, once into the fragment and
+once, shipped, into its leader's state. The operator then routes records as they arrive
+(*direct* routing): records of partitions it leads go straight into its leader state, the
+others become delta rows of one record each (count 1), streamed to their leaders batch by
+batch as parts of the epoch's delta, which the epoch's watermark closes as it closes a
+fragment's. Under `routing="auto"` (the default) an epoch whose delta held at least
+`DIRECT_AT` rows per input record switches the next epochs to direct routing, and direct
+routing returns to fragments once fewer than `COMBINE_BELOW` of the own records it routed in
+an epoch were keys new to their slice. The epoch protocol, the order of deltas and the CRDT
+join are the same either way, so results do not depend on the routing.
+
 Records arriving at an executor below the watermark it already shipped are late *here*: the
 windows they belong to may have fired at their leader. They are counted and sent to the late
 sink, as in a single executor.
@@ -33,22 +45,27 @@ import numpy as np
 import structlog
 import trio
 
+from slashrt import _kernels as kernels
 from slashrt._batch import Batch
 from slashrt._buffer import Control
 from slashrt._dataflow import WindowAggSpec
 from slashrt.errors import DataflowError, OperatorError
 from slashrt.ops._node import Node
 from slashrt.ops.exchange import END_TIME, FrontierGate, Inbound
-from slashrt.ops.window import NO_TIME, WindowAggregate
+from slashrt.ops.window import NO_TIME, WindowAggregate, _flat
 from slashrt.progress import VectorClock
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import Sender
 
-__all__ = ["SsbWindowAggregate", "delta_dtype", "DEFAULT_EPOCH_BYTES", "Shipper", "EpochStats"]
+__all__ = ["SsbWindowAggregate", "delta_dtype", "DEFAULT_EPOCH_BYTES", "ROUTINGS", "Shipper", "EpochStats"]
 
 log = structlog.get_logger("slashrt.ssb")
 
 DEFAULT_EPOCH_BYTES = 64 << 20  # as in the paper
+ROUTINGS = ("auto", "fragments", "direct")
+DIRECT_AT = 0.5  # auto: delta rows per input record from which the next epoch routes directly
+COMBINE_BELOW = 0.25  # auto: share of new keys among direct own records below which fragments return
+DIRECT_QUEUE_BYTES = 4 << 20  # direct routing waits while more than this is queued for one peer
 
 
 def delta_dtype(value_dtype: np.dtype) -> np.dtype:
@@ -64,23 +81,35 @@ class EpochStats:
 
     epoch: int
     input_bytes: int  # bytes of the operator's input folded in this epoch
-    keys_touched: int  # (slice, key) pairs changed in this epoch: the delta's rows
+    keys_touched: int  # (slice, key) pairs changed in this epoch: the delta's rows (direct: rows routed)
     shipped_rows: int  # of them, rows sent to other leaders
     shipped_bytes: int
     watermark: int
+    records: int = 0  # input records of this epoch
+    direct: bool = False  # routed as they arrived, not folded into fragments first
 
 
 class Shipper:
-    """The outgoing channel to one peer: an unbounded FIFO of deltas and watermarks, drained
-    into the channel by `run()`, so that compute never blocks on the peer's credits."""
+    """The outgoing channel to one peer: a FIFO of deltas and watermarks, drained into the
+    channel by `run()`. An epoch's end never blocks compute on the peer's credits (`rows`);
+    direct routing, which ships as it goes, waits while more than `limit` bytes are queued
+    (`rows_bounded`), so that a slow peer slows its helpers instead of piling up their rows."""
 
     def __init__(self, peer: int, sender: Sender):
         self.peer = peer
         self.sender = sender
         self._in, self._out = trio.open_memory_channel(math.inf)
+        self._queued = 0  # bytes of rows queued, not yet in the channel
+        self._sent = trio.lowlevel.ParkingLot()
 
     def rows(self, rows: np.ndarray) -> None:
+        self._queued += rows.nbytes
         self._in.send_nowait((None, rows))
+
+    async def rows_bounded(self, rows: np.ndarray, limit: int) -> None:
+        self.rows(rows)
+        while self._queued > limit:
+            await self._sent.park()
 
     def watermark(self, watermark: int) -> None:
         self._in.send_nowait((Control.WATERMARK, watermark))
@@ -93,6 +122,8 @@ class Shipper:
             async for kind, value in self._out:
                 if kind is None:
                     await self.sender.send_records(value)
+                    self._queued -= value.nbytes
+                    self._sent.unpark_all()
                 elif kind is Control.WATERMARK:
                     await self.sender.send_control(Control.WATERMARK, value)
                 else:
@@ -104,7 +135,14 @@ class SsbWindowAggregate(WindowAggregate):
     """A keyed window aggregate whose state is shared across executors through the SSB."""
 
     def __init__(
-        self, spec: WindowAggSpec, late_node: Node | None, *, index: int, partitioning: Partitioning, epoch_bytes: int
+        self,
+        spec: WindowAggSpec,
+        late_node: Node | None,
+        *,
+        index: int,
+        partitioning: Partitioning,
+        epoch_bytes: int,
+        routing: str = "auto",
     ):
         if spec.value_dtype is None:
             raise DataflowError(
@@ -113,6 +151,8 @@ class SsbWindowAggregate(WindowAggregate):
             )
         if epoch_bytes < 1:
             raise DataflowError(f"epoch size must be at least one byte, got {epoch_bytes}")
+        if routing not in ROUTINGS:
+            raise DataflowError(f"unknown SSB routing {routing!r}; choose one of {', '.join(ROUTINGS)}")
         # the leader state: windows of the partitions this executor leads, fired by the gate
         self.merged = WindowAggregate(spec)
         super().__init__(spec, late_node)
@@ -129,6 +169,11 @@ class SsbWindowAggregate(WindowAggregate):
         self._shipped_promise = NO_TIME
         self._helper_epoch = [0] * partitioning.executors
         self.partition_epochs = np.zeros(partitioning.partitions, np.int64)  # last epoch merged per partition
+        self.routing = routing
+        self.direct = routing == "direct"  # this epoch routes records as they arrive
+        self._leaders = partitioning.leader_of(np.arange(partitioning.partitions))
+        self._records = 0
+        self._own_records = self._own_new = self._routed = self._shipped = 0  # direct routing in this epoch
 
     # the merged state emits to this operator's children (assigned after construction)
     @property
@@ -153,10 +198,60 @@ class SsbWindowAggregate(WindowAggregate):
 
     # -- events of the local stream ------------------------------------------------------------------
     async def push(self, batch: Batch) -> None:
-        await super().push(batch)
+        if self.direct:
+            await self._route(batch)
+        else:
+            await super().push(batch)
         self._bytes += batch.nbytes
+        self._records += len(batch)
         if self._bytes >= self.epoch_bytes:
             await self._end_epoch()
+
+    async def _route(self, batch: Batch) -> None:
+        """Direct routing: own partitions' records into the leader state, the others' into
+        this epoch's delta rows for their leaders (one row per record)."""
+        times = _flat(batch.view(self.spec.time))
+        slice_ids = times // self.slice_len
+        if self._earliest_end(int(kernels.minmax(slice_ids)[0])) <= self.fired_until:
+            batch, slice_ids = await self._split_late(batch, slice_ids)
+            if not len(batch):
+                return
+        keys, values = self._fields(batch)
+        keys = _flat(keys)
+        values = None if values is None else _flat(values)
+        offsets, keys, slice_ids, values = kernels.route(
+            keys, slice_ids, keys if values is None else values, self._leaders, self.partitioning.executors
+        )
+        bounds = offsets.tolist()
+        counted = values if self.spec.column is not None else None
+        for owner, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+            if a == b:
+                continue
+            if owner == self.index:
+                self._own_records += b - a
+                self._own_new += self._update_own(keys[a:b], slice_ids[a:b], None if counted is None else counted[a:b])
+                continue
+            rows = np.zeros(b - a, self.exchange_dtype)
+            rows["epoch"] = self.epoch + 1  # the epoch these rows belong to; it ends with the watermark
+            rows["slice"] = slice_ids[a:b]
+            rows["key"] = keys[a:b]
+            rows["count"] = 1
+            if counted is not None:
+                rows["value"] = counted[a:b]
+            # streamed as they come, the epoch's delta in pieces, in FIFO order with what was queued before
+            await self.shippers[owner].rows_bounded(rows, DIRECT_QUEUE_BYTES)
+            self._shipped += b - a
+        self._routed += len(keys)
+
+    def _update_own(self, keys: np.ndarray, slice_ids: np.ndarray, values: np.ndarray | None) -> int:
+        lo, hi = kernels.minmax(slice_ids)
+        if lo == hi:  # the common case: one slice
+            return self.merged.update_slice(int(lo), keys, values)
+        new = 0
+        for s in np.unique(slice_ids).tolist():
+            rows = slice_ids == s
+            new += self.merged.update_slice(s, keys[rows], None if values is None else values[rows])
+        return new
 
     async def on_watermark(self, watermark: int) -> None:
         # Not fired here: the watermark is a promise shipped to the leaders with the epoch.
@@ -187,7 +282,8 @@ class SsbWindowAggregate(WindowAggregate):
                     self.merged.merge_slice(s, k, c, v)
                 elif len(k):
                     outgoing[owner].append(self._delta_rows(s, k, c, v))
-        shipped = 0
+        touched += self._routed
+        shipped = self._shipped  # direct routing streamed its rows already
         for owner, parts in enumerate(outgoing):
             if parts:
                 rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -196,10 +292,19 @@ class SsbWindowAggregate(WindowAggregate):
         watermark = END_TIME if final else self._watermark
         for shipper in self.shippers.values():
             shipper.end() if final else shipper.watermark(watermark)
-        stats = EpochStats(self.epoch, self._bytes, touched, shipped, shipped * self.exchange_dtype.itemsize, watermark)
+        stats = EpochStats(
+            self.epoch, self._bytes, touched, shipped, shipped * self.exchange_dtype.itemsize, watermark,
+            self._records, self.direct,
+        )
         self.epochs.append(stats)
         log.debug("epoch shipped", step=self.step_id, executor=self.index, **attrs.asdict(stats))
-        self._bytes = 0
+        if self.routing == "auto" and self._records:
+            if self.direct:
+                self.direct = not (self._own_records and self._own_new < COMBINE_BELOW * self._own_records)
+            else:
+                self.direct = touched >= DIRECT_AT * self._records
+        self._bytes = self._records = 0
+        self._own_records = self._own_new = self._routed = self._shipped = 0
         self._shipped_promise = self.promise(watermark) if not final else END_TIME
         await self.gate.advance(self.index, watermark)
 

@@ -214,14 +214,27 @@ class WindowAggregate(Node):
             return
         if self.value_dtype is None:
             self.value_dtype = vals.dtype.newbyteorder("<")
+        self._open_slice(slice_id, "partial state").merge(keys, counts, vals)
+
+    def update_slice(self, slice_id: int, keys: np.ndarray, values: np.ndarray | None) -> int:
+        """Fold records of one slice (their keys and values) into it: an SSB leader's own
+        records, routed as they arrive. Returns how many keys were new to the slice."""
+        agg = self._open_slice(slice_id, "records")
+        before = len(agg)
+        agg.update(keys, values)
+        return len(agg) - before
+
+    def _open_slice(self, slice_id: int, what: str) -> HashAgg:
+        """The table of a slice about to take state from outside the local stream; refused once
+        all its windows fired."""
         if self._latest_end(slice_id) <= self.fired_until:
             raise OperatorError(
-                self.step_id, f"partial state for slice {slice_id} arrived after all its windows fired (up to {self.fired_until})"
+                self.step_id, f"{what} for slice {slice_id} arrived after all its windows fired (up to {self.fired_until})"
             )
-        self._slice(slice_id).merge(keys, counts, vals)
         first = int(self._earliest_end(slice_id)) - self.size
         if self.next_start is None or first < self.next_start:
             self.next_start = max(first, self._first_unfired_start())
+        return self._slice(slice_id)
 
     def promise(self, watermark: int) -> int:
         """The end of the last window complete by `watermark` (every window ending at or before

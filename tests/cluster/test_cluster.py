@@ -53,7 +53,7 @@ def sequential(kind, assigner, data, max_delay) -> np.ndarray:
     return result(sink)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(
     executors=st.integers(1, 4),
     epoch_bytes=st.sampled_from([512, 64 << 10, 64 << 20]),
@@ -63,9 +63,10 @@ def sequential(kind, assigner, data, max_delay) -> np.ndarray:
     kind=st.sampled_from(KINDS),
     sliding=st.booleans(),
     mode=st.sampled_from(["slash", "uppar"]),
+    routing=st.sampled_from(["auto", "fragments", "direct"]),
     seed=st.integers(0, 1000),
 )
-def test_p2_cluster_equals_sequential(executors, epoch_bytes, zipf, n, keys, kind, sliding, mode, seed):
+def test_p2_cluster_equals_sequential(executors, epoch_bytes, zipf, n, keys, kind, sliding, mode, routing, seed):
     data = records(n, keys=keys, zipf=zipf, disorder=30, seed=seed)
     assigner = Sliding(size_ms=300, slide_ms=100) if sliding else Tumbling(ms=250)
     expected = sequential(kind, assigner, data, 30)
@@ -77,6 +78,7 @@ def test_p2_cluster_equals_sequential(executors, epoch_bytes, zipf, n, keys, kin
         mode=mode,
         epoch_bytes=epoch_bytes,
         partitions=16,
+        ssb_routing=routing,
     )
     got = result(sink)
     assert got.dtype == expected.dtype
@@ -106,6 +108,32 @@ def test_state_shipped_per_epoch_follows_distinct_keys_not_input():
         assert e.keys_touched <= 5 * 2  # distinct (slice, key) pairs: an epoch spans at most 2 slices
         assert e.shipped_bytes == e.shipped_rows * 40
     assert max(e.shipped_bytes for e in epochs) < 1000 < min(e.input_bytes for e in epochs if e.input_bytes)
+
+
+def test_auto_routing_goes_direct_while_epochs_bring_mostly_new_keys_and_back_when_they_repeat():
+    """First half: keys from a range of ten million (every record a new key), second half: five
+    keys. Auto routing folds the first epoch into fragments, sees a delta as large as its input
+    and routes directly; once the own records it routes stop bringing new keys, it folds again.
+    The result is the sequential one throughout."""
+    half = 120_000
+    data = records(2 * half, keys=5, zipf=0.0, disorder=0, seed=9, per_ms=4000)
+    data["key"][:half] = np.random.default_rng(1).integers(0, 10_000_000, half)
+    sink = Collect()
+    r = slashrt.run(
+        flow(sink, kind="sum", assigner=Tumbling(ms=10), max_delay=0), {"r": data},
+        executors=2, epoch_bytes=64 << 10, coalesce=1,
+    )
+    np.testing.assert_array_equal(result(sink), sequential("sum", Tumbling(ms=10), data, 0))
+    (per_executor,) = r.epochs.values()
+    for epochs in per_executor:
+        epochs = [e for e in epochs if e.records]
+        modes = [e.direct for e in epochs]
+        assert modes[:2] == [False, True] and modes[-1] is False, modes
+        assert epochs[0].keys_touched > 0.9 * epochs[0].records
+        direct = [e for e in epochs if e.direct]
+        assert all(e.shipped_rows <= e.records for e in direct)  # one row per record led elsewhere
+        assert sum(e.shipped_rows for e in direct) > 0.3 * sum(e.records for e in direct)
+    assert sum(e.records for ex in per_executor for e in ex) == len(data)
 
 
 def test_per_executor_inputs_and_tcp_transport():
@@ -215,6 +243,7 @@ def test_file_sinks_write_one_part_per_executor(tmp_path):
         (dict(executors=["nohost"]), "HOST:PORT"),
         (dict(executors=["10.1.2.3:7000"], transport="shm"), "one machine"),
         (dict(executors=2, partitions=0), "must be positive"),
+        (dict(executors=2, ssb_routing="sideways"), "unknown SSB routing 'sideways'"),
     ],
 )
 def test_bad_cluster_arguments_are_refused(options, message):
