@@ -39,9 +39,10 @@ __all__ = ["run_demo", "local_session"]
 log = structlog.get_logger("slashrt.spark.demo")
 
 
-def local_session(master: str = "local[2]"):
+def local_session(master: str = "local[2]", *, app: str = "slashrt-spark-demo", driver_memory: str = "2g", conf=None):
     """The active SparkSession, else a new local one whose Python workers import this slashrt
-    with this interpreter. Returns (session, created)."""
+    with this interpreter (no UI, no progress bars, log level ERROR; `conf` adds settings).
+    Returns (session, created)."""
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -50,14 +51,16 @@ def local_session(master: str = "local[2]"):
     root = str(Path(slashrt.__file__).resolve().parents[1])
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    session = (
+    builder = (
         SparkSession.builder.master(master)
-        .appName("slashrt-spark-demo")
+        .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "2g")
-        .getOrCreate()
+        .config("spark.driver.memory", driver_memory)
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session, True
 

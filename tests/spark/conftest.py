@@ -5,33 +5,22 @@ retry tests need Spark to retry). Small Arrow batches so that a partition is sev
 and a failure can happen in the middle of one. The UI is off; the session stops at the end.
 """
 
-import os
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = str(Path(__file__).resolve().parents[2])
+from slashrt.spark.demo import local_session
 
 
 @pytest.fixture(scope="session")
 def spark():
-    from pyspark.sql import SparkSession
-
-    # Spark's Python workers must import this checkout of slashrt with this interpreter
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
-    session = (
-        SparkSession.builder.master("local[2,4]")
-        .appName("slashrt-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "5000")
-        .config("spark.driver.memory", "1g")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
+    session, _ = local_session(
+        "local[2,4]",
+        app="slashrt-tests",
+        driver_memory="1g",
+        conf={
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.sql.execution.arrow.maxRecordsPerBatch": "5000",
+        },
     )
-    session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
