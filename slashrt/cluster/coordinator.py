@@ -45,7 +45,7 @@ from slashrt.cluster._job import Ingest, Job, PerExecutor, share
 from slashrt.errors import ChannelClosed, DataflowError, SlashError, unwrap_groups
 from slashrt.ops.sinks import Collect
 from slashrt.ops.sources import validate_input
-from slashrt.ops.ssb_window import DEFAULT_EPOCH_BYTES, ROUTINGS
+from slashrt.ops.ssb_window import DEFAULT_EPOCH_BYTES, check_routing
 from slashrt.ssb.partitions import DEFAULT_PARTITIONS
 from slashrt.transport._auth import client_handshake, generate_secret, load_secret
 from slashrt.transport._registry import NETWORK_TRANSPORTS
@@ -244,8 +244,7 @@ async def run_cluster_async(
         raise DataflowError(f"unknown transport {transport!r}; choose one of {sorted(NETWORK_TRANSPORTS)}")
     if partitions < 1 or epoch_bytes < 1:
         raise DataflowError(f"partitions and epoch_bytes must be positive, got {partitions} and {epoch_bytes}")
-    if options.get("ssb_routing", "auto") not in ROUTINGS:
-        raise DataflowError(f"unknown SSB routing {options['ssb_routing']!r}; choose one of {', '.join(ROUTINGS)}")
+    check_routing(options.get("ssb_routing", "auto"))
     options.pop("progress", None)  # progress is reported by each executor's log, not here
     local = isinstance(executors, int)
     addresses = None if local else [_parse_address(a) for a in executors]

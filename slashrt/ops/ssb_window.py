@@ -57,7 +57,7 @@ from slashrt.progress import VectorClock
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import Sender
 
-__all__ = ["SsbWindowAggregate", "delta_dtype", "DEFAULT_EPOCH_BYTES", "ROUTINGS", "Shipper", "EpochStats"]
+__all__ = ["SsbWindowAggregate", "delta_dtype", "DEFAULT_EPOCH_BYTES", "ROUTINGS", "check_routing", "Shipper", "EpochStats"]
 
 log = structlog.get_logger("slashrt.ssb")
 
@@ -66,6 +66,12 @@ ROUTINGS = ("auto", "fragments", "direct")
 DIRECT_AT = 0.5  # auto: delta rows per input record from which the next epoch routes directly
 COMBINE_BELOW = 0.25  # auto: share of new keys among direct own records below which fragments return
 DIRECT_QUEUE_BYTES = 4 << 20  # direct routing waits while more than this is queued for one peer
+
+
+def check_routing(routing: str) -> str:
+    if routing not in ROUTINGS:
+        raise DataflowError(f"unknown SSB routing {routing!r}; choose one of {', '.join(ROUTINGS)}")
+    return routing
 
 
 def delta_dtype(value_dtype: np.dtype) -> np.dtype:
@@ -151,8 +157,7 @@ class SsbWindowAggregate(WindowAggregate):
             )
         if epoch_bytes < 1:
             raise DataflowError(f"epoch size must be at least one byte, got {epoch_bytes}")
-        if routing not in ROUTINGS:
-            raise DataflowError(f"unknown SSB routing {routing!r}; choose one of {', '.join(ROUTINGS)}")
+        check_routing(routing)
         # the leader state: windows of the partitions this executor leads, fired by the gate
         self.merged = WindowAggregate(spec)
         super().__init__(spec, late_node)
@@ -171,7 +176,6 @@ class SsbWindowAggregate(WindowAggregate):
         self.partition_epochs = np.zeros(partitioning.partitions, np.int64)  # last epoch merged per partition
         self.routing = routing
         self.direct = routing == "direct"  # this epoch routes records as they arrive
-        self._leaders = partitioning.leader_of(np.arange(partitioning.partitions))
         self._records = 0
         self._own_records = self._own_new = self._routed = self._shipped = 0  # direct routing in this epoch
 
@@ -219,28 +223,26 @@ class SsbWindowAggregate(WindowAggregate):
         keys, values = self._fields(batch)
         keys = _flat(keys)
         values = None if values is None else _flat(values)
-        offsets, keys, slice_ids, values = kernels.route(
-            keys, slice_ids, keys if values is None else values, self._leaders, self.partitioning.executors
-        )
-        bounds = offsets.tolist()
-        counted = values if self.spec.column is not None else None
-        for owner, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
-            if a == b:
+        counted = values is not None
+        # the slice ids ride in the counts column; count aggregates carry the keys as dummy values
+        routed = self.partitioning.route(keys, slice_ids, values if counted else keys)
+        for owner, (k, s, v) in enumerate(routed):
+            if not len(k):
                 continue
             if owner == self.index:
-                self._own_records += b - a
-                self._own_new += self._update_own(keys[a:b], slice_ids[a:b], None if counted is None else counted[a:b])
+                self._own_records += len(k)
+                self._own_new += self._update_own(k, s, v if counted else None)
                 continue
-            rows = np.zeros(b - a, self.exchange_dtype)
+            rows = np.zeros(len(k), self.exchange_dtype)
             rows["epoch"] = self.epoch + 1  # the epoch these rows belong to; it ends with the watermark
-            rows["slice"] = slice_ids[a:b]
-            rows["key"] = keys[a:b]
+            rows["slice"] = s
+            rows["key"] = k
             rows["count"] = 1
-            if counted is not None:
-                rows["value"] = counted[a:b]
+            if counted:
+                rows["value"] = v
             # streamed as they come, the epoch's delta in pieces, in FIFO order with what was queued before
             await self.shippers[owner].rows_bounded(rows, DIRECT_QUEUE_BYTES)
-            self._shipped += b - a
+            self._shipped += len(k)
         self._routed += len(keys)
 
     def _update_own(self, keys: np.ndarray, slice_ids: np.ndarray, values: np.ndarray | None) -> int:
