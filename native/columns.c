@@ -217,8 +217,8 @@ int64_t columns_copy_rows_max(const field_view *dst, const char *src, int64_t ro
 /* ---- routing rows to the executors leading their keys' partitions ---------------------- */
 
 int columns_route(const int64_t *keys, const int64_t *counts, const uint64_t *vals, int64_t n,
-                  const int64_t *leaders, int64_t partitions, int64_t owners, int64_t *keys_out,
-                  int64_t *counts_out, uint64_t *vals_out, int64_t *offsets) {
+                  const int64_t *leaders, int64_t partitions, int64_t owners, char *keys_out,
+                  char *counts_out, char *vals_out, ptrdiff_t out_stride, int64_t *offsets) {
     int32_t *own = (int32_t *)malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
     int64_t *pos = (int64_t *)malloc((size_t)owners * sizeof(int64_t));
     if (!own || !pos) {
@@ -241,10 +241,10 @@ int columns_route(const int64_t *keys, const int64_t *counts, const uint64_t *va
         pos[o] = offsets[o];
     }
     for (int64_t i = 0; i < n; i++) { /* stable: rows keep their order within an owner */
-        const int64_t j = pos[own[i]]++;
-        keys_out[j] = keys[i];
-        counts_out[j] = counts[i];
-        vals_out[j] = vals[i];
+        const ptrdiff_t at = (ptrdiff_t)pos[own[i]]++ * out_stride;
+        memcpy(keys_out + at, &keys[i], 8);
+        memcpy(counts_out + at, &counts[i], 8);
+        memcpy(vals_out + at, &vals[i], 8);
     }
     free(own);
     free(pos);

@@ -28,10 +28,12 @@ void columns_minmax_i64(const field_view *v, int64_t *min_out, int64_t *max_out)
 
 /* Group n rows (key, count, 8-byte value) by the executor leading each key's partition
  * (leaders[partition], every entry < owners), stably; offsets[o]..offsets[o+1] are owner o's
- * rows in the outputs. Returns -1 if memory ran out. */
+ * rows in the outputs. The outputs are strided (`out_stride` bytes from one row to the next),
+ * so they may be the fields of structured rows, e.g. an epoch's delta rows written in place.
+ * Returns -1 if memory ran out. */
 int columns_route(const int64_t *keys, const int64_t *counts, const uint64_t *vals, int64_t n,
-                  const int64_t *leaders, int64_t partitions, int64_t owners, int64_t *keys_out,
-                  int64_t *counts_out, uint64_t *vals_out, int64_t *offsets);
+                  const int64_t *leaders, int64_t partitions, int64_t owners, char *keys_out,
+                  char *counts_out, char *vals_out, ptrdiff_t out_stride, int64_t *offsets);
 
 /* Copy `rows` rows of `row_bytes` contiguous bytes from src into the rows of dst (a 2-D
  * uint8 view, e.g. the payload areas of k ring slots) and return the maximum of the int64

@@ -840,6 +840,9 @@ static PyObject *py_minmax_i64(PyObject *mod, PyObject *field) {
 
 /* route(keys, counts, vals, leaders, keys_out, counts_out, vals_out, offsets): contiguous
  * 8-byte columns of n rows, leaders int64[partitions], offsets int64[owners + 1]. */
+/* route(keys, counts, vals, leaders, keys_out, counts_out, vals_out, offsets): the inputs and
+ * offsets C-contiguous, the three outputs writable 1-D views of one common stride (plain
+ * arrays, or the fields of structured rows). */
 static PyObject *py_route(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError, "route(keys, counts, vals, leaders, keys_out, counts_out, vals_out, offsets)");
@@ -848,13 +851,15 @@ static PyObject *py_route(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
     Py_buffer b[8];
     int got = 0, ok = 1;
     for (; got < 8; got++) {
-        const int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | ((got >= 4) ? PyBUF_WRITABLE : 0);
+        const int strided_out = got >= 4 && got < 7;
+        const int flags = (strided_out ? PyBUF_RECORDS : PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) |
+                          (got >= 4 ? PyBUF_WRITABLE : 0);
         if (PyObject_GetBuffer(args[got], &b[got], flags) < 0) {
             ok = 0;
             break;
         }
-        if (b[got].itemsize != 8) {
-            PyErr_Format(PyExc_TypeError, "route: argument %d must hold 8-byte items", got);
+        if (b[got].itemsize != 8 || (strided_out && (b[got].ndim != 1 || b[got].strides[0] != b[4].strides[0]))) {
+            PyErr_Format(PyExc_TypeError, "route: argument %d must hold 8-byte items (outputs: 1-D, one stride)", got);
             got++;
             ok = 0;
             break;
@@ -862,8 +867,8 @@ static PyObject *py_route(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
     }
     if (ok) {
         const int64_t n = b[0].len / 8, partitions = b[3].len / 8, owners = b[7].len / 8 - 1;
-        if (b[1].len / 8 != n || b[2].len / 8 != n || b[4].len / 8 != n || b[5].len / 8 != n || b[6].len / 8 != n ||
-            partitions < 1 || partitions >= ((int64_t)1 << 31) || owners < 1) {
+        if (b[1].len / 8 != n || b[2].len / 8 != n || b[4].shape[0] != n || b[5].shape[0] != n ||
+            b[6].shape[0] != n || partitions < 1 || partitions >= ((int64_t)1 << 31) || owners < 1) {
             PyErr_SetString(PyExc_ValueError, "route: columns of different lengths, or no partitions or owners");
             ok = 0;
         } else {
@@ -878,8 +883,8 @@ static PyObject *py_route(PyObject *mod, PyObject *const *args, Py_ssize_t nargs
                 int bad;
                 Py_BEGIN_ALLOW_THREADS
                 bad = columns_route((const int64_t *)b[0].buf, (const int64_t *)b[1].buf, (const uint64_t *)b[2].buf, n,
-                                    leaders, partitions, owners, (int64_t *)b[4].buf, (int64_t *)b[5].buf,
-                                    (uint64_t *)b[6].buf, (int64_t *)b[7].buf);
+                                    leaders, partitions, owners, (char *)b[4].buf, (char *)b[5].buf, (char *)b[6].buf,
+                                    b[4].strides[0], (int64_t *)b[7].buf);
                 Py_END_ALLOW_THREADS
                 if (bad) {
                     PyErr_NoMemory();

@@ -505,25 +505,32 @@ def _numpy_route(keys, counts, vals, leaders):
     return owners[order], keys[order], counts[order], vals[order]
 
 
-def route(keys: np.ndarray, counts: np.ndarray, vals: np.ndarray, leaders: np.ndarray, owners: int):
+def route(keys: np.ndarray, counts: np.ndarray, vals: np.ndarray, leaders: np.ndarray, owners: int, out=None):
     """Rows (key, count, value) grouped by the executor leading each key's partition
     (`leaders[partition]`), stably: returns `offsets` (owner o's rows are
-    ``offsets[o]:offsets[o + 1]``) and the regrouped keys, counts and values. One counting
-    sort natively; a radix argsort and gathers in numpy."""
+    ``offsets[o]:offsets[o + 1]``) and the regrouped keys, counts and values, written into
+    `out` if given (three writable 1-D views of one stride, e.g. fields of structured rows:
+    an epoch's delta rows filled in place). One counting sort natively; a radix argsort and
+    gathers in numpy."""
     keys = np.ascontiguousarray(keys, dtype=np.int64)
     counts = np.ascontiguousarray(counts, dtype=np.int64)
     vals = np.ascontiguousarray(vals)
     leaders = np.ascontiguousarray(leaders, dtype=np.int64)
     if vals.itemsize != 8 or len(counts) != len(keys) or len(vals) != len(keys):
         raise ValueError("route: keys, counts and 8-byte vals of one length")
-    if _native is not None:
+    if out is None:
         out = np.empty_like(keys), np.empty_like(counts), np.empty_like(vals)
+    elif len(out) != 3 or any(len(o) != len(keys) for o in out):
+        raise ValueError("route: out must be three columns as long as keys")
+    if _native is not None:
         offsets = np.empty(owners + 1, np.int64)
         _native.route(keys, counts, vals, leaders, *out, offsets)
         return (offsets, *out)
     if len(leaders) and (leaders.min() < 0 or leaders.max() >= owners):
         raise ValueError(f"route: leaders must be in [0, {owners})")
-    grouped, *out = _numpy_route(keys, counts, vals, leaders)
+    grouped, *routed = _numpy_route(keys, counts, vals, leaders)
+    for dst, src in zip(out, routed):
+        dst[...] = src
     offsets = np.searchsorted(grouped, np.arange(owners + 1)).astype(np.int64)
     return (offsets, *out)
 

@@ -172,8 +172,7 @@ class SsbWindowAggregate(WindowAggregate):
         self._bytes = 0
         self._watermark = NO_TIME
         self._shipped_promise = NO_TIME
-        self._helper_epoch = [0] * partitioning.executors
-        self.partition_epochs = np.zeros(partitioning.partitions, np.int64)  # last epoch merged per partition
+        self._helper_epoch = [0] * partitioning.executors  # the last epoch merged from each helper
         self.routing = routing
         self.direct = routing == "direct"  # this epoch routes records as they arrive
         self._records = 0
@@ -224,25 +223,27 @@ class SsbWindowAggregate(WindowAggregate):
         keys = _flat(keys)
         values = None if values is None else _flat(values)
         counted = values is not None
-        # the slice ids ride in the counts column; count aggregates carry the keys as dummy values
-        routed = self.partitioning.route(keys, slice_ids, values if counted else keys)
-        for owner, (k, s, v) in enumerate(routed):
-            if not len(k):
+        # split by leader straight into this epoch's delta rows (one row per record, count 1);
+        # count aggregates carry no value, and route the keys as dummy values, zeroed after
+        rows = np.empty(len(keys), self.exchange_dtype)
+        parts = self.partitioning.route(
+            keys, slice_ids, values if counted else keys, (rows["key"], rows["slice"], rows["value"])
+        )
+        rows["epoch"] = self.epoch + 1  # the epoch these rows belong to; it ends with the watermark
+        rows["count"] = 1
+        if not counted:
+            rows["value"] = 0
+        for owner, part in enumerate(parts):
+            mine = rows[part]
+            if not len(mine):
                 continue
             if owner == self.index:
-                self._own_records += len(k)
-                self._own_new += self._update_own(k, s, v if counted else None)
+                self._own_records += len(mine)
+                self._own_new += self._update_own(mine["key"], mine["slice"], mine["value"] if counted else None)
                 continue
-            rows = np.zeros(len(k), self.exchange_dtype)
-            rows["epoch"] = self.epoch + 1  # the epoch these rows belong to; it ends with the watermark
-            rows["slice"] = s
-            rows["key"] = k
-            rows["count"] = 1
-            if counted:
-                rows["value"] = v
             # streamed as they come, the epoch's delta in pieces, in FIFO order with what was queued before
-            await self.shippers[owner].rows_bounded(rows, DIRECT_QUEUE_BYTES)
-            self._shipped += len(k)
+            await self.shippers[owner].rows_bounded(mine, DIRECT_QUEUE_BYTES)
+            self._shipped += len(mine)
         self._routed += len(keys)
 
     def _update_own(self, keys: np.ndarray, slice_ids: np.ndarray, values: np.ndarray | None) -> int:
@@ -270,8 +271,8 @@ class SsbWindowAggregate(WindowAggregate):
     async def _end_epoch(self, *, final: bool = False) -> None:
         self.epoch += 1
         executors = self.partitioning.executors
-        outgoing: list[list[np.ndarray]] = [[] for _ in range(executors)]
-        touched = 0
+        touched = self._routed
+        shipped = self._shipped  # direct routing streamed its rows already
         for s in sorted(self.slices):
             keys, counts, vals = self.slices[s].ship()  # the fragment restarts from zero
             self._drop_slice(s)
@@ -279,18 +280,17 @@ class SsbWindowAggregate(WindowAggregate):
             if executors == 1:
                 self.merged.merge_slice(s, keys, counts, vals)
                 continue
-            for owner, (k, c, v) in enumerate(self.partitioning.route(keys, counts, vals)):
+            rows = np.empty(len(keys), self.exchange_dtype)
+            parts = self.partitioning.route(keys, counts, vals, (rows["key"], rows["count"], rows["value"]))
+            rows["epoch"] = self.epoch
+            rows["slice"] = s
+            for owner, part in enumerate(parts):
+                mine = rows[part]
                 if owner == self.index:
-                    self.merged.merge_slice(s, k, c, v)
-                elif len(k):
-                    outgoing[owner].append(self._delta_rows(s, k, c, v))
-        touched += self._routed
-        shipped = self._shipped  # direct routing streamed its rows already
-        for owner, parts in enumerate(outgoing):
-            if parts:
-                rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
-                self.shippers[owner].rows(rows)
-                shipped += len(rows)
+                    self.merged.merge_slice(s, mine["key"], mine["count"], mine["value"])
+                elif len(mine):
+                    self.shippers[owner].rows(mine)  # slice by slice, in FIFO order
+                    shipped += len(mine)
         watermark = END_TIME if final else self._watermark
         for shipper in self.shippers.values():
             shipper.end() if final else shipper.watermark(watermark)
@@ -299,7 +299,7 @@ class SsbWindowAggregate(WindowAggregate):
             self._records, self.direct,
         )
         self.epochs.append(stats)
-        log.debug("epoch shipped", step=self.step_id, executor=self.index, **attrs.asdict(stats))
+        log.debug("epoch shipped", step=self.step_id, executor=self.index, stats=stats)
         if self.routing == "auto" and self._records:
             if self.direct:
                 self.direct = not (self._own_records and self._own_new < COMBINE_BELOW * self._own_records)
@@ -310,25 +310,25 @@ class SsbWindowAggregate(WindowAggregate):
         self._shipped_promise = self.promise(watermark) if not final else END_TIME
         await self.gate.advance(self.index, watermark)
 
-    def _delta_rows(self, slice_id: int, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray) -> np.ndarray:
-        rows = np.empty(len(keys), self.exchange_dtype)
-        rows["epoch"] = self.epoch
-        rows["slice"] = slice_id
-        rows["key"] = keys
-        rows["count"] = counts
-        rows["value"] = vals
-        return rows
-
     async def _merge_delta(self, source: int, batch: Batch) -> None:
-        """A helper's delta for partitions this executor leads: join it, in epoch order."""
-        epochs = batch["epoch"]
-        first, last = int(epochs.min()), int(epochs.max())
-        if first < self._helper_epoch[source] or np.any(epochs[1:] < epochs[:-1]):
+        """A helper's delta for partitions this executor leads: join it, in epoch order. The
+        fields are read in place, slot by slot, where the batch holds one slice (the common
+        case: a helper ships its delta slice by slice)."""
+        epochs = batch.view("epoch")
+        first, last = kernels.minmax(epochs)
+        if first < self._helper_epoch[source] or (first != last and np.any(np.diff(_flat(epochs)) < 0)):
             raise OperatorError(
                 self.step_id,
                 f"executor {source} sent epoch {first} after epoch {self._helper_epoch[source]}: deltas out of order",
             )
         self._helper_epoch[source] = last
-        keys = batch["key"]
-        self.partition_epochs[self.partitioning.partition_of(keys)] = epochs
-        self.merged.merge_partials(batch["slice"], keys, batch["count"], batch["value"])
+        lo, hi = kernels.minmax(batch.view("slice"))
+        if lo != hi:
+            self.merged.merge_partials(batch["slice"], batch["key"], batch["count"], batch["value"])
+            return
+        keys, counts, vals = batch.view("key"), batch.view("count"), batch.view("value")
+        if keys.ndim == 1:
+            self.merged.merge_slice(lo, keys, counts, vals)
+            return
+        for slot in range(len(keys)):  # a run of full slots: one join per slot, not per row
+            self.merged.merge_slice(lo, keys[slot], counts[slot], vals[slot])

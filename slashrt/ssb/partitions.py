@@ -24,6 +24,7 @@ DEFAULT_PARTITIONS = 256
 class Partitioning:
     partitions: int
     executors: int
+    _leader_table: np.ndarray | None = attrs.field(default=None, init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self):
         if self.partitions < 1 or self.partitions >= 2**31:
@@ -35,18 +36,23 @@ class Partitioning:
         """The partition of each int64 key (vectorised)."""
         return kernels.partition_of(keys, self.partitions)
 
-    def route(self, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray) -> list[tuple[np.ndarray, ...]]:
-        """Rows (key, count, value) grouped by owner: entry o holds owner o's rows, in order."""
-        offsets, keys, counts, vals = kernels.route(keys, counts, vals, self._leaders, self.executors)
-        bounds = offsets.tolist()
-        return [(keys[a:b], counts[a:b], vals[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    def route(self, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray, out) -> list[slice]:
+        """Rows (key, count, value) grouped by owner, in order, written into `out`: three
+        columns as long as `keys` (usually the fields of the structured rows about to be
+        shipped, so that routing fills them in place). Entry o is the slice of owner o's rows."""
+        bounds = kernels.route(keys, counts, vals, self._leaders, self.executors, out)[0].tolist()
+        return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
     def leader_of(self, partitions: np.ndarray) -> np.ndarray:
         return self._leaders[partitions]
 
     @property
     def _leaders(self) -> np.ndarray:
-        return np.arange(self.partitions, dtype=np.int64) % self.executors
+        table = self._leader_table
+        if table is None:  # made once per process: route() reads it for every batch it splits
+            table = np.arange(self.partitions, dtype=np.int64) % self.executors
+            object.__setattr__(self, "_leader_table", table)
+        return table
 
     def owner_of(self, keys: np.ndarray) -> np.ndarray:
         """The executor leading each key's partition."""

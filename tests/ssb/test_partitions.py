@@ -47,16 +47,21 @@ def test_route_groups_rows_by_owner_stably(native, monkeypatch):
     keys = rng.integers(-(2**62), 2**62, 10_000)
     counts = np.arange(10_000, dtype=np.int64)
     vals = rng.random(10_000)
-    parts = p.route(keys, counts, vals)
+    # written in place into the fields of structured rows, as an epoch's delta rows are
+    rows = np.zeros(10_000, [("epoch", "<i8"), ("key", "<i8"), ("count", "<i8"), ("value", "<f8")])
+    parts = p.route(keys, counts, vals, (rows["key"], rows["count"], rows["value"]))
     owners = p.owner_of(keys)
-    for o, (k, c, v) in enumerate(parts):
+    assert parts[0].start == 0 and parts[-1].stop == 10_000
+    assert all(a.stop == b.start for a, b in zip(parts[:-1], parts[1:]))
+    for o, part in enumerate(parts):
         mine = owners == o
-        np.testing.assert_array_equal(k, keys[mine])  # same rows, same order
-        np.testing.assert_array_equal(c, counts[mine])
-        np.testing.assert_array_equal(v, vals[mine])
-    assert sum(len(k) for k, _, _ in parts) == 10_000
-    empty = p.route(keys[:0], counts[:0], vals[:0])
-    assert [len(k) for k, _, _ in empty] == [0, 0, 0]
+        np.testing.assert_array_equal(rows["key"][part], keys[mine])  # same rows, same order
+        np.testing.assert_array_equal(rows["count"][part], counts[mine])
+        np.testing.assert_array_equal(rows["value"][part], vals[mine])
+    assert not rows["epoch"].any()  # the other fields untouched
+    out = np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0)
+    empty = p.route(keys[:0], counts[:0], vals[:0], out)
+    assert [s.stop - s.start for s in empty] == [0, 0, 0]
 
 
 def test_route_refuses_leaders_outside_the_executors():
@@ -66,3 +71,11 @@ def test_route_refuses_leaders_outside_the_executors():
         _kernels.route(np.arange(4), np.ones(4, np.int64), np.zeros(4), np.array([0, 5]), 2)
     with pytest.raises(ValueError, match="length"):
         _kernels.route(np.arange(4), np.ones(3, np.int64), np.zeros(4), np.array([0, 1]), 2)
+    with pytest.raises(ValueError, match="as long as keys"):
+        _kernels.route(np.arange(4), np.ones(4, np.int64), np.zeros(4), np.array([0, 1]), 2, out=(np.empty(3),) * 3)
+    rows = np.zeros(4, [("key", "<i8"), ("count", "<i8"), ("value", "<i8")])
+    with pytest.raises(TypeError, match="one stride"):  # the outputs must share their stride
+        _kernels.route(
+            np.arange(4), np.ones(4, np.int64), np.zeros(4), np.array([0, 1]), 2,
+            out=(rows["key"], np.empty(4, np.int64), rows["value"]),
+        )
