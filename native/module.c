@@ -838,11 +838,9 @@ static PyObject *py_minmax_i64(PyObject *mod, PyObject *field) {
     return Py_BuildValue("(LL)", (long long)lo, (long long)hi);
 }
 
-/* route(keys, counts, vals, leaders, keys_out, counts_out, vals_out, offsets): contiguous
- * 8-byte columns of n rows, leaders int64[partitions], offsets int64[owners + 1]. */
-/* route(keys, counts, vals, leaders, keys_out, counts_out, vals_out, offsets): the inputs and
- * offsets C-contiguous, the three outputs writable 1-D views of one common stride (plain
- * arrays, or the fields of structured rows). */
+/* route(keys, counts, vals, leaders, keys_out, counts_out, vals_out, offsets): C-contiguous
+ * 8-byte columns of n rows, leaders int64[partitions], offsets int64[owners + 1]; the three
+ * outputs writable 1-D views of one common stride (plain arrays, or fields of structured rows). */
 static PyObject *py_route(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 8) {
         PyErr_SetString(PyExc_TypeError, "route(keys, counts, vals, leaders, keys_out, counts_out, vals_out, offsets)");

@@ -311,9 +311,8 @@ class SsbWindowAggregate(WindowAggregate):
         await self.gate.advance(self.index, watermark)
 
     async def _merge_delta(self, source: int, batch: Batch) -> None:
-        """A helper's delta for partitions this executor leads: join it, in epoch order. The
-        fields are read in place, slot by slot, where the batch holds one slice (the common
-        case: a helper ships its delta slice by slice)."""
+        """A helper's delta for partitions this executor leads: join it, in epoch order, its
+        fields read in place."""
         epochs = batch.view("epoch")
         first, last = kernels.minmax(epochs)
         if first < self._helper_epoch[source] or (first != last and np.any(np.diff(_flat(epochs)) < 0)):
@@ -322,13 +321,4 @@ class SsbWindowAggregate(WindowAggregate):
                 f"executor {source} sent epoch {first} after epoch {self._helper_epoch[source]}: deltas out of order",
             )
         self._helper_epoch[source] = last
-        lo, hi = kernels.minmax(batch.view("slice"))
-        if lo != hi:
-            self.merged.merge_partials(batch["slice"], batch["key"], batch["count"], batch["value"])
-            return
-        keys, counts, vals = batch.view("key"), batch.view("count"), batch.view("value")
-        if keys.ndim == 1:
-            self.merged.merge_slice(lo, keys, counts, vals)
-            return
-        for slot in range(len(keys)):  # a run of full slots: one join per slot, not per row
-            self.merged.merge_slice(lo, keys[slot], counts[slot], vals[slot])
+        self.merged.merge_partials(batch.view("slice"), batch.view("key"), batch.view("count"), batch.view("value"))

@@ -200,9 +200,20 @@ class WindowAggregate(Node):
 
     def merge_partials(self, slice_ids: np.ndarray, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray) -> None:
         """Join partial states (CRDT merge) into their slices: a leader taking a helper's delta.
-        Rows come grouped by slice (as epochs ship them); each run of one slice is one merge."""
-        if not len(keys):
+        The columns may be fields read in place (2-D for a run of ring slots). Rows come grouped
+        by slice (as epochs ship them); rows of one slice (the common case) are joined in place,
+        one merge per slot, and mixed slices one merge per run of a slice."""
+        if not keys.size:
             return
+        lo, hi = minmax(slice_ids)
+        if lo == hi:
+            if keys.ndim == 1:
+                self.merge_slice(lo, keys, counts, vals)
+            else:
+                for slot in range(len(keys)):
+                    self.merge_slice(lo, keys[slot], counts[slot], vals[slot])
+            return
+        slice_ids, keys, counts, vals = (_flat(a) for a in (slice_ids, keys, counts, vals))
         cuts = np.flatnonzero(slice_ids[1:] != slice_ids[:-1]) + 1
         bounds = [0, *cuts.tolist(), len(keys)]
         for a, b in zip(bounds[:-1], bounds[1:]):

@@ -24,13 +24,14 @@ DEFAULT_PARTITIONS = 256
 class Partitioning:
     partitions: int
     executors: int
-    _leader_table: np.ndarray | None = attrs.field(default=None, init=False, eq=False, repr=False)
+    _leaders: np.ndarray = attrs.field(init=False, eq=False, repr=False)  # partition -> its leader
 
     def __attrs_post_init__(self):
         if self.partitions < 1 or self.partitions >= 2**31:
             raise ValueError(f"need at least one partition (and fewer than 2**31), got {self.partitions}")
         if self.executors < 1:
             raise ValueError(f"need at least one executor, got {self.executors}")
+        object.__setattr__(self, "_leaders", np.arange(self.partitions, dtype=np.int64) % self.executors)
 
     def partition_of(self, keys: np.ndarray) -> np.ndarray:
         """The partition of each int64 key (vectorised)."""
@@ -45,14 +46,6 @@ class Partitioning:
 
     def leader_of(self, partitions: np.ndarray) -> np.ndarray:
         return self._leaders[partitions]
-
-    @property
-    def _leaders(self) -> np.ndarray:
-        table = self._leader_table
-        if table is None:  # made once per process: route() reads it for every batch it splits
-            table = np.arange(self.partitions, dtype=np.int64) % self.executors
-            object.__setattr__(self, "_leader_table", table)
-        return table
 
     def owner_of(self, keys: np.ndarray) -> np.ndarray:
         """The executor leading each key's partition."""

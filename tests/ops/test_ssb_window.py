@@ -58,3 +58,26 @@ def test_a_computed_column_of_unknown_type_is_refused_in_a_cluster():
     with pytest.raises(DataflowError, match="dtype="):
         build_plan(f, ClusterRole(0, Partitioning(8, 2)))
     build_plan(f, ClusterRole(0, Partitioning(8, 1)))  # one executor: a plain window decides at run time
+
+
+@pytest.mark.parametrize("slices", [[0], [0, 1]])
+def test_a_leader_joins_a_run_of_slots_in_place(slices):
+    # a delta arriving as a run of 4 full slots: 2-D field views (slot x row), read in place
+    # when it holds one slice, flattened and cut by slice otherwise
+    (op,) = _plan().exchanges()
+    rng = np.random.default_rng(3)
+    rows = np.zeros(100, delta_dtype(np.dtype("<i8")))
+    rows["epoch"] = 1
+    rows["slice"] = np.repeat(slices, 100 // len(slices))
+    rows["key"] = rng.integers(0, 30, 100)
+    rows["count"] = rng.integers(1, 4, 100)
+    rows["value"] = rng.integers(-50, 50, 100)
+    op.merged.merge_partials(*(rows.reshape(4, 25)[f] for f in ("slice", "key", "count", "value")))
+    for s in slices:
+        mine = rows[rows["slice"] == s]
+        keys, counts, vals = op.merged.slices[s].export()
+        expected = {
+            k: (mine["count"][mine["key"] == k].sum(), mine["value"][mine["key"] == k].sum())
+            for k in set(mine["key"].tolist())
+        }
+        assert dict(zip(keys.tolist(), zip(counts.tolist(), vals.tolist()))) == expected
