@@ -75,7 +75,7 @@ def test_ysb_input_with_wrong_record_size_names_the_file(tmp_path):
     np.save(path, bad)
     proc = run_cli("bench", "ysb", "--input", str(path), "--json")
     assert proc.returncode == 2
-    assert "bad.npy" in proc.stderr and "record size" in proc.stderr
+    assert "bad.npy" in proc.stderr and "missing field 'user_id'" in proc.stderr
     assert proc.stdout == ""
 
 
@@ -87,6 +87,15 @@ def test_ysb_input_with_wrong_field_type_names_field(tmp_path, capsys):
     assert main(["bench", "ysb", "--input", str(path)]) == 2
     err = capsys.readouterr().err
     assert "floats.npy" in err and "ad_id" in err
+
+
+def test_ysb_input_big_endian_is_read_as_every_run_input(tmp_path, capsys):
+    records = ysb.generate(5_000, 10, seed=2)
+    big = records.astype([(n, records.dtype.fields[n][0].newbyteorder(">")) for n in records.dtype.names])
+    np.save(tmp_path / "big.npy", big)
+    assert main(["bench", "ysb", "--input", str(tmp_path / "big.npy"), "--campaigns", "10", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["correct"] is True
+    assert np.array_equal(ysb.load_input(tmp_path / "big.npy"), records)
 
 
 def test_ysb_input_not_npy(tmp_path, capsys):

@@ -232,10 +232,11 @@ def test_an_input_for_an_unknown_source_is_rejected():
 @pytest.mark.parametrize(
     "bad, exc, match",
     [
-        (np.zeros(3, [("t", "<i8"), ("k", "<i8"), ("v", "<f8")]), SchemaError, "record size is 24 bytes, expected 28"),
+        (np.zeros(3, [("t", "<i8"), ("k", "<i8"), ("v", "<f8")]), SchemaError, "missing field 'tag'"),
         (np.zeros(3, [("t", "<i8"), ("k", "<i8"), ("v", "<i8"), ("tag", "S4")]), SchemaError, "'v' has type <i8"),
         (np.zeros(3, [("t", "<i8"), ("key", "<i8"), ("v", "<f8"), ("tag", "S4")]), SchemaError, "missing field 'k'"),
-        (np.zeros((2, 3), SCHEMA.dtype), ValueError, "must be 1-D"),
+        (np.zeros((2, 3), SCHEMA.dtype), SchemaError, "must be 1-D"),
+        (np.zeros(3, [("t", "<i8"), ("k", "<i8"), ("v", "<f8"), ("tag", "U4")]), SchemaError, "'tag' is a str array"),
         ([1, 2, 3], TypeError, "must be a numpy structured array"),
     ],
 )
@@ -249,6 +250,19 @@ def test_an_input_with_void_filler_instead_of_bytes_is_accepted():
     other = a.view(np.dtype([("t", "<i8"), ("k", "<i8"), ("v", "<f8"), ("tag", "V4")]))
     out = slashrt.run(collecting_flow(), {"events": other})["f.out"]
     assert np.array_equal(out.view(np.uint8), a.view(np.uint8))
+
+
+def test_big_endian_and_reordered_inputs_are_converted_once_at_input():
+    a = rows(10)
+    big = a.astype([("t", ">i8"), ("k", ">i8"), ("v", ">f8"), ("tag", "S4")])
+    reordered = np.zeros(10, [("tag", "S4"), ("v", "<f8"), ("k", "<i8"), ("t", "<i8")])
+    for n in SCHEMA.names:
+        reordered[n] = a[n]
+    for given in (big, reordered):
+        out = slashrt.run(collecting_flow(), {"events": given})["f.out"]
+        assert out.dtype == SCHEMA.dtype
+        assert out["t"].tolist() == list(range(10))  # not 72057594037927936 for 1 read the wrong way round
+        assert out.tobytes() == a.tobytes()
 
 
 def test_unknown_column_inside_a_filter_fails_at_run_time_naming_step_and_column():

@@ -74,17 +74,18 @@ def generate(
 
 
 def load_input(path: str | Path) -> np.ndarray:
-    """Load YSB records from a .npy structured array (any dtype with YSB's names, sizes and
-    offsets; the filler may be bytes or void). Raises SchemaError naming the file."""
+    """Load YSB records from a .npy structured array (any dtype with YSB's field names and
+    sizes, in any order or byte order; the filler may be bytes or void). Raises SchemaError
+    naming the file."""
     path = Path(path)
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise SchemaError(f"{path}: cannot read as a .npy array: {exc}") from None
-    YSB_SCHEMA.check_compatible(arr.dtype, str(path))
-    if arr.ndim != 1:
-        raise SchemaError(f"{path}: expected a 1-D array of records, got shape {arr.shape}")
-    return np.ascontiguousarray(arr).view(YSB_SCHEMA.dtype)
+    if arr.dtype.names is None or arr.ndim != 1:
+        raise SchemaError(f"{path}: expected a 1-D array of records, got {arr.dtype} of shape {arr.shape}")
+    # the same check (and reordering, byte-swapping) as every run input
+    return YSB_SCHEMA.conform(arr, str(path)).view(YSB_SCHEMA.dtype)
 
 
 def load_ads(path: str | Path, n_ads_needed: int | None = None) -> np.ndarray:

@@ -14,19 +14,20 @@ import trio
 from slashrt._buffer import Control
 from slashrt._kernels import copy_rows_max
 from slashrt._schema import Schema
+from slashrt.errors import SchemaError
 from slashrt.transport import Sender
 
 __all__ = ["feed_array", "validate_input"]
 
 
 def validate_input(step_id: str, schema: Schema, records) -> np.ndarray:
-    """Check an input array against its source's schema; return it as a contiguous array."""
+    """Check an input array against its source's schema; return it as a contiguous array of the
+    schema's layout (reordered or byte-swapped once here if it must be: `Schema.conform`)."""
     if not isinstance(records, np.ndarray):
         raise TypeError(f"input for source {step_id!r} must be a numpy structured array, got {type(records).__name__}")
-    schema.check_compatible(records.dtype, f"input for source {step_id!r}")
     if records.ndim != 1:
-        raise ValueError(f"input for source {step_id!r} must be 1-D, has shape {records.shape}")
-    return np.ascontiguousarray(records)
+        raise SchemaError(f"input for source {step_id!r} must be 1-D, has shape {records.shape}")
+    return schema.conform(records, f"input for source {step_id!r}")
 
 
 async def feed_array(
