@@ -35,7 +35,7 @@ from slashrt._plan import ClusterRole, build_plan
 from slashrt._runtime import execute, local_inputs
 from slashrt.cluster._control import receive_message, send_message
 from slashrt.cluster._job import Ingest, Job, PerExecutor
-from slashrt.errors import ChannelClosed, unwrap_groups
+from slashrt.errors import ChannelClosed, OperatorError, unwrap_groups
 from slashrt.scheduler import Input
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import RingSpec
@@ -168,11 +168,13 @@ def _ingest_endpoint(job: Job, name: str, spec: Ingest, secret: bytes, *, slots:
 
 
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    """The cause in one line: an OperatorError already names its step and the user's exception."""
+    return str(exc) if isinstance(exc, OperatorError) else f"{type(exc).__name__}: {exc}"
 
 
-async def serve(host: str, port: int, secret: bytes, *, once: bool = False, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Listen for coordinators and run their jobs one at a time (just one with `once`)."""
+async def serve(host: str, port: int, secret: bytes, *, once: bool = False, task_status=trio.TASK_STATUS_IGNORED) -> bool:
+    """Listen for coordinators and run their jobs one at a time (just one with `once`); with
+    `once`, return whether that job failed (reported to its coordinator and logged)."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     address = listeners[0].socket.getsockname()[:2]
     task_status.started(address)
@@ -194,21 +196,22 @@ async def serve(host: str, port: int, secret: bytes, *, once: bool = False, task
                 except Exception as exc:
                     log.error("job failed", executor=job.index, error=_describe(exc))
                     with contextlib.suppress(Exception):
-                        await send_message(stream, "failed", f"executor {job.index}: {_describe(exc)}")
+                        await send_message(stream, "failed", f"{_describe(exc)} (on executor {job.index})")
                     if once:
-                        raise
+                        return True
             if once:
-                return
+                return False
     finally:
         for listener in listeners:
             await listener.aclose()
 
 
-async def _serve_while_parent_lives(host: str, port: int, secret: bytes, once: bool) -> None:
+async def _serve_while_parent_lives(host: str, port: int, secret: bytes, once: bool) -> bool:
     """A local executor does not outlive the coordinator that spawned it, even one killed by
     SIGKILL. (Not PR_SET_PDEATHSIG: that fires when the spawning *thread* ends, and the
     coordinator spawns from a worker thread that is retired after a few idle seconds.)"""
     parent = os.getppid()
+    failed = False
     async with trio.open_nursery() as nursery:
 
         async def watch() -> None:
@@ -218,8 +221,9 @@ async def _serve_while_parent_lives(host: str, port: int, secret: bytes, once: b
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(watch)
-        await serve(host, port, secret, once=once)
+        failed = await serve(host, port, secret, once=once)
         nursery.cancel_scope.cancel()
+    return failed
 
 
 def main(argv=None) -> int:
@@ -244,15 +248,15 @@ def main(argv=None) -> int:
         parser.error(str(exc))
     try:
         if args.with_parent:
-            trio.run(_serve_while_parent_lives, host, int(port), secret, args.once)
+            failed = trio.run(_serve_while_parent_lives, host, int(port), secret, args.once)
         else:
-            trio.run(lambda: serve(host, int(port), secret, once=args.once))
+            failed = trio.run(lambda: serve(host, int(port), secret, once=args.once))
     except KeyboardInterrupt:
         return 130
     except Exception:
         traceback.print_exc()
         return 1
-    return 0
+    return 1 if failed else 0  # a failed job was logged and reported: no traceback
 
 
 if __name__ == "__main__":

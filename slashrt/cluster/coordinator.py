@@ -158,7 +158,12 @@ class _Agents:
         message = self._describe(i, what, payload, kind)
         if what == "failed":
             await trio.sleep(2 * self.LAST_WORDS_S)
-            others = [(w, p, self._describe(j, w, p, kind)) for j, fifo in enumerate(self._fifos) if j != i for w, p in fifo]
+            # an executor that reported its own failure and then exited did not die
+            others = [
+                (w, p, self._describe(j, w, p, kind))
+                for j, fifo in enumerate(self._fifos) if j != i
+                for w, p in fifo if not (w in ("exited", "lost") and any(f == "failed" for f, _ in fifo))
+            ]
             deaths = [text for w, _, text in others if w in ("exited", "lost")]
             causes = [text for w, p, text in others if w == "failed" and "ChannelFailed" not in str(p)]
             if deaths:

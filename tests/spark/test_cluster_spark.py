@@ -111,7 +111,7 @@ def _fails_on_executor_1(batch, die=False):
 
 
 @pytest.mark.parametrize("how,message", [
-    ("raise", r"executor 1: OperatorError: .*check.*injected failure on executor 1"),
+    ("raise", r"step '.*check.*': user function raised .*injected failure on executor 1 \(on executor 1\)"),
     ("die", r"executor 1 lost its control connection"),
 ])
 def test_a_failing_executor_fails_the_stage_clearly_and_leaves_no_process(spark, how, message):
