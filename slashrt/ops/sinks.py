@@ -1,7 +1,13 @@
 """Sinks: where a stream's batches end up (memory, a callback, CSV or Parquet files).
 
 A sink object is what the user holds; `SinkNode` is the runtime operator that feeds it.
-Every sink has `open()`, `write(records)` with a structured numpy array, and `close()`.
+Every sink has `open()`, `write(records)` with a structured numpy array, and `close()`; a sink
+with `expect(dtype)` learns from the plan the dtype of the records it will see (so `Collect`
+returns an empty array of it when none came).
+
+In files, fixed-size bytes columns are written as numpy shows their values: `S<n>` columns
+are text (UTF-8 strings, the NUL padding dropped), `V<n>` columns are raw bytes (Parquet:
+fixed_size_binary, CSV: hex).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from slashrt._batch import Batch
-from slashrt.errors import OperatorError
+from slashrt.errors import OperatorError, SchemaError
 from slashrt.ops._node import Node
 
 __all__ = ["Collect", "Callback", "CsvFile", "ParquetFile", "SinkNode", "to_arrow"]
@@ -74,21 +80,76 @@ class Callback:
         pass
 
 
-def to_arrow(records: np.ndarray) -> pa.Table:
-    """A structured array as an Arrow table, column by column (fixed-size bytes stay binary)."""
+def to_arrow(records: np.ndarray, *, hex_bytes: bool = False) -> pa.Table:
+    """A structured array as an Arrow table, column by column: `S<n>` columns as UTF-8 strings
+    without their NUL padding (as numpy shows them), `V<n>` columns as fixed-size binary, or
+    with `hex_bytes` as hex strings (for text formats)."""
     columns = {}
     for name in records.dtype.names:
         col = records[name]
-        if col.dtype.kind in "SV":
-            width = col.dtype.itemsize
-            data = np.ascontiguousarray(col).view(np.uint8)
-            columns[name] = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(col), [None, pa.py_buffer(data)])
+        if col.dtype.kind == "S":
+            columns[name] = _text(name, col)
+        elif col.dtype.kind == "V":
+            columns[name] = _hex(col) if hex_bytes else _binary(col)
         else:
             columns[name] = pa.array(np.ascontiguousarray(col))
     return pa.table(columns)
 
 
+def _bytes_matrix(col: np.ndarray) -> np.ndarray:
+    """A fixed-size bytes column as an (rows, width) uint8 matrix."""
+    return np.ascontiguousarray(col).view(np.uint8).reshape(len(col), col.dtype.itemsize)
+
+
+def _binary(col: np.ndarray) -> pa.Array:
+    data = _bytes_matrix(col)
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(col.dtype.itemsize), len(col), [None, pa.py_buffer(data)])
+
+
+def _strings(lengths: np.ndarray, data: np.ndarray) -> pa.Array:
+    offsets = np.zeros(len(lengths) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.StringArray.from_buffers(len(lengths), pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(data)))
+
+
+_HEX = np.frombuffer(b"".join(f"{i:02x}".encode() for i in range(256)), np.uint8).reshape(256, 2)
+
+
+def _hex(col: np.ndarray) -> pa.Array:
+    """Raw bytes as hex text, two digits a byte (vectorised through a table of 256 pairs)."""
+    raw = _bytes_matrix(col)
+    return _strings(np.full(len(col), 2 * raw.shape[1]), _HEX[raw].reshape(-1))
+
+
+def _text(name: str, col: np.ndarray) -> pa.Array:
+    """`S<n>` values as strings, as numpy shows them: up to the last byte that is not NUL."""
+    raw = _bytes_matrix(col)
+    used = raw != 0
+    width = raw.shape[1]
+    lengths = np.where(used.any(axis=1), width - np.argmax(used[:, ::-1], axis=1), 0)
+    strings = _strings(lengths, raw[np.arange(width) < lengths[:, None]])  # row-major: each value in order
+    try:
+        strings.validate(full=True)
+    except pa.ArrowInvalid:
+        row = next(i for i, value in enumerate(col) if not _is_utf8(value))  # the error path only
+        raise SchemaError(
+            f"column {name!r} ({col.dtype.str}) holds bytes that are not UTF-8 text, e.g. row {row}: {col[row]!r}; "
+            f"'S' columns are written as text: declare the field 'V{width}' to write raw bytes"
+        ) from None
+    return strings
+
+
+def _is_utf8(value: bytes) -> bool:
+    try:
+        value.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class _ArrowFile:
+    hex_bytes = False  # how V<n> columns are written: raw binary, or hex text
+
     def __init__(self, path):
         self.path = Path(path)
         self._writer = None
@@ -102,7 +163,7 @@ class _ArrowFile:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, records: np.ndarray) -> None:
-        table = to_arrow(records)
+        table = to_arrow(records, hex_bytes=self.hex_bytes)
         if self._writer is None:
             self._writer = self._make_writer(table.schema)
         self._writer.write_table(table)
@@ -114,9 +175,10 @@ class _ArrowFile:
 
 
 class CsvFile(_ArrowFile):
-    """Write records to a CSV file with a header line."""
+    """Write records to a CSV file with a header line (`S<n>` columns as text, `V<n>` as hex)."""
 
     default_name = "csv"
+    hex_bytes = True
 
     def _make_writer(self, schema):
         import pyarrow.csv
@@ -125,7 +187,7 @@ class CsvFile(_ArrowFile):
 
 
 class ParquetFile(_ArrowFile):
-    """Write records to a Parquet file."""
+    """Write records to a Parquet file (`S<n>` columns as strings, `V<n>` as fixed-size binary)."""
 
     default_name = "parquet"
 

@@ -272,10 +272,49 @@ def test_parquet_file_round_trip_keeps_types_and_bytes(tmp_path):
     a = records()
     assert table.column_names == list(SCHEMA.names)
     assert str(table.schema.field("k").type) == "int32"
-    assert str(table.schema.field("tag").type) == "fixed_size_binary[3]"
+    assert str(table.schema.field("tag").type) == "string"  # S columns are text
     for name in ("t", "k", "v"):
         assert np.array_equal(table[name].to_numpy(), a[name])
-    assert table["tag"].to_pylist() == [bytes(x).ljust(3, b"\0") for x in a["tag"]]
+    assert table["tag"].to_pylist() == [x.decode() for x in a["tag"]]  # as numpy shows them: "xy", not "xy\0"
+
+
+BYTES = Schema({"name": "S6", "raw": "V3"})
+
+
+def bytes_records():
+    a = np.zeros(3, BYTES.dtype)
+    a["name"] = [b"ab", "h\u00e9".encode(), b""]
+    a["raw"] = [np.void(b"\x00\xff\x10"), np.void(b"abc"), np.void(b"\x00\x00\x00")]
+    return a
+
+
+def test_csv_writes_text_columns_as_numpy_shows_them_and_raw_bytes_as_hex(tmp_path):
+    flow = Dataflow("s")
+    flow.source("src", BYTES).sink(sinks.CsvFile(tmp_path / "b.csv"))
+    slashrt.run(flow, {"src": bytes_records()})
+    lines = (tmp_path / "b.csv").read_text(encoding="utf-8").splitlines()
+    assert lines == ['"name","raw"', '"ab","00ff10"', '"h\u00e9","616263"', '"","000000"']
+
+
+def test_parquet_writes_text_columns_as_strings_and_raw_bytes_as_binary(tmp_path):
+    flow = Dataflow("s")
+    flow.source("src", BYTES).sink(sinks.ParquetFile(tmp_path / "b.parquet"))
+    slashrt.run(flow, {"src": bytes_records()})
+    table = pyarrow.parquet.read_table(tmp_path / "b.parquet")
+    assert table["name"].to_pylist() == ["ab", "h\u00e9", ""]
+    assert table["raw"].to_pylist() == [b"\x00\xff\x10", b"abc", b"\x00\x00\x00"]
+
+
+@pytest.mark.parametrize("sink", [sinks.CsvFile, sinks.ParquetFile])
+def test_bytes_that_are_no_text_in_a_text_column_name_it(tmp_path, sink):
+    a = bytes_records()
+    a["name"][2] = b"\xff\xfe"
+    flow = Dataflow("s")
+    flow.source("src", BYTES).sink(sink(tmp_path / "b.out"), name="save")
+    with pytest.raises(
+        OperatorError, match=r"step 's\.save': sink failed: SchemaError: column 'name' \(\|S6\) holds bytes that are not UTF-8 text, e\.g\. row 2.*declare the field 'V6'"
+    ):
+        slashrt.run(flow, {"src": a})
 
 
 def test_file_sinks_write_nothing_for_an_empty_stream(tmp_path):
