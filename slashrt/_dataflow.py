@@ -32,6 +32,17 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 
 Fields = dict[str, "np.dtype | None"]  # column name -> dtype (None: known only at run time)
 
+# the largest out-of-orderness bound: event time (int64 ms) minus it stays an int64
+MAX_DELAY = 2**62
+
+
+def packed_dtype(fields: Fields) -> np.dtype | None:
+    """The packed record dtype of a stream with these columns (None while a column's type is
+    known only at run time)."""
+    if any(dt is None for dt in fields.values()):
+        return None
+    return np.dtype([(name, dt) for name, dt in fields.items()])
+
 
 @attrs.frozen
 class SourceSpec:
@@ -131,10 +142,17 @@ class Dataflow:
         )
         if time is not None and time not in schema:
             raise SchemaError(f"source {name!r}: time column {time!r} is not in {list(schema.names)}")
+        if time is not None and schema.field(time).kind == "M":
+            raise SchemaError(
+                f"source {name!r}: time column {time!r} is {schema.field(time)}; declare it 'i8' (milliseconds "
+                "since the epoch): datetime64 inputs are converted to it"
+            )
         if time is not None and schema.field(time).kind not in "iu":
             raise SchemaError(f"source {name!r}: time column {time!r} must be an integer field")
-        if max_delay < 0:
-            raise DataflowError(f"source {name!r}: max_delay must be >= 0, got {max_delay}")
+        if isinstance(max_delay, bool) or not isinstance(max_delay, (int, np.integer)) or not 0 <= max_delay <= MAX_DELAY:
+            raise DataflowError(
+                f"source {name!r}: max_delay must be a whole number of milliseconds from 0 to 2**62, got {max_delay!r}"
+            )
         step_id = self._add(SourceSpec(self._step_id(name, "source"), schema, time, int(max_delay)))
         fields = {n: schema.field(n) for n in schema.names}
         return Stream(self, step_id, fields, time)
@@ -194,8 +212,12 @@ class Stream:
         """Add or replace `column` with `fn(batch)`, an array of one value per row."""
         if not _NAME.match(column):
             raise SchemaError(f"column name {column!r} must be an identifier-like string")
-        dt = None if dtype is None else np.dtype(dtype)
+        try:
+            dt = None if dtype is None else np.dtype(dtype)
+        except TypeError:
+            raise SchemaError(f"with_column({column!r}): dtype {dtype!r} is not a numpy dtype") from None
         fields = dict(self.fields)
+        fields.pop(column, None)  # a replaced column comes last, as in the batches (Batch.with_columns)
         fields[column] = dt
         spec = WithColumnSpec(self.flow._step_id(name, f"with_{column}"), self.step_id, column, fn, dt)
         return self._next(spec, fields)
@@ -214,6 +236,13 @@ class Stream:
 
         `late` is an optional sink that receives records that arrive after their window fired.
         """
+        from slashrt.ops.window import Sliding  # (that module builds on this one)
+
+        if not isinstance(assigner, Sliding):
+            raise DataflowError(
+                f"window() after {self.step_id!r}: {assigner!r} is no window assigner; give slashrt.Tumbling(...) "
+                "or slashrt.Sliding(...)"
+            )
         time = time or self.time
         if time is None:
             raise DataflowError("window(): no event-time column; name one with time= or on the source")

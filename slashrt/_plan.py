@@ -29,7 +29,7 @@ from slashrt.ops.uppar import RouteByOwner
 from slashrt.ops.window import WindowAggregate
 from slashrt.ssb.partitions import Partitioning
 
-__all__ = ["Plan", "build_plan", "ClusterRole", "MODES"]
+__all__ = ["Plan", "build_plan", "check_cluster_flow", "ClusterRole", "MODES"]
 
 MODES = ("slash", "uppar")
 
@@ -112,3 +112,23 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
     if not sinks:
         raise DataflowError(f"dataflow {flow.name!r} has no sink: nothing would see its results")
     return Plan(roots, sources, sinks)
+
+
+def check_cluster_flow(flow: Dataflow) -> None:
+    """What a multi-executor run needs beyond a local one, checked before any executor starts:
+    the type of every aggregated column (executors exchange it in fixed-size rows)."""
+    for spec in flow.steps.values():
+        if not isinstance(spec, WindowAggSpec) or spec.value_dtype is not None:
+            continue
+        made = flow.steps.get(spec.up)
+        while made is not None and not (isinstance(made, WithColumnSpec) and made.name == spec.column):
+            made = flow.steps.get(getattr(made, "up", None))
+        fix = (
+            f"give with_column({spec.column!r}, ..., dtype=...) in step {made.step_id!r} a dtype"
+            if made is not None
+            else "declare its type where it is made"
+        )
+        raise DataflowError(
+            f"step {spec.step_id!r}: a multi-executor run needs the type of the aggregated column {spec.column!r} "
+            f"when the dataflow is built: {fix}"
+        )

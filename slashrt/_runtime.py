@@ -7,6 +7,7 @@ tests with pytest-trio and for users composing slashrt with other trio code).
 from __future__ import annotations
 
 import collections.abc
+import inspect
 import time
 
 import attrs
@@ -103,15 +104,42 @@ def run(
     `slashrt.cluster`): N executor processes over shared memory by default, every keyed window
     on the shared state backend (`mode="slash"`) or repartitioned (`mode="uppar"`); inputs may
     then also be `slashrt.cluster.PerExecutor` functions."""
-    if executors == 1 and transport is None and mode is None:
-        return trio.run(lambda: run_async(flow, inputs, **options))
+    if not isinstance(flow, Dataflow):
+        raise DataflowError(
+            f"run() needs a Dataflow as its first argument, got {type(flow).__name__} {flow!r}: build one with "
+            "flow = slashrt.Dataflow(name), flow.source(...), ... .sink(...), then run(flow, inputs)"
+        )
+    local = executors == 1 and transport is None and mode is None
     from slashrt.cluster import run_cluster_async
+
+    _check_options(options, local, run_cluster_async)
+    if local:
+        return trio.run(lambda: run_async(flow, inputs, **options))
 
     return trio.run(
         lambda: run_cluster_async(
             flow, inputs, executors=executors, transport=transport or "shm", mode=mode or "slash", **options
         )
     )
+
+
+def _keywords(fn) -> set[str]:
+    return {p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY}
+
+
+def _check_options(options: dict, local: bool, run_cluster_async) -> None:
+    """Refuse a keyword `run` does not know, listing those it does, before anything starts."""
+    own = _keywords(run_async)
+    # a cluster run takes run_async's tuning too (each executor runs one), and SSB routing
+    cluster = _keywords(run_cluster_async) - {"executors", "transport", "mode"} | own | {"ssb_routing"}
+    for name in options:
+        if local and name in cluster - own:
+            raise DataflowError(f"run(): {name}= is an option of multi-executor runs; give executors=N as well")
+        if name not in cluster:
+            raise DataflowError(
+                f"run() got an unknown option {name}=; the options are executors, transport, mode and "
+                f"{', '.join(sorted(cluster))}"
+            )
 
 
 async def run_async(

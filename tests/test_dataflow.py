@@ -164,12 +164,41 @@ def test_project_dropping_the_time_column_drops_event_time():
     [
         (dict(time="nope"), SchemaError, "time column 'nope' is not in"),
         (dict(time="v"), SchemaError, "time column 'v' must be an integer"),
-        (dict(time="t", max_delay=-1), DataflowError, "max_delay must be >= 0"),
+        (dict(time="t", max_delay=-1), DataflowError, "max_delay must be a whole number of milliseconds from 0"),
+        (dict(time="t", max_delay=1.5), DataflowError, r"source 'events': max_delay .* got 1\.5"),
+        (dict(time="t", max_delay=2**63 - 1), DataflowError, "from 0 to 2\\*\\*62, got 9223372036854775807"),
+        (dict(time="t", max_delay=True), DataflowError, "got True"),
     ],
 )
 def test_bad_sources_raise(kw, exc, match):
     with pytest.raises(exc, match=match):
         Dataflow("f").source("events", SCHEMA, **kw)
+
+
+def test_a_datetime64_time_column_says_to_declare_milliseconds():
+    with pytest.raises(SchemaError, match=r"time column 't' is datetime64\[ns\]; declare it 'i8' \(milliseconds"):
+        Dataflow("f").source("events", {"t": "M8[ns]", "k": "i8"}, time="t")
+
+
+def test_datetime64_input_for_the_time_column_is_read_as_milliseconds():
+    a = rows(10)
+    dated = np.zeros(10, [("t", "M8[s]"), ("k", "<i8"), ("v", "<f8"), ("tag", "S4")])
+    dated["t"] = np.arange(10).astype("M8[s]")
+    out = slashrt.run(collecting_flow(), {"events": dated})["f.out"]
+    assert out["t"].tolist() == [1000 * i for i in range(10)]
+
+
+@pytest.mark.parametrize("assigner", [object(), 10, "10s"])
+def test_window_needs_an_assigner_at_build_time(assigner):
+    flow, src = events()
+    with pytest.raises(DataflowError, match=r"window\(\) after 'f\.events': .* is no window assigner; give slashrt\.Tumbling"):
+        src.window(assigner)
+
+
+def test_with_column_with_a_bad_dtype_names_the_column():
+    flow, src = events()
+    with pytest.raises(SchemaError, match=r"with_column\('x'\): dtype 'nope' is not a numpy dtype"):
+        src.with_column("x", lambda b: b["k"], dtype="nope")
 
 
 @pytest.mark.parametrize(
@@ -200,6 +229,28 @@ def test_a_dataflow_without_sink_does_not_run():
     src.filter(lambda b: b["k"] > 0)
     with pytest.raises(DataflowError, match="'f' has no sink"):
         slashrt.run(flow, {"events": rows()})
+
+
+@pytest.mark.parametrize(
+    "option, match",
+    [
+        ("slotsize", r"unknown option slotsize=; the options are executors, transport, mode and .*coalesce.*slot_size"),
+        ("partitions", r"partitions= is an option of multi-executor runs; give executors=N"),
+    ],
+)
+def test_a_wrong_keyword_to_run_lists_the_valid_ones(option, match):
+    with pytest.raises(DataflowError, match=match):
+        slashrt.run(collecting_flow(), {"events": rows()}, **{option: 4096})
+
+
+def test_a_wrong_keyword_to_a_cluster_run_is_refused_before_executors_start():
+    with pytest.raises(DataflowError, match="unknown option epochbytes="):
+        slashrt.run(collecting_flow(), {"events": rows()}, executors=2, epochbytes=1)
+
+
+def test_run_with_a_name_says_a_dataflow_is_needed():
+    with pytest.raises(DataflowError, match=r"run\(\) needs a Dataflow as its first argument, got str 'f'"):
+        slashrt.run("f", {"events": rows()})
 
 
 def test_a_dataflow_without_source_does_not_run():

@@ -38,12 +38,12 @@ import time
 import structlog
 import trio
 
-from slashrt._plan import MODES, build_plan
+from slashrt._plan import MODES, build_plan, check_cluster_flow
 from slashrt._runtime import RunResult, _per_source
 from slashrt.cluster._control import receive_message, send_message
 from slashrt.cluster._job import Ingest, Job, PerExecutor, share
 from slashrt.errors import ChannelClosed, DataflowError, SlashError, unwrap_groups
-from slashrt.ops.sinks import Collect
+from slashrt.ops.sinks import Callback, Collect
 from slashrt.ops.sources import validate_input
 from slashrt.ops.ssb_window import DEFAULT_EPOCH_BYTES, check_routing
 from slashrt.ssb.partitions import DEFAULT_PARTITIONS
@@ -243,6 +243,7 @@ async def run_cluster_async(
     `on_ready({source: [IngestTarget per executor]})` is called once every executor is ready,
     before the run starts; `Ingest` inputs need it (it is how their producers find them)."""
     plan = build_plan(flow)
+    check_cluster_flow(flow)
     if mode not in MODES:
         raise DataflowError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
     if transport not in NETWORK_TRANSPORTS:

@@ -40,7 +40,7 @@ import cloudpickle
 import structlog
 import trio
 
-from slashrt._plan import build_plan
+from slashrt._plan import build_plan, check_cluster_flow
 from slashrt._runtime import RunResult, _per_source
 from slashrt.cluster import ClusterError, Ingest, PerExecutor, run_cluster_async
 from slashrt.errors import DataflowError
@@ -177,6 +177,7 @@ def run_on_spark(
     if any(isinstance(v, Ingest) for v in inputs.values()):
         raise DataflowError("Ingest inputs are for IngestCluster; a barrier-mode cluster takes arrays or PerExecutor")
     plan = build_plan(flow)  # a bad dataflow or input fails here, not in a task
+    check_cluster_flow(flow)
     for step_id, spec, value in _per_source(plan, inputs, "input"):
         if not isinstance(value, PerExecutor):
             validate_input(step_id, spec.schema, value)

@@ -243,6 +243,18 @@ def _always_fails(batch):
     raise ValueError("always")
 
 
+def test_an_untyped_aggregated_column_is_refused_before_executors_start():
+    f = Dataflow("untyped")
+    s = f.source("r", SCHEMA, time="ts").with_column("double", lambda b: b["value"] * 2, name="twice")
+    s.window(Tumbling(ms=100)).sum("double", key="key", name="sums").sink(Collect())
+    with pytest.raises(
+        DataflowError,
+        match=r"step 'untyped\.sums': a multi-executor run needs the type of the aggregated column 'double' .* "
+        r"give with_column\('double', \.\.\., dtype=\.\.\.\) in step 'untyped\.twice' a dtype",
+    ):
+        slashrt.run(f, {"r": records(10, keys=2, zipf=0, disorder=0, seed=0)}, executors=2)
+
+
 def test_file_sinks_write_one_part_per_executor(tmp_path):
     data = records(10_000, keys=10, zipf=0.0, disorder=0, seed=1)
     f = flow(CsvFile(tmp_path / "out.csv"), kind="count", assigner=Tumbling(ms=100), max_delay=0)
