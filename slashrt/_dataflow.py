@@ -95,6 +95,7 @@ class WindowAggSpec:
     output: str
     late: object | None  # a sink for late records, or None
     value_dtype: np.dtype | None  # accumulator type (int64 or float64); None: decided at run time
+    late_dtype: np.dtype | None = None  # the records the late sink sees (the window's input)
 
 
 @attrs.frozen
@@ -102,6 +103,7 @@ class SinkSpec:
     step_id: str
     up: str
     sink: object
+    dtype: np.dtype | None = None  # the records the sink sees, when every column's type is known
 
 
 class Dataflow:
@@ -253,7 +255,7 @@ class Stream:
         """Send the stream to a sink (`slashrt.sinks.Collect()`, `CsvFile`, `ParquetFile`, `Callback`)."""
         default = getattr(sink, "default_name", "sink")
         step_id = self.flow._step_id(name, default)
-        self.flow._add(SinkSpec(step_id, self.step_id, sink))
+        self.flow._add(SinkSpec(step_id, self.step_id, sink, packed_dtype(self.fields)))
         if hasattr(sink, "bind"):
             sink.bind(step_id)
         return step_id
@@ -286,7 +288,10 @@ class WindowedStream:
         if len(set(names)) < len(names):
             raise SchemaError(f"{kind.value}: the result columns {names} must have distinct names; rename with output=")
         step_id = s.flow._step_id(name, f"{kind.value}_window")
-        spec = WindowAggSpec(step_id, s.step_id, self.assigner, self.time, key, column, kind, output, self.late, value_dtype)
+        spec = WindowAggSpec(
+            step_id, s.step_id, self.assigner, self.time, key, column, kind, output, self.late, value_dtype,
+            late_dtype=packed_dtype(s.fields),
+        )
         fields = {
             "window_start": np.dtype("<i8"),
             "window_end": np.dtype("<i8"),

@@ -97,11 +97,11 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
         elif isinstance(spec, WindowAggSpec):
             late = None
             if spec.late is not None:
-                late = SinkNode(f"{spec.step_id}.late", spec.late)
+                late = SinkNode(f"{spec.step_id}.late", spec.late, spec.late_dtype)
                 sinks.append(late)
             node = WindowAggregate(spec, late) if cluster is None else cluster.window(spec, late)
         elif isinstance(spec, SinkSpec):
-            node = SinkNode(spec.step_id, spec.sink)
+            node = SinkNode(spec.step_id, spec.sink, spec.dtype)
             sinks.append(node)
         else:  # pragma: no cover - every spec type is listed above
             raise DataflowError(f"unknown step {spec!r}")

@@ -322,3 +322,36 @@ def test_unknown_column_inside_a_filter_fails_at_run_time_naming_step_and_column
     src.filter(lambda b: b["nope"] > 0, name="keep").sink(sinks.Collect())
     with pytest.raises(OperatorError, match=r"step 'f\.keep'.*no column 'nope'"):
         slashrt.run(flow, {"events": rows()})
+
+
+# -- empty results -----------------------------------------------------------------------------------
+
+
+def test_an_empty_result_is_an_empty_array_of_the_stream_dtype():
+    flow, src = events()
+    out, late = sinks.Collect(), sinks.Collect()
+    kept = src.filter(lambda b: b["k"] > 99).with_column("k", lambda b: b["k"] * 2, dtype="i4")
+    kept.window(Tumbling(ms=10), late=late).sum("v", key="k").sink(out, name="sums")
+    raw = sinks.Collect()
+    src.filter(lambda b: b["k"] > 99).sink(raw, name="raw")
+    result = slashrt.run(flow, {"events": rows()})
+    assert out.records.dtype.names == ("window_start", "window_end", "k", "sum_v") and len(out.records) == 0
+    assert result["f.sums"].dtype == out.records.dtype
+    assert late.records.dtype == np.dtype([("t", "<i8"), ("v", "<f8"), ("tag", "S4"), ("k", "<i4")])
+    assert len(late.records) == 0
+    assert raw.records.dtype == SCHEMA.dtype and len(raw.records) == 0
+
+
+def test_an_empty_result_has_the_dtype_a_non_empty_one_has():
+    def flow_with(keep):
+        flow, src = events()
+        out = sinks.Collect()
+        src.filter(lambda b: b["k"] > keep).with_column("k", lambda b: b["k"] * 2, dtype="i8").with_column(
+            "x", lambda b: b["v"] + 1, dtype="f8"
+        ).sink(out)
+        slashrt.run(flow, {"events": rows()})
+        return out.records
+
+    some, none = flow_with(0), flow_with(99)
+    assert len(some) > 0 and len(none) == 0
+    assert some.dtype == none.dtype

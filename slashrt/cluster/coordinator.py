@@ -214,6 +214,8 @@ def _combine(plan, results: list[RunResult], seconds: float) -> RunResult:
                     node.sink.write(part)
             node.sink.close()
             outputs[node.step_id] = node.sink.records
+        elif isinstance(node.sink, Callback):  # it collected on each executor (for_executor)
+            node.sink.deliver(node.step_id, [r.outputs.get(node.step_id) for r in results])
     late = {}
     for r in results:
         for step, n in r.late_records.items():

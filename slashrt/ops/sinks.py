@@ -36,14 +36,20 @@ class Collect:
     def __init__(self):
         self._parts: list[np.ndarray] = []
         self._records: np.ndarray | None = None
+        self._expected: np.dtype | None = None  # the dtype of the stream, from the plan
+        self._opened = False  # a run delivered to it (else: no result at all, not an empty one)
         self.step_id: str | None = None
 
     def bind(self, step_id: str) -> None:
         self.step_id = step_id
 
+    def expect(self, dtype: np.dtype) -> None:
+        self._expected = dtype
+
     def open(self) -> None:
         self._parts = []
         self._records = None
+        self._opened = True
 
     def write(self, records: np.ndarray) -> None:
         # a batch of raw input is a view into a channel slot that is reused once released
@@ -54,7 +60,11 @@ class Collect:
 
     @property
     def records(self) -> np.ndarray | None:
-        """Everything collected, as one structured array (None if nothing arrived)."""
+        """Everything collected, as one structured array: after a run where nothing arrived,
+        an empty one of the stream's dtype (None if a column's type was never declared, and
+        before any run or after a failed cluster run: no result)."""
+        if self._records is None and not self._parts and self._expected is not None and self._opened:
+            return np.empty(0, self._expected)
         if self._parts:
             joined = self._parts if self._records is None else [self._records, *self._parts]
             self._records = joined[0] if len(joined) == 1 else np.concatenate(joined)
@@ -63,12 +73,30 @@ class Collect:
 
 
 class Callback:
-    """Call `fn(records)` with each structured array that reaches the sink."""
+    """Call `fn(records)` with each structured array that reaches the sink.
+
+    In a multi-executor run `fn` runs in your process, not the executors': each executor
+    collects what reaches its sink (`for_executor`), and the coordinator calls `fn` once per
+    executor with those records (`deliver`)."""
 
     default_name = "callback"
 
     def __init__(self, fn: Callable[[np.ndarray], object]):
         self.fn = fn
+
+    def for_executor(self, index: int) -> Collect:
+        return Collect()
+
+    def deliver(self, step_id: str, parts) -> None:
+        """Call `fn` with each executor's records (in executor order; none for an executor
+        that had none), as the coordinator does after a multi-executor run."""
+        for records in parts:
+            if records is None or not len(records):
+                continue
+            try:
+                self.fn(records)
+            except Exception as exc:
+                raise OperatorError(step_id, f"sink failed: {type(exc).__name__}: {exc}") from exc
 
     def open(self) -> None:
         pass
@@ -204,9 +232,11 @@ class SinkNode(Node):
     then `awrite(records)` replaces `write`, and `awatermark(w)` / `aend()` receive the
     stream's watermarks and its end."""
 
-    def __init__(self, step_id: str, sink):
+    def __init__(self, step_id: str, sink, dtype: np.dtype | None = None):
         super().__init__(step_id)
         self.sink = sink
+        if dtype is not None and callable(getattr(sink, "expect", None)):
+            sink.expect(dtype)  # the dtype of the stream, so an empty result has it
         for method in ("open", "close"):
             if not callable(getattr(sink, method, None)):
                 raise TypeError(f"step {step_id!r}: sink {sink!r} has no {method}() method")

@@ -243,6 +243,25 @@ def _always_fails(batch):
     raise ValueError("always")
 
 
+def test_callback_sinks_are_called_in_the_driver_with_each_executors_records():
+    data = records(10_000, keys=10, zipf=0.0, disorder=0, seed=4)
+    got = []
+    slashrt.run(flow(slashrt.sinks.Callback(got.append), kind="count", assigner=Tumbling(ms=100), max_delay=0), {"r": data}, executors=2)
+    assert 1 <= len(got) <= 2  # once per executor that had results
+    whole = sort_rows(np.concatenate(got), "window_start", "key")
+    np.testing.assert_array_equal(whole, sequential("count", Tumbling(ms=100), data, 0))
+
+
+def test_an_empty_cluster_result_is_an_empty_array_of_the_result_dtype():
+    f = Dataflow("empty")
+    out, late = Collect(), Collect()
+    s = f.source("r", SCHEMA, time="ts").filter(lambda b: b["key"] > 10**12)
+    s.window(Tumbling(ms=100), late=late).sum("value", key="key", output="out").sink(out, name="out")
+    slashrt.run(f, {"r": records(1000, keys=5, zipf=0.0, disorder=0, seed=2)}, executors=2)
+    assert out.records.dtype.names == ("window_start", "window_end", "key", "out") and len(out.records) == 0
+    assert late.records.dtype == SCHEMA.dtype and len(late.records) == 0
+
+
 def test_an_untyped_aggregated_column_is_refused_before_executors_start():
     f = Dataflow("untyped")
     s = f.source("r", SCHEMA, time="ts").with_column("double", lambda b: b["value"] * 2, name="twice")

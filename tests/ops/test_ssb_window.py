@@ -43,9 +43,9 @@ async def test_a_leader_fires_only_when_every_executor_passed_the_window():
     sink_node.open()
     await op._merge_delta(1, _delta([1, 1], [10, 11]))  # helper 1's state for slice 0 ([0, 100))
     await op.gate.advance(0, 150)  # this executor is past the window ...
-    assert sink_node.sink.records is None
+    assert len(sink_node.sink.records) == 0
     await op.gate.advance(1, 99)  # ... executor 1 not yet
-    assert sink_node.sink.records is None
+    assert len(sink_node.sink.records) == 0
     await op.gate.advance(1, 100)
     got = sink_node.sink.records
     assert sorted(got["key"].tolist()) == [10, 11] and (got["sum_value"] == 5).all()

@@ -84,7 +84,8 @@ def test_apply_returning_none_drops_the_batch():
     a = records()
     out = run(lambda s: s.apply(every_other_buffer), coalesce=1)
     assert np.array_equal(out, a[a["t"] // per_slot % 2 == 1])
-    assert run(lambda s: s.apply(lambda b: None)) is None
+    out = run(lambda s: s.apply(lambda b: None))
+    assert len(out) == 0 and out.dtype == SCHEMA.dtype
 
 
 @pytest.mark.parametrize("is_async", [False, True])
