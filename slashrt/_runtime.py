@@ -70,7 +70,7 @@ class RunResult:
     seconds: float
     stats: list[ExecutorStats]
     late_records: dict[str, int]  # window step id -> records that arrived after their window fired
-    outputs: collections.abc.Mapping  # Collect sink step id -> collected records (np.ndarray or None)
+    outputs: collections.abc.Mapping  # Collect sink step id -> collected records (see Collect.records)
     # multi-executor runs: SSB window step id -> per executor, the EpochStats of each epoch
     epochs: dict[str, list] = attrs.field(factory=dict)
 

@@ -132,3 +132,13 @@ def test_the_conversion_benchmark_checks_itself(capsys):
     assert main(["bench", "spark-convert", "--events", "200000", "--repeat", "1", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["correct"] is True and result["events"] == 200_000 and result["records_per_s"] > 0
+
+
+def test_a_schema_declared_big_endian_converts_to_little_endian_records():
+    # records are little-endian whatever the schema says: 7 stays 7 (not 504403158265495552)
+    schema = Schema({"t": ">i8", "user": ">i8", "x": ">f8"})
+    spark = struct(t=(T.LongType(), False), user=(T.LongType(), False), x=(T.DoubleType(), False))
+    batch = pa.RecordBatch.from_arrays([pa.array([1, 2]), pa.array([7, -3]), pa.array([0.5, 2.0])], names=["t", "user", "x"])
+    out = ArrowConverter(plan_columns(spark, schema)).convert_all(batch)
+    assert out.dtype == np.dtype([("t", "<i8"), ("user", "<i8"), ("x", "<f8")])
+    assert out["user"].tolist() == [7, -3] and out["x"].tolist() == [0.5, 2.0]
