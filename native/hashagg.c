@@ -256,6 +256,7 @@ static void log_restart(ha_table *t) {
     t->n = 0;
     t->frozen = 0;
     t->live = 0;
+    t->overflowed = 0;
 }
 
 int ha_clear(ha_table *t) {
@@ -366,15 +367,22 @@ HA_NOINLINE int log_make_room(ha_table *t) {
 
 /* ---- the specialised update / merge loop ------------------------------------------- */
 
-HA_INLINE void combine(ha_entry *s, int64_t c, ha_val v, const int kind, const int isf) {
+/* Join (c, v) into an entry.  `upd`: (c, v) is one record (c == 1), not a partial: a NaN value
+ * of a float sum or mean is then skipped (the record adds 0.0 and, for mean, is not counted),
+ * while a NaN partial (inf + -inf) still propagates.  An integer sum leaving the int64 range
+ * wraps and sets *ovf. */
+HA_INLINE void combine(ha_entry *s, int64_t c, ha_val v, const int kind, const int isf, const int upd,
+                       int *ovf) {
+    if (kind == HA_MEAN && isf && upd) c = v.f == v.f;
     s->count = (int64_t)((uint64_t)s->count + (uint64_t)c);
     switch (kind) {
     case HA_SUM:
     case HA_MEAN:
-        if (isf)
-            s->val.f += v.f;
-        else
-            s->val.i = (int64_t)((uint64_t)s->val.i + (uint64_t)v.i);
+        if (isf) {
+            if (!upd || v.f == v.f) s->val.f += v.f;
+        } else {
+            *ovf |= __builtin_add_overflow(s->val.i, v.i, &s->val.i);
+        }
         break;
     case HA_MIN:
         if (isf) {
@@ -395,14 +403,19 @@ HA_INLINE void combine(ha_entry *s, int64_t c, ha_val v, const int kind, const i
     }
 }
 
-/* A new entry: the zero value of the kind joined with (c, v), which is (c, v) itself. */
-HA_INLINE void put(ha_entry *s, int64_t k, int64_t c, ha_val v, const int kind) {
+/* A new entry: the zero value of the kind joined with (c, v), which is (c, v) itself (a NaN
+ * record of a float sum or mean: 0.0, and for mean a count of 0). */
+HA_INLINE void put(ha_entry *s, int64_t k, int64_t c, ha_val v, const int kind, const int isf, const int upd) {
     s->key = k;
     s->count = c;
-    if (kind == HA_COUNT)
+    if (kind == HA_COUNT) {
         s->val.i = 0;
-    else
+    } else if ((kind == HA_SUM || kind == HA_MEAN) && isf && upd && v.f != v.f) {
+        s->val.f = 0.0;
+        if (kind == HA_MEAN) s->count = 0;
+    } else {
         s->val = v;
+    }
 }
 
 enum { RUN_DONE, RUN_ROOM, RUN_GROW };
@@ -420,7 +433,7 @@ HA_INLINE int run_rows(ha_table *t, int *jp, const int m, const int64_t *kb, con
     const uint64_t grow_at = t->grow_at, log_cap = t->log_cap, frozen = t->frozen;
     uint64_t used = t->n, live = t->live;
     const int big = general && is_big(t);
-    int rc = RUN_DONE;
+    int rc = RUN_DONE, ovf = 0;
     int j = *jp;
     for (; j < m; j++) {
         if (general && j + HA_PF < m) HA_PREFETCH_W(&idx[hb[j + HA_PF] & mask]);
@@ -448,7 +461,7 @@ HA_INLINE int run_rows(ha_table *t, int *jp, const int m, const int64_t *kb, con
                 ha_entry *e = &log[pos];
                 if (HA_LIKELY(e->key == k)) {
                     if (!general || HA_LIKELY(pos >= frozen)) {
-                        combine(e, c, v, kind, isf);
+                        combine(e, c, v, kind, isf, !has_counts, &ovf);
                         break;
                     }
                     /* the newest entry is frozen: append the delta, repoint the index */
@@ -456,7 +469,7 @@ HA_INLINE int run_rows(ha_table *t, int *jp, const int m, const int64_t *kb, con
                         rc = RUN_ROOM;
                         goto out;
                     }
-                    put(&log[used], k, c, v, kind);
+                    put(&log[used], k, c, v, kind, isf, !has_counts);
                     idx[p] = slot_make(tag, used);
                     used++;
                     break;
@@ -467,7 +480,7 @@ HA_INLINE int run_rows(ha_table *t, int *jp, const int m, const int64_t *kb, con
                     rc = RUN_ROOM;
                     goto out;
                 }
-                put(&log[used], k, c, v, kind);
+                put(&log[used], k, c, v, kind, isf, !has_counts);
                 idx[p] = slot_make(tag, used);
                 used++;
                 if (HA_UNLIKELY(++live > grow_at)) {
@@ -482,6 +495,7 @@ HA_INLINE int run_rows(ha_table *t, int *jp, const int m, const int64_t *kb, con
 out:
     t->n = used;
     t->live = live;
+    t->overflowed |= ovf;
     *jp = j;
     return rc;
 }
@@ -592,6 +606,7 @@ static int compact_prefix(ha_table *t) {
     /* nt.n == k + tail, nt.live == t->live */
     nt.off = t->off + t->frozen - k; /* tail entries keep their LSNs */
     nt.floor = t->off + t->frozen;
+    nt.overflowed |= t->overflowed;
     ha_free(t);
     *t = nt;
     return 0;
@@ -755,11 +770,12 @@ static dense_scratch *dense_get(void) {
 HA_INLINE int64_t dense_fill(dense_scratch *d, uint32_t *nop, const char *kp, ptrdiff_t ks,
                              const char *vp, ptrdiff_t vs, const char *tp, ptrdiff_t ts, int64_t tlo,
                              uint64_t twidth, int *tstop, int64_t n, int64_t lo, const int kind,
-                             const int check) {
+                             const int check, int *ovfp) {
     uint32_t *const cnt = d->cnt, *const order = d->order;
     ha_val *const val = d->val;
     uint32_t no = *nop;
     int64_t c = 0;
+    int ovf = 0;
     for (; c < n; c++) {
         if (check) {
             HA_PREFETCH_R(kp + (c + HA_SEG_PF) * ks);
@@ -779,7 +795,7 @@ HA_INLINE int64_t dense_fill(dense_scratch *d, uint32_t *nop, const char *kp, pt
             order[no++] = (uint32_t)i;
             val[i].i = v;
         } else if (kind == HA_SUM || kind == HA_MEAN) {
-            val[i].i = (int64_t)((uint64_t)val[i].i + (uint64_t)v);
+            ovf |= __builtin_add_overflow(val[i].i, v, &val[i].i);
         } else if (kind == HA_MIN) {
             if (v < val[i].i) val[i].i = v;
         } else if (v > val[i].i) {
@@ -787,15 +803,16 @@ HA_INLINE int64_t dense_fill(dense_scratch *d, uint32_t *nop, const char *kp, pt
         }
     }
     *nop = no;
+    *ovfp |= ovf;
     return c;
 }
 
 #define DENSE_KIND(KIND, CHECK) \
-    dense_fill(d, nop, kp, ks, vp, vs, tp, ts, tlo, twidth, tstop, n, lo, KIND, CHECK)
+    dense_fill(d, nop, kp, ks, vp, vs, tp, ts, tlo, twidth, tstop, n, lo, KIND, CHECK, ovf)
 
 static int64_t dense_fill_any(dense_scratch *d, uint32_t *nop, const char *kp, ptrdiff_t ks,
                               const char *vp, ptrdiff_t vs, const char *tp, ptrdiff_t ts, int64_t tlo,
-                              uint64_t twidth, int *tstop, int64_t n, int64_t lo, int kind) {
+                              uint64_t twidth, int *tstop, int64_t n, int64_t lo, int kind, int *ovf) {
     if (tp) {
         switch (kind) {
         case HA_COUNT: return DENSE_KIND(HA_COUNT, 1);
@@ -977,7 +994,7 @@ int ha_update_view_until(ha_table *t, const ha_view *kv, const ha_view *vv, cons
                     const char *tp = tv ? tv->base + r * tv->row_stride + c * ts : NULL;
                     int tstop = 0;
                     c += dense_fill_any(st.d, &st.no, kp, ks, vp, vs, tp, ts, tlo, twidth, &tstop, end - c,
-                                        st.lo, t->kind);
+                                        st.lo, t->kind, &t->overflowed);
                     if (tstop) {
                         stop = 1;
                         break;

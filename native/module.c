@@ -561,6 +561,10 @@ static PyObject *HashAgg_get_log_floor(HashAggObject *self, void *c) {
     return PyLong_FromUnsignedLongLong(self->ready ? ha_log_floor(&self->t) : 0);
 }
 
+static PyObject *HashAgg_get_overflowed(HashAggObject *self, void *c) {
+    return PyBool_FromLong(self->ready && self->t.overflowed);
+}
+
 static PyMethodDef HashAgg_methods[] = {
     {"update", (PyCFunction)(void (*)(void))HashAgg_update, METH_FASTCALL | METH_KEYWORDS,
      "update(keys, values=None): fold one batch in (count += 1, val op= value per row)."},
@@ -602,6 +606,8 @@ static PyGetSetDef HashAgg_getset[] = {
      "log position (LSN) of the end of the log: what mark() would return", NULL},
     {"log_floor", (getter)HashAgg_get_log_floor, NULL,
      "oldest log position delta() accepts", NULL},
+    {"overflowed", (getter)HashAgg_get_overflowed, NULL,
+     "an integer sum left the int64 range (and wrapped) since the table was last emptied", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
