@@ -25,12 +25,14 @@ HashAgg semantics (identical in both implementations):
 * ``update(keys, values)``: per row ``count += 1``; ``sum``/``mean``: ``val += v``;
   ``min``/``max``: ``val = fmin/fmax(val, v)``. ``mean`` keeps sum and count; divide
   ``vals / counts`` after ``export``. ``count`` ignores values entirely (pass None).
-* Integer sums and counts wrap modulo 2**64 like numpy int64 arithmetic; an integer sum (or
-  mean) that leaves the int64 range sets the sticky ``overflowed`` flag (cleared when the
-  table is emptied: ``reset``, ``clear``, ``ship``). Natively it is set when a running sum
-  leaves the range; the numpy fallback checks each batch's exact sum and each join, so both
-  set it whenever a key's final sum does not fit (and may differ on sums that leave the range
-  and come back).
+* Integer sums and counts wrap modulo 2**64 like numpy int64 arithmetic. A table made with
+  ``HashAgg(kind, value_dtype, check_overflow=True)`` also sets the sticky ``overflowed`` flag
+  when an integer sum (or mean) leaves the int64 range (cleared when the table is emptied:
+  ``reset``, ``clear``, ``ship``; kept by compaction); other tables run loops with no check at
+  all. Natively the flag is set when a running sum leaves the range; the numpy fallback checks
+  each batch's exact sum and each join, so both set it whenever a key's final sum does not fit
+  (and may differ on sums that leave the range and come back). Entries of one key in several
+  epochs (after ``mark``) are joined, and checked, when compaction folds them.
 * NaN (skipped, as pandas does): ``update`` of a float sum or mean ignores NaN values (a key
   whose values are all NaN sums to 0.0), and a mean counts only non-NaN values (its count is
   then 0: the mean 0/0 is NaN); min/max ignore NaN unless every value of a key is NaN
@@ -186,12 +188,13 @@ class NumpyHashAgg:
 
     __slots__ = (
         "kind", "value_dtype", "_dt", "_join", "_keys", "_counts", "_vals",
-        "_base", "_last", "_mark", "_prev", "_floor", "overflowed",
+        "_base", "_last", "_mark", "_prev", "_floor", "check_overflow", "overflowed",
     )
 
-    def __init__(self, kind: str, value_dtype="i8"):
+    def __init__(self, kind: str, value_dtype="i8", check_overflow: bool = False):
         self.kind = _check_kind(kind)
         self.value_dtype = _value_dtype(value_dtype)
+        self.check_overflow = bool(check_overflow)
         self._dt = np.dtype(self.value_dtype)
         self._join = _JOIN[kind]
         self._mark = 0
@@ -237,7 +240,7 @@ class NumpyHashAgg:
     def mark(self) -> int:
         end = self.log_end
         if self._last is not None:  # compaction of the previous prefix
-            self._base = self._last if self._base is None else self._joined([self._base, self._last])
+            self._base = self._last if self._base is None else self._joined([self._base, self._last], compacting=True)
         self._last = (self._keys, self._counts, self._vals)
         self._keys, self._counts, self._vals = self._empty()
         self._prev, self._mark = self._mark, end
@@ -261,7 +264,7 @@ class NumpyHashAgg:
 
     def compact(self) -> None:
         if self._last is not None:
-            self._base = self._last if self._base is None else self._joined([self._base, self._last])
+            self._base = self._last if self._base is None else self._joined([self._base, self._last], compacting=True)
             self._last = None
             self._prev = None
             self._floor = self._mark
@@ -316,14 +319,16 @@ class NumpyHashAgg:
     def _parts(self):
         return [p for p in (self._base, self._last) if p is not None] + [(self._keys, self._counts, self._vals)]
 
-    def _joined(self, parts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The join of partials (in order, so float sums fold chronologically), sorted by key."""
-        t = NumpyHashAgg(self.kind, self.value_dtype)
+    def _joined(self, parts, compacting: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The join of partials (in order, so float sums fold chronologically), sorted by key;
+        `compacting`: the table keeps it (an overflow in it counts, as when C compacts)."""
+        t = NumpyHashAgg(self.kind, self.value_dtype, self.check_overflow and compacting)
         t._fold(
             np.concatenate([p[0] for p in parts]),
             np.concatenate([p[1] for p in parts]),
             None if self._join is None else np.concatenate([p[2] for p in parts]),
         )
+        self.overflowed |= t.overflowed
         return t._keys, t._counts, t._vals
 
     def _values(self, values, n: int, name: str):
@@ -361,7 +366,7 @@ class NumpyHashAgg:
         else:
             with np.errstate(invalid="ignore", over="ignore"):  # inf + -inf is NaN, quietly as in C
                 uv = self._join.reduceat(vals[order], starts)
-            if adds and self._dt.kind == "i" and not self.overflowed:
+            if self.check_overflow and adds and self._dt.kind == "i" and not self.overflowed:
                 self.overflowed = _sums_overflow(vals[order], starts)
         # 2. join into the sorted state
         pos = np.searchsorted(self._keys, uk)
@@ -372,7 +377,7 @@ class NumpyHashAgg:
         if vals is not None:
             with np.errstate(invalid="ignore", over="ignore"):
                 joined = self._join(self._vals[hp], uv[hit])
-            if adds and self._dt.kind == "i" and not self.overflowed:
+            if self.check_overflow and adds and self._dt.kind == "i" and not self.overflowed:
                 # a wrapped sum has the sign of neither addend
                 self.overflowed = bool(np.any((self._vals[hp] ^ joined) & (uv[hit] ^ joined) < 0))
             self._vals[hp] = joined
@@ -414,8 +419,8 @@ if _native is not None:
 
         __slots__ = ()
 
-        def __init__(self, kind: str, value_dtype="i8"):
-            super().__init__(_check_kind(kind), _value_dtype(value_dtype))
+        def __init__(self, kind: str, value_dtype="i8", check_overflow: bool = False):
+            super().__init__(_check_kind(kind), _value_dtype(value_dtype), bool(check_overflow))
 
         def _arrays(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             vdt = np.float64 if self.value_dtype == "f8" else np.int64
@@ -453,13 +458,13 @@ if _native is not None:
 
         def __reduce__(self):
             # pickles as its exported arrays (used by snapshots); rebuilt with one merge
-            return (_rebuild_native, (type(self), self.kind, self.value_dtype, *self.export()))
+            return (_rebuild_native, (type(self), self.kind, self.value_dtype, self.check_overflow, *self.export()))
 
         def __repr__(self) -> str:
             return f"NativeHashAgg({self.kind!r}, {self.value_dtype!r}, len={len(self)})"
 
-    def _rebuild_native(cls, kind, value_dtype, keys, counts, vals):
-        t = cls(kind, value_dtype)
+    def _rebuild_native(cls, kind, value_dtype, check_overflow, keys, counts, vals):
+        t = cls(kind, value_dtype, check_overflow)
         t.merge(keys, counts, vals)
         return t
 

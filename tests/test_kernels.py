@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -266,7 +267,11 @@ def test_integer_sum_wraps(impl):
 @pytest.mark.parametrize("n", [2, 1000])  # hashed, and counted densely (natively)
 def test_integer_sum_overflow_sets_the_sticky_flag(impl, kind, n):
     keys = np.arange(n, dtype=np.int64) % 2
-    t = impl(kind, "i8")
+    unchecked = impl(kind, "i8")
+    unchecked.update(keys, np.full(n, 2**62 - 1, np.int64))
+    assert not unchecked.overflowed and not unchecked.check_overflow  # wraps, unchecked
+    t = impl(kind, "i8", check_overflow=True)
+    assert t.check_overflow
     t.update(keys, np.full(n, 2**62 - 1, np.int64))  # per key n/2 * (2**62 - 1): fits only for n = 2
     assert t.overflowed is (n > 2)
     t.update(np.array([0, 0], np.int64), np.array([I64_MIN, I64_MIN], np.int64))  # leaves the range
@@ -283,15 +288,29 @@ def test_integer_sum_overflow_sets_the_sticky_flag(impl, kind, n):
     assert t.overflowed
     t.ship()
     assert not t.overflowed
+    # kept by pickling (snapshots) and by clear()
+    t.clear()
+    assert pickle.loads(pickle.dumps(t)).check_overflow
+
+
+def test_integer_sums_of_several_epochs_are_checked_when_compaction_joins_them(impl):
+    t = impl("sum", "i8", check_overflow=True)
+    for _ in range(3):  # one entry of key 1 per epoch, each fits: their join does not
+        t.mark()
+        t.update(np.array([1], np.int64), np.array([2**62], np.int64))
+    assert not t.overflowed
+    t.mark()
+    t.compact()
+    assert t.overflowed
 
 
 def test_integer_sum_at_the_edges_of_int64_does_not_set_the_flag(impl):
-    t = impl("sum", "i8")
+    t = impl("sum", "i8", check_overflow=True)
     t.update(np.array([1, 1, 2, 2], np.int64), np.array([I64_MAX - 1, 1, I64_MIN + 1, -1], np.int64))
     t.merge(np.array([1, 2], np.int64), np.array([1, 1], np.int64), np.array([I64_MIN, I64_MAX], np.int64))
     assert as_dict(t) == {1: (3, -1), 2: (3, -1)}
     assert not t.overflowed
-    assert not impl("sum", "f8").overflowed and not impl("count").overflowed
+    assert not impl("sum", "f8", check_overflow=True).overflowed and not impl("count", check_overflow=True).overflowed
 
 
 @pytest.mark.parametrize("kind", ["sum", "mean"])
