@@ -20,7 +20,7 @@ from slashrt._dataflow import WindowAggSpec
 from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
 from slashrt.ops.exchange import END_TIME, FrontierGate, Inbound
-from slashrt.ops.window import WindowAggregate, check_key_type
+from slashrt.ops.window import WindowAggregate, check_key_type, check_uint64_values
 from slashrt.progress import VectorClock
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import Sender
@@ -80,6 +80,8 @@ class RouteByOwner(Node):
     async def push(self, batch: Batch) -> None:
         keys = batch[self.spec.key]
         check_key_type(self.spec, keys.dtype)
+        if self.spec.column is not None and self.spec.value_dtype.kind == "i":
+            check_uint64_values(self.spec, batch[self.spec.column])
         owners = self.partitioning.owner_of(keys)
         columns = [(name, batch[name]) for name in self.exchange_dtype.names]
         for owner in range(self.partitioning.executors):

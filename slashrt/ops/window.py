@@ -29,7 +29,7 @@ from slashrt.errors import DataflowError, OperatorError
 from slashrt.ops._node import Node
 from slashrt.ssb.crdt import AggKind, finalize
 
-__all__ = ["Tumbling", "Sliding", "WindowAggregate", "WindowState", "check_key_type"]
+__all__ = ["Tumbling", "Sliding", "WindowAggregate", "WindowState", "check_key_type", "check_uint64_values"]
 
 log = structlog.get_logger("slashrt.window")
 
@@ -99,6 +99,18 @@ def check_key_type(spec: WindowAggSpec, dtype: np.dtype) -> None:
             spec.step_id,
             f"key column {spec.key!r} is uint64 but its type was not known when the dataflow was built; "
             "give with_column a dtype= so that the results keep it",
+        )
+
+
+def check_uint64_values(spec: WindowAggSpec, values: np.ndarray) -> None:
+    """Integer values are aggregated as int64: refuse uint64 values int64 cannot hold (they
+    would come back negative) rather than give a wrong result. One vectorised max, only for
+    uint64 columns."""
+    if values.dtype.kind == "u" and values.dtype.itemsize == 8 and values.size and int(values.max()) >= 2**63:
+        raise OperatorError(
+            spec.step_id,
+            f"column {spec.column!r} holds uint64 values of 2**63 or more, which an int64 {spec.kind.value} cannot "
+            "hold; give the column as float64 (with_column(..., dtype='f8'))",
         )
 
 
@@ -201,6 +213,8 @@ class WindowAggregate(Node):
         if values is not None and values.dtype != self.value_dtype:
             if values.dtype.kind not in "biuf":
                 raise OperatorError(self.step_id, f"column {self.spec.column!r} must be numeric, is {values.dtype}")
+            if self.value_dtype.kind == "i":
+                check_uint64_values(self.spec, values)
             values = values.astype(self.value_dtype)
         if values is not None and values.ndim != keys.ndim:  # a derived column beside a field of a run
             keys, values = _flat(keys), _flat(values)
@@ -273,9 +287,13 @@ class WindowAggregate(Node):
     def _slice(self, slice_id: int) -> HashAgg:
         agg = self.slices.get(slice_id)
         if agg is None:
-            agg = self._spare.pop() if self._spare else HashAgg(self.kind.value, self.value_dtype.str[1:])
+            agg = self._spare.pop() if self._spare else self._table()
             self.slices[slice_id] = agg
         return agg
+
+    def _table(self) -> HashAgg:
+        # only overflow="error" pays for the check (its tables run loops compiled with it)
+        return HashAgg(self.kind.value, self.value_dtype.str[1:], self.spec.overflow == "error")
 
     def _drop_slice(self, slice_id: int) -> None:
         # Keep a few emptied tables for the next slices: they keep their capacity and memory,
@@ -328,7 +346,7 @@ class WindowAggregate(Node):
         if len(parts) == 1:
             keys, counts, vals = parts[0].export()
         else:
-            merged = HashAgg(self.kind.value, self.value_dtype.str[1:])
+            merged = self._table()
             for p in parts:
                 merged.merge_from(p)
             keys, counts, vals = merged.export()

@@ -158,6 +158,16 @@ def test_a_uint64_key_of_unknown_type_is_refused():
         slashrt.run(flow, {"r": records([1], [5], [1])})
 
 
+@pytest.mark.parametrize("run", [ONE, UPPAR], ids=["one", "uppar"])
+def test_uint64_values_int64_cannot_hold_are_refused(run):
+    data = records([1, 2], [1, 1], [2**63, 1], value_dtype="<u8")
+    error = ClusterError if run else OperatorError
+    with pytest.raises(error, match=r"aggs\.max_window.*column 'value' holds uint64 values of 2\*\*63 or more"):
+        run_aggs([data] * (2 if run else 1), kinds=("max",), run=run)
+    small = records([1, 2], [1, 1], [2**63 - 1, 1], value_dtype="<u8")
+    assert run_aggs([small], kinds=("max", "mean"))["max"]["out"].tolist() == [2**63 - 1]
+
+
 # ---- NaN: skipped by every aggregate, wherever it is computed ----------------------------------------
 
 
