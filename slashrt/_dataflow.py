@@ -300,7 +300,8 @@ class WindowedStream:
         NaN values are skipped (a key whose values are all NaN sums to 0.0). An int64 sum that
         leaves the int64 range wraps modulo 2**64 with ``overflow="wrap"`` (the default, as
         numpy, Flink and Spark without ANSI mode), or fails the run with an OperatorError
-        naming the step and the window with ``overflow="error"``.
+        naming the step and the window with ``overflow="error"`` (checked in the native loops
+        of that step only). A float64 sum never wraps (it grows to inf).
         """
         return self._agg(AggKind.SUM, key, column, name, output, overflow)
 
