@@ -256,12 +256,14 @@ static void log_restart(ha_table *t) {
     t->n = 0;
     t->frozen = 0;
     t->live = 0;
+    t->overflowed = 0;
 }
 
 int ha_clear(ha_table *t) {
     ha_table fresh;
     if (table_alloc(&fresh, t->kind, t->is_float, HA_MIN_CAP, HA_MIN_LOG)) return -1;
     fresh.off = fresh.floor = t->off + t->n;
+    fresh.check_ovf = t->check_ovf;
     ha_free(t);
     *t = fresh;
     return 0;
@@ -366,15 +368,25 @@ HA_NOINLINE int log_make_room(ha_table *t) {
 
 /* ---- the specialised update / merge loop ------------------------------------------- */
 
-HA_INLINE void combine(ha_entry *s, int64_t c, ha_val v, const int kind, const int isf) {
+/* Join (c, v) into an entry.  `upd`: (c, v) is one record (c == 1), not a partial: a NaN value
+ * of a float sum or mean is then skipped (the record adds 0.0 and, for mean, is not counted),
+ * while a NaN partial (inf + -inf) still propagates.  An integer sum leaving the int64 range
+ * wraps, and with `chk` (a table that checks overflow) sets *ovf. */
+HA_INLINE void combine(ha_entry *s, int64_t c, ha_val v, const int kind, const int isf, const int upd,
+                       const int chk, int *ovf) {
+    if (kind == HA_MEAN && isf && upd) c = v.f == v.f;
     s->count = (int64_t)((uint64_t)s->count + (uint64_t)c);
     switch (kind) {
     case HA_SUM:
     case HA_MEAN:
-        if (isf)
-            s->val.f += v.f;
-        else
-            s->val.i = (int64_t)((uint64_t)s->val.i + (uint64_t)v.i);
+        if (isf) {
+            if (!upd || v.f == v.f) s->val.f += v.f;
+        } else {
+            if (!chk)
+                s->val.i = (int64_t)((uint64_t)s->val.i + (uint64_t)v.i);
+            else if (HA_UNLIKELY(__builtin_add_overflow(s->val.i, v.i, &s->val.i)))
+                *ovf = 1;
+        }
         break;
     case HA_MIN:
         if (isf) {
@@ -395,14 +407,19 @@ HA_INLINE void combine(ha_entry *s, int64_t c, ha_val v, const int kind, const i
     }
 }
 
-/* A new entry: the zero value of the kind joined with (c, v), which is (c, v) itself. */
-HA_INLINE void put(ha_entry *s, int64_t k, int64_t c, ha_val v, const int kind) {
+/* A new entry: the zero value of the kind joined with (c, v), which is (c, v) itself (a NaN
+ * record of a float sum or mean: 0.0, and for mean a count of 0). */
+HA_INLINE void put(ha_entry *s, int64_t k, int64_t c, ha_val v, const int kind, const int isf, const int upd) {
     s->key = k;
     s->count = c;
-    if (kind == HA_COUNT)
+    if (kind == HA_COUNT) {
         s->val.i = 0;
-    else
+    } else if ((kind == HA_SUM || kind == HA_MEAN) && isf && upd && v.f != v.f) {
+        s->val.f = 0.0;
+        if (kind == HA_MEAN) s->count = 0;
+    } else {
         s->val = v;
+    }
 }
 
 enum { RUN_DONE, RUN_ROOM, RUN_GROW };
@@ -413,14 +430,14 @@ enum { RUN_DONE, RUN_ROOM, RUN_GROW };
  * locals (stores into the table could alias them otherwise) and written back on return. */
 HA_INLINE int run_rows(ha_table *t, int *jp, const int m, const int64_t *kb, const int64_t *cb,
                        const ha_val *vb, const uint64_t *hb, const int kind, const int isf,
-                       const int has_counts, const int general) {
+                       const int has_counts, const int general, const int chk) {
     uint64_t *const idx = t->idx;
     const uint64_t mask = t->mask;
     ha_entry *const log = t->log;
     const uint64_t grow_at = t->grow_at, log_cap = t->log_cap, frozen = t->frozen;
     uint64_t used = t->n, live = t->live;
     const int big = general && is_big(t);
-    int rc = RUN_DONE;
+    int rc = RUN_DONE, ovf = 0;
     int j = *jp;
     for (; j < m; j++) {
         if (general && j + HA_PF < m) HA_PREFETCH_W(&idx[hb[j + HA_PF] & mask]);
@@ -448,7 +465,7 @@ HA_INLINE int run_rows(ha_table *t, int *jp, const int m, const int64_t *kb, con
                 ha_entry *e = &log[pos];
                 if (HA_LIKELY(e->key == k)) {
                     if (!general || HA_LIKELY(pos >= frozen)) {
-                        combine(e, c, v, kind, isf);
+                        combine(e, c, v, kind, isf, !has_counts, chk, &ovf);
                         break;
                     }
                     /* the newest entry is frozen: append the delta, repoint the index */
@@ -456,7 +473,7 @@ HA_INLINE int run_rows(ha_table *t, int *jp, const int m, const int64_t *kb, con
                         rc = RUN_ROOM;
                         goto out;
                     }
-                    put(&log[used], k, c, v, kind);
+                    put(&log[used], k, c, v, kind, isf, !has_counts);
                     idx[p] = slot_make(tag, used);
                     used++;
                     break;
@@ -467,7 +484,7 @@ HA_INLINE int run_rows(ha_table *t, int *jp, const int m, const int64_t *kb, con
                     rc = RUN_ROOM;
                     goto out;
                 }
-                put(&log[used], k, c, v, kind);
+                put(&log[used], k, c, v, kind, isf, !has_counts);
                 idx[p] = slot_make(tag, used);
                 used++;
                 if (HA_UNLIKELY(++live > grow_at)) {
@@ -482,13 +499,14 @@ HA_INLINE int run_rows(ha_table *t, int *jp, const int m, const int64_t *kb, con
 out:
     t->n = used;
     t->live = live;
+    t->overflowed |= ovf;
     *jp = j;
     return rc;
 }
 
 HA_INLINE int apply_core(ha_table *t, const char *kp, ptrdiff_t ks, const char *cp, ptrdiff_t cs,
                          const char *vp, ptrdiff_t vs, size_t n, const int kind, const int isf,
-                         const int has_counts) {
+                         const int has_counts, const int chk) {
     int64_t kb[HA_BLOCK], cb[HA_BLOCK];
     ha_val vb[HA_BLOCK];
     uint64_t hb[HA_BLOCK];
@@ -513,8 +531,8 @@ HA_INLINE int apply_core(ha_table *t, const char *kp, ptrdiff_t ks, const char *
         for (;;) {
             /* the window path (no marks, cache-resident) gets a loop of its own */
             const int rc = (t->frozen || is_big(t))
-                               ? run_rows(t, &j, m, kb, cb, vb, hb, kind, isf, has_counts, 1)
-                               : run_rows(t, &j, m, kb, cb, vb, hb, kind, isf, has_counts, 0);
+                               ? run_rows(t, &j, m, kb, cb, vb, hb, kind, isf, has_counts, 1, chk)
+                               : run_rows(t, &j, m, kb, cb, vb, hb, kind, isf, has_counts, 0, chk);
             if (rc == RUN_DONE) break;
             if (rc == RUN_ROOM) {
                 /* row j is not applied yet: grow or compact the log, then retry it */
@@ -531,9 +549,14 @@ HA_INLINE int apply_core(ha_table *t, const char *kp, ptrdiff_t ks, const char *
     return 0;
 }
 
-#define HA_CASE(KIND, ISF)                                                                    \
-    return has_counts ? apply_core(t, kp, ks, cp, cs, vp, vs, n, KIND, ISF, 1)                \
-                      : apply_core(t, kp, ks, cp, cs, vp, vs, n, KIND, ISF, 0)
+#define HA_CASE_CHK(KIND, ISF, CHK)                                                           \
+    return has_counts ? apply_core(t, kp, ks, cp, cs, vp, vs, n, KIND, ISF, 1, CHK)           \
+                      : apply_core(t, kp, ks, cp, cs, vp, vs, n, KIND, ISF, 0, CHK)
+#define HA_CASE(KIND, ISF) HA_CASE_CHK(KIND, ISF, 0)
+/* integer sums: the overflow check is compiled only into the loops of tables that ask for it */
+#define HA_CASE_INT_SUM(KIND)                                                                 \
+    if (t->check_ovf) HA_CASE_CHK(KIND, 0, 1);                                                \
+    HA_CASE_CHK(KIND, 0, 0)
 
 int ha_apply(ha_table *t, const char *kp, ptrdiff_t ks, const char *cp, ptrdiff_t cs,
              const char *vp, ptrdiff_t vs, size_t n) {
@@ -543,7 +566,7 @@ int ha_apply(ha_table *t, const char *kp, ptrdiff_t ks, const char *cp, ptrdiff_
         HA_CASE(HA_COUNT, 0);
     case HA_SUM:
         if (t->is_float) HA_CASE(HA_SUM, 1);
-        HA_CASE(HA_SUM, 0);
+        HA_CASE_INT_SUM(HA_SUM);
     case HA_MIN:
         if (t->is_float) HA_CASE(HA_MIN, 1);
         HA_CASE(HA_MIN, 0);
@@ -552,7 +575,7 @@ int ha_apply(ha_table *t, const char *kp, ptrdiff_t ks, const char *cp, ptrdiff_
         HA_CASE(HA_MAX, 0);
     default: /* HA_MEAN */
         if (t->is_float) HA_CASE(HA_MEAN, 1);
-        HA_CASE(HA_MEAN, 0);
+        HA_CASE_INT_SUM(HA_MEAN);
     }
 }
 
@@ -585,6 +608,7 @@ static int compact_prefix(ha_table *t) {
     while (log_cap < want + want / 2) log_cap <<= 1; /* headroom before the next growth */
     ha_table nt;
     if (table_alloc(&nt, t->kind, t->is_float, cap, log_cap)) return -1;
+    nt.check_ovf = t->check_ovf; /* the fold joins a key's entries of several epochs */
     if (apply_entries(&nt, t->log, t->frozen)) goto fail;
     const uint64_t k = nt.n;
     nt.frozen = k;
@@ -592,6 +616,7 @@ static int compact_prefix(ha_table *t) {
     /* nt.n == k + tail, nt.live == t->live */
     nt.off = t->off + t->frozen - k; /* tail entries keep their LSNs */
     nt.floor = t->off + t->frozen;
+    nt.overflowed |= t->overflowed;
     ha_free(t);
     *t = nt;
     return 0;
@@ -755,11 +780,12 @@ static dense_scratch *dense_get(void) {
 HA_INLINE int64_t dense_fill(dense_scratch *d, uint32_t *nop, const char *kp, ptrdiff_t ks,
                              const char *vp, ptrdiff_t vs, const char *tp, ptrdiff_t ts, int64_t tlo,
                              uint64_t twidth, int *tstop, int64_t n, int64_t lo, const int kind,
-                             const int check) {
+                             const int check, const int chk, int *ovfp) {
     uint32_t *const cnt = d->cnt, *const order = d->order;
     ha_val *const val = d->val;
     uint32_t no = *nop;
     int64_t c = 0;
+    int ovf = 0;
     for (; c < n; c++) {
         if (check) {
             HA_PREFETCH_R(kp + (c + HA_SEG_PF) * ks);
@@ -779,7 +805,10 @@ HA_INLINE int64_t dense_fill(dense_scratch *d, uint32_t *nop, const char *kp, pt
             order[no++] = (uint32_t)i;
             val[i].i = v;
         } else if (kind == HA_SUM || kind == HA_MEAN) {
-            val[i].i = (int64_t)((uint64_t)val[i].i + (uint64_t)v);
+            if (!chk)
+                val[i].i = (int64_t)((uint64_t)val[i].i + (uint64_t)v);
+            else if (HA_UNLIKELY(__builtin_add_overflow(val[i].i, v, &val[i].i)))
+                ovf = 1;
         } else if (kind == HA_MIN) {
             if (v < val[i].i) val[i].i = v;
         } else if (v > val[i].i) {
@@ -787,30 +816,35 @@ HA_INLINE int64_t dense_fill(dense_scratch *d, uint32_t *nop, const char *kp, pt
         }
     }
     *nop = no;
+    *ovfp |= ovf;
     return c;
 }
 
 #define DENSE_KIND(KIND, CHECK) \
-    dense_fill(d, nop, kp, ks, vp, vs, tp, ts, tlo, twidth, tstop, n, lo, KIND, CHECK)
+    dense_fill(d, nop, kp, ks, vp, vs, tp, ts, tlo, twidth, tstop, n, lo, KIND, CHECK, 0, ovf)
+#define DENSE_SUM(KIND, CHECK)                                                                    \
+    (chk ? dense_fill(d, nop, kp, ks, vp, vs, tp, ts, tlo, twidth, tstop, n, lo, KIND, CHECK, 1, ovf) \
+         : DENSE_KIND(KIND, CHECK))
 
 static int64_t dense_fill_any(dense_scratch *d, uint32_t *nop, const char *kp, ptrdiff_t ks,
                               const char *vp, ptrdiff_t vs, const char *tp, ptrdiff_t ts, int64_t tlo,
-                              uint64_t twidth, int *tstop, int64_t n, int64_t lo, int kind) {
+                              uint64_t twidth, int *tstop, int64_t n, int64_t lo, int kind, int chk,
+                              int *ovf) {
     if (tp) {
         switch (kind) {
         case HA_COUNT: return DENSE_KIND(HA_COUNT, 1);
-        case HA_SUM: return DENSE_KIND(HA_SUM, 1);
+        case HA_SUM: return DENSE_SUM(HA_SUM, 1);
         case HA_MIN: return DENSE_KIND(HA_MIN, 1);
         case HA_MAX: return DENSE_KIND(HA_MAX, 1);
-        default: return DENSE_KIND(HA_MEAN, 1);
+        default: return DENSE_SUM(HA_MEAN, 1);
         }
     }
     switch (kind) {
     case HA_COUNT: return DENSE_KIND(HA_COUNT, 0);
-    case HA_SUM: return DENSE_KIND(HA_SUM, 0);
+    case HA_SUM: return DENSE_SUM(HA_SUM, 0);
     case HA_MIN: return DENSE_KIND(HA_MIN, 0);
     case HA_MAX: return DENSE_KIND(HA_MAX, 0);
-    default: return DENSE_KIND(HA_MEAN, 0);
+    default: return DENSE_SUM(HA_MEAN, 0);
     }
 }
 
@@ -977,7 +1011,7 @@ int ha_update_view_until(ha_table *t, const ha_view *kv, const ha_view *vv, cons
                     const char *tp = tv ? tv->base + r * tv->row_stride + c * ts : NULL;
                     int tstop = 0;
                     c += dense_fill_any(st.d, &st.no, kp, ks, vp, vs, tp, ts, tlo, twidth, &tstop, end - c,
-                                        st.lo, t->kind);
+                                        st.lo, t->kind, t->check_ovf, &t->overflowed);
                     if (tstop) {
                         stop = 1;
                         break;

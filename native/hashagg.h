@@ -70,7 +70,12 @@
  *   mean : count += c; val += v               (the caller divides val by count)
  *   min  : count += c; val = fmin(val, v)     (floats: NaN is ignored unless every value is NaN)
  *   max  : count += c; val = fmax(val, v)
- * An update is a merge with c = 1, so update and merge share one code path.
+ * An update is a merge with c = 1, so update and merge share one code path, except for NaN
+ * (skipped, as pandas does): a NaN record of a float sum or mean adds nothing (a key whose
+ * records are all NaN holds 0.0), and a mean does not count it (its count is of non-NaN
+ * values, so such a key's mean is 0/0 = NaN).  Merged partials are joined as they are.
+ * An integer sum (or mean) that leaves the int64 range sets `overflowed` in a table that checks
+ * (check_ovf, see ha_table).
  */
 #ifndef SLASHRT_HASHAGG_H
 #define SLASHRT_HASHAGG_H
@@ -118,6 +123,12 @@ typedef struct {
      * (modulo 2^64), valid when dense_hint is set; a key outside it ends the guess */
     int64_t dense_lo;
     int dense_hint;
+    /* check_ovf (set by the caller after ha_init): integer sums check for overflow, and
+     * overflowed is set when one left the int64 range (and wrapped) since the table was last
+     * emptied (clear, reset, ship): sticky, so a caller can check once, when it reads.
+     * Without check_ovf the loops carry no check at all. */
+    int check_ovf;
+    int overflowed;
 } ha_table;
 
 /* All functions returning int return 0 on success and -1 when memory ran out (the table is

@@ -152,9 +152,11 @@ static int ha_check(HashAggObject *self) {
 }
 
 static int HashAgg_init(HashAggObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"kind", "value_dtype", NULL};
+    static char *kwlist[] = {"kind", "value_dtype", "check_overflow", NULL};
     const char *kind = NULL, *vd = "i8";
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|s:HashAgg", kwlist, &kind, &vd)) return -1;
+    int check_overflow = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|sp:HashAgg", kwlist, &kind, &vd, &check_overflow))
+        return -1;
     int k = -1;
     for (int i = 0; i < 5; i++)
         if (strcmp(kind, KIND_NAMES[i]) == 0) k = i;
@@ -181,6 +183,7 @@ static int HashAgg_init(HashAggObject *self, PyObject *args, PyObject *kwds) {
         PyErr_NoMemory();
         return -1;
     }
+    self->t.check_ovf = check_overflow;
     self->ready = 1;
     return 0;
 }
@@ -561,6 +564,14 @@ static PyObject *HashAgg_get_log_floor(HashAggObject *self, void *c) {
     return PyLong_FromUnsignedLongLong(self->ready ? ha_log_floor(&self->t) : 0);
 }
 
+static PyObject *HashAgg_get_overflowed(HashAggObject *self, void *c) {
+    return PyBool_FromLong(self->ready && self->t.overflowed);
+}
+
+static PyObject *HashAgg_get_check_overflow(HashAggObject *self, void *c) {
+    return PyBool_FromLong(self->ready && self->t.check_ovf);
+}
+
 static PyMethodDef HashAgg_methods[] = {
     {"update", (PyCFunction)(void (*)(void))HashAgg_update, METH_FASTCALL | METH_KEYWORDS,
      "update(keys, values=None): fold one batch in (count += 1, val op= value per row)."},
@@ -602,6 +613,11 @@ static PyGetSetDef HashAgg_getset[] = {
      "log position (LSN) of the end of the log: what mark() would return", NULL},
     {"log_floor", (getter)HashAgg_get_log_floor, NULL,
      "oldest log position delta() accepts", NULL},
+    {"overflowed", (getter)HashAgg_get_overflowed, NULL,
+     "an integer sum left the int64 range (and wrapped) since the table was last emptied "
+     "(only a table made with check_overflow=True checks)", NULL},
+    {"check_overflow", (getter)HashAgg_get_check_overflow, NULL,
+     "whether integer sums are checked for overflow (sets overflowed)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -616,7 +632,7 @@ static PyTypeObject HashAggType = {
     .tp_dealloc = (destructor)HashAgg_dealloc,
     .tp_as_sequence = &HashAgg_as_sequence,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "HashAgg(kind, value_dtype='i8'): hash aggregation over int64 keys: a hash "
+    .tp_doc = "HashAgg(kind, value_dtype='i8', check_overflow=False): hash aggregation over int64 keys: a hash "
               "index (open addressing, linear probing, prefetching batch loop) over a "
               "log-structured store whose tail since mark() is the delta of an epoch.",
     .tp_methods = HashAgg_methods,

@@ -26,7 +26,9 @@ from slashrt._schema import Schema
 from slashrt.errors import DataflowError, SchemaError
 from slashrt.ssb.crdt import AggKind, result_dtype
 
-__all__ = ["Dataflow", "Stream", "WindowedStream"]
+__all__ = ["Dataflow", "Stream", "WindowedStream", "OVERFLOWS"]
+
+OVERFLOWS = ("wrap", "error")  # what sum(overflow=) accepts
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 
@@ -96,6 +98,8 @@ class WindowAggSpec:
     late: object | None  # a sink for late records, or None
     value_dtype: np.dtype | None  # accumulator type (int64 or float64); None: decided at run time
     late_dtype: np.dtype | None = None  # the records the late sink sees (the window's input)
+    key_dtype: np.dtype | None = None  # the key column's type, kept in the result; None: int64
+    overflow: str = "wrap"  # an int64 sum leaving the range: "wrap" or "error"
 
 
 @attrs.frozen
@@ -270,19 +274,28 @@ class WindowedStream:
     time: str
     late: object | None
 
-    def _agg(self, kind: AggKind, key: str, column: str | None, name: str | None, output: str | None) -> Stream:
+    def _agg(
+        self, kind: AggKind, key: str, column: str | None, name: str | None, output: str | None, overflow: str = "wrap"
+    ) -> Stream:
         s = self.stream
         s._need(key, what=f"{kind.value}(key=...)")
         if column is not None:
             s._need(column, what=f"{kind.value}({column!r})")
-        if s.fields[key] is not None and s.fields[key].kind not in "iu":
-            raise SchemaError(f"{kind.value}: key column {key!r} must be an integer column, is {s.fields[key]}")
+        key_dtype = s.fields[key]
+        if key_dtype is not None:
+            if key_dtype.kind not in "iu":
+                raise SchemaError(f"{kind.value}: key column {key!r} must be an integer column, is {key_dtype}")
+            key_dtype = key_dtype.newbyteorder("<")
+        if overflow not in OVERFLOWS:
+            raise DataflowError(f"{kind.value}: overflow must be one of {', '.join(OVERFLOWS)}, got {overflow!r}")
         value_dtype = np.dtype("<i8") if column is None else None
         if column is not None and s.fields[column] is not None:
             col = s.fields[column]
             if col.kind not in "iuf":
                 raise SchemaError(f"{kind.value}: column {column!r} must be numeric, is {col}")
             value_dtype = np.dtype("<f8") if col.kind == "f" else np.dtype("<i8")
+        if kind is AggKind.MEAN:
+            value_dtype = np.dtype("<f8")  # a float64 sum: an int64 one would wrap
         output = output or (kind.value if column is None else f"{kind.value}_{column}")
         names = ["window_start", "window_end", key, output]
         if len(set(names)) < len(names):
@@ -290,29 +303,57 @@ class WindowedStream:
         step_id = s.flow._step_id(name, f"{kind.value}_window")
         spec = WindowAggSpec(
             step_id, s.step_id, self.assigner, self.time, key, column, kind, output, self.late, value_dtype,
-            late_dtype=packed_dtype(s.fields),
+            late_dtype=packed_dtype(s.fields), key_dtype=key_dtype, overflow=overflow,
         )
         fields = {
             "window_start": np.dtype("<i8"),
             "window_end": np.dtype("<i8"),
-            key: np.dtype("<i8"),
+            key: np.dtype("<i8") if key_dtype is None else key_dtype,
             output: None if value_dtype is None else result_dtype(kind, value_dtype),
         }
         return s._next(spec, fields, "window_end")
 
+    # Every aggregate gives rows (window_start, window_end, <key>, <output>): window bounds int64
+    # milliseconds, the key in the key column's type (int64 when that type is not known when
+    # the dataflow is built), one row per key seen in the window.
+
     def count(self, key: str, *, name: str | None = None, output: str | None = None) -> Stream:
+        """Records per key and window, as int64 column `output` (default ``count``). Every
+        record counts, whatever its values (NaN included)."""
         return self._agg(AggKind.COUNT, key, None, name, output)
 
-    def sum(self, column: str, key: str, *, name: str | None = None, output: str | None = None) -> Stream:
-        return self._agg(AggKind.SUM, key, column, name, output)
+    def sum(
+        self, column: str, key: str, *, name: str | None = None, output: str | None = None, overflow: str = "wrap"
+    ) -> Stream:
+        """Sum of `column` per key and window, as column `output` (default ``sum_<column>``):
+        float64 for a float column, else int64.
+
+        NaN values are skipped (a key whose values are all NaN sums to 0.0). An int64 sum that
+        leaves the int64 range wraps modulo 2**64 with ``overflow="wrap"`` (the default, as
+        numpy, Flink and Spark without ANSI mode), or fails the run with an OperatorError
+        naming the step and the window with ``overflow="error"`` (checked in the native loops
+        of that step only). A float64 sum never wraps (it grows to inf).
+        """
+        return self._agg(AggKind.SUM, key, column, name, output, overflow)
 
     def min(self, column: str, key: str, *, name: str | None = None, output: str | None = None) -> Stream:
+        """Smallest value of `column` per key and window, as column `output` (default
+        ``min_<column>``): float64 for a float column, else int64. NaN values are skipped (a
+        key whose values are all NaN gives NaN)."""
         return self._agg(AggKind.MIN, key, column, name, output)
 
     def max(self, column: str, key: str, *, name: str | None = None, output: str | None = None) -> Stream:
+        """Largest value of `column` per key and window, as column `output` (default
+        ``max_<column>``): float64 for a float column, else int64. NaN values are skipped (a
+        key whose values are all NaN gives NaN)."""
         return self._agg(AggKind.MAX, key, column, name, output)
 
     def mean(self, column: str, key: str, *, name: str | None = None, output: str | None = None) -> Stream:
+        """Mean of `column` per key and window, as float64 column `output` (default
+        ``mean_<column>``): a float64 sum divided by the number of non-NaN values, so it never
+        wraps; int64 values are exact up to 2**53 in magnitude and the mean of n values is
+        within about n * 2**-53 of the exact one (relative), as in pandas. NaN values are
+        skipped (a key whose values are all NaN gives NaN)."""
         return self._agg(AggKind.MEAN, key, column, name, output)
 
 

@@ -25,9 +25,19 @@ HashAgg semantics (identical in both implementations):
 * ``update(keys, values)``: per row ``count += 1``; ``sum``/``mean``: ``val += v``;
   ``min``/``max``: ``val = fmin/fmax(val, v)``. ``mean`` keeps sum and count; divide
   ``vals / counts`` after ``export``. ``count`` ignores values entirely (pass None).
-* Integer sums and counts wrap modulo 2**64 like numpy int64 arithmetic.
-* Floats: min/max ignore NaN unless every value of a key is NaN (np.fmin/np.fmax);
-  sums propagate NaN. Float sums are order-dependent in the last bits, as always.
+* Integer sums and counts wrap modulo 2**64 like numpy int64 arithmetic. A table made with
+  ``HashAgg(kind, value_dtype, check_overflow=True)`` also sets the sticky ``overflowed`` flag
+  when an integer sum (or mean) leaves the int64 range (cleared when the table is emptied:
+  ``reset``, ``clear``, ``ship``; kept by compaction); other tables run loops with no check at
+  all. Natively the flag is set when a running sum leaves the range; the numpy fallback checks
+  each batch's exact sum and each join, so both set it whenever a key's final sum does not fit
+  (and may differ on sums that leave the range and come back). Entries of one key in several
+  epochs (after ``mark``) are joined, and checked, when compaction folds them.
+* NaN (skipped, as pandas does): ``update`` of a float sum or mean ignores NaN values (a key
+  whose values are all NaN sums to 0.0), and a mean counts only non-NaN values (its count is
+  then 0: the mean 0/0 is NaN); min/max ignore NaN unless every value of a key is NaN
+  (np.fmin/np.fmax). ``merge`` joins partials as they are (a NaN partial, from inf + -inf,
+  propagates). Float sums are order-dependent in the last bits, as always.
 * ``export()`` returns fresh writable arrays ``(keys, counts, vals)``, one row per key, in no
   particular order (natively: order of first insertion); for ``count`` the vals are 0.
 * Inputs are 1-D int64 keys (and values of ``value_dtype``), any stride; a field of a
@@ -150,6 +160,19 @@ def _flat2d(keys, values, need_values: bool):
     return k.reshape(-1), values
 
 
+def _sums_overflow(vals: np.ndarray, starts: np.ndarray) -> bool:
+    """Whether the exact sum of some group of int64 `vals` (groups begin at `starts`) lies
+    outside int64. Cheap when no group can overflow (the bound max|v| * n); otherwise exact,
+    from the high and low 32-bit halves summed separately (neither sum can wrap)."""
+    lo, hi = int(vals.min()), int(vals.max())
+    if max(hi, -lo) * len(vals) < 2**63:
+        return False
+    high = np.add.reduceat(vals >> 32, starts)
+    low = np.add.reduceat(vals & 0xFFFFFFFF, starts)
+    top = high + (low >> 32)  # the sum is top * 2**32 + (low & 0xFFFFFFFF)
+    return bool(np.any((top < -(2**31)) | (top >= 2**31)))
+
+
 class NumpyHashAgg:
     """Pure-numpy HashAgg: sorted unique keys plus parallel count and value arrays.
 
@@ -165,12 +188,13 @@ class NumpyHashAgg:
 
     __slots__ = (
         "kind", "value_dtype", "_dt", "_join", "_keys", "_counts", "_vals",
-        "_base", "_last", "_mark", "_prev", "_floor",
+        "_base", "_last", "_mark", "_prev", "_floor", "check_overflow", "overflowed",
     )
 
-    def __init__(self, kind: str, value_dtype="i8"):
+    def __init__(self, kind: str, value_dtype="i8", check_overflow: bool = False):
         self.kind = _check_kind(kind)
         self.value_dtype = _value_dtype(value_dtype)
+        self.check_overflow = bool(check_overflow)
         self._dt = np.dtype(self.value_dtype)
         self._join = _JOIN[kind]
         self._mark = 0
@@ -186,6 +210,7 @@ class NumpyHashAgg:
         self._base = self._last = None
         self._mark = self._floor = end  # log positions go on: no old mark can be mistaken
         self._prev = None
+        self.overflowed = False
 
     def reset(self) -> None:
         """Drop every key (the native table keeps its capacity; here there is none to keep)."""
@@ -215,7 +240,7 @@ class NumpyHashAgg:
     def mark(self) -> int:
         end = self.log_end
         if self._last is not None:  # compaction of the previous prefix
-            self._base = self._last if self._base is None else self._joined([self._base, self._last])
+            self._base = self._last if self._base is None else self._joined([self._base, self._last], compacting=True)
         self._last = (self._keys, self._counts, self._vals)
         self._keys, self._counts, self._vals = self._empty()
         self._prev, self._mark = self._mark, end
@@ -239,7 +264,7 @@ class NumpyHashAgg:
 
     def compact(self) -> None:
         if self._last is not None:
-            self._base = self._last if self._base is None else self._joined([self._base, self._last])
+            self._base = self._last if self._base is None else self._joined([self._base, self._last], compacting=True)
             self._last = None
             self._prev = None
             self._floor = self._mark
@@ -294,14 +319,16 @@ class NumpyHashAgg:
     def _parts(self):
         return [p for p in (self._base, self._last) if p is not None] + [(self._keys, self._counts, self._vals)]
 
-    def _joined(self, parts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The join of partials (in order, so float sums fold chronologically), sorted by key."""
-        t = NumpyHashAgg(self.kind, self.value_dtype)
+    def _joined(self, parts, compacting: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The join of partials (in order, so float sums fold chronologically), sorted by key;
+        `compacting`: the table keeps it (an overflow in it counts, as when C compacts)."""
+        t = NumpyHashAgg(self.kind, self.value_dtype, self.check_overflow and compacting)
         t._fold(
             np.concatenate([p[0] for p in parts]),
             np.concatenate([p[1] for p in parts]),
             None if self._join is None else np.concatenate([p[2] for p in parts]),
         )
+        self.overflowed |= t.overflowed
         return t._keys, t._counts, t._vals
 
     def _values(self, values, n: int, name: str):
@@ -317,6 +344,14 @@ class NumpyHashAgg:
     def _fold(self, keys: np.ndarray, counts: np.ndarray | None, vals: np.ndarray | None) -> None:
         if len(keys) == 0:
             return
+        adds = self._join is np.add
+        if counts is None and adds and self._dt.kind == "f":
+            # records (not partials): NaN values are skipped, and a mean does not count them
+            nan = np.isnan(vals)
+            if nan.any():
+                vals = np.where(nan, 0.0, vals)
+                if self.kind == "mean":
+                    counts = (~nan).astype(np.int64)
         # 1. reduce the batch to unique keys (stable sort keeps float sums deterministic)
         order = np.argsort(keys, kind="stable")
         sk = keys[order]
@@ -329,7 +364,10 @@ class NumpyHashAgg:
         if vals is None:
             uv = np.zeros(len(uk), self._dt)
         else:
-            uv = self._join.reduceat(vals[order], starts)
+            with np.errstate(invalid="ignore", over="ignore"):  # inf + -inf is NaN, quietly as in C
+                uv = self._join.reduceat(vals[order], starts)
+            if self.check_overflow and adds and self._dt.kind == "i" and not self.overflowed:
+                self.overflowed = _sums_overflow(vals[order], starts)
         # 2. join into the sorted state
         pos = np.searchsorted(self._keys, uk)
         hit = pos < len(self._keys)
@@ -337,7 +375,12 @@ class NumpyHashAgg:
         hp = pos[hit]
         self._counts[hp] += uc[hit]
         if vals is not None:
-            self._vals[hp] = self._join(self._vals[hp], uv[hit])
+            with np.errstate(invalid="ignore", over="ignore"):
+                joined = self._join(self._vals[hp], uv[hit])
+            if self.check_overflow and adds and self._dt.kind == "i" and not self.overflowed:
+                # a wrapped sum has the sign of neither addend
+                self.overflowed = bool(np.any((self._vals[hp] ^ joined) & (uv[hit] ^ joined) < 0))
+            self._vals[hp] = joined
         new = ~hit
         if new.any():
             np_ = pos[new]
@@ -376,8 +419,8 @@ if _native is not None:
 
         __slots__ = ()
 
-        def __init__(self, kind: str, value_dtype="i8"):
-            super().__init__(_check_kind(kind), _value_dtype(value_dtype))
+        def __init__(self, kind: str, value_dtype="i8", check_overflow: bool = False):
+            super().__init__(_check_kind(kind), _value_dtype(value_dtype), bool(check_overflow))
 
         def _arrays(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             vdt = np.float64 if self.value_dtype == "f8" else np.int64
@@ -415,13 +458,13 @@ if _native is not None:
 
         def __reduce__(self):
             # pickles as its exported arrays (used by snapshots); rebuilt with one merge
-            return (_rebuild_native, (type(self), self.kind, self.value_dtype, *self.export()))
+            return (_rebuild_native, (type(self), self.kind, self.value_dtype, self.check_overflow, *self.export()))
 
         def __repr__(self) -> str:
             return f"NativeHashAgg({self.kind!r}, {self.value_dtype!r}, len={len(self)})"
 
-    def _rebuild_native(cls, kind, value_dtype, keys, counts, vals):
-        t = cls(kind, value_dtype)
+    def _rebuild_native(cls, kind, value_dtype, check_overflow, keys, counts, vals):
+        t = cls(kind, value_dtype, check_overflow)
         t.merge(keys, counts, vals)
         return t
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -75,10 +76,15 @@ def _wrap(x: int) -> int:
 
 
 def reference(kind, dtype, rows):
-    """rows: iterable of (key, count, value) folded in order; returns {key: (count, val)}."""
+    """rows: iterable of (key, count, value) partials, or (key, 1, value, True) records (as
+    rows_of makes them), folded in order; returns {key: (count, val)}. A record's NaN value is
+    skipped by sum and mean (pandas' skipna): it adds 0.0, and a mean does not count it."""
     isf = dtype == "f8"
     d: dict = {}
-    for k, c, v in rows:
+    for k, c, v, *record in rows:
+        if record and isf and kind in ("sum", "mean") and math.isnan(v):
+            v = 0.0
+            c = 0 if kind == "mean" else c
         if k not in d:
             d[k] = [c, 0.0 if isf else 0] if kind == "count" else [c, v]
             continue
@@ -101,7 +107,7 @@ def reference(kind, dtype, rows):
 
 def rows_of(keys, vals):
     vals = [None] * len(keys) if vals is None else list(vals)
-    return [(int(k), 1, (v if v is None else (float(v) if isinstance(v, float) else int(v)))) for k, v in zip(keys, vals)]
+    return [(int(k), 1, (v if v is None else (float(v) if isinstance(v, float) else int(v))), True) for k, v in zip(keys, vals)]
 
 
 def as_dict(table):
@@ -255,6 +261,70 @@ def test_integer_sum_wraps(impl):
     t = impl("sum")
     t.update(np.array([7, 7], np.int64), np.array([I64_MAX, 2], np.int64))
     assert as_dict(t) == {7: (2, I64_MIN + 1)}
+
+
+@pytest.mark.parametrize("kind", ["sum", "mean"])
+@pytest.mark.parametrize("n", [2, 1000])  # hashed, and counted densely (natively)
+def test_integer_sum_overflow_sets_the_sticky_flag(impl, kind, n):
+    keys = np.arange(n, dtype=np.int64) % 2
+    unchecked = impl(kind, "i8")
+    unchecked.update(keys, np.full(n, 2**62 - 1, np.int64))
+    assert not unchecked.overflowed and not unchecked.check_overflow  # wraps, unchecked
+    t = impl(kind, "i8", check_overflow=True)
+    assert t.check_overflow
+    t.update(keys, np.full(n, 2**62 - 1, np.int64))  # per key n/2 * (2**62 - 1): fits only for n = 2
+    assert t.overflowed is (n > 2)
+    t.update(np.array([0, 0], np.int64), np.array([I64_MIN, I64_MIN], np.int64))  # leaves the range
+    assert t.overflowed
+    t.update(np.array([5], np.int64), np.array([1], np.int64))
+    assert t.overflowed  # sticky
+    t.reset()
+    assert not t.overflowed
+    # a join of partials that each fit
+    t.merge(np.array([3, 3], np.int64), np.array([1, 1], np.int64), np.array([I64_MAX, I64_MAX - 1], np.int64))
+    assert t.overflowed
+    t.mark()
+    t.compact()
+    assert t.overflowed
+    t.ship()
+    assert not t.overflowed
+    # kept by pickling (snapshots) and by clear()
+    t.clear()
+    assert pickle.loads(pickle.dumps(t)).check_overflow
+
+
+def test_integer_sums_of_several_epochs_are_checked_when_compaction_joins_them(impl):
+    t = impl("sum", "i8", check_overflow=True)
+    for _ in range(3):  # one entry of key 1 per epoch, each fits: their join does not
+        t.mark()
+        t.update(np.array([1], np.int64), np.array([2**62], np.int64))
+    assert not t.overflowed
+    t.mark()
+    t.compact()
+    assert t.overflowed
+
+
+def test_integer_sum_at_the_edges_of_int64_does_not_set_the_flag(impl):
+    t = impl("sum", "i8", check_overflow=True)
+    t.update(np.array([1, 1, 2, 2], np.int64), np.array([I64_MAX - 1, 1, I64_MIN + 1, -1], np.int64))
+    t.merge(np.array([1, 2], np.int64), np.array([1, 1], np.int64), np.array([I64_MIN, I64_MAX], np.int64))
+    assert as_dict(t) == {1: (3, -1), 2: (3, -1)}
+    assert not t.overflowed
+    assert not impl("sum", "f8", check_overflow=True).overflowed and not impl("count", check_overflow=True).overflowed
+
+
+@pytest.mark.parametrize("kind", ["sum", "mean"])
+def test_nan_records_are_skipped_but_nan_partials_propagate(impl, kind):
+    nan, inf = float("nan"), float("inf")
+    t = impl(kind, "f8")
+    t.update(np.array([1, 1, 2, 3, 3], np.int64), np.array([nan, 2.0, nan, inf, -inf]))
+    got = as_dict(t)
+    # a mean counts only its non-NaN values; a sum's count is of records
+    assert got[1] == ((2, 2.0) if kind == "sum" else (1, 2.0))
+    assert got[2] == ((1, 0.0) if kind == "sum" else (0, 0.0))
+    assert got[3][0] == 2 and math.isnan(got[3][1])  # inf + -inf: NaN, as in pandas
+    t.merge(np.array([1], np.int64), np.array([1], np.int64), np.array([nan]))  # a NaN partial
+    assert math.isnan(as_dict(t)[1][1])
 
 
 @pytest.mark.parametrize("pattern", ["uniform", "sequential", "stride2_32", "negative"])

@@ -54,6 +54,7 @@ from slashrt.ops._node import Node
 from slashrt.ops.exchange import END_TIME, FrontierGate, Inbound
 from slashrt.ops.window import NO_TIME, WindowAggregate, _flat
 from slashrt.progress import VectorClock
+from slashrt.ssb.crdt import records_as_partials
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import Sender
 
@@ -241,7 +242,9 @@ class SsbWindowAggregate(WindowAggregate):
                 self._own_records += len(mine)
                 self._own_new += self._update_own(mine["key"], mine["slice"], mine["value"] if counted else None)
                 continue
-            # streamed as they come, the epoch's delta in pieces, in FIFO order with what was queued before
+            # streamed as they come, the epoch's delta in pieces, in FIFO order with what was queued
+            # before; records become partials under the NaN policy, as HashAgg.update makes them
+            records_as_partials(self.kind, mine["count"], mine["value"])
             await self.shippers[owner].rows_bounded(mine, DIRECT_QUEUE_BYTES)
             self._shipped += len(mine)
         self._routed += len(keys)
@@ -274,6 +277,8 @@ class SsbWindowAggregate(WindowAggregate):
         touched = self._routed
         shipped = self._shipped  # direct routing streamed its rows already
         for s in sorted(self.slices):
+            if self.spec.overflow == "error" and self.slices[s].overflowed:
+                self._overflowed(f"the slice [{s * self.slice_len}, {(s + 1) * self.slice_len}) of executor {self.index}")
             keys, counts, vals = self.slices[s].ship()  # the fragment restarts from zero
             self._drop_slice(s)
             touched += len(keys)

@@ -20,7 +20,7 @@ from slashrt._dataflow import WindowAggSpec
 from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
 from slashrt.ops.exchange import END_TIME, FrontierGate, Inbound
-from slashrt.ops.window import WindowAggregate
+from slashrt.ops.window import WindowAggregate, check_key_type, check_uint64_values
 from slashrt.progress import VectorClock
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import Sender
@@ -35,7 +35,7 @@ def routed_dtype(spec: WindowAggSpec) -> np.dtype:
             f"{spec.step_id}: in a multi-executor run the type of column {spec.column!r} must be known when the "
             "dataflow is built (give with_column a dtype=)"
         )
-    fields = [(spec.time, "<i8"), (spec.key, "<i8")]
+    fields = [(spec.time, "<i8"), (spec.key, "<i8" if spec.key_dtype is None else spec.key_dtype)]
     if spec.column is not None:
         fields.append((spec.column, spec.value_dtype))
     return np.dtype(fields)
@@ -79,6 +79,9 @@ class RouteByOwner(Node):
 
     async def push(self, batch: Batch) -> None:
         keys = batch[self.spec.key]
+        check_key_type(self.spec, keys.dtype)
+        if self.spec.column is not None and self.spec.value_dtype.kind == "i":
+            check_uint64_values(self.spec, batch[self.spec.column])
         owners = self.partitioning.owner_of(keys)
         columns = [(name, batch[name]) for name in self.exchange_dtype.names]
         for owner in range(self.partitioning.executors):

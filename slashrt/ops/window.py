@@ -27,9 +27,9 @@ from slashrt._dataflow import WindowAggSpec
 from slashrt._kernels import HashAgg, gather, minmax
 from slashrt.errors import DataflowError, OperatorError
 from slashrt.ops._node import Node
-from slashrt.ssb.crdt import finalize
+from slashrt.ssb.crdt import AggKind, finalize
 
-__all__ = ["Tumbling", "Sliding", "WindowAggregate", "WindowState"]
+__all__ = ["Tumbling", "Sliding", "WindowAggregate", "WindowState", "check_key_type", "check_uint64_values"]
 
 log = structlog.get_logger("slashrt.window")
 
@@ -90,6 +90,30 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return gather(a) if a.ndim > 1 else a
 
 
+def check_key_type(spec: WindowAggSpec, dtype: np.dtype) -> None:
+    """A key column whose type was not known when the dataflow was built gives int64 keys in
+    the results (a leader elsewhere cannot learn the type): refuse a uint64 one, whose keys at
+    or above 2**63 would come back negative."""
+    if spec.key_dtype is None and dtype.kind == "u" and dtype.itemsize == 8:
+        raise OperatorError(
+            spec.step_id,
+            f"key column {spec.key!r} is uint64 but its type was not known when the dataflow was built; "
+            "give with_column a dtype= so that the results keep it",
+        )
+
+
+def check_uint64_values(spec: WindowAggSpec, values: np.ndarray) -> None:
+    """Integer values are aggregated as int64: refuse uint64 values int64 cannot hold (they
+    would come back negative) rather than give a wrong result. One vectorised max, only for
+    uint64 columns."""
+    if values.dtype.kind == "u" and values.dtype.itemsize == 8 and values.size and int(values.max()) >= 2**63:
+        raise OperatorError(
+            spec.step_id,
+            f"column {spec.column!r} holds uint64 values of 2**63 or more, which an int64 {spec.kind.value} cannot "
+            "hold; give the column as float64 (with_column(..., dtype='f8'))",
+        )
+
+
 class WindowAggregate(Node):
     """Keyed windowed aggregate over slices (count, sum, min, max, mean)."""
 
@@ -102,6 +126,9 @@ class WindowAggregate(Node):
         # int64 or float64 accumulators; decided by the value column (at the first batch if its
         # type was not known when the dataflow was built)
         self.value_dtype = spec.value_dtype
+        # the key column's type, which results keep (keys are held as int64, a uint64 key as
+        # its bit pattern); None until known: int64 unless the first batch says otherwise
+        self.key_dtype = spec.key_dtype
         self.slices: dict[int, HashAgg] = {}
         self._spare: list[HashAgg] = []
         self.next_start: int | None = None  # start of the next window to fire
@@ -176,14 +203,18 @@ class WindowAggregate(Node):
         values = None if self.spec.column is None else batch.view(self.spec.column)
         if self.value_dtype is None:
             kind = "i" if values is None else values.dtype.kind
-            self.value_dtype = np.dtype("<f8") if kind == "f" else np.dtype("<i8")
+            self.value_dtype = np.dtype("<f8") if kind == "f" or self.kind is AggKind.MEAN else np.dtype("<i8")
         if keys.dtype != np.int64:
             if keys.dtype.kind not in "iu":  # its type may be known only now (a with_column)
                 raise OperatorError(self.step_id, f"key column {self.spec.key!r} must be integers, is {keys.dtype}")
-            keys = keys.astype(np.int64)
+            if self.key_dtype is None:
+                check_key_type(self.spec, keys.dtype)
+            keys = keys.astype(np.int64)  # a uint64 key keeps its bits (modulo 2**64)
         if values is not None and values.dtype != self.value_dtype:
             if values.dtype.kind not in "biuf":
                 raise OperatorError(self.step_id, f"column {self.spec.column!r} must be numeric, is {values.dtype}")
+            if self.value_dtype.kind == "i":
+                check_uint64_values(self.spec, values)
             values = values.astype(self.value_dtype)
         if values is not None and values.ndim != keys.ndim:  # a derived column beside a field of a run
             keys, values = _flat(keys), _flat(values)
@@ -256,9 +287,13 @@ class WindowAggregate(Node):
     def _slice(self, slice_id: int) -> HashAgg:
         agg = self.slices.get(slice_id)
         if agg is None:
-            agg = self._spare.pop() if self._spare else HashAgg(self.kind.value, self.value_dtype.str[1:])
+            agg = self._spare.pop() if self._spare else self._table()
             self.slices[slice_id] = agg
         return agg
+
+    def _table(self) -> HashAgg:
+        # only overflow="error" pays for the check (its tables run loops compiled with it)
+        return HashAgg(self.kind.value, self.value_dtype.str[1:], self.spec.overflow == "error")
 
     def _drop_slice(self, slice_id: int) -> None:
         # Keep a few emptied tables for the next slices: they keep their capacity and memory,
@@ -311,10 +346,13 @@ class WindowAggregate(Node):
         if len(parts) == 1:
             keys, counts, vals = parts[0].export()
         else:
-            merged = HashAgg(self.kind.value, self.value_dtype.str[1:])
+            merged = self._table()
             for p in parts:
                 merged.merge_from(p)
             keys, counts, vals = merged.export()
+            parts.append(merged)
+        if self.spec.overflow == "error" and any(p.overflowed for p in parts):
+            self._overflowed(f"window [{start}, {end})")
         # rows come in the table's insertion order: sorting belongs to whoever needs it, not the
         # hot path
         values = finalize(self.kind, counts, vals)
@@ -325,10 +363,18 @@ class WindowAggregate(Node):
         out[self.spec.output] = values
         await self.emit(Batch(out))
 
+    def _overflowed(self, where: str) -> None:
+        raise OperatorError(
+            self.step_id,
+            f"the int64 sum of column {self.spec.column!r} overflowed in {where} (overflow='error'); "
+            "use overflow='wrap' to wrap around, or a float64 column",
+        )
+
     def _result_dtype(self, value_dtype) -> np.dtype:
         if self._out_dtype is None:
+            key_dtype = "<i8" if self.key_dtype is None else self.key_dtype
             self._out_dtype = np.dtype(
-                [("window_start", "<i8"), ("window_end", "<i8"), (self.spec.key, "<i8"), (self.spec.output, value_dtype)]
+                [("window_start", "<i8"), ("window_end", "<i8"), (self.spec.key, key_dtype), (self.spec.output, value_dtype)]
             )
         return self._out_dtype
 

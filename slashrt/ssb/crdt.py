@@ -18,6 +18,12 @@ a hash index over a log-structured store, where ``mark()`` ends an epoch and ``d
 the change since then as one contiguous tail of the log (each key once, holding the join of its
 updates since the mark), and ``ship()`` hands a helper's whole fragment over and restarts it from
 the zero value. Deltas of successive epochs join to the partial of everything.
+
+NaN policy (pandas' skipna), applied where records become partials (`HashAgg.update`,
+`records_as_partials`), so that joins of partials need no special case: a NaN value adds nothing
+to a sum or mean and a mean does not count it (a MEAN partial's count is of non-NaN values);
+MIN/MAX join with fmin/fmax, which ignore NaN. So a key whose values are all NaN finalizes to
+0.0 (sum), NaN (mean: 0/0; min, max), and COUNT counts records, NaN or not.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import enum
 
 import numpy as np
 
-__all__ = ["AggKind", "Partial", "join", "finalize", "empty_partial", "result_dtype"]
+__all__ = ["AggKind", "Partial", "join", "finalize", "empty_partial", "result_dtype", "records_as_partials"]
 
 
 class AggKind(str, enum.Enum):
@@ -34,7 +40,7 @@ class AggKind(str, enum.Enum):
     SUM = "sum"
     MIN = "min"
     MAX = "max"
-    MEAN = "mean"  # kept as sum + count, finalised by division
+    MEAN = "mean"  # kept as a float64 sum + count of non-NaN values, finalised by division
 
     @property
     def idempotent(self) -> bool:
@@ -71,6 +77,18 @@ def join(kind: AggKind, a: Partial, b: Partial) -> Partial:
     return ukeys, out_counts, out_vals
 
 
+def records_as_partials(kind: AggKind, counts: np.ndarray, vals: np.ndarray) -> None:
+    """Make rows holding one record each (count 1, the record's value) partials under the NaN
+    policy, in place: a NaN value of a SUM or MEAN becomes 0.0, and a MEAN row's count 0."""
+    if kind not in (AggKind.SUM, AggKind.MEAN) or vals.dtype.kind != "f":
+        return
+    nan = np.isnan(vals)
+    if nan.any():
+        vals[nan] = 0.0
+        if kind is AggKind.MEAN:
+            counts[nan] = 0
+
+
 def result_dtype(kind: AggKind, value_dtype: np.dtype) -> np.dtype:
     if kind is AggKind.COUNT:
         return np.dtype("<i8")
@@ -84,5 +102,7 @@ def finalize(kind: AggKind, counts: np.ndarray, vals: np.ndarray) -> np.ndarray:
     if kind is AggKind.COUNT:
         return counts
     if kind is AggKind.MEAN:
-        return vals / counts
+        # a key whose values were all NaN has count 0: its mean is NaN (0/0), no warning
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return vals / counts
     return vals

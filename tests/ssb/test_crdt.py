@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slashrt import _kernels as K
-from slashrt.ssb.crdt import AggKind, empty_partial, finalize, join, result_dtype
+from slashrt.ssb.crdt import AggKind, empty_partial, finalize, join, records_as_partials, result_dtype
 
 HYP = settings(max_examples=25, deadline=None)
 
@@ -121,6 +121,51 @@ def test_finalize_per_kind():
     assert result_dtype(AggKind.MEAN, np.dtype("i8")) == np.dtype("<f8")
     assert result_dtype(AggKind.COUNT, np.dtype("f8")) == np.dtype("<i8")
     assert result_dtype(AggKind.MAX, np.dtype("f8")) == np.dtype("<f8")
+
+
+def test_finalize_of_a_mean_with_no_values_is_nan_without_a_warning():
+    with np.errstate(all="raise"):
+        got = finalize(AggKind.MEAN, np.array([0, 2]), np.array([0.0, 3.0]))
+    assert np.isnan(got[0]) and got[1] == 1.5
+
+
+@pytest.mark.parametrize("kind", list(AggKind), ids=lambda k: k.value)
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda i: i.__name__)
+@HYP
+@given(
+    rows=st.lists(st.tuples(st.sampled_from([1, 2, 3]), st.integers(-50, 50).map(float) | st.just(float("nan"))), max_size=40),
+    cut=st.integers(0, 40),
+)
+def test_nan_records_split_over_executors_join_as_one_table_skipping_nan(kind, impl, rows, cut):
+    """pandas' skipna, wherever records become partials: a table's update, or rows of single
+    records (SSB direct routing) made partials by records_as_partials; joins of partials keep it."""
+    keys = np.array([k for k, _ in rows], np.int64)
+    vals = np.array([v for _, v in rows], np.float64)
+    whole = impl(kind.value, "f8")
+    whole.update(keys, vals)
+    fragment = impl(kind.value, "f8")
+    fragment.update(keys[:cut], vals[:cut])
+    routed_counts, routed_vals = np.ones(len(keys) - min(cut, len(keys)), np.int64), vals[cut:].copy()
+    records_as_partials(kind, routed_counts, routed_vals)
+    joined = join(kind, fragment.export(), (keys[cut:], routed_counts, routed_vals))
+    assert same(joined, canonical(whole.export()))
+    want = {}
+    for k in (1, 2, 3):
+        v = vals[keys == k]
+        if not len(v):
+            continue
+        skipped = v[~np.isnan(v)]
+        want[k] = {
+            AggKind.COUNT: len(v),
+            AggKind.SUM: skipped.sum(),
+            AggKind.MIN: skipped.min() if len(skipped) else np.nan,
+            AggKind.MAX: skipped.max() if len(skipped) else np.nan,
+            AggKind.MEAN: skipped.mean() if len(skipped) else np.nan,
+        }[kind]
+    got = dict(zip(joined[0].tolist(), finalize(kind, joined[1], joined[2]).tolist()))
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k] == want[k] or (np.isnan(got[k]) and np.isnan(want[k])), (k, got[k], want[k])
 
 
 @law
