@@ -114,7 +114,7 @@ def test_sum_overflow_error_keeps_sums_that_fit():
 def test_sum_overflow_error_on_two_executors(run):
     # every key overflows, on each executor alone: both fail, whichever reports first
     data = records(np.arange(64) % 50, np.arange(64) % 16, np.full(64, 2**62))
-    with pytest.raises(ClusterError, match=r"OperatorError: .*aggs\.sum_window.*overflowed"):
+    with pytest.raises(ClusterError, match=r"step .aggs\.sum_window_1.: .*overflowed.*\(on executor \d\)"):
         run_aggs([data, data], kinds=("sum",), run=run, overflow="error")
 
 
