@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from slashrt.progress.antichain import Antichain, ChangeBatch, MutableAntichain
 from slashrt.progress.timestamp import Timestamp
 
-FAST = settings(max_examples=40, derandomize=True)
+FAST = settings(max_examples=40, derandomize=True, deadline=None)
 
 times = st.builds(Timestamp, st.integers(0, 4), st.tuples(st.integers(0, 4)))
 updates = st.lists(st.tuples(times, st.integers(-2, 3)), max_size=30)

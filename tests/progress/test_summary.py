@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from slashrt.progress.summary import EGRESS, IDENTITY, INGRESS, PathSummary, feedback
 from slashrt.progress.timestamp import MAX_EPOCH, Timestamp
 
-FAST = settings(max_examples=60, derandomize=True)
+FAST = settings(max_examples=60, derandomize=True, deadline=None)
 
 steps = st.sampled_from([IDENTITY, INGRESS, EGRESS, feedback(1), feedback(2)])
 

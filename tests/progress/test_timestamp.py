@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from slashrt.progress.timestamp import MAX_EPOCH, MIN_EPOCH, Timestamp
 
-FAST = settings(max_examples=60, derandomize=True)
+FAST = settings(max_examples=60, derandomize=True, deadline=None)
 
 
 def timestamps(depth=None):
