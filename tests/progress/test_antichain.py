@@ -57,7 +57,7 @@ def test_insert_reports_change():
 
 
 @FAST
-@given(st.lists(updates, max_size=6))
+@given(st.lists(st.lists(st.tuples(times, st.integers(-2, 3)), max_size=3), max_size=12))
 def test_mutable_frontier_is_the_minimal_positive_elements(batches):
     counts = MutableAntichain()
     totals = Counter()
@@ -104,3 +104,12 @@ def test_change_batch_sums_and_drops_zeros(batch, rng):
     assert dict(drained) == {k: v for k, v in expected.items() if v}
     assert all(delta for _, delta in drained)
     assert changes.is_empty() and changes.drain() == []
+
+
+def test_mutable_frontier_moves_when_its_element_leaves():
+    counts = MutableAntichain()
+    low, high = Timestamp(1, (0,)), Timestamp(2, (0,))
+    assert counts.update_iter([(high, 1), (low, 2)]) == [(low, 1)]
+    assert counts.update_iter([(low, -1)]) == []  # still one at low
+    assert counts.update_iter([(low, -1)]) == [(low, -1), (high, 1)]
+    assert counts.update_iter([(high, -1)]) == [(high, -1)] and counts.is_empty()

@@ -33,11 +33,17 @@ def timestamps(depth):
 
 
 paths = st.lists(steps, max_size=6)
+# summaries in normal form from a small space, so that two of one shape meet often
+normal = st.builds(
+    lambda pop, advance, push: [PathSummary(pop, advance, tuple(push))],
+    st.integers(0, 1), st.integers(0, 2), st.lists(st.integers(0, 2), max_size=1),
+)
+summaries = st.one_of(paths, normal)
 depth_and_pair = st.integers(0, 3).flatmap(lambda d: st.tuples(timestamps(d), timestamps(d)))
 
 
 @FAST
-@given(paths, depth_and_pair)
+@given(summaries, depth_and_pair)
 def test_monotone(ops, pair):
     a, b = pair
     s = compose(ops)
@@ -54,7 +60,7 @@ def test_composition_is_application_in_sequence(ops, t):
 
 
 @FAST
-@given(paths, paths, paths)
+@given(summaries, summaries, summaries)
 def test_composition_is_associative(a, b, c):
     x, y, z = compose(a), compose(b), compose(c)
     assert x.followed_by(y).followed_by(z) == x.followed_by(y.followed_by(z))
@@ -69,7 +75,7 @@ def test_identity(ops, t):
 
 
 @FAST
-@given(paths, paths, st.integers(0, 3).flatmap(timestamps))
+@given(summaries, summaries, st.integers(0, 3).flatmap(timestamps))
 def test_order_is_sound(a, b, t):
     s1, s2 = compose(a), compose(b)
     r1, r2 = s1.apply(t), s2.apply(t)
