@@ -21,8 +21,8 @@ refuses it with a DataflowError naming the cycle's nodes.
 
 `Builder.build()` computes, once, for every location a and every location b the antichain of
 least summaries over all paths a -> b (a fixed point over antichains: extend paths one step at
-a time, keep a summary only if no kept one is <= it; it terminates because a cycle only makes a
-summary larger within its shape). Laws (tests/progress/test_reachability.py):
+a time, keep a summary only if no kept one is <= it; it terminates because going around a
+legal cycle makes a summary strictly larger, and around an illegal one changes it only once). Laws (tests/progress/test_reachability.py):
 
 - `could_result_in(a, ta, b, tb)` iff some path a -> b maps ta to a timestamp <= tb
   (checked against enumerating paths on random graphs);

@@ -12,14 +12,15 @@ Laws (checked in tests/progress/test_summary.py), for timestamps t1, t2 the summ
 - monotone:     t1 <= t2  =>  s(t1) <= s(t2)
 - composition:  s.followed_by(r)(t) == r(s(t))        (and followed_by is associative)
 - identity:     IDENTITY(t) == t;  IDENTITY.followed_by(s) == s == s.followed_by(IDENTITY)
-- order:        s1 <= s2  =>  s1(t) <= s2(t) for every t both apply to
+- order:        s1 <= s2  iff  s1(t) <= s2(t) for every t both apply to (sound and complete)
 - a summary with `advances` (a cycle through a feedback of its own loop) has s(t) > t.
 
-Summary order: s1 <= s2 iff both have the same shape (pop, number of pushed counters) and
-(advance, push) of s1 is lexicographically <= that of s2. Summaries of different shapes are
-incomparable; this is sound (it never claims s1 <= s2 falsely) though not complete, so a set of
-least summaries (an `Antichain`) may keep one redundant summary per shape: harmless, and there
-are at most depth + 1 shapes between two locations.
+Summary order: s1 <= s2 iff s1(t) <= s2(t) for every t both apply to (loop counters are never
+negative: only ingress (0) and feedback (+k) make them). In normal form: both must change the
+depth alike; with equal `pop`, compare (advance, push) lexicographically; if s1 drops more
+counters, its advance must be 0 and its push <= the least of s2's results there (zeros, then
+s2's advance, then s2's push); if s2 drops more, s2's advance must be positive. The least
+summaries between two locations are an `Antichain` under this order.
 
 `apply` returns None when the summary does not apply (the timestamp has too few counters) or a
 counter would overflow int64: then no timestamp results (as timely's `results_in`).
@@ -91,17 +92,23 @@ class PathSummary:
 
     # --- order ---------------------------------------------------------------------------
     def less_equal(self, other: PathSummary) -> bool:
-        return (
-            self.pop == other.pop
-            and len(self.push) == len(other.push)
-            and (self.advance, self.push) <= (other.advance, other.push)
-        )
+        """s(t) <= other(t) for every timestamp t both apply to (see the module docstring)."""
+        if self.pop - len(self.push) != other.pop - len(other.push):
+            return False  # results of different depths never compare
+        if self.pop == other.pop:
+            return (self.advance, self.push) <= (other.advance, other.push)
+        if self.pop > other.pop:
+            # at the deepest counter self keeps, other copies it; after it, self is constant
+            # and other is least when the counters it copies are zeros
+            gap = self.pop - other.pop
+            least = (0,) * (gap - 1) + (other.advance,) + other.push
+            return not self.advance and self.push <= least
+        # other drops more: other's advance decides at the deepest counter other keeps; without
+        # it, self copies counters that may be arbitrarily large where other is constant
+        return other.advance > 0
 
     def less_than(self, other: PathSummary) -> bool:
         return self.less_equal(other) and self != other
-
-    def sort_key(self) -> tuple:
-        return (self.pop, len(self.push), self.advance, self.push)
 
     __le__ = less_equal
     __lt__ = less_than

@@ -37,6 +37,8 @@ class Timestamp:
     __slots__ = ("epoch", "counters", "_hash")
 
     def __init__(self, epoch: int, counters: tuple[int, ...] = ()):
+        if counters and min(counters) < 0:
+            raise ValueError(f"loop counters are never negative: {counters}")
         self.epoch = epoch
         self.counters = counters
         self._hash = hash((epoch, counters))

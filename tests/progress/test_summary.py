@@ -1,6 +1,8 @@
 """Path summary laws: monotone, composition is application in sequence, identity, the order is
 sound, and a summary that `advances` strictly advances."""
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -84,6 +86,22 @@ def test_order_is_sound(a, b, t):
 
 
 @FAST
+@given(normal, normal)
+def test_order_is_complete(a, b):
+    """s1 <= s2 whenever s1(t) <= s2(t) for every t both apply to (counters 0..4 suffice:
+    these summaries push counters up to 2)."""
+    s1, s2 = compose(a), compose(b)
+    need = max(s.pop + (1 if s.advance else 0) for s in (s1, s2))
+    pointwise = all(
+        s1.apply(t) <= s2.apply(t)
+        for depth in (need, need + 1)
+        for counters in itertools.product(range(5), repeat=depth)
+        for t in [Timestamp(0, counters)]
+    )
+    assert (s1 <= s2) == pointwise
+
+
+@FAST
 @given(paths, st.integers(0, 3).flatmap(timestamps))
 def test_a_summary_that_advances_strictly_advances(ops, t):
     s = compose(ops)
@@ -107,6 +125,13 @@ def test_normal_forms():
     # leaving an inner loop forgets its iterations; the outer counter still advances after
     assert feedback().followed_by(EGRESS).followed_by(feedback()) == PathSummary(pop=1, advance=1)
     assert repr(feedback(3)) == "feedback(3)" and repr(EGRESS) == "EGRESS"
+
+
+def test_summaries_that_drop_counters_compare_with_those_that_keep_them():
+    out_and_back = PathSummary(pop=1, advance=1, push=(1,))  # egress, outer feedback, ingress, feedback
+    assert feedback(1) < out_and_back  # (o, i+1) is lexicographically below (o+1, 1)
+    assert PathSummary(pop=1, push=(0,)) <= IDENTITY  # the inner counter restarts at 0
+    assert not PathSummary(pop=1, push=(3,)) <= IDENTITY and not IDENTITY <= PathSummary(pop=1, push=(3,))
 
 
 def test_overflow_results_in_nothing():

@@ -65,5 +65,10 @@ def test_event_time_maps_onto_the_epoch():
         Timestamp.at(MAX_EPOCH + 1)
 
 
+def test_loop_counters_are_never_negative():
+    with pytest.raises(ValueError, match="never negative"):
+        Timestamp(0, (1, -1))
+
+
 def test_repr():
     assert repr(Timestamp(3)) == "(3)" and repr(Timestamp(3, (1, 2))) == "(3, <1, 2>)"
