@@ -1,5 +1,5 @@
 """Path summary laws: monotone, composition is application in sequence, identity, the order is
-sound, and a summary that `advances` strictly advances."""
+the pointwise order (sound and complete), and a summary that `advances` strictly advances."""
 
 import itertools
 
