@@ -220,7 +220,7 @@ def test_updates_are_held_while_covered_and_positive_first():
     (message,) = executor.record([((source, t1), 1), ((source, t0), -1)])
     signs = [delta > 0 for _, delta in message]
     assert signs == sorted(signs, reverse=True) and dict(message)[(source, t0)] == -2
-    assert executor.buffered == []
+    assert executor.buffered == [] and executor.sent == 1
     assert executor.view.count(source, t1) == 2 and executor.view.count(map_in, t0) == 1
 
 
