@@ -1,10 +1,45 @@
 """Progress tracking: when can a window fire? (Slash's property P1.)
 
 `Frontier` is the small interface the runtime asks; `VectorClock` is Slash's implementation
-(the vector of every executor's low watermark, carried with epoch deltas). A Naiad-style
-pointstamp tracker can implement the same interface later.
+(the vector of every executor's low watermark, carried with epoch deltas), and the one the
+runtime uses today.
+
+Naiad-style pointstamp tracking is built beside it, one pure concept per module (no I/O, no
+trio), each with its laws in its docstring and a property test per law in tests/progress/:
+
+- `timestamp`:    `Timestamp` (epoch, loop counters) and its partial order; event time is the epoch
+- `summary`:      `PathSummary` (ingress, egress, feedback, identity), applied and composed
+- `antichain`:    `Antichain`, `MutableAntichain` (counted frontier), `ChangeBatch`
+- `reachability`: graph `Builder` -> `Reachability`: least summaries, `could_result_in`
+- `tracker`:      `Tracker`: pointstamp occurrence counts -> the frontier at every location
+- `exchange`:     `ProgressExchange`: the distributed protocol's per-executor state machine
 """
 
+from slashrt.progress.antichain import Antichain, ChangeBatch, MutableAntichain
+from slashrt.progress.exchange import ProgressExchange, project
 from slashrt.progress.frontier import Frontier, VectorClock
+from slashrt.progress.reachability import Builder, Location, Reachability
+from slashrt.progress.summary import EGRESS, IDENTITY, INGRESS, PathSummary, feedback
+from slashrt.progress.timestamp import Timestamp
+from slashrt.progress.tracker import Tracker, move_capability
 
-__all__ = ["Frontier", "VectorClock"]
+__all__ = [
+    "Antichain",
+    "Builder",
+    "ChangeBatch",
+    "EGRESS",
+    "Frontier",
+    "IDENTITY",
+    "INGRESS",
+    "Location",
+    "MutableAntichain",
+    "PathSummary",
+    "ProgressExchange",
+    "Reachability",
+    "Timestamp",
+    "Tracker",
+    "VectorClock",
+    "feedback",
+    "move_capability",
+    "project",
+]

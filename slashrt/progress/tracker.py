@@ -1,0 +1,129 @@
+"""The tracker: occurrence counts of pointstamps, and the frontier they imply at every location.
+
+A pointstamp is (location, timestamp). Its occurrence count is what is outstanding there:
+records in flight on the edges into an input (+1 when sent, -1 when received) and capabilities
+an operator holds at an output (+1 when it may still send at that time, -1 when it gives that
+up). A producer adds its +1 before it gives up the -1 that allowed it, so counts never dip.
+
+The implied frontier at a location b is the antichain of least s(t) over every pointstamp
+(a, t) with a positive count and every least summary s of a -> b: timestamp t' is complete at
+b (no more records or capabilities at or below t' can appear there) iff no frontier element is
+<= t'. This replaces the seed's precursor counts as timely dataflow does: a pointstamp's
+precursor count is zero exactly when no other active pointstamp could-result-in it
+(`precursor_count` computes it, for tests and diagnostics).
+
+Only frontier changes travel: when the least timestamps at a location change, their images
+under its summaries change the implied counts downstream (sound because summaries are
+monotone: a timestamp above the frontier maps above a frontier element's image).
+
+Laws (tests/progress/test_tracker.py), after any updates:
+- `is_complete(b, t)` iff no pointstamp (a, ta) with a positive count could-result-in (b, t);
+- the frontier changes `propagate()` reports, applied in order to the empty frontiers, give the
+  current frontiers;
+- the result does not depend on how updates are split into batches or ordered within one.
+
+Cost: O(changed frontier elements * reachable locations * summaries) per propagate; records
+are never counted one by one, only batches (a delta per pointstamp).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from slashrt.progress.antichain import Antichain, ChangeBatch, MutableAntichain
+from slashrt.progress.reachability import Location, Reachability
+from slashrt.progress.timestamp import Timestamp
+
+__all__ = ["Tracker", "Pointstamp", "move_capability"]
+
+Pointstamp = tuple[Location, Timestamp]
+
+
+def move_capability(location: Location, old: Timestamp, new: Timestamp) -> list[tuple[Pointstamp, int]]:
+    """The updates that move a capability at `location` from `old` to `new` (a source whose
+    watermark advances: `Timestamp.at(watermark)`): +1 at new before -1 at old. Moving back
+    is a bug of the caller: ValueError."""
+    if not old.less_equal(new):
+        raise ValueError(f"a capability at {location} cannot move from {old} back to {new}")
+    return [((location, new), 1), ((location, old), -1)]
+
+
+class Tracker:
+    """Pointstamp counts over a `Reachability`, and the frontier implied at every location."""
+
+    def __init__(self, graph: Reachability):
+        self.graph = graph
+        self._pending = ChangeBatch()
+        self._occurrences: dict[Location, MutableAntichain] = {loc: MutableAntichain() for loc in graph.locations}
+        self._implied: dict[Location, MutableAntichain] = {loc: MutableAntichain() for loc in graph.locations}
+        self._changes: list[tuple[Location, Timestamp, int]] = []
+
+    # --- updates -------------------------------------------------------------------------
+    def update(self, location: Location, time: Timestamp, delta: int) -> None:
+        self._pending.update((location, time), delta)
+
+    def update_iter(self, updates: Iterable[tuple[Pointstamp, int]]) -> None:
+        self._pending.extend(updates)
+
+    def propagate(self) -> list[tuple[Location, Timestamp, int]]:
+        """Apply the pending updates; return the implied frontiers' changes since the last call
+        as (location, timestamp, +1 | -1)."""
+        self._apply()
+        changes, self._changes = self._changes, []
+        return changes
+
+    def _apply(self) -> None:
+        if self._pending.is_empty():
+            return
+        per_location: dict[Location, list[tuple[Timestamp, int]]] = {}
+        for (location, time), delta in self._pending.drain():
+            per_location.setdefault(location, []).append((time, delta))
+        implied: dict[Location, ChangeBatch] = {}
+        for location, changes in per_location.items():
+            moved = self._occurrences[location].update_iter(changes)
+            if not moved:
+                continue
+            for target, summaries in self.graph.reachable_from(location).items():
+                batch = implied.setdefault(target, ChangeBatch())
+                for time, delta in moved:
+                    for summary in summaries:
+                        result = summary.apply(time)
+                        if result is not None:
+                            batch.update(result, delta)
+        for target, batch in implied.items():
+            for time, delta in self._implied[target].update_iter(batch.drain()):
+                self._changes.append((target, time, delta))
+
+    # --- queries (they see every update made so far) --------------------------------------
+    def frontier(self, location: Location) -> Antichain:
+        self._apply()
+        return self._implied[location].frontier
+
+    def is_complete(self, location: Location, time: Timestamp) -> bool:
+        """No pointstamp could still result in (location, t') with t' <= time: a notification
+        at `time` may be delivered there."""
+        return not self.frontier(location).less_equal(time)
+
+    def count(self, location: Location, time: Timestamp) -> int:
+        self._apply()
+        return self._occurrences[location].count(time)
+
+    def pointstamps(self) -> Iterator[tuple[Pointstamp, int]]:
+        """Every pointstamp with a positive count, and its count."""
+        self._apply()
+        for location, counts in self._occurrences.items():
+            for time, count in counts.positive():
+                yield (location, time), count
+
+    def is_idle(self) -> bool:
+        """Nothing outstanding anywhere: every frontier is empty."""
+        self._apply()
+        return all(counts.is_empty() for counts in self._occurrences.values())
+
+    def precursor_count(self, location: Location, time: Timestamp) -> int:
+        """The seed's PC: how many other active pointstamps could-result-in this one."""
+        return sum(
+            1
+            for (other, t), _ in self.pointstamps()
+            if (other, t) != (location, time) and self.graph.could_result_in(other, t, location, time)
+        )

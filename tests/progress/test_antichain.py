@@ -1,0 +1,115 @@
+"""Antichain, MutableAntichain and ChangeBatch laws, over timestamps (epoch, <counter>), a
+genuinely partial order: (1, <5>) and (2, <0>) are incomparable."""
+
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slashrt.progress.antichain import Antichain, ChangeBatch, MutableAntichain
+from slashrt.progress.timestamp import Timestamp
+
+FAST = settings(max_examples=40, derandomize=True, deadline=None)
+
+times = st.builds(Timestamp, st.integers(0, 4), st.tuples(st.integers(0, 4)))
+updates = st.lists(st.tuples(times, st.integers(-2, 3)), max_size=30)
+
+
+def minimal(elements):
+    elements = set(elements)
+    return {e for e in elements if not any(o.less_than(e) for o in elements)}
+
+
+@FAST
+@given(st.lists(times, max_size=20), times)
+def test_antichain_is_the_minimal_inserted_elements(inserted, probe):
+    chain = Antichain(inserted)
+    assert set(chain) == minimal(inserted) and len(chain) == len(minimal(inserted))
+    for a in chain:
+        for b in chain:
+            assert a == b or not a.less_equal(b)
+    assert chain.less_equal(probe) == any(e <= probe for e in inserted)
+    assert chain.less_than(probe) == any(e < probe for e in inserted)
+
+
+@FAST
+@given(st.lists(times, max_size=20), st.randoms(use_true_random=False))
+def test_insertion_order_does_not_matter(inserted, rng):
+    shuffled = list(inserted)
+    rng.shuffle(shuffled)
+    assert Antichain(inserted) == Antichain(shuffled)
+
+
+@FAST
+@given(st.lists(times, max_size=8), st.lists(times, max_size=8))
+def test_dominates(a, b):
+    expected = all(any(x <= y for x in a) for y in b)
+    assert Antichain(a).dominates(Antichain(b)) == expected
+
+
+def test_insert_reports_change():
+    chain = Antichain()
+    assert chain.insert(Timestamp(2, (2,)))
+    assert not chain.insert(Timestamp(3, (3,)))  # above an element
+    assert chain.insert(Timestamp(1, (5,)))  # incomparable: both stay
+    assert chain.insert(Timestamp(1, (0,)))  # below both: replaces them
+    assert chain.elements == (Timestamp(1, (0,)),)
+
+
+@FAST
+@given(st.lists(st.lists(st.tuples(times, st.integers(-2, 3)), max_size=3), max_size=12))
+def test_mutable_frontier_is_the_minimal_positive_elements(batches):
+    counts = MutableAntichain()
+    totals = Counter()
+    reported = set()
+    for batch in batches:
+        changes = counts.update_iter(batch)
+        for element, delta in batch:
+            totals[element] += delta
+        for element, sign in changes:  # the reported changes turn the old frontier into the new
+            assert sign in (1, -1)
+            if sign > 0:
+                assert element not in reported
+                reported.add(element)
+            else:
+                reported.remove(element)
+        expected = minimal(e for e, c in totals.items() if c > 0)
+        assert set(counts.frontier) == expected == reported
+        for element in totals:
+            assert counts.count(element) == totals[element]
+
+
+@FAST
+@given(updates, st.randoms(use_true_random=False))
+def test_mutable_frontier_does_not_depend_on_update_order(batch, rng):
+    shuffled = list(batch)
+    rng.shuffle(shuffled)
+    a, b = MutableAntichain(), MutableAntichain()
+    a.update_iter(batch)
+    for update in shuffled:
+        b.update_iter([update])
+    assert a.frontier == b.frontier
+
+
+@FAST
+@given(updates, st.randoms(use_true_random=False))
+def test_change_batch_sums_and_drops_zeros(batch, rng):
+    expected = Counter()
+    for item, delta in batch:
+        expected[item] += delta
+    shuffled = list(batch)
+    rng.shuffle(shuffled)
+    changes = ChangeBatch(shuffled)
+    drained = changes.drain()
+    assert dict(drained) == {k: v for k, v in expected.items() if v}
+    assert all(delta for _, delta in drained)
+    assert changes.is_empty() and changes.drain() == []
+
+
+def test_mutable_frontier_moves_when_its_element_leaves():
+    counts = MutableAntichain()
+    low, high = Timestamp(1, (0,)), Timestamp(2, (0,))
+    assert counts.update_iter([(high, 1), (low, 2)]) == [(low, 1)]
+    assert counts.update_iter([(low, -1)]) == []  # still one at low
+    assert counts.update_iter([(low, -1)]) == [(low, -1), (high, 1)]
+    assert counts.update_iter([(high, -1)]) == [(high, -1)] and counts.is_empty()
