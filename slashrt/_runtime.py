@@ -19,6 +19,7 @@ from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._dataflow import Dataflow
 from slashrt._plan import build_plan
 from slashrt.errors import DataflowError, SlashError, unwrap_groups
+from slashrt.ops.event_time import Share
 from slashrt.ops.sources import feed_array, validate_input
 from slashrt.scheduler import Executor, ExecutorStats, Input
 from slashrt.transport import Receiver, RingSpec, open_inproc_channel
@@ -153,6 +154,9 @@ def local_inputs(plan, inputs: dict[str, np.ndarray], *, slot_size: int, slots: 
         if isinstance(records, Receiver):
             executor_inputs.append(Input(step_id, records, plan.roots[step_id], spec.schema.dtype))
             continue
+        if isinstance(records, Share):  # an executor's share of an array: it keeps the input's order
+            plan.roots[step_id].carry(records)
+            records = records.records
         records = validate_input(step_id, spec.schema, records)
         ring = RingSpec(slots=slots, slot_size=slot_size, record_size=spec.schema.record_size)
         sender, receiver = open_inproc_channel(ring)

@@ -214,6 +214,7 @@ class SsbWindowAggregate(WindowAggregate):
         """Direct routing: own partitions' records into the leader state, the others' into
         this epoch's delta rows for their leaders (one row per record)."""
         times = _flat(batch.view(self.spec.time))
+        self._check_times(*kernels.minmax(times))
         slice_ids = times // self.slice_len
         if self._earliest_end(int(kernels.minmax(slice_ids)[0])) <= self.fired_until:
             batch, slice_ids = await self._split_late(batch, slice_ids)

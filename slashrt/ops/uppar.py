@@ -18,7 +18,9 @@ from slashrt._batch import Batch
 from slashrt._buffer import Control
 from slashrt._dataflow import WindowAggSpec
 from slashrt.errors import DataflowError
+from slashrt._kernels import minmax
 from slashrt.ops._node import Node
+from slashrt.ops.event_time import NO_TIME
 from slashrt.ops.exchange import END_TIME, FrontierGate, Inbound
 from slashrt.ops.window import WindowAggregate
 from slashrt.progress import VectorClock
@@ -53,6 +55,7 @@ class RouteByOwner(Node):
         self.exchange_dtype = routed_dtype(spec)
         self.gate = FrontierGate(window, VectorClock(partitioning.executors))
         self.senders: dict[int, Sender] = {}  # owner executor -> channel to it
+        self.fired_until = NO_TIME  # windows ending at or before this are closed for this executor's records
 
     # the plan walks through to the window; what is built downstream hangs off the window
     @property
@@ -78,6 +81,16 @@ class RouteByOwner(Node):
         await self.window.push(batch)
 
     async def push(self, batch: Batch) -> None:
+        # Late records are judged here, against this executor's own watermark (the one of the
+        # input's order), not at the owner, whose watermark is the least of every executor's.
+        window = self.window
+        times = batch.view(self.spec.time)
+        tmin, tmax = minmax(times)
+        window._check_times(tmin, tmax)
+        if window._earliest_end(tmin // window.slice_len) <= self.fired_until:
+            batch, _ = await window._split_late(batch, batch[self.spec.time] // window.slice_len, self.fired_until)
+            if not len(batch):
+                return
         keys = batch[self.spec.key]
         owners = self.partitioning.owner_of(keys)
         columns = [(name, batch[name]) for name in self.exchange_dtype.names]
@@ -94,6 +107,7 @@ class RouteByOwner(Node):
                 await self.senders[owner].send_records(rows)
 
     async def on_watermark(self, watermark: int) -> None:
+        self.fired_until = max(self.fired_until, self.window.promise(watermark))
         for sender in self.senders.values():
             await sender.send_control(Control.WATERMARK, watermark)
         await self.gate.advance(self.index, watermark)

@@ -27,14 +27,14 @@ from slashrt._dataflow import WindowAggSpec
 from slashrt._kernels import HashAgg, gather, minmax
 from slashrt.errors import DataflowError, OperatorError
 from slashrt.ops._node import Node
+from slashrt.ops.event_time import I64_MAX, I64_MIN, NO_TIME
 from slashrt.ssb.crdt import finalize
 
 __all__ = ["Tumbling", "Sliding", "WindowAggregate", "WindowState"]
 
 log = structlog.get_logger("slashrt.window")
 
-NO_TIME = -(2**63)
-_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+_I64_MIN, _I64_MAX = I64_MIN, I64_MAX
 _SPARE_TABLES = 2
 
 
@@ -49,12 +49,19 @@ def _length(ms, seconds, what: str) -> int:
 
 @attrs.frozen(init=False)
 class Sliding:
-    """Windows of `size` starting every `slide` (milliseconds of event time)."""
+    """Overlapping windows ``[s, s + size)`` starting every `slide`, at every multiple of it.
+
+    Lengths are in units of the event-time column (milliseconds by convention): give them
+    positionally or as ``size_ms=`` and ``slide_ms=``, or in seconds as ``seconds=`` and
+    ``every_seconds=``; ``Sliding(60_000, 10_000)`` equals
+    ``Sliding(seconds=60, every_seconds=10)``. A record belongs to ``size / slide`` windows
+    (rounded up); the slide may not exceed the size (no gaps between windows).
+    """
 
     size: int
     slide: int
 
-    def __init__(self, *, size_ms=None, slide_ms=None, seconds=None, every_seconds=None):
+    def __init__(self, size_ms=None, slide_ms=None, *, seconds=None, every_seconds=None):
         size = _length(size_ms, seconds, "window size")
         slide = _length(slide_ms, every_seconds, "window slide")
         if slide > size:
@@ -68,9 +75,14 @@ class Sliding:
 
 @attrs.frozen(init=False)
 class Tumbling(Sliding):
-    """Back-to-back windows of `size` (milliseconds of event time)."""
+    """Back-to-back windows ``[s, s + size)`` at every multiple of `size`.
 
-    def __init__(self, *, ms=None, seconds=None):
+    The size is in units of the event-time column (milliseconds by convention): positionally
+    or as ``ms=``, or in seconds as ``seconds=``; ``Tumbling(10_000)`` equals
+    ``Tumbling(seconds=10)``. Every record belongs to exactly one window.
+    """
+
+    def __init__(self, ms=None, *, seconds=None):
         size = _length(ms, seconds, "window size")
         self.__attrs_init__(size, size)
 
@@ -110,6 +122,11 @@ class WindowAggregate(Node):
         self.late_node = late_node
         self._out_dtype = None
         self._last_slice: int | None = None  # the slice the last batch ended in
+        # the event times every window holding them fits in int64: the first window start at
+        # or after int64's minimum, the last window end at or before its maximum
+        first_start = -(_I64_MIN // -self.slide) * self.slide
+        self.first_time = first_start + self.size - self.slide
+        self.last_time = (_I64_MAX - self.size) // self.slide * self.slide + self.slide - 1
 
     # -- slice arithmetic (vectorised: works on ints and int64 arrays) ----------------------------
     def _earliest_end(self, slice_ids):
@@ -144,6 +161,7 @@ class WindowAggregate(Node):
         # Slice bounds from the min and max event time (floor division is monotone): in the
         # common case the whole batch falls into one slice and no record is divided.
         tmin, tmax = minmax(batch.view(self.spec.time))
+        self._check_times(tmin, tmax)
         lo, hi = int(tmin // self.slice_len), int(tmax // self.slice_len)
         slice_ids = None
         if self._earliest_end(lo) <= self.fired_until:
@@ -249,8 +267,19 @@ class WindowAggregate(Node):
 
     def promise(self, watermark: int) -> int:
         """The end of the last window complete by `watermark` (every window ending at or before
-        it may fire)."""
-        return (watermark - self.size) // self.slide * self.slide + self.size
+        it may fire); NO_TIME if that window would start before int64's range."""
+        return max((watermark - self.size) // self.slide * self.slide + self.size, NO_TIME)
+
+    def _check_times(self, tmin: int, tmax: int) -> None:
+        """Refuse event times whose windows do not fit in int64 (they cannot be reported)."""
+        if tmin < self.first_time or tmax > self.last_time:
+            t = tmin if tmin < self.first_time else tmax
+            raise OperatorError(
+                self.step_id,
+                f"event time {t} in column {self.spec.time!r} is too close to the int64 limits: a window of "
+                f"size {self.size}, slide {self.slide} holding it would not fit in int64 "
+                f"(valid event times: {self.first_time} to {self.last_time})",
+            )
 
     # -- helpers -----------------------------------------------------------------------------------
     def _slice(self, slice_id: int) -> HashAgg:
@@ -274,14 +303,17 @@ class WindowAggregate(Node):
         # smallest window start s (multiple of slide) with s + size > fired_until
         return ((self.fired_until - self.size) // self.slide + 1) * self.slide
 
-    async def _split_late(self, batch: Batch, slice_ids: np.ndarray):
-        late = self._earliest_end(slice_ids) <= self.fired_until
+    async def _split_late(self, batch: Batch, slice_ids: np.ndarray, fired_until: int | None = None):
+        """Count and route the records whose earliest window closed at `fired_until` (this
+        operator's by default); return the batch of those that still update a window."""
+        fired_until = self.fired_until if fired_until is None else fired_until
+        late = self._earliest_end(slice_ids) <= fired_until
         n_late = int(late.sum())
         self.late_records += n_late
-        log.debug("late records", step=self.step_id, count=n_late, fired_until=self.fired_until)
+        log.debug("late records", step=self.step_id, count=n_late, fired_until=fired_until)
         if self.late_node is not None:
             await self.late_node.push(batch.select(late))
-        keep = ~late | (self._latest_end(slice_ids) > self.fired_until)
+        keep = ~late | (self._latest_end(slice_ids) > fired_until)
         return batch.select(keep), slice_ids[keep]
 
     async def _fire_until(self, watermark: int | None) -> None:
