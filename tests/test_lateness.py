@@ -57,6 +57,8 @@ def reference(records: np.ndarray, size: int, slide: int, max_delay: int):
 
 
 def run(records, assigner, **options):
+    """Sum and count per window (the sum's window sends late records to a sink): the rows
+    (start, key, count, sum) sorted, the late records sorted, the late counts per window."""
     flow = Dataflow("late")
     src = flow.source("events", SCHEMA, time="t", max_delay=MAX_DELAY)
     late, out, counts = sinks.Collect(), sinks.Collect(), sinks.Collect()
@@ -64,11 +66,13 @@ def run(records, assigner, **options):
     src.window(assigner).count(key="k", name="counts").sink(counts, name="counted")
     result = slashrt.run(flow, {"events": records}, **options)
     sums, cnts = np.sort(out.records, order=["window_start", "k"]), np.sort(counts.records, order=["window_start", "k"])
-    assert np.array_equal(sums[["window_start", "k"]], cnts[["window_start", "k"]])
     assert np.array_equal(sums["window_end"], sums["window_start"] + assigner.size)
-    rows = np.column_stack([sums["window_start"], sums["k"], cnts["count"], sums["sum_v"]])
-    late_records = np.empty(0, SCHEMA.dtype) if late.records is None else late.records
-    return rows, np.sort(late_records.astype(SCHEMA.dtype), order=["t", "k", "v"]), result.late_records
+    if len(sums) == len(cnts) and np.array_equal(sums[["window_start", "k"]], cnts[["window_start", "k"]]):
+        rows = np.column_stack([sums["window_start"], sums["k"], cnts["count"], sums["sum_v"]])
+    else:
+        rows = None  # the two windows disagree: no reference can match
+    late_records = np.empty(0, SCHEMA.dtype) if late.records is None else late.records.astype(SCHEMA.dtype)
+    return rows, np.sort(late_records, order=["t", "k", "v"]), result.late_records
 
 
 SETTINGS = [
@@ -92,17 +96,23 @@ def test_late_records_and_windows_do_not_depend_on_buffers_or_rings(assigner):
         assert np.array_equal(rows, want_rows), options
 
 
-@pytest.mark.parametrize(("mode", "executors"), [("slash", (2, 3)), ("uppar", (3,))])
-def test_executors_sharing_one_input_judge_lateness_by_its_order(mode, executors):
+@pytest.mark.parametrize(
+    ("mode", "executors", "assigner"),
+    [("slash", (2, 3), Tumbling(100)), ("uppar", (3,), Tumbling(100)), ("uppar", (2,), Sliding(200, 50))],
+    ids=["slash", "uppar", "uppar-sliding"],
+)
+def test_executors_sharing_one_input_judge_lateness_by_its_order(mode, executors, assigner):
     # blocks of 4096 records round robin: every executor's share runs ahead of or behind the others'
     data = late_heavy(30_000, seed=11)
-    assigner = Tumbling(100)
     want_rows, want_late = reference(data, assigner.size, assigner.slide, MAX_DELAY)
-    for executors in executors:
-        rows, late, counted = run(data, assigner, executors=executors, mode=mode, slot_size=4096, epoch_bytes=64 << 10)
-        assert np.array_equal(late, want_late), executors
+    for n in executors:
+        rows, late, counted = run(data, assigner, executors=n, mode=mode, slot_size=4096, epoch_bytes=64 << 10)
+        assert np.array_equal(late, want_late), n
         assert counted == {"late.sums": len(want_late), "late.counts": len(want_late)}
-        assert np.array_equal(rows, want_rows), executors
+        if assigner.size == assigner.slide:
+            # (sliding windows: a record late for some of its windows may still reach those at
+            # their leader or owner if another executor holds them open; see docs/guide.md)
+            assert np.array_equal(rows, want_rows), n
 
 
 # -- event times near the int64 limits ----------------------------------------------------------

@@ -48,6 +48,7 @@ class RouteByOwner(Node):
 
     def __init__(self, spec: WindowAggSpec, window: WindowAggregate, *, index: int, partitioning: Partitioning):
         self.window = window
+        window.counts_late = False  # records are judged here, where they are read
         super().__init__(f"{spec.step_id}.route")
         self.spec = spec
         self.index = index
@@ -88,7 +89,9 @@ class RouteByOwner(Node):
         tmin, tmax = minmax(times)
         window._check_times(tmin, tmax)
         if window._earliest_end(tmin // window.slice_len) <= self.fired_until:
-            batch, _ = await window._split_late(batch, batch[self.spec.time] // window.slice_len, self.fired_until)
+            batch, _ = await window._split_late(
+                batch, batch[self.spec.time] // window.slice_len, self.fired_until, count=True
+            )
             if not len(batch):
                 return
         keys = batch[self.spec.key]

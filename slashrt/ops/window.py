@@ -120,6 +120,8 @@ class WindowAggregate(Node):
         self.fired_until = NO_TIME  # every window ending at or before this has fired
         self.late_records = 0
         self.late_node = late_node
+        # False where records were judged late where they were read (an UpPar owner's window)
+        self.counts_late = True
         self._out_dtype = None
         self._last_slice: int | None = None  # the slice the last batch ended in
         # the event times every window holding them fits in int64: the first window start at
@@ -303,11 +305,17 @@ class WindowAggregate(Node):
         # smallest window start s (multiple of slide) with s + size > fired_until
         return ((self.fired_until - self.size) // self.slide + 1) * self.slide
 
-    async def _split_late(self, batch: Batch, slice_ids: np.ndarray, fired_until: int | None = None):
+    async def _split_late(
+        self, batch: Batch, slice_ids: np.ndarray, fired_until: int | None = None, *, count: bool | None = None
+    ):
         """Count and route the records whose earliest window closed at `fired_until` (this
-        operator's by default); return the batch of those that still update a window."""
+        operator's by default), unless they were judged upstream (`count` False, by default
+        `counts_late`); return the batch of those that still update a window."""
         fired_until = self.fired_until if fired_until is None else fired_until
         late = self._earliest_end(slice_ids) <= fired_until
+        if not (self.counts_late if count is None else count):
+            keep = self._latest_end(slice_ids) > fired_until
+            return batch.select(keep), slice_ids[keep]
         n_late = int(late.sum())
         self.late_records += n_late
         log.debug("late records", step=self.step_id, count=n_late, fired_until=fired_until)
