@@ -220,6 +220,17 @@ def batch_at(times, keys=None, values=None):
     return Batch(a)
 
 
+def test_assigners_take_their_lengths_positionally_or_by_keyword():
+    assert Tumbling(10_000) == Tumbling(ms=10_000) == Tumbling(seconds=10)
+    assert Sliding(10_000, 5_000) == Sliding(size_ms=10_000, slide_ms=5_000) == Sliding(seconds=10, every_seconds=5)
+    assert (Sliding(10_000, 5_000).size, Sliding(10_000, 5_000).slide) == (10_000, 5_000)
+    assert Tumbling.__doc__ and Sliding.__doc__
+    with pytest.raises(slashrt.errors.DataflowError, match="exactly one of ms= or seconds="):
+        Tumbling(10, seconds=1)
+    with pytest.raises(slashrt.errors.DataflowError, match="slide 20 ms is longer"):
+        Sliding(10, 20)
+
+
 async def test_a_record_updates_exactly_one_slice():
     node, _ = window_node(Sliding(size_ms=100, slide_ms=30))  # slices of 10 ms, up to 4 windows each
     assert node.slice_len == 10
