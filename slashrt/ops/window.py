@@ -17,6 +17,7 @@ updates the windows that have not fired (as in Flink); nothing is dropped silent
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import attrs
 import numpy as np
@@ -36,6 +37,9 @@ log = structlog.get_logger("slashrt.window")
 
 _I64_MIN, _I64_MAX = I64_MIN, I64_MAX
 _SPARE_TABLES = 2
+
+
+_UNITS_PER_MS = {"s": Fraction(1, 1000), "ms": 1, "us": 1000, "ns": 1_000_000}
 
 
 def _length(ms, seconds, what: str) -> int:
@@ -71,6 +75,20 @@ class Sliding:
     @property
     def slice_len(self) -> int:
         return math.gcd(self.size, self.slide)
+
+    def in_unit(self, unit: str) -> Sliding:
+        """These windows with their lengths in `unit` ("s", "ms", "us" or "ns": an event-time
+        column's) instead of milliseconds."""
+        per_ms = _UNITS_PER_MS[unit]
+        size, slide = self.size * per_ms, self.slide * per_ms
+        if size != int(size) or slide != int(slide):
+            raise DataflowError(
+                f"window of {self.size} ms every {self.slide} ms is not a whole number of {unit}, the unit of its "
+                "event times (time_unit of the source)"
+            )
+        windows = object.__new__(type(self))
+        windows.__attrs_init__(int(size), int(slide))
+        return windows
 
 
 @attrs.frozen(init=False)

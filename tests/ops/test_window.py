@@ -231,6 +231,30 @@ def test_assigners_take_their_lengths_positionally_or_by_keyword():
         Sliding(10, 20)
 
 
+@pytest.mark.parametrize(("unit", "per_ms"), [("s", 0.001), ("ms", 1), ("us", 1000), ("ns", 10**6)])
+def test_window_lengths_apply_in_the_time_unit_of_the_source(unit, per_ms):
+    flow = Dataflow("units")
+    out = sinks.Collect()
+    flow.source("e", SCHEMA, time="t", time_unit=unit).window(Sliding(seconds=10, every_seconds=5)).count(key="k").sink(out)
+    data = np.zeros(3, SCHEMA.dtype)
+    data["t"] = (np.array([0, 9_999, 10_000]) * per_ms).astype(np.int64)
+    slashrt.run(flow, {"e": data})
+    rows = np.sort(out.records, order="window_start")
+    ten_s = int(10_000 * per_ms)
+    assert rows["window_start"].tolist() == [-ten_s // 2, 0, ten_s // 2, ten_s]
+    assert rows["count"].tolist() == [1, 2, 2, 1]
+    assert (rows["window_end"] - rows["window_start"] == ten_s).all()
+
+
+def test_bad_time_units_are_refused_naming_the_source_or_the_window():
+    with pytest.raises(slashrt.errors.DataflowError, match="source 'e': time_unit must be one of s, ms, us, ns"):
+        Dataflow("u").source("e", SCHEMA, time="t", time_unit="min")
+    with pytest.raises(slashrt.errors.DataflowError, match="1500 ms .* not a whole number of s"):
+        Dataflow("u").source("e", SCHEMA, time="t", time_unit="s").window(Tumbling(1500))
+    with pytest.raises(slashrt.errors.DataflowError, match="needs a Tumbling or Sliding assigner, got 10000"):
+        Dataflow("u").source("e", SCHEMA, time="t").window(10_000)
+
+
 async def test_a_record_updates_exactly_one_slice():
     node, _ = window_node(Sliding(size_ms=100, slide_ms=30))  # slices of 10 ms, up to 4 windows each
     assert node.slice_len == 10
