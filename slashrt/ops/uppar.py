@@ -79,7 +79,8 @@ class RouteByOwner(Node):
         return Inbound(self.spec.step_id, source, self._from_peer, self.gate)
 
     async def _from_peer(self, source: int, batch: Batch) -> None:
-        await self.window.push(batch)
+        # judged by the sender against its watermark, which arrived before them
+        await self.window.push_judged(batch, self.window.promise(self.gate.frontier.entries[source]))
 
     async def push(self, batch: Batch) -> None:
         # Late records are judged here, against this executor's own watermark (the one of the
@@ -105,7 +106,7 @@ class RouteByOwner(Node):
             for name, column in columns:
                 rows[name] = column[take]
             if owner == self.index:
-                await self.window.push(Batch(rows))
+                await self.window.push_judged(Batch(rows), self.fired_until)
             else:
                 await self.senders[owner].send_records(rows)
 

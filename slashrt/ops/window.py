@@ -133,6 +133,10 @@ class WindowAggregate(Node):
         # type was not known when the dataflow was built)
         self.value_dtype = spec.value_dtype
         self.slices: dict[int, HashAgg] = {}
+        # (slice, closed_until) -> partials of records judged where they were read (another
+        # executor) as late for the windows of the slice ending by closed_until: they join
+        # only the later ones (a leader or owner whose own watermark may still hold those open)
+        self.tails: dict[tuple[int, int], HashAgg] = {}
         self._spare: list[HashAgg] = []
         self.next_start: int | None = None  # start of the next window to fire
         self.fired_until = NO_TIME  # every window ending at or before this has fired
@@ -236,46 +240,72 @@ class WindowAggregate(Node):
         await self._fire_until(None)
         await super().on_end()
 
-    def merge_partials(self, slice_ids: np.ndarray, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray) -> None:
+    def merge_partials(
+        self, slice_ids: np.ndarray, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray, closed_until: int = NO_TIME
+    ) -> None:
         """Join partial states (CRDT merge) into their slices: a leader taking a helper's delta.
         The columns may be fields read in place (2-D for a run of ring slots). Rows come grouped
         by slice (as epochs ship them); rows of one slice (the common case) are joined in place,
-        one merge per slot, and mixed slices one merge per run of a slice."""
+        one merge per slot, and mixed slices one merge per run of a slice. `closed_until`: the
+        promise of the sender's watermark; its windows ending by it closed for these rows."""
         if not keys.size:
             return
         lo, hi = minmax(slice_ids)
         if lo == hi:
             if keys.ndim == 1:
-                self.merge_slice(lo, keys, counts, vals)
+                self.merge_slice(lo, keys, counts, vals, closed_until)
             else:
                 for slot in range(len(keys)):
-                    self.merge_slice(lo, keys[slot], counts[slot], vals[slot])
+                    self.merge_slice(lo, keys[slot], counts[slot], vals[slot], closed_until)
             return
         slice_ids, keys, counts, vals = (_flat(a) for a in (slice_ids, keys, counts, vals))
         cuts = np.flatnonzero(slice_ids[1:] != slice_ids[:-1]) + 1
         bounds = [0, *cuts.tolist(), len(keys)]
         for a, b in zip(bounds[:-1], bounds[1:]):
-            self.merge_slice(int(slice_ids[a]), keys[a:b], counts[a:b], vals[a:b])
+            self.merge_slice(int(slice_ids[a]), keys[a:b], counts[a:b], vals[a:b], closed_until)
 
-    def merge_slice(self, slice_id: int, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray) -> None:
-        """Join partial states of one slice into it."""
+    def merge_slice(
+        self, slice_id: int, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray, closed_until: int = NO_TIME
+    ) -> None:
+        """Join partial states of one slice into it (into its windows ending after `closed_until`)."""
         if not len(keys):
             return
         if self.value_dtype is None:
             self.value_dtype = vals.dtype.newbyteorder("<")
-        self._open_slice(slice_id, "partial state").merge(keys, counts, vals)
+        self._open_slice(slice_id, "partial state", closed_until).merge(keys, counts, vals)
 
-    def update_slice(self, slice_id: int, keys: np.ndarray, values: np.ndarray | None) -> int:
-        """Fold records of one slice (their keys and values) into it: an SSB leader's own
-        records, routed as they arrive. Returns how many keys were new to the slice."""
-        agg = self._open_slice(slice_id, "records")
+    def update_slice(self, slice_id: int, keys: np.ndarray, values: np.ndarray | None, closed_until: int = NO_TIME) -> int:
+        """Fold records of one slice (their keys and values) into it (into its windows ending
+        after `closed_until`, where they were judged): an SSB leader's own records, routed as
+        they arrive, or an UpPar owner's. Returns how many keys were new to the slice."""
+        agg = self._open_slice(slice_id, "records", closed_until)
         before = len(agg)
         agg.update(keys, values)
         return len(agg) - before
 
-    def _open_slice(self, slice_id: int, what: str) -> HashAgg:
-        """The table of a slice about to take state from outside the local stream; refused once
-        all its windows fired."""
+    async def push_judged(self, batch: Batch, closed_until: int) -> None:
+        """Records judged late or not where they were read, against a watermark whose windows
+        ending by `closed_until` closed: those whose slice has such windows join only the
+        later ones (the late split counted them there already)."""
+        if len(batch) and closed_until != NO_TIME:
+            tmin, tmax = minmax(batch.view(self.spec.time))
+            self._check_times(tmin, tmax)
+            if self._earliest_end(tmin // self.slice_len) <= closed_until:
+                slice_ids = batch[self.spec.time] // self.slice_len
+                partly = self._earliest_end(slice_ids) <= closed_until
+                keys, values = self._fields(batch.select(partly))
+                keys, values = _flat(keys), None if values is None else _flat(values)
+                for s in np.unique(slice_ids[partly]).tolist():
+                    rows = slice_ids[partly] == s
+                    self.update_slice(s, keys[rows], None if values is None else values[rows], closed_until)
+                batch = batch.select(~partly)
+        if len(batch):
+            await self.push(batch)
+
+    def _open_slice(self, slice_id: int, what: str, closed_until: int = NO_TIME) -> HashAgg:
+        """The table of a slice about to take state from outside the local stream (its tail if
+        windows of it ending by `closed_until` closed for that state); refused once all its
+        windows fired."""
         if self._latest_end(slice_id) <= self.fired_until:
             raise OperatorError(
                 self.step_id, f"{what} for slice {slice_id} arrived after all its windows fired (up to {self.fired_until})"
@@ -283,7 +313,13 @@ class WindowAggregate(Node):
         first = int(self._earliest_end(slice_id)) - self.size
         if self.next_start is None or first < self.next_start:
             self.next_start = max(first, self._first_unfired_start())
-        return self._slice(slice_id)
+        agg = self._slice(slice_id)  # (a tail's slice exists too, so that its windows fire)
+        if self._earliest_end(slice_id) > closed_until:
+            return agg
+        tail = self.tails.get((slice_id, closed_until))
+        if tail is None:
+            tail = self.tails[(slice_id, closed_until)] = HashAgg(self.kind.value, self.value_dtype.str[1:])
+        return tail
 
     def promise(self, watermark: int) -> int:
         """The end of the last window complete by `watermark` (every window ending at or before
@@ -355,6 +391,8 @@ class WindowAggregate(Node):
             self.fired_until = max(self.fired_until, end)
             for s in [s for s in self.slices if (s + 1) * self.slice_len <= self.next_start]:
                 self._drop_slice(s)
+            if self.tails:
+                self.tails = {k: t for k, t in self.tails.items() if k[0] in self.slices}
         if not self.slices:
             self.next_start = None
         if watermark is not None:
@@ -364,6 +402,8 @@ class WindowAggregate(Node):
     async def _fire(self, start: int, end: int) -> None:
         first, last = start // self.slice_len, end // self.slice_len
         parts = [self.slices[s] for s in range(first, last) if s in self.slices]
+        if self.tails:
+            parts += [t for (s, closed), t in self.tails.items() if first <= s < last and closed < end]
         if not parts:
             return
         if len(parts) == 1:
