@@ -113,6 +113,7 @@ class WindowState:
     next_start: int | None
     fired_until: int
     late_records: int
+    tails: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = attrs.field(factory=dict)
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -433,7 +434,8 @@ class WindowAggregate(Node):
     # -- state ---------------------------------------------------------------------------------------
     def snapshot(self) -> WindowState:
         return WindowState(
-            {s: agg.export() for s, agg in self.slices.items()}, self.next_start, self.fired_until, self.late_records
+            {s: agg.export() for s, agg in self.slices.items()}, self.next_start, self.fired_until, self.late_records,
+            {k: agg.export() for k, agg in self.tails.items()},
         )
 
     def restore(self, state: WindowState) -> None:
@@ -441,5 +443,9 @@ class WindowAggregate(Node):
         for s, (keys, counts, vals) in state.slices.items():
             self.value_dtype = vals.dtype.newbyteorder("<")
             self._slice(s).merge(keys, counts, vals)
+        self.tails = {}
+        for k, (keys, counts, vals) in state.tails.items():
+            self.tails[k] = HashAgg(self.kind.value, vals.dtype.newbyteorder("<").str[1:])
+            self.tails[k].merge(keys, counts, vals)
         self.next_start, self.fired_until, self.late_records = state.next_start, state.fired_until, state.late_records
 

@@ -439,3 +439,18 @@ def test_derived_columns_beside_fields_of_multi_slot_runs(derived):
     assert np.array_equal(got["window_start"][order], starts)
     assert np.array_equal(got[names["key"]][order], keys)
     assert np.array_equal(got[f"sum_{names['value']}"][order], vals)
+
+
+async def test_records_judged_elsewhere_join_only_the_windows_still_open_for_them_through_a_snapshot():
+    # a leader or owner still holds windows [0, 100) and [50, 150) open (its own watermark is
+    # behind); records read on another executor whose watermark closed windows ending by 100
+    # join [50, 150) and [100, 200) only, also after a snapshot and restore
+    node, rec = window_node(Sliding(100, 50), kind="sum")
+    await node.push(batch_at([60], values=[1]))  # its own record, open for every window
+    await node.push_judged(batch_at([70, 120], values=[10, 100]), closed_until=100)
+    restored, rec = window_node(Sliding(100, 50), kind="sum")
+    restored.restore(node.snapshot())
+    await restored.on_end()
+    sums = {(int(r["window_start"]), int(r["window_end"])): int(r["sum_v"]) for r in rec.rows()}
+    assert sums == {(0, 100): 1, (50, 150): 111, (100, 200): 100}
+    assert restored.late_records == 0  # counted where they were read
