@@ -100,6 +100,8 @@ class SourceNode(Node):
             await self.emit(batch)
             return
         n = len(batch)
+        if not n:
+            return
         times = batch.view(self.time)
         tmin, tmax = minmax(times)
         first, last = self.position, self.position + n
