@@ -152,6 +152,7 @@ def local_inputs(plan, inputs: dict[str, np.ndarray], *, slot_size: int, slots: 
     executor_inputs = []
     for step_id, spec, records in _per_source(plan, inputs, "input"):
         if isinstance(records, Receiver):
+            plan.roots[step_id].follow_channel()  # its producer sends the watermark
             executor_inputs.append(Input(step_id, records, plan.roots[step_id], spec.schema.dtype))
             continue
         if isinstance(records, Share):  # an executor's share of an array: it keeps the input's order
@@ -182,10 +183,10 @@ async def run_receivers(flow: Dataflow, receivers: dict, **options) -> RunResult
     """Run `flow` on one executor whose sources are already-connected channel receivers
     (source name -> Receiver), e.g. channels from producers in other processes or hosts."""
     plan = build_plan(flow)
-    executor_inputs = [
-        Input(step_id, receiver, plan.roots[step_id], spec.schema.dtype)
-        for step_id, spec, receiver in _per_source(plan, receivers, "channel")
-    ]
+    executor_inputs = []
+    for step_id, spec, receiver in _per_source(plan, receivers, "channel"):
+        plan.roots[step_id].follow_channel()  # its producer sends the watermark
+        executor_inputs.append(Input(step_id, receiver, plan.roots[step_id], spec.schema.dtype))
     return await execute(flow, plan, executor_inputs, **options)
 
 

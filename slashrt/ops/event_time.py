@@ -14,6 +14,10 @@ the watermark closes the same windows as the announced one, so a window's late s
 firing are those of a per-record evaluation, at the cost of one call per window end crossed.
 A batch with no record behind its last watermark passes whole, as before.
 
+A source fed by a channel whose producer sends its own watermarks (an ingest endpoint, whose
+watermark advances with each committed batch; another dataflow's `ChannelSink`) keeps them:
+`follow_channel`.
+
 An input array shared out across executors (`Share`) keeps the order of the whole input:
 every block carries the largest event time of the input before it (`blocks_before`,
 computed once by the coordinator), which raises the watermark of the block's records exactly
@@ -84,6 +88,7 @@ class SourceNode(Node):
         self.block = 1
         self.position = 0  # records of the input seen so far
         self._next_end = NO_TIME  # the first window end downstream after the announced watermark
+        self.follows_channel = False  # the channel's producer owns the watermark
 
     def watch(self) -> None:
         """Learn the windows downstream (their ends are where the watermark must be exact)."""
@@ -95,8 +100,13 @@ class SourceNode(Node):
     def carry(self, share: Share) -> None:
         self.before, self.block = share.before, share.block
 
+    def follow_channel(self) -> None:
+        """Take the watermark from the channel alone: a producer that sends its own (an ingest
+        endpoint's advances with each committed batch, a `ChannelSink` forwards its stream's)."""
+        self.follows_channel = True
+
     async def push(self, batch: Batch) -> None:
-        if self.time is None:
+        if self.time is None or self.follows_channel:
             await self.emit(batch)
             return
         n = len(batch)
