@@ -17,8 +17,8 @@ import numpy as np
 from slashrt._batch import Batch
 from slashrt._buffer import Control
 from slashrt._dataflow import WindowAggSpec
-from slashrt.errors import DataflowError
 from slashrt._kernels import minmax
+from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
 from slashrt.ops.event_time import NO_TIME
 from slashrt.ops.exchange import END_TIME, FrontierGate, Inbound

@@ -35,7 +35,6 @@ __all__ = ["Tumbling", "Sliding", "WindowAggregate", "WindowState"]
 
 log = structlog.get_logger("slashrt.window")
 
-_I64_MIN, _I64_MAX = I64_MIN, I64_MAX
 _SPARE_TABLES = 2
 
 
@@ -55,10 +54,10 @@ def _length(ms, seconds, what: str) -> int:
 class Sliding:
     """Overlapping windows ``[s, s + size)`` starting every `slide`, at every multiple of it.
 
-    Lengths are in units of the event-time column (milliseconds by convention): give them
-    positionally or as ``size_ms=`` and ``slide_ms=``, or in seconds as ``seconds=`` and
-    ``every_seconds=``; ``Sliding(60_000, 10_000)`` equals
-    ``Sliding(seconds=60, every_seconds=10)``. A record belongs to ``size / slide`` windows
+    Lengths are given in milliseconds, positionally or as ``size_ms=`` and ``slide_ms=``, or in
+    seconds as ``seconds=`` and ``every_seconds=`` (``Sliding(60_000, 10_000)`` equals
+    ``Sliding(seconds=60, every_seconds=10)``), and apply in the unit of the source's event
+    times (``time_unit``, milliseconds by default). A record belongs to ``size / slide`` windows
     (rounded up); the slide may not exceed the size (no gaps between windows).
     """
 
@@ -95,9 +94,9 @@ class Sliding:
 class Tumbling(Sliding):
     """Back-to-back windows ``[s, s + size)`` at every multiple of `size`.
 
-    The size is in units of the event-time column (milliseconds by convention): positionally
-    or as ``ms=``, or in seconds as ``seconds=``; ``Tumbling(10_000)`` equals
-    ``Tumbling(seconds=10)``. Every record belongs to exactly one window.
+    The size is given in milliseconds, positionally or as ``ms=``, or in seconds as
+    ``seconds=`` (``Tumbling(10_000)`` equals ``Tumbling(seconds=10)``), and applies in the
+    unit of the source's event times (``time_unit``, milliseconds by default). Every record belongs to exactly one window.
     """
 
     def __init__(self, ms=None, *, seconds=None):
@@ -149,9 +148,9 @@ class WindowAggregate(Node):
         self._last_slice: int | None = None  # the slice the last batch ended in
         # the event times every window holding them fits in int64: the first window start at
         # or after int64's minimum, the last window end at or before its maximum
-        first_start = -(_I64_MIN // -self.slide) * self.slide
+        first_start = -(I64_MIN // -self.slide) * self.slide
         self.first_time = first_start + self.size - self.slide
-        self.last_time = (_I64_MAX - self.size) // self.slide * self.slide + self.slide - 1
+        self.last_time = (I64_MAX - self.size) // self.slide * self.slide + self.slide - 1
 
     # -- slice arithmetic (vectorised: works on ints and int64 arrays) ----------------------------
     def _earliest_end(self, slice_ids):
@@ -176,8 +175,8 @@ class WindowAggregate(Node):
                 keys, values = self._fields(batch)
                 if times.ndim != keys.ndim:  # a derived column (1-D) beside a field of a run (2-D)
                     keys, values, times = _flat(keys), None if values is None else _flat(values), _flat(times)
-                first_t = max(s * self.slice_len, _I64_MIN)
-                last_t = min((s + 1) * self.slice_len - 1, _I64_MAX)
+                first_t = max(s * self.slice_len, I64_MIN)
+                last_t = min((s + 1) * self.slice_len - 1, I64_MAX)
                 done = self.slices[s].update_within(keys, values, times, first_t, last_t)
                 if done == len(batch):
                     return
