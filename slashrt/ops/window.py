@@ -11,7 +11,11 @@ Builder, logic, state: `WindowAggregate` is the logic; `snapshot()` returns a pl
 Firing (property P1): a window ``[s, s + size)`` fires once the watermark W reaches its end
 (W asserts that no later record has an event time below W). A record whose earliest window has
 already fired is *late*: it is counted, sent to the `late` sink if one is given, and still
-updates the windows that have not fired (as in Flink); nothing is dropped silently.
+updates the windows that have not fired (as in Flink); nothing is dropped silently. The
+source's pipeline root announces the watermark where it closes a window
+(`slashrt.ops.event_time`), so lateness follows the input's order, not its batching. A leader
+or owner joins records judged late for some windows on another executor into *tails* of their
+slices that only the windows still open for them take.
 """
 
 from __future__ import annotations
