@@ -26,9 +26,10 @@ from slashrt._schema import Schema
 from slashrt.errors import DataflowError, SchemaError
 from slashrt.ssb.crdt import AggKind, result_dtype
 
-__all__ = ["Dataflow", "Stream", "WindowedStream", "OVERFLOWS"]
+__all__ = ["Dataflow", "Stream", "WindowedStream", "OVERFLOWS", "TIME_UNITS"]
 
 OVERFLOWS = ("wrap", "error")  # what sum(overflow=) accepts
+TIME_UNITS = ("s", "ms", "us", "ns")  # units of event-time columns a source may declare
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 
@@ -135,14 +136,25 @@ class Dataflow:
         self.steps[spec.step_id] = spec
         return spec.step_id
 
-    def source(self, name: str, schema: Schema | np.dtype | dict, *, time: str | None = None, max_delay: int = 0) -> Stream:
+    def source(
+        self,
+        name: str,
+        schema: Schema | np.dtype | dict,
+        *,
+        time: str | None = None,
+        max_delay: int = 0,
+        time_unit: str = "ms",
+    ) -> Stream:
         """An input stream of records of `schema`.
 
-        `time` names the event-time column (int64, milliseconds by convention); the source's
-        watermark is the largest event time seen minus `max_delay`, the declared bound on
-        out-of-orderness. Records later than that are counted as late by windows, never dropped
-        silently.
+        `time` names the event-time column (integers of `time_unit`: "s", "ms" (the default),
+        "us" or "ns"); the source's watermark is the largest event time seen minus `max_delay`
+        (in the same unit), the declared bound on out-of-orderness. Records later than that are
+        counted as late by windows, never dropped silently. Window lengths are given in
+        milliseconds (or seconds) and apply in `time_unit`.
         """
+        if time_unit not in TIME_UNITS:
+            raise DataflowError(f"source {name!r}: time_unit must be one of {', '.join(TIME_UNITS)}, got {time_unit!r}")
         schema = schema if isinstance(schema, Schema) else (
             Schema.from_dtype(schema) if isinstance(schema, np.dtype) else Schema(schema)
         )
@@ -161,7 +173,7 @@ class Dataflow:
             )
         step_id = self._add(SourceSpec(self._step_id(name, "source"), schema, time, int(max_delay)))
         fields = {n: schema.field(n) for n in schema.names}
-        return Stream(self, step_id, fields, time)
+        return Stream(self, step_id, fields, time, time_unit)
 
     def sources(self) -> list[SourceSpec]:
         return [s for s in self.steps.values() if isinstance(s, SourceSpec)]
@@ -178,6 +190,7 @@ class Stream:
     step_id: str
     fields: Fields
     time: str | None  # event-time column carried from the source, if any
+    time_unit: str = "ms"  # the unit of the source's event times
 
     def _need(self, *names: str, what: str) -> None:
         for n in names:
@@ -186,7 +199,8 @@ class Stream:
 
     def _next(self, spec, fields: Fields | None = None, time: str | None = ...) -> Stream:
         self.flow._add(spec)
-        return Stream(self.flow, spec.step_id, self.fields if fields is None else fields, self.time if time is ... else time)
+        fields = self.fields if fields is None else fields
+        return Stream(self.flow, spec.step_id, fields, self.time if time is ... else time, self.time_unit)
 
     def apply(self, fn: Callable, *, name: str | None = None, schema: Schema | dict | None = None) -> Stream:
         """Run a user operator, `async def fn(batch) -> batch` (a plain function works too).
@@ -253,7 +267,11 @@ class Stream:
         if time is None:
             raise DataflowError("window(): no event-time column; name one with time= or on the source")
         self._need(time, what="window")
-        return WindowedStream(self, assigner, time, late)
+        from slashrt.ops.window import Sliding  # the window operator imports this module
+
+        if not isinstance(assigner, Sliding):
+            raise DataflowError(f"window() needs a Tumbling or Sliding assigner, got {assigner!r}")
+        return WindowedStream(self, assigner.in_unit(self.time_unit), time, late)
 
     def sink(self, sink, *, name: str | None = None) -> str:
         """Send the stream to a sink (`slashrt.sinks.Collect()`, `CsvFile`, `ParquetFile`, `Callback`)."""

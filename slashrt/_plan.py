@@ -22,6 +22,7 @@ from slashrt._dataflow import (
 )
 from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
+from slashrt.ops.event_time import SourceNode
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.stateless import ApplyNode, FilterNode, ProjectNode, WithColumnNode
 from slashrt.ops.ssb_window import SsbWindowAggregate
@@ -85,7 +86,7 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
 
     def build(spec) -> Node:
         if isinstance(spec, SourceSpec):
-            node = Node(spec.step_id)
+            node = SourceNode(spec.step_id, spec.time, spec.max_delay)
         elif isinstance(spec, ApplySpec):
             node = ApplyNode(spec)
         elif isinstance(spec, FilterSpec):
@@ -109,6 +110,8 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
         return node
 
     roots = {step_id: build(spec) for step_id, spec in sources.items()}
+    for root in roots.values():
+        root.watch()
     if not sinks:
         raise DataflowError(f"dataflow {flow.name!r} has no sink: nothing would see its results")
     return Plan(roots, sources, sinks)

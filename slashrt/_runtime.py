@@ -20,6 +20,7 @@ from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._dataflow import Dataflow
 from slashrt._plan import build_plan
 from slashrt.errors import DataflowError, SlashError, unwrap_groups
+from slashrt.ops.event_time import Share
 from slashrt.ops.sources import feed_array, validate_input
 from slashrt.scheduler import Executor, ExecutorStats, Input
 from slashrt.transport import Receiver, RingSpec, open_inproc_channel
@@ -179,8 +180,12 @@ def local_inputs(plan, inputs: dict[str, np.ndarray], *, slot_size: int, slots: 
     executor_inputs = []
     for step_id, spec, records in _per_source(plan, inputs, "input"):
         if isinstance(records, Receiver):
+            plan.roots[step_id].follow_channel()  # its producer sends the watermark
             executor_inputs.append(Input(step_id, records, plan.roots[step_id], spec.schema.dtype))
             continue
+        if isinstance(records, Share):  # an executor's share of an array: it keeps the input's order
+            plan.roots[step_id].carry(records)
+            records = records.records
         records = validate_input(step_id, spec.schema, records)
         ring = RingSpec(slots=slots, slot_size=slot_size, record_size=spec.schema.record_size)
         sender, receiver = open_inproc_channel(ring)
@@ -206,10 +211,10 @@ async def run_receivers(flow: Dataflow, receivers: dict, **options) -> RunResult
     """Run `flow` on one executor whose sources are already-connected channel receivers
     (source name -> Receiver), e.g. channels from producers in other processes or hosts."""
     plan = build_plan(flow)
-    executor_inputs = [
-        Input(step_id, receiver, plan.roots[step_id], spec.schema.dtype)
-        for step_id, spec, receiver in _per_source(plan, receivers, "channel")
-    ]
+    executor_inputs = []
+    for step_id, spec, receiver in _per_source(plan, receivers, "channel"):
+        plan.roots[step_id].follow_channel()  # its producer sends the watermark
+        executor_inputs.append(Input(step_id, receiver, plan.roots[step_id], spec.schema.dtype))
     return await execute(flow, plan, executor_inputs, **options)
 
 

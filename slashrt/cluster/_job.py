@@ -5,7 +5,8 @@ i, i + N, i + 2N, ... of `SPLIT_BLOCK` records of every in-memory input (so ever
 stream covers the whole event-time range, as parallel readers of one log would), or
 generates its own stream where the input is a `PerExecutor` function, or opens an ingest
 endpoint that Spark tasks (or any producer speaking `slashrt.spark`'s protocol) stream into,
-where the input is `Ingest()`.
+where the input is `Ingest()`. A shared-out array keeps the order of the whole input for
+lateness: each block carries the largest event time before it (`slashrt.ops.event_time`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import attrs
 import numpy as np
 
 from slashrt._dataflow import Dataflow
+from slashrt.ops.event_time import Share, blocks_before
 
-__all__ = ["Job", "Ingest", "PerExecutor", "share", "SPLIT_BLOCK"]
+__all__ = ["Job", "Ingest", "PerExecutor", "share", "split_input", "SPLIT_BLOCK"]
 
 SPLIT_BLOCK = 4096  # records per block when splitting an array across executors
 
@@ -63,6 +65,16 @@ def share(records: np.ndarray, index: int, executors: int, block: int = SPLIT_BL
         return records[:0]
     rows = (starts[:, None] + np.arange(block)).ravel()
     return records[rows[rows < n]]
+
+
+def split_input(records: np.ndarray, time: str | None, executors: int, block: int = SPLIT_BLOCK) -> list:
+    """Every executor's share of `records`; with an event-time column, `Share`s that carry
+    per block the largest event time of the whole input before it, so that each executor
+    judges lateness by the input's order (as one executor would), not by its share's."""
+    if time is None:
+        return [share(records, i, executors, block) for i in range(executors)]
+    before = blocks_before(records[time], block)
+    return [Share(share(records, i, executors, block), before[i::executors], block) for i in range(executors)]
 
 
 @attrs.define

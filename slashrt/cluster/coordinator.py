@@ -41,7 +41,7 @@ import trio
 from slashrt._plan import MODES, build_plan, check_cluster_flow
 from slashrt._runtime import RunResult, _per_source
 from slashrt.cluster._control import receive_message, send_message
-from slashrt.cluster._job import Ingest, Job, PerExecutor, share
+from slashrt.cluster._job import Ingest, Job, PerExecutor, split_input
 from slashrt.errors import ChannelClosed, DataflowError, SlashError, unwrap_groups
 from slashrt.ops.sinks import Callback, Collect
 from slashrt.ops.sources import validate_input
@@ -196,10 +196,9 @@ def _shares(plan, inputs: dict, executors: int) -> list[dict]:
     for step_id, spec, value in _per_source(plan, inputs, "input"):
         name = step_id.split(".", 1)[1]
         own = isinstance(value, (PerExecutor, Ingest))  # each executor makes (or opens) its own
-        if not own:
-            value = validate_input(step_id, spec.schema, value)
+        parts = [value] * executors if own else split_input(validate_input(step_id, spec.schema, value), spec.time, executors)
         for i in range(executors):
-            shares[i][name] = value if own else share(value, i, executors)
+            shares[i][name] = parts[i]
     return shares
 
 

@@ -15,6 +15,7 @@ from slashrt._buffer import Control
 from slashrt._kernels import copy_rows_max
 from slashrt._schema import Schema
 from slashrt.errors import SchemaError
+from slashrt.ops.event_time import watermark_of
 from slashrt.transport import Sender
 
 __all__ = ["feed_array", "validate_input"]
@@ -80,6 +81,6 @@ async def feed_array(
         end = min(sent * per_slot, n)
         if sent % watermark_every == 0 or end == n:
             if max_time is not None:
-                await sender.send_control(Control.WATERMARK, max_time - max_delay)
+                await sender.send_control(Control.WATERMARK, watermark_of(max_time, max_delay))
             await trio.lowlevel.checkpoint()
     await sender.aclose()

@@ -215,6 +215,7 @@ class SsbWindowAggregate(WindowAggregate):
         """Direct routing: own partitions' records into the leader state, the others' into
         this epoch's delta rows for their leaders (one row per record)."""
         times = _flat(batch.view(self.spec.time))
+        self._check_times(*kernels.minmax(times))
         slice_ids = times // self.slice_len
         if self._earliest_end(int(kernels.minmax(slice_ids)[0])) <= self.fired_until:
             batch, slice_ids = await self._split_late(batch, slice_ids)
@@ -252,11 +253,11 @@ class SsbWindowAggregate(WindowAggregate):
     def _update_own(self, keys: np.ndarray, slice_ids: np.ndarray, values: np.ndarray | None) -> int:
         lo, hi = kernels.minmax(slice_ids)
         if lo == hi:  # the common case: one slice
-            return self.merged.update_slice(int(lo), keys, values)
+            return self.merged.update_slice(int(lo), keys, values, self.fired_until)
         new = 0
         for s in np.unique(slice_ids).tolist():
             rows = slice_ids == s
-            new += self.merged.update_slice(s, keys[rows], None if values is None else values[rows])
+            new += self.merged.update_slice(s, keys[rows], None if values is None else values[rows], self.fired_until)
         return new
 
     async def on_watermark(self, watermark: int) -> None:
@@ -283,7 +284,7 @@ class SsbWindowAggregate(WindowAggregate):
             self._drop_slice(s)
             touched += len(keys)
             if executors == 1:
-                self.merged.merge_slice(s, keys, counts, vals)
+                self.merged.merge_slice(s, keys, counts, vals, self._shipped_promise)
                 continue
             rows = np.empty(len(keys), self.exchange_dtype)
             parts = self.partitioning.route(keys, counts, vals, (rows["key"], rows["count"], rows["value"]))
@@ -292,7 +293,8 @@ class SsbWindowAggregate(WindowAggregate):
             for owner, part in enumerate(parts):
                 mine = rows[part]
                 if owner == self.index:
-                    self.merged.merge_slice(s, mine["key"], mine["count"], mine["value"])
+                    # folded while the last watermark shipped held (the epoch ends where it moves)
+                    self.merged.merge_slice(s, mine["key"], mine["count"], mine["value"], self._shipped_promise)
                 elif len(mine):
                     self.shippers[owner].rows(mine)  # slice by slice, in FIFO order
                     shipped += len(mine)
@@ -326,4 +328,8 @@ class SsbWindowAggregate(WindowAggregate):
                 f"executor {source} sent epoch {first} after epoch {self._helper_epoch[source]}: deltas out of order",
             )
         self._helper_epoch[source] = last
-        self.merged.merge_partials(batch.view("slice"), batch.view("key"), batch.view("count"), batch.view("value"))
+        # the helper folded these rows under its last watermark: windows it closed stay closed to them
+        closed_until = self.promise(self.gate.frontier.entries[source])
+        self.merged.merge_partials(
+            batch.view("slice"), batch.view("key"), batch.view("count"), batch.view("value"), closed_until
+        )

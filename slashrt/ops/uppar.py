@@ -17,8 +17,10 @@ import numpy as np
 from slashrt._batch import Batch
 from slashrt._buffer import Control
 from slashrt._dataflow import WindowAggSpec
+from slashrt._kernels import minmax
 from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
+from slashrt.ops.event_time import NO_TIME
 from slashrt.ops.exchange import END_TIME, FrontierGate, Inbound
 from slashrt.ops.window import WindowAggregate, check_key_type, check_uint64_values
 from slashrt.progress import VectorClock
@@ -46,6 +48,7 @@ class RouteByOwner(Node):
 
     def __init__(self, spec: WindowAggSpec, window: WindowAggregate, *, index: int, partitioning: Partitioning):
         self.window = window
+        window.counts_late = False  # records are judged here, where they are read
         super().__init__(f"{spec.step_id}.route")
         self.spec = spec
         self.index = index
@@ -53,6 +56,7 @@ class RouteByOwner(Node):
         self.exchange_dtype = routed_dtype(spec)
         self.gate = FrontierGate(window, VectorClock(partitioning.executors))
         self.senders: dict[int, Sender] = {}  # owner executor -> channel to it
+        self.fired_until = NO_TIME  # windows ending at or before this are closed for this executor's records
 
     # the plan walks through to the window; what is built downstream hangs off the window
     @property
@@ -75,9 +79,22 @@ class RouteByOwner(Node):
         return Inbound(self.spec.step_id, source, self._from_peer, self.gate)
 
     async def _from_peer(self, source: int, batch: Batch) -> None:
-        await self.window.push(batch)
+        # judged by the sender against its watermark, which arrived before them
+        await self.window.push_judged(batch, self.window.promise(self.gate.frontier.entries[source]))
 
     async def push(self, batch: Batch) -> None:
+        # Late records are judged here, against this executor's own watermark (the one of the
+        # input's order), not at the owner, whose watermark is the least of every executor's.
+        window = self.window
+        times = batch.view(self.spec.time)
+        tmin, tmax = minmax(times)
+        window._check_times(tmin, tmax)
+        if window._earliest_end(tmin // window.slice_len) <= self.fired_until:
+            batch, _ = await window._split_late(
+                batch, batch[self.spec.time] // window.slice_len, self.fired_until, count=True
+            )
+            if not len(batch):
+                return
         keys = batch[self.spec.key]
         check_key_type(self.spec, keys.dtype)
         if self.spec.column is not None and self.spec.value_dtype.kind == "i":
@@ -92,11 +109,12 @@ class RouteByOwner(Node):
             for name, column in columns:
                 rows[name] = column[take]
             if owner == self.index:
-                await self.window.push(Batch(rows))
+                await self.window.push_judged(Batch(rows), self.fired_until)
             else:
                 await self.senders[owner].send_records(rows)
 
     async def on_watermark(self, watermark: int) -> None:
+        self.fired_until = max(self.fired_until, self.window.promise(watermark))
         for sender in self.senders.values():
             await sender.send_control(Control.WATERMARK, watermark)
         await self.gate.advance(self.index, watermark)

@@ -11,12 +11,17 @@ Builder, logic, state: `WindowAggregate` is the logic; `snapshot()` returns a pl
 Firing (property P1): a window ``[s, s + size)`` fires once the watermark W reaches its end
 (W asserts that no later record has an event time below W). A record whose earliest window has
 already fired is *late*: it is counted, sent to the `late` sink if one is given, and still
-updates the windows that have not fired (as in Flink); nothing is dropped silently.
+updates the windows that have not fired (as in Flink); nothing is dropped silently. The
+source's pipeline root announces the watermark where it closes a window
+(`slashrt.ops.event_time`), so lateness follows the input's order, not its batching. A leader
+or owner joins records judged late for some windows on another executor into *tails* of their
+slices that only the windows still open for them take.
 """
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import attrs
 import numpy as np
@@ -27,15 +32,17 @@ from slashrt._dataflow import WindowAggSpec
 from slashrt._kernels import HashAgg, gather, minmax
 from slashrt.errors import DataflowError, OperatorError
 from slashrt.ops._node import Node
+from slashrt.ops.event_time import I64_MAX, I64_MIN, NO_TIME
 from slashrt.ssb.crdt import AggKind, finalize
 
 __all__ = ["Tumbling", "Sliding", "WindowAggregate", "WindowState", "check_key_type", "check_uint64_values"]
 
 log = structlog.get_logger("slashrt.window")
 
-NO_TIME = -(2**63)
-_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _SPARE_TABLES = 2
+
+
+_UNITS_PER_MS = {"s": Fraction(1, 1000), "ms": 1, "us": 1000, "ns": 1_000_000}
 
 
 def _length(ms, seconds, what: str) -> int:
@@ -49,12 +56,19 @@ def _length(ms, seconds, what: str) -> int:
 
 @attrs.frozen(init=False)
 class Sliding:
-    """Windows of `size` starting every `slide` (milliseconds of event time)."""
+    """Overlapping windows ``[s, s + size)`` starting every `slide`, at every multiple of it.
+
+    Lengths are given in milliseconds, positionally or as ``size_ms=`` and ``slide_ms=``, or in
+    seconds as ``seconds=`` and ``every_seconds=`` (``Sliding(60_000, 10_000)`` equals
+    ``Sliding(seconds=60, every_seconds=10)``), and apply in the unit of the source's event
+    times (``time_unit``, milliseconds by default). A record belongs to ``size / slide`` windows
+    (rounded up); the slide may not exceed the size (no gaps between windows).
+    """
 
     size: int
     slide: int
 
-    def __init__(self, *, size_ms=None, slide_ms=None, seconds=None, every_seconds=None):
+    def __init__(self, size_ms=None, slide_ms=None, *, seconds=None, every_seconds=None):
         size = _length(size_ms, seconds, "window size")
         slide = _length(slide_ms, every_seconds, "window slide")
         if slide > size:
@@ -65,12 +79,31 @@ class Sliding:
     def slice_len(self) -> int:
         return math.gcd(self.size, self.slide)
 
+    def in_unit(self, unit: str) -> Sliding:
+        """These windows with their lengths in `unit` ("s", "ms", "us" or "ns": an event-time
+        column's) instead of milliseconds."""
+        per_ms = _UNITS_PER_MS[unit]
+        size, slide = self.size * per_ms, self.slide * per_ms
+        if size != int(size) or slide != int(slide):
+            raise DataflowError(
+                f"window of {self.size} ms every {self.slide} ms is not a whole number of {unit}, the unit of its "
+                "event times (time_unit of the source)"
+            )
+        windows = object.__new__(type(self))
+        windows.__attrs_init__(int(size), int(slide))
+        return windows
+
 
 @attrs.frozen(init=False)
 class Tumbling(Sliding):
-    """Back-to-back windows of `size` (milliseconds of event time)."""
+    """Back-to-back windows ``[s, s + size)`` at every multiple of `size`.
 
-    def __init__(self, *, ms=None, seconds=None):
+    The size is given in milliseconds, positionally or as ``ms=``, or in seconds as
+    ``seconds=`` (``Tumbling(10_000)`` equals ``Tumbling(seconds=10)``), and applies in the
+    unit of the source's event times (``time_unit``, milliseconds by default). Every record belongs to exactly one window.
+    """
+
+    def __init__(self, ms=None, *, seconds=None):
         size = _length(ms, seconds, "window size")
         self.__attrs_init__(size, size)
 
@@ -83,6 +116,7 @@ class WindowState:
     next_start: int | None
     fired_until: int
     late_records: int
+    tails: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = attrs.field(factory=dict)
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -130,13 +164,24 @@ class WindowAggregate(Node):
         # its bit pattern); None until known: int64 unless the first batch says otherwise
         self.key_dtype = spec.key_dtype
         self.slices: dict[int, HashAgg] = {}
+        # (slice, closed_until) -> partials of records judged where they were read (another
+        # executor) as late for the windows of the slice ending by closed_until: they join
+        # only the later ones (a leader or owner whose own watermark may still hold those open)
+        self.tails: dict[tuple[int, int], HashAgg] = {}
         self._spare: list[HashAgg] = []
         self.next_start: int | None = None  # start of the next window to fire
         self.fired_until = NO_TIME  # every window ending at or before this has fired
         self.late_records = 0
         self.late_node = late_node
+        # False where records were judged late where they were read (an UpPar owner's window)
+        self.counts_late = True
         self._out_dtype = None
         self._last_slice: int | None = None  # the slice the last batch ended in
+        # the event times every window holding them fits in int64: the first window start at
+        # or after int64's minimum, the last window end at or before its maximum
+        first_start = -(I64_MIN // -self.slide) * self.slide
+        self.first_time = first_start + self.size - self.slide
+        self.last_time = (I64_MAX - self.size) // self.slide * self.slide + self.slide - 1
 
     # -- slice arithmetic (vectorised: works on ints and int64 arrays) ----------------------------
     def _earliest_end(self, slice_ids):
@@ -161,8 +206,8 @@ class WindowAggregate(Node):
                 keys, values = self._fields(batch)
                 if times.ndim != keys.ndim:  # a derived column (1-D) beside a field of a run (2-D)
                     keys, values, times = _flat(keys), None if values is None else _flat(values), _flat(times)
-                first_t = max(s * self.slice_len, _I64_MIN)
-                last_t = min((s + 1) * self.slice_len - 1, _I64_MAX)
+                first_t = max(s * self.slice_len, I64_MIN)
+                last_t = min((s + 1) * self.slice_len - 1, I64_MAX)
                 done = self.slices[s].update_within(keys, values, times, first_t, last_t)
                 if done == len(batch):
                     return
@@ -171,6 +216,7 @@ class WindowAggregate(Node):
         # Slice bounds from the min and max event time (floor division is monotone): in the
         # common case the whole batch falls into one slice and no record is divided.
         tmin, tmax = minmax(batch.view(self.spec.time))
+        self._check_times(tmin, tmax)
         lo, hi = int(tmin // self.slice_len), int(tmax // self.slice_len)
         slice_ids = None
         if self._earliest_end(lo) <= self.fired_until:
@@ -229,46 +275,72 @@ class WindowAggregate(Node):
         await self._fire_until(None)
         await super().on_end()
 
-    def merge_partials(self, slice_ids: np.ndarray, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray) -> None:
+    def merge_partials(
+        self, slice_ids: np.ndarray, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray, closed_until: int = NO_TIME
+    ) -> None:
         """Join partial states (CRDT merge) into their slices: a leader taking a helper's delta.
         The columns may be fields read in place (2-D for a run of ring slots). Rows come grouped
         by slice (as epochs ship them); rows of one slice (the common case) are joined in place,
-        one merge per slot, and mixed slices one merge per run of a slice."""
+        one merge per slot, and mixed slices one merge per run of a slice. `closed_until`: the
+        promise of the sender's watermark; its windows ending by it closed for these rows."""
         if not keys.size:
             return
         lo, hi = minmax(slice_ids)
         if lo == hi:
             if keys.ndim == 1:
-                self.merge_slice(lo, keys, counts, vals)
+                self.merge_slice(lo, keys, counts, vals, closed_until)
             else:
                 for slot in range(len(keys)):
-                    self.merge_slice(lo, keys[slot], counts[slot], vals[slot])
+                    self.merge_slice(lo, keys[slot], counts[slot], vals[slot], closed_until)
             return
         slice_ids, keys, counts, vals = (_flat(a) for a in (slice_ids, keys, counts, vals))
         cuts = np.flatnonzero(slice_ids[1:] != slice_ids[:-1]) + 1
         bounds = [0, *cuts.tolist(), len(keys)]
         for a, b in zip(bounds[:-1], bounds[1:]):
-            self.merge_slice(int(slice_ids[a]), keys[a:b], counts[a:b], vals[a:b])
+            self.merge_slice(int(slice_ids[a]), keys[a:b], counts[a:b], vals[a:b], closed_until)
 
-    def merge_slice(self, slice_id: int, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray) -> None:
-        """Join partial states of one slice into it."""
+    def merge_slice(
+        self, slice_id: int, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray, closed_until: int = NO_TIME
+    ) -> None:
+        """Join partial states of one slice into it (into its windows ending after `closed_until`)."""
         if not len(keys):
             return
         if self.value_dtype is None:
             self.value_dtype = vals.dtype.newbyteorder("<")
-        self._open_slice(slice_id, "partial state").merge(keys, counts, vals)
+        self._open_slice(slice_id, "partial state", closed_until).merge(keys, counts, vals)
 
-    def update_slice(self, slice_id: int, keys: np.ndarray, values: np.ndarray | None) -> int:
-        """Fold records of one slice (their keys and values) into it: an SSB leader's own
-        records, routed as they arrive. Returns how many keys were new to the slice."""
-        agg = self._open_slice(slice_id, "records")
+    def update_slice(self, slice_id: int, keys: np.ndarray, values: np.ndarray | None, closed_until: int = NO_TIME) -> int:
+        """Fold records of one slice (their keys and values) into it (into its windows ending
+        after `closed_until`, where they were judged): an SSB leader's own records, routed as
+        they arrive, or an UpPar owner's. Returns how many keys were new to the slice."""
+        agg = self._open_slice(slice_id, "records", closed_until)
         before = len(agg)
         agg.update(keys, values)
         return len(agg) - before
 
-    def _open_slice(self, slice_id: int, what: str) -> HashAgg:
-        """The table of a slice about to take state from outside the local stream; refused once
-        all its windows fired."""
+    async def push_judged(self, batch: Batch, closed_until: int) -> None:
+        """Records judged late or not where they were read, against a watermark whose windows
+        ending by `closed_until` closed: those whose slice has such windows join only the
+        later ones (the late split counted them there already)."""
+        if len(batch) and closed_until != NO_TIME:
+            tmin, tmax = minmax(batch.view(self.spec.time))
+            self._check_times(tmin, tmax)
+            if self._earliest_end(tmin // self.slice_len) <= closed_until:
+                slice_ids = batch[self.spec.time] // self.slice_len
+                partly = self._earliest_end(slice_ids) <= closed_until
+                keys, values = self._fields(batch.select(partly))
+                keys, values = _flat(keys), None if values is None else _flat(values)
+                for s in np.unique(slice_ids[partly]).tolist():
+                    rows = slice_ids[partly] == s
+                    self.update_slice(s, keys[rows], None if values is None else values[rows], closed_until)
+                batch = batch.select(~partly)
+        if len(batch):
+            await self.push(batch)
+
+    def _open_slice(self, slice_id: int, what: str, closed_until: int = NO_TIME) -> HashAgg:
+        """The table of a slice about to take state from outside the local stream (its tail if
+        windows of it ending by `closed_until` closed for that state); refused once all its
+        windows fired."""
         if self._latest_end(slice_id) <= self.fired_until:
             raise OperatorError(
                 self.step_id, f"{what} for slice {slice_id} arrived after all its windows fired (up to {self.fired_until})"
@@ -276,12 +348,29 @@ class WindowAggregate(Node):
         first = int(self._earliest_end(slice_id)) - self.size
         if self.next_start is None or first < self.next_start:
             self.next_start = max(first, self._first_unfired_start())
-        return self._slice(slice_id)
+        agg = self._slice(slice_id)  # (a tail's slice exists too, so that its windows fire)
+        if self._earliest_end(slice_id) > closed_until:
+            return agg
+        tail = self.tails.get((slice_id, closed_until))
+        if tail is None:
+            tail = self.tails[(slice_id, closed_until)] = HashAgg(self.kind.value, self.value_dtype.str[1:])
+        return tail
 
     def promise(self, watermark: int) -> int:
         """The end of the last window complete by `watermark` (every window ending at or before
-        it may fire)."""
-        return (watermark - self.size) // self.slide * self.slide + self.size
+        it may fire); NO_TIME if that window would start before int64's range."""
+        return max((watermark - self.size) // self.slide * self.slide + self.size, NO_TIME)
+
+    def _check_times(self, tmin: int, tmax: int) -> None:
+        """Refuse event times whose windows do not fit in int64 (they cannot be reported)."""
+        if tmin < self.first_time or tmax > self.last_time:
+            t = tmin if tmin < self.first_time else tmax
+            raise OperatorError(
+                self.step_id,
+                f"event time {t} in column {self.spec.time!r} is too close to the int64 limits: a window of "
+                f"size {self.size}, slide {self.slide} holding it would not fit in int64 "
+                f"(valid event times: {self.first_time} to {self.last_time})",
+            )
 
     # -- helpers -----------------------------------------------------------------------------------
     def _slice(self, slice_id: int) -> HashAgg:
@@ -309,14 +398,23 @@ class WindowAggregate(Node):
         # smallest window start s (multiple of slide) with s + size > fired_until
         return ((self.fired_until - self.size) // self.slide + 1) * self.slide
 
-    async def _split_late(self, batch: Batch, slice_ids: np.ndarray):
-        late = self._earliest_end(slice_ids) <= self.fired_until
+    async def _split_late(
+        self, batch: Batch, slice_ids: np.ndarray, fired_until: int | None = None, *, count: bool | None = None
+    ):
+        """Count and route the records whose earliest window closed at `fired_until` (this
+        operator's by default), unless they were judged upstream (`count` False, by default
+        `counts_late`); return the batch of those that still update a window."""
+        fired_until = self.fired_until if fired_until is None else fired_until
+        late = self._earliest_end(slice_ids) <= fired_until
+        if not (self.counts_late if count is None else count):
+            keep = self._latest_end(slice_ids) > fired_until
+            return batch.select(keep), slice_ids[keep]
         n_late = int(late.sum())
         self.late_records += n_late
-        log.debug("late records", step=self.step_id, count=n_late, fired_until=self.fired_until)
+        log.debug("late records", step=self.step_id, count=n_late, fired_until=fired_until)
         if self.late_node is not None:
             await self.late_node.push(batch.select(late))
-        keep = ~late | (self._latest_end(slice_ids) > self.fired_until)
+        keep = ~late | (self._latest_end(slice_ids) > fired_until)
         return batch.select(keep), slice_ids[keep]
 
     async def _fire_until(self, watermark: int | None) -> None:
@@ -332,6 +430,8 @@ class WindowAggregate(Node):
             self.fired_until = max(self.fired_until, end)
             for s in [s for s in self.slices if (s + 1) * self.slice_len <= self.next_start]:
                 self._drop_slice(s)
+            if self.tails:
+                self.tails = {k: t for k, t in self.tails.items() if k[0] in self.slices}
         if not self.slices:
             self.next_start = None
         if watermark is not None:
@@ -341,6 +441,8 @@ class WindowAggregate(Node):
     async def _fire(self, start: int, end: int) -> None:
         first, last = start // self.slice_len, end // self.slice_len
         parts = [self.slices[s] for s in range(first, last) if s in self.slices]
+        if self.tails:
+            parts += [t for (s, closed), t in self.tails.items() if first <= s < last and closed < end]
         if not parts:
             return
         if len(parts) == 1:
@@ -381,7 +483,8 @@ class WindowAggregate(Node):
     # -- state ---------------------------------------------------------------------------------------
     def snapshot(self) -> WindowState:
         return WindowState(
-            {s: agg.export() for s, agg in self.slices.items()}, self.next_start, self.fired_until, self.late_records
+            {s: agg.export() for s, agg in self.slices.items()}, self.next_start, self.fired_until, self.late_records,
+            {k: agg.export() for k, agg in self.tails.items()},
         )
 
     def restore(self, state: WindowState) -> None:
@@ -389,5 +492,9 @@ class WindowAggregate(Node):
         for s, (keys, counts, vals) in state.slices.items():
             self.value_dtype = vals.dtype.newbyteorder("<")
             self._slice(s).merge(keys, counts, vals)
+        self.tails = {}
+        for k, (keys, counts, vals) in state.tails.items():
+            self.tails[k] = HashAgg(self.kind.value, vals.dtype.newbyteorder("<").str[1:])
+            self.tails[k].merge(keys, counts, vals)
         self.next_start, self.fired_until, self.late_records = state.next_start, state.fired_until, state.late_records
 

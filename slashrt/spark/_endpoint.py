@@ -35,6 +35,7 @@ from slashrt import _kernels as kernels
 from slashrt._buffer import Control
 from slashrt._runtime import RunResult, run_receivers
 from slashrt._schema import Schema
+from slashrt.ops.event_time import watermark_of
 from slashrt.errors import ChannelClosed, DataflowError, MalformedBuffer, SlashError, unwrap_groups
 from slashrt.spark._protocol import (
     DEFAULT_SLOT_SIZE, DEFAULT_SLOTS, IngestTarget, check_transport, fields_of, read_message, verbs_unavailable,
@@ -380,7 +381,7 @@ class IngestEndpoint:
         stats.ingests_committed += 1
         stats.partitions_committed += len(chosen)
         if self.time is not None and self._max_time is not None:
-            watermark = self._max_time - self.max_delay
+            watermark = watermark_of(self._max_time, self.max_delay)
             if self._watermark is None or watermark > self._watermark:
                 self._watermark = watermark
                 self._queue_in.send_nowait(("watermark", watermark))

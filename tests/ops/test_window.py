@@ -220,6 +220,41 @@ def batch_at(times, keys=None, values=None):
     return Batch(a)
 
 
+def test_assigners_take_their_lengths_positionally_or_by_keyword():
+    assert Tumbling(10_000) == Tumbling(ms=10_000) == Tumbling(seconds=10)
+    assert Sliding(10_000, 5_000) == Sliding(size_ms=10_000, slide_ms=5_000) == Sliding(seconds=10, every_seconds=5)
+    assert (Sliding(10_000, 5_000).size, Sliding(10_000, 5_000).slide) == (10_000, 5_000)
+    assert Tumbling.__doc__ and Sliding.__doc__
+    with pytest.raises(slashrt.errors.DataflowError, match="exactly one of ms= or seconds="):
+        Tumbling(10, seconds=1)
+    with pytest.raises(slashrt.errors.DataflowError, match="slide 20 ms is longer"):
+        Sliding(10, 20)
+
+
+@pytest.mark.parametrize(("unit", "per_ms"), [("s", 0.001), ("ms", 1), ("us", 1000), ("ns", 10**6)])
+def test_window_lengths_apply_in_the_time_unit_of_the_source(unit, per_ms):
+    flow = Dataflow("units")
+    out = sinks.Collect()
+    flow.source("e", SCHEMA, time="t", time_unit=unit).window(Sliding(seconds=10, every_seconds=5)).count(key="k").sink(out)
+    data = np.zeros(3, SCHEMA.dtype)
+    data["t"] = (np.array([0, 9_999, 10_000]) * per_ms).astype(np.int64)
+    slashrt.run(flow, {"e": data})
+    rows = np.sort(out.records, order="window_start")
+    ten_s = int(10_000 * per_ms)
+    assert rows["window_start"].tolist() == [-ten_s // 2, 0, ten_s // 2, ten_s]
+    assert rows["count"].tolist() == [1, 2, 2, 1]
+    assert (rows["window_end"] - rows["window_start"] == ten_s).all()
+
+
+def test_bad_time_units_are_refused_naming_the_source_or_the_window():
+    with pytest.raises(slashrt.errors.DataflowError, match="source 'e': time_unit must be one of s, ms, us, ns"):
+        Dataflow("u").source("e", SCHEMA, time="t", time_unit="min")
+    with pytest.raises(slashrt.errors.DataflowError, match="1500 ms .* not a whole number of s"):
+        Dataflow("u").source("e", SCHEMA, time="t", time_unit="s").window(Tumbling(1500))
+    with pytest.raises(slashrt.errors.DataflowError, match="needs a Tumbling or Sliding assigner, got 10000"):
+        Dataflow("u").source("e", SCHEMA, time="t").window(10_000)
+
+
 async def test_a_record_updates_exactly_one_slice():
     node, _ = window_node(Sliding(size_ms=100, slide_ms=30))  # slices of 10 ms, up to 4 windows each
     assert node.slice_len == 10
@@ -404,3 +439,18 @@ def test_derived_columns_beside_fields_of_multi_slot_runs(derived):
     assert np.array_equal(got["window_start"][order], starts)
     assert np.array_equal(got[names["key"]][order], keys)
     assert np.array_equal(got[f"sum_{names['value']}"][order], vals)
+
+
+async def test_records_judged_elsewhere_join_only_the_windows_still_open_for_them_through_a_snapshot():
+    # a leader or owner still holds windows [0, 100) and [50, 150) open (its own watermark is
+    # behind); records read on another executor whose watermark closed windows ending by 100
+    # join [50, 150) and [100, 200) only, also after a snapshot and restore
+    node, rec = window_node(Sliding(100, 50), kind="sum")
+    await node.push(batch_at([60], values=[1]))  # its own record, open for every window
+    await node.push_judged(batch_at([70, 120], values=[10, 100]), closed_until=100)
+    restored, rec = window_node(Sliding(100, 50), kind="sum")
+    restored.restore(node.snapshot())
+    await restored.on_end()
+    sums = {(int(r["window_start"]), int(r["window_end"])): int(r["sum_v"]) for r in rec.rows()}
+    assert sums == {(0, 100): 1, (50, 150): 111, (100, 200): 100}
+    assert restored.late_records == 0  # counted where they were read

@@ -183,3 +183,32 @@ async def test_verbs_is_used_only_where_offered_and_insisting_on_it_elsewhere_fa
     assert report["verbs"] == 0 and endpoint.stats.connections == 2  # the task and the driver
     assert endpoint.stats.verbs_connections == 0
     assert rows_of(sink) == reference(np.arange(100))
+
+
+async def test_a_watermark_below_the_int64_minimum_saturates():
+    # event times near int64's minimum minus a larger max_delay: no watermark yet, no overflow
+    secret = generate_secret()
+    flow, sink = flow_and_sink(max_delay=10_000)
+    endpoint = IngestEndpoint.for_source(flow, "events", secret, slot_size=4096, slots=4)
+    t = np.iinfo(np.int64).min + 5000 + np.arange(3, dtype=np.int64)
+    data = [pa.RecordBatch.from_arrays([pa.array(t), pa.array(t % 5)], names=["t", "key"])]
+    async with endpoint, trio.open_nursery() as nursery:
+        nursery.start_soon(run_receivers, flow, {"events": endpoint.receiver})
+        await attempt(endpoint.target, secret, 1, 0, 10, data)
+        await _driver_send(endpoint.target, secret, commit(1, [(0, 10, 3)], end=True))
+    assert rows_of(sink) == reference(t)
+
+
+async def test_the_watermark_advances_with_each_committed_batch_not_within_it():
+    # records of one micro-batch out of order by more than max_delay are not late: they are
+    # judged against the watermark of the batches committed before theirs
+    secret = generate_secret()
+    flow, sink = flow_and_sink(max_delay=0)
+    endpoint = IngestEndpoint.for_source(flow, "events", secret, slot_size=4096, slots=4)
+    t = np.array([500, 100, 120], np.int64)
+    data = [pa.RecordBatch.from_arrays([pa.array(t), pa.array(t % 5)], names=["t", "key"])]
+    async with endpoint, trio.open_nursery() as nursery:
+        nursery.start_soon(run_receivers, flow, {"events": endpoint.receiver})
+        await attempt(endpoint.target, secret, 1, 0, 10, data)
+        await _driver_send(endpoint.target, secret, commit(1, [(0, 10, 3)], end=True))
+    assert rows_of(sink) == reference(t)

@@ -1,0 +1,180 @@
+"""Where a source's watermark stands at each of its records, whatever the batching.
+
+A source's watermark before its record i is ``W_i = max(t_0 .. t_i) - max_delay`` over the
+event times of the records before it in its input (and at least any watermark received in
+band). A record is late for a window that ends at or before W_i (P1: the window has closed
+for it), so lateness is a function of the input's order and `max_delay` alone.
+
+`SourceNode`, the root of a source's pipeline, makes every window below it see exactly that:
+it keeps the running maximum across batches and, where a batch holds records behind the
+watermark (``t_i < W_i``, the only ones that can be late), computes ``W_i`` per record
+(``np.maximum.accumulate``) and cuts the batch where W crosses the end of a window
+downstream, announcing the watermark before each piece. Within a piece every record behind
+the watermark closes the same windows as the announced one, so a window's late split and
+firing are those of a per-record evaluation, at the cost of one call per window end crossed.
+A batch with no record behind its last watermark passes whole, as before.
+
+A source fed by a channel whose producer sends its own watermarks (an ingest endpoint, whose
+watermark advances with each committed batch; another dataflow's `ChannelSink`) keeps them:
+`follow_channel`.
+
+An input array shared out across executors (`Share`) keeps the order of the whole input:
+every block carries the largest event time of the input before it (`blocks_before`,
+computed once by the coordinator), which raises the watermark of the block's records exactly
+as the records before it would on a single executor.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from slashrt._batch import Batch
+from slashrt._kernels import gather, minmax
+from slashrt.ops._node import Node
+
+__all__ = ["SourceNode", "Share", "blocks_before", "watermark_of", "NO_TIME", "I64_MIN", "I64_MAX"]
+
+I64_MIN, I64_MAX = -(2**63), 2**63 - 1
+NO_TIME = I64_MIN  # no watermark yet
+
+
+def watermark_of(high: int, max_delay: int) -> int:
+    """The watermark after event time `high`: ``high - max_delay``, saturating at int64's
+    minimum (no promise yet) instead of overflowing."""
+    return max(high - max_delay, NO_TIME)
+
+
+def blocks_before(times: np.ndarray, block: int) -> np.ndarray:
+    """Per block of `block` records of an input, the largest event time of the records
+    before the block (NO_TIME for the first)."""
+    n = len(times)
+    if not n:
+        return np.empty(0, np.int64)
+    tops = np.maximum.reduceat(times.astype(np.int64, copy=False), np.arange(0, n, block))
+    return np.concatenate(([NO_TIME], np.maximum.accumulate(tops)[:-1])).astype(np.int64)
+
+
+@attrs.frozen
+class Share:
+    """One executor's part of an input array shared out across executors: its records, in
+    blocks of `block` records, and per block the largest event time of the whole input before
+    it (so that lateness follows the input's order, not the executor count)."""
+
+    records: np.ndarray
+    before: np.ndarray  # int64, one per block of `records`
+    block: int
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+def _promise(watermark: np.ndarray, size: int, slide: int) -> np.ndarray:
+    """End of the last window (of `size` every `slide`) complete at each watermark."""
+    return (watermark - size) // slide * slide + size
+
+
+class SourceNode(Node):
+    """The root of a source's pipeline: announces the source's watermark at each record."""
+
+    def __init__(self, step_id: str, time: str | None, max_delay: int):
+        super().__init__(step_id)
+        self.time = time
+        self.max_delay = max_delay
+        self.high = NO_TIME  # the largest event time of the input so far
+        self.announced = NO_TIME  # the last watermark sent downstream
+        self.grids: list[tuple[int, int]] = []  # (size, slide) of every window downstream
+        self.before: np.ndarray | None = None  # a Share's per-block carry
+        self.block = 1
+        self.position = 0  # records of the input seen so far
+        self._next_end = NO_TIME  # the first window end downstream after the announced watermark
+        self.follows_channel = False  # the channel's producer owns the watermark
+
+    def watch(self) -> None:
+        """Learn the windows downstream (their ends are where the watermark must be exact)."""
+        from slashrt.ops.window import WindowAggregate  # the window imports this module
+
+        grids = {(n.size, n.slide) for n in self.walk() if isinstance(n, WindowAggregate)}
+        self.grids = sorted(grids)
+
+    def carry(self, share: Share) -> None:
+        self.before, self.block = share.before, share.block
+
+    def follow_channel(self) -> None:
+        """Take the watermark from the channel alone: a producer that sends its own (an ingest
+        endpoint's advances with each committed batch, a `ChannelSink` forwards its stream's)."""
+        self.follows_channel = True
+
+    async def push(self, batch: Batch) -> None:
+        if self.time is None or self.follows_channel:
+            await self.emit(batch)
+            return
+        n = len(batch)
+        if not n:
+            return
+        times = batch.view(self.time)
+        tmin, tmax = minmax(times)
+        first, last = self.position, self.position + n
+        self.position = last
+        high = max(self.high, tmax)
+        if self.before is not None and len(self.before):
+            high = max(high, int(self.before[min((last - 1) // self.block, len(self.before) - 1)]))
+        end_watermark = max(watermark_of(high, self.max_delay), self.announced)
+        if not self.grids:
+            await self.emit(batch)  # no window: in-band watermarks are all there is to forward
+            return
+        if self._cannot_close(tmin, end_watermark):
+            # no record of the batch is in a window the batch's watermarks close
+            self.high = high
+            await self.emit(batch)
+            await self._announce(end_watermark)
+            return
+        flat = (gather(times) if times.ndim > 1 else times).astype(np.int64, copy=False)
+        tops = flat
+        if self.before is not None and len(self.before):
+            blocks = np.minimum(np.arange(first, last) // self.block, len(self.before) - 1)
+            tops = np.maximum(flat, self.before[blocks])
+        tops = np.maximum(np.maximum.accumulate(tops), self.high)
+        self.high = high
+        watermarks = np.maximum(np.maximum(tops, I64_MIN + self.max_delay) - self.max_delay, self.announced)
+        behind = np.flatnonzero(flat < watermarks)
+        if not len(behind):
+            await self.emit(batch)
+            await self._announce(end_watermark)
+            return
+        # cut before every record behind the watermark whose watermark closes other windows
+        # than the one before it; the first piece (up to the first such record) needs none
+        at = watermarks[behind]
+        crossed = np.zeros(len(behind) - 1, bool)
+        for size, slide in self.grids:
+            ends = _promise(at, size, slide)
+            crossed |= ends[1:] != ends[:-1]
+        cuts = behind[[0, *(np.flatnonzero(crossed) + 1)]].tolist()
+        if cuts[0]:
+            await self.emit(batch.select(slice(0, cuts[0])))
+        for a, b in zip(cuts, [*cuts[1:], n]):
+            await self._announce(int(watermarks[a]))
+            await self.emit(batch if (a, b) == (0, n) else batch.select(slice(a, b)))
+        await self._announce(end_watermark)
+
+    def _cannot_close(self, tmin: int, watermark: int) -> bool:
+        """True if no window holding a time >= tmin ends at or before `watermark`."""
+        for size, slide in self.grids:
+            first_end = ((tmin - size) // slide + 1) * slide + size
+            if first_end <= watermark:
+                return False
+        return True
+
+    async def _announce(self, watermark: int, *, always: bool = False) -> None:
+        """Send `watermark` downstream if it is news: higher than the last one and (unless
+        `always`) reaching the end of a window downstream, the only thing that changes there."""
+        if watermark > self.announced and (always or watermark >= self._next_end):
+            self.announced = watermark
+            self._next_end = min(
+                (int(_promise(watermark, size, slide)) + slide for size, slide in self.grids), default=I64_MAX
+            )
+            await super().on_watermark(watermark)
+
+    async def on_watermark(self, watermark: int) -> None:
+        # a watermark in band (from the source's channel) is a floor for the records after it
+        await self._announce(watermark, always=True)
