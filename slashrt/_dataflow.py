@@ -267,10 +267,6 @@ class Stream:
         if time is None:
             raise DataflowError("window(): no event-time column; name one with time= or on the source")
         self._need(time, what="window")
-        from slashrt.ops.window import Sliding  # the window operator imports this module
-
-        if not isinstance(assigner, Sliding):
-            raise DataflowError(f"window() needs a Tumbling or Sliding assigner, got {assigner!r}")
         return WindowedStream(self, assigner.in_unit(self.time_unit), time, late)
 
     def sink(self, sink, *, name: str | None = None) -> str:
