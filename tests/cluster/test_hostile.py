@@ -143,3 +143,38 @@ async def test_a_long_running_agent_survives_coordinators_that_misbehave():
             await run_job([address], secret, seed=2)
     refused = [e for e in logs if e["event"] == "control connection dropped"]
     assert len(refused) == 5, refused  # the last: the coordinator that could not reach executor 1
+
+
+async def test_slashrt_executor_serves_job_after_job_whatever_its_peers_do():
+    """The `slashrt executor --listen` process itself: strangers, a coordinator that leaves
+    before its job and one that announces 2**40 bytes leave it serving jobs, still running."""
+    import os
+    import subprocess
+    import sys
+
+    secret = generate_secret()
+    env = dict(os.environ, SLASHRT_SECRET=secret.hex(), PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
+    cmd = [sys.executable, "-m", "slashrt", "executor", "--listen", "127.0.0.1:0", "--log-level", "warning"]
+    proc = await trio.lowlevel.open_process(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    try:
+        with trio.fail_after(WITHIN):
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = await proc.stdout.receive_some(256)
+                assert chunk, "the agent exited before listening"
+                line += chunk
+            _, _, host, port = line.decode().split()
+            address = f"{host}:{port}"
+            async with hostile_connections((host, int(port)), STRANGERS):
+                for announce in (None, struct.pack("<Q", 1 << 40)):
+                    stream = await trio.open_tcp_stream(host, int(port))
+                    await client_handshake(stream, secret)
+                    if announce:
+                        await stream.send_all(announce)
+                    await stream.aclose()
+                await run_job([address], secret)
+                await run_job([address], secret, seed=3)
+        assert proc.returncode is None, "the agent exited"
+    finally:
+        proc.kill()
+        await proc.wait()
