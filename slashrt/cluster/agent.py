@@ -39,7 +39,7 @@ from slashrt.errors import ChannelClosed, unwrap_groups
 from slashrt.scheduler import Input
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import RingSpec
-from slashrt.transport._accept import HandshakeListener, accept_authenticated, accept_each
+from slashrt.transport._accept import HandshakeListener, accept_each, authenticated_peers
 from slashrt.transport._auth import load_secret
 from slashrt.transport._registry import connect, open_listener
 
@@ -199,8 +199,9 @@ async def serve(host: str, port: int, secret: bytes, *, once: bool = False, task
     """Listen for coordinators and run their jobs one at a time (just one with `once`).
 
     Connections that do not prove the secret are dropped without delaying a coordinator's
-    (`_accept`); a coordinator that misbehaves before its job is logged and dropped, and a job
-    that fails is reported to its coordinator: the agent itself goes on serving."""
+    (`_accept`); a coordinator that arrives during a job waits for it to end; one that
+    misbehaves before its job is logged and dropped, and a job that fails is reported to its
+    coordinator: the agent itself goes on serving."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     address = listeners[0].socket.getsockname()[:2]
     control = HandshakeListener(listeners[0], secret)
@@ -209,24 +210,24 @@ async def serve(host: str, port: int, secret: bytes, *, once: bool = False, task
     sys.stdout.flush()
     log.info("agent listening", host=address[0], port=address[1])
     try:
-        while True:
-            (stream,) = await accept_authenticated(control)
-            async with stream:
-                job = await _receive_job(stream)
-                if job is None:
-                    if once:
-                        return
-                    continue
-                try:
-                    await run_job(job, stream, secret)
-                except Exception as exc:
-                    log.error("job failed", executor=job.index, error=_describe(exc))
-                    with contextlib.suppress(Exception):
-                        await send_message(stream, "failed", f"executor {job.index}: {_describe(exc)}")
-                    if once:
-                        raise
-            if once:
-                return
+        async with authenticated_peers(control) as coordinators:
+            async for stream in coordinators:
+                async with stream:
+                    job = await _receive_job(stream)
+                    if job is None:
+                        if once:
+                            return
+                        continue
+                    try:
+                        await run_job(job, stream, secret)
+                    except Exception as exc:
+                        log.error("job failed", executor=job.index, error=_describe(exc))
+                        with contextlib.suppress(Exception):
+                            await send_message(stream, "failed", f"executor {job.index}: {_describe(exc)}")
+                        if once:
+                            raise
+                if once:
+                    return
     finally:
         for listener in listeners:
             await listener.aclose()

@@ -21,8 +21,11 @@ and the callers pick how many peers they wait for:
 
 * `serve_authenticated(listener, on_peer)`: every peer, for as long as the listener is open
   (an ingest endpoint);
-* `accept_authenticated(listener, n)`: the first n peers (an agent's next coordinator; a
-  channel listener's `accept()`);
+* `authenticated_peers(listener)`: a channel of every peer, for as long as a block runs,
+  the ones that arrive while earlier ones are served waiting their turn (an agent's
+  coordinators, one job at a time);
+* `accept_authenticated(listener, n)`: the first n peers (a channel listener's `accept()`;
+  connections still being set up when the n-th peer is in are closed);
 * `accept_each(listeners, timeout=...)`: one peer on each listener, within a deadline; the
   failure names the listeners nobody connected to (the exchange channels of a job).
 """
@@ -30,10 +33,12 @@ and the callers pick how many peers they wait for:
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
+import functools
 import itertools
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable
 
 import attrs
 import structlog
@@ -49,6 +54,7 @@ __all__ = [
     "PeersMissing",
     "accept_authenticated",
     "accept_each",
+    "authenticated_peers",
     "serve_authenticated",
 ]
 
@@ -179,6 +185,38 @@ async def accept_authenticated(
             await _close(end)
         raise
     return ends
+
+
+@contextlib.asynccontextmanager
+async def authenticated_peers(listener, *, waiting: int = MAX_PENDING) -> AsyncIterator[trio.MemoryReceiveChannel]:
+    """Serve `listener` in the background while the block runs; yields a channel of the peers
+    that prove the secret, in the order they do. A peer that arrives while the previous ones
+    are still being used waits there (at most `waiting` of them; a further one is closed with
+    a log line); peers not taken when the block ends are closed."""
+    send, receive = trio.open_memory_channel(waiting)
+
+    def queue(end) -> bool:
+        try:
+            send.send_nowait(end)
+        except trio.WouldBlock:
+            log.warning("connection dropped", listener=getattr(listener, "what", None),
+                        reason=f"{waiting} authenticated peers already wait to be served")
+            return False
+        return True
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(serve_authenticated, listener, queue))
+            yield receive
+            nursery.cancel_scope.cancel()
+    finally:
+        send.close()
+        while True:
+            try:
+                end = receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            await _close(end)
 
 
 async def accept_each(listeners: dict, *, timeout: float = math.inf, describe: Callable[[Hashable], str] = str) -> dict:
