@@ -8,6 +8,7 @@ on any stranger would take that minute, so finishing within `WITHIN` proves it w
 
 import os
 import shutil
+import socket
 
 import numpy as np
 import pytest
@@ -16,9 +17,10 @@ import trio
 from trio.testing import wait_all_tasks_blocked
 
 from slashrt.testing import hostile_connections
-from slashrt.transport import RingSpec
+from slashrt.errors import ChannelClosed
+from slashrt.transport import RingSpec, shm
 from slashrt.transport._accept import PeersMissing, accept_authenticated, accept_each, serve_authenticated
-from slashrt.transport._auth import generate_secret
+from slashrt.transport._auth import generate_secret, receive_exactly, server_handshake
 from slashrt.transport._registry import connect, open_listener
 
 SLOW = 60.0
@@ -173,3 +175,42 @@ async def test_an_shm_listener_drops_another_users_connection_at_once():
     assert child.stdout.decode().strip() == "closed"
     (dropped,) = [e for e in logs if e["event"] == "connection dropped"]
     assert "runs as uid 65534" in dropped["reason"]
+
+
+# -- sizes a peer announces ------------------------------------------------------------------------
+
+
+async def test_an_announced_length_allocates_only_what_arrives():
+    """receive_exactly(n) with n announced by a peer (2**40 here) reads what arrives in small
+    pieces: the peer's 10 bytes and its hang-up give a ChannelClosed, not a 1 TiB buffer."""
+    left, right = socket.socketpair()
+    right.sendall(b"0123456789")
+    right.close()
+    async with trio.SocketStream(trio.socket.from_stdlib_socket(left)) as stream:
+        with pytest.raises(ChannelClosed, match=r"10 of 1099511627776 bytes"):
+            await receive_exactly(stream, 1 << 40, "an announced message")
+
+
+async def test_an_shm_listener_announcing_a_huge_refusal_is_refused_before_reading_it():
+    """A listener that proves the secret, then announces a 4 GiB refusal reason."""
+    secret = generate_secret()
+    name = "@slashrt-test-" + os.urandom(6).hex()
+    server = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await server.bind("\0" + name[1:])
+    server.listen(1)
+
+    async def fake_listener():
+        conn, _ = await server.accept()
+        stream = trio.SocketStream(conn)
+        await server_handshake(stream, secret)
+        await receive_exactly(stream, shm._SPEC.size, "the ring spec")
+        await stream.send_all(shm._REPLY.pack(b"N", 2**32 - 1) + b"x" * 100)
+        await trio.sleep_forever()
+
+    with trio.fail_after(WITHIN):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fake_listener)
+            with pytest.raises(ChannelClosed, match="announced a 4294967295-byte ring set-up reply"):
+                await shm.connect_shm(name, SPEC, secret)
+            nursery.cancel_scope.cancel()
+    server.close()
