@@ -28,8 +28,10 @@ Setting up (the receiver owns the ring)::
     sender = await connect_shm(address, spec, secret)        # ShmSender, in another process
 
 The listener binds a Unix socket in the abstract namespace (nothing on disk to leak) or at a
-filesystem path (mode 0600, removed on close). Each connection runs the cluster-secret
-handshake (`_auth`), then both ends check they agree on the RingSpec, and only then does the
+filesystem path (mode 0600, removed on close). Abstract names have no permissions, so the
+listener drops a connection from another user (its uid from SO_PEERCRED; root excepted) at
+once. Each connection runs the cluster-secret handshake (`_auth`), in a task of its own
+beside the others (`_accept`), then both ends check they agree on the RingSpec, and only then does the
 receiver create the segment and pass it and the two eventfds with SCM_RIGHTS. The segment is
 sealed against shrinking, so neither process can make the other's mapping fault.
 
