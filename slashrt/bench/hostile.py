@@ -1,6 +1,7 @@
 """What strangers at the door cost a cluster job: wall time with and without hostile connections.
 
     python -m slashrt.bench.hostile [--transport tcp|shm] [--strangers 50] [--events N] [--repeat R]
+    python -m slashrt.bench.hostile --listener ingest [--strangers 50] [--events N] [--repeat R]
 
 Two agents run in this process (`agent.serve`), so the data listeners of a real job can be
 attacked the moment they open. A job (a keyed tumbling-window sum over `--events` records, two
@@ -11,6 +12,11 @@ the wall time of each job from connecting to the agents to the result (setup inc
 where a listener that waited on strangers would lose time), less the time the attack itself
 spends opening its connections inside the job's set-up (it runs in the agents' task here),
 median of the repeats, and whether the results were equal. One JSON object on stdout.
+
+With `--listener ingest`, an ingest endpoint in this process takes two task attempts of half
+the records each and the driver's commit, alone and then beside the strangers on its listener
+(connected before the tasks); the time runs from the first task's connection to the end of
+the dataflow.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import numpy as np
 import trio
 
 from slashrt import Dataflow, Schema, Tumbling
+from slashrt._logging import configure
 from slashrt.bench._common import sort_rows
 from slashrt.cluster import agent, run_cluster_async
 from slashrt.ops.sinks import Collect
@@ -115,17 +122,82 @@ async def measure(transport: str, strangers: int, events: int, repeat: int) -> d
     }
 
 
+async def measure_ingest(strangers: int, rows: int, repeat: int) -> dict:
+    """An ingest endpoint (in this process) fed two task attempts of `rows` rows each and the
+    driver's commit, alone and beside `strangers` on its listener; wall time from the first
+    task's connection to the end of the dataflow."""
+    import pyarrow as pa
+    from pyspark.sql import types as T
+
+    from slashrt._buffer import Control
+    from slashrt._runtime import run_receivers
+    from slashrt.spark import IngestEndpoint, plan_columns
+    from slashrt.spark._ingest import _driver_send, _PartitionPusher
+
+    schema = Schema({"t": "i8", "key": "i8"})
+    plan = plan_columns(T.StructType([T.StructField("t", T.LongType(), False), T.StructField("key", T.LongType(), False)]), schema)
+    ids = np.arange(2 * rows, dtype=np.int64)
+    batches = [pa.RecordBatch.from_arrays([pa.array(ids[a : a + 65536]), pa.array(ids[a : a + 65536] % 1000)], names=["t", "key"])
+               for a in range(0, len(ids), 65536)]
+    half = len(batches) // 2
+    secret = generate_secret()
+
+    async def one(with_strangers: bool) -> tuple[float, int]:
+        flow = Dataflow("ingest-bench")
+        sink = Collect()
+        flow.source("events", schema, time="t").window(Tumbling(ms=1000)).count(key="key").sink(sink, name="out")
+        endpoint = IngestEndpoint.for_source(flow, "events", secret, transport="tcp")
+        async with endpoint, contextlib.AsyncExitStack() as stack:
+            if with_strangers:
+                await stack.enter_async_context(hostile_connections(endpoint.address, strangers))
+            target = endpoint.target
+            started = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run_receivers, flow, {"events": endpoint.receiver})
+                parts = [batches[:half], batches[half:]]
+                for p, part in enumerate(parts):
+                    await _PartitionPusher(target, plan, 1, secret)._push(iter(part), p, 10 + p, 0)
+                picks = [(Control.INGEST_PICK, 10 + p, sum(len(b) for b in part), p) for p, part in enumerate(parts)]
+                await _driver_send(target, secret, picks + [(Control.INGEST_COMMIT, 1, 2, 0), (Control.INGEST_END, 0, 0, 0)])
+            return time.perf_counter() - started, int(sink.records["count"].sum())
+
+    alone = [await one(False) for _ in range(repeat)]
+    beside = [await one(True) for _ in range(repeat)]
+    return {
+        "listener": "ingest",
+        "rows": 2 * rows,
+        "strangers": strangers,
+        "seconds_alone": [round(s, 3) for s, _ in alone],
+        "seconds_beside_strangers": [round(s, 3) for s, _ in beside],
+        "median_alone": round(statistics.median(s for s, _ in alone), 3),
+        "median_beside_strangers": round(statistics.median(s for s, _ in beside), 3),
+        "results_equal": all(n == 2 * rows for _, n in alone + beside),
+    }
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m slashrt.bench.hostile", description=__doc__.split("\n\n")[0])
-    p.add_argument("--transport", choices=["tcp", "shm"], default="tcp")
+    p.add_argument("--listener", choices=["job", "ingest"], default="job",
+                   help="a cluster job's control and data listeners (default), or an ingest endpoint's")
+    p.add_argument("--transport", choices=["tcp", "shm"], default="tcp", help="between the job's executors")
     p.add_argument("--strangers", type=int, default=50, help="hostile connections per listener (default 50)")
     p.add_argument("--events", type=int, default=1_000_000, help="records per job (default 1 M)")
     p.add_argument("--repeat", type=int, default=3, help="jobs alone, then as many beside strangers (default 3)")
+    p.add_argument("--log-level", default="error", help="of this process's log lines, on stderr (default error)")
     args = p.parse_args(argv)
+    try:
+        configure(args.log_level)
+    except ValueError as exc:
+        p.error(str(exc))
     for name in ("strangers", "events", "repeat"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be positive")
-    print(json.dumps(trio.run(measure, args.transport, args.strangers, args.events, args.repeat)))
+    with contextlib.redirect_stdout(sys.stderr):  # the agents announce their addresses there
+        if args.listener == "ingest":
+            result = trio.run(measure_ingest, args.strangers, args.events // 2, args.repeat)
+        else:
+            result = trio.run(measure, args.transport, args.strangers, args.events, args.repeat)
+    print(json.dumps(result))
     return 0
 
 
