@@ -235,7 +235,7 @@ async def accept_each(listeners: dict, *, timeout: float = math.inf, describe: C
                     nursery.start_soon(accept, key, listener)
         missing = [describe(key) for key in listeners if key not in ends]
         if missing:
-            raise PeersMissing(f"no peer proved the cluster secret within {timeout:g} s on: {', '.join(missing)}")
+            raise PeersMissing(f"not connected within {timeout:g} s (no peer proved the cluster secret): {', '.join(missing)}")
     except BaseException:
         for end in ends.values():
             await _close(end)

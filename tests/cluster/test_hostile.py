@@ -27,7 +27,7 @@ from slashrt.ops.sinks import Collect
 from slashrt.testing import hostile_connections
 from slashrt.transport import _accept
 from slashrt.transport._auth import client_handshake, generate_secret
-from slashrt.transport._registry import open_listener
+from slashrt.transport._registry import connect, open_listener
 
 SCHEMA = Schema([("ts", "<i8"), ("key", "<i8"), ("value", "<i8")])
 STRANGERS = 50  # per listener
@@ -108,6 +108,26 @@ async def test_strangers_on_every_listener_of_a_job_change_nothing(transport, mo
     # every stranger was connected ahead of the real peers; none became a peer (the results
     # would differ, or the job would have waited for the real peer's data until the deadline)
     assert all(a.connected == STRANGERS for a in attacks)
+
+
+async def test_a_peer_that_never_connects_fails_the_job_naming_it(monkeypatch):
+    """One executor's channel never arrives (its dial hangs): the other accepts strangers and
+    nothing else until CONNECT_TIMEOUT, then fails the job saying whose channel is missing."""
+    secret = generate_secret()
+    dials = []
+
+    async def first_dial_hangs(name, address, spec, secret):
+        dials.append(address)
+        if len(dials) == 1:
+            await trio.sleep_forever()
+        return await connect(name, address, spec, secret)
+
+    monkeypatch.setattr(agent, "connect", first_dial_hangs)
+    monkeypatch.setattr(agent, "CONNECT_TIMEOUT", 1.0)
+    with trio.fail_after(WITHIN):
+        async with agents(2, secret) as addresses:
+            with pytest.raises(ClusterError, match=r"not connected within 1 s \(no peer proved the cluster secret\): executor [01]'s \S+ channel$"):
+                await run_job(addresses, secret)
 
 
 async def test_a_long_running_agent_survives_coordinators_that_misbehave():
