@@ -31,7 +31,7 @@ async def receive_message(stream: trio.abc.ReceiveStream, expect: str | None = N
     """The next message as (kind, payload); with `expect`, any other kind is an error."""
     (length,) = _LENGTH.unpack(await receive_exactly(stream, _LENGTH.size, "a control message length"))
     if length > MAX_MESSAGE:
-        raise ChannelClosed(f"control message of {length} bytes announced: the peer is not a slashrt agent")
+        raise ChannelClosed(f"a control message of {length} bytes announced (at most {MAX_MESSAGE}): not the slashrt protocol")
     data = bytearray()
     while len(data) < length:
         chunk = await stream.receive_some(min(length - len(data), 1 << 24))

@@ -39,7 +39,8 @@ from slashrt.errors import ChannelClosed, OperatorError, unwrap_groups
 from slashrt.scheduler import Input
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import RingSpec
-from slashrt.transport._auth import AuthenticationFailed, load_secret, server_handshake
+from slashrt.transport._accept import HandshakeListener, accept_each, authenticated_peers
+from slashrt.transport._auth import load_secret
 from slashrt.transport._registry import connect, open_listener
 
 __all__ = ["serve", "run_job", "main", "SETUP_TIMEOUT"]
@@ -47,6 +48,7 @@ __all__ = ["serve", "run_job", "main", "SETUP_TIMEOUT"]
 log = structlog.get_logger("slashrt.agent")
 
 SETUP_TIMEOUT = 120.0  # connecting to every peer and making the input
+CONNECT_TIMEOUT = 60.0  # every peer connects its channels within this, once the directory is out
 EXCHANGE_SLOTS = 32
 
 
@@ -99,8 +101,9 @@ async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
         await send_message(control, "addresses", {key: lst.address for key, lst in listeners.items()})
         _, directory = await receive_message(control, "peers")
 
-        async def accept(key, listener) -> None:
-            receivers[key] = await listener.accept()
+        async def accept() -> None:
+            # one peer per listener; strangers' connections are dropped meanwhile (`_accept`)
+            receivers.update(await accept_each(listeners, timeout=CONNECT_TIMEOUT, describe=_channel_from))
 
         async def dial(step_id: str, dst: int) -> None:
             sender = await connect(job.transport, directory[dst][(step_id, job.index)], ring(step_id), secret)
@@ -110,8 +113,7 @@ async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
         try:
             with trio.fail_after(SETUP_TIMEOUT):
                 async with unwrap_groups(), trio.open_nursery() as nursery:
-                    for key, listener in listeners.items():
-                        nursery.start_soon(accept, key, listener)
+                    nursery.start_soon(accept)
                     for step_id in exchanges:
                         for dst in peers:
                             nursery.start_soon(dial, step_id, dst)
@@ -157,6 +159,11 @@ async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
     await send_message(control, "done", result)
 
 
+def _channel_from(key) -> str:
+    step_id, src = key
+    return f"executor {src}'s {step_id} channel"
+
+
 def _ingest_endpoint(job: Job, name: str, spec: Ingest, secret: bytes, *, slots: int, slot_size: int):
     """The ingest endpoint feeding source `name` on this executor, on the executor's host."""
     from slashrt.spark._endpoint import IngestEndpoint  # needs pyarrow, not pyspark
@@ -172,35 +179,58 @@ def _describe(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, OperatorError) else f"{type(exc).__name__}: {exc}"
 
 
+async def _receive_job(stream: trio.SocketStream) -> Job | None:
+    """The job an authenticated coordinator sends, or None (logged) if it sends none: it left,
+    announced an absurd size, or sent something else."""
+    try:
+        _, job = await receive_message(stream, "job")
+    except (ChannelClosed, trio.BrokenResourceError) as exc:
+        log.warning("control connection dropped", reason=f"no job from the coordinator: {exc}")
+        return None
+    if not isinstance(job, Job):
+        reason = f"the coordinator's job message holds a {type(job).__name__}, not a Job"
+        log.warning("control connection dropped", reason=reason)
+        with contextlib.suppress(Exception):
+            await send_message(stream, "failed", reason)
+        return None
+    return job
+
+
 async def serve(host: str, port: int, secret: bytes, *, once: bool = False, task_status=trio.TASK_STATUS_IGNORED) -> bool:
     """Listen for coordinators and run their jobs one at a time (just one with `once`); with
-    `once`, return whether that job failed (reported to its coordinator and logged)."""
+    `once`, return whether that job failed (reported to its coordinator and logged).
+
+    Connections that do not prove the secret are dropped without delaying a coordinator's
+    (`_accept`); a coordinator that arrives during a job waits for it to end; one that
+    misbehaves before its job is logged and dropped, and a job that fails is reported to its
+    coordinator: the agent itself goes on serving."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     address = listeners[0].socket.getsockname()[:2]
+    control = HandshakeListener(listeners[0], secret)
     task_status.started(address)
     sys.stdout.write(f"slashrt-agent listening {address[0]} {address[1]}\n")
     sys.stdout.flush()
     log.info("agent listening", host=address[0], port=address[1])
     try:
-        while True:
-            stream = await listeners[0].accept()
-            async with stream:
-                try:
-                    await server_handshake(stream, secret)
-                except AuthenticationFailed as exc:
-                    log.error("control connection refused", reason=str(exc))
-                    continue
-                _, job = await receive_message(stream, "job")
-                try:
-                    await run_job(job, stream, secret)
-                except Exception as exc:
-                    log.error("job failed", executor=job.index, error=_describe(exc))
-                    with contextlib.suppress(Exception):
-                        await send_message(stream, "failed", f"{_describe(exc)} (on executor {job.index})")
-                    if once:
-                        return True
-            if once:
-                return False
+        async with authenticated_peers(control) as coordinators:
+            async for stream in coordinators:
+                async with stream:
+                    job = await _receive_job(stream)
+                    if job is None:
+                        if once:
+                            return True
+                        continue
+                    try:
+                        await run_job(job, stream, secret)
+                    except Exception as exc:
+                        log.error("job failed", executor=job.index, error=_describe(exc))
+                        with contextlib.suppress(Exception):
+                            await send_message(stream, "failed", f"{_describe(exc)} (on executor {job.index})")
+                        if once:
+                            return True
+                if once:
+                    return False
+        return False
     finally:
         for listener in listeners:
             await listener.aclose()

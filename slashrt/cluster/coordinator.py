@@ -288,7 +288,7 @@ async def run_cluster_async(
                     try:
                         await client_handshake(stream, secret)
                     except ChannelClosed as exc:
-                        raise ClusterError(f"executor {i} at {host}:{port} did not accept the cluster secret: {exc}") from None
+                        raise ClusterError(f"cannot authenticate executor {i} at {host}:{port}: {exc}") from None
                 agents = _Agents(controls, procs)
                 agents.start(nursery)
                 jobs = [

@@ -5,7 +5,8 @@ listener (cluster secret handshake, loopback unless a host is given) and, where 
 RDMA device (`transport="auto"`, the default) or must (`"verbs"`), a verbs listener beside it,
 and offers a `receiver` for `run_receivers`. The executor runs the receiver's `drive()` as it does for every channel;
 for this receiver the drive is the endpoint itself: it accepts one connection per Spark task
-attempt (and the driver's) on either listener, stages each attempt's records, and when the driver commits an
+attempt (and the driver's) on either listener (each set up in a task of its own, so a
+connection without the secret is dropped without delaying anyone's), stages each attempt's records, and when the driver commits an
 ingest, forwards the chosen attempts' records into the dataflow's source, followed by a
 watermark (the largest committed event time minus the source's `max_delay`). See
 `slashrt.spark._protocol` for what travels and why commits come from the driver.
@@ -41,6 +42,7 @@ from slashrt.spark._protocol import (
     DEFAULT_SLOT_SIZE, DEFAULT_SLOTS, IngestTarget, check_transport, fields_of, read_message, verbs_unavailable,
 )
 from slashrt.transport import RingSpec
+from slashrt.transport._accept import serve_authenticated
 from slashrt.transport._auth import generate_secret
 from slashrt.transport._registry import open_listener
 from slashrt.transport.inproc import InprocReceiver, _Shared, InprocSender
@@ -201,18 +203,19 @@ class IngestEndpoint:
                 nursery.start_soon(self._accept, listener, nursery, listener is not self._listeners[0])
 
     async def _accept(self, listener, nursery: trio.Nursery, verbs: bool) -> None:
-        while True:
-            try:
-                rx = await listener.accept()
-            except ChannelClosed:  # a peer without the secret, or a ring spec mismatch: logged
-                self.stats.refused_connections += 1
-                continue
-            except (trio.ClosedResourceError, OSError) as exc:
-                self._log.debug("ingest endpoint stops accepting", reason=str(exc))
-                return
+        """Take every connection that proves the secret, set up concurrently (`_accept`): a
+        stranger's connection is dropped (and counted) without delaying a task's."""
+
+        def take(rx) -> None:
             self.stats.connections += 1
             self.stats.verbs_connections += verbs
             nursery.start_soon(self._connection, rx)
+
+        def refused(peer: str, reason: str) -> None:
+            self.stats.refused_connections += 1
+
+        await serve_authenticated(listener, take, on_refused=refused)
+        self._log.debug("ingest endpoint stops accepting", verbs=verbs)
 
     async def _connection(self, rx) -> None:
         async with unwrap_groups(), trio.open_nursery() as nursery:

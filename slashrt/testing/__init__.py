@@ -10,6 +10,9 @@
   epochs and window timers run instantly and deterministically.
 - `wait_all_tasks_blocked()`: returns once every other task is parked. Prove that something
   blocks by starting it in a task, awaiting this, and asserting it has not finished; never sleep.
+- `hostile_connections(address, n)`: strangers without the cluster secret (idle, garbage, wrong
+  secret, slowloris) connected to a listener while a block runs: a listener must not let them
+  stall or break the real peers.
 - `Sequencer`: forces an interleaving across tasks: ``async with seq(0): ...`` in one task runs
   before ``async with seq(1): ...`` in another, whatever the scheduler would have chosen.
 """
@@ -17,5 +20,16 @@
 from trio.testing import MockClock, Sequencer, wait_all_tasks_blocked
 
 from slashrt.testing._check_channels import OpenPair, check_channel, open_inproc_pair
+from slashrt.testing._hostile import HOSTILE_KINDS, Strangers, hostile_connections
 
-__all__ = ["MockClock", "OpenPair", "Sequencer", "check_channel", "open_inproc_pair", "wait_all_tasks_blocked"]
+__all__ = [
+    "HOSTILE_KINDS",
+    "MockClock",
+    "OpenPair",
+    "Sequencer",
+    "Strangers",
+    "check_channel",
+    "hostile_connections",
+    "open_inproc_pair",
+    "wait_all_tasks_blocked",
+]

@@ -75,11 +75,15 @@ def _mac(secret: bytes, role: bytes, first: bytes, second: bytes) -> bytes:
     return hmac.new(secret, role + first + second, hashlib.sha256).digest()
 
 
+RECEIVE_CHUNK = 1 << 16  # a read asks for at most this much: memory follows what arrived, not what was announced
+
+
 async def receive_exactly(stream: trio.abc.ReceiveStream, n: int, what: str) -> bytes:
-    """Read exactly n bytes or raise ChannelClosed naming what was being read."""
+    """Read exactly n bytes or raise ChannelClosed naming what was being read. Callers bound
+    `n` when a peer announced it; the buffer grows only with the bytes that arrive."""
     buf = bytearray()
     while len(buf) < n:
-        chunk = await stream.receive_some(n - len(buf))
+        chunk = await stream.receive_some(min(n - len(buf), RECEIVE_CHUNK))
         if not chunk:
             raise ChannelClosed(f"peer closed the connection while sending {what} ({len(buf)} of {n} bytes)")
         buf += chunk

@@ -28,8 +28,10 @@ Setting up (the receiver owns the ring)::
     sender = await connect_shm(address, spec, secret)        # ShmSender, in another process
 
 The listener binds a Unix socket in the abstract namespace (nothing on disk to leak) or at a
-filesystem path (mode 0600, removed on close). Each connection runs the cluster-secret
-handshake (`_auth`), then both ends check they agree on the RingSpec, and only then does the
+filesystem path (mode 0600, removed on close). Abstract names have no permissions, so the
+listener drops a connection from another user (its uid from SO_PEERCRED; root excepted) at
+once. Each connection runs the cluster-secret handshake (`_auth`), in a task of its own
+beside the others (`_accept`), then both ends check they agree on the RingSpec, and only then does the
 receiver create the segment and pass it and the two eventfds with SCM_RIGHTS. The segment is
 sealed against shrinking, so neither process can make the other's mapping fault.
 
@@ -48,6 +50,7 @@ from __future__ import annotations
 import array
 import contextlib
 import fcntl
+import math
 import mmap
 import os
 import secrets
@@ -67,6 +70,7 @@ import trio
 from slashrt import _kernels as kernels
 from slashrt._buffer import FULL
 from slashrt.errors import ChannelClosed
+from slashrt.transport._accept import accept_authenticated
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._channel import Receiver, RingSpec, Sender
 
@@ -99,6 +103,7 @@ _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 _SPEC = struct.Struct("<8sqqq")  # magic, slots, slot_size, record_size (-1: none)
 _SPEC_MAGIC = b"SLRTRING"
 _REPLY = struct.Struct("<cI")  # code (Y: here is the ring, N: refused), length of what follows
+_MAX_REFUSAL = 4096  # bytes of a refusal's reason
 _READY = b"R"  # sender -> receiver: mapped and checked, the channel is up
 _BYE = b"B"  # either way, once: this end closes the channel on purpose
 
@@ -551,9 +556,14 @@ def _sockaddr(address: str) -> str:
     return "\0" + address[1:] if address.startswith("@") else address
 
 
+def _peer_credentials(sock) -> tuple[int, int]:
+    """The connected peer's (pid, uid), as the kernel recorded them when it connected."""
+    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid
+
+
 def _peer_pid(sock) -> int:
-    pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    return pid
+    return _peer_credentials(sock)[0]
 
 
 def _encode_spec(spec: RingSpec) -> bytes:
@@ -595,12 +605,16 @@ def _received_fds(ancdata) -> list[int]:
 class ShmListener:
     """The receiving side's listening socket; `accept()` returns one ShmReceiver per sender.
 
-    A connection that fails (wrong secret, another ring spec, a peer that leaves mid-setup)
-    makes that `accept()` raise AuthenticationFailed or ChannelClosed; the listener stays open
-    for the next one. Nothing is created or handed over before the peer proves the secret."""
+    Connections are set up concurrently, each within `timeout` seconds (default
+    `_accept.SETUP_TIMEOUT`): one from another user is dropped at once (the kernel names its
+    uid), one that fails the handshake, asks for another ring spec or leaves mid-setup is
+    dropped with a log line; none delays a real sender and the listener stays open. Nothing
+    is created or handed over before the peer proves the secret."""
 
-    def __init__(self, spec: RingSpec, secret: bytes, path: str | os.PathLike | None = None, *, backlog: int = 16,
-                 timeout: float = HANDSHAKE_TIMEOUT, spin_us: float = DEFAULT_SPIN_US):
+    what = "shm channel listener"
+
+    def __init__(self, spec: RingSpec, secret: bytes, path: str | os.PathLike | None = None, *, backlog: int = 128,
+                 timeout: float | None = None, spin_us: float = DEFAULT_SPIN_US):
         self.spec = spec
         self.spin_us = spin_us
         self._secret = secret
@@ -627,46 +641,60 @@ class ShmListener:
         log.debug("shm listener open", address=self.address)
 
     async def accept(self) -> ShmReceiver:
-        """Wait for a sender, authenticate it, agree on the ring, hand it the memory."""
+        """The next sender that proves the secret and agrees on the ring, with the memory
+        handed over; connections that do not are dropped (logged), never returned."""
+        (receiver,) = await accept_authenticated(self, timeout=self._timeout)
+        return receiver
+
+    async def accept_connection(self):
         conn, _ = await self._sock.accept()
         try:
-            return await self._set_up(conn)
+            pid, uid = _peer_credentials(conn)
+        except OSError:
+            pid, uid = "?", None
+        return (conn, uid), f"shm sender (pid {pid})"
+
+    async def set_up(self, connection, peer: str) -> ShmReceiver:
+        """Authenticate the sender, agree on the ring, hand it the memory (the connection is
+        closed if anything fails); `accept_authenticated`'s deadline bounds it."""
+        conn, uid = connection
+        try:
+            if uid not in (os.geteuid(), 0):  # abstract names are open to every local user
+                raise ChannelClosed(f"{peer} runs as uid {uid}, not as this user (uid {os.geteuid()}) or root")
+            return await self._set_up(conn, peer)
         except BaseException:
             conn.close()
             raise
 
-    async def _set_up(self, conn) -> ShmReceiver:
+    async def _set_up(self, conn, peer: str) -> ShmReceiver:
         stream = trio.SocketStream(conn)
-        await server_handshake(stream, self._secret, timeout=self._timeout)
-        peer = f"shm sender (pid {_peer_pid(conn)})"
-        with trio.move_on_after(self._timeout):
+        await server_handshake(stream, self._secret, timeout=math.inf)
+        try:
+            theirs = _decode_spec(await receive_exactly(stream, _SPEC.size, "the ring spec"))
+            if theirs != self.spec:
+                why = f"ring spec mismatch: the receiver has {self.spec}, the sender {theirs}"
+                text = why.encode()
+                await stream.send_all(_REPLY.pack(b"N", len(text)) + text)
+                raise ChannelClosed(why)
+            seg, memfd = _Segment.create(self.spec)
+            fds = [memfd, _eventfd(), _eventfd()]  # the ring, "data posted", "credit returned"
             try:
-                theirs = _decode_spec(await receive_exactly(stream, _SPEC.size, "the ring spec"))
-                if theirs != self.spec:
-                    why = f"ring spec mismatch: the receiver has {self.spec}, the sender {theirs}"
-                    text = why.encode()
-                    await stream.send_all(_REPLY.pack(b"N", len(text)) + text)
-                    raise ChannelClosed(why)
-                seg, memfd = _Segment.create(self.spec)
-                fds = [memfd, _eventfd(), _eventfd()]  # the ring, "data posted", "credit returned"
-                try:
-                    await conn.sendmsg(
-                        [_REPLY.pack(b"Y", 0)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-                    )
-                    ready = await receive_exactly(stream, 1, "the sender's ready signal")
-                    if ready != _READY:
-                        raise ChannelClosed(f"{peer} sent {ready!r} instead of its ready signal")
-                    link = _link(seg, conn, wait_efd=fds[1], wake_efd=fds[2], peer=peer)
-                except BaseException:
-                    _close_all(seg, None, fds[1:])
-                    raise
-                finally:
-                    os.close(memfd)  # the mappings keep the memory alive
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                raise ChannelClosed(f"{peer} left during the ring set-up: {exc}") from None
-            log.info("shm channel accepted", peer=peer, slots=self.spec.slots, slot_size=self.spec.slot_size)
-            return ShmReceiver(self.spec, link, spin_us=self.spin_us)
-        raise ChannelClosed(f"{peer} did not finish the ring set-up within {self._timeout} s")
+                await conn.sendmsg(
+                    [_REPLY.pack(b"Y", 0)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                )
+                ready = await receive_exactly(stream, 1, "the sender's ready signal")
+                if ready != _READY:
+                    raise ChannelClosed(f"{peer} sent {ready!r} instead of its ready signal")
+                link = _link(seg, conn, wait_efd=fds[1], wake_efd=fds[2], peer=peer)
+            except BaseException:
+                _close_all(seg, None, fds[1:])
+                raise
+            finally:
+                os.close(memfd)  # the mappings keep the memory alive
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise ChannelClosed(f"{peer} left during the ring set-up: {exc}") from None
+        log.info("shm channel accepted", peer=peer, slots=self.spec.slots, slot_size=self.spec.slot_size)
+        return ShmReceiver(self.spec, link, spin_us=self.spin_us)
 
     async def aclose(self) -> None:
         self._sock.close()
@@ -727,6 +755,8 @@ async def _receive_ring(sock, stream, spec: RingSpec, peer: str) -> ShmSender:
         if len(data) < _REPLY.size:
             data += await receive_exactly(stream, _REPLY.size - len(data), "the ring set-up reply")
         code, length = _REPLY.unpack(data)
+        if length > _MAX_REFUSAL:
+            raise ChannelClosed(f"{peer} announced a {length}-byte ring set-up reply (at most {_MAX_REFUSAL})")
         extra = await receive_exactly(stream, length, "the ring set-up reply") if length else b""
         if code == b"N":
             raise ChannelClosed(f"{peer} refused the channel: {extra.decode(errors='replace')}")

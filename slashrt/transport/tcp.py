@@ -41,7 +41,7 @@ the receiver's `poll()` raises the error once they are consumed. The sender's la
 Usage (the two ends usually live in different processes or hosts)::
 
     async with open_tcp_listener(spec, secret) as listener:   # 127.0.0.1 unless host=, free port
-        receiver = await listener.accept()                   # after the handshake and spec check
+        receiver = await listener.accept()                   # the first sender that proves the secret
         # run receiver.drive() beside the code that polls; await receiver.aclose() at the end
 
     sender = await connect_tcp(listener.address, spec, secret)
@@ -51,6 +51,7 @@ Usage (the two ends usually live in different processes or hosts)::
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 import struct
 from collections.abc import AsyncIterator
@@ -62,6 +63,7 @@ import trio
 
 from slashrt._buffer import FOOTER_SIZE, FULL, Control, Kind
 from slashrt.errors import ChannelClosed, MalformedBuffer
+from slashrt.transport._accept import accept_authenticated
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._channel import DrivenReceiver, RingSpec, Sender
 
@@ -760,7 +762,10 @@ class TcpReceiver(DrivenReceiver):
 
 
 class TcpListener:
-    """Accepts channel senders on one address; each accepted connection becomes a TcpReceiver."""
+    """Accepts channel senders on one address; each accepted connection becomes a TcpReceiver.
+    Connections are set up concurrently (`_accept`): a stranger never delays a real sender."""
+
+    what = "tcp channel listener"
 
     def __init__(self, sock: trio.socket.SocketType, spec: RingSpec, secret: bytes):
         self._sock = sock
@@ -771,18 +776,21 @@ class TcpListener:
     async def accept(self) -> TcpReceiver:
         """The next sender that proves the cluster secret and agrees on the ring spec.
 
-        Raises AuthenticationFailed (wrong secret, not our protocol, too slow) or ChannelClosed
-        (spec mismatch, connection lost) for a peer that does not; the listener stays open."""
+        A connection that does not (wrong secret, not our protocol, too slow, another ring
+        spec, lost) is dropped with a log line, never returned; the listener stays open."""
+        (receiver,) = await accept_authenticated(self)
+        return receiver
+
+    async def accept_connection(self) -> tuple[trio.SocketStream, str]:
         tsock, address = await self._sock.accept()
-        peer = _peer_name(address)
-        stream = trio.SocketStream(tsock)
+        return trio.SocketStream(tsock), _peer_name(address)
+
+    async def set_up(self, stream: trio.SocketStream, peer: str) -> TcpReceiver:
+        """Handshake and ring spec check on an accepted connection (closed if they fail);
+        `accept_authenticated`'s deadline bounds them."""
         try:
-            await server_handshake(stream, self._secret)
+            await server_handshake(stream, self._secret, timeout=math.inf)
             await _agree_spec(stream, self.spec, _RECEIVER, peer)
-        except ChannelClosed as exc:
-            log.error("tcp connection refused", peer=peer, end="receiver", reason=str(exc))
-            await _close_stream_forcefully(stream)
-            raise
         except BaseException:
             await _close_stream_forcefully(stream)
             raise

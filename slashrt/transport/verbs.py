@@ -84,6 +84,7 @@ import collections
 import contextlib
 import json
 import logging
+import math
 import mmap
 import os
 import secrets
@@ -99,6 +100,7 @@ import trio
 from slashrt import _kernels as kernels
 from slashrt._buffer import FOOTER_SIZE, FULL
 from slashrt.errors import ChannelClosed
+from slashrt.transport._accept import accept_authenticated
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._channel import DrivenReceiver, RingSpec, Sender
 
@@ -1221,6 +1223,8 @@ class VerbsReceiver(DrivenReceiver):
 class VerbsListener:
     """Accepts channel senders on one TCP address; each accepted one becomes a VerbsReceiver."""
 
+    what = "verbs channel listener"
+
     def __init__(self, sock: trio.socket.SocketType, spec: RingSpec, secret: bytes, where: dict):
         self._sock = sock
         self.spec = spec
@@ -1232,15 +1236,22 @@ class VerbsListener:
         """The next sender that proves the cluster secret and agrees on the ring spec, with both
         queue pairs connected.
 
-        Raises AuthenticationFailed (wrong secret, not our protocol, too slow) or ChannelClosed
-        (spec mismatch, no usable device, connection lost) for a peer that does not; the
-        listener stays open."""
+        A connection that does not (wrong secret, not our protocol, too slow, another ring
+        spec, no usable device, lost) is dropped with a log line, never returned; connections
+        are set up concurrently, so none delays a real sender, and the listener stays open."""
+        (receiver,) = await accept_authenticated(self)
+        return receiver
+
+    async def accept_connection(self) -> tuple[trio.SocketStream, str]:
         tsock, address = await self._sock.accept()
-        peer = _peer_name(address)
-        stream = trio.SocketStream(tsock)
+        return trio.SocketStream(tsock), _peer_name(address)
+
+    async def set_up(self, stream: trio.SocketStream, peer: str) -> VerbsReceiver:
+        """Handshake, hello, queue pairs and ring on an accepted connection (closed if any of
+        them fails); `accept_authenticated`'s deadline bounds it."""
         receiver: VerbsReceiver | None = None
         try:
-            await server_handshake(stream, self._secret)
+            await server_handshake(stream, self._secret, timeout=math.inf)
             hello = await _receive_message(stream, peer, "its channel hello")
             if hello.get("proto") != PROTOCOL or hello.get("version") != VERSION:
                 raise ChannelClosed(f"peer {peer} does not speak {PROTOCOL} version {VERSION}")
@@ -1258,13 +1269,6 @@ class VerbsListener:
                 raise ChannelClosed(mismatch)
             await _send_message(stream, receiver._accept_info(), peer)
             await _receive_message(stream, peer, "its ready message")
-        except ChannelClosed as exc:
-            log.error("verbs connection refused", peer=peer, end=_RECEIVER, reason=str(exc))
-            if receiver is not None:
-                receiver.close()
-            with trio.CancelScope(shield=True):
-                await trio.aclose_forcefully(stream)
-            raise
         except BaseException:
             if receiver is not None:
                 receiver.close()

@@ -18,7 +18,9 @@ import sys
 import time
 
 import numpy as np
+import structlog
 import trio
+from trio.testing import wait_all_tasks_blocked
 
 from slashrt._buffer import Control
 from slashrt.bench.perftest import ib_write_bw
@@ -316,49 +318,39 @@ async def test_wrong_secret_is_refused_before_any_queue_pair_exists(rdma_device,
 
     monkeypatch.setattr(v, "_Endpoint", counting)
     spec = RingSpec(slots=4, slot_size=4096)
-    with trio.fail_after(30):
-        async with v.open_verbs_listener(spec, generate_secret()) as listener:
-            refused = []
-
-            async def accept():
-                try:
-                    await listener.accept()
-                except AuthenticationFailed as exc:
-                    refused.append(exc)
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(accept)
-                try:
-                    await v.connect_verbs(listener.address, spec, generate_secret())
-                except AuthenticationFailed as exc:
-                    refused.append(exc)
-                else:
-                    raise AssertionError("a sender with the wrong secret was connected")
-    assert len(refused) == 2, refused
-    assert any("wrong cluster secret" in str(exc) for exc in refused), refused
+    with trio.fail_after(30), structlog.testing.capture_logs() as logs:
+        async with v.open_verbs_listener(spec, generate_secret()) as listener, trio.open_nursery() as nursery:
+            nursery.start_soon(listener.accept)
+            try:
+                await v.connect_verbs(listener.address, spec, generate_secret())
+            except AuthenticationFailed as exc:
+                assert "wrong cluster secret" in str(exc), exc
+            else:
+                raise AssertionError("a sender with the wrong secret was connected")
+            await wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()  # the refused peer was dropped: accept() still waits
+    dropped = [e for e in logs if e["event"] == "connection dropped"]
+    assert [e["listener"] for e in dropped] == ["verbs channel listener"], dropped
     assert created == [], "queue pairs were created for a peer that failed the handshake"
 
 
 async def test_ring_spec_mismatch_is_refused_with_a_clear_error(rdma_device):
     v = _verbs()
     secret = generate_secret()
-    with trio.fail_after(30):
+    with trio.fail_after(30), structlog.testing.capture_logs() as logs:
         async with v.open_verbs_listener(RingSpec(slots=4, slot_size=4096), secret) as listener:
-            errors = []
-
-            async def accept():
-                try:
-                    await listener.accept()
-                except ChannelClosed as exc:
-                    errors.append(exc)
-
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(accept)
+                nursery.start_soon(listener.accept)
                 try:
                     await v.connect_verbs(listener.address, RingSpec(slots=8, slot_size=4096), secret)
                 except ChannelClosed as exc:
-                    errors.append(exc)
-    assert len(errors) == 2 and all("ring spec mismatch" in str(x) for x in errors), errors
+                    assert "ring spec mismatch" in str(exc), exc
+                else:
+                    raise AssertionError("a sender with another ring spec was connected")
+                await wait_all_tasks_blocked()
+                nursery.cancel_scope.cancel()
+    dropped = [e for e in logs if e["event"] == "connection dropped"]
+    assert len(dropped) == 1 and "ring spec mismatch" in dropped[0]["reason"], dropped
 
 
 async def test_receiver_closing_mid_stream_fails_the_sender_only(rdma_device):

@@ -13,6 +13,8 @@ from slashrt.errors import ChannelClosed
 from slashrt.spark import IngestEndpoint, IngestError, plan_columns
 from slashrt.spark._ingest import _driver_send, _PartitionPusher
 from slashrt._buffer import Control
+from slashrt.testing import hostile_connections
+from slashrt.transport import _accept
 from slashrt.transport._auth import generate_secret
 from pyspark.sql import types as T
 
@@ -151,6 +153,26 @@ async def test_peers_without_the_secret_are_refused_and_the_endpoint_goes_on():
         await _driver_send(target, secret, commit(4, [(0, 31, 100)], end=True))
     assert endpoint.stats.refused_connections == 1
     assert rows_of(sink) == reference(np.arange(100))
+
+
+async def test_strangers_on_the_endpoint_delay_no_task_and_never_count(monkeypatch):
+    """50 strangers (idle, garbage, wrong secret, slowloris) connected before the tasks: with a
+    set-up deadline of a minute, an endpoint that waited on any of them could not finish in 30 s."""
+    monkeypatch.setattr(_accept, "SETUP_TIMEOUT", 60.0)
+    secret = generate_secret()
+    flow, sink = flow_and_sink()
+    endpoint = IngestEndpoint.for_source(flow, "events", secret, slot_size=4096, slots=4)
+    with trio.fail_after(30):
+        async with endpoint, trio.open_nursery() as nursery:
+            target = endpoint.target
+            nursery.start_soon(run_receivers, flow, {"events": endpoint.receiver})
+            async with hostile_connections(endpoint.address, 50) as strangers:
+                await attempt(target, secret, 6, 0, 50, batches(0, 1000))
+                await attempt(target, secret, 6, 1, 51, batches(1000, 2000))
+                await _driver_send(target, secret, commit(6, [(0, 50, 1000), (1, 51, 1000)], end=True))
+    assert strangers.connected == 50
+    assert endpoint.stats.connections == 3  # the two tasks and the driver: no stranger
+    assert rows_of(sink) == reference(np.arange(2000))
 
 
 async def test_verbs_is_used_only_where_offered_and_insisting_on_it_elsewhere_fails_clearly(monkeypatch):

@@ -204,39 +204,40 @@ async def test_wrong_secret_is_refused_on_both_sides_and_nothing_is_exchanged():
     secret = generate_secret()
     with structlog.testing.capture_logs() as logs:
         async with open_tcp_listener(spec, secret) as listener:
-            errors = {}
+            accepted = []
 
             async def accept():
-                with pytest.raises(AuthenticationFailed) as info:
-                    await listener.accept()
-                errors["listener"] = info.value
+                accepted.append(await listener.accept())
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(accept)
                 with pytest.raises(AuthenticationFailed, match="wrong cluster secret"):
                     await connect_tcp(listener.address, spec, generate_secret())
-            assert isinstance(errors["listener"], AuthenticationFailed)
-            # the listener stays open: the next peer with the right secret gets its channel
-            sender, receiver = await _connect_pair(listener, spec, secret)
-            await receiver.aclose()
+                await wait_all_tasks_blocked()
+                assert not accepted  # the refused peer is dropped, never returned
+                # the same accept() goes on: the next peer with the right secret gets the channel
+                sender = await connect_tcp(listener.address, spec, secret)
+            await accepted[0].aclose()
             await trio.aclose_forcefully(sender)
     refused = [e for e in logs if e["event"] == "tcp connection refused"]
-    assert {e["end"] for e in refused} == {"sender", "receiver"}
-    assert all(e["log_level"] == "error" and e["peer"].startswith("127.0.0.1:") for e in refused)
+    assert [e["end"] for e in refused] == ["sender"] and refused[0]["log_level"] == "error"
+    dropped = [e for e in logs if e["event"] == "connection dropped"]
+    assert [e["listener"] for e in dropped] == ["tcp channel listener"]
+    assert dropped[0]["log_level"] == "warning" and dropped[0]["peer"].startswith("127.0.0.1:")
 
 
 async def test_spec_mismatch_is_refused_on_both_sides():
     secret = generate_secret()
-    async with open_tcp_listener(RingSpec(slots=4, slot_size=256), secret) as listener:
-        async with trio.open_nursery() as nursery:
-
-            async def accept():
-                with pytest.raises(ChannelClosed, match="ring spec mismatch"):
-                    await listener.accept()
-
-            nursery.start_soon(accept)
-            with pytest.raises(ChannelClosed, match=r"ring spec mismatch.*slots=8"):
-                await connect_tcp(listener.address, RingSpec(slots=8, slot_size=256), secret)
+    with structlog.testing.capture_logs() as logs:
+        async with open_tcp_listener(RingSpec(slots=4, slot_size=256), secret) as listener:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(listener.accept)
+                with pytest.raises(ChannelClosed, match=r"ring spec mismatch.*slots=8"):
+                    await connect_tcp(listener.address, RingSpec(slots=8, slot_size=256), secret)
+                await wait_all_tasks_blocked()
+                nursery.cancel_scope.cancel()
+    (dropped,) = [e for e in logs if e["event"] == "connection dropped"]
+    assert "ring spec mismatch" in dropped["reason"]
 
 
 # -- misbehaving peers -----------------------------------------------------------------------------
