@@ -126,7 +126,7 @@ async def test_a_peer_that_never_connects_fails_the_job_naming_it(monkeypatch):
     monkeypatch.setattr(agent, "CONNECT_TIMEOUT", 1.0)
     with trio.fail_after(WITHIN):
         async with agents(2, secret) as addresses:
-            with pytest.raises(ClusterError, match=r"not connected within 1 s \(no peer proved the cluster secret\): executor [01]'s \S+ channel$"):
+            with pytest.raises(ClusterError, match=r"not connected within 1 s \(no peer proved the cluster secret\): executor [01]'s \S+ channel \(on executor [01]\)$"):
                 await run_job(addresses, secret)
 
 
