@@ -16,6 +16,7 @@ import attrs
 import numpy as np
 
 from slashrt._dataflow import Dataflow
+from slashrt.cluster._liveness import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT
 
 __all__ = ["Job", "Ingest", "PerExecutor", "share", "SPLIT_BLOCK"]
 
@@ -79,3 +80,5 @@ class Job:
     epoch_bytes: int = 64 << 20
     host: str = "127.0.0.1"  # where this executor's data listeners bind (its own address)
     options: dict = attrs.field(factory=dict)  # slots, slot_size, watermark_every, coalesce, yield_every
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL  # seconds between control heartbeats
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT  # the coordinator silent this long: stop

@@ -15,8 +15,10 @@ it listens, and for each job:
 4. on "start", runs one executor: its sources in lane 0, the peers' channels in lane 1, the
    exchanges' shippers beside it; sends the `RunResult` back, or the failure.
 
-If the coordinator goes away mid-job the agent stops the job. Outgoing channels of a job that
-fails are aborted, never ended, so no peer mistakes a partial stream for a complete one.
+The control connection carries heartbeats both ways (`slashrt.cluster._liveness`): if the
+coordinator goes away mid-job, or stops answering for the job's heartbeat timeout, the agent
+stops the job. Outgoing channels of a job that fails are aborted, never ended, so no peer
+mistakes a partial stream for a complete one.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
-import traceback
 
 import structlog
 import trio
@@ -33,16 +35,17 @@ import trio
 from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._plan import ClusterRole, build_plan
 from slashrt._runtime import execute, local_inputs
-from slashrt.cluster._control import receive_message, send_message
+from slashrt.cluster._control import receive_message
 from slashrt.cluster._job import Ingest, Job, PerExecutor
-from slashrt.errors import ChannelClosed, unwrap_groups
+from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent
+from slashrt.errors import ChannelClosed, SlashError, unwrap_groups
 from slashrt.scheduler import Input
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import RingSpec
 from slashrt.transport._auth import AuthenticationFailed, load_secret, server_handshake
 from slashrt.transport._registry import connect, open_listener
 
-__all__ = ["serve", "run_job", "main", "SETUP_TIMEOUT"]
+__all__ = ["serve", "run_job", "main", "JobFailed", "SETUP_TIMEOUT"]
 
 log = structlog.get_logger("slashrt.agent")
 
@@ -51,7 +54,12 @@ EXCHANGE_SLOTS = 32
 
 
 class CoordinatorGone(ChannelClosed):
-    """The coordinator closed the control connection (or asked to stop) during a job."""
+    """The coordinator closed the control connection, stopped answering, or asked to stop
+    during a job."""
+
+
+class JobFailed(SlashError):
+    """The job of a `serve(once=True)` failed (the failure is logged and was reported)."""
 
 
 def _executor_sinks(plan, index: int) -> None:
@@ -62,16 +70,18 @@ def _executor_sinks(plan, index: int) -> None:
             node.sink = part(index)
 
 
-async def _watch_coordinator(control: trio.SocketStream) -> None:
+async def _watch_coordinator(link: Link) -> None:
     try:
-        kind, _ = await receive_message(control)
+        kind, _ = await link.receive()
+    except PeerSilent as exc:
+        raise CoordinatorGone(f"the coordinator {exc}") from None
     except ChannelClosed:
         raise CoordinatorGone("the coordinator closed the control connection during the job") from None
     raise CoordinatorGone(f"the coordinator stopped the job ({kind})")
 
 
-async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
-    """Run one executor's part of `job`; protocol messages go over `control`."""
+async def run_job(job: Job, control: Link, secret: bytes) -> None:
+    """Run one executor's part of `job`; protocol messages go over `control`, a heartbeat link."""
     bound = log.bind(executor=job.index, executors=job.executors, mode=job.mode, transport=job.transport)
     opts = dict(job.options)
     routing = opts.pop("ssb_routing", "auto")
@@ -96,8 +106,8 @@ async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
                 listeners[(step_id, src)] = await stack.enter_async_context(
                     open_listener(job.transport, ring(step_id), secret, **where)
                 )
-        await send_message(control, "addresses", {key: lst.address for key, lst in listeners.items()})
-        _, directory = await receive_message(control, "peers")
+        await control.send("addresses", {key: lst.address for key, lst in listeners.items()})
+        _, directory = await control.receive("peers")
 
         async def accept(key, listener) -> None:
             receivers[key] = await listener.accept()
@@ -118,8 +128,8 @@ async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
                 # the input is made before "ready": it is not part of the measured run
                 inputs, targets = {}, {}
                 for name, value in job.inputs.items():
-                    if isinstance(value, PerExecutor):
-                        inputs[name] = value.make(job.index, job.executors)
+                    if isinstance(value, PerExecutor):  # in a thread: heartbeats go on meanwhile
+                        inputs[name] = await trio.to_thread.run_sync(value.make, job.index, job.executors)
                     elif isinstance(value, Ingest):
                         endpoint = await stack.enter_async_context(
                             _ingest_endpoint(job, name, value, secret, slots=slots, slot_size=slot_size)
@@ -135,8 +145,8 @@ async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
                 executor_inputs.append(Input(f"{step_id}.from{src}", receiver, x.inbound(src), x.exchange_dtype, lane=1))
             bound.info("executor ready", exchanges=list(exchanges),
                        records={k: len(v) for k, v in inputs.items() if k not in targets}, ingest=sorted(targets))
-            await send_message(control, "ready", targets)
-            await receive_message(control, "start")
+            await control.send("ready", targets)
+            await control.receive("start")
 
             async with unwrap_groups(), trio.open_nursery() as watch:
                 watch.start_soon(_watch_coordinator, control)
@@ -146,7 +156,7 @@ async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
                             nursery.start_soon(task)
                     result = await execute(job.flow, plan, executor_inputs, start=sources, index=job.index, **opts)
                 watch.cancel_scope.cancel()
-            await send_message(control, "finished")
+            await control.send("finished")
         finally:
             for sender in senders:
                 if not sender._closed:
@@ -154,7 +164,7 @@ async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
             for receiver in receivers.values():
                 with contextlib.suppress(Exception):
                     await receiver.aclose()
-    await send_message(control, "done", result)
+    await control.send("done", result)
 
 
 def _ingest_endpoint(job: Job, name: str, spec: Ingest, secret: bytes, *, slots: int, slot_size: int):
@@ -171,8 +181,43 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+async def _receive_job(stream: trio.SocketStream) -> Job:
+    """The coordinator's "job" (its heartbeats may come first: it beats from the handshake on)."""
+    while True:
+        kind, payload = await receive_message(stream)
+        if kind == "job":
+            return payload
+        if kind != HEARTBEAT:
+            raise ChannelClosed(f"expected a 'job' control message, got {kind!r}")
+
+
+async def _run_job_on(stream: trio.SocketStream, job: Job, secret: bytes) -> bool:
+    """Run `job` with heartbeats on its control connection; log and report a failure. True if
+    the job succeeded."""
+    async with trio.open_nursery() as nursery:
+        link = Link(stream, interval=job.heartbeat_interval, timeout=job.heartbeat_timeout)
+        link.start(nursery)
+        try:
+            await run_job(job, link, secret)
+            return True
+        except Exception as exc:
+            if isinstance(exc, CoordinatorGone) or (isinstance(exc, ChannelClosed) and link.ended is not None):
+                if isinstance(link.ended, PeerSilent):
+                    log.error("the coordinator stopped answering; job stopped", executor=job.index, error=str(exc))
+                else:  # it ended the job itself (it says why); nothing to add on the user's terminal
+                    log.info("the coordinator ended the job", executor=job.index, reason=str(exc))
+            else:
+                log.error("job failed", executor=job.index, error=_describe(exc))
+                with contextlib.suppress(Exception):
+                    await link.send("failed", f"executor {job.index}: {_describe(exc)}")
+            return False
+        finally:
+            nursery.cancel_scope.cancel()
+
+
 async def serve(host: str, port: int, secret: bytes, *, once: bool = False, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Listen for coordinators and run their jobs one at a time (just one with `once`)."""
+    """Listen for coordinators and run their jobs one at a time (just one with `once`, raising
+    `JobFailed` if it fails)."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     address = listeners[0].socket.getsockname()[:2]
     task_status.started(address)
@@ -188,16 +233,16 @@ async def serve(host: str, port: int, secret: bytes, *, once: bool = False, task
                 except AuthenticationFailed as exc:
                     log.error("control connection refused", reason=str(exc))
                     continue
-                _, job = await receive_message(stream, "job")
                 try:
-                    await run_job(job, stream, secret)
-                except Exception as exc:
-                    log.error("job failed", executor=job.index, error=_describe(exc))
-                    with contextlib.suppress(Exception):
-                        await send_message(stream, "failed", f"executor {job.index}: {_describe(exc)}")
-                    if once:
-                        raise
+                    job = await _receive_job(stream)
+                except (ChannelClosed, trio.BrokenResourceError) as exc:
+                    log.warning("the coordinator left before sending a job", reason=str(exc))
+                    ok = False
+                else:
+                    ok = await _run_job_on(stream, job, secret)
             if once:
+                if not ok:
+                    raise JobFailed("the job failed")
                 return
     finally:
         for listener in listeners:
@@ -209,7 +254,7 @@ async def _serve_while_parent_lives(host: str, port: int, secret: bytes, once: b
     SIGKILL. (Not PR_SET_PDEATHSIG: that fires when the spawning *thread* ends, and the
     coordinator spawns from a worker thread that is retired after a few idle seconds.)"""
     parent = os.getppid()
-    async with trio.open_nursery() as nursery:
+    async with unwrap_groups(), trio.open_nursery() as nursery:
 
         async def watch() -> None:
             while os.getppid() == parent:
@@ -242,6 +287,10 @@ def main(argv=None) -> int:
         secret = load_secret()
     except Exception as exc:
         parser.error(str(exc))
+    if args.with_parent:
+        # a local executor's life is its coordinator's: Ctrl-C at the terminal reaches the
+        # whole process group, and the coordinator stops its executors itself
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         if args.with_parent:
             trio.run(_serve_while_parent_lives, host, int(port), secret, args.once)
@@ -249,8 +298,10 @@ def main(argv=None) -> int:
             trio.run(lambda: serve(host, int(port), secret, once=args.once))
     except KeyboardInterrupt:
         return 130
-    except Exception:
-        traceback.print_exc()
+    except JobFailed:
+        return 1  # logged, and reported to the coordinator
+    except Exception as exc:  # one line, not a traceback on the user's terminal
+        log.error("executor agent failed", error=_describe(exc))
         return 1
     return 0
 
