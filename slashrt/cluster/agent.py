@@ -221,8 +221,13 @@ async def serve(host: str, port: int, secret: bytes, *, once: bool = False, task
     listeners = await trio.open_tcp_listeners(port, host=host)
     address = listeners[0].socket.getsockname()[:2]
     task_status.started(address)
-    sys.stdout.write(f"slashrt-agent listening {address[0]} {address[1]}\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(f"slashrt-agent listening {address[0]} {address[1]}\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the process that started this agent is gone before reading it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit
+        log.info("nobody reads this agent's address; exiting")
+        return
     log.info("agent listening", host=address[0], port=address[1])
     try:
         while True:

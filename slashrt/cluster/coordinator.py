@@ -58,6 +58,9 @@ __all__ = ["run_cluster_async", "ClusterError", "START_TIMEOUT"]
 log = structlog.get_logger("slashrt.cluster")
 
 START_TIMEOUT = 180.0  # spawning, connecting and wiring every executor
+# a spawned agent imports slashrt before it listens (seconds on a loaded machine): it says
+# where it listens within this, or the heartbeat timeout if that is longer
+LISTEN_TIMEOUT = 30.0
 
 
 class ClusterError(SlashError):
@@ -83,7 +86,7 @@ def _secret(secret: bytes | None) -> bytes:
 async def _spawn_agent(secret: bytes, index: int, procs: list, silent_s: float) -> tuple[str, int]:
     """Start a local agent process, tracked in procs[index] from the moment it exists (so it is
     reaped on every path, a cancellation or Ctrl-C during the spawn too), and read the address
-    it listens on (within `silent_s`, the heartbeat timeout)."""
+    it listens on (within `silent_s`)."""
     level = os.environ.get("SLASHRT_LOG_LEVEL", "warning")
     cmd = [sys.executable, "-m", "slashrt.cluster.agent", "--listen", "127.0.0.1:0", "--once", "--with-parent", "--log-level", level]
     # the agent imports what this process can (the job's functions are pickled by reference
@@ -315,7 +318,7 @@ async def run_cluster_async(
                     addresses = [None] * n
 
                     async def spawn(i):
-                        addresses[i] = await _spawn_agent(secret, i, procs, heartbeat_timeout)
+                        addresses[i] = await _spawn_agent(secret, i, procs, max(LISTEN_TIMEOUT, heartbeat_timeout))
 
                     async with trio.open_nursery() as spawning:
                         for i in range(n):
