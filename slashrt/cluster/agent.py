@@ -35,7 +35,7 @@ import trio
 from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._plan import ClusterRole, build_plan
 from slashrt._runtime import execute, local_inputs
-from slashrt.cluster._control import receive_message
+from slashrt.cluster._control import receive_message, send_message
 from slashrt.cluster._job import Ingest, Job, PerExecutor
 from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent
 from slashrt.errors import ChannelClosed, SlashError, unwrap_groups
@@ -182,13 +182,15 @@ def _describe(exc: BaseException) -> str:
 
 
 async def _receive_job(stream: trio.SocketStream) -> Job:
-    """The coordinator's "job" (its heartbeats may come first: it beats from the handshake on)."""
+    """The coordinator's "job". It beats from the handshake on, and until the job (which
+    brings the heartbeat settings) comes, each of its heartbeats is answered with one."""
     while True:
         kind, payload = await receive_message(stream)
         if kind == "job":
             return payload
         if kind != HEARTBEAT:
             raise ChannelClosed(f"expected a 'job' control message, got {kind!r}")
+        await send_message(stream, HEARTBEAT)
 
 
 async def _run_job_on(stream: trio.SocketStream, job: Job, secret: bytes) -> bool:

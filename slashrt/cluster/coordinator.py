@@ -20,10 +20,12 @@
 them (e.g. `slashrt.spark.ingest` from another thread); each executor's source ends when its
 endpoint's stream is ended.
 
-Any executor that fails, disconnects or exits before "done" fails the whole job with a
-`ClusterError` naming it; the coordinator then closes every control connection (agents stop
-their jobs) and kills the processes it spawned, as it does on Ctrl-C. Results are never
-partial: a job either returns every executor's output or raises.
+Both sides send heartbeats on the control connection (`_liveness.Link`). Any executor that
+fails, disconnects, exits or stops answering before "done" fails the whole job with a
+`ClusterError` naming it and saying how it died (`executor_death`); the coordinator then
+closes every control connection (agents stop their jobs) and kills and reaps the processes it
+spawned, as it does on Ctrl-C or a cancellation. Results are never partial: a job either
+returns every executor's output or raises.
 """
 
 from __future__ import annotations

@@ -128,20 +128,22 @@ def test_a_stopped_executor_fails_the_job_within_the_heartbeat_timeout(tmp_path)
         slashrt.run(_job(mark, signal.SIGSTOP), {"r": PerExecutor(_make)}, executors=2, epoch_bytes=4096,
                     heartbeat_interval=0.25, heartbeat_timeout=2)
     waited = time.time() - float(mark.read_text())
-    assert 2 <= waited < 2 + 3, (waited, str(err.value))  # the timeout, and the reaping of the rest
+    assert 2 <= waited < 2 + 5, (waited, str(err.value))  # the timeout, and reaping the rest (1 s grace)
 
 
-def test_a_killed_executor_fails_the_job_within_5_s_saying_how_it_died(tmp_path):
+def test_a_killed_executor_fails_the_job_within_5_s_saying_how_it_died(tmp_path, capfd):
     mark = tmp_path / "killed"
     with pytest.raises(ClusterError, match=r"^executor 1 was killed by signal 9 \(SIGKILL\)"):
         slashrt.run(_job(mark, signal.SIGKILL), {"r": PerExecutor(_make)}, executors=2, epoch_bytes=4096)
     assert time.time() - float(mark.read_text()) < 5
+    assert "Traceback" not in capfd.readouterr().err  # the surviving executor 0 logs one line at most
 
 
 def test_an_agent_stops_its_job_when_the_coordinator_stops_answering():
     """A coordinator that handshakes, sends a job and then says nothing (as a frozen one would):
-    the agent fails the job at the heartbeat timeout and exits."""
-    from slashrt.cluster._control import send_message
+    the agent fails the job at the heartbeat timeout and exits (before the job, it answers
+    heartbeats, so a coordinator still sending other agents' jobs does not think it silent)."""
+    from slashrt.cluster._control import receive_message, send_message
     from slashrt.cluster._job import Job
     from slashrt.transport._auth import client_handshake, generate_secret
 
@@ -155,6 +157,8 @@ def test_an_agent_stops_its_job_when_the_coordinator_stops_answering():
         async def frozen_coordinator():
             stream = await trio.open_tcp_stream(host, int(port))
             await client_handshake(stream, secret)
+            await send_message(stream, HEARTBEAT)  # before the job, the agent answers each heartbeat
+            assert await receive_message(stream) == (HEARTBEAT, None)
             f = Dataflow("orphan")
             f.source("r", SCHEMA, time="ts").sink(Collect())
             job = Job(f, 0, 1, {"r": np.zeros(10, SCHEMA.dtype)}, heartbeat_interval=0.2, heartbeat_timeout=1.0)
