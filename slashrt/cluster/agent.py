@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 
+import cloudpickle
 import structlog
 import trio
 
@@ -181,9 +182,10 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-async def _receive_job(stream: trio.SocketStream) -> Job:
-    """The coordinator's "job". It beats from the handshake on, and until the job (which
-    brings the heartbeat settings) comes, each of its heartbeats is answered with one."""
+async def _receive_job(stream: trio.SocketStream) -> dict:
+    """The coordinator's "job" message (`_job.job_message`). It beats from the handshake on,
+    and until the job (which brings the heartbeat settings) comes, each of its heartbeats is
+    answered with one."""
     while True:
         kind, payload = await receive_message(stream)
         if kind == "job":
@@ -193,25 +195,28 @@ async def _receive_job(stream: trio.SocketStream) -> Job:
         await send_message(stream, HEARTBEAT)
 
 
-async def _run_job_on(stream: trio.SocketStream, job: Job, secret: bytes) -> bool:
-    """Run `job` with heartbeats on its control connection; log and report a failure. True if
-    the job succeeded."""
+async def _run_job_on(stream: trio.SocketStream, message: dict, secret: bytes) -> bool:
+    """Run the job of `message` with heartbeats on its control connection; log and report a
+    failure. True if the job succeeded."""
+    index = message["index"]
     async with trio.open_nursery() as nursery:
-        link = Link(stream, interval=job.heartbeat_interval, timeout=job.heartbeat_timeout)
+        link = Link(stream, interval=message["heartbeat_interval"], timeout=message["heartbeat_timeout"])
         link.start(nursery)
         try:
+            # unpickling imports the user's modules: in a thread, so that heartbeats go on
+            job = await trio.to_thread.run_sync(cloudpickle.loads, message["job"])
             await run_job(job, link, secret)
             return True
         except Exception as exc:
             if isinstance(exc, CoordinatorGone) or (isinstance(exc, ChannelClosed) and link.ended is not None):
                 if isinstance(link.ended, PeerSilent):
-                    log.error("the coordinator stopped answering; job stopped", executor=job.index, error=str(exc))
+                    log.error("the coordinator stopped answering; job stopped", executor=index, error=str(exc))
                 else:  # it ended the job itself (it says why); nothing to add on the user's terminal
-                    log.info("the coordinator ended the job", executor=job.index, reason=str(exc))
+                    log.info("the coordinator ended the job", executor=index, reason=str(exc))
             else:
-                log.error("job failed", executor=job.index, error=_describe(exc))
+                log.error("job failed", executor=index, error=_describe(exc))
                 with contextlib.suppress(Exception):
-                    await link.send("failed", f"executor {job.index}: {_describe(exc)}")
+                    await link.send("failed", f"executor {index}: {_describe(exc)}")
             return False
         finally:
             nursery.cancel_scope.cancel()
@@ -241,12 +246,12 @@ async def serve(host: str, port: int, secret: bytes, *, once: bool = False, task
                     log.error("control connection refused", reason=str(exc))
                     continue
                 try:
-                    job = await _receive_job(stream)
+                    message = await _receive_job(stream)
                 except (ChannelClosed, trio.BrokenResourceError) as exc:
                     log.warning("the coordinator left before sending a job", reason=str(exc))
                     ok = False
                 else:
-                    ok = await _run_job_on(stream, job, secret)
+                    ok = await _run_job_on(stream, message, secret)
             if once:
                 if not ok:
                     raise JobFailed("the job failed")

@@ -43,7 +43,7 @@ import trio
 
 from slashrt._plan import MODES, build_plan
 from slashrt._runtime import RunResult, _per_source
-from slashrt.cluster._job import Ingest, Job, PerExecutor, share
+from slashrt.cluster._job import Ingest, Job, PerExecutor, job_message, share
 from slashrt.cluster._liveness import (
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Link, PeerSilent, check_heartbeat,
 )
@@ -339,11 +339,11 @@ async def run_cluster_async(
                     links[-1].start(nursery)
                 agents = _Agents(links, procs)
                 agents.start(nursery)
-                jobs = [
-                    Job(flow, i, n, shares[i], transport, mode, partitions, epoch_bytes, addresses[i][0], options,
-                        heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout)
+                jobs = (
+                    job_message(Job(flow, i, n, shares[i], transport, mode, partitions, epoch_bytes, addresses[i][0], options),
+                                heartbeat_interval, heartbeat_timeout)
                     for i in range(n)
-                ]
+                )
                 await agents.send_all("job", jobs)
                 directory = dict(enumerate(await agents.gather("addresses")))
                 await agents.send_all("peers", [directory] * n)

@@ -144,7 +144,7 @@ def test_an_agent_stops_its_job_when_the_coordinator_stops_answering():
     the agent fails the job at the heartbeat timeout and exits (before the job, it answers
     heartbeats, so a coordinator still sending other agents' jobs does not think it silent)."""
     from slashrt.cluster._control import receive_message, send_message
-    from slashrt.cluster._job import Job
+    from slashrt.cluster._job import Job, job_message
     from slashrt.transport._auth import client_handshake, generate_secret
 
     secret = generate_secret()
@@ -161,9 +161,9 @@ def test_an_agent_stops_its_job_when_the_coordinator_stops_answering():
             assert await receive_message(stream) == (HEARTBEAT, None)
             f = Dataflow("orphan")
             f.source("r", SCHEMA, time="ts").sink(Collect())
-            job = Job(f, 0, 1, {"r": np.zeros(10, SCHEMA.dtype)}, heartbeat_interval=0.2, heartbeat_timeout=1.0)
+            job = Job(f, 0, 1, {"r": np.zeros(10, SCHEMA.dtype)})
             t0 = time.monotonic()
-            await send_message(stream, "job", job)
+            await send_message(stream, "job", job_message(job, heartbeat_interval=0.2, heartbeat_timeout=1.0))
             with trio.fail_after(30):
                 while await stream.receive_some():  # its "addresses" and heartbeats, then its close
                     pass
