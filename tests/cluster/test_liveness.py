@@ -303,9 +303,10 @@ def test_kill_stop_or_interrupt_at_a_random_moment_leaves_no_process_behind(seed
             driver.send_signal(signal.SIGINT if action.startswith("interrupt") else signal.SIGKILL)
         else:
             deadline = time.monotonic() + 30
-            while not (agents := _agents(token, driver.pid)) and time.monotonic() < deadline:
+            while not (agents := _agents(token, driver.pid)) and driver.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.01)  # not started yet: the first one, as it starts
-            os.kill(rng.choice(agents), signal.SIGKILL if action.startswith("kill") else signal.SIGSTOP)
+            if agents:  # (none if the job is over)
+                os.kill(rng.choice(agents), signal.SIGKILL if action.startswith("kill") else signal.SIGSTOP)
         code = driver.wait(timeout=60)
         err = driver.stderr.read()
         print(f"{action} at {delay:.2f} s: exit {code}, {err.strip()!r}")
