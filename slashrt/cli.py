@@ -71,6 +71,18 @@ def _add_cluster_options(p: argparse.ArgumentParser, *, transport: bool = True) 
     )
     if transport:
         g.add_argument("--transport", choices=["shm", "tcp", "verbs"], help="between executors (default shm)")
+    _add_liveness_options(g)
+
+
+def _add_liveness_options(g) -> None:
+    g.add_argument("--heartbeat-interval", type=_non_negative_float, metavar="S",
+                   help="seconds between heartbeats on the control connections (default 10)")
+    g.add_argument("--heartbeat-timeout", type=_non_negative_float, metavar="S",
+                   help="an executor silent this long fails the job (default 50)")
+
+
+def _liveness(args) -> dict:
+    return {k: v for k in ("heartbeat_interval", "heartbeat_timeout") if (v := getattr(args, k, None)) is not None}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--executors", type=_positive_int, default=2, help="executor processes of the local cluster")
     demo.add_argument("--transport", choices=["shm", "tcp", "verbs"], default="shm", help="between executors")
     demo.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    _add_liveness_options(demo)
 
     bench = sub.add_parser("bench", help="run a benchmark query and check it against a reference")
     queries = bench.add_subparsers(dest="query", required=True)
@@ -185,6 +198,7 @@ def _cluster_bench(args) -> dict:
         ssb_routing=args.ssb_routing,
         params=params,
         **_runtime_options(args),
+        **_liveness(args),
     )
 
 
@@ -252,7 +266,8 @@ def _demo(args) -> int:
         f"{args.executors} executor processes over {args.transport} (shared state backend)"
     )
     result, rows = scaling.bench_with_result(
-        "ysb", events=per_executor, executors=args.executors, transport=args.transport, params={"campaigns": 1000}
+        "ysb", events=per_executor, executors=args.executors, transport=args.transport, params={"campaigns": 1000},
+        **_liveness(args),
     )
     first = rows[rows["window_start_ms"] == rows["window_start_ms"][0]] if len(rows) else rows
     top = first[np.argsort(-first["count"], kind="stable")[:5]]
@@ -290,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     except (SlashError, OSError) as exc:
         print(f"slashrt: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the run has stopped and removed its executors
+        print("slashrt: interrupted", file=sys.stderr)
+        return 130
     if args.json:
         print(json.dumps(result))
     else:

@@ -186,3 +186,44 @@ def test_bench_ro_over_a_transport_repeats_and_checks_every_run(transport):
     # the JSON rounds to 3 decimals
     assert 0 <= result["fraction_of_memcpy"] == pytest.approx(result["gbytes_per_s"] / result["memcpy_gbytes_per_s"], abs=2e-3)
     assert result["latency_us_p50"] > 0
+
+
+@pytest.mark.parametrize("moment", ["spawning", "running"])
+def test_ctrl_c_ends_with_one_line_and_exit_130_leaving_no_executor(moment):
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slashrt", "demo", "--events", "400000000"], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    children = []
+    try:
+        assert proc.stdout.readline().startswith("slashrt demo:")  # imported, about to start the cluster
+        if moment == "running":
+            deadline = time.monotonic() + 60
+            while len(children) < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
+                children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                           text=True).stdout.split()]
+            assert len(children) == 2, "the executors did not start"
+            time.sleep(1)  # let them get to work
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130
+        assert err == "slashrt: interrupted\n"
+        for pid in children:  # reaped by the coordinator, not only killed
+            assert not os.path.exists(f"/proc/{pid}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_liveness_options_reach_the_cluster_and_bad_ones_exit_2(capsys):
+    assert main(["bench", "ysb", "--executors", "2", "--events", "1000", "--heartbeat-interval", "5",
+                 "--heartbeat-timeout", "5"]) == 2
+    assert "heartbeat_timeout (5 s) must be longer than heartbeat_interval (5 s)" in capsys.readouterr().err
+    assert main(["demo", "--events", "1000", "--heartbeat-timeout", "0"]) == 2
+    assert "heartbeat_timeout must be a positive number" in capsys.readouterr().err

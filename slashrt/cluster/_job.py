@@ -14,12 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import attrs
+import cloudpickle
 import numpy as np
 
 from slashrt._dataflow import Dataflow
 from slashrt.ops.event_time import Share, blocks_before
 
-__all__ = ["Job", "Ingest", "PerExecutor", "share", "split_input", "SPLIT_BLOCK"]
+__all__ = ["Job", "Ingest", "PerExecutor", "share", "split_input", "job_message", "SPLIT_BLOCK"]
 
 SPLIT_BLOCK = 4096  # records per block when splitting an array across executors
 
@@ -91,3 +92,15 @@ class Job:
     epoch_bytes: int = 64 << 20
     host: str = "127.0.0.1"  # where this executor's data listeners bind (its own address)
     options: dict = attrs.field(factory=dict)  # slots, slot_size, watermark_every, coalesce, yield_every
+
+
+def job_message(job: Job, heartbeat_interval: float, heartbeat_timeout: float) -> dict:
+    """The payload of the "job" control message: the job pickled on its own, so that the agent
+    unpickles it (importing the user's modules, seconds on a loaded machine) in a thread while
+    its heartbeats go on, beside what it needs before that (its index, the heartbeat settings)."""
+    return {
+        "index": job.index,
+        "heartbeat_interval": heartbeat_interval,
+        "heartbeat_timeout": heartbeat_timeout,
+        "job": cloudpickle.dumps(job, protocol=5),
+    }

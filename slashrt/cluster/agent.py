@@ -15,8 +15,10 @@ it listens, and for each job:
 4. on "start", runs one executor: its sources in lane 0, the peers' channels in lane 1, the
    exchanges' shippers beside it; sends the `RunResult` back, or the failure.
 
-If the coordinator goes away mid-job the agent stops the job. Outgoing channels of a job that
-fails are aborted, never ended, so no peer mistakes a partial stream for a complete one.
+The control connection carries heartbeats both ways (`slashrt.cluster._liveness`): if the
+coordinator goes away mid-job, or stops answering for the job's heartbeat timeout, the agent
+stops the job. Outgoing channels of a job that fails are aborted, never ended, so no peer
+mistakes a partial stream for a complete one.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
-import traceback
 
+import cloudpickle
 import structlog
 import trio
 
@@ -35,6 +38,7 @@ from slashrt._plan import ClusterRole, build_plan
 from slashrt._runtime import execute, local_inputs
 from slashrt.cluster._control import receive_message, send_message
 from slashrt.cluster._job import Ingest, Job, PerExecutor
+from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent
 from slashrt.errors import ChannelClosed, OperatorError, unwrap_groups
 from slashrt.scheduler import Input
 from slashrt.ssb.partitions import Partitioning
@@ -53,7 +57,8 @@ EXCHANGE_SLOTS = 32
 
 
 class CoordinatorGone(ChannelClosed):
-    """The coordinator closed the control connection (or asked to stop) during a job."""
+    """The coordinator closed the control connection, stopped answering, or asked to stop
+    during a job."""
 
 
 def _executor_sinks(plan, index: int) -> None:
@@ -64,16 +69,18 @@ def _executor_sinks(plan, index: int) -> None:
             node.sink = part(index)
 
 
-async def _watch_coordinator(control: trio.SocketStream) -> None:
+async def _watch_coordinator(link: Link) -> None:
     try:
-        kind, _ = await receive_message(control)
+        kind, _ = await link.receive()
+    except PeerSilent as exc:
+        raise CoordinatorGone(f"the coordinator {exc}") from None
     except ChannelClosed:
         raise CoordinatorGone("the coordinator closed the control connection during the job") from None
     raise CoordinatorGone(f"the coordinator stopped the job ({kind})")
 
 
-async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
-    """Run one executor's part of `job`; protocol messages go over `control`."""
+async def run_job(job: Job, control: Link, secret: bytes) -> None:
+    """Run one executor's part of `job`; protocol messages go over `control`, a heartbeat link."""
     bound = log.bind(executor=job.index, executors=job.executors, mode=job.mode, transport=job.transport)
     opts = dict(job.options)
     routing = opts.pop("ssb_routing", "auto")
@@ -98,8 +105,8 @@ async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
                 listeners[(step_id, src)] = await stack.enter_async_context(
                     open_listener(job.transport, ring(step_id), secret, **where)
                 )
-        await send_message(control, "addresses", {key: lst.address for key, lst in listeners.items()})
-        _, directory = await receive_message(control, "peers")
+        await control.send("addresses", {key: lst.address for key, lst in listeners.items()})
+        _, directory = await control.receive("peers")
 
         async def accept() -> None:
             # one peer per listener; strangers' connections are dropped meanwhile (`_accept`)
@@ -120,8 +127,8 @@ async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
                 # the input is made before "ready": it is not part of the measured run
                 inputs, targets = {}, {}
                 for name, value in job.inputs.items():
-                    if isinstance(value, PerExecutor):
-                        inputs[name] = value.make(job.index, job.executors)
+                    if isinstance(value, PerExecutor):  # in a thread: heartbeats go on meanwhile
+                        inputs[name] = await trio.to_thread.run_sync(value.make, job.index, job.executors)
                     elif isinstance(value, Ingest):
                         endpoint = await stack.enter_async_context(
                             _ingest_endpoint(job, name, value, secret, slots=slots, slot_size=slot_size)
@@ -137,8 +144,8 @@ async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
                 executor_inputs.append(Input(f"{step_id}.from{src}", receiver, x.inbound(src), x.exchange_dtype, lane=1))
             bound.info("executor ready", exchanges=list(exchanges),
                        records={k: len(v) for k, v in inputs.items() if k not in targets}, ingest=sorted(targets))
-            await send_message(control, "ready", targets)
-            await receive_message(control, "start")
+            await control.send("ready", targets)
+            await control.receive("start")
 
             async with unwrap_groups(), trio.open_nursery() as watch:
                 watch.start_soon(_watch_coordinator, control)
@@ -148,7 +155,7 @@ async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
                             nursery.start_soon(task)
                     result = await execute(job.flow, plan, executor_inputs, start=sources, index=job.index, **opts)
                 watch.cancel_scope.cancel()
-            await send_message(control, "finished")
+            await control.send("finished")
         finally:
             for sender in senders:
                 if not sender._closed:
@@ -156,7 +163,7 @@ async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
             for receiver in receivers.values():
                 with contextlib.suppress(Exception):
                     await receiver.aclose()
-    await send_message(control, "done", result)
+    await control.send("done", result)
 
 
 def _channel_from(key) -> str:
@@ -179,21 +186,62 @@ def _describe(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, OperatorError) else f"{type(exc).__name__}: {exc}"
 
 
-async def _receive_job(stream: trio.SocketStream) -> Job | None:
-    """The job an authenticated coordinator sends, or None (logged) if it sends none: it left,
-    announced an absurd size, or sent something else."""
-    try:
-        _, job = await receive_message(stream, "job")
-    except (ChannelClosed, trio.BrokenResourceError) as exc:
-        log.warning("control connection dropped", reason=f"no job from the coordinator: {exc}")
-        return None
-    if not isinstance(job, Job):
-        reason = f"the coordinator's job message holds a {type(job).__name__}, not a Job"
-        log.warning("control connection dropped", reason=reason)
-        with contextlib.suppress(Exception):
-            await send_message(stream, "failed", reason)
-        return None
-    return job
+_JOB_FIELDS = frozenset({"index", "heartbeat_interval", "heartbeat_timeout", "job"})
+
+
+async def _receive_job(stream: trio.SocketStream) -> dict | None:
+    """The coordinator's "job" message (`_job.job_message`), or None (logged) if it sends none:
+    it left, announced an absurd size, or sent something else. It beats from the handshake on,
+    and until the job (which brings the heartbeat settings) comes, each of its heartbeats is
+    answered with one."""
+    while True:
+        try:
+            kind, payload = await receive_message(stream)
+            if kind == HEARTBEAT:
+                await send_message(stream, HEARTBEAT)
+                continue
+        except (ChannelClosed, trio.BrokenResourceError) as exc:
+            log.warning("control connection dropped", reason=f"no job from the coordinator: {exc}")
+            return None
+        if kind != "job":
+            log.warning("control connection dropped", reason=f"expected a 'job' control message, got {kind!r}")
+            return None
+        if not (isinstance(payload, dict) and _JOB_FIELDS <= payload.keys()):
+            reason = f"the coordinator's job message holds a {type(payload).__name__}, not a Job"
+            log.warning("control connection dropped", reason=reason)
+            with contextlib.suppress(Exception):
+                await send_message(stream, "failed", reason)
+            return None
+        return payload
+
+
+async def _run_job_on(stream: trio.SocketStream, message: dict, secret: bytes) -> bool:
+    """Run the job of `message` with heartbeats on its control connection; log and report a
+    failure. True if the job succeeded."""
+    index = message["index"]
+    async with trio.open_nursery() as nursery:
+        link = Link(stream, interval=message["heartbeat_interval"], timeout=message["heartbeat_timeout"])
+        link.start(nursery)
+        try:
+            # unpickling imports the user's modules: in a thread, so that heartbeats go on
+            job = await trio.to_thread.run_sync(cloudpickle.loads, message["job"])
+            if not isinstance(job, Job):
+                raise ChannelClosed(f"the coordinator's job message holds a {type(job).__name__}, not a Job")
+            await run_job(job, link, secret)
+            return True
+        except Exception as exc:
+            if isinstance(exc, CoordinatorGone) or (isinstance(exc, ChannelClosed) and link.ended is not None):
+                if isinstance(link.ended, PeerSilent):
+                    log.error("the coordinator stopped answering; job stopped", executor=index, error=str(exc))
+                else:  # it ended the job itself (it says why); nothing to add on the user's terminal
+                    log.info("the coordinator ended the job", executor=index, reason=str(exc))
+            else:
+                log.error("job failed", executor=index, error=_describe(exc))
+                with contextlib.suppress(Exception):
+                    await link.send("failed", f"{_describe(exc)} (on executor {index})")
+            return False
+        finally:
+            nursery.cancel_scope.cancel()
 
 
 async def serve(host: str, port: int, secret: bytes, *, once: bool = False, task_status=trio.TASK_STATUS_IGNORED) -> bool:
@@ -208,28 +256,22 @@ async def serve(host: str, port: int, secret: bytes, *, once: bool = False, task
     address = listeners[0].socket.getsockname()[:2]
     control = HandshakeListener(listeners[0], secret)
     task_status.started(address)
-    sys.stdout.write(f"slashrt-agent listening {address[0]} {address[1]}\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(f"slashrt-agent listening {address[0]} {address[1]}\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the process that started this agent is gone before reading it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit
+        log.info("nobody reads this agent's address; exiting")
+        return
     log.info("agent listening", host=address[0], port=address[1])
     try:
         async with authenticated_peers(control) as coordinators:
             async for stream in coordinators:
                 async with stream:
-                    job = await _receive_job(stream)
-                    if job is None:
-                        if once:
-                            return True
-                        continue
-                    try:
-                        await run_job(job, stream, secret)
-                    except Exception as exc:
-                        log.error("job failed", executor=job.index, error=_describe(exc))
-                        with contextlib.suppress(Exception):
-                            await send_message(stream, "failed", f"{_describe(exc)} (on executor {job.index})")
-                        if once:
-                            return True
+                    message = await _receive_job(stream)
+                    ok = message is not None and await _run_job_on(stream, message, secret)
                 if once:
-                    return False
+                    return not ok
         return False
     finally:
         for listener in listeners:
@@ -242,7 +284,7 @@ async def _serve_while_parent_lives(host: str, port: int, secret: bytes, once: b
     coordinator spawns from a worker thread that is retired after a few idle seconds.)"""
     parent = os.getppid()
     failed = False
-    async with trio.open_nursery() as nursery:
+    async with unwrap_groups(), trio.open_nursery() as nursery:
 
         async def watch() -> None:
             while os.getppid() == parent:
@@ -276,6 +318,10 @@ def main(argv=None) -> int:
         secret = load_secret()
     except Exception as exc:
         parser.error(str(exc))
+    if args.with_parent:
+        # a local executor's life is its coordinator's: Ctrl-C at the terminal reaches the
+        # whole process group, and the coordinator stops its executors itself
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         if args.with_parent:
             failed = trio.run(_serve_while_parent_lives, host, int(port), secret, args.once)
@@ -283,8 +329,8 @@ def main(argv=None) -> int:
             failed = trio.run(lambda: serve(host, int(port), secret, once=args.once))
     except KeyboardInterrupt:
         return 130
-    except Exception:
-        traceback.print_exc()
+    except Exception as exc:  # one line, not a traceback on the user's terminal
+        log.error("executor agent failed", error=_describe(exc))
         return 1
     return 1 if failed else 0  # a failed job was logged and reported: no traceback
 

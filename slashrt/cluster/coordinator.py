@@ -20,10 +20,12 @@
 them (e.g. `slashrt.spark.ingest` from another thread); each executor's source ends when its
 endpoint's stream is ended.
 
-Any executor that fails, disconnects or exits before "done" fails the whole job with a
-`ClusterError` naming it; the coordinator then closes every control connection (agents stop
-their jobs) and kills the processes it spawned, as it does on Ctrl-C. Results are never
-partial: a job either returns every executor's output or raises.
+Both sides send heartbeats on the control connection (`_liveness.Link`). Any executor that
+fails, disconnects, exits or stops answering before "done" fails the whole job with a
+`ClusterError` naming it and saying how it died (`executor_death`); the coordinator then
+closes every control connection (agents stop their jobs) and kills and reaps the processes it
+spawned, as it does on Ctrl-C or a cancellation. Results are never partial: a job either
+returns every executor's output or raises.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -40,8 +43,10 @@ import trio
 
 from slashrt._plan import MODES, build_plan, check_cluster_flow
 from slashrt._runtime import RunResult, _per_source
-from slashrt.cluster._control import receive_message, send_message
-from slashrt.cluster._job import Ingest, Job, PerExecutor, split_input
+from slashrt.cluster._job import Ingest, Job, PerExecutor, job_message, split_input
+from slashrt.cluster._liveness import (
+    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Link, PeerSilent, check_heartbeat,
+)
 from slashrt.errors import ChannelClosed, DataflowError, SlashError, unwrap_groups
 from slashrt.ops.sinks import Callback, Collect
 from slashrt.ops.sources import validate_input
@@ -55,6 +60,9 @@ __all__ = ["run_cluster_async", "ClusterError", "START_TIMEOUT"]
 log = structlog.get_logger("slashrt.cluster")
 
 START_TIMEOUT = 180.0  # spawning, connecting and wiring every executor
+# a spawned agent imports slashrt before it listens (seconds on a loaded machine): it says
+# where it listens within this, or the heartbeat timeout if that is longer
+LISTEN_TIMEOUT = 30.0
 
 
 class ClusterError(SlashError):
@@ -76,43 +84,68 @@ def _secret(secret: bytes | None) -> bytes:
     return generate_secret()
 
 
-async def _spawn_agent(secret: bytes, index: int) -> tuple[trio.Process, tuple[str, int]]:
-    """Start a local agent process and read the address it listens on."""
+@trio.lowlevel.enable_ki_protection  # a Ctrl-C waits for the next checkpoint, after procs[index] is set
+async def _spawn_agent(secret: bytes, index: int, procs: list, silent_s: float) -> tuple[str, int]:
+    """Start a local agent process, tracked in procs[index] from the moment it exists (so it is
+    reaped on every path, a cancellation or Ctrl-C during the spawn too), and read the address
+    it listens on (within `silent_s`)."""
     level = os.environ.get("SLASHRT_LOG_LEVEL", "warning")
     cmd = [sys.executable, "-m", "slashrt.cluster.agent", "--listen", "127.0.0.1:0", "--once", "--with-parent", "--log-level", level]
     # the agent imports what this process can (the job's functions are pickled by reference
     # when they live in importable modules, e.g. a test module or the user's package)
     env = dict(os.environ, SLASHRT_SECRET=secret.hex(), PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
-    proc = await trio.lowlevel.open_process(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)
+    proc = procs[index] = await trio.lowlevel.open_process(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)
     line = b""
-    while not line.endswith(b"\n"):
-        chunk = await proc.stdout.receive_some(256)
-        if not chunk:
-            code = await proc.wait()
-            raise ClusterError(f"executor {index} exited with code {code} before listening")
-        line += chunk
+    with trio.move_on_after(silent_s):
+        while not line.endswith(b"\n"):
+            chunk = await proc.stdout.receive_some(256)
+            if not chunk:
+                code = await proc.wait()
+                raise ClusterError(f"{executor_death(index, code=code)} before listening")
+            line += chunk
+    if not line.endswith(b"\n"):
+        raise ClusterError(f"{executor_death(index, silent_s=silent_s)} before listening")
     words = line.decode(errors="replace").split()
     if words[:2] != ["slashrt-agent", "listening"] or len(words) != 4:
         raise ClusterError(f"executor {index} said {line!r} instead of its address")
-    return proc, (words[2], int(words[3]))
+    return words[2], int(words[3])
+
+
+def executor_death(i: int, *, code: int | None = None, silent_s: float | None = None, reason: str = "") -> str:
+    """How executor i died, in the words of every failure message: stopped answering, killed
+    by a signal, exited with a code, or (an agent whose exit is not known here) lost."""
+    if silent_s is not None:
+        return f"executor {i} stopped answering for {silent_s:g} s"
+    if code is not None and code < 0:
+        try:
+            name = f" ({signal.Signals(-code).name})"
+        except ValueError:
+            name = ""
+        return f"executor {i} was killed by signal {-code}{name}"
+    if code:
+        return f"executor {i} exited with code {code}"
+    return f"executor {i} lost its control connection: {reason}"
 
 
 class _Agents:
-    """The control connections of a run and one task per agent reading its messages into
-    that agent's FIFO (each agent's messages are consumed in the order it sent them)."""
+    """The control links of a run and one task per agent reading its messages into that
+    agent's FIFO (each agent's messages are consumed in the order it sent them); one more per
+    spawned agent notes how its process ended."""
 
-    # a crashed agent's last words (its "failed" message) are worth a moment's wait
+    # a crashed agent's last words (its "failed" message), or its exit status after its
+    # connection broke, are worth a moment's wait
     LAST_WORDS_S = 0.5
 
-    def __init__(self, controls: list[trio.SocketStream], procs: list[trio.Process | None]):
-        self.controls = controls
+    def __init__(self, links: list[Link], procs: list[trio.Process | None]):
+        self.links = links
         self.procs = procs
-        self._fifos = [collections.deque() for _ in controls]
+        self._fifos = [collections.deque() for _ in links]
         self._arrived = trio.Event()
+        self._ended = [trio.Event() for _ in links]  # set when a spawned agent's process ended
 
     def start(self, nursery) -> None:
-        for i, control in enumerate(self.controls):
-            nursery.start_soon(self._read, i, control)
+        for i, link in enumerate(self.links):
+            nursery.start_soon(self._read, i, link)
             if self.procs[i] is not None:
                 nursery.start_soon(self._exit, i, self.procs[i])
 
@@ -120,10 +153,13 @@ class _Agents:
         self._fifos[i].append((kind, payload))
         self._arrived.set()
 
-    async def _read(self, i: int, control) -> None:
+    async def _read(self, i: int, link: Link) -> None:
         while True:
             try:
-                kind, payload = await receive_message(control)
+                kind, payload = await link.receive()
+            except PeerSilent as exc:
+                self._put(i, "silent", exc.seconds)
+                return
             except ChannelClosed as exc:
                 self._put(i, "lost", str(exc))
                 return
@@ -133,28 +169,37 @@ class _Agents:
 
     async def _exit(self, i: int, proc: trio.Process) -> None:
         code = await proc.wait()
+        self._ended[i].set()
         if code != 0:  # a clean exit follows "done"; a lost connection reports the rest
             await trio.sleep(self.LAST_WORDS_S)
             self._put(i, "exited", code)
 
     async def send_all(self, kind: str, payloads) -> None:
-        for control, payload in zip(self.controls, payloads):
-            await send_message(control, kind, payload)
+        for i, (link, payload) in enumerate(zip(self.links, payloads)):
+            try:
+                await link.send(kind, payload)
+            except PeerSilent as exc:
+                await self._fail(i, "silent", exc.seconds, kind)
+            except ChannelClosed as exc:
+                await self._fail(i, "lost", str(exc), kind)
 
-    @staticmethod
-    def _describe(i: int, what: str, payload, kind: str) -> str:
+    def _describe(self, i: int, what: str, payload, kind: str) -> str:
         if what == "failed":
             return str(payload)
-        if what == "lost":
-            return f"executor {i} lost its control connection: {payload}"
-        if what == "exited":
-            return f"executor {i} exited with code {payload} during the job"
+        if what in ("lost", "exited", "silent"):
+            proc = self.procs[i]
+            code = proc.returncode if proc is not None else None
+            return executor_death(i, code=code, silent_s=payload if what == "silent" else None, reason=payload)
         return f"executor {i} sent {what!r} where {kind!r} was due"
 
     async def _fail(self, i: int, what: str, payload, kind: str):
         """Raise the job's failure, naming the root cause: an executor that died makes its
         peers fail too (their channels from it break), so look for a death first; and a peer
-        whose own failure aborted the channel that broke (ChannelFailed) is the cause too."""
+        whose own failure aborted the channel that broke (ChannelFailed) is the cause too.
+        A lost connection waits a moment for its process's exit status (how it died)."""
+        if what == "lost" and self.procs[i] is not None:
+            with trio.move_on_after(self.LAST_WORDS_S):
+                await self._ended[i].wait()
         message = self._describe(i, what, payload, kind)
         if what == "failed":
             await trio.sleep(2 * self.LAST_WORDS_S)
@@ -164,7 +209,7 @@ class _Agents:
                 for j, fifo in enumerate(self._fifos) if j != i
                 for w, p in fifo if not (w in ("exited", "lost") and any(f == "failed" for f, _ in fifo))
             ]
-            deaths = [text for w, _, text in others if w in ("exited", "lost")]
+            deaths = [text for w, _, text in others if w in ("exited", "lost", "silent")]
             causes = [text for w, p, text in others if w == "failed" and "ChannelFailed" not in str(p)]
             if deaths:
                 message = f"{deaths[0]} (then {message})"
@@ -175,7 +220,7 @@ class _Agents:
     async def gather(self, kind: str) -> list:
         """The next message of every agent, which must be `kind`; any failure raises."""
         got: dict[int, object] = {}
-        while len(got) < len(self.controls):
+        while len(got) < len(self.links):
             for i, fifo in enumerate(self._fifos):
                 if i in got or not fifo:
                     continue
@@ -184,11 +229,11 @@ class _Agents:
                     got[i] = payload
                 else:
                     await self._fail(i, what, payload, kind)
-            if len(got) < len(self.controls):
+            if len(got) < len(self.links):
                 self._arrived = trio.Event()
                 if not any(self._fifos[i] for i in range(len(self._fifos)) if i not in got):
                     await self._arrived.wait()
-        return [got[i] for i in range(len(self.controls))]
+        return [got[i] for i in range(len(self.links))]
 
 
 def _shares(plan, inputs: dict, executors: int) -> list[dict]:
@@ -237,12 +282,17 @@ async def run_cluster_async(
     epoch_bytes: int = DEFAULT_EPOCH_BYTES,
     secret: bytes | None = None,
     on_ready=None,
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
     **options,
 ) -> RunResult:
     """Run `flow` on N executors: `executors` is a count (local processes spawned here) or a
     list of agents' "HOST:PORT" addresses (agents started with `slashrt executor`).
     `on_ready({source: [IngestTarget per executor]})` is called once every executor is ready,
-    before the run starts; `Ingest` inputs need it (it is how their producers find them)."""
+    before the run starts; `Ingest` inputs need it (it is how their producers find them).
+    The coordinator and every agent send each other a heartbeat every `heartbeat_interval`
+    seconds; an executor silent for `heartbeat_timeout` seconds fails the job (and an agent
+    whose coordinator is silent that long stops its job)."""
     plan = build_plan(flow)
     check_cluster_flow(flow)
     if mode not in MODES:
@@ -252,6 +302,7 @@ async def run_cluster_async(
     if partitions < 1 or epoch_bytes < 1:
         raise DataflowError(f"partitions and epoch_bytes must be positive, got {partitions} and {epoch_bytes}")
     check_routing(options.get("ssb_routing", "auto"))
+    check_heartbeat(heartbeat_interval, heartbeat_timeout)
     options.pop("progress", None)  # progress is reported by each executor's log, not here
     local = isinstance(executors, int)
     addresses = None if local else [_parse_address(a) for a in executors]
@@ -266,6 +317,8 @@ async def run_cluster_async(
     secret = _secret(secret)
     procs: list[trio.Process | None] = [None] * n
     controls: list[trio.SocketStream] = []
+    links: list[Link] = []
+    results = None
     bound = log.bind(flow=flow.name, executors=n, transport=transport, mode=mode)
     try:
         async with unwrap_groups(), trio.open_nursery() as nursery:
@@ -274,7 +327,7 @@ async def run_cluster_async(
                     addresses = [None] * n
 
                     async def spawn(i):
-                        procs[i], addresses[i] = await _spawn_agent(secret, i)
+                        addresses[i] = await _spawn_agent(secret, i, procs, max(LISTEN_TIMEOUT, heartbeat_timeout))
 
                     async with trio.open_nursery() as spawning:
                         for i in range(n):
@@ -289,12 +342,15 @@ async def run_cluster_async(
                         await client_handshake(stream, secret)
                     except ChannelClosed as exc:
                         raise ClusterError(f"cannot authenticate executor {i} at {host}:{port}: {exc}") from None
-                agents = _Agents(controls, procs)
+                    links.append(Link(stream, interval=heartbeat_interval, timeout=heartbeat_timeout))
+                    links[-1].start(nursery)
+                agents = _Agents(links, procs)
                 agents.start(nursery)
-                jobs = [
-                    Job(flow, i, n, shares[i], transport, mode, partitions, epoch_bytes, addresses[i][0], options)
+                jobs = (
+                    job_message(Job(flow, i, n, shares[i], transport, mode, partitions, epoch_bytes, addresses[i][0], options),
+                                heartbeat_interval, heartbeat_timeout)
                     for i in range(n)
-                ]
+                )
                 await agents.send_all("job", jobs)
                 directory = dict(enumerate(await agents.gather("addresses")))
                 await agents.send_all("peers", [directory] * n)
@@ -312,23 +368,28 @@ async def run_cluster_async(
     except trio.TooSlowError:
         raise ClusterError(f"the executors were not ready within {START_TIMEOUT:.0f} s") from None
     finally:
-        for control in controls:
-            with contextlib.suppress(Exception):
-                await control.aclose()
-        with trio.CancelScope(shield=True):
-            await _reap(procs)
+        with trio.CancelScope(shield=True):  # a cancelled run cleans up too
+            for control in controls:
+                with contextlib.suppress(Exception):
+                    await control.aclose()
+            await _reap(procs, grace=5.0 if results is not None else 1.0)
     result = _combine(plan, results, seconds)
     bound.info("cluster run finished", seconds=round(seconds, 6))
     return result
 
 
-async def _reap(procs) -> None:
-    """Let spawned agents exit on their own for a moment (they finish after "done"), then kill."""
-    with trio.move_on_after(5):
+@trio.lowlevel.enable_ki_protection  # a second Ctrl-C does not leave agents behind
+async def _reap(procs, grace: float) -> None:
+    """Let spawned agents exit on their own for `grace` seconds (they finish after "done",
+    and stop their job when their control connection closes), then kill the rest (a stopped
+    process too) and wait for every one, so none is left running or unreaped."""
+    with trio.move_on_after(grace):
         for proc in procs:
             if proc is not None:
                 await proc.wait()
     for proc in procs:
-        if proc is not None and proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        if proc is not None:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await proc.stdout.aclose()

@@ -1,0 +1,153 @@
+"""Liveness of a control connection: heartbeats both ways, and a peer silent too long is gone.
+
+Both ends of a control connection (the coordinator and an agent) wrap it in a `Link`, which
+sends a small "heartbeat" message every `interval` seconds from its own task and reads every
+message from another, so a peer that stops answering (a frozen process: SIGSTOP, a stuck
+host, a partition that keeps the TCP connection open) is noticed after `timeout` seconds
+without a byte from it. Any bytes count as a sign of life, so a long message in flight is not
+silence. The defaults are Flink's (heartbeat.interval 10 s, heartbeat.timeout 50 s).
+
+A heartbeat goes out only when the event loop turns: an executor's compute loop checkpoints
+every `yield_every` pipeline calls, so heartbeats keep flowing while it computes, but a user
+operator that computes without returning for longer than the timeout starves them, and its
+executor is declared gone.
+"""
+
+from __future__ import annotations
+
+import math
+
+import trio
+
+from slashrt.cluster._control import receive_message, send_message
+from slashrt.errors import ChannelClosed, DataflowError
+
+__all__ = ["Link", "PeerSilent", "HEARTBEAT", "DEFAULT_HEARTBEAT_INTERVAL", "DEFAULT_HEARTBEAT_TIMEOUT", "check_heartbeat"]
+
+HEARTBEAT = "heartbeat"  # the control message kind; a Link never hands it to its reader
+DEFAULT_HEARTBEAT_INTERVAL = 10.0
+DEFAULT_HEARTBEAT_TIMEOUT = 50.0
+
+
+class PeerSilent(ChannelClosed):
+    """The peer sent nothing, not even a heartbeat, for the heartbeat timeout."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"stopped answering for {seconds:g} s")
+        self.seconds = seconds
+
+
+def check_heartbeat(interval: float, timeout: float) -> None:
+    """Refuse liveness settings that cannot work: a timeout must leave room for heartbeats."""
+    for name, value in (("heartbeat_interval", interval), ("heartbeat_timeout", timeout)):
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise DataflowError(f"{name} must be a positive number of seconds, got {value!r}")
+    if timeout <= interval:
+        raise DataflowError(
+            f"heartbeat_timeout ({timeout:g} s) must be longer than heartbeat_interval ({interval:g} s)"
+        )
+
+
+class Link:
+    """A control connection with heartbeats. `start(nursery)` starts its tasks (they end with
+    the nursery, or when the connection ends); `send` may be called from any task; `receive`
+    returns the peer's messages in order, heartbeats left out, then raises how the connection
+    ended: `ChannelClosed` (closed or broken) or `PeerSilent`."""
+
+    def __init__(self, stream: trio.SocketStream, *, interval: float, timeout: float):
+        self.stream = stream
+        self.interval = interval
+        self.timeout = timeout
+        self.last_heard = trio.current_time()
+        self.ended: ChannelClosed | None = None
+        self._send_lock = trio.Lock()  # messages are written whole, one at a time
+        self._sending: set[trio.CancelScope] = set()
+        self._inbox_in, self._inbox = trio.open_memory_channel(math.inf)
+        self._tasks = trio.CancelScope()
+
+    def start(self, nursery) -> None:
+        nursery.start_soon(self._run)
+
+    async def _run(self) -> None:
+        with self._tasks:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read)
+                nursery.start_soon(self._watch)
+                nursery.start_soon(self._beat)
+
+    def _end(self, reason: ChannelClosed) -> None:
+        """The connection is over: deliver why after the messages before it, fail any send
+        blocked on a peer that no longer reads, and stop the link's tasks."""
+        if self.ended is None:
+            self.ended = reason
+            self._inbox_in.send_nowait(reason)
+            for scope in self._sending:
+                scope.cancel()
+            self._tasks.cancel()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        """The stream's receive_some, noting that the peer is alive (receive_message reads
+        through this)."""
+        chunk = await self.stream.receive_some(max_bytes)
+        self.last_heard = trio.current_time()
+        return chunk
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                kind, payload = await receive_message(self)
+                if kind != HEARTBEAT:
+                    self._inbox_in.send_nowait((kind, payload))
+        except ChannelClosed as exc:
+            self._end(exc)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self._end(ChannelClosed(f"the control connection broke: {exc or type(exc).__name__}"))
+
+    async def _watch(self) -> None:
+        while True:
+            await trio.sleep_until(self.last_heard + self.timeout)
+            # a reader woken in the same scheduler batch (after this loop was busy) gets to
+            # count what arrived before the silence is judged
+            await trio.lowlevel.checkpoint()
+            if trio.current_time() >= self.last_heard + self.timeout:
+                self._end(PeerSilent(self.timeout))
+                return
+
+    async def _beat(self) -> None:
+        while True:
+            await trio.sleep(self.interval)
+            try:
+                await self.send(HEARTBEAT)
+            except ChannelClosed:
+                return  # the reader reports why
+
+    async def send(self, kind: str, payload=None) -> None:
+        """Send one message; raises ChannelClosed if the connection is (or becomes) unusable."""
+        if self.ended is not None:
+            raise self.ended
+        with trio.CancelScope() as scope:
+            self._sending.add(scope)
+            try:
+                async with self._send_lock:
+                    await send_message(self.stream, kind, payload)
+                return
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise ChannelClosed(f"the control connection broke: {exc or type(exc).__name__}") from None
+            finally:
+                self._sending.discard(scope)
+        raise self.ended  # cancelled by _end: the peer is gone
+
+    async def receive(self, expect: str | None = None):
+        """The peer's next message as (kind, payload); with `expect`, any other kind is an
+        error (a "failed" message raises with its text)."""
+        if self.ended is not None and self._inbox.statistics().current_buffer_used == 0:
+            raise self.ended
+        item = await self._inbox.receive()
+        if isinstance(item, ChannelClosed):
+            raise item
+        kind, payload = item
+        if expect is not None and kind != expect:
+            if kind == "failed":
+                raise ChannelClosed(str(payload))
+            raise ChannelClosed(f"expected a {expect!r} control message, got {kind!r}")
+        return kind, payload

@@ -1,0 +1,327 @@
+"""Liveness and failure hygiene of clusters: heartbeats find a frozen executor (and an agent
+finds a frozen coordinator), errors say how an executor died, and no process is left behind
+whatever is killed, stopped or interrupted, whenever (spawning included)."""
+
+import functools
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+
+import slashrt
+from slashrt import Dataflow, Schema, Tumbling
+from slashrt.cluster import ClusterError, PerExecutor, run_cluster_async
+from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent
+from slashrt.errors import DataflowError
+from slashrt.ops.sinks import Collect
+
+SCHEMA = Schema([("ts", "<i8"), ("key", "<i8"), ("value", "<i8")])
+AGENT = b"slashrt.cluster.agent"
+
+
+# -- the heartbeat link, on in-memory streams and a mock clock -------------------------------------
+
+async def test_heartbeats_keep_a_quiet_link_alive_and_are_never_delivered(autojump_clock):
+    left, right = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        a, b = Link(left, interval=1, timeout=3), Link(right, interval=1, timeout=3)
+        a.start(nursery)
+        b.start(nursery)
+        await trio.sleep(100)  # 33 timeouts of silence but for heartbeats
+        assert a.ended is None and b.ended is None
+        await a.send("job", 42)
+        assert await b.receive("job") == ("job", 42)  # the heartbeats before it were skipped
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_peer_silent_for_the_timeout_ends_the_link(autojump_clock):
+    left, _silent = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        link = Link(left, interval=1, timeout=3)
+        link.start(nursery)
+        t0 = trio.current_time()
+        with pytest.raises(PeerSilent, match="stopped answering for 3 s"):
+            await link.receive()
+        assert trio.current_time() - t0 == 3
+        with pytest.raises(PeerSilent):  # and it stays ended
+            await link.send("x")
+
+
+async def test_messages_before_the_end_are_delivered_then_the_end(autojump_clock):
+    left, right = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        link = Link(left, interval=1, timeout=3)
+        link.start(nursery)
+        from slashrt.cluster._control import send_message
+
+        await send_message(right, HEARTBEAT)
+        await send_message(right, "failed", "executor 1: boom")
+        await right.aclose()
+        with pytest.raises(Exception, match="executor 1: boom"):
+            await link.receive("done")  # a "failed" where "done" was due raises with its text
+        with pytest.raises(Exception, match="closed"):
+            await link.receive()
+
+
+async def test_a_send_blocked_on_a_peer_that_stopped_reading_fails_at_the_timeout(autojump_clock):
+    left, _frozen = trio.testing.lockstep_stream_pair()  # send_all waits for a reader that never comes
+    async with trio.open_nursery() as nursery:
+        link = Link(left, interval=1, timeout=3)
+        link.start(nursery)
+        with pytest.raises(PeerSilent):
+            await link.send("peers", {})
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(heartbeat_interval=0), "heartbeat_interval must be a positive number"),
+        (dict(heartbeat_timeout=float("nan")), "heartbeat_timeout must be a positive number"),
+        (dict(heartbeat_interval=5, heartbeat_timeout=5), r"heartbeat_timeout \(5 s\) must be longer"),
+    ],
+)
+def test_bad_heartbeat_settings_are_refused(options, message):
+    f = Dataflow("hb")
+    f.source("r", SCHEMA, time="ts").window(Tumbling(ms=100)).count(key="key").sink(Collect())
+    with pytest.raises(DataflowError, match=message):
+        slashrt.run(f, {"r": np.zeros(10, SCHEMA.dtype)}, executors=2, **options)
+
+
+# -- executors that stop answering or die -----------------------------------------------------------
+
+def _make(index, executors):
+    out = np.zeros(40_000, SCHEMA.dtype)
+    out["ts"] = np.arange(len(out)) // 10
+    out["key"] = np.arange(len(out)) % 20
+    out["value"] = index
+    return out
+
+
+def _signal_self_on_executor_1(mark, signum, batch):
+    """Executor 1 notes the time in `mark`, then sends itself `signum`, in its first batch past 50 ms."""
+    if len(batch) and batch["value"][0] == 1 and batch["ts"][0] > 50 and not os.path.exists(mark):
+        with open(mark, "w") as f:
+            f.write(repr(time.time()))
+        os.kill(os.getpid(), signum)
+    return batch
+
+
+def _job(mark, signum) -> Dataflow:
+    f = Dataflow("liveness")
+    step = functools.partial(_signal_self_on_executor_1, str(mark), signum)
+    f.source("r", SCHEMA, time="ts").apply(step).window(Tumbling(ms=100)).count(key="key").sink(Collect(), name="out")
+    return f
+
+
+def test_a_stopped_executor_fails_the_job_within_the_heartbeat_timeout(tmp_path):
+    mark = tmp_path / "stopped"
+    with pytest.raises(ClusterError, match=r"^executor 1 stopped answering for 2 s") as err:
+        slashrt.run(_job(mark, signal.SIGSTOP), {"r": PerExecutor(_make)}, executors=2, epoch_bytes=4096,
+                    heartbeat_interval=0.25, heartbeat_timeout=2)
+    waited = time.time() - float(mark.read_text())
+    assert 2 <= waited < 2 + 5, (waited, str(err.value))  # the timeout, and reaping the rest (1 s grace)
+
+
+def test_a_killed_executor_fails_the_job_within_5_s_saying_how_it_died(tmp_path, capfd):
+    mark = tmp_path / "killed"
+    with pytest.raises(ClusterError, match=r"^executor 1 was killed by signal 9 \(SIGKILL\)"):
+        slashrt.run(_job(mark, signal.SIGKILL), {"r": PerExecutor(_make)}, executors=2, epoch_bytes=4096)
+    assert time.time() - float(mark.read_text()) < 5
+    assert "Traceback" not in capfd.readouterr().err  # the surviving executor 0 logs one line at most
+
+
+def test_an_agent_stops_its_job_when_the_coordinator_stops_answering():
+    """A coordinator that handshakes, sends a job and then says nothing (as a frozen one would):
+    the agent fails the job at the heartbeat timeout and exits (before the job, it answers
+    heartbeats, so a coordinator still sending other agents' jobs does not think it silent)."""
+    from slashrt.cluster._control import receive_message, send_message
+    from slashrt.cluster._job import Job, job_message
+    from slashrt.transport._auth import client_handshake, generate_secret
+
+    secret = generate_secret()
+    env = dict(os.environ, SLASHRT_SECRET=secret.hex())
+    proc = subprocess.Popen([sys.executable, "-m", "slashrt.cluster.agent", "--once", "--log-level", "info"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, text=True)
+    try:
+        _, _, host, port = proc.stdout.readline().split()
+
+        async def frozen_coordinator():
+            stream = await trio.open_tcp_stream(host, int(port))
+            await client_handshake(stream, secret)
+            await send_message(stream, HEARTBEAT)  # before the job, the agent answers each heartbeat
+            assert await receive_message(stream) == (HEARTBEAT, None)
+            f = Dataflow("orphan")
+            f.source("r", SCHEMA, time="ts").sink(Collect())
+            job = Job(f, 0, 1, {"r": np.zeros(10, SCHEMA.dtype)})
+            t0 = time.monotonic()
+            await send_message(stream, "job", job_message(job, heartbeat_interval=0.2, heartbeat_timeout=1.0))
+            with trio.fail_after(30):
+                while await stream.receive_some():  # its "addresses" and heartbeats, then its close
+                    pass
+            return time.monotonic() - t0
+
+        took = trio.run(frozen_coordinator)
+        assert proc.wait(timeout=10) == 1
+        assert 1.0 <= took < 5
+        err = proc.stderr.read()
+        assert "the coordinator stopped answering" in err and "Traceback" not in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# -- no process left behind ------------------------------------------------------------------------
+
+def _children() -> set[int]:
+    """This process's child processes, zombies included."""
+    me, found = str(os.getpid()), set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[1] == me:
+                        found.add(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+def _slow(batch):
+    time.sleep(0.01)
+    return batch
+
+
+def _slow_job() -> Dataflow:
+    f = Dataflow("slow")
+    f.source("r", SCHEMA, time="ts").apply(_slow).window(Tumbling(ms=100)).count(key="key").sink(Collect())
+    return f
+
+
+TRIALS = int(os.environ.get("SLASHRT_KILL_TRIALS", "6"))
+
+
+@pytest.mark.parametrize("seed", range(TRIALS))
+def test_a_cancelled_run_leaves_no_process_behind_even_during_spawn(seed):
+    """The run is cancelled at a random moment (a third of the draws while agents are being
+    spawned): once run_cluster_async returns, every agent it started is gone and reaped."""
+    rng = random.Random(seed)
+    delay = rng.uniform(0, 0.6) if seed % 3 == 0 else rng.uniform(0, 3)
+    before = _children()
+
+    async def cancelled():
+        with trio.move_on_after(delay):
+            await run_cluster_async(_slow_job(), {"r": PerExecutor(_make)}, executors=2)
+
+    trio.run(cancelled)
+    assert _children() - before == set(), f"left behind after a cancel at {delay:.2f} s"
+
+
+DRIVER = """
+import os, sys, time, numpy as np, slashrt
+import slashrt.cluster.coordinator
+from slashrt import Dataflow, Schema, Tumbling
+from slashrt.cluster import PerExecutor
+from slashrt.ops.sinks import Collect
+
+S = Schema([("ts", "<i8"), ("key", "<i8")])
+
+def make(index, executors):
+    out = np.zeros(400_000, S.dtype)
+    out["ts"] = np.arange(len(out)) // 100
+    return out
+
+def crawl(batch):
+    time.sleep(0.005)
+    return batch
+
+f = Dataflow("trial")
+f.source("r", S, time="ts").apply(crawl).window(Tumbling(ms=100)).count(key="key").sink(Collect())
+slashrt.cluster.coordinator.LISTEN_TIMEOUT = 8  # an agent stopped while it starts: fail soon
+print("starting", flush=True)
+try:
+    slashrt.run(f, {"r": PerExecutor(make)}, executors=2, heartbeat_interval=0.2, heartbeat_timeout=1.5)
+except BaseException as exc:  # one line, so that any traceback on stderr is an agent's
+    print(f"driver: {type(exc).__name__}: {exc}", file=sys.stderr)
+    sys.exit(1)
+"""
+
+
+def _marked(token: str) -> list[int]:
+    """Processes (not zombies) whose environment carries the trial's token: its agents."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if f"SLASHRT_TRIAL={token}".encode() in f.read().split(b"\0"):
+                        found.append(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+def _agents(token: str, driver: int) -> list[int]:
+    out = []
+    for pid in _marked(token):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if pid != driver and AGENT in f.read():
+                    out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("seed", range(TRIALS))
+def test_kill_stop_or_interrupt_at_a_random_moment_leaves_no_process_behind(seed, tmp_path):
+    """A job in a driver process; at a random moment (half of the draws while its agents are
+    spawned) the driver is interrupted or killed, or one of its agents is killed or stopped.
+    The driver ends, says how an executor died if one did, no agent prints a traceback, and
+    no agent is left. SLASHRT_KILL_TRIALS=20 runs twenty."""
+    rng = random.Random(1000 + seed)
+    action = ["kill agent", "stop agent", "interrupt driver", "kill driver"][seed % 4]
+    delay = rng.uniform(0, 0.8) if seed % 2 == 0 else rng.uniform(0, 3.5)  # the job runs about 3 s
+    token = uuid.uuid4().hex
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, env=dict(os.environ, SLASHRT_TRIAL=token), text=True)
+    try:
+        assert driver.stdout.readline().strip() == "starting"
+        time.sleep(delay)  # the random moment itself, not a wait for anything
+        if action.endswith("driver"):
+            driver.send_signal(signal.SIGINT if action.startswith("interrupt") else signal.SIGKILL)
+        else:
+            deadline = time.monotonic() + 30
+            while not (agents := _agents(token, driver.pid)) and driver.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)  # not started yet: the first one, as it starts
+            if agents:  # (none if the job is over)
+                os.kill(rng.choice(agents), signal.SIGKILL if action.startswith("kill") else signal.SIGSTOP)
+        code = driver.wait(timeout=60)
+        err = driver.stderr.read()
+        print(f"{action} at {delay:.2f} s: exit {code}, {err.strip()!r}")
+        assert "Traceback" not in err, err
+        if code == 1 and action == "kill agent":
+            assert "killed by signal 9" in err, err
+        if code == 1 and action == "stop agent":
+            assert "stopped answering" in err, err
+        deadline = time.monotonic() + 10  # orphans of a killed driver notice within a second
+        while _marked(token) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _marked(token) == [], f"{action} at {delay:.2f} s left processes behind"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        for pid in _marked(token):
+            os.kill(pid, signal.SIGKILL)
