@@ -5,6 +5,10 @@
   check of the channel protocol (FIFO, credits, parking, control messages, malformed footers,
   `send_records`) on fresh pairs and raises AssertionError naming the first check that fails.
   `open_inproc_pair` is the reference factory, the in-process backend.
+- `check_exchanges(transport, mode, executors=2)`: the same for a medium under the cluster
+  runtime: one job per exchange mode (`EXCHANGE_MODES`: SSB fragments, SSB direct, UpPar) over
+  exchange rings of 4 slots x 4 KiB that every channel must wrap at least `WRAPS` (100) times,
+  compared exactly with a single-executor run, within a deadline (a stall fails, never hangs).
 - `MockClock`: trio's virtual clock. ``MockClock(autojump_threshold=0)`` (pytest-trio's
   ``autojump_clock`` fixture) jumps time forward whenever every task is parked, so timeouts,
   epochs and window timers run instantly and deterministically.
@@ -17,5 +21,9 @@
 from trio.testing import MockClock, Sequencer, wait_all_tasks_blocked
 
 from slashrt.testing._check_channels import OpenPair, check_channel, open_inproc_pair
+from slashrt.testing._check_exchanges import EXCHANGE_MODES, WRAPS, check_exchanges
 
-__all__ = ["MockClock", "OpenPair", "Sequencer", "check_channel", "open_inproc_pair", "wait_all_tasks_blocked"]
+__all__ = [
+    "EXCHANGE_MODES", "MockClock", "OpenPair", "Sequencer", "WRAPS", "check_channel", "check_exchanges",
+    "open_inproc_pair", "wait_all_tasks_blocked",
+]
