@@ -40,7 +40,7 @@ from slashrt.scheduler import Input
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import RingSpec
 from slashrt.transport._auth import AuthenticationFailed, load_secret, server_handshake
-from slashrt.transport._registry import open_channels
+from slashrt.transport._registry import open_channels, open_listener
 
 __all__ = ["serve", "run_job", "main", "SETUP_TIMEOUT"]
 
@@ -91,13 +91,12 @@ async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
 
     receivers = {}
     async with contextlib.AsyncExitStack() as stack:
-        # every exchange channel is driven from the moment it is open, by its owner (`channels`),
-        # and closed with it: senders not ended are aborted, so a failed job never ends a stream
-        channels = await stack.enter_async_context(open_channels())
         listeners = {}
         for step_id in exchanges:
             for src in peers:
-                listeners[(step_id, src)] = await channels.listen(job.transport, ring(step_id), secret, **where)
+                listeners[(step_id, src)] = await stack.enter_async_context(
+                    open_listener(job.transport, ring(step_id), secret, **where)
+                )
         await send_message(control, "addresses", {key: lst.address for key, lst in listeners.items()})
         _, directory = await receive_message(control, "peers")
 
@@ -108,45 +107,48 @@ async def run_job(job: Job, control: trio.SocketStream, secret: bytes) -> None:
             sender = await channels.connect(job.transport, directory[dst][(step_id, job.index)], ring(step_id), secret)
             exchanges[step_id].add_peer(dst, sender)
 
-        with trio.fail_after(SETUP_TIMEOUT):
-            async with unwrap_groups(), trio.open_nursery() as nursery:
-                for key, listener in listeners.items():
-                    nursery.start_soon(accept, key, listener)
-                for step_id in exchanges:
-                    for dst in peers:
-                        nursery.start_soon(dial, step_id, dst)
-            # the input is made before "ready": it is not part of the measured run
-            inputs, targets = {}, {}
-            for name, value in job.inputs.items():
-                if isinstance(value, PerExecutor):
-                    inputs[name] = value.make(job.index, job.executors)
-                elif isinstance(value, Ingest):
-                    endpoint = await stack.enter_async_context(
-                        _ingest_endpoint(job, name, value, secret, slots=slots, slot_size=slot_size)
-                    )
-                    inputs[name], targets[name] = endpoint.receiver, endpoint.target
-                else:
-                    inputs[name] = value
-            executor_inputs, sources = local_inputs(
-                plan, inputs, slot_size=slot_size, slots=slots, watermark_every=watermark_every
-            )
-        for (step_id, src), receiver in sorted(receivers.items()):
-            x = exchanges[step_id]
-            executor_inputs.append(Input(f"{step_id}.from{src}", receiver, x.inbound(src), x.exchange_dtype, lane=1))
-        bound.info("executor ready", exchanges=list(exchanges),
-                   records={k: len(v) for k, v in inputs.items() if k not in targets}, ingest=sorted(targets))
-        await send_message(control, "ready", targets)
-        await receive_message(control, "start")
+        # every exchange channel is driven from the moment it is open, by its owner `channels`,
+        # and closed with it: senders not ended are aborted, so a failed job never ends a stream
+        async with open_channels() as channels:
+            with trio.fail_after(SETUP_TIMEOUT):
+                async with unwrap_groups(), trio.open_nursery() as nursery:
+                    for key, listener in listeners.items():
+                        nursery.start_soon(accept, key, listener)
+                    for step_id in exchanges:
+                        for dst in peers:
+                            nursery.start_soon(dial, step_id, dst)
+                # the input is made before "ready": it is not part of the measured run
+                inputs, targets = {}, {}
+                for name, value in job.inputs.items():
+                    if isinstance(value, PerExecutor):
+                        inputs[name] = value.make(job.index, job.executors)
+                    elif isinstance(value, Ingest):
+                        endpoint = await stack.enter_async_context(
+                            _ingest_endpoint(job, name, value, secret, slots=slots, slot_size=slot_size)
+                        )
+                        inputs[name], targets[name] = endpoint.receiver, endpoint.target
+                    else:
+                        inputs[name] = value
+                executor_inputs, sources = local_inputs(
+                    plan, inputs, slot_size=slot_size, slots=slots, watermark_every=watermark_every
+                )
+            for (step_id, src), receiver in sorted(receivers.items()):
+                x = exchanges[step_id]
+                executor_inputs.append(Input(f"{step_id}.from{src}", receiver, x.inbound(src), x.exchange_dtype, lane=1))
+            bound.info("executor ready", exchanges=list(exchanges),
+                       records={k: len(v) for k, v in inputs.items() if k not in targets}, ingest=sorted(targets))
+            await send_message(control, "ready", targets)
+            await receive_message(control, "start")
 
-        async with unwrap_groups(), trio.open_nursery() as watch:
-            watch.start_soon(_watch_coordinator, control)
-            async with trio.open_nursery() as nursery:
-                for x in exchanges.values():
-                    for task in x.background():
-                        nursery.start_soon(task)
-                result = await execute(job.flow, plan, executor_inputs, start=sources, index=job.index, **opts)
-            watch.cancel_scope.cancel()
-        await send_message(control, "finished")
+            async with unwrap_groups(), trio.open_nursery() as watch:
+                watch.start_soon(_watch_coordinator, control)
+                async with trio.open_nursery() as nursery:
+                    for x in exchanges.values():
+                        for task in x.background():
+                            nursery.start_soon(task)
+                    result = await execute(job.flow, plan, executor_inputs, start=sources, index=job.index, **opts)
+                watch.cancel_scope.cancel()
+            await send_message(control, "finished")
     await send_message(control, "done", result)
 
 
