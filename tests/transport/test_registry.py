@@ -4,6 +4,7 @@ moves any amount of data, and what is left open when the owner is done is closed
 import numpy as np
 import pytest
 import trio
+import trio.testing
 
 from slashrt.errors import ChannelClosed
 from slashrt.transport import RingSpec
@@ -77,3 +78,21 @@ def test_a_listener_from_the_registry_accepts_only_through_an_owner():
     from slashrt.transport._registry import Listener
 
     assert not hasattr(Listener, "accept")
+
+
+@pytest.mark.parametrize("medium", ["shm", "tcp"])
+async def test_a_second_drive_of_an_owned_end_joins_the_running_one(medium):
+    # the executor starts its inputs' drives although their owner already runs them
+    secret = generate_secret()
+    with trio.fail_after(30):
+        async with open_channels() as channels:
+            sender, receiver = await _connected(channels, medium, secret)
+            got = []
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(receiver.drive)
+                nursery.start_soon(sender.drive)
+                await trio.testing.wait_all_tasks_blocked()  # both second drives wait, none raised
+                nursery.start_soon(lambda: _append(got, _take_all(receiver)))
+                await sender.send_records(np.arange(3 * SPEC.ring_bytes // 8, dtype="<i8"))
+                await sender.aclose()
+            assert len(got[0]) == 3 * SPEC.ring_bytes // 8
