@@ -8,18 +8,20 @@ producer is killed if it outlives a bounded time or the consumer fails.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 
 import trio
 
 from slashrt._dataflow import Dataflow
 from slashrt._runtime import RunResult, run_receivers
-from slashrt.transport import RingSpec
+from slashrt.transport import RingSpec, Sender
 from slashrt.transport._auth import generate_secret
-from slashrt.transport._registry import connect, open_listener
+from slashrt.transport._registry import open_channels
 
 __all__ = ["run_with_producer", "producer_channel", "PRODUCER_TIMEOUT"]
 
@@ -30,7 +32,8 @@ async def run_with_producer(
     transport: str, spec: RingSpec, flow: Dataflow, source: str, module: str, args: list[str]
 ) -> RunResult:
     secret = generate_secret()
-    async with open_listener(transport, spec, secret) as listener:
+    async with open_channels() as channels:
+        listener = await channels.listen(transport, spec, secret)
         cmd = [
             sys.executable, "-m", module, "--transport", transport, "--address", json.dumps(listener.address),
             "--slot-size", str(spec.slot_size), "--slots", str(spec.slots), *args,
@@ -41,7 +44,7 @@ async def run_with_producer(
         )
         try:
             with trio.fail_after(PRODUCER_TIMEOUT):
-                receiver = await listener.accept()
+                receiver = await channels.accept(listener)
                 try:
                     result = await run_receivers(flow, {source: receiver})
                 finally:
@@ -56,7 +59,10 @@ async def run_with_producer(
     return result
 
 
-async def producer_channel(args, spec: RingSpec, secret: bytes):
-    """In a producer process: connect a sender to the consumer named on the command line."""
+@contextlib.asynccontextmanager
+async def producer_channel(args, spec: RingSpec, secret: bytes) -> AsyncIterator[Sender]:
+    """In a producer process: a sender connected to the consumer named on the command line,
+    driven until the block ends."""
     address = json.loads(args.address)
-    return await connect(args.transport, tuple(address) if isinstance(address, list) else address, spec, secret)
+    async with open_channels() as channels:
+        yield await channels.connect(args.transport, tuple(address) if isinstance(address, list) else address, spec, secret)

@@ -43,13 +43,10 @@ async def main_async(args) -> None:
     spec = RingSpec(slots=args.slots, slot_size=args.slot_size, record_size=ro.RO_SCHEMA.record_size)
     # generate before connecting: the consumer's clock starts at the connection
     records = ro.generate(args.events, args.key_range, seed=args.seed) if args.phase == "throughput" else None
-    sender = await producer_channel(args, spec, load_secret())
-    with trio.fail_after(FINISH_TIMEOUT + args.events / 1e6):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(sender.drive)
+    async with producer_channel(args, spec, load_secret()) as sender:
+        with trio.fail_after(FINISH_TIMEOUT + args.events / 1e6):
+            # both phases end with aclose(), which waits until the consumer has the whole stream
             await (_latency if args.phase == "latency" else _throughput)(sender, args, records)
-            # the consumer closes the channel once it has taken everything: drive() then ends
-    await sender.aclose()
 
 
 def main(argv=None) -> int:

@@ -94,6 +94,7 @@ def _epoch_fields(result) -> dict:
         "state_bytes_shipped_per_epoch_max": int(shipped.max()),
         "state_bytes_shipped": int(shipped.sum()),
         "direct_epochs": sum(e.direct for e in epochs),
+        "ship_queue_peak_bytes": max(e.queued_peak for e in epochs),
     }
 
 

@@ -78,11 +78,9 @@ def run_split(transport: str, *, events: int, campaigns: int, seed: int = 42, sl
 async def _front(args) -> None:
     spec = RingSpec(slots=args.slots, slot_size=args.slot_size, record_size=VIEWS_SCHEMA.record_size)
     records = ysb.generate(args.events, args.campaigns, seed=args.seed)  # before the clock starts
-    sender = await producer_channel(args, spec, load_secret())
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(sender.drive)
+    async with producer_channel(args, spec, load_secret()) as sender:
+        # the sink ends with aclose(), which waits until the back executor has the whole stream
         await run_async(front_flow(ysb.campaign_map(args.campaigns), ChannelSink(sender, VIEWS_SCHEMA)), {"events": records})
-        # the back executor closes the channel once it has everything; drive() then returns
 
 
 def main(argv=None) -> int:

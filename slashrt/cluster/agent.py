@@ -43,9 +43,9 @@ from slashrt.errors import ChannelClosed, OperatorError, unwrap_groups
 from slashrt.scheduler import Input
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import RingSpec
-from slashrt.transport._accept import HandshakeListener, accept_each, authenticated_peers
+from slashrt.transport._accept import HandshakeListener, authenticated_peers
 from slashrt.transport._auth import load_secret
-from slashrt.transport._registry import connect, open_listener
+from slashrt.transport._registry import open_channels, open_listener
 
 __all__ = ["serve", "run_job", "main", "SETUP_TIMEOUT"]
 
@@ -91,13 +91,14 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
     peers = [e for e in range(job.executors) if e != job.index]
     slot_size = opts.pop("slot_size", DEFAULT_SLOT_SIZE)
     slots = opts.pop("slots", 96)
+    exchange_slots = opts.pop("exchange_slots", EXCHANGE_SLOTS)
     watermark_every = opts.pop("watermark_every", None)
     where = {"host": job.host} if job.transport == "tcp" else {}
 
     def ring(step_id: str) -> RingSpec:
-        return RingSpec(slots=EXCHANGE_SLOTS, slot_size=slot_size, record_size=exchanges[step_id].exchange_dtype.itemsize)
+        return RingSpec(slots=exchange_slots, slot_size=slot_size, record_size=exchanges[step_id].exchange_dtype.itemsize)
 
-    senders, receivers = [], {}
+    receivers = {}
     async with contextlib.AsyncExitStack() as stack:
         listeners = {}
         for step_id in exchanges:
@@ -110,14 +111,17 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
 
         async def accept() -> None:
             # one peer per listener; strangers' connections are dropped meanwhile (`_accept`)
-            receivers.update(await accept_each(listeners, timeout=CONNECT_TIMEOUT, describe=_channel_from))
+            receivers.update(
+                await channels.accept_each(listeners, timeout=CONNECT_TIMEOUT, describe=_channel_from)
+            )
 
         async def dial(step_id: str, dst: int) -> None:
-            sender = await connect(job.transport, directory[dst][(step_id, job.index)], ring(step_id), secret)
-            senders.append(sender)
+            sender = await channels.connect(job.transport, directory[dst][(step_id, job.index)], ring(step_id), secret)
             exchanges[step_id].add_peer(dst, sender)
 
-        try:
+        # every exchange channel is driven from the moment it is open, by its owner `channels`,
+        # and closed with it: senders not ended are aborted, so a failed job never ends a stream
+        async with open_channels() as channels:
             with trio.fail_after(SETUP_TIMEOUT):
                 async with unwrap_groups(), trio.open_nursery() as nursery:
                     nursery.start_soon(accept)
@@ -156,13 +160,6 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                     result = await execute(job.flow, plan, executor_inputs, start=sources, index=job.index, **opts)
                 watch.cancel_scope.cancel()
             await control.send("finished")
-        finally:
-            for sender in senders:
-                if not sender._closed:
-                    sender.abort()
-            for receiver in receivers.values():
-                with contextlib.suppress(Exception):
-                    await receiver.aclose()
     await control.send("done", result)
 
 

@@ -10,7 +10,8 @@ early when the watermark completes a window. At an epoch's end the executor
    split by the leader of each key's partition;
 2. merges the rows of the partitions it leads into its own leader state at once, and queues the
    others, followed by its low watermark, for the shippers of its outgoing channels (a task per
-   peer, so compute never waits for a peer's credits);
+   peer, so compute does not wait for a peer's credits until more than `SHIP_QUEUE_BYTES` are
+   queued for it: then it does, and a stalled leader holds its helpers' memory flat);
 3. advances its own entry of the vector clock.
 
 A leader merges the deltas it receives (CRDT join, in epoch order per helper: the channel is
@@ -38,7 +39,7 @@ sink, as in a single executor.
 
 from __future__ import annotations
 
-import math
+import collections
 
 import attrs
 import numpy as np
@@ -66,7 +67,7 @@ DEFAULT_EPOCH_BYTES = 64 << 20  # as in the paper
 ROUTINGS = ("auto", "fragments", "direct")
 DIRECT_AT = 0.5  # auto: delta rows per input record from which the next epoch routes directly
 COMBINE_BELOW = 0.25  # auto: share of new keys among direct own records below which fragments return
-DIRECT_QUEUE_BYTES = 4 << 20  # direct routing waits while more than this is queued for one peer
+SHIP_QUEUE_BYTES = 4 << 20  # compute waits while more than this is queued for one peer
 
 
 def check_routing(routing: str) -> str:
@@ -94,48 +95,68 @@ class EpochStats:
     watermark: int
     records: int = 0  # input records of this epoch
     direct: bool = False  # routed as they arrived, not folded into fragments first
+    queued_peak: int = 0  # the most bytes of rows queued for one peer at once during the epoch
 
 
 class Shipper:
     """The outgoing channel to one peer: a FIFO of deltas and watermarks, drained into the
-    channel by `run()`. An epoch's end never blocks compute on the peer's credits (`rows`);
-    direct routing, which ships as it goes, waits while more than `limit` bytes are queued
-    (`rows_bounded`), so that a slow peer slows its helpers instead of piling up their rows."""
+    channel by `run()`. The FIFO is bounded: `rows()` waits while more than `limit` bytes of
+    rows are queued, so a slow or stalled leader slows the compute of its helpers instead of
+    piling up their deltas (the channel's credits reach back through it to the compute that
+    fills it). A watermark queued behind another replaces it (the later promise covers the
+    earlier one), so watermarks cannot pile up either."""
 
-    def __init__(self, peer: int, sender: Sender):
+    def __init__(self, peer: int, sender: Sender, limit: int = SHIP_QUEUE_BYTES):
         self.peer = peer
         self.sender = sender
-        self._in, self._out = trio.open_memory_channel(math.inf)
+        self.limit = limit
+        self._fifo: collections.deque = collections.deque()
         self._queued = 0  # bytes of rows queued, not yet in the channel
-        self._sent = trio.lowlevel.ParkingLot()
+        self.peak_bytes = 0  # the most bytes of rows queued at once (reset by whoever reads it)
+        self._more = trio.lowlevel.ParkingLot()  # run() waits here for the next item
+        self._sent = trio.lowlevel.ParkingLot()  # rows() waits here for room
 
-    def rows(self, rows: np.ndarray) -> None:
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued
+
+    def _put(self, kind, value) -> None:
+        self._fifo.append((kind, value))
+        if self._more:
+            self._more.unpark_all()
+
+    async def rows(self, rows: np.ndarray) -> None:
+        """Queue delta rows, in FIFO order with what was queued before; wait for room."""
         self._queued += rows.nbytes
-        self._in.send_nowait((None, rows))
-
-    async def rows_bounded(self, rows: np.ndarray, limit: int) -> None:
-        self.rows(rows)
-        while self._queued > limit:
+        self.peak_bytes = max(self.peak_bytes, self._queued)
+        self._put(None, rows)
+        while self._queued > self.limit:
             await self._sent.park()
 
     def watermark(self, watermark: int) -> None:
-        self._in.send_nowait((Control.WATERMARK, watermark))
+        if self._fifo and self._fifo[-1][0] is Control.WATERMARK:
+            self._fifo[-1] = (Control.WATERMARK, watermark)
+        else:
+            self._put(Control.WATERMARK, watermark)
 
     def end(self) -> None:
-        self._in.send_nowait((Control.END_OF_STREAM, None))
+        self._put(Control.END_OF_STREAM, None)
 
     async def run(self) -> None:
-        async with self._out:
-            async for kind, value in self._out:
-                if kind is None:
-                    await self.sender.send_records(value)
-                    self._queued -= value.nbytes
+        while True:
+            while not self._fifo:
+                await self._more.park()
+            kind, value = self._fifo.popleft()
+            if kind is None:
+                await self.sender.send_records(value)
+                self._queued -= value.nbytes
+                if self._sent:
                     self._sent.unpark_all()
-                elif kind is Control.WATERMARK:
-                    await self.sender.send_control(Control.WATERMARK, value)
-                else:
-                    await self.sender.aclose()
-                    return
+            elif kind is Control.WATERMARK:
+                await self.sender.send_control(Control.WATERMARK, value)
+            else:
+                await self.sender.aclose()
+                return
 
 
 class SsbWindowAggregate(WindowAggregate):
@@ -246,7 +267,7 @@ class SsbWindowAggregate(WindowAggregate):
             # streamed as they come, the epoch's delta in pieces, in FIFO order with what was queued
             # before; records become partials under the NaN policy, as HashAgg.update makes them
             records_as_partials(self.kind, mine["count"], mine["value"])
-            await self.shippers[owner].rows_bounded(mine, DIRECT_QUEUE_BYTES)
+            await self.shippers[owner].rows(mine)
             self._shipped += len(mine)
         self._routed += len(keys)
 
@@ -296,14 +317,17 @@ class SsbWindowAggregate(WindowAggregate):
                     # folded while the last watermark shipped held (the epoch ends where it moves)
                     self.merged.merge_slice(s, mine["key"], mine["count"], mine["value"], self._shipped_promise)
                 elif len(mine):
-                    self.shippers[owner].rows(mine)  # slice by slice, in FIFO order
+                    await self.shippers[owner].rows(mine)  # slice by slice, in FIFO order
                     shipped += len(mine)
         watermark = END_TIME if final else self._watermark
         for shipper in self.shippers.values():
             shipper.end() if final else shipper.watermark(watermark)
+        queued_peak = max((s.peak_bytes for s in self.shippers.values()), default=0)
+        for shipper in self.shippers.values():
+            shipper.peak_bytes = shipper.queued_bytes
         stats = EpochStats(
             self.epoch, self._bytes, touched, shipped, shipped * self.exchange_dtype.itemsize, watermark,
-            self._records, self.direct,
+            self._records, self.direct, queued_peak,
         )
         self.epochs.append(stats)
         log.debug("epoch shipped", step=self.step_id, executor=self.index, stats=stats)

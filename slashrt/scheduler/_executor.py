@@ -95,6 +95,8 @@ class Executor:
     async def run(self) -> ExecutorStats:
         started = time.perf_counter()
         async with unwrap_groups(), trio.open_nursery() as drivers:
+            # whoever opened a channel drives it already (`open_channels`): this call joins that
+            # drive; it is the only one for receivers handed over by hand (an ingest endpoint's)
             for inp in self.inputs:
                 drivers.start_soon(inp.receiver.drive, name=f"drive:{inp.name}")
             async with trio.open_nursery() as nursery:

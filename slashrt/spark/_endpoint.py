@@ -37,14 +37,13 @@ from slashrt._buffer import Control
 from slashrt._runtime import RunResult, run_receivers
 from slashrt._schema import Schema
 from slashrt.ops.event_time import watermark_of
-from slashrt.errors import ChannelClosed, DataflowError, MalformedBuffer, SlashError, unwrap_groups
+from slashrt.errors import ChannelClosed, DataflowError, MalformedBuffer, SlashError
 from slashrt.spark._protocol import (
     DEFAULT_SLOT_SIZE, DEFAULT_SLOTS, IngestTarget, check_transport, fields_of, read_message, verbs_unavailable,
 )
 from slashrt.transport import RingSpec
-from slashrt.transport._accept import serve_authenticated
 from slashrt.transport._auth import generate_secret
-from slashrt.transport._registry import open_listener
+from slashrt.transport._registry import open_channels, open_listener
 from slashrt.transport.inproc import InprocReceiver, _Shared, InprocSender
 
 __all__ = ["BackgroundRun", "IngestEndpoint", "IngestError", "IngestStats", "IngestServer"]
@@ -197,14 +196,16 @@ class IngestEndpoint:
         if not self._listeners:
             self.receiver._fail_source(ChannelClosed("the ingest endpoint was never opened (use `async with`)"))
             return
-        async with trio.open_nursery() as nursery:
+        # the endpoint owns the connections it accepts: `channels` drives each one while it lives
+        async with open_channels() as channels, trio.open_nursery() as nursery:
             nursery.start_soon(self._forward)
             for listener in self._listeners:
-                nursery.start_soon(self._accept, listener, nursery, listener is not self._listeners[0])
+                nursery.start_soon(self._accept, channels, listener, nursery, listener is not self._listeners[0])
 
-    async def _accept(self, listener, nursery: trio.Nursery, verbs: bool) -> None:
-        """Take every connection that proves the secret, set up concurrently (`_accept`): a
-        stranger's connection is dropped (and counted) without delaying a task's."""
+    async def _accept(self, channels, listener, nursery: trio.Nursery, verbs: bool) -> None:
+        """Take every connection that proves the secret, set up concurrently (`_accept`) and
+        driven by `channels`: a stranger's connection is dropped (and counted) without delaying
+        a task's."""
 
         def take(rx) -> None:
             self.stats.connections += 1
@@ -214,19 +215,16 @@ class IngestEndpoint:
         def refused(peer: str, reason: str) -> None:
             self.stats.refused_connections += 1
 
-        await serve_authenticated(listener, take, on_refused=refused)
+        await channels.serve(listener, take, on_refused=refused)
         self._log.debug("ingest endpoint stops accepting", verbs=verbs)
 
     async def _connection(self, rx) -> None:
-        async with unwrap_groups(), trio.open_nursery() as nursery:
-            nursery.start_soon(rx.drive)
-            try:
-                await self._talk(rx)
-            except (MalformedBuffer, ChannelClosed, IngestError) as exc:
-                self._log.warning("ingest connection closed", peer=rx.peer, reason=str(exc))
-            finally:
-                await rx.aclose()
-                nursery.cancel_scope.cancel()
+        try:
+            await self._talk(rx)
+        except (MalformedBuffer, ChannelClosed, IngestError) as exc:
+            self._log.warning("ingest connection closed", peer=rx.peer, reason=str(exc))
+        finally:
+            await rx.aclose()
 
     @staticmethod
     async def _next(rx):

@@ -40,8 +40,7 @@ from slashrt.spark._endpoint import IngestError
 from slashrt.spark._mapping import ColumnPlan, IngestSchemaError, plan_columns
 from slashrt.spark._protocol import IngestTarget, check_transport, ingest_id_for, send_message, verbs_unavailable
 from slashrt.transport._auth import load_secret
-from slashrt.transport._registry import connect
-from slashrt.transport.tcp import connect_tcp
+from slashrt.transport._registry import open_channels
 
 __all__ = ["ingest", "IngestReport", "finish", "stream_writer", "check_data", "RESULT_FIELDS"]
 
@@ -161,13 +160,12 @@ class _PartitionPusher:
         secret = self.secret if self.secret is not None else load_secret()
         converter = ArrowConverter(self.plan)
         medium, address = self._medium(target, partition)
-        sender = await connect(medium, address, target.spec, secret)
-        writer = _SlotWriter(sender, self.plan.schema.record_size)
         complete = False
         waited = converting = 0.0
         clock = time.perf_counter
-        async with unwrap_groups(), trio.open_nursery() as nursery:
-            nursery.start_soon(sender.drive)
+        async with open_channels() as channels:
+            sender = await channels.connect(medium, address, target.spec, secret)
+            writer = _SlotWriter(sender, self.plan.schema.record_size)
             try:
                 await send_message(sender, Control.INGEST_OPEN, self.ingest_id, attempt, partition)
                 while True:
@@ -200,7 +198,6 @@ class _PartitionPusher:
                     except ChannelClosed as exc:
                         if complete:
                             log.debug("ingest channel closed after the partition was staged", reason=str(exc))
-                nursery.cancel_scope.cancel()
         first = writer.first_seq if writer.first_seq is not None else 1
         return {
             "ingest_id": self.ingest_id,
@@ -287,9 +284,8 @@ async def _driver_send_all(targets: list[IngestTarget], secret: bytes, messages:
 
 async def _driver_send(target: IngestTarget, secret: bytes, messages) -> None:
     """Send driver messages on one connection and wait until the endpoint has handled them all."""
-    sender = await connect_tcp(target.address, target.spec, secret)
-    async with unwrap_groups(), trio.open_nursery() as nursery:
-        nursery.start_soon(sender.drive)
+    async with open_channels() as channels:
+        sender = await channels.connect("tcp", target.address, target.spec, secret)
         try:
             for ctype, value, aux, pad in messages:
                 await send_message(sender, ctype, value, aux, pad)
@@ -305,7 +301,6 @@ async def _driver_send(target: IngestTarget, secret: bytes, messages) -> None:
                     await sender.aclose()
                 except ChannelClosed:
                     pass
-            nursery.cancel_scope.cancel()
 
 
 def _secret(secret: bytes | None) -> bytes:

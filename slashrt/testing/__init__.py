@@ -5,6 +5,10 @@
   check of the channel protocol (FIFO, credits, parking, control messages, malformed footers,
   `send_records`) on fresh pairs and raises AssertionError naming the first check that fails.
   `open_inproc_pair` is the reference factory, the in-process backend.
+- `check_exchanges(transport, mode, executors=2)`: the same for a medium under the cluster
+  runtime: one job per exchange mode (`EXCHANGE_MODES`: SSB fragments, SSB direct, UpPar) over
+  exchange rings of 4 slots x 4 KiB that every channel must wrap at least `WRAPS` (100) times,
+  compared exactly with a single-executor run, within a deadline (a stall fails, never hangs).
 - `MockClock`: trio's virtual clock. ``MockClock(autojump_threshold=0)`` (pytest-trio's
   ``autojump_clock`` fixture) jumps time forward whenever every task is parked, so timeouts,
   epochs and window timers run instantly and deterministically.
@@ -20,15 +24,19 @@
 from trio.testing import MockClock, Sequencer, wait_all_tasks_blocked
 
 from slashrt.testing._check_channels import OpenPair, check_channel, open_inproc_pair
+from slashrt.testing._check_exchanges import EXCHANGE_MODES, WRAPS, check_exchanges
 from slashrt.testing._hostile import HOSTILE_KINDS, Strangers, hostile_connections
 
 __all__ = [
+    "EXCHANGE_MODES",
     "HOSTILE_KINDS",
     "MockClock",
     "OpenPair",
     "Sequencer",
     "Strangers",
+    "WRAPS",
     "check_channel",
+    "check_exchanges",
     "hostile_connections",
     "open_inproc_pair",
     "wait_all_tasks_blocked",

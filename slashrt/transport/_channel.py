@@ -153,9 +153,11 @@ class Sender(abc.ABC):
     async def drive(self) -> None:
         """The coroutine that moves this end's bytes, for media that need one (a socket to
         write posted slots to and read credits from, a completion queue to poll). Whoever
-        owns the sender runs it in a nursery beside the code that posts; memory backends
-        return at once. It does not raise for a failed or vanished peer: it records the
-        failure (later calls raise ChannelClosed naming it) and wakes whoever is parked."""
+        opens the channel runs it (`slashrt.transport._registry.open_channels` does, for every
+        end it hands out), so no code that posts can forget it; memory backends return at once.
+        A second call while one runs waits for it. It does not raise for a failed or vanished
+        peer: it records the failure (later calls raise ChannelClosed naming it) and wakes
+        whoever is parked."""
 
     # -- protocol --------------------------------------------------------------------------------
     @property
@@ -311,10 +313,11 @@ class Receiver(abc.ABC):
 
     async def drive(self) -> None:
         """The coroutine that moves this end's bytes, for media that need one (reading frames
-        from a socket into the ring, returning credits); the executor runs it beside the
-        channel's poller. Memory backends return at once. A failed or vanished peer is
-        recorded in `error` (poll then raises ChannelClosed naming it) and wakes the poller;
-        it does not raise."""
+        from a socket into the ring, returning credits). Whoever opens the channel runs it
+        (`open_channels` does); the executor starts it too for the inputs it is handed, which
+        joins a running drive: a second call while one runs waits for it. Memory backends
+        return at once. A failed or vanished peer is recorded in `error` (poll then raises
+        ChannelClosed naming it) and wakes the poller; it does not raise."""
 
     def run_records(self, run: DataRun, dtype: np.dtype) -> np.ndarray:
         """Zero-copy view of a polled run's records: 1-D for one buffer, else 2-D (buffers x

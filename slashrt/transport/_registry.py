@@ -1,19 +1,42 @@
-"""Network transports by name, so callers pick a medium with a string (`--transport shm`).
+"""Network transports by name, and the owner that drives every channel opened through them.
 
-Every networked backend offers the same two calls:
+Callers pick a medium with a string (`--transport shm`) and open channels through an owner,
+`open_channels()`, which runs each end's `drive()` (the coroutine that moves a network
+medium's bytes: writing posted slots to a socket, reading credits back, polling a completion
+queue) in its own nursery from the moment the end exists. No code that posts or polls can
+forget a drive, because no end leaves here undriven::
 
-    async with open_listener(name, spec, secret, **where) as listener:   # the receiving side
-        receiver = await listener.accept()                               # after the handshake
-    sender = await connect(name, listener.address, spec, secret)         # the sending side
+    async with open_channels() as channels:
+        listener = await channels.listen(name, spec, secret, **where)   # closed with `channels`
+        receiver = await channels.accept(listener)                      # after the handshake, driven
+        receivers = await channels.accept_each({key: listener, ...}, timeout=60)   # one per listener
+        sender = await channels.connect(name, listener.address, spec, secret)   # driven
+        ...
+    # on leaving: senders not ended are aborted (a stream cut short never looks complete),
+    # receivers closed, drives stopped, listeners closed
+
+An owner that must listen before it opens channels (an ingest endpoint announces its address
+long before anyone connects) opens a listener with `open_listener` and accepts through
+`channels.accept` later; a `Listener` has an address but no accept of its own.
 
 Backends are imported on first use: `verbs` needs pyverbs, which only exists where RDMA does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import math
+import weakref
+from collections.abc import AsyncIterator
 
-__all__ = ["NETWORK_TRANSPORTS", "open_listener", "connect"]
+import trio
+
+from slashrt.errors import unwrap_groups
+from slashrt.transport._accept import accept_each, serve_authenticated
+from slashrt.transport._channel import Receiver, RingSpec, Sender
+
+__all__ = ["NETWORK_TRANSPORTS", "Channels", "Listener", "open_channels", "open_listener"]
 
 # name -> (module, listener factory, connect function)
 NETWORK_TRANSPORTS = {
@@ -32,11 +55,95 @@ def _backend(name: str):
     return getattr(mod, listen), getattr(mod, dial)
 
 
-def open_listener(name: str, spec, secret: bytes, **where):
-    """An async context manager yielding a listener with `.address` and `await .accept()`."""
-    return _backend(name)[0](spec, secret, **where)
+class Listener:
+    """A medium's listener: where peers connect (`address`). Channels are accepted from it
+    through an owner (`Channels.accept`), which drives them."""
+
+    def __init__(self, medium: str, backend_listener):
+        self.medium = medium
+        self.address = backend_listener.address
+        self.spec: RingSpec = backend_listener.spec
+        self._backend = backend_listener
 
 
-async def connect(name: str, address, spec, secret: bytes):
-    """Connect a sender to a listener's address (after the handshake)."""
-    return await _backend(name)[1](address, spec, secret)
+@contextlib.asynccontextmanager
+async def open_listener(name: str, spec: RingSpec, secret: bytes, **where) -> AsyncIterator[Listener]:
+    """Listen for channel senders of medium `name` (bound where `where` says: host, port, ...)."""
+    async with _backend(name)[0](spec, secret, **where) as backend_listener:
+        yield Listener(name, backend_listener)
+
+
+async def _drive(end: Sender | Receiver, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    task_status.started()
+    await end.drive()
+
+
+class Channels:
+    """The channels one owner opened; every end is driven in the owner's nursery (`open_channels`)."""
+
+    def __init__(self, nursery: trio.Nursery, listeners: contextlib.AsyncExitStack):
+        self._nursery = nursery
+        self._listeners = listeners
+        # ends still to close when the owner is done (an end closed and dropped earlier, e.g. an
+        # ingest endpoint's finished connection, leaves the set with its last reference)
+        self._ends: weakref.WeakSet = weakref.WeakSet()
+
+    async def _own(self, end):
+        await self._nursery.start(_drive, end, name=f"drive:{type(end).__name__}")
+        self._ends.add(end)
+        return end
+
+    async def listen(self, name: str, spec: RingSpec, secret: bytes, **where) -> Listener:
+        """A listener of medium `name`, closed when the owner is done."""
+        return await self._listeners.enter_async_context(open_listener(name, spec, secret, **where))
+
+    async def accept(self, listener: Listener) -> Receiver:
+        """The next sender that proves the cluster secret and agrees on the ring spec, as a
+        driven receiver (the backend's accept raises for a peer that does not)."""
+        return await self._own(await listener._backend.accept())
+
+    async def accept_each(self, listeners: dict, *, timeout: float = math.inf, describe=str) -> dict:
+        """One driven receiver per listener ({key: Listener}), every one within `timeout`
+        seconds, strangers dropped meanwhile (`_accept.accept_each`); PeersMissing names the
+        listeners nobody connected to in time."""
+        ends = await accept_each({k: lst._backend for k, lst in listeners.items()}, timeout=timeout, describe=describe)
+        return {key: await self._own(end) for key, end in ends.items()}
+
+    async def serve(self, listener: Listener, on_peer, *, on_refused=None) -> None:
+        """Every sender that proves the secret on `listener`, for as long as it is open, driven
+        and handed to `on_peer(receiver)`; set up concurrently, strangers dropped and reported
+        to `on_refused(peer, reason)` (`_accept.serve_authenticated`)."""
+
+        async def own(end) -> None:
+            on_peer(await self._own(end))
+
+        def take(end) -> None:
+            self._nursery.start_soon(own, end)
+
+        await serve_authenticated(listener._backend, take, on_refused=on_refused)
+
+    async def connect(self, name: str, address, spec: RingSpec, secret: bytes, **options) -> Sender:
+        """A driven sender connected to a listener of medium `name` at `address`."""
+        return await self._own(await _backend(name)[1](address, spec, secret, **options))
+
+    async def _close(self) -> None:
+        with trio.CancelScope(shield=True):  # also when the owner is being cancelled
+            for end in list(self._ends):
+                if isinstance(end, Sender):
+                    if not end._closed:
+                        end.abort()  # never END_OF_STREAM for a stream its owner did not end
+                else:
+                    with contextlib.suppress(Exception):
+                        await end.aclose()
+
+
+@contextlib.asynccontextmanager
+async def open_channels() -> AsyncIterator[Channels]:
+    """An owner for channels: the ends it opens are driven until its block ends, then closed."""
+    async with contextlib.AsyncExitStack() as listeners, unwrap_groups(), trio.open_nursery() as nursery:
+        channels = Channels(nursery, listeners)
+        try:
+            yield channels
+        finally:
+            await channels._close()
+            nursery.cancel_scope.cancel()

@@ -216,6 +216,7 @@ class _Link:
         self.gone: str | None = None  # why the peer is gone, once it is
         self.bye = False
         self.closed = False
+        self._watching: trio.Event | None = None  # set when the running watch() ends
         self.epoll = select.epoll(2)
         try:
             self.epoll.register(wait_efd, select.EPOLLIN)
@@ -271,15 +272,24 @@ class _Link:
         self._finalizer()
 
     async def watch(self, on_gone) -> None:
-        """drive(): wait on the socket (no spinning) until the peer goes or this end closes."""
-        while not self.closed and self.gone is None:
-            try:
-                await trio.lowlevel.wait_readable(self.sock)
-            except (trio.ClosedResourceError, OSError):
-                return
-            if self.check_peer() is not None:
-                on_gone()
-                self.wake_self()  # a parked end wakes and sees it
+        """drive(): wait on the socket (no spinning) until the peer goes or this end closes.
+        One watch per end: a second call while one runs waits for it."""
+        if self._watching is not None:
+            await self._watching.wait()
+            return
+        self._watching = trio.Event()
+        try:
+            while not self.closed and self.gone is None:
+                try:
+                    await trio.lowlevel.wait_readable(self.sock)
+                except (trio.ClosedResourceError, OSError):
+                    return
+                if self.check_peer() is not None:
+                    on_gone()
+                    self.wake_self()  # a parked end wakes and sees it
+        finally:
+            self._watching.set()
+            self._watching = None
 
 
 @attrs.define

@@ -46,6 +46,10 @@ Usage (the two ends usually live in different processes or hosts)::
 
     sender = await connect_tcp(listener.address, spec, secret)
     # run sender.drive() beside the code that posts; await sender.aclose() ends the stream
+
+These are the backend's own calls; code above the transport layer opens channels through
+`slashrt.transport._registry.open_channels`, which runs both drives for it. A second call of
+`drive()` while one runs waits for it.
 """
 
 from __future__ import annotations

@@ -69,8 +69,9 @@ Usage::
         receiver = await listener.accept()
     sender = await connect_verbs(listener.address, spec, secret)
     # run sender.drive() and receiver.drive() in nurseries beside the code using them
+    # (above the transport layer, `_registry.open_channels` opens channels and runs them)
 
-Both ends must run `drive()`: it reaps completions, reposts receive requests, returns deferred
+Both ends must run `drive()` (a second call while one runs waits for it): it reaps completions, reposts receive requests, returns deferred
 credits and wakes parked tasks. Beyond the channel protocol: `await sender.wait_written()` parks
 until every posted buffer is in the receiver's ring (`sender.written` counts them),
 `sender.stats` counts WRITEs, publications, signalled WRITEs and flushes, and `close()` on
@@ -489,10 +490,12 @@ async def _pump(ep: _Endpoint, handle) -> None:
 async def _drive(end, role: str, failed: BaseException | None) -> None:
     """The drive of either end: pump its completion queue beside a watch of the control
     connection until the channel ends or fails (recorded by `end._fail`, never raised)."""
-    if end._drive_scope is not None:
-        raise RuntimeError(f"drive() is already running for this {role}")
+    if end._drive_done is not None:  # one drive moves the bytes; a second call waits for it
+        await end._drive_done.wait()
+        return
     if end._ep is None or end._sock is None or failed is not None:
         return
+    end._drive_done = trio.Event()
     try:
         async with trio.open_nursery() as nursery:
             end._drive_scope = nursery.cancel_scope
@@ -508,6 +511,8 @@ async def _drive(end, role: str, failed: BaseException | None) -> None:
             nursery.cancel_scope.cancel()
     finally:
         end._drive_scope = None
+        end._drive_done.set()
+        end._drive_done = None
 
 
 def _detach(stream: trio.SocketStream) -> socket.socket:
@@ -718,6 +723,7 @@ class VerbsSender(Sender):
         self._delivered = False  # END_OF_STREAM known written
         self._goodbye_sent = False
         self._drive_scope: trio.CancelScope | None = None
+        self._drive_done: trio.Event | None = None  # set when the running drive() ends
         self._own_drive = False  # aclose() runs the drive itself (nobody else had started one)
         self._log = log.bind(end=_SENDER)
 
@@ -951,7 +957,7 @@ class VerbsSender(Sender):
             return
         try:
             if not self._closed and self.error is None and self._sock is not None:
-                if self._drive_scope is not None:
+                if self._drive_done is not None:
                     await self._finish()
                 else:
                     # a drive the caller spawned but that has not started yet stands aside
@@ -1047,6 +1053,7 @@ class VerbsReceiver(DrivenReceiver):
         self._data_lot = trio.lowlevel.ParkingLot()  # the poller parks here
         self._sender_done = False  # the sender said goodbye: the whole stream is in the ring
         self._drive_scope: trio.CancelScope | None = None
+        self._drive_done: trio.Event | None = None  # set when the running drive() ends
         self._log = log.bind(end=_RECEIVER)
 
     # -- set-up ----------------------------------------------------------------------------------------

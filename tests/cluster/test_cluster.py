@@ -15,6 +15,7 @@ from slashrt.bench._common import sort_rows, zipf_choice
 from slashrt.cluster import ClusterError, PerExecutor, share
 from slashrt.errors import DataflowError
 from slashrt.ops.sinks import Collect, CsvFile
+from slashrt.testing import EXCHANGE_MODES, WRAPS, check_exchanges
 
 SCHEMA = Schema([("ts", "<i8"), ("key", "<i8"), ("value", "<i8")])
 KINDS = ("count", "sum", "min", "max", "mean")
@@ -370,3 +371,12 @@ def test_ctrl_c_stops_the_job_and_every_executor(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.parametrize("mode", list(EXCHANGE_MODES))
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+async def test_every_exchange_wraps_its_small_ring_many_times_and_equals_one_executor(transport, mode):
+    # rings of 4 x 4 KiB, each channel carrying >= 100 of them before its stream ends: a medium
+    # whose bytes move only when a stream ends (an undriven tcp sender) stalls and fails here
+    report = await check_exchanges(transport, mode, executors=2, deadline=120)
+    assert report["rings"] >= WRAPS

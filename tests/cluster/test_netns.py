@@ -10,12 +10,14 @@ import uuid
 
 import numpy as np
 import pytest
+import trio
 
 import slashrt
 from slashrt import Dataflow, Schema, Tumbling
 from slashrt.bench._common import sort_rows
 from slashrt.cluster import ClusterError, PerExecutor
 from slashrt.ops.sinks import Collect
+from slashrt.testing import EXCHANGE_MODES, WRAPS, check_exchanges
 from slashrt.transport._auth import generate_secret
 
 SCHEMA = Schema([("ts", "<i8"), ("key", "<i8"), ("value", "<i8")])
@@ -117,6 +119,23 @@ def test_executors_on_three_hosts_over_tcp_equal_the_sequential_run(hosts, mode)
     slashrt.run(_flow(expected), {"r": whole[np.argsort(whole["ts"], kind="stable")]})
     order = ("window_start", "key")
     np.testing.assert_array_equal(sort_rows(sink.records, *order), sort_rows(expected.records, *order))
+
+
+@pytest.mark.parametrize("mode", list(EXCHANGE_MODES))
+async def test_exchanges_between_hosts_wrap_small_rings_many_times_and_equal_one_executor(hosts, mode):
+    # each tcp channel between two namespaces carries >= 100 rings of 4 x 4 KiB before its end
+    names, addresses = hosts
+    secret = generate_secret()
+    procs = _start_agents(names, addresses, secret)
+    try:
+        report = await check_exchanges(
+            "tcp", mode, executors=[f"{a}:{AGENT_PORT}" for a in addresses], secret=secret, deadline=180
+        )
+        for proc in procs:
+            assert await trio.to_thread.run_sync(proc.wait, 30) == 0
+    finally:
+        _stop(procs)
+    assert report["rings"] >= WRAPS
 
 
 def test_a_coordinator_without_the_secret_is_refused(hosts):

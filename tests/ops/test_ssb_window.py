@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+import trio
+import trio.testing
 
 from slashrt import Dataflow, Schema, Tumbling
 from slashrt._batch import Batch
@@ -10,6 +12,7 @@ from slashrt.errors import DataflowError, OperatorError
 from slashrt.ops.sinks import Collect
 from slashrt.ops.ssb_window import SsbWindowAggregate, delta_dtype
 from slashrt.ssb.partitions import Partitioning
+from slashrt.transport import RingSpec, open_inproc_channel
 
 SCHEMA = Schema([("ts", "<i8"), ("key", "<i8"), ("value", "<i8")])
 
@@ -81,3 +84,61 @@ def test_a_leader_joins_a_run_of_slots_in_place(slices):
             for k in set(mine["key"].tolist())
         }
         assert dict(zip(keys.tolist(), zip(counts.tolist(), vals.tolist()))) == expected
+
+
+async def _helper_against_a_stalled_leader(n: int, routing: str):
+    """Executor 0 of 2 folds `n` records of distinct keys, epoch after epoch, while executor 1
+    (the leader of half the keys) takes nothing from its channel. Returns the most bytes queued
+    for the leader and the records consumed by the time everything is blocked, and, once the
+    leader drains the channel, the counts that arrived there and those joined locally."""
+    f = Dataflow("w")
+    f.source("r", SCHEMA, time="ts").window(Tumbling(ms=100)).sum("value", key="key").sink(Collect())
+    plan = build_plan(f, ClusterRole(0, Partitioning(8, 2), "slash", 16 << 10, routing))
+    for node in plan.sinks:
+        node.open()
+    (op,) = plan.exchanges()
+    sender, receiver = open_inproc_channel(RingSpec(slots=4, slot_size=4096, record_size=op.exchange_dtype.itemsize))
+    op.add_peer(1, sender)
+    op.shippers[1].limit = 64 << 10
+    data = np.zeros(n, SCHEMA.dtype)
+    data["key"] = np.arange(n)  # every record a new key: every epoch's delta is as large as its input
+    data["value"] = 1
+    fed = 0
+    arrived = 0
+
+    async def feed():
+        nonlocal fed
+        for start in range(0, n, 1024):
+            await op.push(Batch(data[start : start + 1024]))
+            fed = min(n, start + 1024)
+        await op.on_end()
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for task in op.background():
+                nursery.start_soon(task)
+            nursery.start_soon(feed)
+            await trio.testing.wait_all_tasks_blocked()  # the leader is stalled: all wait on it
+            stalled = (op.shippers[1].peak_bytes, fed)
+            while not receiver.finished:  # the leader comes back and takes everything
+                await receiver.wait_readable()
+                while (buf := receiver.poll()) is not None:
+                    if not buf.is_control:
+                        arrived += int(buf.records(op.exchange_dtype)["count"].sum())
+                    receiver.release()
+    local = sum(int(s.export()[1].sum()) for s in op.merged.slices.values())
+    return stalled, arrived, local, op.epochs
+
+
+@pytest.mark.parametrize("routing", ["fragments", "direct"])
+async def test_a_stalled_leader_holds_its_helpers_queue_flat_while_the_input_doubles(routing):
+    (peak, fed), arrived, local, epochs = await _helper_against_a_stalled_leader(100_000, routing)
+    (peak2, fed2), arrived2, local2, _ = await _helper_against_a_stalled_leader(200_000, routing)
+    # compute waited for the leader: the queue stayed at its bound, whatever the input's size
+    bound = (64 << 10) + 1024 * 40  # the limit, plus the rows of one batch
+    assert peak == peak2 <= bound
+    assert fed == fed2 < 100_000
+    assert peak <= max(e.queued_peak for e in epochs) <= bound  # the stat each epoch reports
+    # and nothing was lost once the leader came back
+    assert (arrived + local, arrived2 + local2) == (100_000, 200_000)
+    assert arrived > 40_000 and arrived2 > 80_000
