@@ -27,7 +27,7 @@ from slashrt.ops.sinks import Collect
 from slashrt.testing import hostile_connections
 from slashrt.transport import _accept
 from slashrt.transport._auth import client_handshake, generate_secret
-from slashrt.transport._registry import connect, open_listener
+from slashrt.transport._registry import Channels, open_listener
 
 SCHEMA = Schema([("ts", "<i8"), ("key", "<i8"), ("value", "<i8")])
 STRANGERS = 50  # per listener
@@ -116,13 +116,15 @@ async def test_a_peer_that_never_connects_fails_the_job_naming_it(monkeypatch):
     secret = generate_secret()
     dials = []
 
-    async def first_dial_hangs(name, address, spec, secret):
+    dial = Channels.connect
+
+    async def first_dial_hangs(self, name, address, spec, secret, **options):
         dials.append(address)
         if len(dials) == 1:
             await trio.sleep_forever()
-        return await connect(name, address, spec, secret)
+        return await dial(self, name, address, spec, secret, **options)
 
-    monkeypatch.setattr(agent, "connect", first_dial_hangs)
+    monkeypatch.setattr(Channels, "connect", first_dial_hangs)
     monkeypatch.setattr(agent, "CONNECT_TIMEOUT", 1.0)
     with trio.fail_after(WITHIN):
         async with agents(2, secret) as addresses:

@@ -21,7 +21,17 @@ from slashrt.errors import ChannelClosed
 from slashrt.transport import RingSpec, shm
 from slashrt.transport._accept import PeersMissing, accept_authenticated, accept_each, serve_authenticated
 from slashrt.transport._auth import generate_secret, receive_exactly, server_handshake
-from slashrt.transport._registry import connect, open_listener
+from slashrt.transport._registry import _backend
+
+
+def open_listener(name: str, spec: RingSpec, secret: bytes, **where):
+    """A medium's own listener (with the acceptor's hooks), below the registry's owner."""
+    return _backend(name)[0](spec, secret, **where)
+
+
+async def connect(name: str, address, spec: RingSpec, secret: bytes):
+    """A medium's own sender, undriven: the tests here drive what they use."""
+    return await _backend(name)[1](address, spec, secret)
 
 SLOW = 60.0
 WITHIN = 20.0
