@@ -18,7 +18,7 @@ from slashrt import _kernels as kernels
 from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._dataflow import Dataflow
 from slashrt._plan import build_plan
-from slashrt.errors import DataflowError, SlashError, unwrap_groups
+from slashrt.errors import DataflowError, OptionError, SlashError, unwrap_groups
 from slashrt.ops.sources import feed_array, validate_input
 from slashrt.scheduler import Executor, ExecutorStats, Input
 from slashrt.transport import Receiver, RingSpec, open_inproc_channel
@@ -103,6 +103,7 @@ def run(
     `slashrt.cluster`): N executor processes over shared memory by default, every keyed window
     on the shared state backend (`mode="slash"`) or repartitioned (`mode="uppar"`); inputs may
     then also be `slashrt.cluster.PerExecutor` functions."""
+    _check_rings(flow, options)
     if executors == 1 and transport is None and mode is None:
         return trio.run(lambda: run_async(flow, inputs, **options))
     from slashrt.cluster import run_cluster_async
@@ -112,6 +113,17 @@ def run(
             flow, inputs, executors=executors, transport=transport or "shm", mode=mode or "slash", **options
         )
     )
+
+
+def _check_rings(flow: Dataflow, options: dict) -> None:
+    """`slot_size` and `slots` must fit every source's records: one clear error before any
+    executor starts (not one per executor process, deep in a channel)."""
+    slot_size, slots = options.get("slot_size", DEFAULT_SLOT_SIZE), options.get("slots", 96)
+    for spec in flow.sources():
+        try:
+            RingSpec(slots=slots, slot_size=slot_size, record_size=spec.schema.record_size)
+        except ValueError as exc:
+            raise OptionError(f"slot_size={slot_size}, slots={slots}: {exc} (source {spec.step_id!r})") from None
 
 
 async def run_async(
