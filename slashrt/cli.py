@@ -338,7 +338,8 @@ def _run_bench(args, given: set[str]) -> dict:
     if args.query == "ysb":
         from slashrt.bench import ysb
 
-        _ysb_files(args)  # clear errors before generating anything
+        if args.input is None:
+            _ysb_files(args)  # a mapping too short for the generated ad ids, before generating them
         return ysb.bench(
             events=args.events, campaigns=args.campaigns, zipf=args.zipf, input=args.input, output=args.output,
             ads=args.ads, disorder_ms=args.disorder_ms, show_progress=progress, **_runtime_options(args),
