@@ -14,6 +14,10 @@ The public surface is this module plus `slashrt.sinks`, `slashrt.testing` and
 `transport` imports nothing from `ops` or `ssb`.
 """
 
+from slashrt._logging import _configure_from_environment, configure_logging
+
+_configure_from_environment()  # before anything logs: slashrt's events to stderr, warnings and up
+
 from slashrt._batch import Batch
 from slashrt._dataflow import Dataflow, Stream, WindowedStream
 from slashrt._runtime import ChannelFailed, RunResult, run, run_async
@@ -47,6 +51,7 @@ __all__ = [
     "Stream",
     "Tumbling",
     "WindowedStream",
+    "configure_logging",
     "run",
     "run_async",
     "sinks",

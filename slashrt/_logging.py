@@ -1,22 +1,45 @@
-"""Logging set-up for the command line: structlog to standard error, at a chosen level.
+"""Where slashrt's log events go: standard error, quiet by default, at a level the user sets.
 
-Library code only calls `structlog.get_logger`; configuring output is the application's job,
-which for the `slashrt` command is this module's.
+Library code only calls `structlog.get_logger("slashrt.<part>")`. What happens to those events:
+
+* If the application configured structlog before importing slashrt, its configuration decides,
+  as for any other library's events: slashrt never replaces it.
+* Otherwise importing slashrt installs structlog's own defaults (so the application's loggers
+  behave as if slashrt were not there) plus two things for loggers named ``slashrt...``:
+  they print to standard error (standard output belongs to the program's results), and
+  events below slashrt's level are dropped. The level is `configure_logging(level)`, else
+  $SLASHRT_LOG_LEVEL, else ``warning``. An application configuring structlog later replaces
+  what it passes, as usual.
+* Processes slashrt starts (local executor agents, benchmark producers) get the level of the
+  process that starts them (`level_name`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import structlog
 
-__all__ = ["configure"]
+from slashrt.errors import OptionError, SlashError
+
+__all__ = ["configure_logging", "level_name", "LEVELS", "ENV_VAR", "install"]
+
+LEVELS = ("debug", "info", "warning", "error")
+ENV_VAR = "SLASHRT_LOG_LEVEL"
+_DEFAULT = "warning"
+_METHOD_LEVEL = {
+    "debug": logging.DEBUG, "info": logging.INFO, "msg": logging.INFO, "warning": logging.WARNING,
+    "warn": logging.WARNING, "error": logging.ERROR, "exception": logging.ERROR, "critical": logging.CRITICAL,
+    "fatal": logging.CRITICAL,
+}
+_state = {"level": _DEFAULT}
 
 
 class _StderrLogger(structlog.PrintLogger):
-    """Prints to whatever `sys.stderr` is at the time of each message (it may be replaced,
-    e.g. by a test harness capturing output), not the stream seen at configuration."""
+    """A slashrt logger's output: whatever `sys.stderr` is at the time of each message (it may
+    be replaced, e.g. by a test harness capturing output), not the stream seen at creation."""
 
     @property
     def _file(self):
@@ -27,17 +50,56 @@ class _StderrLogger(structlog.PrintLogger):
         pass
 
 
-def configure(level: str = "info") -> None:
-    numeric = logging.getLevelName(level.upper())
-    if not isinstance(numeric, int):
-        raise ValueError(f"unknown log level {level!r}")
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=lambda *args: _StderrLogger(),
-        cache_logger_on_first_use=False,
-    )
+def _logger_factory(*args):
+    name = args[0] if args else None
+    if isinstance(name, str) and (name == "slashrt" or name.startswith("slashrt.")):
+        return _StderrLogger()
+    return structlog.PrintLogger()  # structlog's default for everyone else
+
+
+def _drop_below_level(logger, method_name: str, event_dict):
+    if isinstance(logger, _StderrLogger) and _METHOD_LEVEL.get(method_name, logging.INFO) < _METHOD_LEVEL[_state["level"]]:
+        raise structlog.DropEvent
+    return event_dict
+
+
+def _parse(level, source: str) -> str:
+    text = level.strip().lower() if isinstance(level, str) else level
+    if text not in LEVELS:
+        raise OptionError(f"{source} must be one of {', '.join(LEVELS)}, got {level!r}")
+    return text
+
+
+def install() -> None:
+    """Route slashrt's events as the module docstring says, unless structlog is configured."""
+    if structlog.is_configured():
+        return
+    defaults = structlog.get_config()["processors"]  # unconfigured: structlog's built-in defaults
+    structlog.configure(processors=[_drop_below_level, *defaults], logger_factory=_logger_factory)
+
+
+def configure_logging(level: str | None = None) -> None:
+    """Set the level of slashrt's log events: "debug", "info", "warning" or "error"; None means
+    $SLASHRT_LOG_LEVEL, else "warning". Raises SlashError for anything else. Events go to
+    standard error unless your application configured structlog itself (see slashrt._logging)."""
+    if level is None:
+        env = os.environ.get(ENV_VAR)
+        _state["level"] = _parse(env, f"${ENV_VAR}") if env else _DEFAULT
+    else:
+        _state["level"] = _parse(level, "the log level")
+    install()
+
+
+def level_name() -> str:
+    """slashrt's current level, as handed to the processes it starts."""
+    return _state["level"]
+
+
+def _configure_from_environment() -> None:
+    """At import: $SLASHRT_LOG_LEVEL if it is valid. A bad value must not break importing
+    slashrt; the level stays "warning", and `configure_logging()` (the command line, agents)
+    reports it."""
+    try:
+        configure_logging()
+    except SlashError:
+        configure_logging(_DEFAULT)

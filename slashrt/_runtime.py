@@ -19,7 +19,7 @@ from slashrt import _kernels as kernels
 from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._dataflow import Dataflow
 from slashrt._plan import build_plan
-from slashrt.errors import DataflowError, SlashError, unwrap_groups
+from slashrt.errors import DataflowError, OptionError, SlashError, unwrap_groups
 from slashrt.ops.event_time import Share
 from slashrt.ops.sources import feed_array, validate_input
 from slashrt.scheduler import Executor, ExecutorStats, Input
@@ -114,6 +114,7 @@ def run(
     from slashrt.cluster import run_cluster_async
 
     _check_options(options, local, run_cluster_async)
+    _check_rings(flow, options)
     if local:
         return trio.run(lambda: run_async(flow, inputs, **options))
 
@@ -141,6 +142,17 @@ def _check_options(options: dict, local: bool, run_cluster_async) -> None:
                 f"run() got an unknown option {name}=; the options are executors, transport, mode and "
                 f"{', '.join(sorted(cluster))}"
             )
+
+
+def _check_rings(flow: Dataflow, options: dict) -> None:
+    """`slot_size` and `slots` must fit every source's records: one clear error before any
+    executor starts (not one per executor process, deep in a channel)."""
+    slot_size, slots = options.get("slot_size", DEFAULT_SLOT_SIZE), options.get("slots", 96)
+    for spec in flow.sources():
+        try:
+            RingSpec(slots=slots, slot_size=slot_size, record_size=spec.schema.record_size)
+        except ValueError as exc:
+            raise OptionError(f"slot_size={slot_size}, slots={slots}: {exc} (source {spec.step_id!r})") from None
 
 
 async def run_async(

@@ -1,22 +1,24 @@
 """The `slashrt` command: the demo job, the benchmarks and the executor agent.
 
-    slashrt demo                                YSB on the embedded default (a local cluster)
+    slashrt demo                                YSB on a local cluster of 2 executor processes
     slashrt bench ysb|ro|cm|nexmark [--json]    benchmarks that verify their own results
         [--executors N --mode slash|uppar --zipf S]   ... on N executors (weak scaling)
     slashrt bench report                        the scaling and skew sweeps, with plots
-    slashrt executor --listen HOST:PORT         an executor agent for multi-host runs
+    slashrt executor [--listen HOST:PORT]       an executor agent for multi-host runs
     slashrt spark-demo [--events N] [--json]    Spark generates YSB, ingests into a 2-executor cluster
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 
 import numpy as np
 
 from slashrt._buffer import DEFAULT_SLOT_SIZE
+from slashrt._logging import ENV_VAR, LEVELS
 from slashrt.errors import SlashError
 
 __all__ = ["main"]
@@ -47,6 +49,29 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _zipf_list(text: str) -> list[float]:
+    values = [_non_negative_float(z.strip()) for z in text.split(",") if z.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r} names no Zipf exponent")
+    return values
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows every option's default, except where there is none (None, a flag) or the help
+    says it itself."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _add_log_level(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--log-level", choices=LEVELS, help=f"log on standard error from this level up (default: ${ENV_VAR}, else warning)"
+    )
+
+
 def _add_runtime_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object with the results")
     p.add_argument("--slot-size", type=_positive_int, default=DEFAULT_SLOT_SIZE, help="bytes per buffer slot")
@@ -54,7 +79,7 @@ def _add_runtime_options(p: argparse.ArgumentParser) -> None:
         "--slots", type=_positive_int, help="slots per channel ring (default 96; 64 for `ro --transport`, a 4 MiB ring)"
     )
     p.add_argument("--coalesce", type=_positive_int, default=32, help="most buffers handed to a pipeline at once")
-    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    _add_log_level(p)
     p.add_argument("--repeat", type=_positive_int, default=3, help="report the best of this many runs (each checked)")
 
 
@@ -86,18 +111,20 @@ def _liveness(args) -> dict:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="slashrt", description="slashrt: stateful stream processing after Slash")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="slashrt", description="slashrt: stateful stream processing after Slash", formatter_class=_HelpFormatter
+    )
+    sub = _subcommands(parser, "command")
 
-    demo = sub.add_parser("demo", help="run YSB on the embedded default (a local cluster) and print its result")
+    demo = sub.add_parser("demo", help="run YSB on a local cluster of 2 executor processes and print its result")
     demo.add_argument("--events", type=_positive_int, default=10_000_000, help="events in all (split over the executors)")
     demo.add_argument("--executors", type=_positive_int, default=2, help="executor processes of the local cluster")
     demo.add_argument("--transport", choices=["shm", "tcp", "verbs"], default="shm", help="between executors")
-    demo.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    _add_log_level(demo)
     _add_liveness_options(demo)
 
     bench = sub.add_parser("bench", help="run a benchmark query and check it against a reference")
-    queries = bench.add_subparsers(dest="query", required=True)
+    queries = _subcommands(bench, "query")
 
     ysb = queries.add_parser("ysb", help="Yahoo Streaming Benchmark (count views per campaign per 10 s)")
     ysb.add_argument("--events", type=_positive_int, default=10_000_000)
@@ -142,24 +169,51 @@ def _parser() -> argparse.ArgumentParser:
     report = queries.add_parser("report", help="weak-scaling and skew sweeps of every query, with PNG plots")
     report.add_argument("--events", type=_positive_int, default=4_000_000, help="records per executor per run")
     report.add_argument("--executors", type=_positive_int, default=2, help="the largest executor count")
-    report.add_argument("--zipf", default="0.2,0.6,1.0,1.4,2.0", help="comma-separated Zipf exponents of the skew sweep")
+    report.add_argument(
+        "--zipf", type=_zipf_list, default="0.2,0.6,1.0,1.4,2.0", help="comma-separated Zipf exponents of the skew sweep"
+    )
     report.add_argument("--out", default="docs/img", help="directory for the plots and report.json")
     _add_runtime_options(report)
 
     _add_spark_benchmarks(queries)
 
-    executor = sub.add_parser("executor", help="run an executor agent that coordinators deploy jobs on")
-    executor.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT for the control connection")
-    executor.add_argument("--once", action="store_true", help="exit after one job")
-    executor.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    from slashrt.cluster.agent import add_arguments
+
+    add_arguments(sub.add_parser("executor", help="run an executor agent that coordinators deploy jobs on"))
 
     spark_demo = sub.add_parser("spark-demo", help="local Spark generates YSB and ingests it into a 2-executor cluster")
     spark_demo.add_argument("--events", type=_positive_int, default=2_000_000)
     spark_demo.add_argument("--campaigns", type=_positive_int, default=1000)
     spark_demo.add_argument("--partitions", type=_positive_int, help="Spark partitions (default: Spark's parallelism)")
     spark_demo.add_argument("--json", action="store_true", help="print one JSON object with the results")
-    spark_demo.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    _add_log_level(spark_demo)
+    _show_every_default(parser)
     return parser
+
+
+def _parsers(parser: argparse.ArgumentParser):
+    """`parser` and every subcommand's parser under it."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def _show_every_default(parser: argparse.ArgumentParser) -> None:
+    """Options without a help text still show their default in --help."""
+    for p in _parsers(parser):
+        for action in p._actions:
+            if action.help is None and action.default is not None and action.default is not False:
+                action.help = "(default: %(default)s)"
+
+
+def _subcommands(parser: argparse.ArgumentParser, dest: str):
+    """Subcommands whose help shows defaults, like their parent's."""
+    sub = parser.add_subparsers(dest=dest, required=True)
+    add_parser = sub.add_parser
+    sub.add_parser = lambda *a, **kw: add_parser(*a, formatter_class=_HelpFormatter, **kw)
+    return sub
 
 
 def _add_spark_benchmarks(queries) -> None:
@@ -170,65 +224,139 @@ def _add_spark_benchmarks(queries) -> None:
     conv.add_argument("--stream", choices=["ysb", "bids", "cm", "ro"], default="ysb")
     conv.add_argument("--repeat", type=_positive_int, default=3, help="report the best of this many passes")
     conv.add_argument("--json", action="store_true", help="print one JSON object with the results")
-    conv.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    _add_log_level(conv)
 
 
 def _runtime_options(args) -> dict:
     return {"slot_size": args.slot_size, "slots": args.slots or 96, "coalesce": args.coalesce, "repeat": args.repeat}
 
 
-def _cluster_bench(args) -> dict:
-    from slashrt.bench import scaling
+class _Refused(Exception):
+    """An option given where it has no effect (or cannot work): one line, exit 2."""
 
+
+def _given(argv: list[str]) -> set[str]:
+    """The options the command line gave explicitly (their dests), defaults aside."""
+    parser = _parser()
+    for p in _parsers(parser):
+        for action in p._actions:
+            action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
+
+
+_CLUSTER_OPTIONS = ("executors", "mode", "epoch_bytes", "partitions", "ssb_routing")
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _refuse(given: set[str], dests, why: str) -> None:
+    hit = [d for d in dests if d in given]
+    if hit:
+        raise _Refused(f"{', '.join(map(_flag, hit))} {'does' if len(hit) == 1 else 'do'} not apply {why}")
+
+
+def _bench_path(args, given: set[str]) -> str:
+    """Which benchmark runs ("single", "cluster", "channel" or the query's own), refusing
+    options that the chosen path would ignore."""
+    if args.query in ("report", "spark-convert"):
+        return args.query
+    cluster = args.query == "nexmark" or any(d in given for d in _CLUSTER_OPTIONS)
+    if args.query == "ro":
+        if "transport" in given and not cluster:
+            _refuse(given, ("window_ms", "zipf", "slot_size", "coalesce"),
+                    "to the channel benchmark (`bench ro --transport` without --executors; its buffers are --buffer-size)")
+            return "channel"
+        _refuse(given, ("buffer_size",), "without --transport, or with --executors (the runtime's buffers are --slot-size)")
+    elif "transport" in given:
+        cluster = True
+    if args.query == "ysb" and args.input is not None:
+        _refuse(given, ("events", "zipf"), "with --input (they describe generated events)")
+        if args.ads is not None:
+            _refuse(given, ("campaigns",), "with --input and --ads (the mapping gives the campaigns)")
+    return "cluster" if cluster else "single"
+
+
+def _ysb_files(args):
+    """--input records (None: generate) and the --ads mapping (None: the default one)."""
+    from slashrt.bench import ysb
+
+    records = ysb.load_input(args.input) if args.input is not None else None
+    mapping = ysb.load_ads(args.ads) if args.ads is not None else None
+    if records is not None:
+        ysb.check_ads(records, mapping if mapping is not None else ysb.campaign_map(args.campaigns), args.input)
+    elif mapping is not None and len(mapping) < args.campaigns * ysb.ADS_PER_CAMPAIGN:
+        raise _Refused(f"--ads {args.ads} maps {len(mapping)} ads but --campaigns {args.campaigns} generates ad ids up to "
+                       f"{args.campaigns * ysb.ADS_PER_CAMPAIGN - 1}")
+    return records, mapping
+
+
+def _cluster_bench(args) -> dict:
+    from slashrt.bench import scaling, ysb
+
+    records = None
     params = {
-        "ysb": lambda: {"campaigns": args.campaigns},
+        "ysb": lambda: {"campaigns": args.campaigns, "disorder_ms": args.disorder_ms},
         "ro": lambda: {"key_range": args.keys, "window_ms": args.window_ms},
         "cm": lambda: {"jobs": args.jobs},
         "nexmark": lambda: {},
     }[args.query]()
-    return scaling.bench(
+    if args.query == "ysb":
+        records, params["ads"] = _ysb_files(args)
+    result, rows = scaling.bench_with_result(
         args.query,
         events=args.events,
         executors=args.executors or 1,
         mode=args.mode or "slash",
-        transport=args.transport or "shm",
+        transport=getattr(args, "transport", None) or "shm",
         zipf=args.zipf,
         epoch_bytes=args.epoch_bytes,
         partitions=args.partitions,
         ssb_routing=args.ssb_routing,
         params=params,
+        records=records,
         **_runtime_options(args),
         **_liveness(args),
     )
+    if getattr(args, "output", None) is not None:
+        ysb.write_csv(rows, args.output)  # one file, as with one executor: the rows are collected here
+        result["output"] = str(args.output)
+    return result
 
 
-def _run_bench(args) -> dict:
+def _run_bench(args, given: set[str]) -> dict:
     progress = not args.json or sys.stderr.isatty()
-    if args.query == "spark-convert":
+    path = _bench_path(args, given)
+    if path == "spark-convert":
         from slashrt.spark.bench import convert_bench
 
         return convert_bench(rows=args.events, batch_rows=args.batch_rows, repeat=args.repeat, stream=args.stream)
-    if args.query == "report":
+    if path == "report":
+        _require(("matplotlib",), "bench", "`slashrt bench report`")
         from slashrt.bench import report
 
-        zipfs = [float(z) for z in args.zipf.split(",") if z.strip()]
-        return report.run(events=args.events, max_executors=args.executors, zipfs=zipfs, out=args.out,
+        return report.run(events=args.events, max_executors=args.executors, zipfs=args.zipf, out=args.out,
                           **_runtime_options(args))
-    if getattr(args, "executors", None) is not None or getattr(args, "mode", None) is not None or args.query == "nexmark":
+    if path == "cluster":
+        _check_transport(getattr(args, "transport", None))
         return _cluster_bench(args)
-    if args.query == "ysb":
-        from slashrt.bench import ysb
-
-        return ysb.bench(
-            events=args.events, campaigns=args.campaigns, zipf=args.zipf, input=args.input, output=args.output,
-            ads=args.ads, disorder_ms=args.disorder_ms, show_progress=progress, **_runtime_options(args),
-        )
-    if args.query == "ro" and args.transport is not None:
+    if path == "channel":
+        _check_transport(args.transport)
         from slashrt.bench import channel
 
         return channel.bench(
             transport=args.transport, buffer_size=args.buffer_size, events=args.events, key_range=args.keys,
             slots=args.slots or channel.DEFAULT_SLOTS, repeat=args.repeat,
+        )
+    if args.query == "ysb":
+        from slashrt.bench import ysb
+
+        if args.input is None:
+            _ysb_files(args)  # a mapping too short for the generated ad ids, before generating them
+        return ysb.bench(
+            events=args.events, campaigns=args.campaigns, zipf=args.zipf, input=args.input, output=args.output,
+            ads=args.ads, disorder_ms=args.disorder_ms, show_progress=progress, **_runtime_options(args),
         )
     if args.query == "ro":
         from slashrt.bench import ro
@@ -240,11 +368,45 @@ def _run_bench(args) -> dict:
     return cm.bench(events=args.events, jobs=args.jobs, zipf=args.zipf, show_progress=progress, **_runtime_options(args))
 
 
+# optional dependencies -> the extra that installs them (pyproject.toml)
+_EXTRAS = {"pyspark": "spark", "pandas": "spark", "matplotlib": "bench"}
+
+
+def _missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """One line for an optional dependency that is not installed (None: not an optional one)."""
+    root = (exc.name or "").split(".")[0]
+    if root not in _EXTRAS:
+        return None
+    return f"{root} is not installed; install it with: pip install 'slashrt[{_EXTRAS[root]}]'"
+
+
+def _require(modules, extra: str, what: str) -> None:
+    """Fail before any work if an optional dependency of `what` is missing."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            raise _Refused(f"{what} needs {_missing_extra(exc) or exc}") from None
+
+
+def _check_transport(transport: str | None) -> None:
+    """verbs needs pyverbs and a usable RDMA port here: say so once, before starting executors."""
+    if transport != "verbs":
+        return
+    try:
+        from slashrt.transport.verbs import discover_device
+    except ImportError as exc:
+        raise _Refused(f"--transport verbs: {exc}") from None
+    try:
+        discover_device()
+    except SlashError as exc:
+        raise _Refused(f"--transport verbs: {exc}") from None
+
+
 def _executor(args) -> int:
     from slashrt.cluster import agent
 
-    argv = ["--listen", args.listen, "--log-level", args.log_level] + (["--once"] if args.once else [])
-    return agent.main(argv)
+    return agent.run_agent(args)
 
 
 def _print_human(result: dict) -> None:
@@ -260,6 +422,7 @@ def _print_human(result: dict) -> None:
 def _demo(args) -> int:
     from slashrt.bench import scaling
 
+    _check_transport(args.transport)
     per_executor = max(1, args.events // args.executors)
     print(
         f"slashrt demo: YSB, {per_executor * args.executors:,} events, 1,000 campaigns, a local cluster of "
@@ -283,6 +446,7 @@ def _demo(args) -> int:
 
 
 def _spark_demo(args) -> dict:
+    _require(("pyspark", "pandas"), "spark", "`slashrt spark-demo`")
     from slashrt.spark.demo import run_demo
 
     if not args.json:
@@ -292,22 +456,33 @@ def _spark_demo(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    from slashrt._logging import configure
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    from slashrt._logging import configure_logging
 
-    configure(args.log_level)
     if args.command == "executor":
         return _executor(args)
     try:
+        configure_logging(args.log_level)
         if args.command == "demo":
             return _demo(args)
-        result = _spark_demo(args) if args.command == "spark-demo" else _run_bench(args)
-    except (SlashError, OSError) as exc:
+        if args.command == "spark-demo":
+            result = _spark_demo(args)
+        else:
+            result = _run_bench(args, _given(argv))
+    except (SlashError, OSError, _Refused) as exc:
         print(f"slashrt: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the run has stopped and removed its executors
         print("slashrt: interrupted", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as exc:
+        message = _missing_extra(exc)
+        if message is None:
+            raise
+        print(f"slashrt: error: {message}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(result))
     else:

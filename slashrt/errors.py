@@ -9,6 +9,7 @@ __all__ = [
     "ChannelClosed",
     "OperatorError",
     "DataflowError",
+    "OptionError",
     "first_error",
     "unwrap_groups",
 ]
@@ -32,6 +33,10 @@ class ChannelClosed(SlashError):
 
 class DataflowError(SlashError, ValueError):
     """The dataflow graph is not valid (unknown step, missing input, bad wiring)."""
+
+
+class OptionError(SlashError, ValueError):
+    """An option (of `run`, the logging set-up or the command line) is out of its range; names it."""
 
 
 class OperatorError(SlashError):

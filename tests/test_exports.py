@@ -11,7 +11,7 @@ def test_top_level_surface():
         [
             "Batch", "ChannelClosed", "ChannelFailed", "DataflowError", "Dataflow", "MalformedBuffer",
             "OperatorError", "RunResult", "Schema", "SchemaError", "SlashError", "Sliding", "Stream",
-            "Tumbling", "WindowedStream", "run", "run_async", "sinks",
+            "Tumbling", "WindowedStream", "configure_logging", "run", "run_async", "sinks",
         ]
     )
     for name in slashrt.__all__:

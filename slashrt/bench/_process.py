@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 import trio
 
 from slashrt._dataflow import Dataflow
+from slashrt._logging import level_name
 from slashrt._runtime import RunResult, run_receivers
 from slashrt.transport import RingSpec, Sender
 from slashrt.transport._auth import generate_secret
@@ -39,9 +40,9 @@ async def run_with_producer(
             "--slot-size", str(spec.slot_size), "--slots", str(spec.slots), *args,
         ]
         # the producer's output (its log lines) goes to stderr: stdout is the result's (--json)
-        proc = subprocess.Popen(
-            cmd, env=dict(os.environ, SLASHRT_SECRET=secret.hex()), stdin=subprocess.DEVNULL, stdout=2
-        )
+        # (and logs at this process's level)
+        env = dict(os.environ, SLASHRT_SECRET=secret.hex(), SLASHRT_LOG_LEVEL=level_name())
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=2)
         try:
             with trio.fail_after(PRODUCER_TIMEOUT):
                 receiver = await channels.accept(listener)

@@ -34,16 +34,21 @@ class Query:
     seed: int = 0
 
 
-def _ysb_generate(events, *, zipf, seed, campaigns, **_):
-    return ysb.generate(events, campaigns, zipf=zipf, seed=seed)
+def _ysb_generate(events, *, zipf, seed, campaigns, disorder_ms=0, **_):
+    return ysb.generate(events, campaigns, zipf=zipf, seed=seed, disorder_ms=disorder_ms)
 
 
-def _ysb_flow(sink, *, campaigns, **_):
-    return ysb.dataflow(ysb.campaign_map(campaigns), sink)
+def _ysb_mapping(campaigns, ads):
+    """`ads` (an --ads mapping) if given, else the default ten ads per campaign."""
+    return ysb.campaign_map(campaigns) if ads is None else ads
 
 
-def _ysb_reference(records, *, campaigns, **_):
-    return ysb.reference(records, ysb.campaign_map(campaigns))
+def _ysb_flow(sink, *, campaigns, ads=None, disorder_ms=0, **_):
+    return ysb.dataflow(_ysb_mapping(campaigns, ads), sink, max_delay=disorder_ms)
+
+
+def _ysb_reference(records, *, campaigns, ads=None, **_):
+    return ysb.reference(records, _ysb_mapping(campaigns, ads))
 
 
 QUERIES = {
@@ -116,16 +121,23 @@ def bench_with_result(
     partitions: int | None = None,
     ssb_routing: str | None = None,
     params: dict | None = None,
+    records: np.ndarray | None = None,
     **options,
 ) -> dict:
     """Run `query` on `executors` executors, `events` records each; best of `repeat` checked runs.
-    Returns the report and the last run's result rows."""
+    Given `records` (a file's input), the executors share them out instead of generating
+    (`events` is then ignored). Returns the report and the last run's result rows."""
     import slashrt
 
     q = QUERIES[query]
     params = dict(params or {})
-    make = PerExecutor(functools.partial(_make, query, events, zipf, params))
-    expected = lazy(lambda: q.reference(np.concatenate([make.make(i, executors) for i in range(executors)]), **params))
+    if records is not None:
+        source = records  # the coordinator splits it into disjoint streams, one per executor
+        events = -(-len(records) // executors)
+        expected = lazy(lambda: q.reference(records, **params))
+    else:
+        source = make = PerExecutor(functools.partial(_make, query, events, zipf, params))
+        expected = lazy(lambda: q.reference(np.concatenate([make.make(i, executors) for i in range(executors)]), **params))
     extra = {
         k: v for k, v in (("epoch_bytes", epoch_bytes), ("partitions", partitions), ("ssb_routing", ssb_routing))
         if v is not None
@@ -134,13 +146,13 @@ def bench_with_result(
     for _ in range(repeat):
         sink = Collect()
         result = slashrt.run(
-            q.flow(sink, **params), {q.source: make}, executors=executors, mode=mode, transport=transport, **extra, **options
+            q.flow(sink, **params), {q.source: source}, executors=executors, mode=mode, transport=transport, **extra, **options
         )
         got = q.to_result(sink.records)
         correct = correct and bool(q.matches(got, expected()))
         if best is None or result.seconds < best.seconds:
             best = result
-    total = events * executors
+    total = events * executors if records is None else len(records)
     report = {
         "query": query,
         "events": total,
@@ -155,7 +167,7 @@ def bench_with_result(
         "result_rows": len(got),
         "late_records": sum(best.late_records.values()),
         **_epoch_fields(best),
-        **params,
+        **{k: v for k, v in params.items() if np.isscalar(v)},  # not an --ads array
         **extra,
         "repeat": repeat,
     }

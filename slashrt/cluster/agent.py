@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import signal
+import socket
 import sys
+import traceback
 
 import cloudpickle
 import structlog
@@ -295,41 +298,81 @@ async def _serve_while_parent_lives(host: str, port: int, secret: bytes, once: b
     return failed
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="slashrt executor", description="Run an executor agent for a slashrt cluster.")
-    parser.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT for the control connection (default: loopback, any port)")
-    parser.add_argument("--once", action="store_true", help="exit after one job")
-    parser.add_argument("--log-level", default="info", help="debug, info, warning or error (default info)")
-    parser.add_argument("--with-parent", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    host, sep, port = args.listen.rpartition(":")
+def listen_address(text: str) -> tuple[str | None, int]:
+    """--listen: HOST:PORT, [IPV6]:PORT, or :PORT for every interface (host None)."""
+    host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
-        parser.error(f"--listen must be HOST:PORT, got {args.listen!r}")
-    from slashrt._logging import configure
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT (e.g. 127.0.0.1:7700 or [::1]:7700), got {text!r}")
+    if not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} of {text!r} is not in 0..65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if "[" in host or "]" in host:
+        raise argparse.ArgumentTypeError(f"must be HOST:PORT (an IPv6 host in brackets: [::1]:7700), got {text!r}")
+    return host or None, int(port)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The agent's options, shared by `slashrt executor` and `python -m slashrt.cluster.agent`."""
+    from slashrt._logging import ENV_VAR, LEVELS
+
+    parser.add_argument(
+        "--listen", type=listen_address, default="127.0.0.1:0", metavar="HOST:PORT",
+        help="where to listen for the control connection (:PORT: every interface; port 0: any free port)",
+    )
+    parser.add_argument("--once", action="store_true", help="exit after one job")
+    parser.add_argument(
+        "--log-level", choices=LEVELS, help=f"level of the log on standard error (default: ${ENV_VAR}, else warning)"
+    )
+    parser.add_argument("--with-parent", action="store_true", help=argparse.SUPPRESS)
+
+
+def _error(message: str) -> int:
+    """A bad argument or environment: one line, exit code 2."""
+    print(f"slashrt executor: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run_agent(args) -> int:
+    """Serve as the parsed `args` say; returns the exit code."""
+    from slashrt._logging import configure_logging, level_name
 
     try:
-        configure(args.log_level)
-    except ValueError as exc:
-        parser.error(str(exc))
-    try:
+        configure_logging(args.log_level)
         secret = load_secret()
     except Exception as exc:
-        parser.error(str(exc))
+        return _error(str(exc))
+    host, port = args.listen
     if args.with_parent:
         # a local executor's life is its coordinator's: Ctrl-C at the terminal reaches the
         # whole process group, and the coordinator stops its executors itself
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         if args.with_parent:
-            failed = trio.run(_serve_while_parent_lives, host, int(port), secret, args.once)
+            failed = trio.run(_serve_while_parent_lives, host, port, secret, args.once)
         else:
-            failed = trio.run(lambda: serve(host, int(port), secret, once=args.once))
+            failed = trio.run(lambda: serve(host, port, secret, once=args.once))
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:  # one line, not a traceback on the user's terminal
-        log.error("executor agent failed", error=_describe(exc))
+    except Exception as exc:
+        if isinstance(exc, socket.gaierror) or (isinstance(exc, OSError) and exc.errno in _CANNOT_BIND):
+            where = f"[{host}]:{port}" if host and ":" in host else f"{host or ''}:{port}"
+            return _error(f"cannot listen on {where}: {exc.strerror or exc}")
+        # one line, not a traceback on the user's terminal
+        if level_name() == "debug":
+            traceback.print_exc()
+        print(f"slashrt executor: failed: {_describe(exc)}", file=sys.stderr)
         return 1
     return 1 if failed else 0  # a failed job was logged and reported: no traceback
+
+
+_CANNOT_BIND = {errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES, errno.EINVAL}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="slashrt executor", description="Run an executor agent for a slashrt cluster.")
+    add_arguments(parser)
+    return run_agent(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -89,8 +89,11 @@ async def _spawn_agent(secret: bytes, index: int, procs: list, silent_s: float) 
     """Start a local agent process, tracked in procs[index] from the moment it exists (so it is
     reaped on every path, a cancellation or Ctrl-C during the spawn too), and read the address
     it listens on (within `silent_s`)."""
-    level = os.environ.get("SLASHRT_LOG_LEVEL", "warning")
-    cmd = [sys.executable, "-m", "slashrt.cluster.agent", "--listen", "127.0.0.1:0", "--once", "--with-parent", "--log-level", level]
+    from slashrt._logging import level_name
+
+    # the agent logs at this process's level (set by configure_logging or $SLASHRT_LOG_LEVEL)
+    cmd = [sys.executable, "-m", "slashrt.cluster.agent", "--listen", "127.0.0.1:0", "--once", "--with-parent",
+           "--log-level", level_name()]
     # the agent imports what this process can (the job's functions are pickled by reference
     # when they live in importable modules, e.g. a test module or the user's package)
     env = dict(os.environ, SLASHRT_SECRET=secret.hex(), PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))

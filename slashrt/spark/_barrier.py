@@ -61,9 +61,10 @@ class _Agent:
 
     def __init__(self, host: str, secret: bytes, index: int):
         self.index = index
-        level = os.environ.get("SLASHRT_LOG_LEVEL", "warning")
+        from slashrt._logging import level_name
+
         cmd = [sys.executable, "-m", "slashrt.cluster.agent", "--listen", f"{host}:0", "--once", "--with-parent",
-               "--log-level", level]
+               "--log-level", level_name()]
         env = dict(os.environ, SLASHRT_SECRET=secret.hex(),
                    PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
         env.pop("SLASHRT_SECRET_FILE", None)
