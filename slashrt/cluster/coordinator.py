@@ -85,10 +85,13 @@ def _secret(secret: bytes | None) -> bytes:
 
 
 @trio.lowlevel.enable_ki_protection  # a Ctrl-C waits for the next checkpoint, after procs[index] is set
-async def _spawn_agent(secret: bytes, index: int, procs: list, silent_s: float) -> tuple[str, int]:
+async def _spawn_agent(secret: bytes, index: int, procs: list, silent_s: float, relay: trio.Nursery) -> tuple[str, int]:
     """Start a local agent process, tracked in procs[index] from the moment it exists (so it is
     reaped on every path, a cancellation or Ctrl-C during the spawn too), and read the address
-    it listens on (within `silent_s`)."""
+    it listens on (within `silent_s`). Its standard error is relayed to ours by a task of
+    `relay`, the run's nursery: what agents log while the job runs reaches the user, and what
+    survivors log about their peers' channels once the run has ended (failed, cancelled,
+    interrupted) does not."""
     from slashrt._logging import level_name
 
     # the agent logs at this process's level (set by configure_logging or $SLASHRT_LOG_LEVEL)
@@ -97,7 +100,10 @@ async def _spawn_agent(secret: bytes, index: int, procs: list, silent_s: float) 
     # the agent imports what this process can (the job's functions are pickled by reference
     # when they live in importable modules, e.g. a test module or the user's package)
     env = dict(os.environ, SLASHRT_SECRET=secret.hex(), PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
-    proc = procs[index] = await trio.lowlevel.open_process(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)
+    proc = procs[index] = await trio.lowlevel.open_process(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    relay.start_soon(_relay_stderr, proc.stderr, name=f"stderr:executor {index}")
     line = b""
     with trio.move_on_after(silent_s):
         while not line.endswith(b"\n"):
@@ -112,6 +118,21 @@ async def _spawn_agent(secret: bytes, index: int, procs: list, silent_s: float) 
     if words[:2] != ["slashrt-agent", "listening"] or len(words) != 4:
         raise ClusterError(f"executor {index} said {line!r} instead of its address")
     return words[2], int(words[3])
+
+
+async def _relay_stderr(stream: trio.abc.ReceiveStream) -> None:
+    """Copy an agent's standard error to ours, whole lines at a time (lines of several agents
+    never interleave), until it closes or the run ends."""
+    pending = b""
+    while chunk := await stream.receive_some(65536):
+        pending += chunk
+        lines, _, pending = pending.rpartition(b"\n")
+        if lines:
+            sys.stderr.write((lines + b"\n").decode(errors="replace"))
+            sys.stderr.flush()
+    if pending:
+        sys.stderr.write(pending.decode(errors="replace") + "\n")
+        sys.stderr.flush()
 
 
 def executor_death(i: int, *, code: int | None = None, silent_s: float | None = None, reason: str = "") -> str:
@@ -330,7 +351,7 @@ async def run_cluster_async(
                     addresses = [None] * n
 
                     async def spawn(i):
-                        addresses[i] = await _spawn_agent(secret, i, procs, max(LISTEN_TIMEOUT, heartbeat_timeout))
+                        addresses[i] = await _spawn_agent(secret, i, procs, max(LISTEN_TIMEOUT, heartbeat_timeout), nursery)
 
                     async with trio.open_nursery() as spawning:
                         for i in range(n):
