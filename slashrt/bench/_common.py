@@ -68,7 +68,7 @@ def run_best(make_flow, inputs: dict, *, repeat: int, to_result, check, show_pro
     warm-up effects such as a virtual machine faulting in fresh memory on first use.
     `check` should build its reference lazily (see `lazy`), so that the peak memory reported
     is the run's, not the reference's."""
-    from slashrt._progress import Progress
+    from slashrt._progress_bar import ProgressBar
     from slashrt._runtime import run
     from slashrt.ops.sinks import Collect
 
@@ -76,7 +76,7 @@ def run_best(make_flow, inputs: dict, *, repeat: int, to_result, check, show_pro
     best, correct, output, peak = None, True, None, None
     for _ in range(repeat):
         sink = Collect()
-        progress = Progress(total) if show_progress else None
+        progress = ProgressBar(total) if show_progress else None
         result = run(make_flow(sink), inputs, progress=progress, **options)
         # the memory of a run: measured before `check` first builds the reference
         peak = peak_rss_bytes() if peak is None else peak

@@ -1,10 +1,10 @@
-"""Progress display: a bar on a terminal, log lines otherwise."""
+"""The progress bar of long runs (`_progress_bar`): a bar on a terminal, log lines otherwise."""
 
 import io
 
 import structlog
 
-from slashrt._progress import Progress
+from slashrt._progress_bar import ProgressBar
 
 
 class Tty(io.StringIO):
@@ -14,7 +14,7 @@ class Tty(io.StringIO):
 
 def test_terminal_gets_a_bar_that_ends_with_a_newline():
     out = Tty()
-    p = Progress(1000, stream=out, interval=0)
+    p = ProgressBar(1000, stream=out, interval=0)
     p(500)
     p(1000)
     text = out.getvalue()
@@ -24,7 +24,7 @@ def test_terminal_gets_a_bar_that_ends_with_a_newline():
 
 def test_non_terminal_gets_structured_log_lines():
     with structlog.testing.capture_logs() as logs:
-        p = Progress(200, stream=io.StringIO(), interval=0)
+        p = ProgressBar(200, stream=io.StringIO(), interval=0)
         p(100)
         p(200)
     assert [e["percent"] for e in logs if e["event"] == "progress"] == [50.0, 100.0]
@@ -32,7 +32,7 @@ def test_non_terminal_gets_structured_log_lines():
 
 def test_draws_at_most_once_per_interval_but_always_the_end():
     out = Tty()
-    p = Progress(100, stream=out, interval=3600)
+    p = ProgressBar(100, stream=out, interval=3600)
     p(1)  # the first call draws; later ones within the interval do not, except the end
     p(2)
     p(3)

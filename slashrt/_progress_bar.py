@@ -1,4 +1,6 @@
-"""Progress of long runs: a bar on a terminal, structlog lines otherwise."""
+"""A progress bar for long runs (records done so far): drawn on a terminal, structlog lines otherwise.
+
+Not to be confused with progress *tracking* (`slashrt.progress`: frontiers, pointstamps)."""
 
 from __future__ import annotations
 
@@ -7,12 +9,12 @@ import time
 
 import structlog
 
-__all__ = ["Progress"]
+__all__ = ["ProgressBar"]
 
-log = structlog.get_logger("slashrt.progress")
+log = structlog.get_logger("slashrt.progress_bar")
 
 
-class Progress:
+class ProgressBar:
     """Call with the number of records done so far; draws at most every `interval` seconds."""
 
     def __init__(self, total: int, *, label: str = "records", stream=None, interval: float | None = None):
