@@ -181,7 +181,6 @@ def test_a_datetime64_time_column_says_to_declare_milliseconds():
 
 
 def test_datetime64_input_for_the_time_column_is_read_as_milliseconds():
-    a = rows(10)
     dated = np.zeros(10, [("t", "M8[s]"), ("k", "<i8"), ("v", "<f8"), ("tag", "S4")])
     dated["t"] = np.arange(10).astype("M8[s]")
     out = slashrt.run(collecting_flow(), {"events": dated})["f.out"]
