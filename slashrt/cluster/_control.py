@@ -16,7 +16,7 @@ import trio
 from slashrt.errors import ChannelClosed
 from slashrt.transport._auth import receive_exactly
 
-__all__ = ["send_message", "receive_message", "MAX_MESSAGE"]
+__all__ = ["send_message", "receive_message", "check_expected", "MAX_MESSAGE"]
 
 _LENGTH = struct.Struct("<Q")
 MAX_MESSAGE = 1 << 36  # 64 GiB: a corrupt length fails here instead of allocating it
@@ -27,8 +27,8 @@ async def send_message(stream: trio.abc.SendStream, kind: str, payload=None) -> 
     await stream.send_all(_LENGTH.pack(len(data)) + data)
 
 
-async def receive_message(stream: trio.abc.ReceiveStream, expect: str | None = None):
-    """The next message as (kind, payload); with `expect`, any other kind is an error."""
+async def receive_message(stream: trio.abc.ReceiveStream):
+    """The next message as (kind, payload)."""
     (length,) = _LENGTH.unpack(await receive_exactly(stream, _LENGTH.size, "a control message length"))
     if length > MAX_MESSAGE:
         raise ChannelClosed(f"a control message of {length} bytes announced (at most {MAX_MESSAGE}): not the slashrt protocol")
@@ -42,8 +42,12 @@ async def receive_message(stream: trio.abc.ReceiveStream, expect: str | None = N
         kind, payload = cloudpickle.loads(data)
     except Exception as exc:
         raise ChannelClosed(f"malformed control message: {type(exc).__name__}: {exc}") from None
-    if expect is not None and kind != expect:
+    return kind, payload
+
+
+def check_expected(kind: str, payload, expect: str) -> None:
+    """A message of another kind than `expect` is an error; a "failed" one raises its text."""
+    if kind != expect:
         if kind == "failed":
             raise ChannelClosed(str(payload))
         raise ChannelClosed(f"expected a {expect!r} control message, got {kind!r}")
-    return kind, payload

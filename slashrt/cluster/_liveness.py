@@ -19,7 +19,7 @@ import math
 
 import trio
 
-from slashrt.cluster._control import receive_message, send_message
+from slashrt.cluster._control import check_expected, receive_message, send_message
 from slashrt.errors import ChannelClosed, DataflowError
 
 __all__ = ["Link", "PeerSilent", "HEARTBEAT", "DEFAULT_HEARTBEAT_INTERVAL", "DEFAULT_HEARTBEAT_TIMEOUT", "check_heartbeat"]
@@ -146,8 +146,6 @@ class Link:
         if isinstance(item, ChannelClosed):
             raise item
         kind, payload = item
-        if expect is not None and kind != expect:
-            if kind == "failed":
-                raise ChannelClosed(str(payload))
-            raise ChannelClosed(f"expected a {expect!r} control message, got {kind!r}")
+        if expect is not None:
+            check_expected(kind, payload, expect)
         return kind, payload
