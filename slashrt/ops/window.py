@@ -353,7 +353,7 @@ class WindowAggregate(Node):
             return agg
         tail = self.tails.get((slice_id, closed_until))
         if tail is None:
-            tail = self.tails[(slice_id, closed_until)] = HashAgg(self.kind.value, self.value_dtype.str[1:])
+            tail = self.tails[(slice_id, closed_until)] = self._table()
         return tail
 
     def promise(self, watermark: int) -> int:
@@ -494,7 +494,8 @@ class WindowAggregate(Node):
             self._slice(s).merge(keys, counts, vals)
         self.tails = {}
         for k, (keys, counts, vals) in state.tails.items():
-            self.tails[k] = HashAgg(self.kind.value, vals.dtype.newbyteorder("<").str[1:])
+            self.value_dtype = vals.dtype.newbyteorder("<")
+            self.tails[k] = self._table()
             self.tails[k].merge(keys, counts, vals)
         self.next_start, self.fired_until, self.late_records = state.next_start, state.fired_until, state.late_records
 
