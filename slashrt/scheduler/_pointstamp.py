@@ -35,10 +35,10 @@ from slashrt.ops.event_time import SourceNode
 from slashrt.ops.operator import EnterNode, OperatorNode
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.window import WindowAggregate
-from slashrt.progress import IDENTITY, INGRESS, Builder, Location, Timestamp, Tracker, move_capability
+from slashrt.progress import IDENTITY, INGRESS, Builder, Location, Reachability, Timestamp, Tracker, move_capability
 from slashrt.progress.timestamp import MIN_EPOCH
 
-__all__ = ["PointstampProgress", "MODES", "resolve_mode"]
+__all__ = ["PointstampProgress", "MODES", "progress_graph", "resolve_mode"]
 
 MODES = ("pointstamp", "watermark")
 
@@ -64,6 +64,43 @@ def resolve_mode(flow, mode: str | None) -> str:
 _GRAPH_NAMES = {"UnionSpec", "OperatorSpec", "EnterSpec", "FeedbackSpec", "LeaveSpec"}
 
 
+def progress_graph(flow) -> Reachability:
+    """The flow's steps as a progress graph (node i is the flow's i-th step, named by its step
+    id), checked: a cycle that does not pass a feedback is refused naming its steps."""
+    index = {step_id: i for i, step_id in enumerate(flow.steps)}
+    builder = Builder()
+    for step_id, spec in flow.steps.items():
+        ins = len(inputs_of(spec))
+        if isinstance(spec, SourceSpec):
+            builder.add_node(step_id, 0, 1)
+        elif isinstance(spec, SinkSpec):
+            builder.add_node(step_id, 1, 0)
+        elif isinstance(spec, (UnionSpec, OperatorSpec)):
+            builder.add_node(step_id, ins, 1)
+        elif isinstance(spec, EnterSpec):
+            builder.add_node(step_id, 2, 1, {(0, 0): INGRESS, (1, 0): IDENTITY})
+        elif isinstance(spec, FeedbackSpec):
+            builder.add_feedback(step_id)
+        elif isinstance(spec, LeaveSpec):
+            builder.add_egress(step_id)
+        else:
+            builder.add_node(step_id, 1, 1)
+    for step_id, spec in flow.steps.items():
+        for port, up in enumerate(inputs_of(spec)):
+            if up not in index:
+                raise DataflowError(f"dataflow {flow.name!r}: step {step_id!r} reads {up!r}, which is no step")
+            builder.connect(index[up], 0, index[step_id], port)
+        if isinstance(spec, FeedbackSpec):
+            builder.connect(index[step_id], 0, index[spec.into], 1)
+    try:
+        return builder.build()
+    except DataflowError as exc:
+        raise DataflowError(
+            f"dataflow {flow.name!r}: {str(exc).removeprefix('progress graph: ')} (close a loop only with "
+            "loop.feed_back())"
+        ) from None
+
+
 class PointstampProgress:
     """The tracker of one executor running `plan`, and the nodes it drives."""
 
@@ -72,35 +109,7 @@ class PointstampProgress:
         self.steps: list[str] = list(flow.steps)
         self.nodes: list[Node] = [plan.steps[s] for s in self.steps]
         index = {step_id: i for i, step_id in enumerate(self.steps)}
-        builder = Builder()
-        for step_id, spec in flow.steps.items():
-            ins = len(inputs_of(spec))
-            if isinstance(spec, SourceSpec):
-                builder.add_node(step_id, 0, 1)
-            elif isinstance(spec, SinkSpec):
-                builder.add_node(step_id, 1, 0)
-            elif isinstance(spec, (UnionSpec, OperatorSpec)):
-                builder.add_node(step_id, ins, 1)
-            elif isinstance(spec, EnterSpec):
-                builder.add_node(step_id, 2, 1, {(0, 0): INGRESS, (1, 0): IDENTITY})
-            elif isinstance(spec, FeedbackSpec):
-                builder.add_feedback(step_id)
-            elif isinstance(spec, LeaveSpec):
-                builder.add_egress(step_id)
-            else:
-                builder.add_node(step_id, 1, 1)
-        for step_id, spec in flow.steps.items():
-            for port, up in enumerate(inputs_of(spec)):
-                builder.connect(index[up], 0, index[step_id], port)
-            if isinstance(spec, FeedbackSpec):
-                builder.connect(index[step_id], 0, index[spec.into], 1)
-        try:
-            self.graph = builder.build()
-        except DataflowError as exc:
-            raise DataflowError(
-                f"dataflow {flow.name!r}: {str(exc).removeprefix('progress graph: ')} (close a loop only with "
-                "loop.feed_back())"
-            ) from None
+        self.graph = plan.graph if plan.graph is not None else progress_graph(flow)
         self.tracker = Tracker(self.graph)
         self.index = {id(node): i for i, node in enumerate(self.nodes)}
         self.now = Timestamp(MIN_EPOCH)
