@@ -154,3 +154,23 @@ def test_a_cycle_without_feedback_is_refused_naming_its_steps():
     merged.apply(lambda b: b, name="again").sink(sinks.Collect())
     with pytest.raises(DataflowError, match=r"cycle cyc\.merge -> cyc\.again -> cyc\.merge does not advance"):
         slashrt.run(flow, {"src": records([1], [0])})
+
+
+@pytest.mark.parametrize("max_delay, want", [(0, {0: [0, 1], 1: [2, 3, 4], 2: [5, 6, 7]}), (1, {-1: [0, 1], 0: [2, 3, 4], 1: [5, 6, 7]})])
+def test_a_source_feeding_a_loop_cuts_batches_to_one_time_each(max_delay, want):
+    """Each piece is at the running maximum of its event times minus max_delay, so an epoch's
+    records are never processed at an earlier epoch's time."""
+    got = {}
+
+    class Times(Operator):
+        async def on_batch(self, ctx, port, batch):
+            got.setdefault(ctx.time.epoch, []).extend(batch["v"].tolist())
+            await ctx.emit(batch)
+
+    flow = Dataflow("cut")
+    src = flow.source("src", REC, time="t", max_delay=max_delay)
+    with flow.loop("l") as loop:
+        x = loop.enter(src).operator(Times(), name="times")
+        loop.leave(x).sink(sinks.Collect())
+    slashrt.run(flow, {"src": records(np.arange(8), [0, 0, 1, 1, 0, 2, 2, 1])})
+    assert got == want

@@ -120,6 +120,7 @@ class PointstampProgress:
         self.feedbacks_into: dict[int, list[str]] = collections.defaultdict(list)
         self._dirty = False
         self._settling = False
+        self._stale: set[int] = set()  # operators whose due notifications may have changed
         for i, (step_id, node) in enumerate(zip(self.steps, self.nodes)):
             node.clock = self
             spec = flow.steps[step_id]
@@ -157,7 +158,9 @@ class PointstampProgress:
         if time in node.requested:
             return  # one notification per time, however often it was asked for
         node.requested.add(time)
-        self.tracker.update(Location.output(self.index[id(node)], 0), time, 1)
+        i = self.index[id(node)]
+        self.tracker.update(Location.output(i, 0), time, 1)
+        self._stale.add(i)
         self._dirty = True
 
     def enqueue(self, feedback, batch, time: Timestamp) -> None:
@@ -190,6 +193,7 @@ class PointstampProgress:
                 self._dirty = False
                 self._refresh_holds()
                 moved = sorted({loc.node for loc, _, _ in self.tracker.propagate() if loc.kind == "in"})
+                self._stale.update(moved)
                 for i in moved:
                     frontier = self.tracker.frontier(Location.input(i, 0))
                     log.debug("frontier moved", step=self.steps[i], frontier=[_plain(t) for t in frontier])
@@ -231,8 +235,11 @@ class PointstampProgress:
                     del self.held[i]
 
     async def _notify(self) -> None:
+        if not self._stale:
+            return
+        stale, self._stale = self._stale, set()
         for i, node in self.ops:
-            if not node.requested:
+            if i not in stale or not node.requested:
                 continue
             frontiers = [self.tracker.frontier(Location.input(i, p)) for p in range(node.inputs)]
             due = sorted(
