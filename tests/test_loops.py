@@ -191,3 +191,62 @@ def test_windows_after_a_loop_fire_on_its_frontier():
     got = {int(r["window_start"]): int(r["count"]) for r in out.records}
     assert got == {s: int(((times >= s) & (times < s + 10)).sum()) for s in range(0, 100, 10)}
     assert result.late_records == {"after.win": 0}
+
+
+def test_label_propagation_in_a_loop_with_two_entered_streams():
+    """The connected-components shape: labels and edges enter one loop, a two-input operator
+    takes one propagation step per iteration (on its notification), changed labels go round
+    again; the labels that leave give every node the least node id of its component."""
+    nodes, rng = 40, np.random.default_rng(3)
+    edge_dt = np.dtype([("u", "<i8"), ("v", "<i8"), ("t", "<i8")])
+    label_dt = np.dtype([("node", "<i8"), ("label", "<i8"), ("t", "<i8")])
+    edges = np.zeros(30, edge_dt)
+    edges["u"], edges["v"], edges["t"] = rng.integers(0, nodes, 30), rng.integers(0, nodes, 30), np.repeat([0, 1, 2], 10)
+    initial = np.zeros(nodes, label_dt)
+    initial["node"] = initial["label"] = np.arange(nodes)
+
+    class Propagate(Operator):
+        def __init__(self):
+            self.labels = np.arange(nodes)
+            self.u, self.v = np.empty(0, np.int64), np.empty(0, np.int64)
+
+        async def on_batch(self, ctx, port, batch):
+            if port == 0:
+                np.minimum.at(self.labels, batch["node"], batch["label"])
+            else:
+                self.u, self.v = np.concatenate([self.u, batch["u"]]), np.concatenate([self.v, batch["v"]])
+            ctx.notify_at(ctx.time)
+
+        async def on_notify(self, ctx, time):
+            new = self.labels.copy()  # one step along every edge, both ways
+            np.minimum.at(new, self.v, self.labels[self.u])
+            np.minimum.at(new, self.u, self.labels[self.v])
+            changed = np.flatnonzero(new < self.labels)
+            self.labels = new
+            out = np.zeros(len(changed), label_dt)
+            out["node"], out["label"], out["t"] = changed, new[changed], time.epoch
+            await ctx.emit(out)
+
+    flow = Dataflow("cc")
+    labels_in = flow.source("labels", label_dt, time="t")
+    edges_in = flow.source("edges", edge_dt, time="t")
+    with flow.loop("cc", max_iterations=nodes) as loop:
+        labels = loop.enter(labels_in)
+        step = labels.connect(loop.enter(edges_in)).operator(Propagate(), name="propagate")
+        loop.feed_back(step, into=labels)
+        final = loop.leave(step)
+    out = sinks.Collect()
+    final.sink(out)
+    slashrt.run(flow, {"labels": initial, "edges": edges})
+    got = np.arange(nodes)
+    np.minimum.at(got, out.records["node"], out.records["label"])
+    want = np.arange(nodes)  # reference: propagate to the fixed point in numpy
+    while True:
+        new = want.copy()
+        np.minimum.at(new, edges["v"], want[edges["u"]])
+        np.minimum.at(new, edges["u"], want[edges["v"]])
+        if np.array_equal(new, want):
+            break
+        want = new
+    assert np.array_equal(got, want)
+    assert len(np.unique(want)) < nodes  # some components merged
