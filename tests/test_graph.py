@@ -207,3 +207,16 @@ def test_report_shows_frontiers_and_what_holds_them():
     assert ("r.a.out0", "capability of source r.a (its watermark)") in held
     assert ("r.hold.out0", "notification requested by r.hold") in held
     assert report["frontiers"]["r.out.in0"] == [[0]]
+
+
+def test_frontier_changes_are_logged_at_debug_level(capsys):
+    flow = Dataflow("lg")
+    a, b = flow.source("a", REC, time="t"), flow.source("b", REC, time="t")
+    a.union(b, name="both").sink(sinks.Collect(), name="out")
+    slashrt.configure_logging("debug")
+    try:
+        slashrt.run(flow, {"a": records([1], [5]), "b": records([2], [7])})
+    finally:
+        slashrt.configure_logging("warning")
+    err = capsys.readouterr().err
+    assert "frontier moved" in err and "lg.both" in err

@@ -28,6 +28,7 @@ import collections
 
 import structlog
 
+from slashrt._logging import level_name
 from slashrt._dataflow import EnterSpec, FeedbackSpec, LeaveSpec, OperatorSpec, SinkSpec, SourceSpec, UnionSpec, inputs_of
 from slashrt.errors import DataflowError, SlashError
 from slashrt.ops._node import Node
@@ -121,6 +122,7 @@ class PointstampProgress:
         self._dirty = False
         self._settling = False
         self._stale: set[int] = set()  # operators whose due notifications may have changed
+        self._debug = level_name() == "debug"  # a debug line per frontier change costs a loop iteration's time
         for i, (step_id, node) in enumerate(zip(self.steps, self.nodes)):
             node.clock = self
             spec = flow.steps[step_id]
@@ -195,10 +197,10 @@ class PointstampProgress:
                 moved = sorted({loc.node for loc, _, _ in self.tracker.propagate() if loc.kind == "in"})
                 self._stale.update(moved)
                 for i in moved:
-                    frontier = self.tracker.frontier(Location.input(i, 0))
-                    log.debug("frontier moved", step=self.steps[i], frontier=[_plain(t) for t in frontier])
+                    if self._debug:
+                        log.debug("frontier moved", step=self.steps[i], frontiers=self._input_frontiers(i))
                     if i in self._listeners:
-                        await self._frontier_moved(self.nodes[i], frontier)
+                        await self._frontier_moved(self.nodes[i], self.tracker.frontier(Location.input(i, 0)))
                 await self._notify()
         finally:
             self._settling = False
@@ -250,6 +252,10 @@ class PointstampProgress:
                 await node.notify(time)
                 self.tracker.update(Location.output(i, 0), time, -1)
                 self._dirty = True
+
+    def _input_frontiers(self, i: int) -> list[list[list[int]]]:
+        ports = sum(1 for loc in self.graph.locations if loc.node == i and loc.kind == "in")
+        return [[_plain(t) for t in self.tracker.frontier(Location.input(i, p))] for p in range(ports)]
 
     # --- where is it stuck -----------------------------------------------------------------
     def frontiers(self) -> dict[str, list[Timestamp]]:
