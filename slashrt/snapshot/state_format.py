@@ -150,7 +150,7 @@ def decode_state(buffer, *, name: str = "<state>") -> State:
     payload_start = _aligned(_PREAMBLE.size + _HEAD.size + index_len)
     expected = payload_start + payload_len + _TRAILER.size
     if size != expected:
-        what = "truncated" if size < expected else "longer than its header says"
+        what = "truncated or corrupt" if size < expected else "corrupt (longer than its header says)"
         raise SnapshotCorrupt(f"snapshot {name} is {what}: {size} bytes, its header says {expected}")
     (crc,) = _TRAILER.unpack_from(view, size - _TRAILER.size)
     if zlib.crc32(view[: size - _TRAILER.size]) != crc:
