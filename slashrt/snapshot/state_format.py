@@ -65,6 +65,8 @@ def _preamble(version: int) -> bytes:
 
 def _layout(arrays: Mapping[str, np.ndarray], meta, name: str):
     """The index (as bytes), the arrays in C order and their payload offsets."""
+    if not isinstance(arrays, Mapping):
+        raise SnapshotError(f"snapshot {name}: a state is a mapping of names to arrays, not {type(arrays).__name__}")
     entries, ready, offset = [], [], 0
     for key, value in arrays.items():
         if not isinstance(key, str):

@@ -248,7 +248,7 @@ class SnapshotStore:
         With `executor`, only that executor's parts are read (the others only checked present)."""
         body = self.manifest(n)
         directory = self.checkpoint_dir(n)
-        parts = tuple(Part(**p) for p in body["parts"])
+        parts = _parts(body, f"{directory}/{MANIFEST}")
         states = {}
         for part in parts:
             path = f"{directory}/{part.file}"
@@ -294,6 +294,17 @@ class SnapshotStore:
 
     async def alatest(self, *, executor: int | None = None) -> Checkpoint | None:
         return await trio.to_thread.run_sync(functools.partial(self.latest, executor=executor))
+
+
+def _parts(body: dict, path: str) -> tuple[Part, ...]:
+    """The manifest's parts, each a file inside its checkpoint's directory."""
+    try:
+        parts = tuple(Part(**p) for p in body["parts"])
+        if all(isinstance(p.file, str) and "/" not in p.file and not p.file.startswith(".") for p in parts):
+            return parts
+    except (KeyError, TypeError):
+        pass
+    raise SnapshotCorrupt(f"manifest {path} is corrupt: its list of parts is malformed")
 
 
 def _canonical(body: dict) -> bytes:

@@ -103,6 +103,8 @@ def test_a_later_format_version_is_refused_as_such(small_snapshot):
 def test_object_arrays_and_non_json_metadata_are_refused():
     with pytest.raises(SnapshotError, match="array 'o' holds Python objects"):
         encode_state({"o": np.array([object()])})
+    with pytest.raises(SnapshotError, match="a state is a mapping of names to arrays, not list"):
+        encode_state([np.arange(3)])
     with pytest.raises(SnapshotError, match="metadata is not JSON-able"):
         encode_state({}, {"when": object()})
 

@@ -162,6 +162,27 @@ def test_latest_falls_back_past_a_damaged_checkpoint(store, damage, error, caplo
     assert re.search(error, store.skipped[0].reason)
 
 
+def test_a_manifest_naming_a_file_outside_its_checkpoint_is_corrupt(store):
+    _write_checkpoint(store, 1)
+    manifest = f"{store.checkpoint_dir(1)}/_manifest.json"
+    body = json.loads(open(manifest).read())
+    del body["checksum"]
+    body["parts"][0]["file"] = "../../elsewhere.state"
+    body["checksum"] = zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+    with open(manifest, "w") as f:
+        json.dump(body, f)
+    with pytest.raises(SnapshotCorrupt, match="_manifest.json is corrupt: its list of parts is malformed"):
+        store.load(1)
+
+
+async def test_async_complete_and_latest(store):
+    part = await store.awrite_part(1, "op", 0, {"x": np.arange(5)}, {"w": 3})
+    await store.acomplete(1, {"executors": 1}, parts=[part])
+    checkpoint = await store.alatest()
+    assert checkpoint.meta == {"executors": 1} and checkpoint.state("op", 0).meta == {"w": 3}
+    assert (await store.aload(1, executor=0)).state("op", 0).arrays["x"].tolist() == [0, 1, 2, 3, 4]
+
+
 def test_latest_is_none_when_nothing_verifies(store):
     assert store.latest() is None
     _write_checkpoint(store, 1)
