@@ -25,7 +25,7 @@ import pyarrow as pa
 from slashrt._batch import Batch
 from slashrt.errors import OperatorError, SchemaError
 from slashrt.ops._node import Node
-from slashrt.snapshot.commit import PartFiles, PendingRecords
+from slashrt.snapshot.commit import NotTransactional, PartFiles, PendingRecords
 
 __all__ = ["Collect", "Callback", "CsvFile", "ParquetFile", "SinkNode", "to_arrow"]
 
@@ -41,7 +41,7 @@ class Collect:
 
     def __init__(self, *, transactional: bool = False):
         self.transactional = transactional
-        self._transactions = PendingRecords() if transactional else None
+        self._transactions = PendingRecords() if transactional else NotTransactional(self)
         self._parts: list[np.ndarray] = []
         self._records: np.ndarray | None = None
         self._expected: np.dtype | None = None  # the dtype of the stream, from the plan
@@ -77,7 +77,7 @@ class Collect:
         self._transactions.abort(checkpoint)
 
     def pending(self) -> list[int]:
-        return self._transactions.pending() if self.transactional else []
+        return self._transactions.pending()
 
     def close(self) -> None:
         pass
@@ -209,7 +209,7 @@ class _ArrowFile:
     def __init__(self, path, *, transactional: bool = False, executor: int = 0):
         self.path = Path(path)
         self.transactional = transactional
-        self._transactions = PartFiles(self.path, executor, self.suffix) if transactional else None
+        self._transactions = PartFiles(self.path, executor, self.suffix) if transactional else NotTransactional(self)
         self._writer = None
 
     def for_executor(self, index: int):
@@ -245,7 +245,7 @@ class _ArrowFile:
         self._transactions.abort(checkpoint)
 
     def pending(self) -> list[int]:
-        return self._transactions.pending() if self.transactional else []
+        return self._transactions.pending()
 
     def close(self) -> None:
         if self._writer is not None:

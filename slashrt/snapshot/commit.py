@@ -21,7 +21,9 @@ to the restored checkpoint and produce it again). After it, the published output
 what the restored checkpoint's inputs produced, once.
 
 `PartFiles` is that contract for a directory of part files (CsvFile / ParquetFile with
-`transactional=True`); `PendingRecords` for records kept in memory (Collect).
+`transactional=True`); `PendingRecords` for records kept in memory (Collect); a built-in sink
+made without `transactional=True` has `NotTransactional`, which nothing is pending in and
+which refuses the other calls.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from slashrt.errors import SnapshotError
 from slashrt.snapshot._durable import fsync_path
 
-__all__ = ["TwoPhaseCommit", "recover", "PartFiles", "PendingRecords"]
+__all__ = ["TwoPhaseCommit", "recover", "PartFiles", "PendingRecords", "NotTransactional"]
 
 
 @runtime_checkable
@@ -151,3 +154,23 @@ class PendingRecords:
     def abort(self, n: int) -> None:
         self._pending.pop(n, None)
 
+
+
+class NotTransactional:
+    """The transactions of a sink made without `transactional=True`: none pending; a checkpoint
+    call says how to make the sink take part."""
+
+    def __init__(self, sink):
+        self._sink = sink
+
+    def pending(self) -> list[int]:
+        return []
+
+    def _refuse(self, checkpoint: int):
+        name = type(self._sink).__name__
+        raise SnapshotError(
+            f"checkpoint {checkpoint}: this {name} sink is not transactional; "
+            f"make it with {name}(..., transactional=True) for exactly-once output"
+        )
+
+    pre_commit = commit = abort = _refuse

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slashrt.errors import SnapshotError
 from slashrt.sinks import Collect, CsvFile, ParquetFile
 from slashrt.snapshot import TwoPhaseCommit, recover
 
@@ -102,6 +103,14 @@ def test_recover_commits_up_to_the_restored_and_aborts_newer(tmp_path):
     sink.write(batch(1))
     sink.pre_commit(1)
     assert recover(sink, None) == ([], [1])  # a fresh start commits nothing
+
+
+@pytest.mark.parametrize("make", [lambda p: CsvFile(p / "out.csv"), lambda p: ParquetFile(p / "o.parquet"), lambda p: Collect()])
+def test_a_sink_that_is_not_transactional_says_so(tmp_path, make):
+    sink = make(tmp_path)
+    assert sink.pending() == [] and recover(sink, 3) == ([], [])
+    with pytest.raises(SnapshotError, match=r"checkpoint 4: this \w+ sink is not transactional; make it with \w+\(\.\.\., transactional=True\)"):
+        sink.pre_commit(4)
 
 
 def test_a_plain_file_sink_is_unchanged(tmp_path):

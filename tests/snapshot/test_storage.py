@@ -114,6 +114,7 @@ def _flip(path: str, offset: int) -> None:
         ("extend_part", "part .*ysb.window.0.state is longer than listed"),
         ("remove_part", "part .*ysb.window.0.state is missing"),
         ("swap_part", "not the file its manifest lists"),
+        ("later_part", "snapshot .*ysb.window.0.state has format version 2, this slashrt reads version 1"),
         ("flip_manifest", "manifest .*chk-2/_manifest.json is corrupt"),
         ("truncate_manifest", "manifest .*chk-2/_manifest.json is corrupt"),
         ("later_manifest", "written by slashrt 9.0 .*manifest version 2"),
@@ -143,6 +144,10 @@ def test_latest_falls_back_past_a_damaged_checkpoint(store, damage, error, caplo
     elif damage == "swap_part":  # a valid snapshot, but not the one the manifest lists
         store.write_part(3, "ysb.window", 0, _state(2) | {"keys": np.arange(200, dtype=np.uint64)[::-1].copy()})
         os.replace(_part_path(store, 3), part)
+    elif damage == "later_part":  # a part in a format a later slashrt writes
+        with open(part, "r+b") as f:
+            body = b"SLASHSNP" + (2).to_bytes(4, "little")
+            f.write(body + zlib.crc32(body).to_bytes(4, "little"))
     elif damage == "flip_manifest":
         _flip(manifest, os.path.getsize(manifest) // 2)
     elif damage == "truncate_manifest":
@@ -154,7 +159,7 @@ def test_latest_falls_back_past_a_damaged_checkpoint(store, damage, error, caplo
         body["checksum"] = zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
         with open(manifest, "w") as f:
             json.dump(body, f)
-    expected_error = SnapshotVersionError if damage == "later_manifest" else SnapshotCorrupt
+    expected_error = SnapshotVersionError if damage.startswith("later") else SnapshotCorrupt
     with pytest.raises(expected_error, match=error):
         store.load(2)
     _assert_is(store.latest(), 1)
