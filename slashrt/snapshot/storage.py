@@ -28,6 +28,7 @@ import functools
 import json
 import os
 import re
+import threading
 import uuid
 import zlib
 from urllib.parse import quote
@@ -102,6 +103,7 @@ class SnapshotStore:
         self._local = isinstance(self.fs, LocalFileSystem)
         self._written: dict[int, dict[tuple[str, int], Part]] = {}
         self._writing: dict[int, int] = {}  # checkpoint -> parts being written by this store now
+        self._lock = threading.Lock()  # parts are written from worker threads
         self.fs.makedirs(self.directory, exist_ok=True)
         self._retain()
 
@@ -138,7 +140,8 @@ class SnapshotStore:
     def write_part(self, n: int, step: str, executor: int, arrays, meta=None) -> Part:
         """Write the state of `step` on `executor` as part of checkpoint n; returns its `Part`
         (give it to `complete` when another process completes the checkpoint)."""
-        self._writing[n] = self._writing.get(n, 0) + 1
+        with self._lock:
+            self._writing[n] = self._writing.get(n, 0) + 1
         try:
             directory = self.checkpoint_dir(n)
             self.fs.makedirs(directory, exist_ok=True)
@@ -148,12 +151,14 @@ class SnapshotStore:
                 size, crc = write_state(out, arrays, meta, name=path)
                 _sync(out)
             part = Part(step, executor, name, size, crc)
-            self._written.setdefault(n, {})[(step, executor)] = part
+            with self._lock:
+                self._written.setdefault(n, {})[(step, executor)] = part
             return part
         finally:
-            self._writing[n] -= 1
-            if not self._writing[n]:
-                del self._writing[n]
+            with self._lock:
+                self._writing[n] -= 1
+                if not self._writing[n]:
+                    del self._writing[n]
 
     async def awrite_part(self, n: int, step: str, executor: int, arrays, meta=None) -> Part:
         """`write_part` in a worker thread: the event loop runs on while the bytes go out."""
@@ -163,7 +168,8 @@ class SnapshotStore:
         """Make checkpoint n complete: write its manifest, listing the parts this store wrote and
         `parts` (from other processes), with the caller's `meta` (source positions, executor
         count, ...); then apply retention. Returns the manifest's path."""
-        listed = dict(self._written.pop(n, {}))
+        with self._lock:
+            listed = dict(self._written.get(n, {}))
         for part in parts:
             listed[(part.step, part.executor)] = part
         directory = self.checkpoint_dir(n)
@@ -192,8 +198,11 @@ class SnapshotStore:
             _sync(out)
         final = f"{directory}/{MANIFEST}"
         self.fs.mv(temporary, final)
-        if self._local:
+        if self._local:  # the rename, and chk-<n> itself in the job's directory
             fsync_path(directory)
+            fsync_path(self.directory)
+        with self._lock:
+            self._written.pop(n, None)
         log.debug("snapshot.complete", job=self.job, checkpoint=n, parts=len(listed))
         self._retain()
         return final
@@ -213,7 +222,9 @@ class SnapshotStore:
         drop = set(complete[: -self.keep])
         if newest is not None:
             drop |= {n for n in self._numbers() if n < newest and n not in complete}
-        for n in sorted(drop - set(self._writing)):
+        with self._lock:
+            drop -= set(self._writing)
+        for n in sorted(drop):
             log.debug("snapshot.remove", job=self.job, checkpoint=n, complete=n in complete)
             self.discard(n)
 

@@ -93,6 +93,9 @@ def test_complete_refuses_a_part_that_is_not_there(store):
     with pytest.raises(SnapshotError, match="checkpoint 1 cannot complete: part .*op.0.state is missing"):
         store.complete(1, parts=[part])
     assert store.checkpoints() == []
+    store.write_part(1, "op", 0, {"x": np.arange(3)})  # written again: the checkpoint completes
+    store.complete(1)
+    assert store.load(1).state("op", 0).arrays["x"].tolist() == [0, 1, 2]
 
 
 def _flip(path: str, offset: int) -> None:
