@@ -10,7 +10,12 @@ import zlib
 import fsspec
 import numpy as np
 import pytest
+import structlog
+import structlog.testing
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from slashrt.errors import OptionError, SnapshotCorrupt, SnapshotError, SnapshotVersionError
 from slashrt.snapshot import SnapshotStore
@@ -191,11 +196,37 @@ async def test_async_complete_and_latest(store):
     assert (await store.aload(1, executor=0)).state("op", 0).arrays["x"].tolist() == [0, 1, 2, 3, 4]
 
 
-def test_latest_is_none_when_nothing_verifies(store):
+def test_latest_is_none_when_nothing_verifies_and_logs_each_skip(store):
     assert store.latest() is None
     _write_checkpoint(store, 1)
     os.remove(_part_path(store, 1))
-    assert store.latest() is None and [s.checkpoint for s in store.skipped] == [1]
+    with structlog.testing.capture_logs() as logs:
+        assert store.latest() is None
+    assert [s.checkpoint for s in store.skipped] == [1]
+    assert [(e["event"], e["log_level"], e["checkpoint"]) for e in logs] == [("snapshot.skipped", "warning", 1)]
+    assert "ysb.window.0.state is missing" in logs[0]["reason"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(states=st.lists(st.dictionaries(st.text(max_size=6), hnp.arrays(
+    st.sampled_from(["<i8", ">u2", "<f4", "S3", "?", "<M8[ms]", "<i4,<f8,S2"]),
+    hnp.array_shapes(min_dims=0, max_dims=2, min_side=0, max_side=6)), max_size=3), min_size=1, max_size=4))
+def test_random_states_round_trip_through_the_store(states):
+    url = f"memory://roundtrip-{uuid.uuid4().hex}"
+    try:
+        store = SnapshotStore(url, job="j", keep=1)
+        for executor, state in enumerate(states):
+            store.write_part(7, "op.step", executor, state, {"executor": executor})
+        store.complete(7, {"executors": len(states)})
+        checkpoint = SnapshotStore(url, job="j").latest()
+        for executor, state in enumerate(states):
+            restored = checkpoint.state("op.step", executor)
+            assert restored.meta == {"executor": executor} and list(restored.arrays) == list(state)
+            for name, array in state.items():
+                got = restored.arrays[name]
+                assert got.dtype == array.dtype and got.shape == array.shape and got.tobytes() == array.tobytes()
+    finally:
+        fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
 
 
 def test_retention_keeps_the_last_k_complete(tmp_path):
