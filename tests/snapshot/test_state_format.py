@@ -81,7 +81,7 @@ def test_every_single_byte_flip_is_detected(small_snapshot):
 
 def test_every_truncation_and_an_extension_are_detected(small_snapshot):
     for size in range(len(small_snapshot)):
-        with pytest.raises(SnapshotCorrupt, match="truncated|not a slashrt snapshot"):
+        with pytest.raises(SnapshotCorrupt, match="part-x is truncated"):
             decode_state(bytearray(small_snapshot[:size]), name="part-x")
     with pytest.raises(SnapshotCorrupt, match="longer than its header says"):
         decode_state(bytearray(small_snapshot + b"\0"), name="part-x")
