@@ -9,6 +9,8 @@ instance has N inputs (the channels from upstream steps and from peer executors)
 - `end(input)`: the input ended; an ended input counts as having delivered every later barrier;
 - `blocked(input, nbytes)`: the caller tells how many bytes wait behind a barrier (for stats).
 
+The runtime asks per batch (a ring slot), never per record, so none of this is on a hot path.
+
 After barrier n on input i, i is blocked (the records behind the barrier wait in its ring, and
 credits give backpressure) until every open input delivered n. Then the event's answer holds
 `Snapshot(n)`: "snapshot now and forward barrier n on every output", exactly once, and every
@@ -43,7 +45,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 import time
 
-from slashrt.errors import SlashError
+from slashrt.errors import DataflowError, SlashError
 
 __all__ = [
     "Abort",
@@ -287,8 +289,8 @@ class LoopHead:
             for outcome in self.aligner.barrier(input, n):
                 outcomes.append(outcome)
                 if isinstance(outcome, Snapshot):
-                    self._open[n] = (set(self.back) - self._ended_back, [])
-                    outcomes += self._close_returned(n)
+                    self._open[outcome.checkpoint] = (set(self.back) - self._ended_back, [])
+                    outcomes += self._close_returned(outcome.checkpoint)
             return outcomes
         self._check_back(input, n)
         self._last_back[input] = n
@@ -347,8 +349,6 @@ def back_edges(edges: Iterable[tuple[Hashable, Hashable]], feedback: Iterable[Ha
     leaving a feedback node, and a cycle through no feedback node is a DataflowError naming it.
     Without markers, a depth-first search from the nodes without inputs (then any node left, in
     order of appearance) takes as back edges the edges into a node on the search stack."""
-    from slashrt.errors import DataflowError
-
     edges = list(edges)
     feedback = set(feedback)
     order: dict[Hashable, None] = {}

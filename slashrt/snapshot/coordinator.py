@@ -11,7 +11,7 @@ Lifecycle of checkpoint n (docs/architecture.md, "Barrier snapshots"):
   start) and `min_pause` after the previous checkpoint ended. `next_due` says when to ask again.
   `trigger_savepoint` starts one now, whatever the timing.
 - Acknowledgements: every (operator step id, executor) instance must `ack(n, who, stats)`;
-  the last one completes n and returns it (`Checkpoint`, status "completed"), which the sinks'
+  the last one completes n and returns it (`CheckpointRecord`, status "completed"), which the sinks'
   two-phase commit and recovery use; completing n subsumes every older pending checkpoint.
 - Aborts: `decline(n, who, reason)`, `expire()` (older than `timeout`), `executor_lost(e)`.
   An ack or decline for an aborted, subsumed or completed checkpoint is ignored (`ignored`).
@@ -39,7 +39,7 @@ from slashrt.snapshot.restart import parse_seconds
 
 __all__ = [
     "AckStats",
-    "Checkpoint",
+    "CheckpointRecord",
     "CheckpointConfig",
     "CheckpointCoordinator",
     "CheckpointError",
@@ -88,8 +88,9 @@ class AckStats:
 
 
 @dataclass
-class Checkpoint:
-    """One checkpoint's record: pending, then completed or aborted (with the reason)."""
+class CheckpointRecord:
+    """The coordinator's record of one checkpoint: pending, then completed or aborted (with the
+    reason). What a completed one wrote is in the snapshot store, not here."""
 
     checkpoint: int
     triggered: float
@@ -133,10 +134,10 @@ class CheckpointCoordinator:
         self.config = config
         self.clock = clock
         self.state = "running"  # "stopping" (a stop-with-savepoint pending), "stopped"
-        self.pending: dict[int, Checkpoint] = {}
-        self.history: list[Checkpoint] = []  # every ended checkpoint, in the order they ended
-        self.latest_completed: Checkpoint | None = None
-        self.savepoint: Checkpoint | None = None  # the final one of a stop-with-savepoint
+        self.pending: dict[int, CheckpointRecord] = {}
+        self.history: list[CheckpointRecord] = []  # every ended checkpoint, in the order they ended
+        self.latest_completed: CheckpointRecord | None = None
+        self.savepoint: CheckpointRecord | None = None  # the final one of a stop-with-savepoint
         self.stop_failure: str | None = None
         self.ignored = 0  # acks and declines for checkpoints no longer pending
         self._next = first  # after a recovery: one more than the checkpoint restored
@@ -152,20 +153,20 @@ class CheckpointCoordinator:
             return None
         return max(self._last_trigger + self.config.interval, self._last_end + self.config.min_pause)
 
-    def maybe_trigger(self) -> Checkpoint | None:
+    def maybe_trigger(self) -> CheckpointRecord | None:
         """Start the next periodic checkpoint if it is due (its barrier goes to the sources)."""
         due = self.next_due()
         if due is None or self.clock() < due or len(self.pending) >= self.config.max_in_flight:
             return None
         return self._trigger(savepoint=False)
 
-    def trigger_savepoint(self) -> Checkpoint:
+    def trigger_savepoint(self) -> CheckpointRecord:
         """Start a savepoint now (user asked: it ignores interval, pause and the in-flight limit)."""
         if self.state == "stopped":
             raise CheckpointError("checkpoint coordinator: the job stopped; no savepoint can start")
         return self._trigger(savepoint=True)
 
-    def stop_with_savepoint(self) -> Checkpoint:
+    def stop_with_savepoint(self) -> CheckpointRecord:
         """Take a final savepoint, then stop: no periodic checkpoint starts meanwhile."""
         if self.state != "running":
             raise CheckpointError(f"checkpoint coordinator: cannot stop with a savepoint while {self.state}")
@@ -175,16 +176,16 @@ class CheckpointCoordinator:
         self._stop_at = checkpoint.checkpoint
         return checkpoint
 
-    def _trigger(self, savepoint: bool) -> Checkpoint:
+    def _trigger(self, savepoint: bool) -> CheckpointRecord:
         now = self.clock()
-        checkpoint = Checkpoint(self._next, now, savepoint)
+        checkpoint = CheckpointRecord(self._next, now, savepoint)
         self._next += 1
         self._last_trigger = now
         self.pending[checkpoint.checkpoint] = checkpoint
         return checkpoint
 
     # --- acknowledgements and aborts -------------------------------------------------------------
-    def ack(self, n: int, who: Instance, stats: AckStats = AckStats()) -> Checkpoint | None:
+    def ack(self, n: int, who: Instance, stats: AckStats = AckStats()) -> CheckpointRecord | None:
         """`who` has snapshotted checkpoint n; returns n if this completed it."""
         checkpoint = self._pending(n, who)
         if checkpoint is None:
@@ -203,19 +204,19 @@ class CheckpointCoordinator:
             self.savepoint = checkpoint
         return checkpoint
 
-    def decline(self, n: int, who: Instance, reason: str) -> Checkpoint | None:
+    def decline(self, n: int, who: Instance, reason: str) -> CheckpointRecord | None:
         """`who` cannot take checkpoint n (e.g. its alignment was subsumed): n is aborted."""
         if self._pending(n, who) is None:
             return None
         return self._end(n, "aborted", f"declined by {who!r}: {reason}")
 
-    def expire(self) -> list[Checkpoint]:
+    def expire(self) -> list[CheckpointRecord]:
         """Abort the pending checkpoints older than the timeout."""
         now = self.clock()
         late = [n for n, c in self.pending.items() if now - c.triggered >= self.config.timeout]
         return [self._end(n, "aborted", f"timed out after {self.config.timeout:g} s") for n in late]
 
-    def executor_lost(self, executor: Hashable) -> list[Checkpoint]:
+    def executor_lost(self, executor: Hashable) -> list[CheckpointRecord]:
         """An executor died: every pending checkpoint is aborted (recovery takes over)."""
         return [self._end(n, "aborted", f"executor {executor!r} was lost") for n in sorted(self.pending)]
 
@@ -223,7 +224,7 @@ class CheckpointCoordinator:
         """Per-checkpoint stats of every ended checkpoint."""
         return [c.report() for c in self.history]
 
-    def _pending(self, n: int, who: Instance) -> Checkpoint | None:
+    def _pending(self, n: int, who: Instance) -> CheckpointRecord | None:
         if who not in self.instances:
             raise CheckpointError(f"checkpoint {n}: {who!r} is not an operator instance of this job")
         if n >= self._next:
@@ -233,7 +234,7 @@ class CheckpointCoordinator:
             self.ignored += 1
         return checkpoint
 
-    def _end(self, n: int, status: str, reason: str | None) -> Checkpoint:
+    def _end(self, n: int, status: str, reason: str | None) -> CheckpointRecord:
         checkpoint = self.pending.pop(n)
         checkpoint.status, checkpoint.reason, checkpoint.ended = status, reason, self.clock()
         self._last_end = checkpoint.ended
