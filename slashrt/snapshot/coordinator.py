@@ -38,6 +38,7 @@ from slashrt.errors import OptionError, SlashError
 from slashrt.snapshot.restart import parse_seconds
 
 __all__ = [
+    "MODES",
     "AckStats",
     "CheckpointRecord",
     "CheckpointConfig",
@@ -47,6 +48,7 @@ __all__ = [
 ]
 
 Instance = tuple[str, Hashable]  # (operator step id, executor)
+MODES = ("abs", "sync")
 Clock = Callable[[], float]
 
 
@@ -57,23 +59,30 @@ class CheckpointError(SlashError):
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """When to checkpoint. `interval` None: off (the default); seconds otherwise."""
+    """When and how to checkpoint. `interval` None: off (the default); seconds otherwise.
+    `mode` "abs" (barriers, the default) or "sync" (the stop-the-world baseline)."""
 
     interval: float | None = None
     min_pause: float = 0.0
     max_in_flight: int = 1
     timeout: float = 600.0  # Flink's default, 10 min
+    mode: str = "abs"
 
     @classmethod
-    def from_options(cls, interval=None, min_pause=0.0, max_in_flight=1, timeout=600.0) -> CheckpointConfig:
+    def from_options(cls, interval=None, min_pause=0.0, max_in_flight=1, timeout=600.0, mode="abs") -> CheckpointConfig:
         """From user options (numbers of seconds or strings like '500ms'); OptionError if bad."""
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
             raise OptionError(f"checkpoint max_in_flight must be a whole number >= 1, got {max_in_flight!r}")
+        if mode not in MODES:
+            raise OptionError(f"checkpoint mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode == "sync" and max_in_flight != 1:
+            raise OptionError(f"checkpoint mode 'sync' stops the world for one checkpoint at a time; max_in_flight must be 1, got {max_in_flight}")
         return cls(
             None if interval is None else parse_seconds(interval, "checkpoint interval", positive=True),
             parse_seconds(min_pause, "checkpoint min_pause"),
             max_in_flight,
             parse_seconds(timeout, "checkpoint timeout", positive=True),
+            mode,
         )
 
 
@@ -125,7 +134,8 @@ class CheckpointRecord:
 
 
 class CheckpointCoordinator:
-    """Decides when checkpoints start and when they are complete; see the module docstring."""
+    """Decides when checkpoints start and when they are complete; see the module docstring.
+    `instances`: every (step id, executor) that must acknowledge (`for_steps` builds them)."""
 
     def __init__(self, instances: Iterable[Instance], config: CheckpointConfig = CheckpointConfig(), clock: Clock = time.monotonic, first: int = 1):
         self.instances = frozenset(instances)
@@ -144,6 +154,12 @@ class CheckpointCoordinator:
         self._stop_at: int | None = None
         self._last_trigger = clock()  # the first periodic checkpoint comes one interval in
         self._last_end = -math.inf
+
+    @classmethod
+    def for_steps(cls, steps: Iterable[str], executors: Iterable[Hashable], config: CheckpointConfig = CheckpointConfig(), clock: Clock = time.monotonic, first: int = 1) -> CheckpointCoordinator:
+        """A coordinator expecting an ack from every step on every executor."""
+        executors = list(executors)
+        return cls([(step, executor) for step in steps for executor in executors], config, clock, first)
 
     # --- triggering --------------------------------------------------------------------------
     def next_due(self) -> float | None:
@@ -250,7 +266,8 @@ class StopTheWorld:
     (every instance has processed everything in flight), snapshot every instance, resume the
     sources. Each report returns the next command for everyone ("drain", "snapshot", "resume",
     "done") once the phase is complete, else None; a report out of phase is a CheckpointError.
-    `phases` holds each phase's seconds."""
+    `phases` holds each phase's seconds. The coordinator triggers and completes the checkpoint as
+    in ABS (`mode="sync"`): each instance acks it when it reports `snapshotted`."""
 
     ORDER = ("halt", "drain", "snapshot", "resume", "done")
 

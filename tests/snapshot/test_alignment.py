@@ -238,12 +238,12 @@ def loop_sources(draw):
 @FAST
 @given(loop_sources(), st.randoms(use_true_random=False))
 def test_state_plus_log_equals_a_stop_the_world_snapshot(streams, rng):
-    """head (s0, s1, back) -> body -> back: the body sends (uid, v - 1) back while v > 0 and
-    forwards barriers at once. Recovering checkpoint n (its state, then its log replayed and run
+    """head (s0, s1, b0, b1) -> body -> b0 or b1: the body sends (uid, v - 1) back while v > 0,
+    on back edge b(v % 2), and forwards barriers at once on both. Recovering checkpoint n (its state, then its log replayed and run
     to quiescence) gives what halting the sources at barrier n and draining the loop gives."""
-    head = LoopHead(["s0", "s1"], ["back"])
+    head = LoopHead(["s0", "s1"], ["b0", "b1"])
     queues = {name: deque(items) for name, items in streams.items()}
-    to_body, back = deque(), deque()
+    to_body, back = deque(), {"b0": deque(), "b1": deque()}
     state, copies, checked, ended = Counter(), {}, set(), set()
 
     def handle(outcomes):
@@ -266,22 +266,23 @@ def test_state_plus_log_equals_a_stop_the_world_snapshot(streams, rng):
 
     while True:
         moves = [s for s in ("s0", "s1") if s not in ended and head.may_consume(s)]
-        moves += ["body"] * bool(to_body) + ["back"] * bool(back)
+        moves += ["body"] * bool(to_body) + [edge for edge, queue in back.items() if queue]
         if not moves:
             break
         move = rng.choice(moves)
         if move == "body":
             kind, value = to_body.popleft()
             if kind == "barrier":
-                back.append((kind, value))
+                for queue in back.values():
+                    queue.append((kind, value))
             elif value[1] > 0:
-                back.append(("record", (value[0], value[1] - 1)))
-        elif move == "back":
-            kind, value = back.popleft()
+                back[f"b{value[1] % 2}"].append(("record", (value[0], value[1] - 1)))
+        elif move in back:
+            kind, value = back[move].popleft()
             if kind == "barrier":
-                handle(head.barrier("back", value))
+                handle(head.barrier(move, value))
             else:
-                head.record("back", value)
+                head.record(move, value)
                 state[value] += 1
                 to_body.append((kind, value))
         elif not queues[move]:

@@ -240,20 +240,29 @@ def test_a_failed_stop_with_savepoint_keeps_the_job_running():
 
 def test_stop_the_world_phases_in_order():
     clock = Clock()
-    sources = [w for w in INSTANCES if w[0] == "source"]
-    round_ = StopTheWorld(7, sources, INSTANCES, clock=clock)
-    assert round_.phase == "halt"
+    coordinator = CheckpointCoordinator(INSTANCES, CheckpointConfig(interval=1.0, mode="sync"), clock=clock)
     clock.now = 1.0
+    n = coordinator.maybe_trigger().checkpoint
+    sources = [w for w in INSTANCES if w[0] == "source"]
+    round_ = StopTheWorld(n, sources, INSTANCES, clock=clock)
+    assert round_.phase == "halt"
+    clock.now = 2.0
     assert round_.halted(sources[0]) is None
     with pytest.raises(CheckpointError, match="reported drain during halt"):
         round_.drained(INSTANCES[2])
     assert round_.halted(sources[1]) == "drain"
-    clock.now = 3.0
+    clock.now = 4.0
     assert [round_.drained(w) for w in INSTANCES][-1] == "snapshot"
+    round_.snapshotted(INSTANCES[0])
     with pytest.raises(CheckpointError, match="twice"):
-        round_.snapshotted(INSTANCES[0]) or round_.snapshotted(INSTANCES[0])
-    clock.now = 3.5
-    assert [round_.snapshotted(w, AckStats(bytes=10)) for w in INSTANCES[1:]][-1] == "resume"
+        round_.snapshotted(INSTANCES[0])
+    coordinator.ack(n, INSTANCES[0])
+    clock.now = 4.5
+    commands, completed = [], []
+    for who in INSTANCES[1:]:
+        commands.append(round_.snapshotted(who, AckStats(bytes=10)))
+        completed.append(coordinator.ack(n, who, AckStats(bytes=10)))
+    assert commands[-1] == "resume" and completed[-1].status == "completed" and completed[-1].bytes == 50
     assert round_.resumed(sources[0]) is None and round_.resumed(sources[1]) == "done"
     assert round_.phases == {"halt": 1.0, "drain": 2.0, "snapshot": 0.5, "resume": 0.0}
     assert len(round_.acks) == len(INSTANCES)
@@ -264,7 +273,8 @@ def test_stop_the_world_phases_in_order():
 
 def test_config_from_options():
     config = CheckpointConfig.from_options(interval="100ms", min_pause=0.05, max_in_flight=2, timeout="1min")
-    assert config == CheckpointConfig(0.1, 0.05, 2, 60.0)
+    assert config == CheckpointConfig(0.1, 0.05, 2, 60.0, "abs")
+    assert CheckpointConfig.from_options(mode="sync").mode == "sync"
     assert CheckpointConfig.from_options().interval is None
 
 
@@ -276,6 +286,8 @@ def test_config_from_options():
         ({"min_pause": -1}, "checkpoint min_pause must be a duration >= 0"),
         ({"max_in_flight": 0}, "max_in_flight must be a whole number >= 1"),
         ({"timeout": "0s"}, "checkpoint timeout must be a duration > 0"),
+        ({"mode": "naiad"}, "checkpoint mode must be one of abs, sync, got 'naiad'"),
+        ({"mode": "sync", "max_in_flight": 2}, "max_in_flight must be 1"),
     ],
 )
 def test_bad_config_gets_one_sentence(options, message):
@@ -284,8 +296,7 @@ def test_bad_config_gets_one_sentence(options, message):
 
 
 def test_instances_are_every_step_on_every_executor():
-    instances = set(itertools.product(STEPS, range(2)))
-    coordinator = CheckpointCoordinator(instances)
-    assert coordinator.instances == frozenset(INSTANCES)
+    coordinator = CheckpointCoordinator.for_steps(STEPS, range(2))
+    assert coordinator.instances == frozenset(itertools.product(STEPS, range(2))) == frozenset(INSTANCES)
     with pytest.raises(CheckpointError, match="no operator instances"):
         CheckpointCoordinator([])
