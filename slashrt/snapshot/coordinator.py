@@ -29,6 +29,7 @@ Laws (tests/snapshot/test_coordinator.py, random event sequences):
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 import math
@@ -137,7 +138,7 @@ class CheckpointCoordinator:
     """Decides when checkpoints start and when they are complete; see the module docstring.
     `instances`: every (step id, executor) that must acknowledge (`for_steps` builds them)."""
 
-    def __init__(self, instances: Iterable[Instance], config: CheckpointConfig = CheckpointConfig(), clock: Clock = time.monotonic, first: int = 1):
+    def __init__(self, instances: Iterable[Instance], config: CheckpointConfig = CheckpointConfig(), clock: Clock = time.monotonic, first: int = 1, history: int = 100):
         self.instances = frozenset(instances)
         if not self.instances:
             raise CheckpointError("checkpoint coordinator: no operator instances to acknowledge checkpoints")
@@ -145,7 +146,7 @@ class CheckpointCoordinator:
         self.clock = clock
         self.state = "running"  # "stopping" (a stop-with-savepoint pending), "stopped"
         self.pending: dict[int, CheckpointRecord] = {}
-        self.history: list[CheckpointRecord] = []  # every ended checkpoint, in the order they ended
+        self.history: deque[CheckpointRecord] = deque(maxlen=history)  # the last ended ones, in order (bounded: a job runs for long)
         self.latest_completed: CheckpointRecord | None = None
         self.savepoint: CheckpointRecord | None = None  # the final one of a stop-with-savepoint
         self.stop_failure: str | None = None
@@ -178,8 +179,8 @@ class CheckpointCoordinator:
 
     def trigger_savepoint(self) -> CheckpointRecord:
         """Start a savepoint now (user asked: it ignores interval, pause and the in-flight limit)."""
-        if self.state == "stopped":
-            raise CheckpointError("checkpoint coordinator: the job stopped; no savepoint can start")
+        if self.state != "running":  # stopping: the final savepoint is the last checkpoint
+            raise CheckpointError(f"checkpoint coordinator: no savepoint can start while {self.state}")
         return self._trigger(savepoint=True)
 
     def stop_with_savepoint(self) -> CheckpointRecord:
@@ -237,7 +238,7 @@ class CheckpointCoordinator:
         return [self._end(n, "aborted", f"executor {executor!r} was lost") for n in sorted(self.pending)]
 
     def report(self) -> list[dict]:
-        """Per-checkpoint stats of every ended checkpoint."""
+        """Per-checkpoint stats of the last `history` ended checkpoints."""
         return [c.report() for c in self.history]
 
     def _pending(self, n: int, who: Instance) -> CheckpointRecord | None:

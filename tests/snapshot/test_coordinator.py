@@ -163,7 +163,7 @@ def random_events(rng, steps):
 def test_laws_over_random_events(max_in_flight, min_pause, steps, rng):
     clock = Clock()
     config = CheckpointConfig(interval=1.0, min_pause=min_pause, max_in_flight=max_in_flight, timeout=5.0)
-    coordinator = CheckpointCoordinator(INSTANCES, config, clock=clock)
+    coordinator = CheckpointCoordinator(INSTANCES, config, clock=clock, history=1000)
     acked = {}  # n -> instances whose ack arrived while n was pending
     triggers, last_end, completed = [], -math.inf, []
     for kind, value in random_events(rng, steps):
@@ -223,9 +223,11 @@ def test_stop_with_savepoint_stops_after_the_final_checkpoint():
     assert coordinator.next_due() is None and coordinator.maybe_trigger() is None
     with pytest.raises(CheckpointError, match="while stopping"):
         coordinator.stop_with_savepoint()
+    with pytest.raises(CheckpointError, match="while stopping"):
+        coordinator.trigger_savepoint()
     ack_all(coordinator, final.checkpoint)
     assert coordinator.state == "stopped" and coordinator.savepoint is final
-    with pytest.raises(CheckpointError, match="stopped"):
+    with pytest.raises(CheckpointError, match="while stopped"):
         coordinator.trigger_savepoint()
 
 
@@ -293,6 +295,13 @@ def test_config_from_options():
 def test_bad_config_gets_one_sentence(options, message):
     with pytest.raises(OptionError, match=message):
         CheckpointConfig.from_options(**options)
+
+
+def test_history_is_bounded():
+    coordinator = CheckpointCoordinator(INSTANCES, history=3)
+    for _ in range(5):
+        ack_all(coordinator, coordinator.trigger_savepoint().checkpoint)
+    assert [r["checkpoint"] for r in coordinator.report()] == [3, 4, 5]
 
 
 def test_instances_are_every_step_on_every_executor():
