@@ -160,9 +160,6 @@ class WindowAggregate(Node):
         # int64 or float64 accumulators; decided by the value column (at the first batch if its
         # type was not known when the dataflow was built)
         self.value_dtype = spec.value_dtype
-        # the key column's type, which results keep (keys are held as int64, a uint64 key as
-        # its bit pattern); None until known: int64 unless the first batch says otherwise
-        self.key_dtype = spec.key_dtype
         self.slices: dict[int, HashAgg] = {}
         # (slice, closed_until) -> partials of records judged where they were read (another
         # executor) as late for the windows of the slice ending by closed_until: they join
@@ -253,8 +250,7 @@ class WindowAggregate(Node):
         if keys.dtype != np.int64:
             if keys.dtype.kind not in "iu":  # its type may be known only now (a with_column)
                 raise OperatorError(self.step_id, f"key column {self.spec.key!r} must be integers, is {keys.dtype}")
-            if self.key_dtype is None:
-                check_key_type(self.spec, keys.dtype)
+            check_key_type(self.spec, keys.dtype)
             keys = keys.astype(np.int64)  # a uint64 key keeps its bits (modulo 2**64)
         if values is not None and values.dtype != self.value_dtype:
             if values.dtype.kind not in "biuf":
@@ -474,7 +470,9 @@ class WindowAggregate(Node):
 
     def _result_dtype(self, value_dtype) -> np.dtype:
         if self._out_dtype is None:
-            key_dtype = "<i8" if self.key_dtype is None else self.key_dtype
+            # keys are held as int64 (a uint64 key as its bit pattern): results give them in the
+            # key column's type where it was known when the dataflow was built
+            key_dtype = "<i8" if self.spec.key_dtype is None else self.spec.key_dtype
             self._out_dtype = np.dtype(
                 [("window_start", "<i8"), ("window_end", "<i8"), (self.spec.key, key_dtype), (self.spec.output, value_dtype)]
             )
