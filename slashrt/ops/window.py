@@ -32,7 +32,7 @@ from slashrt._dataflow import WindowAggSpec
 from slashrt._kernels import HashAgg, gather, minmax
 from slashrt.errors import DataflowError, OperatorError
 from slashrt.ops._node import Node
-from slashrt.ops.event_time import I64_MAX, I64_MIN, NO_TIME
+from slashrt.ops.event_time import I64_MAX, I64_MIN, NO_TIME, window_promise
 from slashrt.ssb.crdt import AggKind, finalize
 
 __all__ = ["Tumbling", "Sliding", "WindowAggregate", "WindowState", "check_key_type", "check_uint64_values"]
@@ -355,7 +355,7 @@ class WindowAggregate(Node):
     def promise(self, watermark: int) -> int:
         """The end of the last window complete by `watermark` (every window ending at or before
         it may fire); NO_TIME if that window would start before int64's range."""
-        return max((watermark - self.size) // self.slide * self.slide + self.size, NO_TIME)
+        return max(window_promise(watermark, self.size, self.slide), NO_TIME)
 
     def _check_times(self, tmin: int, tmax: int) -> None:
         """Refuse event times whose windows do not fit in int64 (they cannot be reported)."""
