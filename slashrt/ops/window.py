@@ -326,8 +326,9 @@ class WindowAggregate(Node):
                 partly = self._earliest_end(slice_ids) <= closed_until
                 keys, values = self._fields(batch.select(partly))
                 keys, values = _flat(keys), None if values is None else _flat(values)
-                for s in np.unique(slice_ids[partly]).tolist():
-                    rows = slice_ids[partly] == s
+                partly_ids = slice_ids[partly]
+                for s in np.unique(partly_ids).tolist():
+                    rows = partly_ids == s
                     self.update_slice(s, keys[rows], None if values is None else values[rows], closed_until)
                 batch = batch.select(~partly)
         if len(batch):
