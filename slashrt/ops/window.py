@@ -487,14 +487,10 @@ class WindowAggregate(Node):
         )
 
     def restore(self, state: WindowState) -> None:
-        self.slices = {}
-        for s, (keys, counts, vals) in state.slices.items():
-            self.value_dtype = vals.dtype.newbyteorder("<")
-            self._slice(s).merge(keys, counts, vals)
-        self.tails = {}
-        for k, (keys, counts, vals) in state.tails.items():
-            self.value_dtype = vals.dtype.newbyteorder("<")
-            self.tails[k] = self._table()
-            self.tails[k].merge(keys, counts, vals)
+        self.slices, self.tails = {}, {}
+        for tables, parts in ((self.slices, state.slices), (self.tails, state.tails)):
+            for k, (keys, counts, vals) in parts.items():
+                self.value_dtype = vals.dtype.newbyteorder("<")
+                tables[k] = self._table()
+                tables[k].merge(keys, counts, vals)
         self.next_start, self.fired_until, self.late_records = state.next_start, state.fired_until, state.late_records
-
