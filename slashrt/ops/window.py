@@ -117,6 +117,8 @@ class WindowState:
     fired_until: int
     late_records: int
     tails: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = attrs.field(factory=dict)
+    # the slices (ids) and tails (keys) whose int64 sum overflowed (overflow="error")
+    overflowed: set[int | tuple[int, int]] = attrs.field(factory=set)
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -484,6 +486,7 @@ class WindowAggregate(Node):
         return WindowState(
             {s: agg.export() for s, agg in self.slices.items()}, self.next_start, self.fired_until, self.late_records,
             {k: agg.export() for k, agg in self.tails.items()},
+            {k for tables in (self.slices, self.tails) for k, agg in tables.items() if agg.overflowed},
         )
 
     def restore(self, state: WindowState) -> None:
@@ -493,4 +496,5 @@ class WindowAggregate(Node):
                 self.value_dtype = vals.dtype.newbyteorder("<")
                 tables[k] = self._table()
                 tables[k].merge(keys, counts, vals)
+                tables[k].overflowed = k in state.overflowed
         self.next_start, self.fired_until, self.late_records = state.next_start, state.fired_until, state.late_records

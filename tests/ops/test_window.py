@@ -467,3 +467,21 @@ async def test_an_overflow_error_sum_checks_records_judged_late_elsewhere():
     assert node.tails
     with pytest.raises(slashrt.OperatorError, match=r"step 'w\.agg': .*overflowed in window \[50, 150\)"):
         await node.on_end()
+
+
+@pytest.mark.parametrize("where", ["slice", "tail"])
+async def test_a_snapshot_keeps_the_overflow_of_a_slice_or_a_tail(where):
+    node, _ = window_node(Sliding(100, 50), kind="sum", overflow="error")
+    await node.push(batch_at([60], values=[1]))
+    overflowing = batch_at([70, 80], values=[I64.max, I64.max])
+    if where == "slice":
+        await node.push(overflowing)
+    else:
+        await node.push_judged(overflowing, closed_until=100)
+    state = node.snapshot()
+    assert state.overflowed == ({1} if where == "slice" else {(1, 100)})
+    restored, _ = window_node(Sliding(100, 50), kind="sum", overflow="error")
+    restored.restore(state)  # the exported sums have wrapped: only the flag tells
+    window = "[0, 100)" if where == "slice" else "[50, 150)"
+    with pytest.raises(slashrt.OperatorError, match=rf"step 'w\.agg': .*overflowed in window {re.escape(window)}"):
+        await restored.on_end()
