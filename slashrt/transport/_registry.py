@@ -111,16 +111,16 @@ class Channels:
 
     async def serve(self, listener: Listener, on_peer, *, on_refused=None) -> None:
         """Every sender that proves the secret on `listener`, for as long as it is open, driven
-        and handed to `on_peer(receiver)`; set up concurrently, strangers dropped and reported
-        to `on_refused(peer, reason)` (`_accept.serve_authenticated`)."""
+        and served by `await on_peer(receiver)` in a task of its own; set up concurrently,
+        strangers dropped and reported to `on_refused(peer, reason)`
+        (`_accept.serve_authenticated`). Returns once the listener closed and every `on_peer`
+        returned."""
 
         async def own(end) -> None:
-            on_peer(await self._own(end))
+            await on_peer(await self._own(end))
 
-        def take(end) -> None:
-            self._nursery.start_soon(own, end)
-
-        await serve_authenticated(listener._backend, take, on_refused=on_refused)
+        async with trio.open_nursery() as peers:
+            await serve_authenticated(listener._backend, lambda end: peers.start_soon(own, end), on_refused=on_refused)
 
     async def connect(self, name: str, address, spec: RingSpec, secret: bytes, **options) -> Sender:
         """A driven sender connected to a listener of medium `name` at `address`."""
