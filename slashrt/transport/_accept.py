@@ -24,7 +24,7 @@ and the callers pick how many peers they wait for:
 * `authenticated_peers(listener)`: a channel of every peer, for as long as a block runs,
   the ones that arrive while earlier ones are served waiting their turn (an agent's
   coordinators, one job at a time);
-* `accept_authenticated(listener, n)`: the first n peers (a channel listener's `accept()`;
+* `accept_authenticated(listener, n)`: the first n peers (`Channels.accept`;
   connections still being set up when the n-th peer is in are closed);
 * `accept_each(listeners, timeout=...)`: one peer on each listener, within a deadline; the
   failure names the listeners nobody connected to (the exchange channels of a job).

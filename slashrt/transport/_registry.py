@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator
 import trio
 
 from slashrt.errors import unwrap_groups
-from slashrt.transport._accept import accept_each, serve_authenticated
+from slashrt.transport._accept import accept_authenticated, accept_each, serve_authenticated
 from slashrt.transport._channel import Receiver, RingSpec, Sender
 
 __all__ = ["NETWORK_TRANSPORTS", "Channels", "Listener", "open_channels", "open_listener"]
@@ -99,8 +99,9 @@ class Channels:
 
     async def accept(self, listener: Listener) -> Receiver:
         """The next sender that proves the cluster secret and agrees on the ring spec, as a
-        driven receiver (the backend's accept raises for a peer that does not)."""
-        return await self._own(await listener._backend.accept())
+        driven receiver; strangers dropped meanwhile (`_accept.accept_authenticated`)."""
+        (end,) = await accept_authenticated(listener._backend)
+        return await self._own(end)
 
     async def accept_each(self, listeners: dict, *, timeout: float = math.inf, describe=str) -> dict:
         """One driven receiver per listener ({key: Listener}), every one within `timeout`

@@ -41,7 +41,7 @@ the receiver's `poll()` raises the error once they are consumed. The sender's la
 Usage (the two ends usually live in different processes or hosts)::
 
     async with open_tcp_listener(spec, secret) as listener:   # 127.0.0.1 unless host=, free port
-        receiver = await listener.accept()                   # the first sender that proves the secret
+        (receiver,) = await accept_authenticated(listener)  # the first sender that proves the secret
         # run receiver.drive() beside the code that polls; await receiver.aclose() at the end
 
     sender = await connect_tcp(listener.address, spec, secret)
@@ -67,7 +67,6 @@ import trio
 
 from slashrt._buffer import FOOTER_SIZE, FULL, Control, Kind
 from slashrt.errors import ChannelClosed, MalformedBuffer
-from slashrt.transport._accept import accept_authenticated
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._channel import DrivenReceiver, RingSpec, Sender
 
@@ -776,14 +775,6 @@ class TcpListener:
         self.spec = spec
         self._secret = secret
         self.address: tuple[str, int] = sock.getsockname()[:2]
-
-    async def accept(self) -> TcpReceiver:
-        """The next sender that proves the cluster secret and agrees on the ring spec.
-
-        A connection that does not (wrong secret, not our protocol, too slow, another ring
-        spec, lost) is dropped with a log line, never returned; the listener stays open."""
-        (receiver,) = await accept_authenticated(self)
-        return receiver
 
     async def accept_connection(self) -> tuple[trio.SocketStream, str]:
         tsock, address = await self._sock.accept()

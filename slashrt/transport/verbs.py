@@ -66,7 +66,7 @@ Keyword arguments (`device`, `ib_port`, `gid_index`) or the environment (`SLASHR
 Usage::
 
     async with open_verbs_listener(spec, secret) as listener:   # TCP on 127.0.0.1, a free port
-        receiver = await listener.accept()
+        (receiver,) = await accept_authenticated(listener)
     sender = await connect_verbs(listener.address, spec, secret)
     # run sender.drive() and receiver.drive() in nurseries beside the code using them
     # (above the transport layer, `_registry.open_channels` opens channels and runs them)
@@ -101,7 +101,6 @@ import trio
 from slashrt import _kernels as kernels
 from slashrt._buffer import FOOTER_SIZE, FULL
 from slashrt.errors import ChannelClosed
-from slashrt.transport._accept import accept_authenticated
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._channel import DrivenReceiver, RingSpec, Sender
 
@@ -1238,16 +1237,6 @@ class VerbsListener:
         self._secret = secret
         self._where = where
         self.address: tuple[str, int] = tuple(sock.getsockname()[:2])
-
-    async def accept(self) -> VerbsReceiver:
-        """The next sender that proves the cluster secret and agrees on the ring spec, with both
-        queue pairs connected.
-
-        A connection that does not (wrong secret, not our protocol, too slow, another ring
-        spec, no usable device, lost) is dropped with a log line, never returned; connections
-        are set up concurrently, so none delays a real sender, and the listener stays open."""
-        (receiver,) = await accept_authenticated(self)
-        return receiver
 
     async def accept_connection(self) -> tuple[trio.SocketStream, str]:
         tsock, address = await self._sock.accept()
