@@ -52,9 +52,11 @@ __all__ = [
     "SETUP_TIMEOUT",
     "HandshakeListener",
     "PeersMissing",
+    "TcpAcceptor",
     "accept_authenticated",
     "accept_each",
     "authenticated_peers",
+    "peer_name",
     "serve_authenticated",
 ]
 
@@ -243,6 +245,23 @@ async def accept_each(listeners: dict, *, timeout: float = math.inf, describe: C
     return ends
 
 
+def peer_name(address) -> str:
+    """How logs and errors name a TCP peer: host:port ([host]:port for IPv6)."""
+    host, port = address[0], address[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class TcpAcceptor:
+    """The raw accept of a listener over a listening trio TCP socket (`_sock`): the tcp and
+    verbs channel listeners' `accept_connection`."""
+
+    _sock: trio.socket.SocketType
+
+    async def accept_connection(self) -> tuple[trio.SocketStream, str]:
+        tsock, address = await self._sock.accept()
+        return trio.SocketStream(tsock), peer_name(address)
+
+
 class HandshakeListener:
     """A trio listener (e.g. from `trio.open_tcp_listeners`) whose streams count as peers once
     they prove the cluster secret; the stream itself is the end."""
@@ -256,10 +275,10 @@ class HandshakeListener:
     async def accept_connection(self) -> tuple[trio.SocketStream, str]:
         stream = await self.listener.accept()
         try:
-            host, port = stream.socket.getpeername()[:2]
+            address = stream.socket.getpeername()
         except OSError:
-            host, port = "?", 0
-        return stream, f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            address = ("?", 0)
+        return stream, peer_name(address)
 
     async def set_up(self, stream: trio.SocketStream, peer: str) -> trio.SocketStream:
         try:

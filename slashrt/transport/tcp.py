@@ -67,6 +67,7 @@ import trio
 
 from slashrt._buffer import FOOTER_SIZE, FULL, Control, Kind
 from slashrt.errors import ChannelClosed, MalformedBuffer
+from slashrt.transport._accept import TcpAcceptor, peer_name
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._channel import DrivenReceiver, RingSpec, Sender
 
@@ -101,11 +102,6 @@ class TcpStatistics:
     bytes: int  # frame bytes (footers and payloads) written or read
     calls: int  # sendmsg / recv calls that moved frame bytes
     credit_frames: int  # credit frames received (sender) or sent (receiver)
-
-
-def _peer_name(address) -> str:
-    host, port = address[0], address[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _lost(exc: OSError) -> str:
@@ -764,7 +760,7 @@ class TcpReceiver(DrivenReceiver):
 # -- connection setup ---------------------------------------------------------------------------
 
 
-class TcpListener:
+class TcpListener(TcpAcceptor):
     """Accepts channel senders on one address; each accepted connection becomes a TcpReceiver.
     Connections are set up concurrently (`_accept`): a stranger never delays a real sender."""
 
@@ -775,10 +771,6 @@ class TcpListener:
         self.spec = spec
         self._secret = secret
         self.address: tuple[str, int] = sock.getsockname()[:2]
-
-    async def accept_connection(self) -> tuple[trio.SocketStream, str]:
-        tsock, address = await self._sock.accept()
-        return trio.SocketStream(tsock), _peer_name(address)
 
     async def set_up(self, stream: trio.SocketStream, peer: str) -> TcpReceiver:
         """Handshake and ring spec check on an accepted connection (closed if they fail);
@@ -823,7 +815,7 @@ async def open_tcp_listener(
         raise
     async with TcpListener(sock, spec, secret) as listener:
         if not _is_loopback(listener.address[0]):
-            log.info("tcp listener on a non-loopback address", address=_peer_name(listener.address))
+            log.info("tcp listener on a non-loopback address", address=peer_name(listener.address))
         yield listener
 
 
@@ -839,7 +831,7 @@ async def connect_tcp(address: tuple[str, int], spec: RingSpec, secret: bytes) -
     if not secret:
         raise ValueError("a TCP channel needs the cluster secret")
     host, port = address[0], address[1]
-    peer = _peer_name((host, port))
+    peer = peer_name((host, port))
     stream = await trio.open_tcp_stream(host, port)
     try:
         await client_handshake(stream, secret)

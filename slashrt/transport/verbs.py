@@ -101,6 +101,7 @@ import trio
 from slashrt import _kernels as kernels
 from slashrt._buffer import FOOTER_SIZE, FULL
 from slashrt.errors import ChannelClosed
+from slashrt.transport._accept import TcpAcceptor, peer_name
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._channel import DrivenReceiver, RingSpec, Sender
 
@@ -667,11 +668,6 @@ def _spec_mismatch(spec: RingSpec, hello: dict, peer: str) -> str | None:
     )
 
 
-def _peer_name(address) -> str:
-    host, port = address[0], address[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 # -- sender ------------------------------------------------------------------------------------------
 
 
@@ -1226,7 +1222,7 @@ class VerbsReceiver(DrivenReceiver):
 # -- connection set-up ---------------------------------------------------------------------------------------
 
 
-class VerbsListener:
+class VerbsListener(TcpAcceptor):
     """Accepts channel senders on one TCP address; each accepted one becomes a VerbsReceiver."""
 
     what = "verbs channel listener"
@@ -1237,10 +1233,6 @@ class VerbsListener:
         self._secret = secret
         self._where = where
         self.address: tuple[str, int] = tuple(sock.getsockname()[:2])
-
-    async def accept_connection(self) -> tuple[trio.SocketStream, str]:
-        tsock, address = await self._sock.accept()
-        return trio.SocketStream(tsock), _peer_name(address)
 
     async def set_up(self, stream: trio.SocketStream, peer: str) -> VerbsReceiver:
         """Handshake, hello, queue pairs and ring on an accepted connection (closed if any of
@@ -1316,7 +1308,7 @@ async def open_verbs_listener(
     where = {"device": device, "ib_port": ib_port, "gid_index": gid_index}
     async with VerbsListener(sock, spec, secret, where) as listener:
         if not (listener.address[0].startswith("127.") or listener.address[0] == "::1"):
-            log.info("verbs listener on a non-loopback address", address=_peer_name(listener.address))
+            log.info("verbs listener on a non-loopback address", address=peer_name(listener.address))
         yield listener
 
 
@@ -1339,7 +1331,7 @@ async def connect_verbs(
     if not secret:
         raise ValueError("a verbs channel needs the cluster secret")
     host, port = address[0], address[1]
-    peer = _peer_name((host, port))
+    peer = peer_name((host, port))
     stream = await trio.open_tcp_stream(host, port)
     sender: VerbsSender | None = None
     try:
