@@ -282,7 +282,7 @@ class HandshakeListener:
 
     async def set_up(self, stream: trio.SocketStream, peer: str) -> trio.SocketStream:
         try:
-            await server_handshake(stream, self._secret, timeout=math.inf)  # the acceptor's deadline bounds it
+            await server_handshake(stream, self._secret)
         except BaseException:
             await _close(stream)
             raise

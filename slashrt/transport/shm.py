@@ -50,7 +50,6 @@ from __future__ import annotations
 import array
 import contextlib
 import fcntl
-import math
 import mmap
 import os
 import secrets
@@ -671,7 +670,7 @@ class ShmListener:
 
     async def _set_up(self, conn, peer: str) -> ShmReceiver:
         stream = trio.SocketStream(conn)
-        await server_handshake(stream, self._secret, timeout=math.inf)
+        await server_handshake(stream, self._secret)
         try:
             theirs = _decode_spec(await receive_exactly(stream, _SPEC.size, "the ring spec"))
             if theirs != self.spec:

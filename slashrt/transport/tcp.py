@@ -55,7 +55,6 @@ These are the backend's own calls; code above the transport layer opens channels
 from __future__ import annotations
 
 import contextlib
-import math
 import socket
 import struct
 from collections.abc import AsyncIterator
@@ -776,7 +775,7 @@ class TcpListener(TcpAcceptor):
         """Handshake and ring spec check on an accepted connection (closed if they fail);
         `accept_authenticated`'s deadline bounds them."""
         try:
-            await server_handshake(stream, self._secret, timeout=math.inf)
+            await server_handshake(stream, self._secret)
             await _agree_spec(stream, self.spec, _RECEIVER, peer)
         except BaseException:
             await _close_stream_forcefully(stream)

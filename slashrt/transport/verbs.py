@@ -85,7 +85,6 @@ import collections
 import contextlib
 import json
 import logging
-import math
 import mmap
 import os
 import secrets
@@ -1239,7 +1238,7 @@ class VerbsListener(TcpAcceptor):
         them fails); `accept_authenticated`'s deadline bounds it."""
         receiver: VerbsReceiver | None = None
         try:
-            await server_handshake(stream, self._secret, timeout=math.inf)
+            await server_handshake(stream, self._secret)
             hello = await _receive_message(stream, peer, "its channel hello")
             if hello.get("proto") != PROTOCOL or hello.get("version") != VERSION:
                 raise ChannelClosed(f"peer {peer} does not speak {PROTOCOL} version {VERSION}")
