@@ -68,7 +68,7 @@ from slashrt._buffer import FOOTER_SIZE, FULL, Control, Kind
 from slashrt.errors import ChannelClosed, MalformedBuffer
 from slashrt.transport._accept import TcpAcceptor, peer_name
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
-from slashrt.transport._channel import DrivenReceiver, RingSpec, Sender
+from slashrt.transport._channel import DrivenReceiver, RingSpec, RunningDrive, Sender
 
 __all__ = ["TcpListener", "TcpReceiver", "TcpSender", "TcpStatistics", "connect_tcp", "open_tcp_listener"]
 
@@ -163,28 +163,27 @@ async def _drive(end, write, read, failure, *, finished: bool = False) -> None:
     """The drive of either end: `write(sock)` beside `read(sock)` until the channel ends or
     fails (recorded by `end._fail`, never raised; `failure()` reads it). A second call while
     one runs waits for it. A failed channel's socket is closed."""
-    if end._drive_done is not None:
-        await end._drive_done.wait()
+    if end._drive is not None:
+        await end._drive.ended.wait()
         return
     sock = end._sock
     if sock is None or finished or failure() is not None:
         return
-    end._drive_done = trio.Event()
+    end._drive = running = RunningDrive()
     try:
-        async with trio.open_nursery() as nursery:
-            end._drive_scope = nursery.cancel_scope
-            nursery.start_soon(write, sock)
-            try:
-                await read(sock)
-            except (MalformedBuffer, ChannelClosed) as exc:
-                end._fail(exc)
-            except trio.ClosedResourceError:
-                pass  # closed locally (aclose) while waiting on the socket
-            nursery.cancel_scope.cancel()
+        with running.scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(write, sock)
+                try:
+                    await read(sock)
+                except (MalformedBuffer, ChannelClosed) as exc:
+                    end._fail(exc)
+                except trio.ClosedResourceError:
+                    pass  # closed locally (aclose) while waiting on the socket
+                nursery.cancel_scope.cancel()
     finally:
-        end._drive_scope = None
-        end._drive_done.set()
-        end._drive_done = None
+        end._drive = None
+        running.ended.set()
         if failure() is not None:
             _close_socket(end._sock)
             end._sock = None
@@ -224,8 +223,7 @@ class TcpSender(Sender):
         self._peer_done = trio.Event()  # the receiver closed its side after our END_OF_STREAM
         self._delivered = False  # END_OF_STREAM written out
         self._closing: trio.Event | None = None  # set once aclose() has released the socket
-        self._drive_scope: trio.CancelScope | None = None
-        self._drive_done: trio.Event | None = None  # set when the running drive() ends
+        self._drive: RunningDrive | None = None
         self._log = log.bind(peer=peer, end="sender")
 
     # -- backend hooks ---------------------------------------------------------------------------
@@ -274,8 +272,8 @@ class TcpSender(Sender):
         self._credit_lot.unpark_all()
         self._flush_lot.unpark_all()
         self._peer_done.set()
-        if self._drive_scope is not None:
-            self._drive_scope.cancel()
+        if self._drive is not None:
+            self._drive.scope.cancel()
 
     # -- moving bytes ------------------------------------------------------------------------------
     async def drive(self) -> None:
@@ -431,7 +429,7 @@ class TcpSender(Sender):
         self._closing = trio.Event()
         try:
             if not self._closed and self.error is None:
-                if self._drive_done is not None:
+                if self._drive is not None:
                     await self._finish()
                 else:
                     async with trio.open_nursery() as nursery:
@@ -505,8 +503,7 @@ class TcpReceiver(DrivenReceiver):
         self._credit_lot = trio.lowlevel.ParkingLot()  # drive's credit writer parks here
         self._eos = False  # END_OF_STREAM received
         self._done = False  # the stream ended cleanly
-        self._drive_scope: trio.CancelScope | None = None
-        self._drive_done: trio.Event | None = None  # set when the running drive() ends
+        self._drive: RunningDrive | None = None
         self._log = log.bind(peer=peer, end="receiver")
 
     # -- backend hooks ---------------------------------------------------------------------------
@@ -574,8 +571,8 @@ class TcpReceiver(DrivenReceiver):
 
     def _stop(self) -> None:
         """Stop reading from the peer: its drive ends, the socket closes, the peer sees it."""
-        if self._drive_scope is not None:
-            self._drive_scope.cancel()
+        if self._drive is not None:
+            self._drive.scope.cancel()
         _close_socket(self._sock)
         self._sock = None
 

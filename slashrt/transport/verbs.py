@@ -102,7 +102,7 @@ from slashrt._buffer import FOOTER_SIZE, FULL
 from slashrt.errors import ChannelClosed
 from slashrt.transport._accept import TcpAcceptor, peer_name
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
-from slashrt.transport._channel import DrivenReceiver, RingSpec, Sender
+from slashrt.transport._channel import DrivenReceiver, RingSpec, RunningDrive, Sender
 
 # pyverbs configures the root logger when it is imported (logging.basicConfig in pyverbs.base);
 # undo that so that importing this backend leaves the application's logging as it was.
@@ -489,29 +489,30 @@ async def _pump(ep: _Endpoint, handle) -> None:
 async def _drive(end, role: str, failed: BaseException | None) -> None:
     """The drive of either end: pump its completion queue beside a watch of the control
     connection until the channel ends or fails (recorded by `end._fail`, never raised)."""
-    if end._drive_done is not None:  # one drive moves the bytes; a second call waits for it
-        await end._drive_done.wait()
+    if end._drive is not None:  # one drive moves the bytes; a second call waits for it
+        await end._drive.ended.wait()
         return
     if end._ep is None or end._sock is None or failed is not None:
         return
-    end._drive_done = trio.Event()
+    end._drive = running = RunningDrive()
     try:
-        async with trio.open_nursery() as nursery:
-            end._drive_scope = nursery.cancel_scope
-            nursery.start_soon(end._watch)
-            try:
-                await _pump(end._ep, end._on_completions)
-            except _Stop:
-                pass
-            except trio.ClosedResourceError:
-                pass  # closed locally
-            except PyverbsError as exc:
-                end._fail(ChannelClosed(f"polling the completion queue of the channel with {end.peer} failed: {exc}"))
-            nursery.cancel_scope.cancel()
+        with running.scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(end._watch)
+                try:
+                    await _pump(end._ep, end._on_completions)
+                except _Stop:
+                    pass
+                except trio.ClosedResourceError:
+                    pass  # closed locally
+                except PyverbsError as exc:
+                    end._fail(
+                        ChannelClosed(f"polling the completion queue of the channel with {end.peer} failed: {exc}")
+                    )
+                nursery.cancel_scope.cancel()
     finally:
-        end._drive_scope = None
-        end._drive_done.set()
-        end._drive_done = None
+        end._drive = None
+        running.ended.set()
 
 
 def _detach(stream: trio.SocketStream) -> socket.socket:
@@ -716,8 +717,7 @@ class VerbsSender(Sender):
         self._peer_done = trio.Event()  # the receiver answered our goodbye
         self._delivered = False  # END_OF_STREAM known written
         self._goodbye_sent = False
-        self._drive_scope: trio.CancelScope | None = None
-        self._drive_done: trio.Event | None = None  # set when the running drive() ends
+        self._drive: RunningDrive | None = None
         self._own_drive = False  # aclose() runs the drive itself (nobody else had started one)
         self._log = log.bind(end=_SENDER)
 
@@ -786,8 +786,8 @@ class VerbsSender(Sender):
         self._credit_lot.unpark_all()
         self._progress_lot.unpark_all()
         self._peer_done.set()
-        if self._drive_scope is not None:
-            self._drive_scope.cancel()
+        if self._drive is not None:
+            self._drive.scope.cancel()
 
     # -- writing slots ---------------------------------------------------------------------------------
     def _write_slots(self, first: int, k: int) -> None:
@@ -924,8 +924,8 @@ class VerbsSender(Sender):
                 self._delivered = True
         if self._delivered or self._goodbye_sent:
             self._peer_done.set()
-            if self._drive_scope is not None:
-                self._drive_scope.cancel()
+            if self._drive is not None:
+                self._drive.scope.cancel()
             return
         self._fail(
             ChannelClosed(
@@ -951,7 +951,7 @@ class VerbsSender(Sender):
             return
         try:
             if not self._closed and self.error is None and self._sock is not None:
-                if self._drive_done is not None:
+                if self._drive is not None:
                     await self._finish()
                 else:
                     # a drive the caller spawned but that has not started yet stands aside
@@ -993,8 +993,8 @@ class VerbsSender(Sender):
         """Release the queue pair, memory registrations and control connection now (no
         END_OF_STREAM; the receiver sees the channel closed). Idempotent."""
         self._closed = True
-        if self._drive_scope is not None:
-            self._drive_scope.cancel()
+        if self._drive is not None:
+            self._drive.scope.cancel()
         _close_socket(self._sock)
         self._sock = None
         ep, self._ep = self._ep, None
@@ -1046,8 +1046,7 @@ class VerbsReceiver(DrivenReceiver):
         self._sock: socket.socket | None = None
         self._data_lot = trio.lowlevel.ParkingLot()  # the poller parks here
         self._sender_done = False  # the sender said goodbye: the whole stream is in the ring
-        self._drive_scope: trio.CancelScope | None = None
-        self._drive_done: trio.Event | None = None  # set when the running drive() ends
+        self._drive: RunningDrive | None = None
         self._log = log.bind(end=_RECEIVER)
 
     # -- set-up ----------------------------------------------------------------------------------------
@@ -1187,8 +1186,8 @@ class VerbsReceiver(DrivenReceiver):
         except trio.ClosedResourceError:
             return
         if self._sender_done or self.finished:
-            if self._drive_scope is not None:
-                self._drive_scope.cancel()
+            if self._drive is not None:
+                self._drive.scope.cancel()
             return
         self._fail(
             ChannelClosed(
@@ -1204,8 +1203,8 @@ class VerbsReceiver(DrivenReceiver):
         await trio.lowlevel.checkpoint()
 
     def close(self) -> None:
-        if self._drive_scope is not None:
-            self._drive_scope.cancel()
+        if self._drive is not None:
+            self._drive.scope.cancel()
         _close_socket(self._sock)
         self._sock = None
         ep, self._ep = self._ep, None

@@ -236,7 +236,7 @@ async def test_aclose_before_the_spawned_drive_ran_still_delivers_the_stream(rdm
     "drive() is already running" into the producer's nursery)."""
     spec = RingSpec(slots=4, slot_size=4096, record_size=MARK.itemsize)
     async with open_verbs_pair(spec) as (s, r):
-        assert s._drive_scope is None  # spawned, not started
+        assert s._drive is None  # spawned, not started
         consumer = _Consumer(r)
         with trio.fail_after(60):
             async with trio.open_nursery() as nursery:
