@@ -165,6 +165,11 @@ class Sender(abc.ABC):
     def posted(self) -> int:
         return self._posted
 
+    @property
+    def closed(self) -> bool:
+        """The sending side is closed (by aclose() or abort()): nothing more is posted."""
+        return self._closed
+
     def credits(self) -> int:
         return self.spec.slots - (self._posted - self._released())
 

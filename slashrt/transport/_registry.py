@@ -131,7 +131,7 @@ class Channels:
         with trio.CancelScope(shield=True):  # also when the owner is being cancelled
             for end in list(self._ends):
                 if isinstance(end, Sender):
-                    if not end._closed:
+                    if not end.closed:
                         end.abort()  # never END_OF_STREAM for a stream its owner did not end
                 else:
                     with contextlib.suppress(Exception):
