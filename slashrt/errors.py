@@ -10,6 +10,7 @@ __all__ = [
     "OperatorError",
     "DataflowError",
     "OptionError",
+    "ConnectorError",
     "first_error",
     "unwrap_groups",
 ]
@@ -37,6 +38,11 @@ class DataflowError(SlashError, ValueError):
 
 class OptionError(SlashError, ValueError):
     """An option (of `run`, the logging set-up or the command line) is out of its range; names it."""
+
+
+class ConnectorError(SlashError):
+    """An external system a source or sink talks to (a broker) cannot be reached, failed, or
+    holds data the connector cannot read; names the system (its URL) and the item."""
 
 
 class OperatorError(SlashError):
