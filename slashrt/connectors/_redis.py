@@ -19,7 +19,7 @@ import hashlib
 import numpy as np
 
 from slashrt._schema import Schema, _layout
-from slashrt.errors import ConnectorError, OptionError, SchemaError
+from slashrt.errors import ConnectorError, OptionError, SchemaError, SlashError
 
 # 256 KiB a entry by default: big enough that the per-entry cost of a command and of a
 # np.frombuffer vanishes, small enough that one XREAD of `count` entries stays modest
@@ -121,17 +121,21 @@ class EntryDecoder:
         self.url, self.key, self.dtype, self.reader = url, key, dtype, reader
         self.fp = fingerprint(dtype).encode()
 
-    def decode(self, entries: list) -> tuple[np.ndarray, bytes | None, bool]:
+    def decode(self, entries: list) -> tuple[np.ndarray, bytes | None, bool, SlashError | None]:
         """(records of `entries` as one array, id of the last entry used, whether an end
-        entry came); entries after an end entry are not used."""
+        entry came, the error of a bad entry); entries after an end or a bad entry are not
+        used, those before a bad one are."""
         parts = []
         last = None
         for entry_id, fields in entries:
             if END_FIELD in fields:
-                return self._join(parts), entry_id, True
-            parts.append(self._records(entry_id, fields))
+                return self._join(parts), entry_id, True, None
+            try:
+                parts.append(self._records(entry_id, fields))
+            except SlashError as exc:
+                return self._join(parts), last, False, exc
             last = entry_id
-        return self._join(parts), last, False
+        return self._join(parts), last, False, None
 
     def _join(self, parts: list) -> np.ndarray:
         if not parts:
@@ -158,7 +162,7 @@ class EntryDecoder:
         try:
             n = int(fields[b"n"])
         except ValueError:
-            raise ConnectorError(f"{where}: field n is {fields[b'n']!r}, not a record count") from None
+            raise ConnectorError(f"{where} has n={fields[b'n']!r}, not a record count") from None
         if len(payload) % size or len(payload) // size != n:
             raise ConnectorError(
                 f"{where} holds {len(payload)} bytes for n={n} records of {size} bytes: the entry is truncated or "

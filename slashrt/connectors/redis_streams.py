@@ -110,7 +110,10 @@ class RedisStream:
                 nursery.start_soon(self._read, reads_in, decoder)
                 async with reads_out:
                     async for item in reads_out:
-                        if isinstance(item, SlashError):  # what was read before it is delivered
+                        if isinstance(item, SlashError):
+                            # the records read before it go through the dataflow first: the
+                            # executor has computed a buffer once its credit is back
+                            await sender.wait_credit(sender.spec.slots)
                             raise type(item)(f"{item}; {self._resume_hint()}") from None
                         records, last = item
                         await feeder.feed(records)
@@ -130,8 +133,14 @@ class RedisStream:
         async with reads:
             try:
                 cursor, end = await trio.to_thread.run_sync(self._begin)
+                if cursor != self._position:  # '$' resolved: the position is an id from now on
+                    await reads.send((np.empty(0, decoder.dtype), cursor))
                 while end is None or _order(cursor) < _order(end):
-                    records, last, ended = await trio.to_thread.run_sync(self._next, decoder, cursor, end)
+                    records, last, ended, error = await trio.to_thread.run_sync(self._next, decoder, cursor, end)
+                    if error is not None:
+                        if last is not None:  # the good entries before the bad one
+                            await reads.send((records, last.decode()))
+                        raise error
                     if last is None:
                         if end is not None:  # nothing up to the end: it was trimmed away
                             break
@@ -221,7 +230,9 @@ def read_stream(url: str, stream_key: str, schema, *, after: str = "0-0") -> np.
         with failure(url, f"reading stream {stream_key!r}"):
             while True:
                 entries = client.xrange(stream_key, min=f"({cursor}", count=1024)
-                records, last, ended = decoder.decode(entries)
+                records, last, ended, error = decoder.decode(entries)
+                if error is not None:
+                    raise error
                 parts.append(records)
                 if ended or last is None:
                     break
