@@ -25,6 +25,7 @@ from slashrt.errors import ConnectorError, OptionError, SchemaError, SlashError
 # np.frombuffer vanishes, small enough that one XREAD of `count` entries stays modest
 DEFAULT_ENTRY_BYTES = 256 * 1024
 END_FIELD = b"end"
+DEFAULT_COUNT = 64  # entries per read: replies of ~16 MiB; far larger ones parse slower
 
 
 def fingerprint(dtype: np.dtype) -> str:

@@ -18,6 +18,7 @@ import trio
 
 from slashrt._schema import Schema
 from slashrt.connectors._redis import (
+    DEFAULT_COUNT,
     DEFAULT_ENTRY_BYTES,
     END_FIELD,
     EntryDecoder,
@@ -68,8 +69,8 @@ class RedisStream:
     delivered. One executor only, for now.
     """
 
-    def __init__(self, url: str, stream_key: str, *, start: str = "0-0", block_ms: int = 500, count: int = 64,
-                 stop_at_end: bool = True):
+    def __init__(self, url: str, stream_key: str, *, start: str = "0-0", block_ms: int = 500,
+                 count: int = DEFAULT_COUNT, stop_at_end: bool = True):
         if not isinstance(stream_key, (str, bytes)) or not stream_key:
             raise OptionError(f"RedisStream needs a stream key (a non-empty string), got {stream_key!r}")
         for name, value in (("block_ms", block_ms), ("count", count)):
@@ -229,7 +230,7 @@ def read_stream(url: str, stream_key: str, schema, *, after: str = "0-0") -> np.
     try:
         with failure(url, f"reading stream {stream_key!r}"):
             while True:
-                entries = client.xrange(stream_key, min=f"({cursor}", count=1024)
+                entries = client.xrange(stream_key, min=f"({cursor}", count=DEFAULT_COUNT)
                 records, last, ended, error = decoder.decode(entries)
                 if error is not None:
                     raise error

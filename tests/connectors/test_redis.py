@@ -257,11 +257,10 @@ def test_write_then_read_returns_the_records(redis, types, n, entry_bytes, data)
     dtype = np.dtype([(f"f{i}", t) for i, t in enumerate(types)])
     raw = data.draw(st.binary(min_size=n * dtype.itemsize, max_size=n * dtype.itemsize))
     records = np.frombuffer(raw, dtype)
-    key = f"k{data.draw(st.integers(0, 2**40))}"
-    write_stream(redis.url, key, records, entry_bytes=entry_bytes)
-    back = read_stream(redis.url, key, dtype)
+    client(redis).flushdb()  # one server for every example
+    write_stream(redis.url, "s", records, entry_bytes=entry_bytes)
+    back = read_stream(redis.url, "s", dtype)
     assert back.tobytes() == Schema.from_dtype(dtype).conform(records, "x").tobytes()
-    client(redis).delete(key)
 
 
 # -- the sink ----------------------------------------------------------------------------------------
@@ -384,3 +383,81 @@ def test_a_writer_killed_between_pre_commit_and_commit_loses_and_repeats_nothing
     sink.commit(3)
     sink.close()
     assert np.array_equal(read_stream(redis.url, "out", ROWS), everything)  # each record exactly once
+
+
+def test_a_sink_whose_server_dies_fails_the_run_naming_the_step_and_the_server(redis):
+    seen = []
+
+    async def vanish_after_two_batches(batch):
+        seen.append(len(batch))
+        if len(seen) == 3:
+            redis.kill()
+        return batch
+
+    flow = Dataflow("f")
+    flow.source("events", ROWS, time="t").apply(vanish_after_two_batches).sink(RedisStreamSink(redis.url, "o"),
+                                                                               name="out")
+    with pytest.raises(slashrt.OperatorError, match=rf"^step 'f.out': sink failed: ConnectorError: Redis at "
+                                                    rf"{redis.url} cannot be reached while writing to stream 'o'"):
+        slashrt.run(flow, {"events": rows(5000)}, slot_size=1024, slots=4, coalesce=1)
+
+
+# one operation of a writer: (name, argument); checkpoints are numbered as a coordinator would
+OPS = st.one_of(
+    st.tuples(st.just("write"), st.integers(0, 300)),
+    st.tuples(st.just("pre_commit"), st.none()),
+    st.tuples(st.just("commit"), st.integers(0, 12)),
+    st.tuples(st.just("abort"), st.integers(0, 12)),
+    st.tuples(st.just("recover"), st.one_of(st.none(), st.integers(0, 12))),
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(OPS, max_size=25))
+def test_two_phase_commit_laws(redis, ops):
+    """Whatever the order of writes, pre-commits, commits (repeated, out of order), aborts and
+    crash recoveries, the stream holds exactly the committed checkpoints' records, each once,
+    in checkpoint order: commit(n) publishes every pending checkpoint up to n not yet
+    published; a commit at or below the last committed one publishes nothing; an aborted
+    checkpoint never appears; recovery from r commits what r covers and drops the rest."""
+    client(redis).flushdb()  # one server for every example
+    stream = "out"
+    sink = RedisStreamSink(redis.url, stream, transactional=True, entry_bytes=480)
+    sink.open()
+    written = 0  # rows(...) numbering: every record is distinct
+    staged, pending, published, last, checkpoint = [], {}, [], -1, 0
+
+    def commit(n):
+        nonlocal last
+        for m in sorted(pending):
+            if m <= n:
+                if m > last:
+                    published.extend(pending[m])
+                del pending[m]
+        last = max(last, n)
+
+    for op, arg in ops:
+        if op == "write":
+            sink.write(rows(arg, written))
+            staged.extend(range(written, written + arg))
+            written += arg
+        elif op == "pre_commit":
+            checkpoint += 1
+            sink.pre_commit(checkpoint)
+            pending[checkpoint], staged = staged, []
+        elif op == "commit":
+            sink.commit(arg)
+            commit(arg)
+        elif op == "abort":
+            sink.abort(arg)
+            pending.pop(arg, None)
+        else:  # the writer crashed; its successor recovers from checkpoint `arg`
+            sink = RedisStreamSink(redis.url, stream, transactional=True, entry_bytes=480)
+            sink.recover(arg)
+            sink.open()
+            if arg is not None:
+                commit(arg)
+            pending, staged = {}, []
+        assert read_stream(redis.url, stream, ROWS)["t"].tolist() == published
+        assert sink.pending() == sorted(pending)
+    sink.close()
