@@ -60,6 +60,7 @@ class RedisStreamSink:
         self._client = connect(url)
         self._staged = 0  # entries staged since the last pre-commit
         self.written = 0  # records written (appended, or staged) by this object
+        self.record_dtype: np.dtype | None = None  # set by the plan (expect)
         base = f"{stream_key}:slashrt"
         self._staging = f"{base}:staging:{self.writer}"
         self._pending_set = f"{base}:pending:{self.writer}"
@@ -73,6 +74,10 @@ class RedisStreamSink:
         """Executor `index`'s writer in a multi-executor run: the same stream, its own keys."""
         return type(self)(self.url, self.stream_key, transactional=self.transactional, writer=str(index),
                           entry_bytes=self.entry_bytes)
+
+    def expect(self, dtype: np.dtype) -> None:
+        """The dtype of the records the plan will send (`record_dtype`: what to read back with)."""
+        self.record_dtype = np.dtype(dtype)
 
     def _pending(self, checkpoint: int) -> str:
         return f"{self._pending_set}:{checkpoint}"

@@ -58,16 +58,17 @@ def test_round_trip_through_a_window_and_the_sink_over_many_ring_turns(redis):
     ids = write_stream(redis.url, "events", events, entry_bytes=16 * 1024)
     assert len(ids) == -(-len(events) // (16 * 1024 // events.dtype.itemsize))
     source = RedisStream(redis.url, "events", count=8)
+    sink = RedisStreamSink(redis.url, "counts")
     slot_size, slots = 4096, 8
-    result = slashrt.run(ysb.dataflow(ads, RedisStreamSink(redis.url, "counts")), {"events": source},
-                         slot_size=slot_size, slots=slots)
+    result = slashrt.run(ysb.dataflow(ads, sink), {"events": source}, slot_size=slot_size, slots=slots)
     # the data went round the ring of 8 slots many times over
     assert result.records == len(events) and result.stats[0].buffers > 50 * slots
     assert source.position == ids[-1] and source.delivered == len(events)
 
     collect = sinks.Collect()  # the same query over the array: the output's dtype and a second reference
     slashrt.run(ysb.dataflow(ads, collect), {"events": events})
-    counts = read_stream(redis.url, "counts", collect.records.dtype)
+    assert sink.record_dtype == collect.records.dtype
+    counts = read_stream(redis.url, "counts", sink.record_dtype)
     expected = ysb.reference(events, ads)
     assert len(np.unique(expected["window_start_ms"])) == 10
     assert np.array_equal(ysb.to_result(counts), expected)
