@@ -66,6 +66,13 @@ class RedisStreamSink:
         self._pending_set = f"{base}:pending:{self.writer}"
         self._committed = f"{base}:committed"
 
+    def __getstate__(self) -> dict:  # to executor processes: the URL, not a client (locks, sockets)
+        return {k: v for k, v in self.__dict__.items() if k != "_client"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._client = connect(self.url)
+
     def __repr__(self) -> str:
         mode = ", transactional=True" if self.transactional else ""
         return f"RedisStreamSink({self.url!r}, {self.stream_key!r}{mode})"

@@ -462,3 +462,10 @@ def test_two_phase_commit_laws(redis, ops):
         assert read_stream(redis.url, stream, ROWS)["t"].tolist() == published
         assert sink.pending() == sorted(pending)
     sink.close()
+
+
+def test_the_sink_on_two_executors_writes_each_record_once(redis):
+    data = rows(10_000)
+    slashrt.run(passthrough(RedisStreamSink(redis.url, "out")), {"events": data}, executors=2)
+    back = read_stream(redis.url, "out", ROWS)
+    assert np.array_equal(np.sort(back["t"]), data["t"])
