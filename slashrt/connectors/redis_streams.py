@@ -106,6 +106,7 @@ class RedisStream:
         decoder = EntryDecoder(self.url, self.stream_key, spec.schema.dtype, f"source {spec.step_id!r}")
         feeder = ChannelFeeder(sender, time=spec.time, max_delay=spec.max_delay, watermark_every=watermark_every)
         reads_in, reads_out = trio.open_memory_channel(1)
+        started = self.delivered
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read, reads_in, decoder)
@@ -115,7 +116,9 @@ class RedisStream:
                             # the records read before it go through the dataflow first: the
                             # executor has computed a buffer once its credit is back
                             await sender.wait_credit(sender.spec.slots)
-                            raise type(item)(f"{item}; {self._resume_hint()}") from None
+                            if self.delivered == started:
+                                raise item
+                            raise type(item)(f"{item}; {self._resume_hint(self.delivered - started)}") from None
                         records, last = item
                         await feeder.feed(records)
                         self._position = last
@@ -125,8 +128,8 @@ class RedisStream:
         log.info("redis stream read", stream=self.stream_key, position=self._position, records=self.delivered)
         await sender.aclose()
 
-    def _resume_hint(self) -> str:
-        return (f"the records before it were delivered ({self.delivered}, up to stream id {self._position}): "
+    def _resume_hint(self, delivered: int) -> str:
+        return (f"the {delivered} records before it were delivered (up to stream id {self._position}): "
                 f"resume_from({self._position!r}) reads on from there")
 
     async def _read(self, reads, decoder: EntryDecoder) -> None:
