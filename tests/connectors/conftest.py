@@ -1,5 +1,7 @@
-"""A real redis-server per test (slashrt.testing.redis_server): never skipped; a machine
-without redis-server fails, saying how to install it."""
+"""A real redis-server per test (slashrt.testing.redis_server), killed and reaped whatever the
+test did: never skipped; a machine without redis-server fails, saying how to install it."""
+
+import shutil
 
 import pytest
 
@@ -9,12 +11,7 @@ from slashrt.testing._redis import NOT_INSTALLED
 
 @pytest.fixture
 def redis():
-    try:
-        server = redis_server()
-        running = server.__enter__()
-    except FileNotFoundError:
+    if shutil.which("redis-server") is None:
         pytest.fail(NOT_INSTALLED, pytrace=False)
-    try:
-        yield running
-    finally:
-        server.__exit__(None, None, None)
+    with redis_server() as server:
+        yield server
