@@ -318,6 +318,35 @@ def test_two_phase_commit_publishes_each_checkpoint_once_and_aborts_drop(redis):
     sink.close()
 
 
+def test_a_commit_racing_another_publishes_nothing_twice(redis):
+    """Two committers of one writer (a recovering job and a late one): the second reads the
+    pending entries, the first commits before the second's MULTI; the watched marker makes the
+    second's EXEC fail, it looks again and finds nothing left to publish."""
+    data = rows(500)
+    first = RedisStreamSink(redis.url, "out", transactional=True, entry_bytes=480)
+    first.open()
+    first.write(data)
+    first.pre_commit(1)
+    raced = []
+
+    class Interleaved(RedisStreamSink):
+        def _commit(self, pipe, checkpoint):
+            multi = pipe.multi
+
+            def other_commits_first():
+                if not raced:  # between this committer's reads and its MULTI, once
+                    raced.append(first.commit(checkpoint))
+                multi()
+
+            pipe.multi = other_commits_first
+            return super()._commit(pipe, checkpoint)
+
+    second = Interleaved(redis.url, "out", transactional=True)
+    assert second.commit(1) == 0
+    assert raced == [-(-data.nbytes // 480)]
+    assert np.array_equal(read_stream(redis.url, "out", ROWS), data)
+
+
 def test_writers_keep_their_own_checkpoints(redis):
     zero = RedisStreamSink(redis.url, "out", transactional=True)
     one = zero.for_executor(1)
