@@ -229,18 +229,18 @@ def read_stream(url: str, stream_key: str, schema, *, after: str = "0-0") -> np.
     decoder = EntryDecoder(url, stream_key, dtype, "read_stream")
     client = connect(url)
     cursor = _stream_id(after, "read_stream after")
-    parts = []
+    payloads = []
     try:
         with failure(url, f"reading stream {stream_key!r}"):
             while True:
                 entries = client.xrange(stream_key, min=f"({cursor}", count=DEFAULT_COUNT)
-                records, last, ended, error = decoder.decode(entries)
+                got, last, ended, error = decoder.payloads(entries)
                 if error is not None:
                     raise error
-                parts.append(records)
+                payloads += got
                 if ended or last is None:
                     break
                 cursor = last.decode()
     finally:
         client.close()
-    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+    return decoder.records(payloads, writable=True)
