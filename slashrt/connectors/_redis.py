@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
+import urllib.parse
 
 import numpy as np
 
@@ -32,6 +34,17 @@ def fingerprint(dtype: np.dtype) -> str:
     """12 hex digits naming a record layout: field names, types, byte order and offsets."""
     layout = ",".join(f"{n}:{dtype.fields[n][0].str}@{dtype.fields[n][1]}" for n in dtype.names)
     return hashlib.blake2b(f"{layout}/{dtype.itemsize}".encode(), digest_size=6).hexdigest()
+
+
+def shown(url: str) -> str:
+    """`url` as messages show it: a password in it (user:password@ or ?password=) as ***."""
+    try:
+        password = urllib.parse.urlsplit(url).password
+    except (TypeError, ValueError, AttributeError):
+        return repr(url)
+    if password is not None:
+        url = url.replace(f":{password}@", ":***@", 1)
+    return re.sub(r"([?&])password=[^&]*", r"\1password=***", url)
 
 
 def connect(url: str, *, read_timeout: float | None = 30.0):
@@ -55,7 +68,7 @@ def connect(url: str, *, read_timeout: float | None = 30.0):
             url, socket_connect_timeout=5.0, socket_timeout=read_timeout, retry=Retry(NoBackoff(), 0)
         )
     except ValueError as exc:
-        raise OptionError(f"{url!r} is not a Redis URL ({exc}); write e.g. 'redis://127.0.0.1:6379/0'") from None
+        raise OptionError(f"{shown(url)!r} is not a Redis URL ({exc}); write e.g. 'redis://127.0.0.1:6379/0'") from None
 
 
 @contextlib.contextmanager
@@ -64,6 +77,7 @@ def failure(url: str, doing: str, hint: str = ""):
     what was being done (`doing`), followed by `hint` (e.g. where to resume)."""
     import redis
 
+    url = shown(url)
     try:
         yield
     except redis.exceptions.ConnectionError as exc:
@@ -119,7 +133,7 @@ class EntryDecoder:
     record: the entries' bytes are joined (one copy) and become records with one np.frombuffer."""
 
     def __init__(self, url: str, key: str, dtype: np.dtype, reader: str):
-        self.url, self.key, self.dtype, self.reader = url, key, dtype, reader
+        self.url, self.key, self.dtype, self.reader = shown(url), key, dtype, reader
         self.fp = fingerprint(dtype).encode()
 
     def decode(self, entries: list) -> tuple[np.ndarray, bytes | None, bool, SlashError | None]:

@@ -26,6 +26,7 @@ from slashrt.connectors._redis import (
     connect,
     failure,
     packed_entries,
+    shown,
     stream_schema,
 )
 from slashrt.errors import OptionError
@@ -75,7 +76,7 @@ class RedisStreamSink:
 
     def __repr__(self) -> str:
         mode = ", transactional=True" if self.transactional else ""
-        return f"RedisStreamSink({self.url!r}, {self.stream_key!r}{mode})"
+        return f"RedisStreamSink({shown(self.url)!r}, {self.stream_key!r}{mode})"
 
     def for_executor(self, index: int) -> RedisStreamSink:
         """Executor `index`'s writer in a multi-executor run: the same stream, its own keys."""

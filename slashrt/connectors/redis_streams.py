@@ -26,6 +26,7 @@ from slashrt.connectors._redis import (
     connect,
     failure,
     packed_entries,
+    shown,
     stream_schema,
 )
 from slashrt.errors import ConnectorError, OptionError, SlashError
@@ -87,7 +88,7 @@ class RedisStream:
         self.delivered = 0  # records put into the channel by the runs so far
 
     def __repr__(self) -> str:
-        return f"RedisStream({self.url!r}, {self.stream_key!r}, position={self._position!r})"
+        return f"RedisStream({shown(self.url)!r}, {self.stream_key!r}, position={self._position!r})"
 
     @property
     def position(self) -> str:
@@ -163,11 +164,11 @@ class RedisStream:
             kind = self._client.type(key)
             if kind not in (b"stream", b"none"):
                 raise ConnectorError(
-                    f"key {key!r} at {self.url} holds a {kind.decode()}, not a stream: give RedisStream a stream's key"
+                    f"key {key!r} at {shown(self.url)} holds a {kind.decode()}, not a stream: give RedisStream a stream's key"
                 )
             if kind == b"none" and self.stop_at_end:
                 raise ConnectorError(
-                    f"stream {key!r} does not exist at {self.url}: write to it first (write_stream, RedisStreamSink) "
+                    f"stream {key!r} does not exist at {shown(self.url)}: write to it first (write_stream, RedisStreamSink) "
                     "or read it with stop_at_end=False to wait for it"
                 )
             top = self._client.xrevrange(key, count=1) if kind == b"stream" else []

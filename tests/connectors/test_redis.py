@@ -194,6 +194,15 @@ def test_an_unreachable_server_is_named(redis):
         write_stream(url, "s", rows(10))
 
 
+def test_messages_never_show_a_password(redis):
+    url = redis.url.replace("redis://", "redis://:s3cret@")
+    with pytest.raises(ConnectorError) as info:
+        slashrt.run(passthrough(sinks.Collect()), {"events": RedisStream(url, "missing")})
+    assert f"does not exist at {redis.url.replace('redis://', 'redis://:***@')}: " in str(info.value)
+    for shown in (str(info.value), repr(RedisStream(url, "s")), repr(RedisStreamSink(url + "?password=s3cret", "o"))):
+        assert "s3cret" not in shown
+
+
 def test_a_key_that_is_not_a_stream_is_refused(redis):
     client(redis).rpush("alist", b"x")
     with pytest.raises(ConnectorError, match=r"key 'alist' at redis://\S+ holds a list, not a stream"):
