@@ -64,8 +64,8 @@ class RedisStream:
     as of the run's start; a stream that does not exist is an error (it is most likely a
     misspelt key; an existing empty stream is an empty input). With `stop_at_end=False` it
     follows the stream, waiting up to `block_ms` per read, until an entry with the field `end`
-    arrives (`end_stream`); a stream that does not exist yet is waited for. Each read takes
-    up to `count` entries. An entry written with another schema, or malformed, fails the run
+    arrives (`end_stream`; it ends a bounded read too); a stream that does not exist yet is
+    waited for. Each read takes up to `count` entries. An entry written with another schema, or malformed, fails the run
     naming its id; so does a server that goes away, after the records read before it were
     delivered. One executor only, for now.
     """
