@@ -115,6 +115,16 @@ def test_a_bounded_read_ends_at_the_last_entry_of_the_start(redis):
     assert np.array_equal(read_stream(redis.url, "s", ROWS), np.concatenate([first, late]))
 
 
+def test_an_end_entry_ends_a_bounded_read_too(redis):
+    ids = write_stream(redis.url, "s", rows(300), entry_bytes=2400, end=True)
+    write_stream(redis.url, "s", rows(5, 300))
+    out = sinks.Collect()
+    source = RedisStream(redis.url, "s")
+    slashrt.run(passthrough(out), {"events": source})
+    assert np.array_equal(out.records, rows(300)) and source.position == ids[-1]  # the end entry's
+    assert np.array_equal(read_stream(redis.url, "s", ROWS), rows(300))  # so does read_stream
+
+
 async def test_following_a_stream_waits_for_it_and_ends_at_its_end_entry(redis):
     parts = [rows(1000), rows(1500, 1000), rows(10, 2500)]
     out = sinks.Collect()
