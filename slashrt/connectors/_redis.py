@@ -8,7 +8,7 @@ A stream entry holds a batch of records, packed:
     schema  a short fingerprint of the record layout (`fingerprint`), so that a stream written
             with another schema is refused instead of read as garbage
 
-An entry with the field `end` (and no records) ends the stream for a source that follows it.
+An entry with the field `end` (and no records) ends the stream for whoever reads it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 from slashrt._schema import Schema, _layout
 from slashrt.errors import ConnectorError, OptionError, SchemaError, SlashError
 
-# 256 KiB a entry by default: big enough that the per-entry cost of a command and of a
+# 256 KiB an entry by default: big enough that the per-entry cost of a command and of a
 # np.frombuffer vanishes, small enough that one XREAD of `count` entries stays modest
 DEFAULT_ENTRY_BYTES = 256 * 1024
 END_FIELD = b"end"
