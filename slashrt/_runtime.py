@@ -133,7 +133,7 @@ def _check_options(options: dict, local: bool, run_cluster_async) -> None:
     """Refuse a keyword `run` does not know, listing those it does, before anything starts."""
     own = _keywords(run_async)
     # a cluster run takes run_async's tuning too (each executor runs one), and SSB routing
-    cluster = _keywords(run_cluster_async) - {"executors", "transport", "mode"} | own | {"ssb_routing"}
+    cluster = _keywords(run_cluster_async) - {"executors", "transport", "mode"} | own | {"ssb_routing", "frontier"}
     for name in options:
         if local and name in cluster - own:
             raise DataflowError(f"run(): {name}= is an option of multi-executor runs; give executors=N as well")

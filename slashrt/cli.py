@@ -20,6 +20,7 @@ import numpy as np
 from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._logging import ENV_VAR, LEVELS
 from slashrt.errors import SlashError
+from slashrt.progress.frontier import FRONTIERS
 
 __all__ = ["main"]
 
@@ -93,6 +94,11 @@ def _add_cluster_options(p: argparse.ArgumentParser, *, transport: bool = True) 
         "--ssb-routing", choices=["auto", "fragments", "direct"],
         help="SSB: fold records into fragments first, or route each to its leader at once (default auto: by "
         "how many keys an epoch touches per record)",
+    )
+    g.add_argument(
+        "--frontier", choices=list(FRONTIERS),
+        help="what windows fire on across executors: Slash's vector clock of executor watermarks (default) or the "
+        "same frontier derived from pointstamp counts by a progress tracker",
     )
     if transport:
         g.add_argument("--transport", choices=["shm", "tcp", "verbs"], help="between executors (default shm)")
@@ -244,7 +250,7 @@ def _given(argv: list[str]) -> set[str]:
     return set(vars(parser.parse_args(argv)))
 
 
-_CLUSTER_OPTIONS = ("executors", "mode", "epoch_bytes", "partitions", "ssb_routing")
+_CLUSTER_OPTIONS = ("executors", "mode", "epoch_bytes", "partitions", "ssb_routing", "frontier")
 
 
 def _flag(dest: str) -> str:
@@ -314,6 +320,7 @@ def _cluster_bench(args) -> dict:
         epoch_bytes=args.epoch_bytes,
         partitions=args.partitions,
         ssb_routing=args.ssb_routing,
+        frontier=args.frontier,
         params=params,
         records=records,
         **_runtime_options(args),
