@@ -28,7 +28,9 @@ from slashrt.connectors import (
     read_stream,
     write_stream,
 )
-from slashrt.errors import OptionError
+from slashrt.connectors.redis_sink import RedisTransactions
+from slashrt.errors import OptionError, SnapshotError
+from slashrt.snapshot import TwoPhaseCommit, recover
 
 ROWS = Schema({"t": "<i8", "key": "<i8", "value": "<f8"})
 
@@ -304,6 +306,14 @@ def test_the_sink_writes_each_batch_at_once_without_checkpoints(redis):
     assert sink.written == len(data)
 
 
+def test_a_sink_made_without_transactional_refuses_checkpoints_in_one_sentence(redis):
+    sink = RedisStreamSink(redis.url, "out")
+    assert isinstance(sink, TwoPhaseCommit) and sink.pending() == []
+    with pytest.raises(SnapshotError, match=r"^checkpoint 1: this RedisStreamSink sink is not transactional; make it "
+                                            r"with RedisStreamSink\(\.\.\., transactional=True\)"):
+        sink.pre_commit(1)
+
+
 def test_two_phase_commit_publishes_each_checkpoint_once_and_aborts_drop(redis):
     sink = RedisStreamSink(redis.url, "out", transactional=True)
     sink.open()
@@ -348,7 +358,7 @@ def test_a_commit_racing_another_publishes_nothing_twice(redis):
     first.pre_commit(1)
     raced = []
 
-    class Interleaved(RedisStreamSink):
+    class Interleaved(RedisTransactions):
         def _commit(self, pipe, checkpoint):
             multi = pipe.multi
 
@@ -360,7 +370,7 @@ def test_a_commit_racing_another_publishes_nothing_twice(redis):
             pipe.multi = other_commits_first
             return super()._commit(pipe, checkpoint)
 
-    second = Interleaved(redis.url, "out", transactional=True)
+    second = Interleaved(client(redis), redis.url, "out", executor=0)
     assert second.commit(1) == 0
     assert raced == [-(-data.nbytes // 480)]
     assert np.array_equal(read_stream(redis.url, "out", ROWS), data)
@@ -431,8 +441,8 @@ def test_a_writer_killed_between_pre_commit_and_commit_loses_and_repeats_nothing
     # recovery from checkpoint `restored`: a new writer (the restarted job's) settles the pending ones
     sink = RedisStreamSink(redis.url, "out", transactional=True)
     assert sink.pending() == [2] and sink.last_committed() == 1
-    sink.recover(restored)
-    sink.recover(restored)  # a crash during recovery repeats it: no effect
+    assert recover(sink, restored) == (([2], []) if restored == 2 else ([], [2]))
+    assert recover(sink, restored) == ([], [])  # a crash during recovery repeats it: no effect
     assert sink.pending() == []
     published = read_stream(redis.url, "out", ROWS)
     assert np.array_equal(published, everything[: 1000 if restored == 1 else 3000])
@@ -480,7 +490,8 @@ def test_two_phase_commit_laws(redis, ops):
     crash recoveries, the stream holds exactly the committed checkpoints' records, each once,
     in checkpoint order: commit(n) publishes every pending checkpoint up to n not yet
     published; a commit at or below the last committed one publishes nothing; an aborted
-    checkpoint never appears; recovery from r commits what r covers and drops the rest."""
+    checkpoint never appears; recovery from r (slashrt.snapshot.recover) commits the
+    pending ones up to r and drops the rest, and opening drops what followed the last barrier."""
     client(redis).flushdb()  # one server for every example
     stream = "out"
     sink = RedisStreamSink(redis.url, stream, transactional=True, entry_bytes=480)
@@ -514,10 +525,11 @@ def test_two_phase_commit_laws(redis, ops):
             pending.pop(arg, None)
         else:  # the writer crashed; its successor recovers from checkpoint `arg`
             sink = RedisStreamSink(redis.url, stream, transactional=True, entry_bytes=480)
-            sink.recover(arg)
+            recover(sink, arg)
             sink.open()
-            if arg is not None:
-                commit(arg)
+            covered = [n for n in pending if arg is not None and n <= arg]
+            if covered:
+                commit(max(covered))
             pending, staged = {}, []
         assert read_stream(redis.url, stream, ROWS)["t"].tolist() == published
         assert sink.pending() == sorted(pending)
