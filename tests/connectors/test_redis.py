@@ -541,3 +541,17 @@ def test_the_sink_on_two_executors_writes_each_record_once(redis):
     slashrt.run(passthrough(RedisStreamSink(redis.url, "out")), {"events": data}, executors=2)
     back = read_stream(redis.url, "out", ROWS)
     assert np.array_equal(np.sort(back["t"]), data["t"])
+
+
+def test_bench_redis_checks_itself_and_leaves_the_server_as_it_was(redis, capsys):
+    import json
+
+    from slashrt.cli import main
+
+    client(redis).set("mine", b"x")
+    assert main(["bench", "redis", "--events", "50000", "--repeat", "2", "--slot-size", "4096", "--json",
+                 "--url", redis.url]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["correct"] is True and report["query"] == "redis-ysb" and report["events"] == 50_000
+    assert report["records_per_s"] > 0 and report["write_records_per_s"] > 0 and report["checkpoints"] == 10
+    assert client(redis).keys("*") == [b"mine"]
