@@ -73,6 +73,7 @@ def _start(executable: str, directory: Path) -> RedisServer | None:
                 line = process.stdout.readline()
                 if not line:  # it exited
                     process.wait()
+                    process.stdout.close()
                     text = b"".join(log).decode(errors="replace")
                     if "Address already in use" in text:
                         return None
@@ -87,6 +88,7 @@ def _start(executable: str, directory: Path) -> RedisServer | None:
     except BaseException:
         process.kill()
         process.wait()
+        process.stdout.close()
         raise
 
 
