@@ -13,6 +13,7 @@ __all__ = [
     "SnapshotError",
     "SnapshotCorrupt",
     "SnapshotVersionError",
+    "ConnectorError",
     "first_error",
     "unwrap_groups",
 ]
@@ -52,6 +53,11 @@ class SnapshotCorrupt(SnapshotError):
 
 class SnapshotVersionError(SnapshotError):
     """A snapshot was written in a format this slashrt does not know (by a later slashrt)."""
+
+
+class ConnectorError(SlashError):
+    """An external system a source or sink talks to (a broker) cannot be reached, failed, or
+    holds data the connector cannot read; names the system (its URL) and the item."""
 
 
 class OperatorError(SlashError):

@@ -19,6 +19,9 @@
   stall or break the real peers.
 - `Sequencer`: forces an interleaving across tasks: ``async with seq(0): ...`` in one task runs
   before ``async with seq(1): ...`` in another, whatever the scheduler would have chosen.
+- `redis_server()`: a real, throw-away redis-server (free loopback port, nothing on disk) for
+  testing flows with `slashrt.connectors`; killed and reaped on exit (`RedisServer.kill()`
+  makes it vanish mid-test).
 """
 
 from trio.testing import MockClock, Sequencer, wait_all_tasks_blocked
@@ -26,12 +29,14 @@ from trio.testing import MockClock, Sequencer, wait_all_tasks_blocked
 from slashrt.testing._check_channels import OpenPair, check_channel, open_inproc_pair
 from slashrt.testing._check_exchanges import EXCHANGE_MODES, WRAPS, check_exchanges
 from slashrt.testing._hostile import HOSTILE_KINDS, Strangers, hostile_connections
+from slashrt.testing._redis import RedisServer, redis_server
 
 __all__ = [
     "EXCHANGE_MODES",
     "HOSTILE_KINDS",
     "MockClock",
     "OpenPair",
+    "RedisServer",
     "Sequencer",
     "Strangers",
     "WRAPS",
@@ -39,5 +44,6 @@ __all__ = [
     "check_exchanges",
     "hostile_connections",
     "open_inproc_pair",
+    "redis_server",
     "wait_all_tasks_blocked",
 ]
