@@ -132,7 +132,7 @@ class ProgressBus:
         return now
 
     async def wait_changed(self) -> None:
-        """Wait until some frontier of the view moves."""
+        """Wait until the view changes (a message applied, a local record)."""
         await self._changed.park()
 
     # --- moving messages ---------------------------------------------------------------------
@@ -148,8 +148,8 @@ class ProgressBus:
             for peer, outbox in self._outbox.items():
                 outbox.extend(frames)
                 self._post(peer)
-        if self.exchange.view.propagate():  # frontiers moved: whoever waits on them rechecks
-            self._changed.unpark_all()
+        self.exchange.view.propagate()  # (the tracker keeps frontier changes until asked)
+        self._changed.unpark_all()  # whoever waits on the view rechecks
 
     def _post(self, peer: int) -> None:
         """Post the peer's queued frames while its ring has credits, as many per slot as fit;
