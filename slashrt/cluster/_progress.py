@@ -225,7 +225,8 @@ class ProgressBus:
                 self._post(peer)
 
     async def _close(self) -> None:
-        """Flush, end every channel after what is queued, then wait for every peer's end."""
+        """Flush, then end every channel after what is queued (the owner then waits for every
+        peer's end)."""
         self.flush()
         self._closed = True
         await self._flushed()
@@ -236,7 +237,7 @@ class ProgressBus:
                 raise self._lost(peer, exc) from None
 
 
-Directory = Callable[[dict[int, object]], Awaitable[dict[int, object]]]
+SwapAddresses = Callable[[dict[int, object]], Awaitable[dict[int, object]]]
 
 
 @contextlib.asynccontextmanager
@@ -247,7 +248,7 @@ async def open_progress_bus(
     *,
     transport: str,
     secret: bytes,
-    swap_addresses: Directory,
+    swap_addresses: SwapAddresses,
     initial: Iterable[tuple[Pointstamp, int]] = (),
     spec: RingSpec = PROGRESS_RING,
     history: bool = False,
