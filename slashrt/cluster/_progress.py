@@ -265,6 +265,10 @@ async def open_progress_bus(
     ends its channels and waits until every peer has ended its own."""
     peers = [p for p in range(executors) if p != index]
     async with open_channels() as channels:
+        if transport == "shm":
+            # no spin before parking: a receiver spins without yielding, so a waiter it just
+            # woke would wait out the spin (100 us a hop, measured), and progress is sparse
+            where.setdefault("spin_us", 0)
         listeners = {peer: await channels.listen(transport, spec, secret, **where) for peer in peers}
         directory = await swap_addresses({peer: lst.address for peer, lst in listeners.items()})
         senders: dict[int, Sender] = {}
