@@ -86,6 +86,7 @@ class ProgressBus:
         self.exchange = exchange
         self.codec = codec
         self.stats = ProgressStats()
+        self.version = 0  # counts the view's changes (`wait_changed`)
         # (monotonic ns, "record" | "flush" | "receive", peer or None, updates, messages sent):
         # every event in the order it was applied, for tests and diagnostics
         self.history: list | None = [] if history else None
@@ -131,9 +132,14 @@ class ProgressBus:
             await self._changed.park()
         return now
 
-    async def wait_changed(self) -> None:
-        """Wait until the view changes (a message applied, a local record)."""
-        await self._changed.park()
+    async def wait_changed(self, since: int | None = None) -> int:
+        """Wait until the view has changed (a message applied, a local record) since it was at
+        `version` `since` (default: now); returns the version it is at. Reading `version`
+        before deciding to wait, and passing it, loses no change made in between."""
+        since = self.version if since is None else since
+        while self.version == since:
+            await self._changed.park()
+        return self.version
 
     # --- moving messages ---------------------------------------------------------------------
     def _after(self, event: str, peer: int | None, updates, messages: list[Message]) -> None:
@@ -149,6 +155,7 @@ class ProgressBus:
                 outbox.extend(frames)
                 self._post(peer)
         self.exchange.view.propagate()  # (the tracker keeps frontier changes until asked)
+        self.version += 1
         self._changed.unpark_all()  # whoever waits on the view rechecks
 
     def _post(self, peer: int) -> None:

@@ -194,9 +194,10 @@ async def workload(peer: Peer) -> dict:
                     bus.flush()
                     if bus.exchange.view.is_idle():
                         break
+                    seen = (len(work), bus.version)  # nothing may slip in before the waits start
                     async with trio.open_nursery() as race:  # a record arrives, or the view moves
-                        race.start_soon(_then_cancel, arrived.park, race)
-                        race.start_soon(_then_cancel, bus.wait_changed, race)
+                        race.start_soon(_then_cancel, lambda: _until(arrived, lambda: len(work) != seen[0]), race)
+                        race.start_soon(_then_cancel, lambda: bus.wait_changed(seen[1]), race)
                 for sender in data_out.values():
                     await sender.aclose()
             nursery.cancel_scope.cancel()
@@ -206,6 +207,11 @@ async def workload(peer: Peer) -> dict:
         "posted": {p: s.posted for p, s in bus._senders.items()},
         "stats": bus.stats,
     }
+
+
+async def _until(lot: trio.lowlevel.ParkingLot, condition) -> None:
+    while not condition():
+        await lot.park()
 
 
 async def _then_cancel(wait, nursery) -> None:

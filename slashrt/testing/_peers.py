@@ -25,6 +25,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 import attrs
@@ -145,6 +146,7 @@ def main(argv=None) -> int:
     try:
         result = trio.run(program, peer)
     except Exception as exc:
+        traceback.print_exc()  # on this peer's standard error, which the test shows when it fails
         result = {"error": str(exc), "type": type(exc).__name__}
     Path(a.out).write_bytes(pickle.dumps(result))
     return 0

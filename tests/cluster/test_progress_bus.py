@@ -110,7 +110,7 @@ async def test_a_message_larger_than_a_slot_arrives_whole_in_order(transport):
         assert a.stats.messages == 0
         a.flush()
         while b.stats.received < 1:
-            await b.wait_changed()
+            await b.wait_changed()  # (nothing can change between the check and the wait)
         receives = [event for event in b.history if event[1] == "receive"]
         assert len(receives) == 1 and receives[0][3] == a.history[-1][4][0]  # whole, rows in order
         assert sorted(receives[0][3], key=repr) == sorted(updates, key=repr)
