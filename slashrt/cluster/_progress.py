@@ -231,12 +231,13 @@ class ProgressBus:
                     raise self._lost(peer, exc) from None
                 self._post(peer)
 
-    async def _close(self) -> None:
-        """Flush, then end every channel after what is queued (the owner then waits for every
-        peer's end)."""
+    async def _close(self, stop_sending: Callable[[], Awaitable[None]]) -> None:
+        """Flush, stop the send tasks, then end every channel after what is queued (the owner
+        then waits for every peer's end)."""
         self.flush()
         self._closed = True
         await self._flushed()
+        await stop_sending()  # none may be parked on a sender that is being closed
         for peer, sender in self._senders.items():
             try:
                 await sender.aclose()
@@ -305,10 +306,21 @@ async def open_progress_bus(
                         receiving.start_soon(bus._receive_task, peer, name=f"progress-receive:{peer}")
                 peers_ended.set()
 
-            for peer in peers:
-                nursery.start_soon(bus._send_task, peer, name=f"progress-send:{peer}")
+            sending, sent = trio.CancelScope(), trio.Event()
+
+            async def send_all() -> None:
+                with sending:
+                    async with trio.open_nursery() as senders_nursery:
+                        for peer in peers:
+                            senders_nursery.start_soon(bus._send_task, peer, name=f"progress-send:{peer}")
+                sent.set()
+
+            async def stop_sending() -> None:
+                sending.cancel()
+                await sent.wait()
+
+            nursery.start_soon(send_all)
             nursery.start_soon(receive_all)
             yield bus
-            await bus._close()
+            await bus._close(stop_sending)
             await peers_ended.wait()
-            nursery.cancel_scope.cancel()  # the send tasks: nothing is left to send
