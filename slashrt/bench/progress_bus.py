@@ -18,6 +18,9 @@ Two executor processes (`slashrt.testing._peers`), each with a progress bus
   then moves its source's capability to the next watermark and goes idle (flush). Reported:
   updates recorded, messages broadcast and bytes posted per update and per watermark, with the
   exchange's accumulation and without it (a flush after every record: one message per event).
+
+Beside them, in this process: encode and decode of a 4-update message (`codec_us`), and the
+protocol's steps of one frontier move without the channels (`protocol_us`).
 """
 
 from __future__ import annotations
@@ -26,17 +29,20 @@ import argparse
 import json
 import sys
 import time
+import timeit
 
 import numpy as np
 import trio
 
 from slashrt.cluster._progress import open_progress_bus
+from slashrt.progress.exchange import ProgressExchange
 from slashrt.progress.reachability import Builder, Location
 from slashrt.progress.timestamp import Timestamp
 from slashrt.progress.tracker import move_capability
+from slashrt.progress.wire import ProgressCodec
 from slashrt.testing._peers import Peer, run_peers
 
-__all__ = ["bench", "pingpong", "accumulation"]
+__all__ = ["bench", "codec_us", "protocol_us", "pingpong", "accumulation"]
 
 WARMUP = 200
 MODULE = "slashrt.bench.progress_bus"  # not __name__: that is "__main__" under python -m
@@ -51,12 +57,7 @@ def _bus(peer: Peer, graph, initial):
 
 async def pingpong(peer: Peer) -> dict:
     """One side of the ping-pong (module docstring); executor 0 returns the round times (ns)."""
-    b = Builder()
-    sources = [b.add_node("a", 0, 1), b.add_node("b", 0, 1)]
-    sinks = [b.add_node("a_sink", 1, 0), b.add_node("b_sink", 1, 0)]
-    for source, sink in zip(sources, sinks):
-        b.connect(source, 0, sink)
-    graph = b.build()
+    graph, sources, sinks = _pingpong_graph()
     mine, theirs = Location.output(sources[peer.index]), Location.input(sinks[1 - peer.index])
     initial = [((Location.output(s), Timestamp(0)), 1) for s in sources]
     rounds = peer.args["rounds"] + WARMUP
@@ -103,8 +104,60 @@ async def accumulation(peer: Peer) -> dict:
     return {"updates": s.updates, "messages": s.messages, "bytes": s.bytes, "peers": peer.executors - 1}
 
 
+def codec_us(updates: int = 4, repeat: int = 20000) -> dict:
+    """Encode and decode of a message of `updates` updates outside loops (one frame), in this
+    process: microseconds per message, best of three runs (decoding checks every rule)."""
+    b = Builder()
+    source, sink = b.add_node("source", 0, 1), b.add_node("sink", 1, 0)
+    b.connect(source, 0, sink)
+    graph = b.build()
+    codec = ProgressCodec(graph)
+    cap, sink_in = Location.output(source), Location.input(sink)
+    message = tuple(((cap if i % 2 else sink_in, Timestamp(i)), 1 if i < updates // 2 else -1) for i in range(updates))
+    (frame,) = codec.encode(message)
+    assert codec.decode(frame) == message
+    encode = min(timeit.repeat(lambda: codec.encode(message), number=repeat, repeat=3)) / repeat
+    decode = min(timeit.repeat(lambda: codec.decode(frame), number=repeat, repeat=3)) / repeat
+    return {"updates": updates, "bytes": len(frame), "encode_us": round(encode * 1e6, 2), "decode_us": round(decode * 1e6, 2)}
+
+
+def _pingpong_graph():
+    b = Builder()
+    sources = [b.add_node("a", 0, 1), b.add_node("b", 0, 1)]
+    sinks = [b.add_node("a_sink", 1, 0), b.add_node("b_sink", 1, 0)]
+    for source, sink in zip(sources, sinks):
+        b.connect(source, 0, sink)
+    return b.build(), sources, sinks
+
+
+def protocol_us(moves: int = 5000) -> dict:
+    """Where a frontier move's time goes without the channels: the steps of one ping-pong move
+    called in this process, microseconds each (mean over `moves`)."""
+    graph, sources, sinks = _pingpong_graph()
+    initial = [((Location.output(s), Timestamp(0)), 1) for s in sources]
+    a, b, codec = ProgressExchange(graph, initial), ProgressExchange(graph, initial), ProgressCodec(graph)
+    cap, sink_in = Location.output(sources[0]), Location.input(sinks[0])
+    totals = np.zeros(5)
+    for k in range(moves):
+        t0 = time.perf_counter_ns()
+        (message,) = a.record(move_capability(cap, Timestamp(k), Timestamp(k + 1)))
+        a.view.propagate()
+        t1 = time.perf_counter_ns()
+        (frame,) = codec.encode(message)
+        t2 = time.perf_counter_ns()
+        received = codec.decode(frame)
+        t3 = time.perf_counter_ns()
+        b.receive(received)
+        b.view.propagate()
+        t4 = time.perf_counter_ns()
+        assert b.view.is_complete(sink_in, Timestamp(k))
+        totals += np.diff([t0, t1, t2, t3, t4, time.perf_counter_ns()])
+    steps = ("record", "encode", "decode", "receive", "is_complete")
+    return {step: round(float(t) / moves / 1e3, 1) for step, t in zip(steps, totals)}
+
+
 async def bench(transport: str = "shm", *, rounds: int = 2000, watermarks: int = 200, batches: int = 10) -> dict:
-    """Both measurements on 2 executors over `transport`; a dict of the figures."""
+    """Every measurement on 2 executors over `transport`; a dict of the figures."""
     (ping, _) = await run_peers(f"{MODULE}:pingpong", executors=2, transport=transport, args={"rounds": rounds})
     if "error" in ping:
         raise RuntimeError(f"ping-pong failed: {ping['error']}")
@@ -115,6 +168,8 @@ async def bench(transport: str = "shm", *, rounds: int = 2000, watermarks: int =
         "rounds": rounds,
         "frontier_latency_us_p50": round(float(np.percentile(one_way_us, 50)), 1),
         "frontier_latency_us_p99": round(float(np.percentile(one_way_us, 99)), 1),
+        "codec_4_updates": codec_us(4),
+        "protocol_us": protocol_us(),
     }
     for accumulate in (True, False):
         args = {"watermarks": watermarks, "batches": batches, "accumulate": accumulate}
