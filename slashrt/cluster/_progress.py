@@ -87,6 +87,9 @@ class ProgressBus:
         self.codec = codec
         self.stats = ProgressStats()
         self.version = 0  # counts the view's changes (`wait_changed`)
+        # called with the view's frontier changes, [(location, timestamp, +1 | -1)], as they
+        # happen (a runtime scheduling notifications per location sets it)
+        self.on_frontier_change: Callable[[list[tuple[Location, Timestamp, int]]], None] | None = None
         # (monotonic ns, "record" | "flush" | "receive", peer or None, updates, messages sent):
         # every event in the order it was applied, for tests and diagnostics
         self.history: list | None = [] if history else None
@@ -154,7 +157,9 @@ class ProgressBus:
             for peer, outbox in self._outbox.items():
                 outbox.extend(frames)
                 self._post(peer)
-        self.exchange.view.propagate()  # (the tracker keeps frontier changes until asked)
+        changes = self.exchange.view.propagate()
+        if changes and self.on_frontier_change is not None:
+            self.on_frontier_change(changes)
         self.version += 1
         self._changed.unpark_all()  # whoever waits on the view rechecks
 

@@ -123,7 +123,8 @@ async def test_a_message_larger_than_a_slot_arrives_whole_in_order(transport):
 
 async def test_waiting_returns_exactly_when_the_frontier_passes():
     async with two_buses() as (a, b):
-        complete, moved = [], []
+        complete, moved, changes = [], [], []
+        a.on_frontier_change = changes.extend
 
         async def wait_complete():
             await b.wait_complete(SINK, T0)
@@ -143,6 +144,7 @@ async def test_waiting_returns_exactly_when_the_frontier_passes():
             assert not complete and not moved  # b's own instance is still at 0
             b.record([((SOURCE, Timestamp(1)), 1), ((SOURCE, T0), -1)])  # the last one leaves 0: sent
         assert list(complete[0]) == [Timestamp(1)] and list(moved[0]) == [Timestamp(1)]
+        assert {(SOURCE, T0, -1), (SOURCE, Timestamp(1), 1), (SINK, T0, -1)} <= set(changes)
         a.record([((SOURCE, Timestamp(1)), -1)])
         b.record([((SOURCE, Timestamp(1)), -1)])
 
@@ -171,3 +173,10 @@ async def test_a_closed_bus_refuses_to_record():
         b.record([((SOURCE, T0), -1)])
     with pytest.raises(ChannelClosed, match="progress bus is closed"):
         a.record([((SOURCE, T0), 1)])
+
+
+async def test_accumulation_leaves_one_message_per_watermark_and_executor():
+    args = {"watermarks": 20, "batches": 5, "accumulate": True}
+    results = await run_peers("slashrt.bench.progress_bus:accumulation", executors=2, transport="shm", args=args, timeout=60)
+    assert [r["updates"] for r in results] == [20 * (5 * 2 + 2) + 1] * 2
+    assert [r["messages"] for r in results] == [21, 21]  # a move per watermark, and the last drop
