@@ -11,7 +11,8 @@ from slashrt.cluster._progress import open_progress_bus
 from slashrt.errors import ChannelClosed, MalformedBuffer
 from slashrt.progress.reachability import Location
 from slashrt.progress.timestamp import Timestamp
-from slashrt.testing._check_progress import WRAPS, check_progress_bus, loop_graph, replay
+from slashrt.testing import check_progress_bus
+from slashrt.testing._check_progress import WRAPS, loop_graph, replay
 from slashrt.testing._peers import run_peers
 from slashrt.transport import RingSpec
 from slashrt.transport._auth import generate_secret
