@@ -7,15 +7,19 @@ import pytest
 import trio
 import trio.testing
 
-from slashrt.cluster._progress import open_progress_bus
+from slashrt.cluster._progress import ProgressBus, open_progress_bus
 from slashrt.errors import ChannelClosed, MalformedBuffer
+from slashrt.progress.exchange import ProgressExchange
 from slashrt.progress.reachability import Location
 from slashrt.progress.timestamp import Timestamp
+from slashrt.progress.tracker import move_capability
+from slashrt.progress.wire import ProgressCodec
 from slashrt.testing import check_progress_bus
 from slashrt.testing._check_progress import WRAPS, loop_graph, replay
 from slashrt.testing._peers import run_peers
 from slashrt.transport import RingSpec
 from slashrt.transport._auth import generate_secret
+from slashrt.transport.shm import open_shm_pair
 
 # --- real processes ------------------------------------------------------------------------
 
@@ -181,3 +185,40 @@ async def test_accumulation_leaves_one_message_per_watermark_and_executor():
     results = await run_peers("slashrt.bench.progress_bus:accumulation", executors=2, transport="shm", args=args, timeout=60)
     assert [r["updates"] for r in results] == [20 * (5 * 2 + 2) + 1] * 2
     assert [r["messages"] for r in results] == [21, 21]  # a move per watermark, and the last drop
+
+
+async def test_record_never_blocks_on_a_full_ring_and_the_backlog_goes_out_in_order():
+    sender, receiver = open_shm_pair(RingSpec(slots=2, slot_size=128))  # one 56-byte message a slot
+    codec = ProgressCodec(GRAPH)
+    bus = ProgressBus(0, ProgressExchange(GRAPH, [((SOURCE, T0), 1)]), codec, {1: sender}, {})
+    moves = [move_capability(SOURCE, Timestamp(k), Timestamp(k + 1)) for k in range(20)]
+    for move in moves:  # the only instance leaves k: each move goes at once, and nobody reads
+        bus.record(move)
+    assert sender.posted == 2 and bus.stats.messages == 20
+    got = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(bus._send_task, 1)
+            while len(got) < 20:
+                await receiver.wait_readable()
+                buffer = receiver.poll()
+                got.append(codec.decode(buffer.payload))
+                receiver.release()
+            nursery.cancel_scope.cancel()
+    assert [sorted(m, key=repr) for m in got] == [sorted(m, key=repr) for m in moves]
+    assert all([delta > 0 for _, delta in m] == [True, False] for m in got)  # +1 before -1
+    sender.close()
+    receiver.close()
+
+
+async def test_one_executor_needs_no_channels():
+    async def no_peers(addresses):
+        assert addresses == {}
+        return {}
+
+    async with open_progress_bus(
+        0, 1, GRAPH, transport="shm", secret=generate_secret(), swap_addresses=no_peers, initial=[((SOURCE, T0), 1)]
+    ) as bus:
+        bus.record([((SOURCE, T0), -1)])
+        await bus.wait_complete(SINK, Timestamp(10**6))
+        assert bus.exchange.view.is_idle() and bus.stats.bytes == 0
