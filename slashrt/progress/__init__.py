@@ -14,6 +14,7 @@ trio), each with its laws in its docstring and a property test per law in tests/
 - `reachability`: graph `Builder` -> `Reachability`: least summaries, `could_result_in`
 - `tracker`:      `Tracker`: pointstamp occurrence counts -> the frontier at every location
 - `exchange`:     `ProgressExchange`: the distributed protocol's per-executor state machine
+- `wire`:         `ProgressCodec`: its messages as compact, validated bytes
 """
 
 from slashrt.progress.antichain import Antichain, ChangeBatch, MutableAntichain
@@ -23,6 +24,7 @@ from slashrt.progress.reachability import Builder, Location, Reachability
 from slashrt.progress.summary import EGRESS, IDENTITY, INGRESS, PathSummary, feedback
 from slashrt.progress.timestamp import Timestamp
 from slashrt.progress.tracker import Tracker, move_capability
+from slashrt.progress.wire import ProgressCodec
 
 __all__ = [
     "Antichain",
@@ -37,6 +39,7 @@ __all__ = [
     "MutableAntichain",
     "PathSummary",
     "PointstampClock",
+    "ProgressCodec",
     "ProgressExchange",
     "Reachability",
     "Timestamp",
