@@ -13,6 +13,10 @@ install: $(STAMP)
 $(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h)
 	@# PySpark (tests/spark) needs a JVM: Java 17 from Debian when none is installed
 	command -v java >/dev/null 2>&1 || (apt-get update && apt-get install -y openjdk-17-jre-headless)
+	@# the Redis connectors' tests (tests/connectors) start their own redis-server on a free port:
+	@# Debian's package, whose own service (port 6379) they neither need nor use, so it is disabled
+	command -v redis-server >/dev/null 2>&1 || (apt-get update && apt-get install -y redis-server \
+		&& (systemctl disable --now redis-server 2>/dev/null || service redis-server stop 2>/dev/null || true))
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'

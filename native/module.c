@@ -568,6 +568,19 @@ static PyObject *HashAgg_get_overflowed(HashAggObject *self, void *c) {
     return PyBool_FromLong(self->ready && self->t.overflowed);
 }
 
+/* A restored table takes the flag of the one it was exported from (export() carries none). */
+static int HashAgg_set_overflowed(HashAggObject *self, PyObject *value, void *c) {
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "HashAgg.overflowed cannot be deleted");
+        return -1;
+    }
+    if (ha_check(self) < 0) return -1;
+    int flag = PyObject_IsTrue(value);
+    if (flag < 0) return -1;
+    self->t.overflowed = flag;
+    return 0;
+}
+
 static PyObject *HashAgg_get_check_overflow(HashAggObject *self, void *c) {
     return PyBool_FromLong(self->ready && self->t.check_ovf);
 }
@@ -613,9 +626,9 @@ static PyGetSetDef HashAgg_getset[] = {
      "log position (LSN) of the end of the log: what mark() would return", NULL},
     {"log_floor", (getter)HashAgg_get_log_floor, NULL,
      "oldest log position delta() accepts", NULL},
-    {"overflowed", (getter)HashAgg_get_overflowed, NULL,
+    {"overflowed", (getter)HashAgg_get_overflowed, (setter)HashAgg_set_overflowed,
      "an integer sum left the int64 range (and wrapped) since the table was last emptied "
-     "(only a table made with check_overflow=True checks)", NULL},
+     "(only a table made with check_overflow=True checks); settable, for a restored table", NULL},
     {"check_overflow", (getter)HashAgg_get_check_overflow, NULL,
      "whether integer sums are checked for overflow (sets overflowed)", NULL},
     {NULL, NULL, NULL, NULL, NULL},

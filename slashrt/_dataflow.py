@@ -29,7 +29,8 @@ from slashrt.ssb.crdt import AggKind, result_dtype
 __all__ = ["Dataflow", "Stream", "WindowedStream", "ConnectedStreams", "Loop", "OVERFLOWS", "TIME_UNITS", "inputs_of"]
 
 OVERFLOWS = ("wrap", "error")  # what sum(overflow=) accepts
-TIME_UNITS = ("s", "ms", "us", "ns")  # units of event-time columns a source may declare
+# units of event-time columns a source may declare, with the words its messages use for them
+TIME_UNITS = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
 
@@ -222,7 +223,8 @@ class Dataflow:
             raise SchemaError(f"source {name!r}: time column {time!r} must be an integer field")
         if isinstance(max_delay, bool) or not isinstance(max_delay, (int, np.integer)) or not 0 <= max_delay <= MAX_DELAY:
             raise DataflowError(
-                f"source {name!r}: max_delay must be a whole number of milliseconds from 0 to 2**62, got {max_delay!r}"
+                f"source {name!r}: max_delay must be a whole number of {TIME_UNITS[time_unit]} (the source's "
+                f"time_unit) from 0 to 2**62, got {max_delay!r}"
             )
         step_id = self._add(SourceSpec(self._step_id(name, "source"), schema, time, int(max_delay)))
         fields = {n: schema.field(n) for n in schema.names}

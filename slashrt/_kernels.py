@@ -28,7 +28,8 @@ HashAgg semantics (identical in both implementations):
 * Integer sums and counts wrap modulo 2**64 like numpy int64 arithmetic. A table made with
   ``HashAgg(kind, value_dtype, check_overflow=True)`` also sets the sticky ``overflowed`` flag
   when an integer sum (or mean) leaves the int64 range (cleared when the table is emptied:
-  ``reset``, ``clear``, ``ship``; kept by compaction); other tables run loops with no check at
+  ``reset``, ``clear``, ``ship``; kept by compaction and pickling; settable, for a table
+  restored from its exported arrays, which do not carry it); other tables run loops with no check at
   all. Natively the flag is set when a running sum leaves the range; the numpy fallback checks
   each batch's exact sum and each join, so both set it whenever a key's final sum does not fit
   (and may differ on sums that leave the range and come back). Entries of one key in several
@@ -458,14 +459,18 @@ if _native is not None:
 
         def __reduce__(self):
             # pickles as its exported arrays (used by snapshots); rebuilt with one merge
-            return (_rebuild_native, (type(self), self.kind, self.value_dtype, self.check_overflow, *self.export()))
+            return (
+                _rebuild_native,
+                (type(self), self.kind, self.value_dtype, self.check_overflow, *self.export(), self.overflowed),
+            )
 
         def __repr__(self) -> str:
             return f"NativeHashAgg({self.kind!r}, {self.value_dtype!r}, len={len(self)})"
 
-    def _rebuild_native(cls, kind, value_dtype, check_overflow, keys, counts, vals):
+    def _rebuild_native(cls, kind, value_dtype, check_overflow, keys, counts, vals, overflowed=False):
         t = cls(kind, value_dtype, check_overflow)
         t.merge(keys, counts, vals)
+        t.overflowed = overflowed
         return t
 
     def ysb_baseline(

@@ -150,7 +150,7 @@ def _check_options(options: dict, local: bool, run_cluster_async) -> None:
     """Refuse a keyword `run` does not know, listing those it does, before anything starts."""
     own = _keywords(run_async)
     # a cluster run takes run_async's tuning too (each executor runs one), and SSB routing
-    cluster = _keywords(run_cluster_async) - {"executors", "transport", "mode"} | own | {"ssb_routing"}
+    cluster = _keywords(run_cluster_async) - {"executors", "transport", "mode"} | own | {"ssb_routing", "frontier"}
     for name in options:
         if local and name in cluster - own:
             raise DataflowError(f"run(): {name}= is an option of multi-executor runs; give executors=N as well")
@@ -219,7 +219,9 @@ async def run_async(
 def local_inputs(plan, inputs: dict[str, np.ndarray], *, slot_size: int, slots: int, watermark_every: int | None):
     """Executor inputs fed from in-memory arrays: an in-process channel per source, and a
     `start(nursery)` that starts a task streaming each array into its channel. A source whose
-    input is already a channel `Receiver` (an ingest endpoint's, say) reads from it directly."""
+    input is already a channel `Receiver` (an ingest endpoint's, say) reads from it directly;
+    one whose input has an async `feed(sender, spec, *, watermark_every)` (a connector, see
+    `slashrt.connectors`) gets the channel and fills it itself."""
     feeds = []
     executor_inputs = []
     for step_id, spec, records in _per_source(plan, inputs, "input"):
@@ -230,7 +232,8 @@ def local_inputs(plan, inputs: dict[str, np.ndarray], *, slot_size: int, slots: 
         if isinstance(records, Share):  # an executor's share of an array: it keeps the input's order
             plan.roots[step_id].carry(records)
             records = records.records
-        records = validate_input(step_id, spec.schema, records)
+        if not callable(getattr(records, "feed", None)):  # else a connector: it fills its channel
+            records = validate_input(step_id, spec.schema, records)
         ring = RingSpec(slots=slots, slot_size=slot_size, record_size=spec.schema.record_size)
         sender, receiver = open_inproc_channel(ring)
         feeds.append((sender, records, spec))
@@ -244,7 +247,9 @@ def local_inputs(plan, inputs: dict[str, np.ndarray], *, slot_size: int, slots: 
             nursery.start_soon(
                 lambda s=sender, r=records, sp=spec: feed_array(
                     s, r, time=sp.time, max_delay=sp.max_delay, watermark_every=watermark_every
-                ),
+                )
+                if isinstance(r, np.ndarray)
+                else r.feed(s, sp, watermark_every=watermark_every),
                 name=f"source:{spec.step_id}",
             )
 

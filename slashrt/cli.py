@@ -3,6 +3,7 @@
     slashrt demo                                YSB on a local cluster of 2 executor processes
     slashrt bench ysb|ro|cm|nexmark [--json]    benchmarks that verify their own results
         [--executors N --mode slash|uppar --zipf S]   ... on N executors (weak scaling)
+    slashrt bench redis [--url URL] [--json]    YSB from a Redis stream to a Redis stream
     slashrt bench report                        the scaling and skew sweeps, with plots
     slashrt executor [--listen HOST:PORT]       an executor agent for multi-host runs
     slashrt spark-demo [--events N] [--json]    Spark generates YSB, ingests into a 2-executor cluster
@@ -20,6 +21,7 @@ import numpy as np
 from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._logging import ENV_VAR, LEVELS
 from slashrt.errors import SlashError
+from slashrt.progress.frontier import FRONTIERS
 
 __all__ = ["main"]
 
@@ -94,6 +96,11 @@ def _add_cluster_options(p: argparse.ArgumentParser, *, transport: bool = True) 
         help="SSB: fold records into fragments first, or route each to its leader at once (default auto: by "
         "how many keys an epoch touches per record)",
     )
+    g.add_argument(
+        "--frontier", choices=list(FRONTIERS),
+        help="what windows fire on across executors: Slash's vector clock of executor watermarks (default) or the "
+        "same frontier derived from pointstamp counts by a progress tracker",
+    )
     if transport:
         g.add_argument("--transport", choices=["shm", "tcp", "verbs"], help="between executors (default shm)")
     _add_liveness_options(g)
@@ -165,6 +172,12 @@ def _parser() -> argparse.ArgumentParser:
     nex.add_argument("--zipf", type=_non_negative_float, default=0.0, help="Zipf exponent of auctions and bidders")
     _add_runtime_options(nex)
     _add_cluster_options(nex)
+
+    rds = queries.add_parser("redis", help="YSB from a Redis stream to a Redis stream (slashrt.connectors)")
+    rds.add_argument("--events", type=_positive_int, default=2_000_000)
+    rds.add_argument("--campaigns", type=_positive_int, default=1000)
+    rds.add_argument("--url", help="a Redis server to use (default: start a throw-away redis-server)")
+    _add_runtime_options(rds)
 
     report = queries.add_parser("report", help="weak-scaling and skew sweeps of every query, with PNG plots")
     report.add_argument("--events", type=_positive_int, default=4_000_000, help="records per executor per run")
@@ -244,7 +257,7 @@ def _given(argv: list[str]) -> set[str]:
     return set(vars(parser.parse_args(argv)))
 
 
-_CLUSTER_OPTIONS = ("executors", "mode", "epoch_bytes", "partitions", "ssb_routing")
+_CLUSTER_OPTIONS = ("executors", "mode", "epoch_bytes", "partitions", "ssb_routing", "frontier")
 
 
 def _flag(dest: str) -> str:
@@ -314,6 +327,7 @@ def _cluster_bench(args) -> dict:
         epoch_bytes=args.epoch_bytes,
         partitions=args.partitions,
         ssb_routing=args.ssb_routing,
+        frontier=args.frontier,
         params=params,
         records=records,
         **_runtime_options(args),
@@ -358,6 +372,11 @@ def _run_bench(args, given: set[str]) -> dict:
             events=args.events, campaigns=args.campaigns, zipf=args.zipf, input=args.input, output=args.output,
             ads=args.ads, disorder_ms=args.disorder_ms, show_progress=progress, **_runtime_options(args),
         )
+    if args.query == "redis":
+        _require(("redis",), "redis", "`slashrt bench redis`")
+        from slashrt.bench import redis_streams
+
+        return redis_streams.bench(events=args.events, campaigns=args.campaigns, url=args.url, **_runtime_options(args))
     if args.query == "ro":
         from slashrt.bench import ro
 
@@ -369,7 +388,7 @@ def _run_bench(args, given: set[str]) -> dict:
 
 
 # optional dependencies -> the extra that installs them (pyproject.toml)
-_EXTRAS = {"pyspark": "spark", "pandas": "spark", "matplotlib": "bench"}
+_EXTRAS = {"pyspark": "spark", "pandas": "spark", "matplotlib": "bench", "redis": "redis"}
 
 
 def _missing_extra(exc: ModuleNotFoundError) -> str | None:

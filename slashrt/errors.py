@@ -10,6 +10,10 @@ __all__ = [
     "OperatorError",
     "DataflowError",
     "OptionError",
+    "SnapshotError",
+    "SnapshotCorrupt",
+    "SnapshotVersionError",
+    "ConnectorError",
     "first_error",
     "unwrap_groups",
 ]
@@ -37,6 +41,23 @@ class DataflowError(SlashError, ValueError):
 
 class OptionError(SlashError, ValueError):
     """An option (of `run`, the logging set-up or the command line) is out of its range; names it."""
+
+
+class SnapshotError(SlashError):
+    """A snapshot (a checkpoint's state file or manifest) cannot be written or read; names it."""
+
+
+class SnapshotCorrupt(SnapshotError):
+    """A snapshot file or manifest is truncated, corrupt or missing; names the file and what is wrong."""
+
+
+class SnapshotVersionError(SnapshotError):
+    """A snapshot was written in a format this slashrt does not know (by a later slashrt)."""
+
+
+class ConnectorError(SlashError):
+    """An external system a source or sink talks to (a broker) cannot be reached, failed, or
+    holds data the connector cannot read; names the system (its URL) and the item."""
 
 
 class OperatorError(SlashError):

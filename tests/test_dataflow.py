@@ -164,7 +164,13 @@ def test_project_dropping_the_time_column_drops_event_time():
     [
         (dict(time="nope"), SchemaError, "time column 'nope' is not in"),
         (dict(time="v"), SchemaError, "time column 'v' must be an integer"),
-        (dict(time="t", max_delay=-1), DataflowError, "max_delay must be a whole number of milliseconds from 0"),
+        (dict(time="t", max_delay=-1), DataflowError, "max_delay must be a whole number of milliseconds .* from 0"),
+        (
+            dict(time="t", time_unit="us", max_delay=-1),
+            DataflowError,
+            r"max_delay must be a whole number of microseconds \(the source's time_unit\)",
+        ),
+        (dict(time="t", time_unit="s", max_delay=0.5), DataflowError, "max_delay must be a whole number of seconds"),
         (dict(time="t", max_delay=1.5), DataflowError, r"source 'events': max_delay .* got 1\.5"),
         (dict(time="t", max_delay=2**63 - 1), DataflowError, "from 0 to 2\\*\\*62, got 9223372036854775807"),
         (dict(time="t", max_delay=True), DataflowError, "got True"),

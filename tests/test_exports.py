@@ -1,6 +1,7 @@
 """The public surface is deliberate: adding or removing a name must change this test too."""
 
 import slashrt
+import slashrt.connectors
 import slashrt.sinks
 import slashrt.testing
 import slashrt.transport
@@ -20,7 +21,7 @@ def test_top_level_surface():
 
 
 def test_every_exported_name_exists():
-    for module in (slashrt, slashrt.sinks, slashrt.testing, slashrt.transport):
+    for module in (slashrt, slashrt.connectors, slashrt.sinks, slashrt.testing, slashrt.transport):
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name} is exported but missing"
 

@@ -288,9 +288,14 @@ def test_integer_sum_overflow_sets_the_sticky_flag(impl, kind, n):
     assert t.overflowed
     t.ship()
     assert not t.overflowed
-    # kept by pickling (snapshots) and by clear()
+    # kept by pickling (snapshots), flag and all, and by clear()
+    t.merge(np.array([3, 3], np.int64), np.array([1, 1], np.int64), np.array([I64_MAX, I64_MAX - 1], np.int64))
+    assert pickle.loads(pickle.dumps(t)).overflowed
     t.clear()
     assert pickle.loads(pickle.dumps(t)).check_overflow
+    # settable: a table restored from exported arrays (which do not carry it) takes it back
+    t.overflowed = True
+    assert t.overflowed
 
 
 def test_integer_sums_of_several_epochs_are_checked_when_compaction_joins_them(impl):

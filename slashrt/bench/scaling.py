@@ -120,6 +120,7 @@ def bench_with_result(
     epoch_bytes: int | None = None,
     partitions: int | None = None,
     ssb_routing: str | None = None,
+    frontier: str | None = None,
     params: dict | None = None,
     records: np.ndarray | None = None,
     **options,
@@ -139,7 +140,10 @@ def bench_with_result(
         source = make = PerExecutor(functools.partial(_make, query, events, zipf, params))
         expected = lazy(lambda: q.reference(np.concatenate([make.make(i, executors) for i in range(executors)]), **params))
     extra = {
-        k: v for k, v in (("epoch_bytes", epoch_bytes), ("partitions", partitions), ("ssb_routing", ssb_routing))
+        k: v
+        for k, v in (
+            ("epoch_bytes", epoch_bytes), ("partitions", partitions), ("ssb_routing", ssb_routing), ("frontier", frontier)
+        )
         if v is not None
     }
     best, correct, got = None, True, None

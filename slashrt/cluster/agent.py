@@ -87,7 +87,10 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
     bound = log.bind(executor=job.index, executors=job.executors, mode=job.mode, transport=job.transport)
     opts = dict(job.options)
     routing = opts.pop("ssb_routing", "auto")
-    role = ClusterRole(job.index, Partitioning(job.partitions, job.executors), job.mode, job.epoch_bytes, routing)
+    frontier = opts.pop("frontier", "vectorclock")
+    role = ClusterRole(
+        job.index, Partitioning(job.partitions, job.executors), job.mode, job.epoch_bytes, routing, frontier
+    )
     plan = build_plan(job.flow, role)
     _executor_sinks(plan, job.index)
     exchanges = {x.step_id: x for x in plan.exchanges()}

@@ -41,7 +41,7 @@ import time
 import structlog
 import trio
 
-from slashrt._plan import MODES, build_plan, check_cluster_flow
+from slashrt._plan import MODES, build_plan, check_cluster_flow, check_frontier
 from slashrt._runtime import RunResult, _per_source
 from slashrt.cluster._job import Ingest, Job, PerExecutor, job_message, split_input
 from slashrt.cluster._liveness import (
@@ -264,6 +264,8 @@ def _shares(plan, inputs: dict, executors: int) -> list[dict]:
     shares: list[dict] = [{} for _ in range(executors)]
     for step_id, spec, value in _per_source(plan, inputs, "input"):
         name = step_id.split(".", 1)[1]
+        if callable(getattr(value, "feed", None)):  # a connector source (slashrt.connectors)
+            raise DataflowError(f"source {name!r}: {value!r} feeds one executor only for now; run with executors=1")
         own = isinstance(value, (PerExecutor, Ingest))  # each executor makes (or opens) its own
         parts = [value] * executors if own else split_input(validate_input(step_id, spec.schema, value), spec.time, executors)
         for i in range(executors):
@@ -312,6 +314,9 @@ async def run_cluster_async(
 ) -> RunResult:
     """Run `flow` on N executors: `executors` is a count (local processes spawned here) or a
     list of agents' "HOST:PORT" addresses (agents started with `slashrt executor`).
+    `frontier` (an option) chooses what the exchanges' gates fire windows on: "vectorclock"
+    (Slash's vector of executor watermarks, the default) or "pointstamp" (the same frontier
+    derived from pointstamp counts by a progress tracker); results are identical.
     `on_ready({source: [IngestTarget per executor]})` is called once every executor is ready,
     before the run starts; `Ingest` inputs need it (it is how their producers find them).
     The coordinator and every agent send each other a heartbeat every `heartbeat_interval`
@@ -326,6 +331,7 @@ async def run_cluster_async(
     if partitions < 1 or epoch_bytes < 1:
         raise DataflowError(f"partitions and epoch_bytes must be positive, got {partitions} and {epoch_bytes}")
     check_routing(options.get("ssb_routing", "auto"))
+    check_frontier(options.get("frontier", "vectorclock"))
     check_heartbeat(heartbeat_interval, heartbeat_timeout)
     options.pop("on_records", None)  # records processed are reported by each executor's log, not here
     local = isinstance(executors, int)

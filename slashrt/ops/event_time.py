@@ -33,7 +33,7 @@ from slashrt._batch import Batch
 from slashrt._kernels import gather, minmax
 from slashrt.ops._node import Node
 
-__all__ = ["SourceNode", "Share", "blocks_before", "watermark_of", "NO_TIME", "I64_MIN", "I64_MAX"]
+__all__ = ["SourceNode", "Share", "blocks_before", "watermark_of", "window_promise", "NO_TIME", "I64_MIN", "I64_MAX"]
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 NO_TIME = I64_MIN  # no watermark yet
@@ -69,8 +69,9 @@ class Share:
         return len(self.records)
 
 
-def _promise(watermark: np.ndarray, size: int, slide: int) -> np.ndarray:
-    """End of the last window (of `size` every `slide`) complete at each watermark."""
+def window_promise(watermark, size: int, slide: int):
+    """End of the last window (of `size` every `slide`) complete at each watermark (an int
+    or an int64 array)."""
     return (watermark - size) // slide * slide + size
 
 
@@ -149,7 +150,7 @@ class SourceNode(Node):
         at = watermarks[behind]
         crossed = np.zeros(len(behind) - 1, bool)
         for size, slide in self.grids:
-            ends = _promise(at, size, slide)
+            ends = window_promise(at, size, slide)
             crossed |= ends[1:] != ends[:-1]
         cuts = behind[[0, *(np.flatnonzero(crossed) + 1)]].tolist()
         if cuts[0]:
@@ -196,7 +197,7 @@ class SourceNode(Node):
         if watermark > self.announced and (always or watermark >= self._next_end):
             self.announced = watermark
             self._next_end = min(
-                (int(_promise(watermark, size, slide)) + slide for size, slide in self.grids), default=I64_MAX
+                (int(window_promise(watermark, size, slide)) + slide for size, slide in self.grids), default=I64_MAX
             )
             if self.clock is None:
                 await super().on_watermark(watermark)

@@ -16,6 +16,7 @@ from slashrt._buffer import Control
 from slashrt._schema import Schema
 from slashrt.ops._node import Node
 from slashrt.progress import Frontier
+from slashrt.progress.frontier import END_TIME
 from slashrt.transport import Sender
 
 __all__ = ["ChannelSink", "FrontierGate", "Inbound", "END_TIME"]
@@ -50,9 +51,6 @@ class ChannelSink:
 
     def close(self) -> None:
         pass
-
-
-END_TIME = 2**63 - 1  # a source's watermark once its stream has ended
 
 
 class FrontierGate:

@@ -5,6 +5,10 @@ Every sink has `open()`, `write(records)` with a structured numpy array, and `cl
 with `expect(dtype)` learns from the plan the dtype of the records it will see (so `Collect`
 returns an empty array of it when none came).
 
+With `transactional=True`, `CsvFile` / `ParquetFile` (a directory of part files) and `Collect`
+take part in checkpoints with two-phase commit (`slashrt.snapshot.commit`): output is visible
+only once the checkpoint covering it is committed.
+
 In files, fixed-size bytes columns are written as numpy shows their values: `S<n>` columns
 are text (UTF-8 strings, the NUL padding dropped), `V<n>` columns are raw bytes (Parquet:
 fixed_size_binary, CSV: hex).
@@ -21,6 +25,7 @@ import pyarrow as pa
 from slashrt._batch import Batch
 from slashrt.errors import OperatorError, SchemaError
 from slashrt.ops._node import Node
+from slashrt.snapshot.commit import NotTransactional, PartFiles, PendingRecords
 
 __all__ = ["Collect", "Callback", "CsvFile", "ParquetFile", "SinkNode", "to_arrow"]
 
@@ -29,11 +34,14 @@ class Collect:
     """Keep every record in memory; after the run, `records` holds them as one array.
 
     Batches are kept as they come and joined into one array when `records` is first read,
-    so collecting costs one copy at most (none for batches the runtime made for the sink)."""
+    so collecting costs one copy at most (none for batches the runtime made for the sink).
+    With `transactional=True`, records show in `records` only once committed (two-phase commit)."""
 
     default_name = "collect"
 
-    def __init__(self):
+    def __init__(self, *, transactional: bool = False):
+        self.transactional = transactional
+        self._transactions = PendingRecords() if transactional else NotTransactional(self)
         self._parts: list[np.ndarray] = []
         self._records: np.ndarray | None = None
         self._expected: np.dtype | None = None  # the dtype of the stream, from the plan
@@ -50,10 +58,26 @@ class Collect:
         self._parts = []
         self._records = None
         self._opened = True
+        if self.transactional:
+            self._transactions = PendingRecords()
 
     def write(self, records: np.ndarray) -> None:
         # a batch of raw input is a view into a channel slot that is reused once released
-        self._parts.append(records if records.flags.owndata else records.copy())
+        owned = records if records.flags.owndata else records.copy()
+        (self._transactions.add if self.transactional else self._parts.append)(owned)
+
+    # two-phase commit (transactional=True): see slashrt.snapshot.commit
+    def pre_commit(self, checkpoint: int) -> None:
+        self._transactions.pre_commit(checkpoint)
+
+    def commit(self, checkpoint: int) -> None:
+        self._parts.extend(self._transactions.commit(checkpoint))
+
+    def abort(self, checkpoint: int) -> None:
+        self._transactions.abort(checkpoint)
+
+    def pending(self) -> list[int]:
+        return self._transactions.pending()
 
     def close(self) -> None:
         pass
@@ -176,25 +200,52 @@ def _is_utf8(value: bytes) -> bool:
 
 
 class _ArrowFile:
-    hex_bytes = False  # how V<n> columns are written: raw binary, or hex text
+    """A file, or with `transactional=True` a directory of part files that checkpoints publish
+    (`part-<checkpoint>-<executor><suffix>`, see `slashrt.snapshot.commit.PartFiles`)."""
 
-    def __init__(self, path):
+    hex_bytes = False  # how V<n> columns are written: raw binary, or hex text
+    suffix = ""
+
+    def __init__(self, path, *, transactional: bool = False, executor: int = 0):
         self.path = Path(path)
+        self.transactional = transactional
+        self._transactions = PartFiles(self.path, executor, self.suffix) if transactional else NotTransactional(self)
         self._writer = None
 
     def for_executor(self, index: int):
-        """Executor `index`'s part file in a multi-executor run: out.csv -> out-1.csv."""
+        """Executor `index`'s part file in a multi-executor run: out.csv -> out-1.csv (a
+        transactional sink: the same directory, the index in the part files' names)."""
+        if self.transactional:
+            return type(self)(self.path, transactional=True, executor=index)
         return type(self)(self.path.with_name(f"{self.path.stem}-{index}{self.path.suffix}"))
 
     def open(self) -> None:
         self._writer = None
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.transactional:
+            self._transactions.open()
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, records: np.ndarray) -> None:
         table = to_arrow(records, hex_bytes=self.hex_bytes)
         if self._writer is None:
-            self._writer = self._make_writer(table.schema)
+            path = self._transactions.open_path if self.transactional else self.path
+            self._writer = self._make_writer(str(path), table.schema)
         self._writer.write_table(table)
+
+    # two-phase commit (transactional=True): see slashrt.snapshot.commit
+    def pre_commit(self, checkpoint: int) -> None:
+        self.close()  # a Parquet file is whole only with its footer
+        self._transactions.pre_commit(checkpoint)
+
+    def commit(self, checkpoint: int) -> None:
+        self._transactions.commit(checkpoint)
+
+    def abort(self, checkpoint: int) -> None:
+        self._transactions.abort(checkpoint)
+
+    def pending(self) -> list[int]:
+        return self._transactions.pending()
 
     def close(self) -> None:
         if self._writer is not None:
@@ -207,22 +258,24 @@ class CsvFile(_ArrowFile):
 
     default_name = "csv"
     hex_bytes = True
+    suffix = ".csv"
 
-    def _make_writer(self, schema):
+    def _make_writer(self, path: str, schema):
         import pyarrow.csv
 
-        return pyarrow.csv.CSVWriter(str(self.path), schema)
+        return pyarrow.csv.CSVWriter(path, schema)
 
 
 class ParquetFile(_ArrowFile):
     """Write records to a Parquet file (`S<n>` columns as strings, `V<n>` as fixed-size binary)."""
 
     default_name = "parquet"
+    suffix = ".parquet"
 
-    def _make_writer(self, schema):
+    def _make_writer(self, path: str, schema):
         import pyarrow.parquet
 
-        return pyarrow.parquet.ParquetWriter(str(self.path), schema)
+        return pyarrow.parquet.ParquetWriter(path, schema)
 
 
 class SinkNode(Node):

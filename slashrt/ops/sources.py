@@ -4,6 +4,8 @@
 channel (payload, then footer) and, every `watermark_every` buffers, sends a watermark
 control buffer: the largest event time seen so far minus the declared out-of-orderness bound.
 At the end it closes the channel (END_OF_STREAM), which completes every window downstream.
+`ChannelFeeder` is that filling for a source whose records come in several arrays (a broker's
+reads, `slashrt.connectors`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from slashrt.errors import SchemaError
 from slashrt.ops.event_time import watermark_of
 from slashrt.transport import Sender
 
-__all__ = ["feed_array", "validate_input"]
+__all__ = ["ChannelFeeder", "feed_array", "validate_input"]
 
 
 def validate_input(step_id: str, schema: Schema, records) -> np.ndarray:
@@ -39,48 +41,68 @@ async def feed_array(
     max_delay: int,
     watermark_every: int = 16,
 ) -> None:
-    size = records.dtype.itemsize
-    per_slot = sender.spec.payload_capacity // size
-    raw = records.view(np.uint8).reshape(-1)
-    n = len(records)
-    full_slots, tail = divmod(n, per_slot)
-    time_offset = -1 if time is None else records.dtype.fields[time][1]
-    fused = time is None or records.dtype.fields[time][0] == np.dtype("<i8")
-
-    def fill(view: np.ndarray, first: int, count: int) -> int | None:
-        """Copy `count` records per row of `view` from record `first` on; return their max time.
-
-        The max is read from the slots just written (in cache), in the same native pass as the
-        copy, not from the input (another pass over main memory)."""
-        row_bytes = count * size
-        src = raw[first * size : first * size + view.shape[0] * row_bytes]
-        if fused:
-            top = copy_rows_max(view, src, row_bytes, size, time_offset)
-            return None if time is None else top
-        view[:, :row_bytes] = src.reshape(view.shape[0], row_bytes)
-        return int(view[:, :row_bytes].view(records.dtype)[time].max())
-
-    max_time = None
-    sent = 0  # data buffers posted
-    while sent < full_slots + (tail > 0):
-        want = min(max(1, sender.spec.slots // 2), full_slots + (tail > 0) - sent)
-        if sender.credits() < want:
-            # wait for half a ring of credits, not one: writing (and so computing) runs of
-            # buffers amortises the fixed cost per step; cf. silly-window avoidance in TCP
-            await sender.wait_credit(want)
-        # as many full slots as one copy can fill: up to the credits, the ring's end, the input's
-        # last full slot and the next watermark
-        k = min(sender.contiguous_credits(), full_slots - sent, watermark_every - sent % watermark_every)
-        count = per_slot if k > 0 else tail
-        k = max(k, 1)  # else: the last, partial slot
-        run_max = fill(sender.reserve_run(k), sent * per_slot, count)
-        if run_max is not None:
-            max_time = run_max if max_time is None else max(max_time, run_max)
-        sender.post_run(k, nbytes=count * size, count=count)
-        sent += k
-        end = min(sent * per_slot, n)
-        if sent % watermark_every == 0 or end == n:
-            if max_time is not None:
-                await sender.send_control(Control.WATERMARK, watermark_of(max_time, max_delay))
-            await trio.lowlevel.checkpoint()
+    feeder = ChannelFeeder(sender, time=time, max_delay=max_delay, watermark_every=watermark_every)
+    await feeder.feed(records)
     await sender.aclose()
+
+
+class ChannelFeeder:
+    """Fills a channel from consecutive arrays of one source (an in-memory input at once, a
+    broker's reads one after another): full slots by runs, a watermark every `watermark_every`
+    buffers and after each array; the largest event time and the cadence carry across arrays."""
+
+    def __init__(self, sender: Sender, *, time: str | None, max_delay: int, watermark_every: int = 16):
+        self.sender = sender
+        self.time = time
+        self.max_delay = max_delay
+        self.watermark_every = watermark_every
+        self.max_time: int | None = None
+        self.sent = 0  # data buffers posted
+
+    async def feed(self, records: np.ndarray) -> None:
+        """Send a contiguous structured array (of the channel's record layout) into the channel."""
+        sender, time, watermark_every = self.sender, self.time, self.watermark_every
+        size = records.dtype.itemsize
+        per_slot = sender.spec.payload_capacity // size
+        raw = records.view(np.uint8).reshape(-1)
+        n = len(records)
+        full_slots, tail = divmod(n, per_slot)
+        time_offset = -1 if time is None else records.dtype.fields[time][1]
+        fused = time is None or records.dtype.fields[time][0] == np.dtype("<i8")
+
+        def fill(view: np.ndarray, first: int, count: int) -> int | None:
+            """Copy `count` records per row of `view` from record `first` on; return their max time.
+
+            The max is read from the slots just written (in cache), in the same native pass as the
+            copy, not from the input (another pass over main memory)."""
+            row_bytes = count * size
+            src = raw[first * size : first * size + view.shape[0] * row_bytes]
+            if fused:
+                top = copy_rows_max(view, src, row_bytes, size, time_offset)
+                return None if time is None else top
+            view[:, :row_bytes] = src.reshape(view.shape[0], row_bytes)
+            return int(view[:, :row_bytes].view(records.dtype)[time].max())
+
+        sent = 0  # data buffers of this array posted
+        while sent < full_slots + (tail > 0):
+            want = min(max(1, sender.spec.slots // 2), full_slots + (tail > 0) - sent)
+            if sender.credits() < want:
+                # wait for half a ring of credits, not one: writing (and so computing) runs of
+                # buffers amortises the fixed cost per step; cf. silly-window avoidance in TCP
+                await sender.wait_credit(want)
+            # as many full slots as one copy can fill: up to the credits, the ring's end, the input's
+            # last full slot and the next watermark
+            k = min(sender.contiguous_credits(), full_slots - sent, watermark_every - self.sent % watermark_every)
+            count = per_slot if k > 0 else tail
+            k = max(k, 1)  # else: the last, partial slot
+            run_max = fill(sender.reserve_run(k), sent * per_slot, count)
+            if run_max is not None:
+                self.max_time = run_max if self.max_time is None else max(self.max_time, run_max)
+            sender.post_run(k, nbytes=count * size, count=count)
+            sent += k
+            self.sent += k
+            end = min(sent * per_slot, n)
+            if self.sent % watermark_every == 0 or end == n:
+                if self.max_time is not None:
+                    await sender.send_control(Control.WATERMARK, watermark_of(self.max_time, self.max_delay))
+                await trio.lowlevel.checkpoint()

@@ -52,9 +52,10 @@ from slashrt._buffer import Control
 from slashrt._dataflow import WindowAggSpec
 from slashrt.errors import DataflowError, OperatorError
 from slashrt.ops._node import Node
-from slashrt.ops.exchange import END_TIME, FrontierGate, Inbound
+from slashrt.ops.exchange import FrontierGate, Inbound
 from slashrt.ops.window import NO_TIME, WindowAggregate, _flat
-from slashrt.progress import VectorClock
+from slashrt.progress import make_frontier
+from slashrt.progress.frontier import END_TIME
 from slashrt.ssb.crdt import records_as_partials
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import Sender
@@ -171,6 +172,7 @@ class SsbWindowAggregate(WindowAggregate):
         partitioning: Partitioning,
         epoch_bytes: int,
         routing: str = "auto",
+        frontier: str = "vectorclock",
     ):
         if spec.value_dtype is None:
             raise DataflowError(
@@ -186,7 +188,7 @@ class SsbWindowAggregate(WindowAggregate):
         self.index = index
         self.partitioning = partitioning
         self.epoch_bytes = epoch_bytes
-        self.gate = FrontierGate(self.merged, VectorClock(partitioning.executors))
+        self.gate = FrontierGate(self.merged, make_frontier(frontier, partitioning.executors))
         self.shippers: dict[int, Shipper] = {}  # peer executor -> its outgoing channel
         self.exchange_dtype = delta_dtype(self.value_dtype)
         self.epoch = 0

@@ -21,9 +21,10 @@ from slashrt._kernels import minmax
 from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
 from slashrt.ops.event_time import NO_TIME
-from slashrt.ops.exchange import END_TIME, FrontierGate, Inbound
+from slashrt.ops.exchange import FrontierGate, Inbound
 from slashrt.ops.window import WindowAggregate, check_key_type, check_uint64_values
-from slashrt.progress import VectorClock
+from slashrt.progress import make_frontier
+from slashrt.progress.frontier import END_TIME
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import Sender
 
@@ -46,7 +47,10 @@ def routed_dtype(spec: WindowAggSpec) -> np.dtype:
 class RouteByOwner(Node):
     """Stands where the window is in the local pipeline: routes rows to their owners."""
 
-    def __init__(self, spec: WindowAggSpec, window: WindowAggregate, *, index: int, partitioning: Partitioning):
+    def __init__(
+        self, spec: WindowAggSpec, window: WindowAggregate, *, index: int, partitioning: Partitioning,
+        frontier: str = "vectorclock",
+    ):
         self.window = window
         window.counts_late = False  # records are judged here, where they are read
         super().__init__(f"{spec.step_id}.route")
@@ -54,7 +58,7 @@ class RouteByOwner(Node):
         self.index = index
         self.partitioning = partitioning
         self.exchange_dtype = routed_dtype(spec)
-        self.gate = FrontierGate(window, VectorClock(partitioning.executors))
+        self.gate = FrontierGate(window, make_frontier(frontier, partitioning.executors))
         self.senders: dict[int, Sender] = {}  # owner executor -> channel to it
         self.fired_until = NO_TIME  # windows ending at or before this are closed for this executor's records
 

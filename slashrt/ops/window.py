@@ -32,7 +32,7 @@ from slashrt._dataflow import WindowAggSpec
 from slashrt._kernels import HashAgg, gather, minmax
 from slashrt.errors import DataflowError, OperatorError
 from slashrt.ops._node import Node
-from slashrt.ops.event_time import I64_MAX, I64_MIN, NO_TIME
+from slashrt.ops.event_time import I64_MAX, I64_MIN, NO_TIME, window_promise
 from slashrt.ssb.crdt import AggKind, finalize
 
 __all__ = ["Tumbling", "Sliding", "WindowAggregate", "WindowState", "check_key_type", "check_uint64_values"]
@@ -117,6 +117,8 @@ class WindowState:
     fired_until: int
     late_records: int
     tails: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = attrs.field(factory=dict)
+    # the slices (ids) and tails (keys) whose int64 sum overflowed (overflow="error")
+    overflowed: set[int | tuple[int, int]] = attrs.field(factory=set)
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -160,9 +162,6 @@ class WindowAggregate(Node):
         # int64 or float64 accumulators; decided by the value column (at the first batch if its
         # type was not known when the dataflow was built)
         self.value_dtype = spec.value_dtype
-        # the key column's type, which results keep (keys are held as int64, a uint64 key as
-        # its bit pattern); None until known: int64 unless the first batch says otherwise
-        self.key_dtype = spec.key_dtype
         self.slices: dict[int, HashAgg] = {}
         # (slice, closed_until) -> partials of records judged where they were read (another
         # executor) as late for the windows of the slice ending by closed_until: they join
@@ -253,8 +252,7 @@ class WindowAggregate(Node):
         if keys.dtype != np.int64:
             if keys.dtype.kind not in "iu":  # its type may be known only now (a with_column)
                 raise OperatorError(self.step_id, f"key column {self.spec.key!r} must be integers, is {keys.dtype}")
-            if self.key_dtype is None:
-                check_key_type(self.spec, keys.dtype)
+            check_key_type(self.spec, keys.dtype)
             keys = keys.astype(np.int64)  # a uint64 key keeps its bits (modulo 2**64)
         if values is not None and values.dtype != self.value_dtype:
             if values.dtype.kind not in "biuf":
@@ -341,8 +339,9 @@ class WindowAggregate(Node):
                 partly = self._earliest_end(slice_ids) <= closed_until
                 keys, values = self._fields(batch.select(partly))
                 keys, values = _flat(keys), None if values is None else _flat(values)
-                for s in np.unique(slice_ids[partly]).tolist():
-                    rows = slice_ids[partly] == s
+                partly_ids = slice_ids[partly]
+                for s in np.unique(partly_ids).tolist():
+                    rows = partly_ids == s
                     self.update_slice(s, keys[rows], None if values is None else values[rows], closed_until)
                 batch = batch.select(~partly)
         if len(batch):
@@ -370,7 +369,7 @@ class WindowAggregate(Node):
     def promise(self, watermark: int) -> int:
         """The end of the last window complete by `watermark` (every window ending at or before
         it may fire); NO_TIME if that window would start before int64's range."""
-        return max((watermark - self.size) // self.slide * self.slide + self.size, NO_TIME)
+        return max(window_promise(watermark, self.size, self.slide), NO_TIME)
 
     def _check_times(self, tmin: int, tmax: int) -> None:
         """Refuse event times whose windows do not fit in int64 (they cannot be reported)."""
@@ -485,7 +484,9 @@ class WindowAggregate(Node):
 
     def _result_dtype(self, value_dtype) -> np.dtype:
         if self._out_dtype is None:
-            key_dtype = "<i8" if self.key_dtype is None else self.key_dtype
+            # keys are held as int64 (a uint64 key as its bit pattern): results give them in the
+            # key column's type where it was known when the dataflow was built
+            key_dtype = "<i8" if self.spec.key_dtype is None else self.spec.key_dtype
             self._out_dtype = np.dtype(
                 [("window_start", "<i8"), ("window_end", "<i8"), (self.spec.key, key_dtype), (self.spec.output, value_dtype)]
             )
@@ -496,17 +497,15 @@ class WindowAggregate(Node):
         return WindowState(
             {s: agg.export() for s, agg in self.slices.items()}, self.next_start, self.fired_until, self.late_records,
             {k: agg.export() for k, agg in self.tails.items()},
+            {k for tables in (self.slices, self.tails) for k, agg in tables.items() if agg.overflowed},
         )
 
     def restore(self, state: WindowState) -> None:
-        self.slices = {}
-        for s, (keys, counts, vals) in state.slices.items():
-            self.value_dtype = vals.dtype.newbyteorder("<")
-            self._slice(s).merge(keys, counts, vals)
-        self.tails = {}
-        for k, (keys, counts, vals) in state.tails.items():
-            self.value_dtype = vals.dtype.newbyteorder("<")
-            self.tails[k] = self._table()
-            self.tails[k].merge(keys, counts, vals)
+        self.slices, self.tails = {}, {}
+        for tables, parts in ((self.slices, state.slices), (self.tails, state.tails)):
+            for k, (keys, counts, vals) in parts.items():
+                self.value_dtype = vals.dtype.newbyteorder("<")
+                tables[k] = self._table()
+                tables[k].merge(keys, counts, vals)
+                tables[k].overflowed = k in state.overflowed
         self.next_start, self.fired_until, self.late_records = state.next_start, state.fired_until, state.late_records
-

@@ -1,8 +1,9 @@
 """Progress tracking: when can a window fire? (Slash's property P1.)
 
-`Frontier` is the small interface the runtime asks; `VectorClock` is Slash's implementation
-(the vector of every executor's low watermark, carried with epoch deltas), and the one the
-runtime uses today.
+`Frontier` is the small interface the SSB's epoch protocol asks; `VectorClock` is Slash's
+implementation (the vector of every executor's low watermark, carried with epoch deltas) and
+`PointstampClock` the same frontier derived from pointstamps by a `Tracker`; a run picks one
+(`frontier="vectorclock" | "pointstamp"`).
 
 Naiad-style pointstamp tracking is built beside it, one pure concept per module (no I/O, no
 trio), each with its laws in its docstring and a property test per law in tests/progress/:
@@ -13,33 +14,39 @@ trio), each with its laws in its docstring and a property test per law in tests/
 - `reachability`: graph `Builder` -> `Reachability`: least summaries, `could_result_in`
 - `tracker`:      `Tracker`: pointstamp occurrence counts -> the frontier at every location
 - `exchange`:     `ProgressExchange`: the distributed protocol's per-executor state machine
+- `wire`:         `ProgressCodec`: its messages as compact, validated bytes
 """
 
 from slashrt.progress.antichain import Antichain, ChangeBatch, MutableAntichain
 from slashrt.progress.exchange import ProgressExchange, project
-from slashrt.progress.frontier import Frontier, VectorClock
+from slashrt.progress.frontier import FRONTIERS, Frontier, PointstampClock, VectorClock, make_frontier
 from slashrt.progress.reachability import Builder, Location, Reachability
 from slashrt.progress.summary import EGRESS, IDENTITY, INGRESS, PathSummary, feedback
 from slashrt.progress.timestamp import Timestamp
 from slashrt.progress.tracker import Tracker, move_capability
+from slashrt.progress.wire import ProgressCodec
 
 __all__ = [
     "Antichain",
     "Builder",
     "ChangeBatch",
     "EGRESS",
+    "FRONTIERS",
     "Frontier",
     "IDENTITY",
     "INGRESS",
     "Location",
     "MutableAntichain",
     "PathSummary",
+    "PointstampClock",
+    "ProgressCodec",
     "ProgressExchange",
     "Reachability",
     "Timestamp",
     "Tracker",
     "VectorClock",
     "feedback",
+    "make_frontier",
     "move_capability",
     "project",
 ]

@@ -134,7 +134,7 @@ class IngestEndpoint:
         self._sender = InprocSender(shared)
         self.receiver = _EndpointReceiver(shared, self)
         self._listener_cms: list = []
-        self._listeners: list = []  # tcp, then verbs where offered
+        self._listeners: list = []  # tcp, and verbs where offered
         self.address: tuple[str, int] | None = None
         self.verbs_address: tuple[str, int] | None = None
         self._staged: dict[int, dict[tuple[int, int], _Attempt]] = {}
@@ -200,17 +200,18 @@ class IngestEndpoint:
         async with open_channels() as channels, trio.open_nursery() as nursery:
             nursery.start_soon(self._forward)
             for listener in self._listeners:
-                nursery.start_soon(self._accept, channels, listener, nursery, listener is not self._listeners[0])
+                nursery.start_soon(self._accept, channels, listener)
 
-    async def _accept(self, channels, listener, nursery: trio.Nursery, verbs: bool) -> None:
-        """Take every connection that proves the secret, set up concurrently (`_accept`) and
-        driven by `channels`: a stranger's connection is dropped (and counted) without delaying
-        a task's."""
+    async def _accept(self, channels, listener) -> None:
+        """Take every connection that proves the secret, set up concurrently (`_accept`),
+        driven by `channels` and served in a task of its own: a stranger's connection is
+        dropped (and counted) without delaying a task's."""
+        verbs = listener.medium == "verbs"
 
-        def take(rx) -> None:
+        async def take(rx) -> None:
             self.stats.connections += 1
             self.stats.verbs_connections += verbs
-            nursery.start_soon(self._connection, rx)
+            await self._connection(rx)
 
         def refused(peer: str, reason: str) -> None:
             self.stats.refused_connections += 1

@@ -24,7 +24,7 @@ and the callers pick how many peers they wait for:
 * `authenticated_peers(listener)`: a channel of every peer, for as long as a block runs,
   the ones that arrive while earlier ones are served waiting their turn (an agent's
   coordinators, one job at a time);
-* `accept_authenticated(listener, n)`: the first n peers (a channel listener's `accept()`;
+* `accept_authenticated(listener, n)`: the first n peers (`Channels.accept`;
   connections still being set up when the n-th peer is in are closed);
 * `accept_each(listeners, timeout=...)`: one peer on each listener, within a deadline; the
   failure names the listeners nobody connected to (the exchange channels of a job).
@@ -52,9 +52,11 @@ __all__ = [
     "SETUP_TIMEOUT",
     "HandshakeListener",
     "PeersMissing",
+    "TcpAcceptor",
     "accept_authenticated",
     "accept_each",
     "authenticated_peers",
+    "peer_name",
     "serve_authenticated",
 ]
 
@@ -243,6 +245,23 @@ async def accept_each(listeners: dict, *, timeout: float = math.inf, describe: C
     return ends
 
 
+def peer_name(address) -> str:
+    """How logs and errors name a TCP peer: host:port ([host]:port for IPv6)."""
+    host, port = address[0], address[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class TcpAcceptor:
+    """The raw accept of a listener over a listening trio TCP socket (`_sock`): the tcp and
+    verbs channel listeners' `accept_connection`."""
+
+    _sock: trio.socket.SocketType
+
+    async def accept_connection(self) -> tuple[trio.SocketStream, str]:
+        tsock, address = await self._sock.accept()
+        return trio.SocketStream(tsock), peer_name(address)
+
+
 class HandshakeListener:
     """A trio listener (e.g. from `trio.open_tcp_listeners`) whose streams count as peers once
     they prove the cluster secret; the stream itself is the end."""
@@ -256,14 +275,14 @@ class HandshakeListener:
     async def accept_connection(self) -> tuple[trio.SocketStream, str]:
         stream = await self.listener.accept()
         try:
-            host, port = stream.socket.getpeername()[:2]
+            address = stream.socket.getpeername()
         except OSError:
-            host, port = "?", 0
-        return stream, f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            address = ("?", 0)
+        return stream, peer_name(address)
 
     async def set_up(self, stream: trio.SocketStream, peer: str) -> trio.SocketStream:
         try:
-            await server_handshake(stream, self._secret, timeout=math.inf)  # the acceptor's deadline bounds it
+            await server_handshake(stream, self._secret)
         except BaseException:
             await _close(stream)
             raise

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import math
 import os
 import secrets
 from pathlib import Path
@@ -106,8 +107,9 @@ def _handshake_errors(timeout: float, who: str):
         raise AuthenticationFailed(str(exc)) from None
 
 
-async def server_handshake(stream: trio.abc.Stream, secret: bytes, *, timeout: float = HANDSHAKE_TIMEOUT) -> None:
-    """The accepting side of the handshake; raises AuthenticationFailed unless the peer proves the secret."""
+async def server_handshake(stream: trio.abc.Stream, secret: bytes, *, timeout: float = math.inf) -> None:
+    """The accepting side of the handshake; raises AuthenticationFailed unless the peer proves the secret.
+    No deadline of its own by default: a listener's acceptor (`_accept`) bounds the whole set-up."""
     with _handshake_errors(timeout, "peer"):
         hello = await receive_exactly(stream, len(MAGIC) + NONCE, "the handshake hello")
         if hello[: len(MAGIC)] != MAGIC:

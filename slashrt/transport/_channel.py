@@ -25,6 +25,7 @@ import abc
 
 import attrs
 import numpy as np
+import trio
 
 from slashrt._buffer import (
     CONTROL_DTYPE,
@@ -43,7 +44,7 @@ from slashrt._buffer import (
 from slashrt import _kernels as kernels
 from slashrt.errors import ChannelClosed, MalformedBuffer
 
-__all__ = ["RingSpec", "Buffer", "DataRun", "Sender", "Receiver", "NoCredit"]
+__all__ = ["RingSpec", "Buffer", "DataRun", "Sender", "Receiver", "NoCredit", "RunningDrive"]
 
 
 class NoCredit(RuntimeError):
@@ -163,6 +164,11 @@ class Sender(abc.ABC):
     @property
     def posted(self) -> int:
         return self._posted
+
+    @property
+    def closed(self) -> bool:
+        """The sending side is closed (by aclose() or abort()): nothing more is posted."""
+        return self._closed
 
     def credits(self) -> int:
         return self.spec.slots - (self._posted - self._released())
@@ -422,10 +428,19 @@ class Receiver(abc.ABC):
             await self._park_for_data()
 
 
+@attrs.define(eq=False)
+class RunningDrive:
+    """A network end's drive() while it runs (the end's `_drive`, None otherwise): cancelling
+    `scope` stops it, `ended` is set when it returns (a second drive() or aclose() waits)."""
+
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+    ended: trio.Event = attrs.Factory(trio.Event)
+
+
 class DrivenReceiver(Receiver):
     """A receiver whose bytes a drive() coroutine moves (the network media). The subclass's
-    __init__ sets `_data_lot` (where the poller parks), `_drive_scope` (the running drive's
-    cancel scope, or None) and `_log`; `medium` and `_progress()` name it in log lines."""
+    __init__ sets `_data_lot` (where the poller parks), `_drive` (the `RunningDrive`, or None)
+    and `_log`; `medium` and `_progress()` name it in log lines."""
 
     medium = "channel"
 
@@ -441,5 +456,5 @@ class DrivenReceiver(Receiver):
             self._log.error(f"{self.medium} channel closed", reason=str(exc), **self._progress())
         if self._data_lot:
             self._data_lot.unpark_all()
-        if self._drive_scope is not None:
-            self._drive_scope.cancel()
+        if self._drive is not None:
+            self._drive.scope.cancel()

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator
 import trio
 
 from slashrt.errors import unwrap_groups
-from slashrt.transport._accept import accept_each, serve_authenticated
+from slashrt.transport._accept import accept_authenticated, accept_each, serve_authenticated
 from slashrt.transport._channel import Receiver, RingSpec, Sender
 
 __all__ = ["NETWORK_TRANSPORTS", "Channels", "Listener", "open_channels", "open_listener"]
@@ -99,8 +99,9 @@ class Channels:
 
     async def accept(self, listener: Listener) -> Receiver:
         """The next sender that proves the cluster secret and agrees on the ring spec, as a
-        driven receiver (the backend's accept raises for a peer that does not)."""
-        return await self._own(await listener._backend.accept())
+        driven receiver; strangers dropped meanwhile (`_accept.accept_authenticated`)."""
+        (end,) = await accept_authenticated(listener._backend)
+        return await self._own(end)
 
     async def accept_each(self, listeners: dict, *, timeout: float = math.inf, describe=str) -> dict:
         """One driven receiver per listener ({key: Listener}), every one within `timeout`
@@ -111,16 +112,16 @@ class Channels:
 
     async def serve(self, listener: Listener, on_peer, *, on_refused=None) -> None:
         """Every sender that proves the secret on `listener`, for as long as it is open, driven
-        and handed to `on_peer(receiver)`; set up concurrently, strangers dropped and reported
-        to `on_refused(peer, reason)` (`_accept.serve_authenticated`)."""
+        and served by `await on_peer(receiver)` in a task of its own; set up concurrently,
+        strangers dropped and reported to `on_refused(peer, reason)`
+        (`_accept.serve_authenticated`). Returns once the listener closed and every `on_peer`
+        returned."""
 
         async def own(end) -> None:
-            on_peer(await self._own(end))
+            await on_peer(await self._own(end))
 
-        def take(end) -> None:
-            self._nursery.start_soon(own, end)
-
-        await serve_authenticated(listener._backend, take, on_refused=on_refused)
+        async with trio.open_nursery() as peers:
+            await serve_authenticated(listener._backend, lambda end: peers.start_soon(own, end), on_refused=on_refused)
 
     async def connect(self, name: str, address, spec: RingSpec, secret: bytes, **options) -> Sender:
         """A driven sender connected to a listener of medium `name` at `address`."""
@@ -130,7 +131,7 @@ class Channels:
         with trio.CancelScope(shield=True):  # also when the owner is being cancelled
             for end in list(self._ends):
                 if isinstance(end, Sender):
-                    if not end._closed:
+                    if not end.closed:
                         end.abort()  # never END_OF_STREAM for a stream its owner did not end
                 else:
                     with contextlib.suppress(Exception):

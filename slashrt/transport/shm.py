@@ -24,7 +24,7 @@ not once per released slot.
 Setting up (the receiver owns the ring)::
 
     async with open_shm_listener(spec, secret) as listener:   # listener.address: "@name" or a path
-        receiver = await listener.accept()                   # ShmReceiver
+        (receiver,) = await accept_authenticated(listener)  # ShmReceiver
     sender = await connect_shm(address, spec, secret)        # ShmSender, in another process
 
 The listener binds a Unix socket in the abstract namespace (nothing on disk to leak) or at a
@@ -50,7 +50,6 @@ from __future__ import annotations
 import array
 import contextlib
 import fcntl
-import math
 import mmap
 import os
 import secrets
@@ -70,7 +69,6 @@ import trio
 from slashrt import _kernels as kernels
 from slashrt._buffer import FULL
 from slashrt.errors import ChannelClosed
-from slashrt.transport._accept import accept_authenticated
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._channel import Receiver, RingSpec, Sender
 
@@ -613,22 +611,22 @@ def _received_fds(ancdata) -> list[int]:
 
 
 class ShmListener:
-    """The receiving side's listening socket; `accept()` returns one ShmReceiver per sender.
+    """The receiving side's listening socket; each sender accepted through `_accept` (as every
+    listener's) becomes a ShmReceiver.
 
-    Connections are set up concurrently, each within `timeout` seconds (default
-    `_accept.SETUP_TIMEOUT`): one from another user is dropped at once (the kernel names its
-    uid), one that fails the handshake, asks for another ring spec or leaves mid-setup is
-    dropped with a log line; none delays a real sender and the listener stays open. Nothing
-    is created or handed over before the peer proves the secret."""
+    Connections are set up concurrently, each within `_accept.SETUP_TIMEOUT` seconds: one from
+    another user is dropped at once (the kernel names its uid), one that fails the handshake,
+    asks for another ring spec or leaves mid-setup is dropped with a log line; none delays a
+    real sender and the listener stays open. Nothing is created or handed over before the peer
+    proves the secret."""
 
     what = "shm channel listener"
 
     def __init__(self, spec: RingSpec, secret: bytes, path: str | os.PathLike | None = None, *, backlog: int = 128,
-                 timeout: float | None = None, spin_us: float = DEFAULT_SPIN_US):
+                 spin_us: float = DEFAULT_SPIN_US):
         self.spec = spec
         self.spin_us = spin_us
         self._secret = secret
-        self._timeout = timeout
         self._path: Path | None = None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
@@ -649,12 +647,6 @@ class ShmListener:
             raise
         self._sock = trio.socket.from_stdlib_socket(sock)
         log.debug("shm listener open", address=self.address)
-
-    async def accept(self) -> ShmReceiver:
-        """The next sender that proves the secret and agrees on the ring, with the memory
-        handed over; connections that do not are dropped (logged), never returned."""
-        (receiver,) = await accept_authenticated(self, timeout=self._timeout)
-        return receiver
 
     async def accept_connection(self):
         conn, _ = await self._sock.accept()
@@ -678,7 +670,7 @@ class ShmListener:
 
     async def _set_up(self, conn, peer: str) -> ShmReceiver:
         stream = trio.SocketStream(conn)
-        await server_handshake(stream, self._secret, timeout=math.inf)
+        await server_handshake(stream, self._secret)
         try:
             theirs = _decode_spec(await receive_exactly(stream, _SPEC.size, "the ring spec"))
             if theirs != self.spec:

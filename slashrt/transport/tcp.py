@@ -41,7 +41,7 @@ the receiver's `poll()` raises the error once they are consumed. The sender's la
 Usage (the two ends usually live in different processes or hosts)::
 
     async with open_tcp_listener(spec, secret) as listener:   # 127.0.0.1 unless host=, free port
-        receiver = await listener.accept()                   # the first sender that proves the secret
+        (receiver,) = await accept_authenticated(listener)  # the first sender that proves the secret
         # run receiver.drive() beside the code that polls; await receiver.aclose() at the end
 
     sender = await connect_tcp(listener.address, spec, secret)
@@ -55,7 +55,6 @@ These are the backend's own calls; code above the transport layer opens channels
 from __future__ import annotations
 
 import contextlib
-import math
 import socket
 import struct
 from collections.abc import AsyncIterator
@@ -67,9 +66,9 @@ import trio
 
 from slashrt._buffer import FOOTER_SIZE, FULL, Control, Kind
 from slashrt.errors import ChannelClosed, MalformedBuffer
-from slashrt.transport._accept import accept_authenticated
+from slashrt.transport._accept import TcpAcceptor, peer_name
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
-from slashrt.transport._channel import DrivenReceiver, RingSpec, Sender
+from slashrt.transport._channel import DrivenReceiver, RingSpec, RunningDrive, Sender
 
 __all__ = ["TcpListener", "TcpReceiver", "TcpSender", "TcpStatistics", "connect_tcp", "open_tcp_listener"]
 
@@ -102,11 +101,6 @@ class TcpStatistics:
     bytes: int  # frame bytes (footers and payloads) written or read
     calls: int  # sendmsg / recv calls that moved frame bytes
     credit_frames: int  # credit frames received (sender) or sent (receiver)
-
-
-def _peer_name(address) -> str:
-    host, port = address[0], address[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _lost(exc: OSError) -> str:
@@ -169,28 +163,27 @@ async def _drive(end, write, read, failure, *, finished: bool = False) -> None:
     """The drive of either end: `write(sock)` beside `read(sock)` until the channel ends or
     fails (recorded by `end._fail`, never raised; `failure()` reads it). A second call while
     one runs waits for it. A failed channel's socket is closed."""
-    if end._drive_done is not None:
-        await end._drive_done.wait()
+    if end._drive is not None:
+        await end._drive.ended.wait()
         return
     sock = end._sock
     if sock is None or finished or failure() is not None:
         return
-    end._drive_done = trio.Event()
+    end._drive = running = RunningDrive()
     try:
-        async with trio.open_nursery() as nursery:
-            end._drive_scope = nursery.cancel_scope
-            nursery.start_soon(write, sock)
-            try:
-                await read(sock)
-            except (MalformedBuffer, ChannelClosed) as exc:
-                end._fail(exc)
-            except trio.ClosedResourceError:
-                pass  # closed locally (aclose) while waiting on the socket
-            nursery.cancel_scope.cancel()
+        with running.scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(write, sock)
+                try:
+                    await read(sock)
+                except (MalformedBuffer, ChannelClosed) as exc:
+                    end._fail(exc)
+                except trio.ClosedResourceError:
+                    pass  # closed locally (aclose) while waiting on the socket
+                nursery.cancel_scope.cancel()
     finally:
-        end._drive_scope = None
-        end._drive_done.set()
-        end._drive_done = None
+        end._drive = None
+        running.ended.set()
         if failure() is not None:
             _close_socket(end._sock)
             end._sock = None
@@ -230,8 +223,7 @@ class TcpSender(Sender):
         self._peer_done = trio.Event()  # the receiver closed its side after our END_OF_STREAM
         self._delivered = False  # END_OF_STREAM written out
         self._closing: trio.Event | None = None  # set once aclose() has released the socket
-        self._drive_scope: trio.CancelScope | None = None
-        self._drive_done: trio.Event | None = None  # set when the running drive() ends
+        self._drive: RunningDrive | None = None
         self._log = log.bind(peer=peer, end="sender")
 
     # -- backend hooks ---------------------------------------------------------------------------
@@ -280,8 +272,8 @@ class TcpSender(Sender):
         self._credit_lot.unpark_all()
         self._flush_lot.unpark_all()
         self._peer_done.set()
-        if self._drive_scope is not None:
-            self._drive_scope.cancel()
+        if self._drive is not None:
+            self._drive.scope.cancel()
 
     # -- moving bytes ------------------------------------------------------------------------------
     async def drive(self) -> None:
@@ -437,7 +429,7 @@ class TcpSender(Sender):
         self._closing = trio.Event()
         try:
             if not self._closed and self.error is None:
-                if self._drive_done is not None:
+                if self._drive is not None:
                     await self._finish()
                 else:
                     async with trio.open_nursery() as nursery:
@@ -511,8 +503,7 @@ class TcpReceiver(DrivenReceiver):
         self._credit_lot = trio.lowlevel.ParkingLot()  # drive's credit writer parks here
         self._eos = False  # END_OF_STREAM received
         self._done = False  # the stream ended cleanly
-        self._drive_scope: trio.CancelScope | None = None
-        self._drive_done: trio.Event | None = None  # set when the running drive() ends
+        self._drive: RunningDrive | None = None
         self._log = log.bind(peer=peer, end="receiver")
 
     # -- backend hooks ---------------------------------------------------------------------------
@@ -580,8 +571,8 @@ class TcpReceiver(DrivenReceiver):
 
     def _stop(self) -> None:
         """Stop reading from the peer: its drive ends, the socket closes, the peer sees it."""
-        if self._drive_scope is not None:
-            self._drive_scope.cancel()
+        if self._drive is not None:
+            self._drive.scope.cancel()
         _close_socket(self._sock)
         self._sock = None
 
@@ -765,7 +756,7 @@ class TcpReceiver(DrivenReceiver):
 # -- connection setup ---------------------------------------------------------------------------
 
 
-class TcpListener:
+class TcpListener(TcpAcceptor):
     """Accepts channel senders on one address; each accepted connection becomes a TcpReceiver.
     Connections are set up concurrently (`_accept`): a stranger never delays a real sender."""
 
@@ -777,23 +768,11 @@ class TcpListener:
         self._secret = secret
         self.address: tuple[str, int] = sock.getsockname()[:2]
 
-    async def accept(self) -> TcpReceiver:
-        """The next sender that proves the cluster secret and agrees on the ring spec.
-
-        A connection that does not (wrong secret, not our protocol, too slow, another ring
-        spec, lost) is dropped with a log line, never returned; the listener stays open."""
-        (receiver,) = await accept_authenticated(self)
-        return receiver
-
-    async def accept_connection(self) -> tuple[trio.SocketStream, str]:
-        tsock, address = await self._sock.accept()
-        return trio.SocketStream(tsock), _peer_name(address)
-
     async def set_up(self, stream: trio.SocketStream, peer: str) -> TcpReceiver:
         """Handshake and ring spec check on an accepted connection (closed if they fail);
         `accept_authenticated`'s deadline bounds them."""
         try:
-            await server_handshake(stream, self._secret, timeout=math.inf)
+            await server_handshake(stream, self._secret)
             await _agree_spec(stream, self.spec, _RECEIVER, peer)
         except BaseException:
             await _close_stream_forcefully(stream)
@@ -832,7 +811,7 @@ async def open_tcp_listener(
         raise
     async with TcpListener(sock, spec, secret) as listener:
         if not _is_loopback(listener.address[0]):
-            log.info("tcp listener on a non-loopback address", address=_peer_name(listener.address))
+            log.info("tcp listener on a non-loopback address", address=peer_name(listener.address))
         yield listener
 
 
@@ -848,7 +827,7 @@ async def connect_tcp(address: tuple[str, int], spec: RingSpec, secret: bytes) -
     if not secret:
         raise ValueError("a TCP channel needs the cluster secret")
     host, port = address[0], address[1]
-    peer = _peer_name((host, port))
+    peer = peer_name((host, port))
     stream = await trio.open_tcp_stream(host, port)
     try:
         await client_handshake(stream, secret)

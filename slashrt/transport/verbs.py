@@ -66,7 +66,7 @@ Keyword arguments (`device`, `ib_port`, `gid_index`) or the environment (`SLASHR
 Usage::
 
     async with open_verbs_listener(spec, secret) as listener:   # TCP on 127.0.0.1, a free port
-        receiver = await listener.accept()
+        (receiver,) = await accept_authenticated(listener)
     sender = await connect_verbs(listener.address, spec, secret)
     # run sender.drive() and receiver.drive() in nurseries beside the code using them
     # (above the transport layer, `_registry.open_channels` opens channels and runs them)
@@ -85,7 +85,6 @@ import collections
 import contextlib
 import json
 import logging
-import math
 import mmap
 import os
 import secrets
@@ -101,9 +100,9 @@ import trio
 from slashrt import _kernels as kernels
 from slashrt._buffer import FOOTER_SIZE, FULL
 from slashrt.errors import ChannelClosed
-from slashrt.transport._accept import accept_authenticated
+from slashrt.transport._accept import TcpAcceptor, peer_name
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
-from slashrt.transport._channel import DrivenReceiver, RingSpec, Sender
+from slashrt.transport._channel import DrivenReceiver, RingSpec, RunningDrive, Sender
 
 # pyverbs configures the root logger when it is imported (logging.basicConfig in pyverbs.base);
 # undo that so that importing this backend leaves the application's logging as it was.
@@ -490,29 +489,30 @@ async def _pump(ep: _Endpoint, handle) -> None:
 async def _drive(end, role: str, failed: BaseException | None) -> None:
     """The drive of either end: pump its completion queue beside a watch of the control
     connection until the channel ends or fails (recorded by `end._fail`, never raised)."""
-    if end._drive_done is not None:  # one drive moves the bytes; a second call waits for it
-        await end._drive_done.wait()
+    if end._drive is not None:  # one drive moves the bytes; a second call waits for it
+        await end._drive.ended.wait()
         return
     if end._ep is None or end._sock is None or failed is not None:
         return
-    end._drive_done = trio.Event()
+    end._drive = running = RunningDrive()
     try:
-        async with trio.open_nursery() as nursery:
-            end._drive_scope = nursery.cancel_scope
-            nursery.start_soon(end._watch)
-            try:
-                await _pump(end._ep, end._on_completions)
-            except _Stop:
-                pass
-            except trio.ClosedResourceError:
-                pass  # closed locally
-            except PyverbsError as exc:
-                end._fail(ChannelClosed(f"polling the completion queue of the channel with {end.peer} failed: {exc}"))
-            nursery.cancel_scope.cancel()
+        with running.scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(end._watch)
+                try:
+                    await _pump(end._ep, end._on_completions)
+                except _Stop:
+                    pass
+                except trio.ClosedResourceError:
+                    pass  # closed locally
+                except PyverbsError as exc:
+                    end._fail(
+                        ChannelClosed(f"polling the completion queue of the channel with {end.peer} failed: {exc}")
+                    )
+                nursery.cancel_scope.cancel()
     finally:
-        end._drive_scope = None
-        end._drive_done.set()
-        end._drive_done = None
+        end._drive = None
+        running.ended.set()
 
 
 def _detach(stream: trio.SocketStream) -> socket.socket:
@@ -668,11 +668,6 @@ def _spec_mismatch(spec: RingSpec, hello: dict, peer: str) -> str | None:
     )
 
 
-def _peer_name(address) -> str:
-    host, port = address[0], address[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 # -- sender ------------------------------------------------------------------------------------------
 
 
@@ -722,8 +717,7 @@ class VerbsSender(Sender):
         self._peer_done = trio.Event()  # the receiver answered our goodbye
         self._delivered = False  # END_OF_STREAM known written
         self._goodbye_sent = False
-        self._drive_scope: trio.CancelScope | None = None
-        self._drive_done: trio.Event | None = None  # set when the running drive() ends
+        self._drive: RunningDrive | None = None
         self._own_drive = False  # aclose() runs the drive itself (nobody else had started one)
         self._log = log.bind(end=_SENDER)
 
@@ -792,8 +786,8 @@ class VerbsSender(Sender):
         self._credit_lot.unpark_all()
         self._progress_lot.unpark_all()
         self._peer_done.set()
-        if self._drive_scope is not None:
-            self._drive_scope.cancel()
+        if self._drive is not None:
+            self._drive.scope.cancel()
 
     # -- writing slots ---------------------------------------------------------------------------------
     def _write_slots(self, first: int, k: int) -> None:
@@ -930,8 +924,8 @@ class VerbsSender(Sender):
                 self._delivered = True
         if self._delivered or self._goodbye_sent:
             self._peer_done.set()
-            if self._drive_scope is not None:
-                self._drive_scope.cancel()
+            if self._drive is not None:
+                self._drive.scope.cancel()
             return
         self._fail(
             ChannelClosed(
@@ -957,7 +951,7 @@ class VerbsSender(Sender):
             return
         try:
             if not self._closed and self.error is None and self._sock is not None:
-                if self._drive_done is not None:
+                if self._drive is not None:
                     await self._finish()
                 else:
                     # a drive the caller spawned but that has not started yet stands aside
@@ -999,8 +993,8 @@ class VerbsSender(Sender):
         """Release the queue pair, memory registrations and control connection now (no
         END_OF_STREAM; the receiver sees the channel closed). Idempotent."""
         self._closed = True
-        if self._drive_scope is not None:
-            self._drive_scope.cancel()
+        if self._drive is not None:
+            self._drive.scope.cancel()
         _close_socket(self._sock)
         self._sock = None
         ep, self._ep = self._ep, None
@@ -1052,8 +1046,7 @@ class VerbsReceiver(DrivenReceiver):
         self._sock: socket.socket | None = None
         self._data_lot = trio.lowlevel.ParkingLot()  # the poller parks here
         self._sender_done = False  # the sender said goodbye: the whole stream is in the ring
-        self._drive_scope: trio.CancelScope | None = None
-        self._drive_done: trio.Event | None = None  # set when the running drive() ends
+        self._drive: RunningDrive | None = None
         self._log = log.bind(end=_RECEIVER)
 
     # -- set-up ----------------------------------------------------------------------------------------
@@ -1193,8 +1186,8 @@ class VerbsReceiver(DrivenReceiver):
         except trio.ClosedResourceError:
             return
         if self._sender_done or self.finished:
-            if self._drive_scope is not None:
-                self._drive_scope.cancel()
+            if self._drive is not None:
+                self._drive.scope.cancel()
             return
         self._fail(
             ChannelClosed(
@@ -1210,8 +1203,8 @@ class VerbsReceiver(DrivenReceiver):
         await trio.lowlevel.checkpoint()
 
     def close(self) -> None:
-        if self._drive_scope is not None:
-            self._drive_scope.cancel()
+        if self._drive is not None:
+            self._drive.scope.cancel()
         _close_socket(self._sock)
         self._sock = None
         ep, self._ep = self._ep, None
@@ -1227,7 +1220,7 @@ class VerbsReceiver(DrivenReceiver):
 # -- connection set-up ---------------------------------------------------------------------------------------
 
 
-class VerbsListener:
+class VerbsListener(TcpAcceptor):
     """Accepts channel senders on one TCP address; each accepted one becomes a VerbsReceiver."""
 
     what = "verbs channel listener"
@@ -1239,26 +1232,12 @@ class VerbsListener:
         self._where = where
         self.address: tuple[str, int] = tuple(sock.getsockname()[:2])
 
-    async def accept(self) -> VerbsReceiver:
-        """The next sender that proves the cluster secret and agrees on the ring spec, with both
-        queue pairs connected.
-
-        A connection that does not (wrong secret, not our protocol, too slow, another ring
-        spec, no usable device, lost) is dropped with a log line, never returned; connections
-        are set up concurrently, so none delays a real sender, and the listener stays open."""
-        (receiver,) = await accept_authenticated(self)
-        return receiver
-
-    async def accept_connection(self) -> tuple[trio.SocketStream, str]:
-        tsock, address = await self._sock.accept()
-        return trio.SocketStream(tsock), _peer_name(address)
-
     async def set_up(self, stream: trio.SocketStream, peer: str) -> VerbsReceiver:
         """Handshake, hello, queue pairs and ring on an accepted connection (closed if any of
         them fails); `accept_authenticated`'s deadline bounds it."""
         receiver: VerbsReceiver | None = None
         try:
-            await server_handshake(stream, self._secret, timeout=math.inf)
+            await server_handshake(stream, self._secret)
             hello = await _receive_message(stream, peer, "its channel hello")
             if hello.get("proto") != PROTOCOL or hello.get("version") != VERSION:
                 raise ChannelClosed(f"peer {peer} does not speak {PROTOCOL} version {VERSION}")
@@ -1327,7 +1306,7 @@ async def open_verbs_listener(
     where = {"device": device, "ib_port": ib_port, "gid_index": gid_index}
     async with VerbsListener(sock, spec, secret, where) as listener:
         if not (listener.address[0].startswith("127.") or listener.address[0] == "::1"):
-            log.info("verbs listener on a non-loopback address", address=_peer_name(listener.address))
+            log.info("verbs listener on a non-loopback address", address=peer_name(listener.address))
         yield listener
 
 
@@ -1350,7 +1329,7 @@ async def connect_verbs(
     if not secret:
         raise ValueError("a verbs channel needs the cluster secret")
     host, port = address[0], address[1]
-    peer = _peer_name((host, port))
+    peer = peer_name((host, port))
     stream = await trio.open_tcp_stream(host, port)
     sender: VerbsSender | None = None
     try:

@@ -14,6 +14,7 @@ from slashrt import Dataflow, Schema, Sliding, Tumbling
 from slashrt.bench._common import sort_rows, zipf_choice
 from slashrt.cluster import ClusterError, PerExecutor, share
 from slashrt.errors import DataflowError
+from slashrt.progress import FRONTIERS
 from slashrt.ops.sinks import Collect, CsvFile
 from slashrt.testing import EXCHANGE_MODES, WRAPS, check_exchanges
 
@@ -65,9 +66,10 @@ def sequential(kind, assigner, data, max_delay) -> np.ndarray:
     sliding=st.booleans(),
     mode=st.sampled_from(["slash", "uppar"]),
     routing=st.sampled_from(["auto", "fragments", "direct"]),
+    frontier=st.sampled_from(FRONTIERS),
     seed=st.integers(0, 1000),
 )
-def test_p2_cluster_equals_sequential(executors, epoch_bytes, zipf, n, keys, kind, sliding, mode, routing, seed):
+def test_p2_cluster_equals_sequential(executors, epoch_bytes, zipf, n, keys, kind, sliding, mode, routing, frontier, seed):
     data = records(n, keys=keys, zipf=zipf, disorder=30, seed=seed)
     assigner = Sliding(size_ms=300, slide_ms=100) if sliding else Tumbling(ms=250)
     expected = sequential(kind, assigner, data, 30)
@@ -80,6 +82,7 @@ def test_p2_cluster_equals_sequential(executors, epoch_bytes, zipf, n, keys, kin
         epoch_bytes=epoch_bytes,
         partitions=16,
         ssb_routing=routing,
+        frontier=frontier,
     )
     got = result(sink)
     assert got.dtype == expected.dtype
@@ -167,7 +170,8 @@ def _slow_on_executor_1(batch):
     return batch
 
 
-def test_p1_a_slow_executor_holds_back_every_window():
+@pytest.mark.parametrize("frontier", FRONTIERS)
+def test_p1_a_slow_executor_holds_back_every_window(frontier):
     def make(index, executors):
         d = records(20_000, keys=20, zipf=0.0, disorder=0, seed=7 + index, per_ms=10)
         d["value"] = d["value"] * 2 + index  # odd values mark executor 1's stream
@@ -178,7 +182,9 @@ def test_p1_a_slow_executor_holds_back_every_window():
     s = f.source("r", SCHEMA, time="ts").apply(_slow_on_executor_1)
     s.window(Tumbling(ms=100)).sum("value", key="key", output="out").sink(fired, name="out")
     # one buffer per batch and a watermark after each: executor 0 races ahead, epoch after epoch
-    r = slashrt.run(f, {"r": PerExecutor(make)}, executors=2, epoch_bytes=4096, coalesce=1, watermark_every=1)
+    r = slashrt.run(
+        f, {"r": PerExecutor(make)}, executors=2, epoch_bytes=4096, coalesce=1, watermark_every=1, frontier=frontier
+    )
     whole = np.concatenate([make(i, 2) for i in range(2)])
     whole = whole[np.argsort(whole["ts"], kind="stable")]
     np.testing.assert_array_equal(result(fired), sequential("sum", Tumbling(ms=100), whole, 0))
@@ -295,6 +301,7 @@ def test_file_sinks_write_one_part_per_executor(tmp_path):
         (dict(executors=["10.1.2.3:7000"], transport="shm"), "one machine"),
         (dict(executors=2, partitions=0), "must be positive"),
         (dict(executors=2, ssb_routing="sideways"), "unknown SSB routing 'sideways'"),
+        (dict(executors=2, frontier="lamport"), "unknown frontier 'lamport'; choose one of vectorclock, pointstamp"),
     ],
 )
 def test_bad_cluster_arguments_are_refused(options, message):
@@ -380,3 +387,30 @@ async def test_every_exchange_wraps_its_small_ring_many_times_and_equals_one_exe
     # whose bytes move only when a stream ends (an undriven tcp sender) stalls and fails here
     report = await check_exchanges(transport, mode, executors=2, deadline=120)
     assert report["rings"] >= WRAPS
+
+
+@pytest.mark.parametrize("mode", ["slash", "uppar"])
+@pytest.mark.parametrize("query", ["ysb", "q7"])
+def test_vector_clock_and_pointstamp_frontiers_give_identical_results(query, mode):
+    """The SSB's epoch protocol (and UpPar's gate) on either frontier: same windows, same late
+    records, same epochs shipped, on out-of-order input with late records."""
+    from slashrt.bench import nexmark, ysb
+
+    if query == "ysb":
+        data = ysb.generate(60_000, campaigns=50, events_per_ms=1, disorder_ms=400, seed=3)
+        make, inputs = (lambda sink: ysb.dataflow(ysb.campaign_map(50), sink, max_delay=10)), {"events": data}
+    else:
+        data = nexmark.generate(60_000, auctions=100, events_per_ms=1, seed=3)
+        data["date_time"] *= 10  # 600 s: ten windows
+        data["date_time"] = np.maximum(data["date_time"] - np.random.default_rng(3).integers(0, 4000, len(data)), 0)
+        make, inputs = nexmark.dataflow, {"bids": data}
+    runs = {}
+    for frontier in FRONTIERS:
+        sink = Collect()
+        r = slashrt.run(make(sink), inputs, executors=2, mode=mode, epoch_bytes=8192, frontier=frontier)
+        runs[frontier] = (sort_rows(sink.records, *sink.records.dtype.names[:3]), r.late_records)
+    (rows_v, late_v), (rows_p, late_p) = runs["vectorclock"], runs["pointstamp"]
+    assert len(rows_v) >= 10
+    np.testing.assert_array_equal(rows_v, rows_p)
+    assert late_v == late_p
+    assert sum(late_v.values()) > 0  # the input is late-heavy enough to tell lateness apart

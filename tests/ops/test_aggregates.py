@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 import slashrt
-from slashrt import Dataflow, Tumbling
+from slashrt import Dataflow, Sliding, Tumbling
 from slashrt.bench._common import sort_rows
 from slashrt.cluster import ClusterError, PerExecutor
 from slashrt.errors import DataflowError, OperatorError
@@ -116,6 +116,21 @@ def test_sum_overflow_error_on_two_executors(run):
     data = records(np.arange(64) % 50, np.arange(64) % 16, np.full(64, 2**62))
     with pytest.raises(ClusterError, match=r"step .aggs\.sum_window_1.: .*overflowed.*\(on executor \d\)"):
         run_aggs([data, data], kinds=("sum",), run=run, overflow="error")
+
+
+def test_sum_overflow_error_in_records_judged_late_on_another_executor():
+    # executor 1's watermark (260, no delay) has closed the windows [0, 200) and [50, 250) for
+    # its records at 170 and 180 but not [100, 300): they reach the UpPar owner of key 7 as a
+    # tail of their slice, whose overflowing sum fails the window it joins, naming the step
+    # (an SSB helper already fails in its own slice, before shipping)
+    flow = Dataflow("aggs")
+    windowed = flow.source("r", records([], [], []).dtype, time="ts").window(Sliding(200, 50))
+    windowed.sum("value", key="key", output="out", overflow="error").sink(Collect(), name="out")
+    parts = [records([1, 2], [1, 2], [1, 1]), records([260, 170, 180], [9, 7, 7], [1, I64_MAX, I64_MAX])]
+    inputs = {"r": PerExecutor(lambda index, executors: parts[index])}
+    message = r"step 'aggs\.sum_window\w*': .*overflowed in window \[100, 300\).*\(on executor \d\)"
+    with pytest.raises(ClusterError, match=message):
+        slashrt.run(flow, inputs, **UPPAR)
 
 
 def test_sum_overflow_must_be_wrap_or_error():

@@ -200,11 +200,12 @@ class Recorder(Node):
         return np.concatenate(self.batches) if self.batches else None
 
 
-def window_node(assigner, kind="count", late=None):
-    """A WindowAggregate built from a real dataflow spec, with a Recorder child."""
+def window_node(assigner, kind="count", late=None, **agg):
+    """A WindowAggregate built from a real dataflow spec, with a Recorder child; `agg`: more
+    arguments of the aggregate (overflow=)."""
     flow = Dataflow("w")
     win = flow.source("events", SCHEMA, time="t").window(assigner, late=late)
-    stream = win.count(key="k", name="agg") if kind == "count" else getattr(win, kind)("v", key="k", name="agg")
+    stream = win.count(key="k", name="agg") if kind == "count" else getattr(win, kind)("v", key="k", name="agg", **agg)
     late_node = SinkNode("w.agg.late", late) if late is not None else None
     node = WindowAggregate(flow.steps[stream.step_id], late_node)
     rec = Recorder()
@@ -454,3 +455,33 @@ async def test_records_judged_elsewhere_join_only_the_windows_still_open_for_the
     sums = {(int(r["window_start"]), int(r["window_end"])): int(r["sum_v"]) for r in rec.rows()}
     assert sums == {(0, 100): 1, (50, 150): 111, (100, 200): 100}
     assert restored.late_records == 0  # counted where they were read
+
+
+async def test_an_overflow_error_sum_checks_records_judged_late_elsewhere():
+    # records read on another executor, late there for the window [0, 100), make a tail of
+    # their slice [50, 100): its int64 sum is checked like a slice's, and the window [50, 150)
+    # it joins fails naming the step (regression: tails were unchecked tables)
+    node, _ = window_node(Sliding(100, 50), kind="sum", overflow="error")
+    await node.push(batch_at([60], values=[1]))
+    await node.push_judged(batch_at([70, 80], values=[I64.max, I64.max]), closed_until=100)
+    assert node.tails
+    with pytest.raises(slashrt.OperatorError, match=r"step 'w\.agg': .*overflowed in window \[50, 150\)"):
+        await node.on_end()
+
+
+@pytest.mark.parametrize("where", ["slice", "tail"])
+async def test_a_snapshot_keeps_the_overflow_of_a_slice_or_a_tail(where):
+    node, _ = window_node(Sliding(100, 50), kind="sum", overflow="error")
+    await node.push(batch_at([60], values=[1]))
+    overflowing = batch_at([70, 80], values=[I64.max, I64.max])
+    if where == "slice":
+        await node.push(overflowing)
+    else:
+        await node.push_judged(overflowing, closed_until=100)
+    state = node.snapshot()
+    assert state.overflowed == ({1} if where == "slice" else {(1, 100)})
+    restored, _ = window_node(Sliding(100, 50), kind="sum", overflow="error")
+    restored.restore(state)  # the exported sums have wrapped: only the flag tells
+    window = "[0, 100)" if where == "slice" else "[50, 150)"
+    with pytest.raises(slashrt.OperatorError, match=rf"step 'w\.agg': .*overflowed in window {re.escape(window)}"):
+        await restored.on_end()

@@ -26,6 +26,7 @@ from slashrt._buffer import Control
 from slashrt.bench.perftest import ib_write_bw
 from slashrt.errors import ChannelClosed
 from slashrt.transport import DataRun, RingSpec
+from slashrt.transport._accept import accept_authenticated
 from slashrt.transport._auth import AuthenticationFailed, generate_secret, load_secret
 
 RDMA_ADDR = os.environ.get("SLASHRT_RDMA_ADDR", "10.77.0.1")  # the rxe netdev's address in the VM
@@ -51,7 +52,7 @@ async def open_verbs_pair(spec: RingSpec, secret: bytes | None = None, *, host: 
         async with trio.open_nursery() as nursery:
 
             async def accept():
-                accepted.append(await listener.accept())
+                accepted.extend(await accept_authenticated(listener))
 
             nursery.start_soon(accept)
             sender = await v.connect_verbs(listener.address, spec, secret, **connect_kw)
@@ -235,7 +236,7 @@ async def test_aclose_before_the_spawned_drive_ran_still_delivers_the_stream(rdm
     "drive() is already running" into the producer's nursery)."""
     spec = RingSpec(slots=4, slot_size=4096, record_size=MARK.itemsize)
     async with open_verbs_pair(spec) as (s, r):
-        assert s._drive_scope is None  # spawned, not started
+        assert s._drive is None  # spawned, not started
         consumer = _Consumer(r)
         with trio.fail_after(60):
             async with trio.open_nursery() as nursery:
@@ -320,7 +321,7 @@ async def test_wrong_secret_is_refused_before_any_queue_pair_exists(rdma_device,
     spec = RingSpec(slots=4, slot_size=4096)
     with trio.fail_after(30), structlog.testing.capture_logs() as logs:
         async with v.open_verbs_listener(spec, generate_secret()) as listener, trio.open_nursery() as nursery:
-            nursery.start_soon(listener.accept)
+            nursery.start_soon(accept_authenticated, listener)
             try:
                 await v.connect_verbs(listener.address, spec, generate_secret())
             except AuthenticationFailed as exc:
@@ -328,7 +329,7 @@ async def test_wrong_secret_is_refused_before_any_queue_pair_exists(rdma_device,
             else:
                 raise AssertionError("a sender with the wrong secret was connected")
             await wait_all_tasks_blocked()
-            nursery.cancel_scope.cancel()  # the refused peer was dropped: accept() still waits
+            nursery.cancel_scope.cancel()  # the refused peer was dropped: accept_authenticated still waits
     dropped = [e for e in logs if e["event"] == "connection dropped"]
     assert [e["listener"] for e in dropped] == ["verbs channel listener"], dropped
     assert created == [], "queue pairs were created for a peer that failed the handshake"
@@ -340,7 +341,7 @@ async def test_ring_spec_mismatch_is_refused_with_a_clear_error(rdma_device):
     with trio.fail_after(30), structlog.testing.capture_logs() as logs:
         async with v.open_verbs_listener(RingSpec(slots=4, slot_size=4096), secret) as listener:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(listener.accept)
+                nursery.start_soon(accept_authenticated, listener)
                 try:
                     await v.connect_verbs(listener.address, RingSpec(slots=8, slot_size=4096), secret)
                 except ChannelClosed as exc:
@@ -414,7 +415,7 @@ async def test_producer_killed_mid_stream(rdma_device):
         with trio.fail_after(CHILD_START_TIMEOUT + 60):
             async with v.open_verbs_listener(spec, secret, host=RDMA_ADDR) as listener:
                 proc = await _start_child("kill", listener.address, spec, secret, first)
-                receiver = await listener.accept()
+                (receiver,) = await accept_authenticated(listener)
             try:
                 consumer = _Consumer(receiver, batch=4)
                 state = {}
@@ -490,7 +491,7 @@ async def test_throughput_against_ib_write_bw(rdma_device, rdma_report):
             async with v.open_verbs_listener(spec, secret) as listener:
                 proc = await _start_child("stream", listener.address, spec, secret, count, repeat=repeat)
                 for _ in range(repeat):
-                    receiver = await listener.accept()
+                    (receiver,) = await accept_authenticated(listener)
                     try:
                         consumer = _Consumer(receiver, batch=32)
                         async with trio.open_nursery() as nursery:

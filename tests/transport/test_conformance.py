@@ -6,6 +6,7 @@ import pytest
 import trio
 
 from slashrt.testing import check_channel, open_inproc_pair
+from slashrt.transport._accept import accept_authenticated
 from slashrt.transport._auth import generate_secret
 from slashrt.transport.inproc import InprocReceiver, InprocSender, _Shared
 from slashrt.transport.shm import connect_shm, open_shm_listener, open_shm_pair
@@ -33,7 +34,7 @@ async def open_shm_connected(spec):
             accepted = []
 
             async def accept():
-                accepted.append(await listener.accept())
+                accepted.extend(await accept_authenticated(listener))
 
             nursery.start_soon(accept)
             sender = await connect_shm(listener.address, spec, secret)

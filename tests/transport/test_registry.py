@@ -67,8 +67,9 @@ async def test_leaving_the_owner_aborts_senders_that_were_not_ended(medium):
                     nursery.start_soon(lambda: _append(accepted, receiving.accept(listener)))
                     sender = await sending.connect(medium, listener.address, SPEC, secret)
                 await sender.send_records(np.arange(10, dtype="<i8"))
+                assert not sender.closed
             (receiver,) = accepted
-            assert sender._closed
+            assert sender.closed
             with pytest.raises(ChannelClosed):
                 await _take_all(receiver)  # the 10 records, then the channel fails: no END_OF_STREAM
             assert not receiver.finished

@@ -33,6 +33,7 @@ import trio.testing
 from slashrt.errors import ChannelClosed
 from slashrt.testing import check_channel
 from slashrt.transport import RingSpec
+from slashrt.transport._accept import accept_authenticated
 from slashrt.transport._auth import AuthenticationFailed, generate_secret
 from slashrt.transport.shm import connect_shm, open_shm_listener, open_shm_pair
 
@@ -119,7 +120,7 @@ async def accept_from(listener, proc) -> object:
             got = []
 
             async def accept():
-                got.append(await listener.accept())
+                got.extend(await accept_authenticated(listener))
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(accept)
@@ -358,11 +359,11 @@ async def test_wrong_secret_is_refused_on_both_sides_and_hands_nothing_over():
     fds_before = open_fds()
     with structlog.testing.capture_logs() as logs:
         async with open_shm_listener(spec, secret) as listener, trio.open_nursery() as nursery:
-            nursery.start_soon(listener.accept)
+            nursery.start_soon(accept_authenticated, listener)
             with producer(listener.address, spec, generate_secret(), "--count", "1", "--expect-refusal") as proc:
                 code, output = await exited(proc)
             await trio.testing.wait_all_tasks_blocked()
-            nursery.cancel_scope.cancel()  # the refused peer was dropped: accept() still waits
+            nursery.cancel_scope.cancel()  # the refused peer was dropped: accept_authenticated still waits
     assert code == 3, output
     assert "refused: " in output and "wrong cluster secret" in output, output
     assert "new descriptors: []" in output, output  # the producer received no fd
@@ -377,7 +378,7 @@ async def test_wrong_secret_in_process_leaves_no_descriptors():
     spec = RingSpec(slots=2, slot_size=128)
     fds_before = open_fds()
     async with open_shm_listener(spec, generate_secret()) as listener, trio.open_nursery() as nursery:
-        nursery.start_soon(listener.accept)
+        nursery.start_soon(accept_authenticated, listener)
         with pytest.raises(AuthenticationFailed, match="wrong cluster secret"):
             await connect_shm(listener.address, spec, generate_secret())
         await trio.testing.wait_all_tasks_blocked()
@@ -390,7 +391,7 @@ async def test_ring_spec_mismatch_is_refused_clearly():
     with structlog.testing.capture_logs() as logs:
         async with open_shm_listener(RingSpec(slots=4, slot_size=256), secret) as listener:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(listener.accept)
+                nursery.start_soon(accept_authenticated, listener)
                 with pytest.raises(ChannelClosed, match="ring spec mismatch") as info:
                     await connect_shm(listener.address, RingSpec(slots=8, slot_size=256), secret)
                 await trio.testing.wait_all_tasks_blocked()
@@ -549,7 +550,7 @@ async def _consume_nothing(args) -> int:
 
     spec = RingSpec(slots=args.slots, slot_size=args.slot_size)
     async with open_shm_listener(spec, load_secret(), path=args.address) as listener:
-        receiver = await listener.accept()
+        (receiver,) = await accept_authenticated(listener)
         await trio.sleep(PEER_TIMEOUT)  # until it is killed
         receiver.close()
     return 0

@@ -27,6 +27,7 @@ from slashrt.errors import ChannelClosed, MalformedBuffer
 from slashrt.ops.sources import feed_array
 from slashrt.transport import RingSpec
 from slashrt.transport import tcp
+from slashrt.transport._accept import accept_authenticated
 from slashrt.transport._auth import (
     AuthenticationFailed,
     client_handshake,
@@ -44,7 +45,7 @@ async def _connect_pair(listener, spec, secret):
     accepted = []
 
     async def accept():
-        accepted.append(await listener.accept())
+        accepted.extend(await accept_authenticated(listener))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(accept)
@@ -207,7 +208,7 @@ async def test_wrong_secret_is_refused_on_both_sides_and_nothing_is_exchanged():
             accepted = []
 
             async def accept():
-                accepted.append(await listener.accept())
+                accepted.extend(await accept_authenticated(listener))
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(accept)
@@ -231,7 +232,7 @@ async def test_spec_mismatch_is_refused_on_both_sides():
     with structlog.testing.capture_logs() as logs:
         async with open_tcp_listener(RingSpec(slots=4, slot_size=256), secret) as listener:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(listener.accept)
+                nursery.start_soon(accept_authenticated, listener)
                 with pytest.raises(ChannelClosed, match=r"ring spec mismatch.*slots=8"):
                     await connect_tcp(listener.address, RingSpec(slots=8, slot_size=256), secret)
                 await wait_all_tasks_blocked()
@@ -260,7 +261,7 @@ async def raw_sender(listener, secret) -> tuple[trio.SocketStream, TcpReceiver]:
     accepted = []
 
     async def accept():
-        accepted.append(await listener.accept())
+        accepted.extend(await accept_authenticated(listener))
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(accept)
@@ -547,7 +548,7 @@ async def test_two_processes_deliver_every_byte():
         )
         try:
             with trio.fail_after(60):
-                r = await listener.accept()
+                (r,) = await accept_authenticated(listener)
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(r.drive)
                     for i in range(TWO_PROCESS_BUFFERS):

@@ -1,0 +1,18 @@
+"""Connectors: sources and sinks that talk to systems outside slashrt (a broker).
+
+A connector source is an input object with an async ``feed(sender, spec, *, watermark_every)``
+method: `slashrt.run` gives it an in-process channel for its source (`spec`, a SourceSpec) and
+runs it beside the executor; it fills the channel (`slashrt.ops.sources.ChannelFeeder`) and
+closes it at its end. A connector sink is a sink object (open / write / close, see
+`slashrt.sinks`), with a two-phase commit per checkpoint where it offers exactly-once.
+
+- `RedisStream`, `RedisStreamSink`: Redis Streams, records packed a batch an entry;
+  `write_stream`, `end_stream`, `read_stream` put an array into a stream and read it back.
+  They need the Python package redis (the extra ``slashrt[redis]``).
+"""
+
+from slashrt.connectors.redis_sink import RedisStreamSink
+from slashrt.connectors.redis_streams import RedisStream, end_stream, read_stream, write_stream
+from slashrt.errors import ConnectorError
+
+__all__ = ["ConnectorError", "RedisStream", "RedisStreamSink", "end_stream", "read_stream", "write_stream"]

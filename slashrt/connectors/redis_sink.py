@@ -1,0 +1,240 @@
+"""`RedisStreamSink`: a sink that appends packed records to a Redis stream, directly
+(at-least-once) or, with `transactional=True`, through the two-phase commit of checkpoints
+(`slashrt.snapshot.commit`: exactly-once with a rewinding source).
+
+`RedisTransactions` is that contract in Redis. Keys beside the stream `K`, per executor E (so
+several executors can share a stream):
+
+    K:slashrt:open:E         stream: entries written since the last barrier
+    K:slashrt:pending:E:N    stream: checkpoint N's entries, pre-committed, not yet visible
+    K:slashrt:pending:E      sorted set: the pending checkpoints N
+    K:slashrt:committed      hash: executor E -> the last checkpoint committed
+
+`pre_commit(N)` renames the open stream to checkpoint N's pending stream and lists N, in one
+MULTI/EXEC (in Redis, so a process killed after it loses nothing). `commit(N)` appends every
+pending checkpoint up to N to K, in order, in one MULTI/EXEC transaction that also records N
+as committed and drops them; it WATCHes the marker and the pending set, so two committers
+cannot both publish (the loser's EXEC fails, it looks again and finds nothing), and a commit
+of N or below after that publishes nothing (idempotent: recovery may repeat it after a crash).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import structlog
+
+from slashrt.connectors._redis import (
+    DEFAULT_ENTRY_BYTES,
+    check_entry_bytes,
+    connect,
+    failure,
+    packed_entries,
+    shown,
+    stream_schema,
+)
+from slashrt.errors import OptionError
+from slashrt.snapshot.commit import NotTransactional
+
+__all__ = ["RedisStreamSink", "RedisTransactions"]
+
+log = structlog.get_logger("slashrt.connectors.redis")
+
+
+class RedisStreamSink:
+    """Append the records reaching the sink to the Redis stream `stream_key` at `url`, packed
+    (readable by `RedisStream` and `read_stream`).
+
+    By default every batch is appended as it comes: a run that fails and is run again writes
+    again what it had written (at-least-once). With `transactional=True` nothing is visible
+    until a checkpoint commits it: `pre_commit(n)` at checkpoint n's barrier, `commit(n)` once
+    the checkpoint is complete, `abort(n)` to drop it, `pending()`; after a crash,
+    `slashrt.snapshot.recover(sink, n)` settles what checkpoint n covers (see there).
+    `executor` tells apart the executors writing one stream (`for_executor`)."""
+
+    default_name = "redis"
+
+    def __init__(self, url: str, stream_key: str, *, transactional: bool = False, executor: int = 0,
+                 entry_bytes: int = DEFAULT_ENTRY_BYTES):
+        if not isinstance(stream_key, str) or not stream_key:
+            raise OptionError(f"RedisStreamSink needs a stream key (a non-empty string), got {stream_key!r}")
+        self.url = url
+        self.stream_key = stream_key
+        self.transactional = bool(transactional)
+        self.executor = executor
+        self.entry_bytes = check_entry_bytes(entry_bytes)
+        self.written = 0  # records written (appended, or staged for a checkpoint) by this object
+        self.record_dtype: np.dtype | None = None  # set by the plan (expect)
+        self._connect()
+
+    def _connect(self) -> None:
+        self._client = connect(self.url)
+        self._transactions = (
+            RedisTransactions(self._client, self.url, self.stream_key, self.executor)
+            if self.transactional else NotTransactional(self)
+        )
+
+    def __getstate__(self) -> dict:  # to executor processes: the URL, not a client (locks, sockets)
+        return {k: v for k, v in self.__dict__.items() if k not in ("_client", "_transactions")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._connect()
+
+    def __repr__(self) -> str:
+        mode = ", transactional=True" if self.transactional else ""
+        return f"RedisStreamSink({shown(self.url)!r}, {self.stream_key!r}{mode})"
+
+    def for_executor(self, index: int) -> RedisStreamSink:
+        """Executor `index`'s writer in a multi-executor run: the same stream, its own keys."""
+        return type(self)(self.url, self.stream_key, transactional=self.transactional, executor=index,
+                          entry_bytes=self.entry_bytes)
+
+    def expect(self, dtype: np.dtype) -> None:
+        """The dtype of the records the plan will send (`record_dtype`: what to read back with)."""
+        self.record_dtype = np.dtype(dtype)
+
+    # -- the sink contract (slashrt.ops.sinks) ----------------------------------------------------
+    def open(self) -> None:
+        """Check the server answers; a transactional sink drops what an earlier run wrote
+        after its last barrier (the rewound source writes it again)."""
+        with failure(self.url, f"opening sink stream {self.stream_key!r}"):
+            self._client.ping()
+        if self.transactional:
+            self._transactions.open()
+
+    def write(self, records: np.ndarray) -> None:
+        if not len(records):
+            return
+        records, fp = stream_schema(records, f"records for stream {self.stream_key!r}")
+        entries = packed_entries(records, fp, self.entry_bytes)
+        if self.transactional:
+            self._transactions.add(entries)
+        else:
+            with failure(self.url, f"writing to stream {self.stream_key!r}"):
+                pipe = self._client.pipeline(transaction=False)
+                for fields in entries:
+                    pipe.xadd(self.stream_key, fields)
+                pipe.execute()
+        self.written += len(records)
+
+    def close(self) -> None:
+        if self.transactional and self._transactions.open_entries:
+            log.warning("records written after the last barrier: no checkpoint publishes them",
+                        stream=self.stream_key, executor=self.executor, entries=self._transactions.open_entries)
+        self._client.connection_pool.disconnect()
+
+    # -- two-phase commit (transactional=True): see slashrt.snapshot.commit -----------------------
+    def pre_commit(self, checkpoint: int) -> None:
+        self._transactions.pre_commit(checkpoint)
+
+    def commit(self, checkpoint: int) -> int:
+        """Publish every pending checkpoint up to `checkpoint`; returns the entries published."""
+        return self._transactions.commit(checkpoint)
+
+    def abort(self, checkpoint: int) -> None:
+        self._transactions.abort(checkpoint)
+
+    def pending(self) -> list[int]:
+        return self._transactions.pending()
+
+    def last_committed(self) -> int | None:
+        """The last checkpoint this executor's writer committed (None before the first)."""
+        return self._transactions.last_committed() if self.transactional else None
+
+
+class RedisTransactions:
+    """The two-phase commit of one executor's writer of stream `key` (see the module doc)."""
+
+    def __init__(self, client, url: str, key: str, executor: int):
+        self._client, self.url, self.key, self.executor = client, url, key, str(executor)
+        base = f"{key}:slashrt"
+        self._open = f"{base}:open:{self.executor}"
+        self._pending_set = f"{base}:pending:{self.executor}"
+        self._committed = f"{base}:committed"
+        self.open_entries = 0  # entries written since the last barrier, by this object
+
+    def _pending(self, checkpoint: int) -> str:
+        return f"{self._pending_set}:{checkpoint}"
+
+    def open(self) -> None:
+        """Drop the output an earlier run wrote after its last barrier."""
+        with failure(self.url, f"opening sink stream {self.key!r}"):
+            self._client.delete(self._open)
+        self.open_entries = 0
+
+    def add(self, entries) -> None:
+        with failure(self.url, f"writing to stream {self._open!r}"):
+            pipe = self._client.pipeline(transaction=False)
+            for fields in entries:
+                pipe.xadd(self._open, fields)
+                self.open_entries += 1
+            pipe.execute()
+
+    def pre_commit(self, checkpoint: int) -> None:
+        checkpoint = _checkpoint_number(checkpoint)
+        with failure(self.url, f"pre-committing checkpoint {checkpoint} of stream {self.key!r}"):
+            pipe = self._client.pipeline(transaction=True)
+            if self.open_entries:
+                pipe.rename(self._open, self._pending(checkpoint))
+            pipe.zadd(self._pending_set, {checkpoint: checkpoint})
+            pipe.execute()
+        self.open_entries = 0
+
+    def commit(self, checkpoint: int) -> int:
+        import redis
+
+        checkpoint = _checkpoint_number(checkpoint)
+        with failure(self.url, f"committing checkpoint {checkpoint} of stream {self.key!r}"):
+            with self._client.pipeline(transaction=True) as pipe:
+                while True:
+                    try:
+                        return self._commit(pipe, checkpoint)
+                    except redis.WatchError:  # another committer moved first: look again
+                        continue
+
+    def _commit(self, pipe, checkpoint: int) -> int:
+        pipe.watch(self._committed, self._pending_set)
+        last = pipe.hget(self._committed, self.executor)
+        last = -1 if last is None else int(last)
+        due = [int(n) for n in pipe.zrangebyscore(self._pending_set, "-inf", checkpoint)]
+        publish = [(n, pipe.xrange(self._pending(n))) for n in due if n > last]
+        pipe.multi()
+        published = 0
+        for _, entries in publish:
+            for _, fields in entries:
+                pipe.xadd(self.key, fields)
+                published += 1
+        for n in due:
+            pipe.delete(self._pending(n))
+        if due:
+            pipe.zrem(self._pending_set, *due)
+        if checkpoint > last:
+            pipe.hset(self._committed, self.executor, checkpoint)
+        pipe.execute()
+        if published:
+            log.debug("checkpoint committed", stream=self.key, executor=self.executor, checkpoint=checkpoint,
+                      checkpoints=[n for n, _ in publish], entries=published)
+        return published
+
+    def abort(self, checkpoint: int) -> None:
+        checkpoint = _checkpoint_number(checkpoint)
+        with failure(self.url, f"aborting checkpoint {checkpoint} of stream {self.key!r}"):
+            pipe = self._client.pipeline(transaction=True)
+            pipe.delete(self._pending(checkpoint))
+            pipe.zrem(self._pending_set, checkpoint)
+            pipe.execute()
+
+    def pending(self) -> list[int]:
+        with failure(self.url, f"listing pending checkpoints of stream {self.key!r}"):
+            return [int(n) for n in self._client.zrange(self._pending_set, 0, -1)]
+
+    def last_committed(self) -> int | None:
+        with failure(self.url, f"reading the commit marker of stream {self.key!r}"):
+            last = self._client.hget(self._committed, self.executor)
+        return None if last is None else int(last)
+
+
+def _checkpoint_number(checkpoint) -> int:
+    if isinstance(checkpoint, bool) or not isinstance(checkpoint, (int, np.integer)) or checkpoint < 0:
+        raise OptionError(f"a checkpoint is a whole number >= 0, got {checkpoint!r}")
+    return int(checkpoint)

@@ -1,0 +1,247 @@
+"""A Redis stream as a dataflow input (`RedisStream`), and writing or reading a whole stream
+of packed records (`write_stream`, `end_stream`, `read_stream`).
+
+The source reads entries (see `slashrt.connectors._redis` for their format) in a worker
+thread, one XRANGE or XREAD of up to `count` entries at a time, one read ahead of the
+channel (a memory channel of one: bounded), and feeds their records through `ChannelFeeder`
+(full slots, watermarks in band). Its `position` is the id of the last entry whose records
+are in the channel; `resume_from(id)` makes the next run read the entries after `id`.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import structlog
+import trio
+
+from slashrt._schema import Schema
+from slashrt.connectors._redis import (
+    DEFAULT_COUNT,
+    DEFAULT_ENTRY_BYTES,
+    END_FIELD,
+    EntryDecoder,
+    check_entry_bytes,
+    connect,
+    failure,
+    packed_entries,
+    shown,
+    stream_schema,
+)
+from slashrt.errors import ConnectorError, OptionError, SlashError
+from slashrt.ops.sources import ChannelFeeder
+
+__all__ = ["RedisStream", "write_stream", "end_stream", "read_stream"]
+
+log = structlog.get_logger("slashrt.connectors.redis")
+
+_ID = re.compile(r"\d+(-\d+)?")
+_PIPELINE_BYTES = 16 * 1024 * 1024  # entries per round trip when writing: about this much
+
+
+def _stream_id(value, what: str) -> str:
+    """A complete stream id 'ms-seq' ('5' is '5-0'), or '$' (the stream's end when read)."""
+    if isinstance(value, bytes):
+        value = value.decode()
+    if value == "$":
+        return value
+    if not isinstance(value, str) or not _ID.fullmatch(value):
+        raise OptionError(f"{what} must be a stream id such as '0-0' or '1700000000000-3' (or '$'), got {value!r}")
+    return value if "-" in value else f"{value}-0"
+
+
+def _order(stream_id: str) -> tuple[int, int]:
+    ms, seq = stream_id.split("-")
+    return int(ms), int(seq)
+
+
+class RedisStream:
+    """Input of a source: the records packed in the Redis stream `stream_key` at `url`.
+
+    Reads the entries after `start` (an id: '0-0' is the whole stream, '$' its current end).
+    With `stop_at_end` (the default) the read is bounded: it ends at the stream's last entry
+    as of the run's start; a stream that does not exist is an error (it is most likely a
+    misspelt key; an existing empty stream is an empty input). With `stop_at_end=False` it
+    follows the stream, waiting up to `block_ms` per read, until an entry with the field `end`
+    arrives (`end_stream`; it ends a bounded read too); a stream that does not exist yet is
+    waited for. Each read takes up to `count` entries. An entry written with another schema, or malformed, fails the run
+    naming its id; so does a server that goes away, after the records read before it were
+    delivered. One executor only, for now.
+    """
+
+    def __init__(self, url: str, stream_key: str, *, start: str = "0-0", block_ms: int = 500,
+                 count: int = DEFAULT_COUNT, stop_at_end: bool = True):
+        if not isinstance(stream_key, (str, bytes)) or not stream_key:
+            raise OptionError(f"RedisStream needs a stream key (a non-empty string), got {stream_key!r}")
+        for name, value in (("block_ms", block_ms), ("count", count)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise OptionError(f"RedisStream {name} must be a positive whole number, got {value!r}")
+        self.url = url
+        self.stream_key = stream_key.decode() if isinstance(stream_key, bytes) else stream_key
+        self.block_ms = int(block_ms)
+        self.count = int(count)
+        self.stop_at_end = bool(stop_at_end)
+        # a blocked XREAD answers within block_ms; the socket waits that and some more
+        self._client = connect(url, read_timeout=self.block_ms / 1000 + 30.0)
+        self._position = _stream_id(start, "RedisStream start")
+        self.delivered = 0  # records put into the channel by the runs so far
+
+    def __repr__(self) -> str:
+        return f"RedisStream({shown(self.url)!r}, {self.stream_key!r}, position={self._position!r})"
+
+    @property
+    def position(self) -> str:
+        """Id of the last entry whose records were delivered (the start before any was)."""
+        return self._position
+
+    def resume_from(self, stream_id: str) -> RedisStream:
+        """Read the entries after `stream_id` in the next run (a recorded `position`)."""
+        self._position = _stream_id(stream_id, "resume_from")
+        return self
+
+    async def feed(self, sender, spec, *, watermark_every: int) -> None:
+        """Stream the entries into `sender`'s channel for source `spec`, then close it.
+
+        The input hook of `slashrt._runtime.local_inputs`."""
+        decoder = EntryDecoder(self.url, self.stream_key, spec.schema.dtype, f"source {spec.step_id!r}")
+        feeder = ChannelFeeder(sender, time=spec.time, max_delay=spec.max_delay, watermark_every=watermark_every)
+        reads_in, reads_out = trio.open_memory_channel(1)
+        started = self.delivered
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read, reads_in, decoder)
+                async with reads_out:
+                    async for item in reads_out:
+                        if isinstance(item, SlashError):
+                            # the records read before it go through the dataflow first: the
+                            # executor has computed a buffer once its credit is back
+                            await sender.wait_credit(sender.spec.slots)
+                            if self.delivered == started:
+                                raise item
+                            raise type(item)(f"{item}; {self._resume_hint(self.delivered - started)}") from None
+                        records, last = item
+                        await feeder.feed(records)
+                        self._position = last
+                        self.delivered += len(records)
+        finally:
+            self._client.connection_pool.disconnect()
+        log.info("redis stream read", stream=self.stream_key, position=self._position, records=self.delivered)
+        await sender.aclose()
+
+    def _resume_hint(self, delivered: int) -> str:
+        return (f"the {delivered} records before it were delivered (up to stream id {self._position}): "
+                f"resume_from({self._position!r}) reads on from there")
+
+    async def _read(self, reads, decoder: EntryDecoder) -> None:
+        """Read ahead in a worker thread; send (records, last id) per read, or the error."""
+        async with reads:
+            try:
+                cursor, end = await trio.to_thread.run_sync(self._begin)
+                if cursor != self._position:  # '$' resolved: the position is an id from now on
+                    await reads.send((np.empty(0, decoder.dtype), cursor))
+                while end is None or _order(cursor) < _order(end):
+                    records, last, ended, error = await trio.to_thread.run_sync(self._next, decoder, cursor, end)
+                    if error is not None:
+                        if last is not None:  # the good entries before the bad one
+                            await reads.send((records, last.decode()))
+                        raise error
+                    if last is None:
+                        if end is not None:  # nothing up to the end: it was trimmed away
+                            break
+                        continue  # following: nothing new within block_ms
+                    await reads.send((records, last.decode()))
+                    cursor = last.decode()
+                    if ended:
+                        break
+            except SlashError as exc:
+                await reads.send(exc)
+
+    def _begin(self) -> tuple[str, str | None]:
+        """(The id to read after, the last id to read or None to follow), in the thread."""
+        key, cursor = self.stream_key, self._position
+        with failure(self.url, f"opening stream {key!r}"):
+            kind = self._client.type(key)
+            if kind not in (b"stream", b"none"):
+                raise ConnectorError(
+                    f"key {key!r} at {shown(self.url)} holds a {kind.decode()}, not a stream: give RedisStream a stream's key"
+                )
+            if kind == b"none" and self.stop_at_end:
+                raise ConnectorError(
+                    f"stream {key!r} does not exist at {shown(self.url)}: write to it first (write_stream, RedisStreamSink) "
+                    "or read it with stop_at_end=False to wait for it"
+                )
+            top = self._client.xrevrange(key, count=1) if kind == b"stream" else []
+        last = top[0][0].decode() if top else "0-0"
+        if cursor == "$":
+            cursor = last
+        return cursor, last if self.stop_at_end else None
+
+    def _next(self, decoder: EntryDecoder, cursor: str, end: str | None):
+        """One read after `cursor` (up to `end`, or following): decoded, in the thread."""
+        key = self.stream_key
+        with failure(self.url, f"reading stream {key!r} after id {cursor}"):
+            if end is not None:
+                entries = self._client.xrange(key, min=f"({cursor}", max=end, count=self.count)
+            else:
+                got = self._client.xread({key: cursor}, count=self.count, block=self.block_ms)
+                entries = got[0][1] if got else []
+        return decoder.decode(entries)
+
+
+def write_stream(url: str, stream_key: str, records: np.ndarray, *, entry_bytes: int = DEFAULT_ENTRY_BYTES,
+                 end: bool = False) -> list[str]:
+    """Append `records` (a structured array) to the stream, packed, up to `entry_bytes` of
+    records an entry; with `end`, then an end entry (`end_stream`). Returns the ids written."""
+    records, fp = stream_schema(records, f"records for stream {stream_key!r}")
+    entry_bytes = check_entry_bytes(entry_bytes)
+    client = connect(url)
+    ids = []
+    per_round = max(1, _PIPELINE_BYTES // entry_bytes)
+    try:
+        with failure(url, f"writing to stream {stream_key!r}"):
+            pipe = client.pipeline(transaction=False)
+            for i, fields in enumerate(packed_entries(records, fp, entry_bytes), 1):
+                pipe.xadd(stream_key, fields)
+                if i % per_round == 0:
+                    ids += pipe.execute()
+            if end:
+                pipe.xadd(stream_key, {END_FIELD: 1})
+            ids += pipe.execute()
+    finally:
+        client.close()
+    return [i.decode() for i in ids]
+
+
+def end_stream(url: str, stream_key: str) -> str:
+    """Append the end entry (field `end`) that stops a source following the stream."""
+    client = connect(url)
+    try:
+        with failure(url, f"ending stream {stream_key!r}"):
+            return client.xadd(stream_key, {END_FIELD: 1}).decode()
+    finally:
+        client.close()
+
+
+def read_stream(url: str, stream_key: str, schema, *, after: str = "0-0") -> np.ndarray:
+    """Every record in the stream after id `after` (up to an end entry) as one array of
+    `schema` (a Schema or a structured dtype); an empty array if the stream does not exist."""
+    dtype = schema.dtype if isinstance(schema, Schema) else Schema.from_dtype(schema).dtype
+    decoder = EntryDecoder(url, stream_key, dtype, "read_stream")
+    client = connect(url)
+    cursor = _stream_id(after, "read_stream after")
+    payloads = []
+    try:
+        with failure(url, f"reading stream {stream_key!r}"):
+            while True:
+                entries = client.xrange(stream_key, min=f"({cursor}", count=DEFAULT_COUNT)
+                got, last, ended, error = decoder.payloads(entries)
+                if error is not None:
+                    raise error
+                payloads += got
+                if ended or last is None:
+                    break
+                cursor = last.decode()
+    finally:
+        client.close()
+    return decoder.records(payloads, writable=True)

@@ -1,0 +1,28 @@
+"""Checkpoints: snapshot storage and the sinks' two-phase commit (Asynchronous Barrier Snapshots).
+
+One concept a module, each usable on its own and called by the checkpoint runtime:
+
+    state_format   one operator instance's state as a versioned, checksummed file (no pickle)
+    storage        SnapshotStore: a directory per job, a file per part, a manifest written last
+    commit         the two-phase-commit contract of exactly-once sinks, and its recovery rule
+    alignment      barrier alignment per operator instance, the loop head's back-edge log
+    coordinator    the checkpoint coordinator's decisions, and the stop-the-world baseline's phases
+    restart        restart strategies: none, fixed delay, failure rate
+"""
+
+from slashrt.snapshot.commit import TwoPhaseCommit, recover
+from slashrt.snapshot.state_format import State, decode_state, encode_state, write_state
+from slashrt.snapshot.storage import Checkpoint, Part, Skipped, SnapshotStore
+
+__all__ = [
+    "Checkpoint",
+    "Part",
+    "Skipped",
+    "SnapshotStore",
+    "State",
+    "TwoPhaseCommit",
+    "decode_state",
+    "encode_state",
+    "recover",
+    "write_state",
+]

@@ -1,0 +1,176 @@
+"""The two-phase-commit contract of exactly-once sinks, its recovery rule, and the file sinks' part.
+
+A sink that takes part in checkpoints implements `TwoPhaseCommit`. Its output between two
+barriers is one transaction, named by the checkpoint whose barrier closes it:
+
+* `pre_commit(n)`, when barrier n reaches the sink: make the output since the previous barrier
+  durable but invisible, as checkpoint n's. It is part of the sink's snapshot: checkpoint n
+  completes only after every sink instance pre-committed it.
+* `commit(n)`, once checkpoint n is complete: publish checkpoint n's output and any earlier
+  pending one (of a checkpoint that was declined after this sink pre-committed it). Idempotent:
+  repeating it (after a crash during the first) publishes nothing twice.
+* `abort(n)`: drop checkpoint n's pending output.
+* `pending()`: the checkpoints pre-committed and not yet committed; a sink with durable pending
+  output (files) finds them again in a new process.
+
+Output written after the last barrier belongs to no checkpoint: a recovery replays it, so a
+sink drops what a previous run left of it when it opens. `recover(sink, restored)` applies the
+rule of ABS recovery: pending output of checkpoints up to the restored one is committed (the
+crash came between completion and commit), newer pending output is aborted (the sources rewind
+to the restored checkpoint and produce it again). After it, the published output is exactly
+what the restored checkpoint's inputs produced, once.
+
+`PartFiles` is that contract for a directory of part files (CsvFile / ParquetFile with
+`transactional=True`); `PendingRecords` for records kept in memory (Collect); a built-in sink
+made without `transactional=True` has `NotTransactional`, which nothing is pending in and
+which refuses the other calls.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from slashrt.errors import SnapshotError
+from slashrt.snapshot._durable import fsync_path
+
+__all__ = ["TwoPhaseCommit", "recover", "PartFiles", "PendingRecords", "NotTransactional"]
+
+
+@runtime_checkable
+class TwoPhaseCommit(Protocol):
+    """What a sink implements to give exactly-once output (see the module doc)."""
+
+    def pre_commit(self, checkpoint: int) -> None: ...
+
+    def commit(self, checkpoint: int) -> None: ...
+
+    def abort(self, checkpoint: int) -> None: ...
+
+    def pending(self) -> list[int]: ...
+
+
+def recover(sink: TwoPhaseCommit, restored: int | None) -> tuple[list[int], list[int]]:
+    """Settle a sink's pending output after restoring checkpoint `restored` (None: starting
+    afresh, nothing restored): commit pending checkpoints up to it, abort newer ones.
+    Returns (committed, aborted) checkpoint numbers."""
+    pending = sorted(sink.pending())
+    committed = [n for n in pending if restored is not None and n <= restored]
+    aborted = [n for n in pending if n not in committed]
+    if committed:
+        sink.commit(committed[-1])  # commits every pending one up to it
+    for n in aborted:
+        sink.abort(n)
+    return committed, aborted
+
+
+class PartFiles:
+    """One sink instance's transactions in `directory`, as files named by checkpoint and executor.
+
+        part-open-<executor><suffix>.inprogress   output since the last barrier (no checkpoint yet)
+        part-<n>-<executor><suffix>.inprogress    pre-committed for checkpoint n: durable, invisible
+        part-<n>-<executor><suffix>               committed: published
+
+    Every step is one rename, made durable by fsyncing the file before and the directory after,
+    so a crash at any moment leaves each file whole under one of the three names. Readers take
+    the files without `.inprogress`."""
+
+    def __init__(self, directory, executor: int, suffix: str):
+        self.directory = Path(directory)
+        self.executor = executor
+        self.suffix = suffix
+        self.open_path = self.directory / f"part-open-{executor}{suffix}.inprogress"
+        self._pending_name = re.compile(rf"part-(\d+)-{executor}{re.escape(suffix)}\.inprogress$")
+
+    def pending_path(self, n: int) -> Path:
+        return self.directory / f"part-{n}-{self.executor}{self.suffix}.inprogress"
+
+    def final_path(self, n: int) -> Path:
+        return self.directory / f"part-{n}-{self.executor}{self.suffix}"
+
+    def open(self) -> None:
+        """Make the directory and drop output a previous run wrote after its last barrier."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.open_path.unlink(missing_ok=True)
+
+    def pending(self) -> list[int]:
+        if not self.directory.is_dir():
+            return []
+        found = (self._pending_name.match(entry.name) for entry in os.scandir(self.directory))
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def pre_commit(self, n: int) -> None:
+        """The open file (its writer closed by the sink) becomes checkpoint n's pending part;
+        no file when nothing was written since the last barrier."""
+        if not self.open_path.exists():
+            return
+        fsync_path(self.open_path)
+        os.replace(self.open_path, self.pending_path(n))
+        fsync_path(self.directory)
+
+    def commit(self, n: int) -> None:
+        published = False
+        for c in self.pending():
+            if c <= n:
+                os.replace(self.pending_path(c), self.final_path(c))
+                published = True
+        if published:
+            fsync_path(self.directory)
+
+    def abort(self, n: int) -> None:
+        self.pending_path(n).unlink(missing_ok=True)
+
+
+class PendingRecords:
+    """The transactions of a sink that keeps records in memory: records since the last barrier,
+    and per pre-committed checkpoint its records; `commit` hands over what to publish."""
+
+    def __init__(self):
+        self._open: list[np.ndarray] = []
+        self._pending: dict[int, list[np.ndarray]] = {}
+
+    def add(self, records: np.ndarray) -> None:
+        self._open.append(records)
+
+    def pending(self) -> list[int]:
+        return sorted(self._pending)
+
+    def pre_commit(self, n: int) -> None:
+        if self._open:
+            self._pending.setdefault(n, []).extend(self._open)
+            self._open = []
+
+    def commit(self, n: int) -> list[np.ndarray]:
+        """The record batches to publish now, in checkpoint order (none when repeated)."""
+        out = []
+        for c in sorted(c for c in self._pending if c <= n):
+            out.extend(self._pending.pop(c))
+        return out
+
+    def abort(self, n: int) -> None:
+        self._pending.pop(n, None)
+
+
+
+class NotTransactional:
+    """The transactions of a sink made without `transactional=True`: none pending; a checkpoint
+    call says how to make the sink take part."""
+
+    def __init__(self, sink):
+        self._sink = sink
+
+    def pending(self) -> list[int]:
+        return []
+
+    def _refuse(self, checkpoint: int):
+        name = type(self._sink).__name__
+        raise SnapshotError(
+            f"checkpoint {checkpoint}: this {name} sink is not transactional; "
+            f"make it with {name}(..., transactional=True) for exactly-once output"
+        )
+
+    pre_commit = commit = abort = _refuse
