@@ -220,3 +220,18 @@ def test_frontier_changes_are_logged_at_debug_level(capsys):
         slashrt.configure_logging("warning")
     err = capsys.readouterr().err
     assert "frontier moved" in err and "lg.both" in err
+
+
+def test_a_stream_unioned_with_itself_arrives_twice_and_async_connect_functions_work():
+    flow = Dataflow("self")
+    a = flow.source("a", REC, time="t")
+    out, both = sinks.Collect(), sinks.Collect()
+    a.union(a).sink(out, name="twice")
+
+    async def first_port_only(batch, port):
+        return batch if port == 0 else None
+
+    a.connect(a.filter(lambda b: b["k"] > 1)).apply(first_port_only).sink(both, name="zero")
+    slashrt.run(flow, {"a": records([1, 2, 3], [0, 1, 2])})
+    assert sorted(out.records["k"].tolist()) == [1, 1, 2, 2, 3, 3]
+    assert sorted(both.records["k"].tolist()) == [1, 2, 3]

@@ -250,3 +250,14 @@ def test_label_propagation_in_a_loop_with_two_entered_streams():
         want = new
     assert np.array_equal(got, want)
     assert len(np.unique(want)) < nodes  # some components merged
+
+
+def test_a_feedback_must_have_the_columns_of_the_stream_it_goes_back_to():
+    flow = Dataflow("fb")
+    src = flow.source("src", REC, time="t")
+    with flow.loop("l") as loop:
+        x = loop.enter(src)
+        with pytest.raises(slashrt.SchemaError, match=r"the feedback of 'fb.project_\d' has columns"):
+            loop.feed_back(x.project("v", "t"))
+        with pytest.raises(DataflowError, match="into= must be a stream entered with this loop's enter"):
+            loop.feed_back(x, into=src)
