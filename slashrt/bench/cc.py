@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from slashrt.bench._common import zipf_choice
+from slashrt.bench._common import Timer, zipf_choice
 
-__all__ = ["GRAPHS", "generate", "scipy_labels", "networkx_labels"]
+__all__ = ["GRAPHS", "generate", "scipy_labels", "networkx_labels", "bench"]
 
 GRAPHS = ("uniform", "powerlaw")
+INCREMENT = 0.01  # the extra epoch adds this fraction of new edges
 POWERLAW_EXPONENT = 1.0  # Zipf exponent of the endpoints of a power-law graph
 
 EDGE_DTYPE = np.dtype([("src", "<i8"), ("dst", "<i8"), ("epoch", "<i8")])
@@ -47,7 +48,7 @@ def scipy_labels(src, dst, nodes: int) -> np.ndarray:
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    from slashrt.examples.cc import canonical
+    from slashrt.examples._components import canonical
 
     matrix = coo_matrix((np.ones(len(src), dtype=np.int8), (src, dst)), shape=(nodes, nodes))
     return canonical(connected_components(matrix, directed=False)[1])
@@ -65,3 +66,68 @@ def networkx_labels(src, dst, nodes: int) -> np.ndarray:
         members = np.fromiter(component, dtype=np.int64, count=len(component))
         labels[members] = members.min()
     return labels
+
+
+def _best(repeat: int, fn):
+    """(fastest seconds, last result) of `repeat` calls of `fn()`."""
+    seconds, result = None, None
+    for _ in range(repeat):
+        with Timer() as t:
+            result = fn()
+        seconds = t.seconds if seconds is None else min(seconds, t.seconds)
+    return seconds, result
+
+
+def bench(*, edges: int, epochs: int = 1, graph: str = "uniform", seed: int = 0, repeat: int = 3) -> dict:
+    """Time and check slashrt's connected components; returns the JSON fields of `bench cc`."""
+    from slashrt.examples.cc import connected_components
+
+    nodes = edges
+    data = generate(edges, epochs, graph=graph, nodes=nodes, seed=seed)
+    src, dst = data["src"], data["dst"]
+    whole = data.copy()
+    whole["epoch"] = 0
+
+    # all edges in one epoch: slashrt's dataflow, scipy, NetworkX
+    runs = [connected_components(whole, nodes=nodes) for _ in range(repeat)]
+    seconds = min(r.seconds for r in runs)
+    scipy_seconds, expected = _best(repeat, lambda: scipy_labels(src, dst, nodes))
+    networkx_seconds, by_networkx = _best(1, lambda: networkx_labels(src, dst, nodes))
+    correct = np.array_equal(runs[-1].labels[0], expected) and np.array_equal(expected, by_networkx)
+
+    # one more epoch of 1% new edges, incrementally, against scipy from scratch
+    extra = generate(max(1, int(edges * INCREMENT)), graph=graph, nodes=nodes, seed=seed + 1)
+    extra["epoch"] = 1
+    grown = np.concatenate([whole, extra])
+    increments = [connected_components(grown, nodes=nodes) for _ in range(repeat)]
+    incremental_seconds = min(r.epoch_seconds[1] for r in increments)
+    recompute_seconds, recomputed = _best(repeat, lambda: scipy_labels(grown["src"], grown["dst"], nodes))
+    correct = correct and np.array_equal(increments[-1].labels[1], recomputed)
+
+    # every epoch of the graph as it arrives
+    if epochs > 1:
+        arriving = connected_components(data, nodes=nodes)
+        for e, labels in zip(arriving.epochs, arriving.labels):
+            seen = int(np.searchsorted(data["epoch"], e, side="right"))
+            correct = correct and np.array_equal(labels, scipy_labels(src[:seen], dst[:seen], nodes))
+    return {
+        "query": "cc",
+        "graph": graph,
+        "edges": edges,
+        "nodes": nodes,
+        "epochs": epochs,
+        "executors": 1,
+        "seed": seed,
+        "seconds": round(seconds, 6),
+        "scipy_seconds": round(scipy_seconds, 6),
+        "networkx_seconds": round(networkx_seconds, 6),
+        "rounds": runs[-1].rounds[0],
+        "incremental_edges": len(extra),
+        "incremental_seconds": round(incremental_seconds, 6),
+        "scipy_recompute_seconds": round(recompute_seconds, 6),
+        "vs_scipy": round(seconds / scipy_seconds, 3),
+        "speedup_vs_networkx": round(networkx_seconds / seconds, 1),
+        "incremental_vs_recompute": round(incremental_seconds / recompute_seconds, 4),
+        "components": int(np.count_nonzero(expected == np.arange(nodes))),
+        "correct": bool(correct),
+    }

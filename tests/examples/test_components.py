@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from slashrt.bench.cc import generate, scipy_labels
 from slashrt.errors import SchemaError
-from slashrt.examples.cc import Components, canonical
+from slashrt.examples._components import Components, canonical
 
 
 def epochs_of(edges: np.ndarray):
@@ -50,7 +50,7 @@ def test_an_epoch_without_edges_changes_nothing():
 
 
 def test_a_long_path_merges_in_few_rounds():
-    from slashrt.examples.cc import ComponentsEpoch
+    from slashrt.examples._components import ComponentsEpoch
 
     n = 1 << 14
     order = np.random.default_rng(0).permutation(n)

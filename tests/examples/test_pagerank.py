@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from slashrt.bench.cc import generate
 from slashrt.errors import SchemaError
-from slashrt.examples.pagerank import DAMPING, Graph
+from slashrt.examples._power_iteration import DAMPING, Graph
 
 
 def dense_power_iteration(src, dst, nodes: int, k: int) -> np.ndarray:
