@@ -13,7 +13,12 @@ import attrs
 from slashrt._dataflow import (
     ApplySpec,
     Dataflow,
+    EnterSpec,
+    FeedbackSpec,
     FilterSpec,
+    LeaveSpec,
+    OperatorSpec,
+    UnionSpec,
     ProjectSpec,
     SinkSpec,
     SourceSpec,
@@ -23,6 +28,7 @@ from slashrt._dataflow import (
 from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
 from slashrt.ops.event_time import SourceNode
+from slashrt.ops.operator import EnterNode, FeedbackNode, LeaveNode, OperatorNode, Port, UnionNode
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.stateless import ApplyNode, FilterNode, ProjectNode, WithColumnNode
 from slashrt.ops.ssb_window import SsbWindowAggregate
@@ -61,14 +67,25 @@ class ClusterRole:
 
 
 class Plan:
-    def __init__(self, roots: dict[str, Node], sources: dict[str, SourceSpec], sinks: list[SinkNode]):
+    def __init__(
+        self, roots: dict[str, Node], sources: dict[str, SourceSpec], sinks: list[SinkNode], flow: Dataflow | None = None,
+        steps: dict[str, Node] | None = None,
+    ):
         self.roots = roots  # source step id -> pipeline root
         self.sources = sources
         self.sinks = sinks
+        self.flow = flow
+        self.steps = steps or {}  # step id -> its node (every step once, in the flow's order)
 
     def nodes(self):
+        """Every runtime node reachable from a source, once (a node read by several steps is
+        reached on several paths)."""
+        seen = set()
         for root in self.roots.values():
-            yield from root.walk()
+            for node in root.walk():
+                if id(node) not in seen:
+                    seen.add(id(node))
+                    yield node
 
     def windows(self) -> list[WindowAggregate]:
         return [n for n in self.nodes() if isinstance(n, WindowAggregate)]
@@ -85,6 +102,16 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
     sinks: list[SinkNode] = []
 
     def build(spec) -> Node:
+        if isinstance(spec, UnionSpec):
+            return UnionNode(spec.step_id)
+        if isinstance(spec, OperatorSpec):
+            return OperatorNode(spec)
+        if isinstance(spec, EnterSpec):
+            return EnterNode(spec.step_id)
+        if isinstance(spec, LeaveSpec):
+            return LeaveNode(spec.step_id)
+        if isinstance(spec, FeedbackSpec):
+            return FeedbackNode(spec, None)  # its entry is wired below
         if isinstance(spec, SourceSpec):
             node = SourceNode(spec.step_id, spec.time, spec.max_delay)
         elif isinstance(spec, ApplySpec):
@@ -106,15 +133,26 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
             sinks.append(node)
         else:  # pragma: no cover - every spec type is listed above
             raise DataflowError(f"unknown step {spec!r}")
-        node.children = [build(child) for child in flow.downstream(spec.step_id)]
         return node
 
-    roots = {step_id: build(spec) for step_id, spec in sources.items()}
+    # every step once; a step read by several (a union, a two-input operator, a loop's entry)
+    # is reached through a Port naming the input, so it is called synchronously from each
+    steps = {step_id: build(spec) for step_id, spec in flow.steps.items()}
+    for step_id, node in steps.items():
+        spec = flow.steps[step_id]
+        if isinstance(spec, FeedbackSpec):
+            node.enter = steps[spec.into]  # its batches go back through the executor's queue
+            continue
+        node.children = [
+            Port(steps[child.step_id], port) if hasattr(steps[child.step_id], "push_port") else steps[child.step_id]
+            for child, port in flow.consumers(step_id)
+        ]
+    roots = {step_id: steps[step_id] for step_id in sources}
     for root in roots.values():
         root.watch()
     if not sinks:
         raise DataflowError(f"dataflow {flow.name!r} has no sink: nothing would see its results")
-    return Plan(roots, sources, sinks)
+    return Plan(roots, sources, sinks, flow, steps)
 
 
 def check_cluster_flow(flow: Dataflow) -> None:

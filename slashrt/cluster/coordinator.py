@@ -327,7 +327,7 @@ async def run_cluster_async(
         raise DataflowError(f"partitions and epoch_bytes must be positive, got {partitions} and {epoch_bytes}")
     check_routing(options.get("ssb_routing", "auto"))
     check_heartbeat(heartbeat_interval, heartbeat_timeout)
-    options.pop("progress", None)  # progress is reported by each executor's log, not here
+    options.pop("on_records", None)  # records processed are reported by each executor's log, not here
     local = isinstance(executors, int)
     addresses = None if local else [_parse_address(a) for a in executors]
     n = executors if local else len(addresses)

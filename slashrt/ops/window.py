@@ -275,6 +275,17 @@ class WindowAggregate(Node):
         await self._fire_until(None)
         await super().on_end()
 
+    async def on_frontier(self, epoch: int | None) -> None:
+        """Pointstamp progress: fire the windows ending by `epoch`, the least time that may
+        still reach the input (None: nothing may, fire them all); no watermark travels on."""
+        await self._fire_until(epoch)
+
+    def held(self) -> int | None:
+        """The end of the earliest window still to fire (the capability it holds), or None."""
+        if self.next_start is None or not self.slices:
+            return None
+        return max(self.next_start + self.size, int(self._earliest_end(min(self.slices))))
+
     def merge_partials(
         self, slice_ids: np.ndarray, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray, closed_until: int = NO_TIME
     ) -> None:
@@ -463,7 +474,7 @@ class WindowAggregate(Node):
         out["window_end"] = end
         out[self.spec.key] = keys
         out[self.spec.output] = values
-        await self.emit(Batch(out))
+        await self.emit_at(end, Batch(out))
 
     def _overflowed(self, where: str) -> None:
         raise OperatorError(
