@@ -14,7 +14,7 @@ loop, one power iteration per loop counter::
 Once an epoch's edges are all in (`on_notify` at (epoch, 0)) it emits the starting ranks;
 once the ranks of iteration i are all back (`on_notify` at (epoch, i)) it computes iteration
 i and emits them, to the feedback edge until i = k, then out of the loop. Records on the
-``ranks`` source (at loop counter 0) replace the starting rank of their nodes.
+``ranks`` source replace the starting rank of their nodes (in every epoch after them).
 
 Each iteration is `Graph.step` (slashrt.examples._power_iteration, vectorised): damping 0.85,
 the rank of nodes without out-edges spread evenly over all nodes.
@@ -26,7 +26,7 @@ import attrs
 import numpy as np
 
 from slashrt import Context, Dataflow, Operator, Schema, Timestamp, run
-from slashrt.errors import SchemaError
+from slashrt.errors import DataflowError, SchemaError
 from slashrt.examples._power_iteration import DAMPING, Graph
 from slashrt.sinks import Collect
 
@@ -43,11 +43,11 @@ class PowerIteration(Operator):
     ``ranks`` source's starting ranks)."""
 
     def __init__(self, iterations: int, nodes: int | None = None, damping: float = DAMPING):
-        if iterations < 0:
-            raise SchemaError(f"pagerank: iterations must be >= 0, got {iterations}")
+        _check_iterations(iterations)
         self.iterations, self.nodes, self.damping = iterations, nodes, damping
         self.edges: list[tuple[int, np.ndarray, np.ndarray]] = []  # (epoch, src, dst) of every epoch so far
-        self.ranks: dict[Timestamp, list[tuple[np.ndarray, np.ndarray]]] = {}  # arriving, per time
+        self.ranks: dict[Timestamp, list[tuple[np.ndarray, np.ndarray]]] = {}  # fed back, per time
+        self.start: list[tuple[np.ndarray, np.ndarray]] = []  # the ``ranks`` source's starting ranks
         self.graphs: dict[int, Graph] = {}  # per epoch in iterations
         self.asked: set[Timestamp] = set()
 
@@ -58,6 +58,9 @@ class PowerIteration(Operator):
 
     async def on_batch(self, ctx: Context, port: int, batch) -> None:
         t = ctx.time
+        if port == 1 and not any(t.counters):  # entered from outside: in before any epoch at or after it starts
+            self.start.append((np.array(batch["node"]), np.array(batch["rank"])))
+            return
         self._notify(ctx, t)
         if port == 0:
             self.edges.append((t.epoch, np.array(batch["src"], dtype=np.int64), np.array(batch["dst"], dtype=np.int64)))
@@ -74,7 +77,7 @@ class PowerIteration(Operator):
             dst = np.concatenate([d for _, d in upto]) if upto else np.empty(0, np.int64)
             graph = self.graphs[time.epoch] = Graph(src, dst, self.nodes, damping=self.damping)
             ranks = graph.initial()
-            for nodes, values in arrived:
+            for nodes, values in self.start:
                 ranks[nodes] = values
         else:
             graph = self.graphs[time.epoch]
@@ -90,11 +93,17 @@ class PowerIteration(Operator):
         await ctx.emit(out, time=time)
 
 
+def _check_iterations(iterations) -> None:
+    if isinstance(iterations, bool) or not isinstance(iterations, (int, np.integer)) or iterations < 0:
+        raise DataflowError(f"pagerank: iterations must be a whole number >= 0, got {iterations!r}")
+
+
 def pagerank_flow(sink, iterations: int, *, nodes: int | None = None, damping: float = DAMPING,
                   name: str = "pagerank") -> Dataflow:
     """The PageRank dataflow: sources ``edges`` (`EDGES`, in epoch order) and ``ranks``
     (`RANKS`, starting ranks; may be empty), `iterations` power iterations per epoch in a
     loop bounded by them, and `sink`, which receives (epoch, node, rank) per epoch."""
+    _check_iterations(iterations)
     flow = Dataflow(name)
     edges = flow.source("edges", EDGES, time="epoch")
     start = flow.source("ranks", RANKS)
