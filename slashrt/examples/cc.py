@@ -112,10 +112,10 @@ class HookAndJump(Operator):
             await ctx.emit(_records(CHANGES, node=changes[0], label=changes[1], final=0), time=time)
             return
         nodes, labels = self.epoch.finish()
-        self.epoch_seconds[self.current] = _time.perf_counter() - self.started
+        await ctx.emit(_records(CHANGES, node=nodes, label=labels, final=1), time=time)
+        self.epoch_seconds[self.current] = _time.perf_counter() - self.started  # its labels have left the loop
         self.rounds[self.current] = self.epoch.rounds
         self.epoch = None
-        await ctx.emit(_records(CHANGES, node=nodes, label=labels, final=1), time=time)
         if self.ready:
             await self._start(ctx, time)
 
