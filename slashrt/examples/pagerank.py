@@ -37,7 +37,6 @@ RANKS = np.dtype([("node", "<i8"), ("rank", "<f8")])
 IN_LOOP = np.dtype([("epoch", "<i8"), ("node", "<i8"), ("rank", "<f8"), ("final", "i1")])
 
 
-
 class PowerIteration(Operator):
     """The loop body: port 0 new edges (entered), port 1 ranks (fed back; at counter 0 the
     ``ranks`` source's starting ranks)."""
