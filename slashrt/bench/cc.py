@@ -3,8 +3,8 @@
 The graph has `edges` edges over as many nodes (uniform endpoints, or power-law: both
 endpoints Zipf-distributed over randomly permuted ids, so hubs are not the least ids), cut
 into `epochs` epochs of equal size. The benchmark times slashrt's dataflow
-(`slashrt.examples.cc`) on all edges in one epoch against scipy's C `connected_components`
-and NetworkX, then one extra epoch of 1% new edges processed incrementally against scipy
+(`slashrt.examples.cc`) on all edges in one epoch (and its numpy kernels alone, without the
+dataflow: `kernel_seconds`) against scipy's C `connected_components` and NetworkX, then one extra epoch of 1% new edges processed incrementally against scipy
 recomputing from scratch, and checks every epoch's labels against scipy (and the full
 result against NetworkX).
 """
@@ -85,7 +85,7 @@ def bench(*, edges: int, epochs: int = 1, graph: str = "uniform", seed: int = 0,
     for module in ("scipy.sparse.csgraph", "networkx"):  # imported before timing, not by the first call
         importlib.import_module(module)
 
-    from slashrt.examples.cc import connected_components
+    from slashrt.examples.cc import Components, connected_components
 
     nodes = edges
     data = generate(edges, epochs, graph=graph, nodes=nodes, seed=seed)
@@ -96,6 +96,7 @@ def bench(*, edges: int, epochs: int = 1, graph: str = "uniform", seed: int = 0,
     # all edges in one epoch: slashrt's dataflow, scipy, NetworkX
     runs = [connected_components(whole, nodes=nodes) for _ in range(repeat)]
     seconds = min(r.seconds for r in runs)
+    kernel_seconds, _ = _best(repeat, lambda: Components(nodes).add_edges(src, dst))  # numpy alone
     scipy_seconds, expected = _best(repeat, lambda: scipy_labels(src, dst, nodes))
     networkx_seconds, by_networkx = _best(1, lambda: networkx_labels(src, dst, nodes))
     correct = np.array_equal(runs[-1].labels[0], expected) and np.array_equal(expected, by_networkx)
@@ -124,6 +125,7 @@ def bench(*, edges: int, epochs: int = 1, graph: str = "uniform", seed: int = 0,
         "executors": 1,
         "seed": seed,
         "seconds": round(seconds, 6),
+        "kernel_seconds": round(kernel_seconds, 6),
         "scipy_seconds": round(scipy_seconds, 6),
         "networkx_seconds": round(networkx_seconds, 6),
         "rounds": runs[-1].rounds[0],
