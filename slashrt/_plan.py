@@ -34,6 +34,7 @@ from slashrt.ops.stateless import ApplyNode, FilterNode, ProjectNode, WithColumn
 from slashrt.ops.ssb_window import SsbWindowAggregate
 from slashrt.ops.uppar import RouteByOwner
 from slashrt.ops.window import WindowAggregate
+from slashrt.scheduler._pointstamp import progress_graph
 from slashrt.ssb.partitions import Partitioning
 
 __all__ = ["Plan", "build_plan", "check_cluster_flow", "ClusterRole", "MODES"]
@@ -69,13 +70,14 @@ class ClusterRole:
 class Plan:
     def __init__(
         self, roots: dict[str, Node], sources: dict[str, SourceSpec], sinks: list[SinkNode], flow: Dataflow | None = None,
-        steps: dict[str, Node] | None = None,
+        steps: dict[str, Node] | None = None, graph=None,
     ):
         self.roots = roots  # source step id -> pipeline root
         self.sources = sources
         self.sinks = sinks
         self.flow = flow
         self.steps = steps or {}  # step id -> its node (every step once, in the flow's order)
+        self.graph = graph  # the progress graph (a Reachability), checked when the flow is a graph
 
     def nodes(self):
         """Every runtime node reachable from a source, once (a node read by several steps is
@@ -135,6 +137,9 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
             raise DataflowError(f"unknown step {spec!r}")
         return node
 
+    # a graph (loops, several inputs) is checked before it is wired: a cycle without a
+    # feedback is refused naming its steps
+    graph = progress_graph(flow) if flow.is_graph() else None
     # every step once; a step read by several (a union, a two-input operator, a loop's entry)
     # is reached through a Port naming the input, so it is called synchronously from each
     steps = {step_id: build(spec) for step_id, spec in flow.steps.items()}
@@ -152,7 +157,7 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
         root.watch()
     if not sinks:
         raise DataflowError(f"dataflow {flow.name!r} has no sink: nothing would see its results")
-    return Plan(roots, sources, sinks, flow, steps)
+    return Plan(roots, sources, sinks, flow, steps, graph)
 
 
 def check_cluster_flow(flow: Dataflow) -> None:

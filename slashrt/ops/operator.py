@@ -86,7 +86,7 @@ class Context:
         if not self.time.less_equal(time):
             raise OperatorError(
                 node.step_id,
-                f"{what} at time {time}, below the time it holds ({self.time}): an operator may only act at its "
+                f"{what} at time {time}, below the time it holds {self.time}: an operator may only act at its "
                 "current time or later",
             )
         return time

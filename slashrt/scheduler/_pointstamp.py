@@ -35,10 +35,10 @@ from slashrt.ops.event_time import SourceNode
 from slashrt.ops.operator import EnterNode, OperatorNode
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.window import WindowAggregate
-from slashrt.progress import IDENTITY, INGRESS, Builder, Location, Timestamp, Tracker, move_capability
+from slashrt.progress import IDENTITY, INGRESS, Builder, Location, Reachability, Timestamp, Tracker, move_capability
 from slashrt.progress.timestamp import MIN_EPOCH
 
-__all__ = ["PointstampProgress", "MODES", "resolve_mode"]
+__all__ = ["PointstampProgress", "MODES", "progress_graph", "resolve_mode"]
 
 MODES = ("pointstamp", "watermark")
 
@@ -64,6 +64,43 @@ def resolve_mode(flow, mode: str | None) -> str:
 _GRAPH_NAMES = {"UnionSpec", "OperatorSpec", "EnterSpec", "FeedbackSpec", "LeaveSpec"}
 
 
+def progress_graph(flow) -> Reachability:
+    """The flow's steps as a progress graph (node i is the flow's i-th step, named by its step
+    id), checked: a cycle that does not pass a feedback is refused naming its steps."""
+    index = {step_id: i for i, step_id in enumerate(flow.steps)}
+    builder = Builder()
+    for step_id, spec in flow.steps.items():
+        ins = len(inputs_of(spec))
+        if isinstance(spec, SourceSpec):
+            builder.add_node(step_id, 0, 1)
+        elif isinstance(spec, SinkSpec):
+            builder.add_node(step_id, 1, 0)
+        elif isinstance(spec, (UnionSpec, OperatorSpec)):
+            builder.add_node(step_id, ins, 1)
+        elif isinstance(spec, EnterSpec):
+            builder.add_node(step_id, 2, 1, {(0, 0): INGRESS, (1, 0): IDENTITY})
+        elif isinstance(spec, FeedbackSpec):
+            builder.add_feedback(step_id)
+        elif isinstance(spec, LeaveSpec):
+            builder.add_egress(step_id)
+        else:
+            builder.add_node(step_id, 1, 1)
+    for step_id, spec in flow.steps.items():
+        for port, up in enumerate(inputs_of(spec)):
+            if up not in index:
+                raise DataflowError(f"dataflow {flow.name!r}: step {step_id!r} reads {up!r}, which is no step")
+            builder.connect(index[up], 0, index[step_id], port)
+        if isinstance(spec, FeedbackSpec):
+            builder.connect(index[step_id], 0, index[spec.into], 1)
+    try:
+        return builder.build()
+    except DataflowError as exc:
+        raise DataflowError(
+            f"dataflow {flow.name!r}: {str(exc).removeprefix('progress graph: ')} (close a loop only with "
+            "loop.feed_back())"
+        ) from None
+
+
 class PointstampProgress:
     """The tracker of one executor running `plan`, and the nodes it drives."""
 
@@ -72,35 +109,7 @@ class PointstampProgress:
         self.steps: list[str] = list(flow.steps)
         self.nodes: list[Node] = [plan.steps[s] for s in self.steps]
         index = {step_id: i for i, step_id in enumerate(self.steps)}
-        builder = Builder()
-        for step_id, spec in flow.steps.items():
-            ins = len(inputs_of(spec))
-            if isinstance(spec, SourceSpec):
-                builder.add_node(step_id, 0, 1)
-            elif isinstance(spec, SinkSpec):
-                builder.add_node(step_id, 1, 0)
-            elif isinstance(spec, (UnionSpec, OperatorSpec)):
-                builder.add_node(step_id, ins, 1)
-            elif isinstance(spec, EnterSpec):
-                builder.add_node(step_id, 2, 1, {(0, 0): INGRESS, (1, 0): IDENTITY})
-            elif isinstance(spec, FeedbackSpec):
-                builder.add_feedback(step_id)
-            elif isinstance(spec, LeaveSpec):
-                builder.add_egress(step_id)
-            else:
-                builder.add_node(step_id, 1, 1)
-        for step_id, spec in flow.steps.items():
-            for port, up in enumerate(inputs_of(spec)):
-                builder.connect(index[up], 0, index[step_id], port)
-            if isinstance(spec, FeedbackSpec):
-                builder.connect(index[step_id], 0, index[spec.into], 1)
-        try:
-            self.graph = builder.build()
-        except DataflowError as exc:
-            raise DataflowError(
-                f"dataflow {flow.name!r}: {str(exc).removeprefix('progress graph: ')} (close a loop only with "
-                "loop.feed_back())"
-            ) from None
+        self.graph = plan.graph if plan.graph is not None else progress_graph(flow)
         self.tracker = Tracker(self.graph)
         self.index = {id(node): i for i, node in enumerate(self.nodes)}
         self.now = Timestamp(MIN_EPOCH)
@@ -111,6 +120,7 @@ class PointstampProgress:
         self.feedbacks_into: dict[int, list[str]] = collections.defaultdict(list)
         self._dirty = False
         self._settling = False
+        self._stale: set[int] = set()  # operators whose due notifications may have changed
         for i, (step_id, node) in enumerate(zip(self.steps, self.nodes)):
             node.clock = self
             spec = flow.steps[step_id]
@@ -148,7 +158,9 @@ class PointstampProgress:
         if time in node.requested:
             return  # one notification per time, however often it was asked for
         node.requested.add(time)
-        self.tracker.update(Location.output(self.index[id(node)], 0), time, 1)
+        i = self.index[id(node)]
+        self.tracker.update(Location.output(i, 0), time, 1)
+        self._stale.add(i)
         self._dirty = True
 
     def enqueue(self, feedback, batch, time: Timestamp) -> None:
@@ -181,6 +193,7 @@ class PointstampProgress:
                 self._dirty = False
                 self._refresh_holds()
                 moved = sorted({loc.node for loc, _, _ in self.tracker.propagate() if loc.kind == "in"})
+                self._stale.update(moved)
                 for i in moved:
                     frontier = self.tracker.frontier(Location.input(i, 0))
                     log.debug("frontier moved", step=self.steps[i], frontier=[_plain(t) for t in frontier])
@@ -222,8 +235,11 @@ class PointstampProgress:
                     del self.held[i]
 
     async def _notify(self) -> None:
+        if not self._stale:
+            return
+        stale, self._stale = self._stale, set()
         for i, node in self.ops:
-            if not node.requested:
+            if i not in stale or not node.requested:
                 continue
             frontiers = [self.tracker.frontier(Location.input(i, p)) for p in range(node.inputs)]
             due = sorted(
