@@ -181,7 +181,7 @@ def _parser() -> argparse.ArgumentParser:
     cc.add_argument("--epochs", type=_positive_int, default=1, help="epochs the edges arrive in (each one checked)")
     cc.add_argument("--graph", choices=["uniform", "powerlaw"], default="uniform", help="how endpoints are drawn")
     cc.add_argument("--executors", type=_positive_int, default=1, help="executors (loops run on one executor)")
-    cc.add_argument("--seed", type=_non_negative_int, default=0, help="of the random graph")
+    cc.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the random graph")
     cc.add_argument("--repeat", type=_positive_int, default=3,
                     help="report the best of this many runs of slashrt and scipy (NetworkX runs once)")
     cc.add_argument("--json", action="store_true", help="print one JSON object with the results")
