@@ -16,14 +16,13 @@ import importlib
 import numpy as np
 
 from slashrt.bench._common import Timer, zipf_choice
+from slashrt.examples import EDGES
 
 __all__ = ["GRAPHS", "generate", "scipy_labels", "networkx_labels", "bench"]
 
 GRAPHS = ("uniform", "powerlaw")
 INCREMENT = 0.01  # the extra epoch adds this fraction of new edges
 POWERLAW_EXPONENT = 1.0  # Zipf exponent of the endpoints of a power-law graph
-
-EDGE_DTYPE = np.dtype([("src", "<i8"), ("dst", "<i8"), ("epoch", "<i8")])
 
 
 def generate(edges: int, epochs: int = 1, *, graph: str = "uniform", nodes: int | None = None, seed: int = 0) -> np.ndarray:
@@ -33,7 +32,7 @@ def generate(edges: int, epochs: int = 1, *, graph: str = "uniform", nodes: int 
         raise ValueError(f"graph must be one of {', '.join(GRAPHS)}, got {graph!r}")
     nodes = edges if nodes is None else nodes
     rng = np.random.default_rng(seed)
-    out = np.empty(edges, dtype=EDGE_DTYPE)
+    out = np.empty(edges, dtype=EDGES)
     if graph == "uniform":
         out["src"] = rng.integers(0, nodes, edges)
         out["dst"] = rng.integers(0, nodes, edges)

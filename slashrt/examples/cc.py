@@ -33,6 +33,7 @@ import numpy as np
 
 from slashrt import Context, Dataflow, Operator, Schema, Timestamp, run
 from slashrt.errors import SchemaError
+from slashrt.examples import EDGES
 from slashrt.examples._components import Components, ComponentsEpoch, canonical
 from slashrt.sinks import Collect
 
@@ -41,7 +42,6 @@ __all__ = [
     "cc_flow", "connected_components", "ComponentsResult",
 ]
 
-EDGES = np.dtype([("src", "<i8"), ("dst", "<i8"), ("epoch", "<i8")])  # the input: epoch = event time
 LABELS = np.dtype([("node", "<i8"), ("label", "<i8")])  # a labelling to start from
 CHANGES = np.dtype([("node", "<i8"), ("label", "<i8"), ("final", "i1")])  # in the loop (final: leaves it)
 EPOCH_LABELS = np.dtype([("epoch", "<i8"), ("node", "<i8"), ("label", "<i8")])  # to the sink

@@ -27,12 +27,12 @@ import numpy as np
 
 from slashrt import Context, Dataflow, Operator, Schema, Timestamp, run
 from slashrt.errors import DataflowError, SchemaError
+from slashrt.examples import EDGES
 from slashrt.examples._power_iteration import DAMPING, Graph
 from slashrt.sinks import Collect
 
 __all__ = ["Graph", "DAMPING", "PowerIteration", "pagerank_flow", "pagerank", "PageRankResult"]
 
-EDGES = np.dtype([("src", "<i8"), ("dst", "<i8"), ("epoch", "<i8")])
 RANKS = np.dtype([("node", "<i8"), ("rank", "<f8")])
 IN_LOOP = np.dtype([("epoch", "<i8"), ("node", "<i8"), ("rank", "<f8"), ("final", "i1")])
 

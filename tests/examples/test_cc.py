@@ -10,14 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slashrt.bench.cc import EDGE_DTYPE, generate, networkx_labels, scipy_labels
+from slashrt.bench.cc import generate, networkx_labels, scipy_labels
+from slashrt.examples import EDGES
 from slashrt.errors import OperatorError, SchemaError
 from slashrt.examples.cc import cc_flow, connected_components
 from slashrt.sinks import Collect
 
 
 def edges_of(pairs, epochs) -> np.ndarray:
-    out = np.empty(len(pairs), dtype=EDGE_DTYPE)
+    out = np.empty(len(pairs), dtype=EDGES)
     out["src"] = [p[0] for p in pairs]
     out["dst"] = [p[1] for p in pairs]
     out["epoch"] = epochs
