@@ -117,13 +117,16 @@ def bench(*, edges: int, epochs: int = 1, graph: str = "uniform", seed: int = 0,
             correct = correct and np.array_equal(labels, scipy_labels(src[:seen], dst[:seen], nodes))
     return {
         "query": "cc",
+        "events": edges,  # the fields every benchmark reports: an edge is an event
+        "executors": 1,
+        "transport": "inproc",
+        "seconds": round(seconds, 6),
+        "records_per_s": round(edges / seconds, 1),
         "graph": graph,
         "edges": edges,
         "nodes": nodes,
         "epochs": epochs,
-        "executors": 1,
         "seed": seed,
-        "seconds": round(seconds, 6),
         "kernel_seconds": round(kernel_seconds, 6),
         "scipy_seconds": round(scipy_seconds, 6),
         "networkx_seconds": round(networkx_seconds, 6),

@@ -129,7 +129,7 @@ def test_bench_cc_json_is_one_correct_object(graph):
     proc = run_cli("bench", "cc", "--edges", "4000", "--epochs", "3", "--graph", graph, "--repeat", "1", "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    for field in ("edges", "epochs", "executors", "seconds", "scipy_seconds", "networkx_seconds",
+    for field in ("query", "events", "transport", "records_per_s", "edges", "epochs", "executors", "seconds", "scipy_seconds", "networkx_seconds",
                   "incremental_seconds", "scipy_recompute_seconds", "correct"):
         assert field in result
     assert result["correct"] is True and result["edges"] == 4000 and result["epochs"] == 3
