@@ -503,6 +503,12 @@ def _operator(streams: tuple[Stream, ...], op, name: str | None, schema) -> Stre
             f"operator() after {first.step_id!r}: {op!r} is no slashrt.Operator instance; subclass slashrt.Operator "
             "and pass an instance, e.g. .operator(MyOperator())"
         )
+    used = [s.step_id for s in first.flow.steps.values() if isinstance(s, OperatorSpec) and s.op is op]
+    if used:
+        raise DataflowError(
+            f"operator() after {first.step_id!r}: this {type(op).__name__} instance already runs step {used[0]!r}; "
+            "give every step an instance of its own (its state is the step's)"
+        )
     default = type(op).__name__.lower()
     if not _NAME.match(default) or f"{first.flow.name}.{default}" in first.flow.steps:
         default = None

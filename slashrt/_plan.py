@@ -162,7 +162,14 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
 
 def check_cluster_flow(flow: Dataflow) -> None:
     """What a multi-executor run needs beyond a local one, checked before any executor starts:
-    the type of every aggregated column (executors exchange it in fixed-size rows)."""
+    a tree per source (union, connect, operators and loops need pointstamp progress, which
+    runs on one executor for now) and the type of every aggregated column (executors exchange
+    it in fixed-size rows)."""
+    if flow.is_graph():
+        raise DataflowError(
+            f"dataflow {flow.name!r} uses union, connect, operators or loops, which run on one executor for now; "
+            "run it with executors=1"
+        )
     for spec in flow.steps.values():
         if not isinstance(spec, WindowAggSpec) or spec.value_dtype is not None:
             continue

@@ -18,7 +18,7 @@ import trio
 from slashrt import _kernels as kernels
 from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._dataflow import Dataflow
-from slashrt._plan import build_plan
+from slashrt._plan import build_plan, check_cluster_flow
 from slashrt.errors import DataflowError, OptionError, SlashError, unwrap_groups
 from slashrt.ops.event_time import Share
 from slashrt.ops.sources import feed_array, validate_input
@@ -163,12 +163,8 @@ def _check_options(options: dict, local: bool, run_cluster_async) -> None:
 
 def _check_cluster_progress(flow: Dataflow, options: dict) -> None:
     """Multi-executor runs track progress with watermarks (distributed pointstamps are not
-    there yet): refuse what needs pointstamps, in one sentence."""
-    if flow.is_graph():
-        raise DataflowError(
-            f"dataflow {flow.name!r} uses union, connect, operators or loops, which run on one executor for now; "
-            "run it with executors=1"
-        )
+    there yet): refuse what needs pointstamps, in one sentence (graph flows: `check_cluster_flow`)."""
+    check_cluster_flow(flow)
     for name in ("on_report", "report_every"):
         if name in options:
             raise DataflowError(f"run(): {name}= reports pointstamp progress, which runs on one executor for now")

@@ -100,6 +100,10 @@ def test_operator_must_be_an_instance():
     a = flow.source("a", REC)
     with pytest.raises(DataflowError, match="no slashrt.Operator instance"):
         a.operator(PerPortCount)
+    op = PerPortCount()
+    a.operator(op, name="once")
+    with pytest.raises(DataflowError, match="instance already runs step 'o.once'"):
+        a.operator(op)
 
 
 def test_graph_flows_refuse_watermark_mode_and_clusters():

@@ -174,3 +174,20 @@ def test_a_source_feeding_a_loop_cuts_batches_to_one_time_each(max_delay, want):
         loop.leave(x).sink(sinks.Collect())
     slashrt.run(flow, {"src": records(np.arange(8), [0, 0, 1, 1, 0, 2, 2, 1])})
     assert got == want
+
+
+def test_windows_after_a_loop_fire_on_its_frontier():
+    """Records leave the loop at their epoch; a window downstream counts them per window."""
+    flow = Dataflow("after")
+    src = flow.source("src", REC, time="t")
+    with flow.loop("l", max_iterations=3) as loop:
+        x = loop.enter(src).apply(plus_one("n"), name="inc")
+        loop.feed_back(x.filter(lambda b: b["n"] < 3))
+        done = loop.leave(x.filter(lambda b: b["n"] >= 3))
+    out = sinks.Collect()
+    done.window(Tumbling(ms=10)).count(key="n", name="win").sink(out)
+    times = np.arange(0, 100, 3)
+    result = slashrt.run(flow, {"src": records(np.arange(len(times)), times)}, slot_size=64, slots=4)
+    got = {int(r["window_start"]): int(r["count"]) for r in out.records}
+    assert got == {s: int(((times >= s) & (times < s + 10)).sum()) for s in range(0, 100, 10)}
+    assert result.late_records == {"after.win": 0}
