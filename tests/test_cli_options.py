@@ -103,6 +103,25 @@ def test_options_a_path_would_ignore_are_refused(tmp_path, capsys, args, refused
     assert refused in one_error_line(captured.err) and captured.out == ""
 
 
+def test_bench_cc_refuses_several_executors_in_one_line(capsys):
+    assert main(["bench", "cc", "--edges", "1000", "--executors", "2", "--json"]) == 2
+    captured = capsys.readouterr()
+    line = one_error_line(captured.err)
+    assert "--executors 2" in line and "one executor" in line and captured.out == ""
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [(["--edges", "0"], "'0' must be positive"), (["--epochs", "x"], "'x' is not a whole number"),
+     (["--graph", "ring"], "invalid choice: 'ring'"), (["--seed", "-3"], "'-3' must be positive"),
+     (["--repeat", "0"], "'0' must be positive")],
+)
+def test_bench_cc_bad_arguments_exit_2(capsys, args, message):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "cc", *args])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_bench_report_zipf_list_is_checked(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "report", "--zipf", "0.5,abc"])
@@ -215,6 +234,8 @@ sys.exit(main({argv!r}))
         ("pyspark", ["spark-demo"], "slashrt[spark]"),
         ("pandas", ["spark-demo"], "slashrt[spark]"),
         ("matplotlib", ["bench", "report", "--events", "1000"], "slashrt[bench]"),
+        ("scipy", ["bench", "cc", "--edges", "1000"], "slashrt[bench]"),
+        ("networkx", ["bench", "cc", "--edges", "1000"], "slashrt[bench]"),
     ],
 )
 def test_a_missing_optional_dependency_names_its_extra(module, argv, extra):
