@@ -226,6 +226,9 @@ def merge_partitions(parts: list[State], partitioning, index: int) -> State:
         "direct": False,
         "epoch_counters": [0] * len(first["epoch_counters"]),
         "leader": {**first["leader"], "next_start": min(starts, default=None), "late_records": 0},
+        "partitions": partitioning.partitions,
+        "executors": partitioning.executors,
+        "index": index,
     }
     return State(arrays, meta)
 
