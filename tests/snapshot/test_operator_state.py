@@ -397,3 +397,11 @@ async def test_an_uppar_router_keeps_where_it_judges_and_the_watermarks_seen():
     restore_plan(again, through_the_format(states))
     (router2,) = again.exchanges()
     assert router2.fired_until == 50 and router2.gate.frontier.entries == [-(2**63), 80]
+
+
+def test_the_snapshot_cost_benchmark_restores_what_it_snapshotted():
+    from slashrt.bench.snapshot_cost import bench
+
+    result = bench(keys=2000, windows=2, repeat=1)
+    assert result["correct"] and result["state_bytes"] == 2 * 2000 * 24
+    assert result["snapshot_bytes"] >= result["state_bytes"]
