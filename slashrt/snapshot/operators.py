@@ -193,10 +193,10 @@ def merge_partitions(parts: list[State], partitioning, index: int) -> State:
     for part, meta in zip(parts, metas):
         for prefix in _TABLE_SETS:
             for table_id, keys, counts, vals, overflowed in unpack_tables(prefix, part.arrays):
-                if not len(keys) and not overflowed:
-                    continue
-                if prefix.startswith("leader."):
+                if prefix.startswith("leader."):  # kept even empty: a tail's windows fire with its slice
                     target, tid = prefix, table_id
+                elif not len(keys) and not overflowed:
+                    continue
                 else:  # a fragment: joined as its leader joins a shipped delta
                     s = table_id if prefix == "slices" else table_id[0]
                     closed = meta["shipped_promise"] if prefix == "slices" else max(table_id[1], meta["shipped_promise"])
