@@ -29,7 +29,6 @@ __all__ = [
     "tagged",
     "pack_tables",
     "unpack_tables",
-    "state_nbytes",
     "snapshot_plan",
     "restore_plan",
     "stateful_nodes",
@@ -59,11 +58,6 @@ def check(state: State, step_id: str, kind: str, version: int) -> dict:
             f"version {version}: restore it with the slashrt that wrote it (or a later one)"
         )
     return meta
-
-
-def state_nbytes(state: State) -> int:
-    """Bytes of a state's arrays (its metadata is a few integers)."""
-    return sum(np.asarray(a).nbytes for a in state.arrays.values())
 
 
 def pack_tables(prefix: str, tables: dict, value_dtype) -> dict[str, np.ndarray]:
