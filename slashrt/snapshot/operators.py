@@ -98,7 +98,8 @@ def unpack_tables(prefix: str, arrays: dict[str, np.ndarray]):
 
 
 def stateful_nodes(plan) -> dict:
-    """Step id -> node, for every node of the plan that has state (a `snapshot` method)."""
+    """Step id -> node, for every node of the plan that has state (a `snapshot` method and
+    its `STATE_KIND` and `STATE_VERSION`)."""
     return {node.step_id: node for node in plan.nodes() if callable(getattr(node, "snapshot", None))}
 
 
@@ -123,6 +124,8 @@ def restore_plan(plan, states: dict[str, State]) -> None:
             f"the snapshot holds no state for step {missing[0]!r} of this dataflow: it was written by another "
             "dataflow (or the dataflow changed); restore it into the dataflow that wrote it"
         )
+    for step_id, node in nodes.items():  # every kind and version first: no node half restored
+        check(states[step_id], step_id, node.STATE_KIND, node.STATE_VERSION)
     for step_id, node in nodes.items():
         node.restore(states[step_id])
 

@@ -160,6 +160,7 @@ async def test_restoring_another_kind_a_later_layout_or_another_step_is_refused(
     swapped = dict(states, **{"w.agg": states["w.src"]})
     with pytest.raises(SnapshotError, match=r"step 'w\.agg' is a window operator and cannot restore the state of a source"):
         restore_plan(fresh, swapped)
+    assert fresh.roots["w.src"].position == 0  # refused before any node changed
     newer = dict(states, **{"w.agg": State(states["w.agg"].arrays, {**states["w.agg"].meta, "version": 99})})
     with pytest.raises(SnapshotError, match=r"step 'w\.agg': its window state has layout version 99"):
         restore_plan(fresh, newer)
