@@ -73,6 +73,8 @@ def pack_tables(prefix: str, tables: dict, value_dtype) -> dict[str, np.ndarray]
     vdt = np.dtype("<i8" if value_dtype is None else value_dtype)
 
     def column(j: int, dtype) -> np.ndarray:
+        if len(exported) == 1:  # the common case, one open window: export's fresh arrays, no second copy
+            return exported[0][j]
         return np.concatenate([e[j] for e in exported]) if exported else np.empty(0, dtype)
 
     return {
@@ -98,9 +100,9 @@ def unpack_tables(prefix: str, arrays: dict[str, np.ndarray]):
 
 
 def stateful_nodes(plan) -> dict:
-    """Step id -> node, for every node of the plan that has state (a `snapshot` method and
-    its `STATE_KIND` and `STATE_VERSION`)."""
-    return {node.step_id: node for node in plan.nodes() if callable(getattr(node, "snapshot", None))}
+    """Step id -> node, for every node of the plan that has state (the shape above, and its
+    `STATE_KIND` and `STATE_VERSION`)."""
+    return {node.step_id: node for node in plan.nodes() if hasattr(node, "STATE_KIND")}
 
 
 def snapshot_plan(plan) -> dict[str, State]:
