@@ -232,14 +232,18 @@ def test_an_ssb_window_restored_from_its_snapshot_continues_as_an_uninterrupted_
         (state,) = through_the_format({"s": first.snapshot()}).values()
         second, rec2 = ssb(Partitioning(8, 1), window=window, kind=kind, epoch_bytes=epoch_bytes)
         second.restore(state)
-        assert second.epoch == first.epoch and second.state_bytes == first.state_bytes
+        assert canonical(second.snapshot()) == canonical(state)  # restore gives the state back
+        assert second.state_bytes == first.state_bytes
+        fired = len(rec1.batches)
+        await feed_ssb(first, chunks[at:])  # the original runs on: the snapshot shares nothing with it
+        await first.on_end()
         await feed_ssb(second, chunks[at:])
         await second.on_end()
-        assert second.late_records == whole.late_records
-        return whole_rec.rows(), rows(rec1.batches + rec2.batches)
+        assert second.late_records == first.late_records == whole.late_records
+        return whole_rec.rows(), rows(rec1.batches[:fired] + rec2.batches), rec1.rows()
 
-    whole, resumed = trio.run(main)
-    assert np.array_equal(whole, resumed)
+    whole, resumed, original = trio.run(main)
+    assert np.array_equal(whole, resumed) and np.array_equal(whole, original)
 
 
 async def test_a_restored_leader_keeps_each_helpers_epoch_and_watermark():
@@ -312,6 +316,18 @@ def test_ssb_state_cut_by_partition_and_reassigned_fires_the_same_windows(
 
     reference, got = trio.run(main)
     assert got.tolist() == reference.tolist()
+
+
+async def test_partitions_of_leaders_that_fired_different_windows_are_refused():
+    parts = []
+    for fired_to in (0, 100):
+        op, _ = ssb(Partitioning(4, 1))
+        await op.merged.on_watermark(fired_to)
+        parts.append(split_partitions(op.snapshot(), op.partitioning)[0])
+    with pytest.raises(SnapshotError, match=r"step 'w\.agg': .*fired windows up to different times .*not from one consistent"):
+        merge_partitions(parts, Partitioning(4, 2), 0)
+    with pytest.raises(SnapshotError, match="no partition state to give executor 1"):
+        merge_partitions([], Partitioning(4, 2), 1)
 
 
 # -- the array source's position, sinks' pending transactions -----------------------------------------------
