@@ -104,6 +104,33 @@ class SourceNode(Node):
     def carry(self, share: Share) -> None:
         self.before, self.block = share.before, share.block
 
+    # -- state (the shape: slashrt.snapshot.operators) -------------------------------------------------
+    STATE_KIND, STATE_VERSION = "source", 1
+    state_bytes = 0  # a few integers
+
+    def snapshot(self) -> State:
+        """Records seen, the largest event time, the watermark announced and the window grids
+        it was judged against: what makes lateness after a rewind the same as without one."""
+        return tagged(
+            self.STATE_KIND, self.STATE_VERSION, {}, step=self.step_id, position=self.position, high=self.high,
+            announced=self.announced, grids=[list(g) for g in self.grids],
+        )
+
+    def restore(self, state: State) -> None:
+        meta = check(state, self.step_id, self.STATE_KIND, self.STATE_VERSION)
+        grids = [tuple(g) for g in meta["grids"]]
+        if grids != list(self.grids):
+            raise SnapshotError(
+                f"step {self.step_id!r}: the state was taken with windows (size, slide) {grids} downstream, this "
+                f"dataflow has {list(self.grids)}: lateness would be judged differently; restore it into the "
+                "dataflow that wrote it"
+            )
+        self.position, self.high = meta["position"], meta["high"]
+        self.announced = meta["announced"]
+        self._next_end = NO_TIME if self.announced == NO_TIME else min(
+            (int(window_promise(self.announced, size, slide)) + slide for size, slide in self.grids), default=I64_MAX
+        )
+
     def follow_channel(self) -> None:
         """Take the watermark from the channel alone: a producer that sends its own (an ingest
         endpoint's advances with each committed batch, a `ChannelSink` forwards its stream's)."""
@@ -182,30 +209,3 @@ class SourceNode(Node):
     async def on_watermark(self, watermark: int) -> None:
         # a watermark in band (from the source's channel) is a floor for the records after it
         await self._announce(watermark, always=True)
-
-    # -- state (the shape: slashrt.snapshot.operators) -------------------------------------------------
-    STATE_KIND, STATE_VERSION = "source", 1
-    state_bytes = 0  # a few integers
-
-    def snapshot(self) -> State:
-        """Records seen, the largest event time, the watermark announced and the window grids
-        it was judged against: what makes lateness after a rewind the same as without one."""
-        return tagged(
-            self.STATE_KIND, self.STATE_VERSION, {}, step=self.step_id, position=self.position, high=self.high,
-            announced=self.announced, grids=[list(g) for g in self.grids],
-        )
-
-    def restore(self, state: State) -> None:
-        meta = check(state, self.step_id, self.STATE_KIND, self.STATE_VERSION)
-        grids = [tuple(g) for g in meta["grids"]]
-        if grids != list(self.grids):
-            raise SnapshotError(
-                f"step {self.step_id!r}: the state was taken with windows (size, slide) {grids} downstream, this "
-                f"dataflow has {list(self.grids)}: lateness would be judged differently; restore it into the "
-                "dataflow that wrote it"
-            )
-        self.position, self.high = meta["position"], meta["high"]
-        self.announced = meta["announced"]
-        self._next_end = NO_TIME if self.announced == NO_TIME else min(
-            (int(window_promise(self.announced, size, slide)) + slide for size, slide in self.grids), default=I64_MAX
-        )
