@@ -31,7 +31,10 @@ import numpy as np
 
 from slashrt._batch import Batch
 from slashrt._kernels import gather, minmax
+from slashrt.errors import SnapshotError
 from slashrt.ops._node import Node
+from slashrt.snapshot.operators import check, tagged
+from slashrt.snapshot.state_format import State
 
 __all__ = ["SourceNode", "Share", "blocks_before", "watermark_of", "window_promise", "NO_TIME", "I64_MIN", "I64_MAX"]
 
@@ -104,6 +107,33 @@ class SourceNode(Node):
 
     def carry(self, share: Share) -> None:
         self.before, self.block = share.before, share.block
+
+    # -- state (the shape: slashrt.snapshot.operators) -------------------------------------------------
+    STATE_KIND, STATE_VERSION = "source", 1
+    state_bytes = 0  # a few integers
+
+    def snapshot(self) -> State:
+        """Records seen, the largest event time, the watermark announced and the window grids
+        it was judged against: what makes lateness after a rewind the same as without one."""
+        return tagged(
+            self.STATE_KIND, self.STATE_VERSION, {}, step=self.step_id, position=self.position, high=self.high,
+            announced=self.announced, grids=[list(g) for g in self.grids],
+        )
+
+    def restore(self, state: State) -> None:
+        meta = check(state, self.step_id, self.STATE_KIND, self.STATE_VERSION)
+        grids = [tuple(g) for g in meta["grids"]]
+        if grids != list(self.grids):
+            raise SnapshotError(
+                f"step {self.step_id!r}: the state was taken with windows (size, slide) {grids} downstream, this "
+                f"dataflow has {list(self.grids)}: lateness would be judged differently; restore it into the "
+                "dataflow that wrote it"
+            )
+        self.position, self.high = meta["position"], meta["high"]
+        self.announced = meta["announced"]
+        self._next_end = NO_TIME if self.announced == NO_TIME else min(
+            (int(window_promise(self.announced, size, slide)) + slide for size, slide in self.grids), default=I64_MAX
+        )
 
     def follow_channel(self) -> None:
         """Take the watermark from the channel alone: a producer that sends its own (an ingest
