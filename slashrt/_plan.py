@@ -34,11 +34,11 @@ from slashrt.ops.stateless import ApplyNode, FilterNode, ProjectNode, WithColumn
 from slashrt.ops.ssb_window import SsbWindowAggregate
 from slashrt.ops.uppar import RouteByOwner
 from slashrt.ops.window import WindowAggregate
-from slashrt.progress import FRONTIERS
+from slashrt.progress import PROGRESS_MODES
 from slashrt.scheduler._pointstamp import progress_graph
 from slashrt.ssb.partitions import Partitioning
 
-__all__ = ["Plan", "build_plan", "check_cluster_flow", "check_frontier", "ClusterRole", "MODES"]
+__all__ = ["Plan", "build_plan", "check_cluster_flow", "check_progress", "ClusterRole", "MODES"]
 
 MODES = ("slash", "uppar")
 
@@ -52,12 +52,12 @@ class ClusterRole:
     mode: str = "slash"
     epoch_bytes: int = 64 << 20
     ssb_routing: str = "auto"  # SsbWindowAggregate's routing: auto, fragments or direct
-    frontier: str = "vectorclock"  # what the exchanges' gates fire on: see slashrt.progress.FRONTIERS
+    progress: str = "watermark"  # what the exchanges' gates fire on: see slashrt.progress.PROGRESS_MODES
 
     def __attrs_post_init__(self):
         if self.mode not in MODES:
             raise DataflowError(f"unknown mode {self.mode!r}; choose one of {list(MODES)}")
-        check_frontier(self.frontier)
+        check_progress(self.progress)
 
     def window(self, spec: WindowAggSpec, late: SinkNode | None) -> Node:
         if self.partitioning.executors == 1:
@@ -65,10 +65,10 @@ class ClusterRole:
         if self.mode == "slash":
             return SsbWindowAggregate(
                 spec, late, index=self.index, partitioning=self.partitioning, epoch_bytes=self.epoch_bytes,
-                routing=self.ssb_routing, frontier=self.frontier,
+                routing=self.ssb_routing, progress=self.progress,
             )
         return RouteByOwner(
-            spec, WindowAggregate(spec, late), index=self.index, partitioning=self.partitioning, frontier=self.frontier
+            spec, WindowAggregate(spec, late), index=self.index, partitioning=self.partitioning, progress=self.progress
         )
 
 
@@ -165,10 +165,10 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
     return Plan(roots, sources, sinks, flow, steps, graph)
 
 
-def check_frontier(frontier: str) -> str:
-    if frontier not in FRONTIERS:
-        raise DataflowError(f"unknown frontier {frontier!r}; choose one of {', '.join(FRONTIERS)}")
-    return frontier
+def check_progress(progress: str) -> str:
+    if progress not in PROGRESS_MODES:
+        raise DataflowError(f"run(): progress must be one of {', '.join(PROGRESS_MODES)}, got {progress!r}")
+    return progress
 
 
 def check_cluster_flow(flow: Dataflow) -> None:

@@ -150,7 +150,7 @@ def _check_options(options: dict, local: bool, run_cluster_async) -> None:
     """Refuse a keyword `run` does not know, listing those it does, before anything starts."""
     own = _keywords(run_async)
     # a cluster run takes run_async's tuning too (each executor runs one), and SSB routing
-    cluster = _keywords(run_cluster_async) - {"executors", "transport", "mode"} | own | {"ssb_routing", "frontier"}
+    cluster = _keywords(run_cluster_async) - {"executors", "transport", "mode"} | own | {"ssb_routing"}
     for name in options:
         if local and name in cluster - own:
             raise DataflowError(f"run(): {name}= is an option of multi-executor runs; give executors=N as well")
@@ -162,14 +162,14 @@ def _check_options(options: dict, local: bool, run_cluster_async) -> None:
 
 
 def _check_cluster_progress(flow: Dataflow, options: dict) -> None:
-    """Multi-executor runs track progress with watermarks (distributed pointstamps are not
-    there yet): refuse what needs pointstamps, in one sentence (graph flows: `check_cluster_flow`)."""
+    """Multi-executor runs forward watermarks inside each executor and fire the gates where
+    executors meet on `progress` ("watermark": the vector clock; "pointstamp": pointstamp
+    counts); distributed pointstamps for graph flows are not there yet: refuse what needs them,
+    in one sentence (graph flows: `check_cluster_flow`)."""
     check_cluster_flow(flow)
     for name in ("on_report", "report_every"):
         if name in options:
             raise DataflowError(f"run(): {name}= reports pointstamp progress, which runs on one executor for now")
-    if options.pop("progress", None) == "pointstamp":
-        raise DataflowError("run(): progress='pointstamp' runs on one executor for now; give executors=1")
 
 
 def _check_rings(flow: Dataflow, options: dict) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._logging import ENV_VAR, LEVELS
 from slashrt.errors import SlashError
-from slashrt.progress.frontier import FRONTIERS
+from slashrt.progress.frontier import PROGRESS_MODES
 
 __all__ = ["main"]
 
@@ -98,9 +98,9 @@ def _add_cluster_options(p: argparse.ArgumentParser, *, transport: bool = True) 
         "how many keys an epoch touches per record)",
     )
     g.add_argument(
-        "--frontier", choices=list(FRONTIERS),
-        help="what windows fire on across executors: Slash's vector clock of executor watermarks (default) or the "
-        "same frontier derived from pointstamp counts by a progress tracker",
+        "--progress", choices=list(PROGRESS_MODES),
+        help="what windows fire on where executors meet: Slash's vector clock of executor watermarks (default "
+        "watermark) or the same frontier derived from pointstamp counts by a progress tracker",
     )
     if transport:
         g.add_argument("--transport", choices=["shm", "tcp", "verbs"], help="between executors (default shm)")
@@ -269,7 +269,7 @@ def _given(argv: list[str]) -> set[str]:
     return set(vars(parser.parse_args(argv)))
 
 
-_CLUSTER_OPTIONS = ("executors", "mode", "epoch_bytes", "partitions", "ssb_routing", "frontier")
+_CLUSTER_OPTIONS = ("executors", "mode", "epoch_bytes", "partitions", "ssb_routing", "progress")
 
 
 def _flag(dest: str) -> str:
@@ -339,7 +339,7 @@ def _cluster_bench(args) -> dict:
         epoch_bytes=args.epoch_bytes,
         partitions=args.partitions,
         ssb_routing=args.ssb_routing,
-        frontier=args.frontier,
+        progress=args.progress,
         params=params,
         records=records,
         **_runtime_options(args),

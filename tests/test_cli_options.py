@@ -330,27 +330,27 @@ def test_guide_and_cli_agree_on_what_demo_runs():
     assert "one local executor" not in guide
 
 
-# --- --frontier: what windows fire on across executors -----------------------------------------
+# --- --progress: what windows fire on where executors meet -------------------------------------
 
 
 @pytest.mark.parametrize("query", ["ysb", "nexmark"])
 @pytest.mark.parametrize("mode", ["slash", "uppar"])
-def test_frontier_is_honoured_on_every_cluster_path(capsys, query, mode):
-    argv = ["bench", query, "--events", "20000", "--executors", "2", "--mode", mode, "--frontier", "pointstamp",
+def test_progress_is_honoured_on_every_cluster_path(capsys, query, mode):
+    argv = ["bench", query, "--events", "20000", "--executors", "2", "--mode", mode, "--progress", "pointstamp",
             "--repeat", "1", "--json"]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["correct"] is True and result["frontier"] == "pointstamp" and result["executors"] == 2
+    assert result["correct"] is True and result["progress"] == "pointstamp" and result["executors"] == 2
 
 
-def test_frontier_alone_runs_on_a_cluster(capsys):
-    assert main(["bench", "ysb", "--events", "20000", "--campaigns", "10", "--frontier", "vectorclock",
+def test_progress_alone_runs_on_a_cluster(capsys):
+    assert main(["bench", "ysb", "--events", "20000", "--campaigns", "10", "--progress", "watermark",
                  "--repeat", "1", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["correct"] is True and result["frontier"] == "vectorclock" and result["executors"] == 1
+    assert result["correct"] is True and result["progress"] == "watermark" and result["executors"] == 1
 
 
-def test_an_unknown_frontier_is_one_line_and_exit_2():
-    done = run_cli("bench", "ysb", "--executors", "2", "--frontier", "lamport")
+def test_an_unknown_progress_mode_is_one_line_and_exit_2():
+    done = run_cli("bench", "ysb", "--executors", "2", "--progress", "lamport")
     assert done.returncode == 2
     assert "invalid choice: 'lamport'" in done.stderr and "Traceback" not in done.stderr

@@ -175,7 +175,7 @@ class SsbWindowAggregate(WindowAggregate):
         partitioning: Partitioning,
         epoch_bytes: int,
         routing: str = "auto",
-        frontier: str = "vectorclock",
+        progress: str = "watermark",
     ):
         if spec.value_dtype is None:
             raise DataflowError(
@@ -191,8 +191,8 @@ class SsbWindowAggregate(WindowAggregate):
         self.index = index
         self.partitioning = partitioning
         self.epoch_bytes = epoch_bytes
-        self._frontier_kind = frontier
-        self.gate = FrontierGate(self.merged, make_frontier(frontier, partitioning.executors))
+        self._progress = progress
+        self.gate = FrontierGate(self.merged, make_frontier(progress, partitioning.executors))
         self.shippers: dict[int, Shipper] = {}  # peer executor -> its outgoing channel
         self.exchange_dtype = delta_dtype(self.value_dtype)
         self.epoch = 0
@@ -407,7 +407,7 @@ class SsbWindowAggregate(WindowAggregate):
         self.epoch, self._helper_epoch = meta["epoch"], list(meta["helper_epoch"])
         self._watermark, self._shipped_promise, self.direct = meta["watermark"], meta["shipped_promise"], meta["direct"]
         (self._bytes, self._records, self._own_records, self._own_new, self._routed, self._shipped) = meta["epoch_counters"]
-        frontier = make_frontier(self._frontier_kind, self.partitioning.executors)
+        frontier = make_frontier(self._progress, self.partitioning.executors)
         for source, watermark in enumerate(meta["frontier"]):
             if watermark != NO_TIME:
                 frontier.advance(source, watermark)

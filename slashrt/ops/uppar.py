@@ -51,7 +51,7 @@ class RouteByOwner(Node):
 
     def __init__(
         self, spec: WindowAggSpec, window: WindowAggregate, *, index: int, partitioning: Partitioning,
-        frontier: str = "vectorclock",
+        progress: str = "watermark",
     ):
         self.window = window
         window.counts_late = False  # records are judged here, where they are read
@@ -60,8 +60,8 @@ class RouteByOwner(Node):
         self.index = index
         self.partitioning = partitioning
         self.exchange_dtype = routed_dtype(spec)
-        self._frontier_kind = frontier
-        self.gate = FrontierGate(window, make_frontier(frontier, partitioning.executors))
+        self._progress = progress
+        self.gate = FrontierGate(window, make_frontier(progress, partitioning.executors))
         self.senders: dict[int, Sender] = {}  # owner executor -> channel to it
         self.fired_until = NO_TIME  # windows ending at or before this are closed for this executor's records
 
@@ -151,7 +151,7 @@ class RouteByOwner(Node):
                 f"{self.partitioning.executors}: UpPar state is not reassigned; resume with {meta['executors']}"
             )
         self.fired_until = meta["fired_until"]
-        frontier = make_frontier(self._frontier_kind, self.partitioning.executors)
+        frontier = make_frontier(self._progress, self.partitioning.executors)
         for source, watermark in enumerate(meta["frontier"]):
             if watermark != NO_TIME:
                 frontier.advance(source, watermark)

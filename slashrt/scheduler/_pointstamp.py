@@ -37,11 +37,12 @@ from slashrt.ops.operator import EnterNode, OperatorNode
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.window import WindowAggregate
 from slashrt.progress import IDENTITY, INGRESS, Builder, Location, Reachability, Timestamp, Tracker, move_capability
+from slashrt.progress.frontier import PROGRESS_MODES
 from slashrt.progress.timestamp import MIN_EPOCH
 
 __all__ = ["PointstampProgress", "MODES", "progress_graph", "resolve_mode"]
 
-MODES = ("pointstamp", "watermark")
+MODES = PROGRESS_MODES
 
 log = structlog.get_logger("slashrt.progress")
 
