@@ -35,7 +35,7 @@ from slashrt.ops.ssb_window import SsbWindowAggregate
 from slashrt.ops.uppar import RouteByOwner
 from slashrt.ops.window import WindowAggregate
 from slashrt.progress import PROGRESS_MODES
-from slashrt.scheduler._pointstamp import progress_graph
+from slashrt.scheduler._pointstamp import progress_graph, resolve_mode
 from slashrt.ssb.partitions import Partitioning
 
 __all__ = ["Plan", "build_plan", "check_cluster_flow", "check_progress", "ClusterRole", "MODES"]
@@ -171,16 +171,20 @@ def check_progress(progress: str) -> str:
     return progress
 
 
-def check_cluster_flow(flow: Dataflow) -> None:
+def check_cluster_flow(flow: Dataflow, progress: str | None = None) -> None:
     """What a multi-executor run needs beyond a local one, checked before any executor starts:
-    a tree per source (union, connect, operators and loops need pointstamp progress, which
-    runs on one executor for now) and the type of every aggregated column (executors exchange
-    it in fixed-size rows)."""
+    a graph flow (union, connect, operators, loops) runs on distributed pointstamp progress,
+    without keyed windows (those meet across executors at the SSB/UpPar gates, which fire on
+    a tree's frontier); the type of every aggregated column is known (executors exchange it
+    in fixed-size rows)."""
     if flow.is_graph():
-        raise DataflowError(
-            f"dataflow {flow.name!r} uses union, connect, operators or loops, which run on one executor for now; "
-            "run it with executors=1"
-        )
+        resolve_mode(flow, progress)  # progress="watermark" is refused, naming the graph's steps
+        windows = [s.step_id for s in flow.steps.values() if isinstance(s, WindowAggSpec)]
+        if windows:
+            raise DataflowError(
+                f"dataflow {flow.name!r}: windows {windows} in a flow with union, connect, operators or loops run "
+                "on one executor for now; run it with executors=1 or keep the windows in a flow of their own"
+            )
     for spec in flow.steps.values():
         if not isinstance(spec, WindowAggSpec) or spec.value_dtype is not None:
             continue

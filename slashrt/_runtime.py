@@ -164,9 +164,8 @@ def _check_options(options: dict, local: bool, run_cluster_async) -> None:
 def _check_cluster_progress(flow: Dataflow, options: dict) -> None:
     """Multi-executor runs forward watermarks inside each executor and fire the gates where
     executors meet on `progress` ("watermark": the vector clock; "pointstamp": pointstamp
-    counts); distributed pointstamps for graph flows are not there yet: refuse what needs them,
-    in one sentence (graph flows: `check_cluster_flow`)."""
-    check_cluster_flow(flow)
+    counts); graph flows run on distributed pointstamp progress (`check_cluster_flow`)."""
+    check_cluster_flow(flow, options.get("progress"))
     for name in ("on_report", "report_every"):
         if name in options:
             raise DataflowError(f"run(): {name}= reports pointstamp progress, which runs on one executor for now")
@@ -294,10 +293,13 @@ async def execute(
     on_records=None,
     on_report=None,
     report_every: float = 0.5,
+    progress_bus=None,
 ) -> RunResult:
     """Run one executor over `executor_inputs` to the end of every input; `start(nursery)`
-    starts whatever feeds them (sources) beside it. Opens and closes the plan's sinks."""
-    tracker = PointstampProgress(plan) if resolve_mode(flow, progress) == "pointstamp" else None
+    starts whatever feeds them (sources) beside it. Opens and closes the plan's sinks.
+    `progress_bus`: this executor's `ProgressBus` when it runs a graph flow with others."""
+    pointstamp = resolve_mode(flow, progress) == "pointstamp"
+    tracker = PointstampProgress(plan, progress_bus) if pointstamp else None
     if on_report is not None and tracker is None:
         raise DataflowError("run(): on_report= reports pointstamp progress; give progress='pointstamp' too")
     if not report_every > 0:

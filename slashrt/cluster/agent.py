@@ -40,10 +40,12 @@ from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._plan import ClusterRole, build_plan
 from slashrt._runtime import execute, local_inputs
 from slashrt.cluster._control import receive_message, send_message
+from slashrt.cluster._progress import open_progress_bus
 from slashrt.cluster._job import Ingest, Job, PerExecutor
 from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent
 from slashrt.errors import ChannelClosed, OperatorError, unwrap_groups
 from slashrt.scheduler import Input
+from slashrt.scheduler._bus_counts import initial_capabilities
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import RingSpec
 from slashrt.transport._accept import HandshakeListener, authenticated_peers
@@ -112,8 +114,26 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                 listeners[(step_id, src)] = await stack.enter_async_context(
                     open_listener(job.transport, ring(step_id), secret, **where)
                 )
-        await control.send("addresses", {key: lst.address for key, lst in listeners.items()})
-        _, directory = await control.receive("peers")
+        addresses = {key: lst.address for key, lst in listeners.items()}
+        directory = {}
+
+        async def swap_addresses(progress_listeners: dict) -> dict:
+            # the progress bus's listeners travel in the same message as the exchanges'
+            addresses.update({("progress", peer): address for peer, address in progress_listeners.items()})
+            await control.send("addresses", addresses)
+            _, everyone = await control.receive("peers")
+            directory.update(everyone)
+            return {peer: directory[peer][("progress", job.index)] for peer in progress_listeners}
+
+        bus = None
+        if plan.graph is not None and job.executors > 1:  # a graph flow: distributed pointstamp progress
+            sources = [i for i, spec in enumerate(job.flow.steps.values()) if spec.step_id in plan.sources]
+            bus = await stack.enter_async_context(open_progress_bus(
+                job.index, job.executors, plan.graph, transport=job.transport, secret=secret,
+                swap_addresses=swap_addresses, initial=initial_capabilities(sources, job.executors), **where,
+            ))
+        else:
+            await swap_addresses({})
 
         async def accept() -> None:
             # one peer per listener; strangers' connections are dropped meanwhile (`_accept`)
@@ -163,7 +183,9 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                     for x in exchanges.values():
                         for task in x.background():
                             nursery.start_soon(task)
-                    result = await execute(job.flow, plan, executor_inputs, start=sources, index=job.index, **opts)
+                    result = await execute(
+                        job.flow, plan, executor_inputs, start=sources, index=job.index, progress_bus=bus, **opts
+                    )
                 watch.cancel_scope.cancel()
             await control.send("finished")
     await control.send("done", result)

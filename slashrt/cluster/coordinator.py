@@ -329,7 +329,7 @@ async def run_cluster_async(
     seconds; an executor silent for `heartbeat_timeout` seconds fails the job (and an agent
     whose coordinator is silent that long stops its job)."""
     plan = build_plan(flow)
-    check_cluster_flow(flow)
+    check_cluster_flow(flow, options.get("progress"))
     if mode not in MODES:
         raise DataflowError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
     if transport not in NETWORK_TRANSPORTS:

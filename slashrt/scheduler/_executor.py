@@ -28,7 +28,9 @@ what returns their credits (two executors repartitioning into each other cannot 
 Under pointstamp progress (`progress` given, one lane) the compute coroutine also runs the
 batches loops feed back (`PointstampProgress.queue`), alternating with channel input, and
 settles the tracker after every item; it finishes when every input ended and the queue is
-empty, and then nothing may be outstanding.
+empty, and then nothing may be outstanding. On several executors it also settles what peers'
+progress messages changed, flushes the progress bus before it sleeps, and finishes only when
+no executor has work outstanding (`PointstampProgress.waiting`).
 
 A channel that delivers a malformed buffer is closed and reported; the other channels and
 their pipelines go on. An exception from an operator fails the executor (trio cancels every
@@ -171,8 +173,10 @@ class Executor:
     async def _compute(self, lane: _Lane) -> None:
         ready, stats, progress = lane.ready, self.stats, self.progress
         queue = () if progress is None else progress.queue
+        if progress is not None:
+            progress.wake = lane.lot.unpark_all  # a peer executor's progress news
         handled = 0
-        while lane.open > 0 or queue:
+        while lane.open > 0 or queue or (progress is not None and progress.waiting()):
             if queue and (not ready or handled % 2):  # fed-back batches alternate with input
                 t0 = time.perf_counter()
                 await progress.run_queued()
@@ -182,7 +186,10 @@ class Executor:
                     await trio.lowlevel.checkpoint()
                 continue
             if not ready:
-                await lane.lot.park()
+                if progress is not None and progress.quiet():
+                    await progress.settle()
+                else:
+                    await lane.lot.park()
                 continue
             inp, buf = ready.popleft()
             if buf is None:  # the channel failed after the buffers before this marker

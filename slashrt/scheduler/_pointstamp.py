@@ -20,6 +20,12 @@ whose input frontier moved its frontier (a window fires what it passed, a sink f
 deliver every requested notification complete at all inputs of its operator (in timestamp
 order), and repeat until nothing changes. `now` is the logical time of the batch being pushed
 (see `slashrt.ops.operator`).
+
+On several executors (`bus` given) every executor runs every step on its share of the input;
+the counts are the cluster's (`BusCounts`): updates go to the progress bus, frontiers come
+from its view, and a peer's message that moves a frontier marks the tracker dirty and wakes
+the executor (`wake`), which settles it like a local event. The executor flushes the bus when
+it goes idle (`quiet`) and runs until every executor's work is done (`waiting`).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from slashrt.ops.window import WindowAggregate
 from slashrt.progress import IDENTITY, INGRESS, Builder, Location, Reachability, Timestamp, Tracker, move_capability
 from slashrt.progress.frontier import PROGRESS_MODES
 from slashrt.progress.timestamp import MIN_EPOCH
+from slashrt.scheduler._bus_counts import BusCounts
 
 __all__ = ["PointstampProgress", "MODES", "progress_graph", "resolve_mode"]
 
@@ -106,13 +113,17 @@ def progress_graph(flow) -> Reachability:
 class PointstampProgress:
     """The tracker of one executor running `plan`, and the nodes it drives."""
 
-    def __init__(self, plan):
+    def __init__(self, plan, bus=None):
+        """`bus`: the executor's `ProgressBus` in a multi-executor run (its view starts with
+        every source instance's capability, `initial_capabilities`)."""
         flow = plan.flow
         self.steps: list[str] = list(flow.steps)
         self.nodes: list[Node] = [plan.steps[s] for s in self.steps]
         index = {step_id: i for i, step_id in enumerate(self.steps)}
         self.graph = plan.graph if plan.graph is not None else progress_graph(flow)
-        self.tracker = Tracker(self.graph)
+        self.wake = lambda: None  # the executor's compute wakes up to settle a peer's news
+        self.tracker = Tracker(self.graph) if bus is None else BusCounts(bus, self._news)
+        self.bus = bus
         self.index = {id(node): i for i, node in enumerate(self.nodes)}
         self.now = Timestamp(MIN_EPOCH)
         self.queue: collections.deque = collections.deque()  # (entry node, batch, time, location)
@@ -130,7 +141,8 @@ class PointstampProgress:
             if isinstance(node, SourceNode):
                 node.now = self.now
                 node.exact = any(isinstance(n, (OperatorNode, EnterNode)) for n in node.walk())
-                self.tracker.update(Location.output(i, 0), self.now, 1)
+                if bus is None:  # else counted once per instance in the bus's initial view
+                    self.tracker.update(Location.output(i, 0), self.now, 1)
                 self._dirty = True
             elif isinstance(node, OperatorNode):
                 self.ops.append((i, node))
@@ -209,6 +221,21 @@ class PointstampProgress:
 
     def idle(self) -> bool:
         return not self.queue and self.tracker.is_idle()
+
+    def waiting(self) -> bool:
+        """Its own input is done, but may other executors' work still reach it?"""
+        return self.bus is not None and not self.tracker.is_idle()
+
+    def quiet(self) -> bool:
+        """The executor has nothing to do: send what the bus holds back; True if there is
+        news to settle before it may sleep."""
+        if self.bus is not None:
+            self.tracker.flush()
+        return self._dirty
+
+    def _news(self) -> None:
+        self._dirty = True
+        self.wake()
 
     # --- internals -------------------------------------------------------------------------
     async def _frontier_moved(self, node: Node, frontier) -> None:
