@@ -6,6 +6,7 @@
     slashrt bench redis [--url URL] [--json]    YSB from a Redis stream to a Redis stream
     slashrt bench report                        the scaling and skew sweeps, with plots
     slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
+    slashrt bench progress [--executors K]      notify latency, loop round trip, progress traffic
     slashrt executor [--listen HOST:PORT]       an executor agent for multi-host runs
     slashrt spark-demo [--events N] [--json]    Spark generates YSB, ingests into a 2-executor cluster
 """
@@ -200,6 +201,14 @@ def _parser() -> argparse.ArgumentParser:
     cc.add_argument("--json", action="store_true", help="print one JSON object with the results")
     _add_log_level(cc)
 
+    prog = queries.add_parser("progress", help="distributed pointstamp progress: notify latency, loop round trip, traffic")
+    prog.add_argument("--executors", type=_positive_int, default=2, help="executor processes (at least 2)")
+    prog.add_argument("--transport", choices=["shm", "tcp"], default="shm", help="medium between the executors")
+    prog.add_argument("--epochs", type=_positive_int, default=200, help="epochs of the notification run")
+    prog.add_argument("--events", type=_positive_int, default=600_000, help="YSB events of the traffic run (all executors)")
+    prog.add_argument("--json", action="store_true", help="print one JSON object with the results")
+    _add_log_level(prog)
+
     _add_spark_benchmarks(queries)
 
     from slashrt.cluster.agent import add_arguments
@@ -285,7 +294,7 @@ def _refuse(given: set[str], dests, why: str) -> None:
 def _bench_path(args, given: set[str]) -> str:
     """Which benchmark runs ("single", "cluster", "channel" or the query's own), refusing
     options that the chosen path would ignore."""
-    if args.query in ("report", "spark-convert", "cc"):
+    if args.query in ("report", "spark-convert", "cc", "progress"):
         return args.query
     cluster = args.query == "nexmark" or any(d in given for d in _CLUSTER_OPTIONS)
     if args.query == "ro":
@@ -366,6 +375,14 @@ def _run_bench(args, given: set[str]) -> dict:
         from slashrt.bench import cc
 
         return cc.bench(edges=args.edges, epochs=args.epochs, graph=args.graph, seed=args.seed, repeat=args.repeat)
+    if path == "progress":
+        if args.executors < 2:
+            raise _Refused(f"--executors {args.executors}: `bench progress` measures progress between executors; "
+                           "give --executors 2 or more")
+        from slashrt.bench import progress as progress_bench
+
+        return progress_bench.bench(executors=args.executors, transport=args.transport, epochs=args.epochs,
+                                    events=args.events)
     if path == "report":
         _require(("matplotlib",), "bench", "`slashrt bench report`")
         from slashrt.bench import report

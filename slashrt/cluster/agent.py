@@ -187,6 +187,8 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                         job.flow, plan, executor_inputs, start=sources, index=job.index, progress_bus=bus, **opts
                     )
                 watch.cancel_scope.cancel()
+            if bus is not None:
+                result.stats[0].progress_bytes, result.stats[0].progress_messages = bus.stats.bytes, bus.stats.messages
             await control.send("finished")
     await control.send("done", result)
 

@@ -19,6 +19,8 @@ class ExecutorStats:
     poll_s: float = 0.0  # seconds reading footers
     parked_s: float = 0.0  # seconds parked waiting for data
     failed_channels: int = 0
+    progress_bytes: int = 0  # graph flows on several executors: bytes its progress bus posted (to all peers)
+    progress_messages: int = 0  # and the messages it broadcast
 
     def as_dict(self) -> dict:
         return attrs.asdict(self)
