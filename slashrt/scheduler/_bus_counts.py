@@ -4,11 +4,21 @@ progress bus, its frontiers come from the bus's view of the global counts.
 Every executor runs every step of the flow, and its steps are the flow's steps in the flow's
 order, so a `Location` (step index, port) already is the logical location the protocol counts
 (the projection is the identity). `BusCounts` stands where `PointstampProgress` keeps its
-`Tracker` on one executor: `update` only buffers; `propagate` records what was buffered on
-the bus (`ProgressExchange` decides what to broadcast and applies it to the view) and returns
-the view's frontier changes, its own and those that other executors' messages made, in the
-order they happened. The view never runs ahead of the global counts, so a frontier read here
-never lets a notification or a sink's end through early on any executor.
+`Tracker` on one executor: `update` only buffers; `flush`, when the executor goes idle,
+records what was buffered on the bus (`ProgressExchange` decides what to broadcast and applies
+it to the view) and sends what the exchange held; `propagate` returns the view's frontier
+changes, its own and those that other executors' messages made, in the order they happened.
+
+Why record only when idle: a source feeding operators moves its capability at every
+watermark change (once per millisecond of event time on YSB), and each move retires a
+pointstamp the peers know, which the exchange must send at once; recording the executor's
+busy stretch as one batch nets those moves to one (+1 at the last, -1 at the first) and the
+batches' +1s against their -1s. It is safe: everything buffered is covered by a pointstamp
+the view holds (the published capability it came from), whose -1 is buffered too, so the
+view only stays behind (a notification waits for the next idle moment, never comes early).
+`RECORD_EVERY` buffered updates are recorded anyway, so a busy executor's memory stays bounded.
+The view never runs ahead of the global counts, so a frontier read here never lets a
+notification or a sink's end through early on any executor.
 """
 
 from __future__ import annotations
@@ -16,11 +26,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 
 from slashrt.progress import Location, Timestamp
-from slashrt.progress.antichain import Antichain
+from slashrt.progress.antichain import Antichain, ChangeBatch
 from slashrt.progress.timestamp import MIN_EPOCH
 from slashrt.progress.tracker import Pointstamp
 
-__all__ = ["BusCounts", "initial_capabilities"]
+__all__ = ["BusCounts", "initial_capabilities", "RECORD_EVERY"]
+
+RECORD_EVERY = 4096
 
 
 def initial_capabilities(sources: Iterable[int], executors: int) -> list[tuple[Pointstamp, int]]:
@@ -36,7 +48,7 @@ class BusCounts:
         self.bus = bus
         self.view = bus.exchange.view
         self.graph = self.view.graph
-        self._pending: list[tuple[Pointstamp, int]] = []
+        self._pending = ChangeBatch()  # a busy stretch's updates, netted
         self._changes: list[tuple[Location, Timestamp, int]] = []
         self._on_news = on_news
 
@@ -47,13 +59,14 @@ class BusCounts:
         bus.on_frontier_change = changed
 
     def update(self, location: Location, time: Timestamp, delta: int) -> None:
-        self._pending.append(((location, time), delta))
+        self._pending.update((location, time), delta)
 
     def update_iter(self, updates: Iterable[tuple[Pointstamp, int]]) -> None:
         self._pending.extend(updates)
 
     def propagate(self) -> list[tuple[Location, Timestamp, int]]:
-        self._record()
+        if len(self._pending) > RECORD_EVERY:
+            self._record()
         self._changes.extend(self.view.propagate())  # the initial capabilities, the first time
         changes, self._changes = self._changes, []
         return changes
@@ -65,9 +78,8 @@ class BusCounts:
         self.bus.flush()
 
     def _record(self) -> None:
-        if self._pending:
-            pending, self._pending = self._pending, []
-            self.bus.record(pending)
+        if not self._pending.is_empty():
+            self.bus.record(self._pending.drain())
 
     def frontier(self, location: Location) -> Antichain:
         return self.view.frontier(location)
@@ -77,4 +89,4 @@ class BusCounts:
 
     def is_idle(self) -> bool:
         """Nothing outstanding on any executor (as far as this view knows)."""
-        return not self._pending and self.view.is_idle()
+        return self._pending.is_empty() and self.view.is_idle()
