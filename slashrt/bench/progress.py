@@ -12,8 +12,8 @@ through the sinks:
   the last executor consumed its last record of t (its last batch at t; its source's capability
   leaves t with the next record) to the moment the last executor ran `on_notify(t)`
   (`notify_latency_us_p50/p99`);
-- loop round trip (on 2 executors whatever K): source -> loop(enter -> Round -> feedback while
-  n < ROUNDS) -> leave. Round holds each time's batch until notified and sends it round again
+- loop round trip (on 2 executors whatever K): one epoch, a record per executor, source ->
+  loop(enter -> Round -> feedback while n < ROUNDS) -> leave. Round holds each time's batch until notified and sends it round again
   with n + 1: from the last executor's `on_notify((e, i))` to the last one's `on_notify((e, i + 1))`,
   a feedback, the queue, the progress exchange and the next notification
   (`loop_round_trip_us_p50`);
@@ -44,7 +44,7 @@ REC = np.dtype([("v", "<i8"), ("n", "<i8"), ("t", "<i8")])
 STAMP = {"kind": "<i8", "epoch": "<i8", "counter": "<i8", "ns": "<i8", "pid": "<i8"}
 STAMP_DTYPE = np.dtype(list(STAMP.items()))
 BATCH, NOTIFY = 0, 1
-ROUNDS = 10
+ROUNDS = 100
 WINDOW_MS = ysb.WINDOW_MS
 
 
@@ -142,23 +142,21 @@ def notify_latency(executors: int, transport: str, epochs: int, per_epoch: int =
     return np.array(latencies), bool(correct)
 
 
-def loop_round_trip(transport: str, epochs: int) -> tuple[np.ndarray, bool]:
+def loop_round_trip(transport: str, rounds: int = ROUNDS) -> tuple[np.ndarray, bool]:
+    """One epoch (a record per executor) goes round `rounds` times: nothing else in the loop,
+    so a round is the feedback, the queue, one progress exchange and the next notification."""
     flow = Dataflow("loop")
     src = flow.source("src", REC, time="t").with_column("ns", lambda b: np.zeros(len(b), np.int64), dtype="<i8")
     src = src.with_column("pid", lambda b: np.zeros(len(b), np.int64), dtype="<i8")
     with flow.loop("rounds") as loop:
         step = loop.enter(src).operator(Round(), name="round")
-        loop.feed_back(step.filter(lambda b: b["n"] < ROUNDS))
+        loop.feed_back(step.filter(lambda b: b["n"] < rounds))
         loop.leave(step).sink(sinks.Collect(), name="out")
-    result = slashrt.run(flow, {"src": PerExecutor(_epochs(epochs, 1))}, executors=2, transport=transport)
+    result = slashrt.run(flow, {"src": PerExecutor(_epochs(1, 1))}, executors=2, transport=transport)
     rows = result.outputs["loop.out"]
-    trips = []
-    for e in range(epochs):
-        at = rows[rows["t"] == e]
-        last = [at["ns"][at["n"] == i].max() for i in range(1, ROUNDS + 1)]
-        trips.extend(np.diff(last))
-    correct = len(rows) == 2 * epochs * ROUNDS
-    return np.array(trips), bool(correct)
+    last = [rows["ns"][rows["n"] == i].max() for i in range(1, rounds + 1)]
+    correct = len(rows) == 2 * rounds and sorted(rows["n"].tolist()) == sorted(list(range(1, rounds + 1)) * 2)
+    return np.diff(last), bool(correct)
 
 
 def progress_traffic(executors: int, transport: str, events: int) -> tuple[dict, bool]:
@@ -198,7 +196,7 @@ def progress_traffic(executors: int, transport: str, events: int) -> tuple[dict,
 
 def bench(*, executors: int = 2, transport: str = "shm", epochs: int = 200, events: int = 600_000) -> dict:
     latencies, ok_notify = notify_latency(executors, transport, epochs)
-    trips, ok_loop = loop_round_trip(transport, max(2, epochs // 10))
+    trips, ok_loop = loop_round_trip(transport)
     traffic, ok_ysb = progress_traffic(executors, transport, events)
     return {
         "executors": executors,
