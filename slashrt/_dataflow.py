@@ -144,7 +144,16 @@ class LeaveSpec:
     loop: str
 
 
-GRAPH_SPECS = (UnionSpec, OperatorSpec, EnterSpec, FeedbackSpec, LeaveSpec)  # need pointstamp progress
+@attrs.frozen
+class ExchangeSpec:
+    step_id: str
+    up: str
+    key: str  # an integer column: its owner executor gets the record
+    dtype: np.dtype | None  # the records, when every column's type is known (they cross channels)
+    depth: int  # loop counters of its timestamps (they cross with the records)
+
+
+GRAPH_SPECS = (UnionSpec, OperatorSpec, EnterSpec, FeedbackSpec, LeaveSpec, ExchangeSpec)  # need pointstamp progress
 
 
 def inputs_of(spec) -> tuple[str, ...]:
@@ -339,6 +348,18 @@ class Stream:
             fields = {n: schema.field(n) for n in schema.names}
         time = self.time if self.time in fields else None
         return self._next(ApplySpec(step_id, self.step_id, fn, fields), fields, time)
+
+    def exchange(self, key: str, *, name: str | None = None) -> Stream:
+        """On several executors, send every record to the executor owning its `key` (an integer
+        column; the key partitioning windows use), so that one executor sees all records of a
+        key; on one executor the stream as it is. Notifications downstream wait for records
+        still on their way (pointstamp progress)."""
+        self._need(key, what="exchange(key=...)")
+        kind = self.fields[key]
+        if kind is not None and np.dtype(kind).kind not in "iu":
+            raise SchemaError(f"exchange(key={key!r}): the key must be an integer column, {key!r} is {np.dtype(kind)}")
+        spec = ExchangeSpec(self.flow._step_id(name, "exchange"), self.step_id, key, packed_dtype(self.fields), len(self.scope))
+        return self._next(spec)
 
     def filter(self, predicate: Callable, *, name: str | None = None) -> Stream:
         """Keep the rows where `predicate(batch)` (a boolean array) is True."""

@@ -14,6 +14,7 @@ from slashrt._dataflow import (
     ApplySpec,
     Dataflow,
     EnterSpec,
+    ExchangeSpec,
     FeedbackSpec,
     FilterSpec,
     LeaveSpec,
@@ -29,6 +30,7 @@ from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
 from slashrt.ops.event_time import SourceNode
 from slashrt.ops.operator import EnterNode, FeedbackNode, LeaveNode, OperatorNode, Port, UnionNode
+from slashrt.ops.route import ExchangeNode
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.stateless import ApplyNode, FilterNode, ProjectNode, WithColumnNode
 from slashrt.ops.ssb_window import SsbWindowAggregate
@@ -58,6 +60,9 @@ class ClusterRole:
         if self.mode not in MODES:
             raise DataflowError(f"unknown mode {self.mode!r}; choose one of {list(MODES)}")
         check_progress(self.progress)
+
+    def exchange(self, spec: ExchangeSpec) -> ExchangeNode:
+        return ExchangeNode(spec, index=self.index, partitioning=self.partitioning)
 
     def window(self, spec: WindowAggSpec, late: SinkNode | None) -> Node:
         if self.partitioning.executors == 1:
@@ -99,7 +104,10 @@ class Plan:
 
     def exchanges(self) -> list[SsbWindowAggregate | RouteByOwner]:
         """The operators that exchange state or records with other executors."""
-        return [n for n in self.nodes() if isinstance(n, (SsbWindowAggregate, RouteByOwner))]
+        return [
+            n for n in self.nodes()
+            if isinstance(n, (SsbWindowAggregate, RouteByOwner)) or (isinstance(n, ExchangeNode) and n.partitioning)
+        ]
 
 
 def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
@@ -119,6 +127,8 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
             return LeaveNode(spec.step_id)
         if isinstance(spec, FeedbackSpec):
             return FeedbackNode(spec, None)  # its entry is wired below
+        if isinstance(spec, ExchangeSpec):
+            return ExchangeNode(spec) if cluster is None else cluster.exchange(spec)
         if isinstance(spec, SourceSpec):
             node = SourceNode(spec.step_id, spec.time, spec.max_delay)
         elif isinstance(spec, ApplySpec):
@@ -179,6 +189,12 @@ def check_cluster_flow(flow: Dataflow, progress: str | None = None) -> None:
     in fixed-size rows)."""
     if flow.is_graph():
         resolve_mode(flow, progress)  # progress="watermark" is refused, naming the graph's steps
+        untyped = [s.step_id for s in flow.steps.values() if isinstance(s, ExchangeSpec) and s.dtype is None]
+        if untyped:
+            raise DataflowError(
+                f"dataflow {flow.name!r}: exchange steps {untyped} ship records between executors, so every column's "
+                "type must be known when the dataflow is built (give apply/operator a schema=, with_column a dtype=)"
+            )
         windows = [s.step_id for s in flow.steps.values() if isinstance(s, WindowAggSpec)]
         if windows:
             raise DataflowError(

@@ -171,7 +171,7 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                 )
             for (step_id, src), receiver in sorted(receivers.items()):
                 x = exchanges[step_id]
-                executor_inputs.append(Input(f"{step_id}.from{src}", receiver, x.inbound(src), x.exchange_dtype, lane=1))
+                executor_inputs.append(Input(f"{step_id}.from{src}", receiver, x.inbound(src), x.exchange_dtype, lane=getattr(x, "lane", 1)))
             bound.info("executor ready", exchanges=list(exchanges),
                        records={k: len(v) for k, v in inputs.items() if k not in targets}, ingest=sorted(targets))
             await control.send("ready", targets)

@@ -40,6 +40,7 @@ from slashrt.errors import DataflowError, SlashError
 from slashrt.ops._node import Node
 from slashrt.ops.event_time import SourceNode
 from slashrt.ops.operator import EnterNode, OperatorNode
+from slashrt.ops.route import ExchangeNode
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.window import WindowAggregate
 from slashrt.progress import IDENTITY, INGRESS, Builder, Location, Reachability, Timestamp, Tracker, move_capability
@@ -70,7 +71,7 @@ def resolve_mode(flow, mode: str | None) -> str:
     return mode or "watermark"
 
 
-_GRAPH_NAMES = {"UnionSpec", "OperatorSpec", "EnterSpec", "FeedbackSpec", "LeaveSpec"}
+_GRAPH_NAMES = {"UnionSpec", "OperatorSpec", "EnterSpec", "FeedbackSpec", "LeaveSpec", "ExchangeSpec"}
 
 
 def progress_graph(flow) -> Reachability:
@@ -150,7 +151,7 @@ class PointstampProgress:
                 self.windows.append((i, node))
             if isinstance(spec, FeedbackSpec):
                 self.feedbacks_into[index[spec.into]].append(step_id)
-        self._listeners = {i for i, node in enumerate(self.nodes) if isinstance(node, (WindowAggregate, SinkNode))}
+        self._listeners = {i for i, node in enumerate(self.nodes) if isinstance(node, (WindowAggregate, SinkNode, ExchangeNode))}
 
     # --- what nodes call -----------------------------------------------------------------
     @staticmethod
@@ -176,6 +177,11 @@ class PointstampProgress:
         i = self.index[id(node)]
         self.tracker.update(Location.output(i, 0), time, 1)
         self._stale.add(i)
+        self._dirty = True
+
+    def in_flight(self, exchange: ExchangeNode, time: Timestamp, delta: int) -> None:
+        """Records at `time` shipped to (+n) or arrived from (-n) other executors."""
+        self.tracker.update(Location.input(self.index[id(exchange)], 0), time, delta)
         self._dirty = True
 
     def enqueue(self, feedback, batch, time: Timestamp) -> None:
@@ -307,6 +313,8 @@ class PointstampProgress:
 
     def _what(self, location: Location) -> str:
         node, step = self.nodes[location.node], self.steps[location.node]
+        if location.kind == "in" and isinstance(node, ExchangeNode):
+            return f"records on their way between executors through {step}"
         if location.kind == "in":
             return f"batches queued on feedback {', '.join(self.feedbacks_into[location.node])}"
         if isinstance(node, SourceNode):

@@ -1,0 +1,153 @@
+"""`stream.exchange(key=...)` in a graph flow: records go to the executor owning their key.
+
+On one executor the step passes batches on. On several, a batch at logical time t is split
+by the owner of each record's key (`Partitioning.owner_of`, the map windows use): its own
+records go on downstream in the same call, the others to their owners over the job's
+channels, with t in hidden columns (`__epoch`, `__c0`...). Pointstamp accounting keeps
+notifications honest across executors: the sender counts +n at (this step's input, t) for n
+records it ships (covered by the capability it holds while pushing), the receiver -n once it
+has pushed them downstream at t, so the frontier behind the step cannot pass t while records
+at t are on their way.
+
+Records to ship wait in a queue per peer that a background task drains (no backpressure into
+compute: a graph flow's exchange channels are read by the same compute coroutine that sends,
+so waiting for a peer's credits there could deadlock two executors sending to each other).
+When the step's input frontier is empty (nothing anywhere can send more), the queues end with
+END_OF_STREAM, which ends the peers' inputs.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import trio
+
+from slashrt._batch import Batch
+from slashrt.errors import DataflowError
+from slashrt.ops._node import Node
+from slashrt.progress import Timestamp
+from slashrt.ssb.partitions import Partitioning
+
+__all__ = ["ExchangeNode"]
+
+_END = None
+
+
+class ExchangeNode(Node):
+    lane = 0  # its peers' channels are computed with the rest of the graph (one tracker, one `now`)
+
+    def __init__(self, spec, *, index: int = 0, partitioning: Partitioning | None = None):
+        super().__init__(spec.step_id)
+        self.spec = spec
+        self.index = index
+        self.partitioning = partitioning if partitioning is not None and partitioning.executors > 1 else None
+        self.senders: dict = {}
+        self._queues: dict[int, collections.deque] = {}
+        self._lots: dict[int, trio.lowlevel.ParkingLot] = {}
+        self._ended = False
+        self._times = ["__epoch", *(f"__c{i}" for i in range(spec.depth))]
+        if self.partitioning is not None and spec.dtype is None:
+            raise DataflowError(
+                f"step {spec.step_id!r}: a multi-executor run ships its records, so every column's type must be "
+                "known when the dataflow is built (give apply/operator a schema=, with_column a dtype=)"
+            )
+        if spec.dtype is not None:
+            self.exchange_dtype = np.dtype(spec.dtype.descr + [(n, "<i8") for n in self._times])
+
+    # --- the agent's wiring (like the windows' exchanges) -----------------------------------
+    def add_peer(self, peer: int, sender) -> None:
+        self.senders[peer] = sender
+        self._queues[peer] = collections.deque()
+        self._lots[peer] = trio.lowlevel.ParkingLot()
+
+    def background(self) -> list:
+        return [lambda peer=peer: self._ship(peer) for peer in self.senders]
+
+    def inbound(self, source: int) -> Node:
+        return _Inbound(self, source)
+
+    # --- data -----------------------------------------------------------------------------------
+    async def push(self, batch: Batch) -> None:
+        if self.partitioning is None:
+            await self.emit(batch)
+            return
+        keys = batch.column(self.spec.key).astype(np.int64, copy=False)
+        owners = self.partitioning.owner_of(keys)
+        clock = self.clock
+        now: Timestamp = clock.now
+        order = np.argsort(owners, kind="stable")
+        bounds = np.searchsorted(owners[order], np.arange(self.partitioning.executors + 1))
+        mine = None
+        for owner in range(self.partitioning.executors):
+            take = order[bounds[owner] : bounds[owner + 1]]
+            if not len(take):
+                continue
+            if owner == self.index:
+                mine = take
+                continue
+            rows = np.empty(len(take), self.exchange_dtype)
+            for name in self.spec.dtype.names:
+                rows[name] = batch.column(name)[take]
+            rows["__epoch"] = now.epoch
+            for i, counter in enumerate(now.counters):
+                rows[f"__c{i}"] = counter
+            clock.in_flight(self, now, len(rows))
+            self._queues[owner].append(rows)
+            self._lots[owner].unpark_all()
+        if mine is not None:
+            await self.emit(batch if len(mine) == len(batch) else batch.select(np.sort(mine)))
+
+    async def on_watermark(self, watermark: int) -> None:
+        pass  # under pointstamp progress, the counts say what may still come
+
+    async def on_end(self) -> None:
+        """Nothing anywhere can send more to this step: end the peers' streams."""
+        self._ended = True  # (its consumers learn the end from the tracker, not from here)
+        for lot in self._lots.values():
+            lot.unpark_all()
+
+    async def _ship(self, peer: int) -> None:
+        queue, lot, sender = self._queues[peer], self._lots[peer], self.senders[peer]
+        while True:
+            while queue:
+                await sender.send_records(queue.popleft())
+            if self._ended:
+                await sender.aclose()
+                return
+            await lot.park()
+
+    async def arrived(self, rows: np.ndarray) -> None:
+        """Records from a peer (one or more of its shipments): on downstream at their times."""
+        times = np.stack([rows[n] for n in self._times], axis=1)
+        cuts = [0, *(np.flatnonzero((times[1:] != times[:-1]).any(axis=1)) + 1).tolist(), len(rows)]
+        out = np.empty(len(rows), self.spec.dtype)
+        for name in self.spec.dtype.names:
+            out[name] = rows[name]
+        clock = self.clock
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            time = Timestamp(int(times[a, 0]), tuple(int(c) for c in times[a, 1:]))
+            before, clock.now = clock.now, time
+            try:
+                await self.emit(Batch(out[a:b]))
+            finally:
+                clock.now = before
+            clock.in_flight(self, time, a - b)
+
+
+class _Inbound(Node):
+    """The root of the pipeline a peer's exchange channel feeds."""
+
+    def __init__(self, exchange: ExchangeNode, source: int):
+        super().__init__(f"{exchange.step_id}.from{source}")
+        self.exchange = exchange
+
+    async def push(self, batch: Batch) -> None:
+        await self.exchange.arrived(batch.to_numpy(self.exchange.exchange_dtype))
+
+    async def on_watermark(self, watermark: int) -> None:
+        pass
+
+    async def on_end(self) -> None:
+        pass  # the tracker's counts end the step's consumers, not a channel
+
