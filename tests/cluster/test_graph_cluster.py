@@ -120,3 +120,64 @@ def test_an_operator_error_on_one_executor_fails_the_job_naming_it():
     flow.source("a", REC, time="t").operator(FailOn(), name="poison").sink(sinks.Collect(), name="out")
     with pytest.raises(ClusterError, match=r"f\.poison.*poisoned \(on executor [01]\)$"):
         slashrt.run(flow, {"a": inputs()["a"]}, executors=2, slot_size=256, slots=4)
+
+
+KEYED = np.dtype([("v", "<i8"), ("k", "<i8"), ("t", "<i8")])
+
+
+class SumPerKeyOnNotify(Operator):
+    """Counts records per key per time and emits (count, key, time) when the time is complete;
+    a batch at a time it was already notified of (one that came early) fails the job."""
+
+    def __init__(self):
+        self.counts, self.notified = {}, []
+
+    async def on_batch(self, ctx, port, batch):
+        if any(ctx.time.less_equal(t) for t in self.notified):
+            raise AssertionError(f"a batch at {ctx.time} after on_notify({self.notified[-1]})")
+        keys, counts = np.unique(batch.to_numpy(KEYED)["k"], return_counts=True)
+        per_key = self.counts.setdefault(ctx.time, {})
+        for k, c in zip(keys.tolist(), counts.tolist()):
+            per_key[k] = per_key.get(k, 0) + c
+        ctx.notify_at(ctx.time)
+
+    async def on_notify(self, ctx, time_):
+        self.notified.append(time_)
+        per_key = self.counts.pop(time_)
+        out = np.zeros(len(per_key), KEYED)
+        out["k"], out["v"], out["t"] = list(per_key), list(per_key.values()), time_.epoch
+        await ctx.emit(out)
+
+
+def hop(batch):
+    out = batch.to_numpy(KEYED).copy()
+    out["k"] = out["k"] * 7 + 1  # a new owner, most of the time
+    out["v"] += 1
+    return out
+
+
+def exchange_flow() -> Dataflow:
+    flow = Dataflow("x")
+    src = flow.source("a", KEYED, time="t")
+    src.exchange(key="k").operator(SumPerKeyOnNotify(), name="per_key").sink(sinks.Collect(), name="per_key_out")
+    with flow.loop("hops") as loop:
+        moved = loop.enter(src).exchange(key="k", name="hop_exchange").apply(hop, name="hop")
+        loop.feed_back(moved.filter(lambda b: b["v"] % 100 < K, name="again"))
+        loop.leave(moved.filter(lambda b: b["v"] % 100 >= K, name="done")).sink(sinks.Collect(), name="hopped")
+    return flow
+
+
+@pytest.mark.parametrize(("executors", "transport"), [(2, "shm"), (3, "tcp")])
+def test_exchange_by_key_on_executors_equals_one_executor(executors, transport):
+    rng = np.random.default_rng(3)
+    data = np.zeros(N, KEYED)
+    data["v"], data["k"], data["t"] = 100 * np.arange(N), rng.integers(0, 60, N), np.arange(N) // 100
+    one = slashrt.run(exchange_flow(), {"a": data}, slot_size=256, slots=4)
+    many = slashrt.run(exchange_flow(), {"a": data}, executors=executors, transport=transport, slot_size=256, slots=4)
+    # every key's records meet on one executor: one row per (time, key), the same counts
+    rows = many.outputs["x.per_key_out"]
+    assert len(rows) == len({(t, k) for t, k in data[["t", "k"]].tolist()})
+    assert sorted(rows.tolist()) == sorted(one.outputs["x.per_key_out"].tolist())
+    # records crossed executors K times inside the loop, none lost
+    hopped = many.outputs["x.hopped"]
+    assert sorted(hopped.tolist()) == sorted(one.outputs["x.hopped"].tolist()) and len(hopped) == N
