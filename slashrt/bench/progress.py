@@ -126,11 +126,15 @@ def _percentile_us(ns: np.ndarray, q: float) -> float:
     return round(float(np.percentile(ns, q)) / 1e3, 1) if len(ns) else float("nan")
 
 
-def notify_latency(executors: int, transport: str, epochs: int, per_epoch: int = 64) -> tuple[np.ndarray, bool]:
+def notify_latency(
+    executors: int | list[str], transport: str, epochs: int, per_epoch: int = 64, **options
+) -> tuple[np.ndarray, bool]:
+    """`executors`: a count (local processes) or agents' "HOST:PORT" addresses (`options`:
+    e.g. their cluster `secret`)."""
     flow = Dataflow("notify")
     flow.source("src", REC, time="t").operator(Stamp(), name="stamp", schema=STAMP).sink(sinks.Collect(), name="out")
     result = slashrt.run(flow, {"src": PerExecutor(_epochs(epochs, per_epoch))}, executors=executors,
-                         transport=transport, slot_size=per_epoch * REC.itemsize, slots=8)
+                         transport=transport, slot_size=per_epoch * REC.itemsize, slots=8, **options)
     rows = result.outputs["notify.out"]
     batches, notes = rows[rows["kind"] == BATCH], rows[rows["kind"] == NOTIFY]
     latencies = []
@@ -138,7 +142,8 @@ def notify_latency(executors: int, transport: str, epochs: int, per_epoch: int =
         consumed = batches["ns"][batches["epoch"] == t].max()
         notified = notes["ns"][notes["epoch"] == t]
         latencies.append(notified.max() - consumed)
-    correct = len(notes) == executors * epochs and (np.array(latencies) > 0).all()
+    n = executors if isinstance(executors, int) else len(executors)
+    correct = len(notes) == n * epochs and (np.array(latencies) > 0).all()
     return np.array(latencies), bool(correct)
 
 

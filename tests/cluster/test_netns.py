@@ -152,3 +152,38 @@ def test_a_coordinator_without_the_secret_is_refused(hosts):
             )
     finally:
         _stop(procs)
+
+
+def test_graph_flow_with_exchange_on_three_hosts_equals_one_executor_and_notifies_promptly(hosts):
+    """Distributed pointstamp progress between hosts: exchange by key, a loop whose records hop
+    hosts, and the notification latency `slashrt bench progress` reports (printed with -s)."""
+    from slashrt.bench import progress
+    from tests.cluster.test_graph_cluster import KEYED, N, exchange_flow
+
+    names, addresses = hosts
+    rng = np.random.default_rng(3)
+    data = np.zeros(N, KEYED)
+    data["v"], data["k"], data["t"] = 100 * np.arange(N), rng.integers(0, 60, N), np.arange(N) // 100
+    agents = [f"{a}:{AGENT_PORT}" for a in addresses]
+    secret = generate_secret()
+    procs = _start_agents(names, addresses, secret)
+    try:
+        many = slashrt.run(exchange_flow(), {"a": data}, executors=agents, transport="tcp", secret=secret,
+                           slot_size=256, slots=4)
+        for proc in procs:
+            assert proc.wait(timeout=30) == 0
+    finally:
+        _stop(procs)
+    one = slashrt.run(exchange_flow(), {"a": data}, slot_size=256, slots=4)
+    for sink in ("x.per_key_out", "x.hopped"):
+        assert sorted(many.outputs[sink].tolist()) == sorted(one.outputs[sink].tolist())
+    procs = _start_agents(names, addresses, secret)
+    try:
+        latencies, correct = progress.notify_latency(agents, "tcp", 200, secret=secret)
+        for proc in procs:
+            assert proc.wait(timeout=30) == 0
+    finally:
+        _stop(procs)
+    assert correct
+    print(f"notify latency on 3 hosts over tcp: p50 {np.percentile(latencies, 50) / 1e3:.1f} us, "
+          f"p99 {np.percentile(latencies, 99) / 1e3:.1f} us")
