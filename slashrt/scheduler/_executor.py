@@ -24,6 +24,8 @@ Inputs belong to lanes, one compute coroutine each (usually one lane). A multi-e
 the channels arriving from other executors in a lane of their own: a pipeline that waits for a
 peer's credits then never stops this executor from consuming what its peers send it, which is
 what returns their credits (two executors repartitioning into each other cannot deadlock).
+A graph flow's exchanges (`ops/route.py`) stay in lane 0, with the one tracker: they ship from
+background tasks instead, so compute never waits for a peer's credits.
 
 Under pointstamp progress (`progress` given, one lane) the compute coroutine also runs the
 batches loops feed back (`PointstampProgress.queue`), alternating with channel input, and
