@@ -188,6 +188,11 @@ def _named(path: Path) -> str:
     return f"file {str(path)!r}"
 
 
+def _said(exc: BaseException) -> str:
+    """A library's message on one line (Arrow's can span several)."""
+    return " ".join(str(exc).split())
+
+
 def _gone(path: Path) -> ConnectorError:
     return ConnectorError(f"{_named(path)} is gone: it was there when the FileSource was made; make a new FileSource")
 
@@ -208,7 +213,7 @@ def _npy(path: Path, schema: Schema, start: int, batch: int, index: int) -> Iter
     except FileNotFoundError:
         raise _gone(path) from None
     except (ValueError, EOFError, OSError) as exc:
-        raise ConnectorError(f"{what} is not a readable .npy file ({exc}): it is truncated or corrupt") from None
+        raise ConnectorError(f"{what} is not a readable .npy file ({_said(exc)}): it is truncated or corrupt") from None
     if array.ndim != 1 or array.dtype.names is None:
         raise SchemaError(
             f"{what} holds an array of shape {array.shape} and dtype {array.dtype}: a FileSource reads 1-D structured "
@@ -259,7 +264,7 @@ def _parquet(path: Path, schema: Schema, start: int, batch: int, index: int) -> 
     except FileNotFoundError:
         raise _gone(path) from None
     except (pa.ArrowException, OSError) as exc:
-        raise ConnectorError(f"{what} is not a readable Parquet file ({exc}): it is truncated or corrupt") from None
+        raise ConnectorError(f"{what} is not a readable Parquet file ({_said(exc)}): it is truncated or corrupt") from None
     with file:
         _check_columns(what, file.schema_arrow, schema, text=False)
         sizes = [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)]
@@ -280,7 +285,7 @@ def _parquet(path: Path, schema: Schema, start: int, batch: int, index: int) -> 
                         if b.num_rows:
                             yield b
                 except (pa.ArrowException, OSError) as exc:
-                    raise ConnectorError(f"{what}, row group {g}, cannot be read ({exc}): the file is corrupt") from None
+                    raise ConnectorError(f"{what}, row group {g}, cannot be read ({_said(exc)}): the file is corrupt") from None
 
         def where(record: int) -> str:
             return f"{what}, row group {int(np.searchsorted(ends, record, side='right'))}, record {record}"
@@ -313,7 +318,7 @@ def _csv(path: Path, schema: Schema, start: int, batch: int, index: int) -> Iter
         _check_columns(what, header, schema, text=True)
         raise
     except (pa.ArrowException, OSError) as exc:
-        raise ConnectorError(f"{what} cannot be read as CSV ({exc})") from None
+        raise ConnectorError(f"{what} cannot be read as CSV ({_said(exc)})") from None
 
     def batches():
         done = start  # records of the file read or skipped so far
@@ -326,7 +331,7 @@ def _csv(path: Path, schema: Schema, start: int, batch: int, index: int) -> Iter
                     break
                 except (pa.ArrowException, OSError) as exc:
                     raise ConnectorError(
-                        f"{what} cannot be read as CSV after record {done} (line {done + 2}): {exc}"
+                        f"{what} cannot be read as CSV after record {done} (line {done + 2}): {_said(exc)}"
                     ) from None
                 if drop and b.num_rows:
                     b, drop = b.slice(1), False
