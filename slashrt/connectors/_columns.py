@@ -152,24 +152,33 @@ def _fixed(name: str, array: pa.Array, field: np.dtype, *, pad: bool) -> np.ndar
     return matrix.view(field).reshape(len(lengths))
 
 
-_DIGIT = np.full(256, 255, np.uint8)
-_DIGIT[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10)
-_DIGIT[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16)
-_DIGIT[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
+def _pair_table() -> np.ndarray:
+    """Two hex digits, read as one little-endian uint16, -> their byte; 256 for anything else."""
+    digit = np.full(256, -1, np.int16)
+    for chars, first in ((b"0123456789", 0), (b"abcdef", 10), (b"ABCDEF", 10)):
+        digit[np.frombuffer(chars, np.uint8)] = np.arange(first, first + len(chars))
+    high, low = np.meshgrid(np.arange(256), np.arange(256), indexing="ij")
+    ok = (digit[high] >= 0) & (digit[low] >= 0)
+    table = np.full(65536, 256, np.uint16)
+    table[(high | low << 8)[ok]] = (digit[high] * 16 + digit[low])[ok]
+    return table
+
+
+_HEX_PAIR = _pair_table()
 
 
 def _unhex(name: str, array: pa.Array, field: np.dtype) -> np.ndarray:
-    """Hex text (two digits a byte, as `to_arrow` writes V<n>) as n-byte values."""
+    """Hex text (two digits a byte, as `to_arrow` writes V<n>) as n-byte values: one table
+    lookup per pair of digits."""
     width = field.itemsize
     lengths, data = _values(array)
-    digits = _DIGIT[data]
     bad = lengths != 2 * width
-    if not bad.any() and (digits == 255).any():
-        bad = (digits.reshape(len(lengths), 2 * width) == 255).any(axis=1)
+    if not bad.any():
+        raw = _HEX_PAIR[data.view("<u2")]
+        if (raw > 255).any():
+            bad = (raw.reshape(len(lengths), width) > 255).any(axis=1)
     if bad.any():
         row = int(np.argmax(bad))
         raise BadValue(row, f"column {name!r} has {_shown(array[row])}, not {width} bytes in hex "
                             f"({2 * width} hex digits) for its field {field.str}")
-    pairs = digits.reshape(-1, 2)
-    raw = (pairs[:, 0] << 4) | pairs[:, 1]
-    return raw.view(field).reshape(len(lengths)) if len(lengths) else np.empty(0, field)
+    return raw.astype(np.uint8).view(field)
