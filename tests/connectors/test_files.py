@@ -390,3 +390,26 @@ def test_an_empty_directory_and_empty_files_are_empty_inputs(tmp_path):
     with pytest.raises(ConnectorError, match=r"^file '\S+f\.parquet' is not a readable Parquet file \(Parquet file size "
                                              r"is 0 bytes\)"):
         read_all(FileSource(d))
+
+
+HEADER = b"t,key,name,tag,value,flag\n"
+
+
+@pytest.mark.parametrize("tag", [b"0a0b0c0g", b"0a0b0c", b"0a0b0c0d0e"])
+def test_a_csv_hex_value_that_is_not_the_fields_bytes_is_named(tmp_path, tag):
+    (tmp_path / "a.csv").write_bytes(HEADER + b"1,1,a,0A0b0c0d,1.5,true\n" + b"2,1,a," + tag + b",1,true\n")
+    delivered, source = fails_after_delivering(
+        tmp_path, rf"^file '\S+a\.csv', line 3 \(record 1\): column 'tag' has '{tag.decode()}', not 4 bytes in hex "
+                  r"\(8 hex digits\) for its field \|V4; the 1 records before it were delivered"
+    )
+    assert delivered.tolist() == [(1, 1, b"a", b"\x0a\x0b\x0c\x0d", 1.5, True)] and source.position == (0, 1)
+
+
+def test_a_csv_line_with_other_columns_is_named(tmp_path):
+    lines = b"".join(b"%d,1,a,00000000,1,true\n" % i for i in range(5000))
+    (tmp_path / "a.csv").write_bytes(HEADER + lines + b"7,1\n")
+    delivered, source = fails_after_delivering(
+        tmp_path, r"^file '\S+a\.csv' cannot be read as CSV after record \d+ \(line \d+\): CSV parse error: Expected 6 "
+                  r"columns, got 2: 7,1", batch_records=200)
+    assert 0 < len(delivered) == source.position.offset < 5000
+    assert np.array_equal(delivered["t"], np.arange(len(delivered)))
