@@ -147,6 +147,8 @@ def _fixed(name: str, array: pa.Array, field: np.dtype, *, pad: bool) -> np.ndar
         row = int(np.argmax(bad))
         raise BadValue(row, f"column {name!r} has a value of {lengths[row]} bytes, the field is "
                             f"{field.str} ({width} bytes{'' if pad else ' each'})")
+    if len(data) == width * len(lengths):  # every value n bytes (fixed-size binary): as they are
+        return data.view(field)
     matrix = np.zeros((len(lengths), width), np.uint8)
     matrix[np.arange(width) < lengths[:, None]] = data  # row-major: each value's bytes in order
     return matrix.view(field).reshape(len(lengths))

@@ -19,6 +19,7 @@ CSV skips lines).
 
 from __future__ import annotations
 
+import csv
 import glob
 import re
 from collections.abc import Iterator
@@ -308,13 +309,14 @@ def _csv(path: Path, schema: Schema, start: int, batch: int, index: int) -> Iter
     # from a record r > 0 on: skip r - 1 rows and drop the one read, so that a position past the
     # file's end shows (no row at all) rather than reading nothing
     read = pcsv.ReadOptions(block_size=max(4096, batch * CSV_LINE_BYTES), skip_rows_after_names=max(0, start - 1))
+    parse = pcsv.ParseOptions(newlines_in_values=True)  # our CsvFile quotes text with line breaks
     convert = pcsv.ConvertOptions(column_types={n: pa.binary() for n in names}, include_columns=names)
     try:
-        reader = pcsv.open_csv(path, read_options=read, convert_options=convert)
+        reader = pcsv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert)
     except FileNotFoundError:
         raise _gone(path) from None
     except KeyError:  # a missing column (ArrowKeyError): name what the header has
-        header = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=read.block_size)).schema
+        header = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=read.block_size), parse_options=parse).schema
         _check_columns(what, header, schema, text=True)
         raise
     except (pa.ArrowException, OSError) as exc:
@@ -331,7 +333,7 @@ def _csv(path: Path, schema: Schema, start: int, batch: int, index: int) -> Iter
                     break
                 except (pa.ArrowException, OSError) as exc:
                     raise ConnectorError(
-                        f"{what} cannot be read as CSV after record {done} (line {done + 2}): {_said(exc)}"
+                        f"{what} cannot be read as CSV after record {done} (line {_csv_line(path, done)}): {_said(exc)}"
                     ) from None
                 if drop and b.num_rows:
                     b, drop = b.slice(1), False
@@ -342,9 +344,24 @@ def _csv(path: Path, schema: Schema, start: int, batch: int, index: int) -> Iter
             raise _past_end(path, index, start, None)
 
     def where(record: int) -> str:
-        return f"{what}, line {record + 2} (record {record})"
+        return f"{what}, line {_csv_line(path, record)} (record {record})"
 
     yield from _records(batches(), schema.dtype, text=True, first=start, where=where)
+
+
+def _csv_line(path: Path, record: int) -> int:
+    """The line where CSV record `record` (0-based, after the header) starts, counting values
+    that span lines and skipping blank lines as pyarrow does: for messages only (a scan)."""
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        rows = csv.reader(f)
+        line, seen = 1, -1  # the header is row -1
+        for row in rows:
+            if row:
+                if seen == record:
+                    return line
+                seen += 1
+            line = rows.line_num + 1
+    return line
 
 
 _READERS = {"npy": _npy, "parquet": _parquet, "csv": _csv}

@@ -32,6 +32,7 @@ def rows(n: int, start: int = 0, seed: int = 0) -> np.ndarray:
     out["key"] = rng.integers(0, 9, n)
     out["name"] = np.char.add(b"k\xc3\xa9", (np.arange(start, start + n) % 97).astype("S3"))  # UTF-8 text
     out["name"][::13] = b""
+    out["name"][5::17] = b'a\n"b, c'  # a line break, a quote and a comma inside a CSV value
     out["tag"] = rng.integers(0, 256, (n, 4), dtype=np.uint8).view("V4").reshape(n)
     out["tag"][::7] = b"\0\0\0\0"
     out["value"] = rng.normal(size=n) * 1e6
@@ -285,21 +286,29 @@ def test_a_column_of_an_unconvertible_type_is_named(tmp_path, fmt):
     (4, b"9223372036854775808", r"column 't' has '9223372036854775808', not a <i8 value"),
 ])
 def test_a_csv_with_a_bad_value_names_its_line_after_the_records_before_it(tmp_path, line, value, message):
-    first = write_files(tmp_path, "csv", [[600], [900]])
+    first = rows(600)
+    second = rows(900, 600)
+    second["name"] = b"ok"
+    second["name"][[10, 20]] = [b"a\nb", b"\n\n\nc"]  # values over 1 + 3 more lines, and a blank line below
+    write(tmp_path / "part-0.csv", [first])
+    write(tmp_path / "part-1.csv", [second])
     lines = (tmp_path / "part-1.csv").read_bytes().split(b"\n")
-    bad = 1 + 400 + line  # the header, the records before, then the bad one
-    lines[bad - 1] = value + lines[bad - 1][lines[bad - 1].index(b","):]
+    record = 400 + line - 1
+    bad = record + 2 + 4 + 1  # the header, a line a record, the lines inside values, the blank line
+    at = bad - 2  # its index in `lines`, which has no blank line yet
+    lines[at - 1] += b"\n"
+    lines[at] = value + lines[at][lines[at].index(b","):]
     (tmp_path / "part-1.csv").write_bytes(b"\n".join(lines))
     delivered, source = fails_after_delivering(
-        tmp_path, rf"^file '\S+part-1\.csv', line {bad} \(record {bad - 2}\): {message}; the {600 + bad - 2} records "
-                  rf"before it were delivered \(up to record {bad - 2} of file 1\): resume_from\(\(1, {bad - 2}\)\)",
+        tmp_path, rf"^file '\S+part-1\.csv', line {bad} \(record {record}\): {message}; the {600 + record} records "
+                  rf"before it were delivered \(up to record {record} of file 1\): resume_from\(\(1, {record}\)\)",
         batch_records=64,
     )
-    data = np.concatenate(first)
-    assert np.array_equal(delivered, data[: 600 + bad - 2]) and source.position == (1, bad - 2)
+    data = np.concatenate([first, second])
+    assert np.array_equal(delivered, data[: 600 + record]) and source.position == (1, record)
     # once the file is mended, the position reads exactly the rest
-    write(tmp_path / "part-1.csv", [first[1]])
-    assert np.array_equal(read_all(source), data[600 + bad - 2 :])
+    write(tmp_path / "part-1.csv", [second])
+    assert np.array_equal(read_all(source), data[600 + record :])
 
 
 @pytest.mark.parametrize("column, values, message", [
