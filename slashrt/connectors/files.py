@@ -198,6 +198,18 @@ def _gone(path: Path) -> ConnectorError:
     return ConnectorError(f"{_named(path)} is gone: it was there when the FileSource was made; make a new FileSource")
 
 
+def _open(path: Path, opener, kind: str, broken: tuple):
+    """`opener(path)`; a file gone, unreadable or not of its format (`broken`) is named."""
+    try:
+        return opener(path)
+    except FileNotFoundError:
+        raise _gone(path) from None
+    except PermissionError as exc:
+        raise ConnectorError(f"{_named(path)} cannot be opened ({exc.strerror}): let this process read it") from None
+    except broken as exc:
+        raise ConnectorError(f"{_named(path)} is not a readable {kind} file ({_said(exc)}): it is truncated or corrupt") from None
+
+
 def _past_end(path: Path, index: int, offset: int, count: int | None) -> ConnectorError:
     holds = f"holds {count} records" if count is not None else f"holds fewer than {offset} records"
     return ConnectorError(
@@ -209,12 +221,7 @@ def _past_end(path: Path, index: int, offset: int, count: int | None) -> Connect
 # -- .npy -------------------------------------------------------------------------------------------
 def _npy(path: Path, schema: Schema, start: int, batch: int, index: int) -> Iterator[np.ndarray]:
     what = _named(path)
-    try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except FileNotFoundError:
-        raise _gone(path) from None
-    except (ValueError, EOFError, OSError) as exc:
-        raise ConnectorError(f"{what} is not a readable .npy file ({_said(exc)}): it is truncated or corrupt") from None
+    array = _open(path, lambda p: np.load(p, mmap_mode="r", allow_pickle=False), ".npy", (ValueError, EOFError, OSError))
     if array.ndim != 1 or array.dtype.names is None:
         raise SchemaError(
             f"{what} holds an array of shape {array.shape} and dtype {array.dtype}: a FileSource reads 1-D structured "
@@ -260,12 +267,7 @@ def _parquet(path: Path, schema: Schema, start: int, batch: int, index: int) -> 
     import pyarrow.parquet as pq
 
     what = _named(path)
-    try:
-        file = pq.ParquetFile(path)
-    except FileNotFoundError:
-        raise _gone(path) from None
-    except (pa.ArrowException, OSError) as exc:
-        raise ConnectorError(f"{what} is not a readable Parquet file ({_said(exc)}): it is truncated or corrupt") from None
+    file = _open(path, pq.ParquetFile, "Parquet", (pa.ArrowException, OSError))
     with file:
         _check_columns(what, file.schema_arrow, schema, text=False)
         sizes = [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)]
