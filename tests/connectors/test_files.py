@@ -422,3 +422,21 @@ def test_a_csv_line_with_other_columns_is_named(tmp_path):
                   r"columns, got 2: 7,1", batch_records=200)
     assert 0 < len(delivered) == source.position.offset < 5000
     assert np.array_equal(delivered["t"], np.arange(len(delivered)))
+
+
+def test_bench_files_checks_itself_for_every_format_and_removes_its_files(capsys, monkeypatch, tmp_path):
+    import json
+
+    from slashrt.cli import main
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where tempfile puts the benchmark's directory
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    assert main(["bench", "files", "--events", "30000", "--parts", "3", "--repeat", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["correct"] is True and report["query"] == "files-ysb" and report["events"] == 30_000
+    for fmt in ("parquet", "csv", "npy", "array"):
+        assert report[f"records_per_s_{fmt}"] > 0
+    assert 30_000 * 78 < report["bytes_npy"] < 30_000 * 78 + 3 * 1024 and report["bytes_csv"] > report["bytes_parquet"] > 0
+    assert list(tmp_path.iterdir()) == []
