@@ -4,7 +4,9 @@ to the in-memory run; rewinding from every kind of position (hypothesis over cut
 input, one sentence each, after delivering what came before; empty files and directories."""
 
 import io
+import json
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -425,14 +427,9 @@ def test_a_csv_line_with_other_columns_is_named(tmp_path):
 
 
 def test_bench_files_checks_itself_for_every_format_and_removes_its_files(capsys, monkeypatch, tmp_path):
-    import json
-
     from slashrt.cli import main
 
-    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where tempfile puts the benchmark's directory
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the benchmark makes its directory
     assert main(["bench", "files", "--events", "30000", "--parts", "3", "--repeat", "1", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["correct"] is True and report["query"] == "files-ysb" and report["events"] == 30_000
