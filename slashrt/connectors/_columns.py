@@ -40,6 +40,8 @@ def unconvertible(arrow_type: pa.DataType, field: np.dtype, *, text: bool) -> st
     """None if a column of `arrow_type` can fill a field of dtype `field`, else what it needs."""
     if text:  # every column is read as text and parsed
         return None
+    if pa.types.is_dictionary(arrow_type):  # dictionary-encoded (a pandas categorical): its values
+        arrow_type = arrow_type.value_type
     kind = field.kind
     if kind == "b":
         ok = pa.types.is_boolean(arrow_type)
@@ -78,6 +80,8 @@ def to_records(batch, dtype: np.dtype, *, text: bool) -> np.ndarray:
         column = batch.column(name)
         if isinstance(column, pa.ChunkedArray):
             column = column.combine_chunks()
+        if pa.types.is_dictionary(column.type):
+            column = column.dictionary_decode()
         out[name] = _column(name, column, dtype.fields[name][0], text)
     return out
 

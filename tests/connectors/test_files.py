@@ -160,6 +160,17 @@ def test_other_column_orders_extra_columns_and_encodings_are_read_by_name(tmp_pa
     assert np.array_equal(got[302:], Schema.from_dtype(ROWS.dtype).conform(wide[list(ROWS.names)], "x"))
 
 
+def test_dictionary_encoded_columns_are_read_as_their_values(tmp_path):
+    data = rows(200)
+    table = to_arrow(data)
+    for name in ("key", "name"):
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, name, table.column(name).dictionary_encode())
+    pq.write_table(table, tmp_path / "a.parquet")
+    assert pa.types.is_dictionary(pq.read_table(tmp_path / "a.parquet").schema.field("name").type)
+    assert np.array_equal(read_all(FileSource(tmp_path)), data)
+
+
 def test_a_timestamp_column_fills_an_integer_time_field_in_milliseconds(tmp_path):
     data = rows(10)
     table = to_arrow(data)
