@@ -38,8 +38,10 @@ def _binary_like(t: pa.DataType) -> bool:
 
 def unconvertible(arrow_type: pa.DataType, field: np.dtype, *, text: bool) -> str | None:
     """None if a column of `arrow_type` can fill a field of dtype `field`, else what it needs."""
-    if text:  # every column is read as text and parsed
-        return None
+    if text:  # every column is read as text and parsed by an Arrow cast
+        if field.kind in "biufSV":
+            return None
+        return f"is text, the field is {field.str}: text is read into number, bool or bytes fields only (declare it 'i8')"
     if pa.types.is_dictionary(arrow_type):  # dictionary-encoded (a pandas categorical): its values
         arrow_type = arrow_type.value_type
     kind = field.kind

@@ -317,12 +317,13 @@ def _csv(path: Path, schema: Schema, start: int, batch: int, index: int) -> Iter
         reader = pcsv.open_csv(path, read_options=read, parse_options=parse, convert_options=convert)
     except FileNotFoundError:
         raise _gone(path) from None
-    except KeyError:  # a missing column (ArrowKeyError): name what the header has
+    except KeyError:  # a missing column (ArrowKeyError): name what the header has (and raise)
         header = pcsv.open_csv(path, read_options=pcsv.ReadOptions(block_size=read.block_size), parse_options=parse).schema
         _check_columns(what, header, schema, text=True)
         raise
     except (pa.ArrowException, OSError) as exc:
         raise ConnectorError(f"{what} cannot be read as CSV ({_said(exc)})") from None
+    _check_columns(what, reader.schema, schema, text=True)
 
     def batches():
         done = start  # records of the file read or skipped so far

@@ -293,6 +293,15 @@ def test_a_column_of_an_unconvertible_type_is_named(tmp_path, fmt):
         read_all(FileSource(tmp_path))
 
 
+def test_a_csv_column_for_a_field_text_does_not_fill_is_named(tmp_path):
+    (tmp_path / "a.csv").write_bytes(b"t,when\n1,2024-01-01\n")
+    flow = Dataflow("f")
+    flow.source("events", {"t": "<i8", "when": "M8[ms]"}).sink(sinks.Collect())
+    with pytest.raises(SchemaError, match=r"^file '\S+a\.csv': column 'when' is text, the field is <M8\[ms\]: text is "
+                                          r"read into number, bool or bytes fields only"):
+        slashrt.run(flow, {"events": FileSource(tmp_path)})
+
+
 @pytest.mark.parametrize("line, value, message", [
     (5, b"1e9", r"column 't' has '1e9', not a <i8 value"),
     (1, b"", r"column 't' has '', not a <i8 value"),
