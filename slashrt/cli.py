@@ -4,6 +4,7 @@
     slashrt bench ysb|ro|cm|nexmark [--json]    benchmarks that verify their own results
         [--executors N --mode slash|uppar --zipf S]   ... on N executors (weak scaling)
     slashrt bench redis [--url URL] [--json]    YSB from a Redis stream to a Redis stream
+    slashrt bench files [--json]                YSB from Parquet, CSV and .npy files (FileSource)
     slashrt bench report                        the scaling and skew sweeps, with plots
     slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
     slashrt executor [--listen HOST:PORT]       an executor agent for multi-host runs
@@ -179,6 +180,12 @@ def _parser() -> argparse.ArgumentParser:
     rds.add_argument("--campaigns", type=_positive_int, default=1000)
     rds.add_argument("--url", help="a Redis server to use (default: start a throw-away redis-server)")
     _add_runtime_options(rds)
+
+    files = queries.add_parser("files", help="YSB from Parquet, CSV and .npy files (slashrt.connectors.FileSource)")
+    files.add_argument("--events", type=_positive_int, default=2_000_000)
+    files.add_argument("--campaigns", type=_positive_int, default=1000)
+    files.add_argument("--parts", type=_positive_int, default=4, help="files per format")
+    _add_runtime_options(files)
 
     report = queries.add_parser("report", help="weak-scaling and skew sweeps of every query, with PNG plots")
     report.add_argument("--events", type=_positive_int, default=4_000_000, help="records per executor per run")
@@ -397,6 +404,10 @@ def _run_bench(args, given: set[str]) -> dict:
         from slashrt.bench import redis_streams
 
         return redis_streams.bench(events=args.events, campaigns=args.campaigns, url=args.url, **_runtime_options(args))
+    if args.query == "files":
+        from slashrt.bench import files
+
+        return files.bench(events=args.events, campaigns=args.campaigns, parts=args.parts, **_runtime_options(args))
     if args.query == "ro":
         from slashrt.bench import ro
 
