@@ -14,7 +14,10 @@ Laws (tests/progress/test_antichain.py):
 the antichain of minimal elements with a positive count. `update_iter(changes)` applies
 (element, delta) changes and returns the frontier's changes as (element, +1 | -1): applying
 those to the old frontier gives the new one, and the frontier equals the minimal positive
-elements after any sequence of updates, whatever the order of the updates.
+elements after any sequence of updates, whatever the order of the updates. With `total=True`
+(every two elements comparable: timestamps outside loops) the frontier is at most one element
+and the same as without it. Cost: O(changes) per update; O(counted elements) only when a
+frontier element's count drops to zero (then the frontier is recomputed from the counts).
 
 `ChangeBatch`: (item, delta) updates accumulated per item. Law: `drain()` gives, for every
 item, the sum of its deltas, never a zero, whatever the order the updates came in.
@@ -40,6 +43,13 @@ class Antichain:
         for element in elements:
             self.insert(element)
 
+    @classmethod
+    def _of(cls, minimal: Iterable[Any]) -> Antichain:
+        """An antichain of elements already known to be mutually incomparable."""
+        chain = cls.__new__(cls)
+        chain._elements = list(minimal)
+        return chain
+
     def insert(self, element) -> bool:
         """Add `element` unless some element is <= it; drop the elements it is <= of. Returns
         True if the antichain changed."""
@@ -53,7 +63,10 @@ class Antichain:
 
     def less_equal(self, element) -> bool:
         """Is some element <= `element`? (Then `element` is not yet complete.)"""
-        return any(e.less_equal(element) for e in self._elements)
+        for e in self._elements:
+            if e.less_equal(element):
+                return True
+        return False
 
     def less_than(self, element) -> bool:
         return any(e.less_equal(element) and e != element for e in self._elements)
@@ -88,32 +101,51 @@ class Antichain:
 
 
 class MutableAntichain:
-    """Counts per element; the frontier is the minimal elements with a positive count."""
+    """Counts per element; the frontier is the minimal elements with a positive count.
 
-    __slots__ = ("_counts", "_frontier")
+    `total=True` is the caller's promise that every two elements it will ever hold are
+    comparable (timestamps outside every loop): the frontier then has at most one element,
+    kept without building antichains. The result is the same as without it (tested)."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_counts", "_least", "_frontier", "_total")
+
+    def __init__(self, total: bool = False) -> None:
         self._counts: dict = {}
-        self._frontier = Antichain()
+        self._least: list = []  # the frontier's elements; replaced, never changed in place
+        self._frontier: Antichain | None = None  # `frontier`, built when asked for
+        self._total = total
 
     @property
     def frontier(self) -> Antichain:
-        return self._frontier
+        frontier = self._frontier
+        if frontier is None:
+            frontier = self._frontier = Antichain._of(self._least)
+        return frontier
 
     def count(self, element) -> int:
         return self._counts.get(element, 0)
 
     def less_equal(self, element) -> bool:
-        return self._frontier.less_equal(element)
+        """Is some frontier element <= `element`?"""
+        for least in self._least:
+            if least.less_equal(element):
+                return True
+        return False
 
     def is_empty(self) -> bool:
-        return not self._frontier
+        return not self._least
 
     def update_iter(self, changes: Iterable[tuple[Any, int]]) -> list[tuple[Any, int]]:
-        """Apply (element, delta) changes; return the frontier's changes (element, +1 | -1)."""
+        """Apply (element, delta) changes; return the frontier's changes (element, +1 | -1),
+        removals first.
+
+        The frontier is recomputed from the counts only when one of its elements stopped being
+        positive; elements that became positive are otherwise merged into it (anything else
+        positive is above an old frontier element that is still there)."""
         counts = self._counts
-        frontier = self._frontier
-        rebuild = False
+        least = self._least
+        left = False  # a frontier element stopped being positive
+        entered = None  # elements that became positive
         for element, delta in changes:
             if not delta:
                 continue
@@ -123,25 +155,70 @@ class MutableAntichain:
                 counts[element] = after
             else:
                 del counts[element]
-            if (before > 0) == (after > 0):
-                continue  # did not enter or leave the positive set
-            if after > 0:  # entered: matters only if no frontier element is <= it
-                rebuild = rebuild or not frontier.less_equal(element)
-            else:  # left: matters only if it was a frontier element
-                rebuild = rebuild or element in frontier
-        if not rebuild:
+            if after > 0:
+                if before <= 0:
+                    if entered is None:
+                        entered = [element]
+                    else:
+                        entered.append(element)
+            elif before > 0 and not left and element in least:
+                left = True
+        if left:
+            new = self._rebuilt()
+        elif entered is not None:
+            new = self._merged([e for e in entered if counts.get(e, 0) > 0])
+            if new is None:
+                return []
+        else:
             return []
-        new = Antichain(sorted((e for e, c in counts.items() if c > 0), key=_sort_key))
-        old = set(frontier)
-        self._frontier = new
-        fresh = set(new)
-        return [(e, -1) for e in frontier if e not in fresh] + [(e, 1) for e in new if e not in old]
+        if self._total:
+            old, low = (least[0] if least else None), (new[0] if new else None)
+            if old == low:
+                return []
+            out = [] if old is None else [(old, -1)]
+            if low is not None:
+                out.append((low, 1))
+        else:
+            out = [(e, -1) for e in least if e not in new] + [(e, 1) for e in new if e not in least]
+            if not out:
+                return []
+        self._least = new
+        self._frontier = None
+        return out
+
+    def _rebuilt(self) -> list:
+        """The frontier from scratch: the minimal elements with a positive count."""
+        positive = [e for e, c in self._counts.items() if c > 0]
+        if self._total:
+            low = None
+            for element in positive:
+                if low is None or not low.less_equal(element):
+                    low = element
+            return [] if low is None else [low]
+        # a linear extension puts smaller elements first, so no kept element is ever removed
+        positive.sort(key=_sort_key)
+        return Antichain(positive)._elements
+
+    def _merged(self, entered: list) -> list | None:
+        """The frontier with the elements that became positive merged in, or None if it stays."""
+        new = self._least
+        for element in entered:
+            if self._total:
+                if new and new[0].less_equal(element):
+                    continue
+                new = [element]
+            else:
+                if any(e.less_equal(element) for e in new):
+                    continue
+                new = [e for e in new if not element.less_equal(e)]
+                new.append(element)
+        return None if new is self._least else new
 
     def positive(self) -> Iterator[tuple[Any, int]]:
         return ((e, c) for e, c in self._counts.items() if c > 0)
 
     def __repr__(self) -> str:
-        return f"MutableAntichain(frontier={self._frontier.elements!r}, counts={self._counts!r})"
+        return f"MutableAntichain(frontier={tuple(self._least)!r}, counts={self._counts!r})"
 
 
 def _sort_key(element):
@@ -167,8 +244,13 @@ class ChangeBatch:
             self._sums.pop(item, None)
 
     def extend(self, updates: Iterable[tuple[Hashable, int]]) -> None:
-        for item, delta in updates:
-            self.update(item, delta)
+        sums = self._sums
+        for item, delta in updates:  # `update`, inlined: this is every tracker update's path
+            total = sums.get(item, 0) + delta
+            if total:
+                sums[item] = total
+            else:
+                sums.pop(item, None)
 
     def get(self, item: Hashable) -> int:
         return self._sums.get(item, 0)

@@ -111,12 +111,18 @@ class PointstampClock(Frontier):
         if time != END_TIME:
             self.tracker.update(self._at, Timestamp.at(time), 1)  # the new capability before
         self.tracker.update(self._at, Timestamp.at(current), -1)  # the old one goes
-        if not self.tracker.propagate():
+        low = None
+        for location, t, delta in self.tracker.propagate():
+            # the gate is outside loops: its frontier is one timestamp, or none (END_TIME)
+            if location == self._gate:
+                if delta > 0:
+                    low = t.epoch
+                elif low is None:
+                    low = END_TIME
+        if low is None or low == self._low:
             return False
-        frontier = self.tracker.frontier(self._gate)
-        low = END_TIME if not frontier else min(t.epoch for t in frontier)
-        moved, self._low = low != self._low, low
-        return moved
+        self._low = low
+        return True
 
     @property
     def low(self) -> int:

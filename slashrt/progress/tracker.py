@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator
 
 from slashrt.progress.antichain import Antichain, ChangeBatch, MutableAntichain
 from slashrt.progress.reachability import Location, Reachability
+from slashrt.progress.summary import IDENTITY
 from slashrt.progress.timestamp import Timestamp
 
 __all__ = ["Tracker", "Pointstamp", "move_capability"]
@@ -51,12 +52,29 @@ def move_capability(location: Location, old: Timestamp, new: Timestamp) -> list[
 class Tracker:
     """Pointstamp counts over a `Reachability`, and the frontier implied at every location."""
 
-    def __init__(self, graph: Reachability):
+    def __init__(self, graph: Reachability, fast_paths: bool = True):
+        """`fast_paths=False` forces the general path everywhere (for tests proving the fast
+        paths change nothing): no one-element frontiers at locations outside loops, and the
+        identity summary applied like any other."""
         self.graph = graph
         self._pending = ChangeBatch()
-        self._occurrences: dict[Location, MutableAntichain] = {loc: MutableAntichain() for loc in graph.locations}
-        self._implied: dict[Location, MutableAntichain] = {loc: MutableAntichain() for loc in graph.locations}
+        outside_loops = {loc for loc, depth in graph.depths.items() if depth == 0} if fast_paths else set()
+        self._occurrences: dict[Location, MutableAntichain] = {
+            loc: MutableAntichain(total=loc in outside_loops) for loc in graph.locations
+        }
+        self._implied: dict[Location, MutableAntichain] = {
+            loc: MutableAntichain(total=loc in outside_loops) for loc in graph.locations
+        }
         self._changes: list[tuple[Location, Timestamp, int]] = []
+        # where a frontier change at a location goes, computed once: (target, the target's
+        # implied counts, the least summaries, or None for the identity alone)
+        self._targets: dict[Location, tuple[tuple[Location, MutableAntichain, tuple | None], ...]] = {
+            loc: tuple(
+                (target, self._implied[target], None if fast_paths and summaries.elements == (IDENTITY,) else summaries.elements)
+                for target, summaries in graph.reachable_from(loc).items()
+            )
+            for loc in graph.locations
+        }
 
     # --- updates -------------------------------------------------------------------------
     def update(self, location: Location, time: Timestamp, delta: int) -> None:
@@ -73,26 +91,37 @@ class Tracker:
         return changes
 
     def _apply(self) -> None:
-        if self._pending.is_empty():
+        if not self._pending:
             return
         per_location: dict[Location, list[tuple[Timestamp, int]]] = {}
         for (location, time), delta in self._pending.drain():
-            per_location.setdefault(location, []).append((time, delta))
-        implied: dict[Location, ChangeBatch] = {}
+            changes = per_location.get(location)
+            if changes is None:
+                per_location[location] = [(time, delta)]
+            else:
+                changes.append((time, delta))
+        implied: dict[Location, tuple[MutableAntichain, list]] = {}
+        occurrences, targets = self._occurrences, self._targets
         for location, changes in per_location.items():
-            moved = self._occurrences[location].update_iter(changes)
+            moved = occurrences[location].update_iter(changes)
             if not moved:
                 continue
-            for target, summaries in self.graph.reachable_from(location).items():
-                batch = implied.setdefault(target, ChangeBatch())
-                for time, delta in moved:
-                    for summary in summaries:
-                        result = summary.apply(time)
-                        if result is not None:
-                            batch.update(result, delta)
-        for target, batch in implied.items():
-            for time, delta in self._implied[target].update_iter(batch.drain()):
-                self._changes.append((target, time, delta))
+            for target, counts, summaries in targets[location]:
+                if summaries is None:
+                    images = moved  # the identity alone: shared, never changed in place
+                else:
+                    images = []
+                    for time, delta in moved:
+                        for summary in summaries:
+                            result = summary.apply(time)
+                            if result is not None:
+                                images.append((result, delta))
+                known = implied.get(target)
+                implied[target] = (counts, images) if known is None else (counts, known[1] + images)
+        out = self._changes
+        for target, (counts, images) in implied.items():
+            for time, delta in counts.update_iter(images):
+                out.append((target, time, delta))
 
     # --- queries (they see every update made so far) --------------------------------------
     def frontier(self, location: Location) -> Antichain:
@@ -102,7 +131,8 @@ class Tracker:
     def is_complete(self, location: Location, time: Timestamp) -> bool:
         """No pointstamp could still result in (location, t') with t' <= time: a notification
         at `time` may be delivered there."""
-        return not self.frontier(location).less_equal(time)
+        self._apply()
+        return not self._implied[location].less_equal(time)
 
     def count(self, location: Location, time: Timestamp) -> int:
         self._apply()
