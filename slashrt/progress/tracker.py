@@ -28,7 +28,7 @@ are never counted one by one, only batches (a delta per pointstamp).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from slashrt.progress.antichain import Antichain, ChangeBatch, MutableAntichain
 from slashrt.progress.reachability import Location, Reachability
@@ -66,11 +66,11 @@ class Tracker:
             loc: MutableAntichain(total=loc in outside_loops) for loc in graph.locations
         }
         self._changes: list[tuple[Location, Timestamp, int]] = []
-        # where a frontier change at a location goes, computed once: (target, the target's
-        # implied counts, the least summaries, or None for the identity alone)
-        self._targets: dict[Location, tuple[tuple[Location, MutableAntichain, tuple | None], ...]] = {
+        # where a frontier change at a location goes, computed once: (target, the update of the
+        # target's implied counts, the least summaries, or None for the identity alone)
+        self._targets: dict[Location, tuple[tuple[Location, Callable, tuple | None], ...]] = {
             loc: tuple(
-                (target, self._implied[target], None if fast_paths and summaries.elements == (IDENTITY,) else summaries.elements)
+                (target, self._implied[target].updater(), None if fast_paths and summaries.elements == (IDENTITY,) else summaries.elements)
                 for target, summaries in graph.reachable_from(loc).items()
             )
             for loc in graph.locations
@@ -100,27 +100,26 @@ class Tracker:
                 per_location[location] = [(time, delta)]
             else:
                 changes.append((time, delta))
-        implied: dict[Location, tuple[MutableAntichain, list]] = {}
-        occurrences, targets = self._occurrences, self._targets
+        occurrences, targets, out = self._occurrences, self._targets, self._changes
+        moves = []
         for location, changes in per_location.items():
             moved = occurrences[location].update_iter(changes)
-            if not moved:
-                continue
-            for target, counts, summaries in targets[location]:
-                if summaries is None:
-                    images = moved  # the identity alone: shared, never changed in place
-                else:
-                    images = []
-                    for time, delta in moved:
-                        for summary in summaries:
-                            result = summary.apply(time)
-                            if result is not None:
-                                images.append((result, delta))
+            if moved:
+                moves.append((location, moved))
+        if len(moves) == 1:  # the usual case: each target's counts change once, at once
+            location, moved = moves[0]
+            for target, update, summaries in targets[location]:
+                for time, delta in update(moved if summaries is None else _images(moved, summaries)):
+                    out.append((target, time, delta))
+            return
+        implied: dict[Location, tuple[Callable, list]] = {}
+        for location, moved in moves:
+            for target, update, summaries in targets[location]:
+                images = moved if summaries is None else _images(moved, summaries)
                 known = implied.get(target)
-                implied[target] = (counts, images) if known is None else (counts, known[1] + images)
-        out = self._changes
-        for target, (counts, images) in implied.items():
-            for time, delta in counts.update_iter(images):
+                implied[target] = (update, images) if known is None else (update, known[1] + images)
+        for target, (update, images) in implied.items():
+            for time, delta in update(images):
                 out.append((target, time, delta))
 
     # --- queries (they see every update made so far) --------------------------------------
@@ -157,3 +156,14 @@ class Tracker:
             for (other, t), _ in self.pointstamps()
             if (other, t) != (location, time) and self.graph.could_result_in(other, t, location, time)
         )
+
+
+def _images(moved: list[tuple[Timestamp, int]], summaries: tuple) -> list[tuple[Timestamp, int]]:
+    """The (timestamp, delta) changes `moved` as they arrive through each of `summaries`."""
+    images = []
+    for time, delta in moved:
+        for summary in summaries:
+            result = summary.apply(time)
+            if result is not None:
+                images.append((result, delta))
+    return images
