@@ -224,9 +224,20 @@ class MutableAntichain:
     def _rebuilt(self) -> list:
         """The frontier from scratch: the minimal elements with a positive count."""
         positive = [e for e, c in self._counts.items() if c > 0]
+        if len(positive) < 2:
+            return positive
         # a linear extension puts smaller elements first, so no kept element is ever removed
-        positive.sort(key=_sort_key)
-        return Antichain(positive)._elements
+        sort_key = getattr(type(positive[0]), "sort_key", None)
+        if sort_key is not None:
+            positive.sort(key=sort_key)
+        least: list = []
+        for element in positive:
+            for kept in least:
+                if kept.less_equal(element):
+                    break
+            else:
+                least.append(element)
+        return least
 
     def _merged(self, entered: list) -> list | None:
         """The frontier with the elements that became positive merged in, or None if it stays."""
@@ -243,12 +254,6 @@ class MutableAntichain:
 
     def __repr__(self) -> str:
         return f"MutableAntichain(frontier={tuple(self._least)!r}, counts={self._counts!r})"
-
-
-def _sort_key(element):
-    # a linear extension puts smaller elements first, so Antichain.insert never has to remove
-    key = getattr(element, "sort_key", None)
-    return key() if key is not None else 0
 
 
 class ChangeBatch:
