@@ -108,9 +108,11 @@ class PointstampClock(Frontier):
         if time == current:
             return False
         self.entries[source] = time
-        if time != END_TIME:
-            self.tracker.update(self._at, Timestamp.at(time), 1)  # the new capability before
-        self.tracker.update(self._at, Timestamp.at(current), -1)  # the old one goes
+        old = ((self._at, Timestamp.at(current)), -1)
+        if time != END_TIME:  # the new capability before the old one goes
+            self.tracker.update_iter((((self._at, Timestamp.at(time)), 1), old))
+        else:
+            self.tracker.update_iter((old,))
         low = None
         for location, t, delta in self.tracker.propagate():
             # the gate is outside loops: its frontier is one timestamp, or none (END_TIME)

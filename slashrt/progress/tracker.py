@@ -66,6 +66,7 @@ class Tracker:
             loc: MutableAntichain(total=loc in outside_loops) for loc in graph.locations
         }
         self._changes: list[tuple[Location, Timestamp, int]] = []
+        self._occurrence_updates = {loc: counts.updater() for loc, counts in self._occurrences.items()}
         # where a frontier change at a location goes, computed once: (target, the update of the
         # target's implied counts, the least summaries, or None for the identity alone)
         self._targets: dict[Location, tuple[tuple[Location, Callable, tuple | None], ...]] = {
@@ -100,10 +101,10 @@ class Tracker:
                 per_location[location] = [(time, delta)]
             else:
                 changes.append((time, delta))
-        occurrences, targets, out = self._occurrences, self._targets, self._changes
+        occurrence_updates, targets, out = self._occurrence_updates, self._targets, self._changes
         moves = []
         for location, changes in per_location.items():
-            moved = occurrences[location].update_iter(changes)
+            moved = occurrence_updates[location](changes)
             if moved:
                 moves.append((location, moved))
         if len(moves) == 1:  # the usual case: each target's counts change once, at once
