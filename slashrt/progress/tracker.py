@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
-from slashrt.progress.antichain import Antichain, ChangeBatch, MutableAntichain
+from slashrt.progress.antichain import Antichain, MutableAntichain
 from slashrt.progress.reachability import Location, Reachability
 from slashrt.progress.summary import IDENTITY
 from slashrt.progress.timestamp import Timestamp
@@ -38,6 +38,7 @@ from slashrt.progress.timestamp import Timestamp
 __all__ = ["Tracker", "Pointstamp", "move_capability"]
 
 Pointstamp = tuple[Location, Timestamp]
+MAX_PENDING = 4096  # updates held before they are applied unasked (they are usually a handful)
 
 
 def move_capability(location: Location, old: Timestamp, new: Timestamp) -> list[tuple[Pointstamp, int]]:
@@ -57,7 +58,8 @@ class Tracker:
         paths change nothing): no one-element frontiers at locations outside loops, and the
         identity summary applied like any other."""
         self.graph = graph
-        self._pending = ChangeBatch()
+        # updates not yet applied, as they came: the counts consolidate them when applied
+        self._pending: list[tuple[Pointstamp, int]] = []
         outside_loops = {loc for loc, depth in graph.depths.items() if depth == 0} if fast_paths else set()
         self._occurrences: dict[Location, MutableAntichain] = {
             loc: MutableAntichain(total=loc in outside_loops) for loc in graph.locations
@@ -79,10 +81,14 @@ class Tracker:
 
     # --- updates -------------------------------------------------------------------------
     def update(self, location: Location, time: Timestamp, delta: int) -> None:
-        self._pending.update((location, time), delta)
+        self._pending.append(((location, time), delta))
+        if len(self._pending) > MAX_PENDING:
+            self._apply()
 
     def update_iter(self, updates: Iterable[tuple[Pointstamp, int]]) -> None:
         self._pending.extend(updates)
+        if len(self._pending) > MAX_PENDING:
+            self._apply()
 
     def propagate(self) -> list[tuple[Location, Timestamp, int]]:
         """Apply the pending updates; return the implied frontiers' changes since the last call
@@ -92,10 +98,12 @@ class Tracker:
         return changes
 
     def _apply(self) -> None:
-        if not self._pending:
+        pending = self._pending
+        if not pending:
             return
+        self._pending = []
         per_location: dict[Location, list[tuple[Timestamp, int]]] = {}
-        for (location, time), delta in self._pending.drain():
+        for (location, time), delta in pending:
             changes = per_location.get(location)
             if changes is None:
                 per_location[location] = [(time, delta)]
