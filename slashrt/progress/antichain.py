@@ -16,8 +16,9 @@ the antichain of minimal elements with a positive count. `update_iter(changes)` 
 those to the old frontier gives the new one, and the frontier equals the minimal positive
 elements after any sequence of updates, whatever the order of the updates. With `total=True`
 (every two elements comparable: timestamps outside loops) the frontier is at most one element
-and the same as without it. Cost: O(changes) per update; O(counted elements) only when a
-frontier element's count drops to zero (then the frontier is recomputed from the counts).
+and the same as without it. Cost: O(changes * frontier elements) per update, except when a
+frontier element's count drops to zero: then the frontier is recomputed from the n counted
+elements, O(n) with `total`, O(n log n + n * frontier elements) without.
 
 `ChangeBatch`: (item, delta) updates accumulated per item. Law: `drain()` gives, for every
 item, the sum of its deltas, never a zero, whatever the order the updates came in.
@@ -101,7 +102,9 @@ class Antichain:
 
 
 class MutableAntichain:
-    """Counts per element; the frontier is the minimal elements with a positive count.
+    """Counts per element; the frontier is the minimal elements with a positive count. A
+    frontier handed out is never changed afterwards (a new one replaces it): a caller may keep
+    it and compare it with a later one.
 
     `total=True` is the caller's promise that every two elements it will ever hold are
     comparable (timestamps outside every loop): the frontier then has at most one element,

