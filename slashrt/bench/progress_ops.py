@@ -9,10 +9,11 @@ Microseconds per operation, in this process, best of 7 runs of N operations each
 - `chain_move_<n>`: a depth-0 graph, a source and a chain of operators with `n` locations in
   all; the source moves its capability from k to k + 1 (`move_capability`, `update_iter`) and
   the frontier at the chain's last input is queried (`is_complete`): one propagation through
-  every location.
+  every location, and the frontier changes it made are collected (`propagate`), as the
+  progress bus does after every event.
 - `loop_iteration`: the seed's loop graph (one feedback); a record at the body's second input
   goes around once (+1 at the feedback's input at (e, <c + 1>), -1 where it was), then the
-  frontiers at the body's second input and at the sink are queried.
+  frontiers at the body's second input and at the sink are queried, and the changes collected.
 - `exchange_record_2` / `exchange_receive_4`: `ProgressExchange.record` of one capability move
   (2 updates, sent at once) and `receive` of a 4-update message (two sources' moves), each with
   the view's `propagate` after it, as the progress bus calls them.
@@ -87,6 +88,7 @@ def chain_move(repeat: int, locations: int = 10) -> float:
         for k in range(n):
             tracker.update_iter(move_capability(source, stamps[k], stamps[k + 1]))
             tracker.is_complete(sink, stamps[k])
+            tracker.propagate()
         assert tracker.is_complete(sink, stamps[n - 1]) and not tracker.is_complete(sink, stamps[n])
 
     return _best(run, repeat)
@@ -117,6 +119,7 @@ def loop_iteration(repeat: int) -> float:
             tracker.update_iter([((body1, stamps[c + 1]), 1), ((body1, stamps[c]), -1)])
             tracker.is_complete(body1, stamps[c])
             tracker.is_complete(sink, Timestamp(0))
+            tracker.propagate()
         assert tracker.is_complete(body1, stamps[n - 1]) and not tracker.is_complete(body1, stamps[n])
         assert not tracker.is_complete(sink, Timestamp(0))
 

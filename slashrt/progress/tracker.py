@@ -72,7 +72,8 @@ class Tracker:
         self._implied: dict[Location, MutableAntichain] = {
             loc: MutableAntichain(total=loc in outside_loops) for loc in graph.locations
         }
-        self._changes: list[tuple[Location, Timestamp, int]] = []
+        # the implied frontiers' changes since the last `propagate`, per location as they came
+        self._changes: list[tuple[Location, list[tuple[Timestamp, int]]]] = []
         self._occurrence_updates = {loc: counts.updater() for loc, counts in self._occurrences.items()}
         # where a frontier change at a location goes, computed once: (target, the update of the
         # target's implied counts, the least summaries, or None for the identity alone)
@@ -100,7 +101,7 @@ class Tracker:
         as (location, timestamp, +1 | -1)."""
         self._apply()
         changes, self._changes = self._changes, []
-        return changes
+        return [(location, time, delta) for location, moved in changes for time, delta in moved]
 
     def _apply(self) -> None:
         pending = self._pending
@@ -123,8 +124,8 @@ class Tracker:
         if len(moves) == 1:  # the usual case: each target's counts change once, at once
             location, moved = moves[0]
             for target, update, summaries in targets[location]:
-                for time, delta in update(moved if summaries is None else _images(moved, summaries)):
-                    out.append((target, time, delta))
+                if changed := update(moved if summaries is None else _images(moved, summaries)):
+                    out.append((target, changed))
             return
         implied: dict[Location, tuple[Callable, list]] = {}
         for location, moved in moves:
@@ -133,8 +134,8 @@ class Tracker:
                 known = implied.get(target)
                 implied[target] = (update, images) if known is None else (update, known[1] + images)
         for target, (update, images) in implied.items():
-            for time, delta in update(images):
-                out.append((target, time, delta))
+            if changed := update(images):
+                out.append((target, changed))
 
     # --- queries (they see every update made so far) --------------------------------------
     def frontier(self, location: Location) -> Antichain:
