@@ -229,10 +229,11 @@ class MutableAntichain:
         positive = [e for e, c in self._counts.items() if c > 0]
         if len(positive) < 2:
             return positive
-        # a linear extension puts smaller elements first, so no kept element is ever removed
         sort_key = getattr(type(positive[0]), "sort_key", None)
-        if sort_key is not None:
-            positive.sort(key=sort_key)
+        if sort_key is None:  # no linear extension known: inserts may have to drop elements
+            return Antichain(positive)._elements
+        # a linear extension puts smaller elements first, so no kept element is ever removed
+        positive.sort(key=sort_key)
         least: list = []
         for element in positive:
             for kept in least:

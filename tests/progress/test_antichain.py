@@ -152,3 +152,15 @@ def test_frontier_objects_are_never_changed_once_handed_out():
     counts.update_iter([(Timestamp(2), 1), (Timestamp(1), -1)])
     assert before.elements == (Timestamp(1),) and counts.frontier.elements == (Timestamp(2),)
     assert before != counts.frontier
+
+
+def test_counts_of_elements_without_a_sort_key():
+    """Elements with only `less_equal` (path summaries) get the same minimal frontier."""
+    from slashrt.progress.summary import PathSummary
+
+    low, middle, high = PathSummary(advance=1), PathSummary(advance=2), PathSummary(advance=3)
+    counts = MutableAntichain()
+    counts.update_iter([(high, 1), (middle, 1), (low, 1)])
+    assert counts.frontier.elements == (low,)
+    assert counts.update_iter([(low, -1)]) == [(low, -1), (middle, 1)]  # rebuilt from the counts
+    assert counts.frontier.elements == (middle,)
