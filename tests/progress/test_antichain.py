@@ -154,13 +154,27 @@ def test_frontier_objects_are_never_changed_once_handed_out():
     assert before != counts.frontier
 
 
-def test_counts_of_elements_without_a_sort_key():
-    """Elements with only `less_equal` (path summaries) get the same minimal frontier."""
-    from slashrt.progress.summary import PathSummary
+class Divisor:
+    """A partial order with nothing but `less_equal`: a <= b iff a divides b."""
 
-    low, middle, high = PathSummary(advance=1), PathSummary(advance=2), PathSummary(advance=3)
+    def __init__(self, n):
+        self.n = n
+
+    def less_equal(self, other):
+        return other.n % self.n == 0
+
+    def __eq__(self, other):
+        return self.n == other.n
+
+    def __hash__(self):
+        return hash(self.n)
+
+
+def test_counts_of_elements_without_a_sort_key():
+    """Elements with only `less_equal` (no linear extension to sort by) get the minimal ones."""
     counts = MutableAntichain()
-    counts.update_iter([(high, 1), (middle, 1), (low, 1)])
-    assert counts.frontier.elements == (low,)
-    assert counts.update_iter([(low, -1)]) == [(low, -1), (middle, 1)]  # rebuilt from the counts
-    assert counts.frontier.elements == (middle,)
+    counts.update_iter([(Divisor(4), 1), (Divisor(2), 1), (Divisor(3), 1), (Divisor(1), 1)])
+    assert counts.frontier.elements == (Divisor(1),)
+    changes = counts.update_iter([(Divisor(1), -1)])  # rebuilt from the counts
+    assert sorted((e.n, d) for e, d in changes) == [(1, -1), (2, 1), (3, 1)]
+    assert set(counts.frontier) == {Divisor(2), Divisor(3)}
