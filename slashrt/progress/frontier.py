@@ -113,18 +113,16 @@ class PointstampClock(Frontier):
             self.tracker.update_iter((((self._at, Timestamp.at(time)), 1), old))
         else:
             self.tracker.update_iter((old,))
-        low = None
-        for location, t, delta in self.tracker.propagate():
-            # the gate is outside loops: its frontier is one timestamp, or none (END_TIME)
-            if location == self._gate:
-                if delta > 0:
-                    low = t.epoch
-                elif low is None:
-                    low = END_TIME
-        if low is None or low == self._low:
-            return False
-        self._low = low
-        return True
+        gate = self._gate
+        for location, _, _ in self.tracker.propagate():
+            if location == gate:
+                break
+        else:
+            return False  # the gate's frontier did not change
+        frontier = self.tracker.frontier(gate)
+        low = END_TIME if not frontier else min(t.epoch for t in frontier)
+        moved, self._low = low != self._low, low
+        return moved
 
     @property
     def low(self) -> int:
