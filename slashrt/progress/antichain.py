@@ -227,7 +227,13 @@ class MutableAntichain:
     def _rebuilt(self) -> list:
         """The frontier from scratch: the minimal elements with a positive count."""
         positive = [e for e, c in self._counts.items() if c > 0]
-        if len(positive) < 2:
+        if len(positive) < 3:  # no sorting for the usual one or two
+            if len(positive) == 2:
+                a, b = positive
+                if a.less_equal(b):
+                    return [a]
+                if b.less_equal(a):
+                    return [b]
             return positive
         sort_key = getattr(type(positive[0]), "sort_key", None)
         if sort_key is None:  # no linear extension known: inserts may have to drop elements
