@@ -27,8 +27,8 @@ are never counted one by one, only batches (a delta per pointstamp). The targets
 location and their summaries are looked up once, when the tracker is built; a location
 outside loops keeps a one-element frontier (its timestamps are totally ordered), and a target
 reached by the identity alone takes the changes as they are (`fast_paths=False` turns both off;
-tested equal). About 1 us per location whose frontier moves (a count update and its two
-changes reported), 2-3 us per propagate besides (`python -m slashrt.bench.progress_ops`).
+tested equal). About 0.7 us per location whose frontier moves (a count update and its two
+changes reported), 2 us per propagate besides (`python -m slashrt.bench.progress_ops`).
 """
 
 from __future__ import annotations
