@@ -19,7 +19,7 @@ from slashrt._logging import _configure_from_environment, configure_logging
 _configure_from_environment()  # before anything logs: slashrt's events to stderr, warnings and up
 
 from slashrt._batch import Batch
-from slashrt._dataflow import Dataflow, Stream, WindowedStream
+from slashrt._dataflow import ConnectedStreams, Dataflow, Loop, Stream, WindowedStream
 from slashrt._runtime import ChannelFailed, RunResult, run, run_async
 from slashrt._schema import Schema
 from slashrt.errors import (
@@ -30,7 +30,9 @@ from slashrt.errors import (
     SchemaError,
     SlashError,
 )
+from slashrt.ops.operator import Context, Operator
 from slashrt.ops.window import Sliding, Tumbling
+from slashrt.progress.timestamp import Timestamp
 from slashrt import sinks
 
 __version__ = "0.1.0"
@@ -39,9 +41,13 @@ __all__ = [
     "Batch",
     "ChannelClosed",
     "ChannelFailed",
+    "ConnectedStreams",
+    "Context",
     "DataflowError",
     "Dataflow",
+    "Loop",
     "MalformedBuffer",
+    "Operator",
     "OperatorError",
     "RunResult",
     "Schema",
@@ -49,6 +55,7 @@ __all__ = [
     "SlashError",
     "Sliding",
     "Stream",
+    "Timestamp",
     "Tumbling",
     "WindowedStream",
     "configure_logging",

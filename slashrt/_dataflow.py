@@ -26,7 +26,7 @@ from slashrt._schema import Schema
 from slashrt.errors import DataflowError, SchemaError
 from slashrt.ssb.crdt import AggKind, result_dtype
 
-__all__ = ["Dataflow", "Stream", "WindowedStream", "OVERFLOWS", "TIME_UNITS"]
+__all__ = ["Dataflow", "Stream", "WindowedStream", "ConnectedStreams", "Loop", "OVERFLOWS", "TIME_UNITS", "inputs_of"]
 
 OVERFLOWS = ("wrap", "error")  # what sum(overflow=) accepts
 # units of event-time columns a source may declare, with the words its messages use for them
@@ -105,6 +105,58 @@ class WindowAggSpec:
 
 
 @attrs.frozen
+class UnionSpec:
+    step_id: str
+    ups: tuple[str, ...]  # input port i reads ups[i]
+
+
+@attrs.frozen
+class OperatorSpec:
+    step_id: str
+    ups: tuple[str, ...]  # input port i reads ups[i]
+    op: object  # a slashrt.Operator
+    fields: Fields  # what it promises to emit
+
+
+@attrs.frozen
+class EnterSpec:
+    """A loop's ingress (input 0, from outside: counter 0 appended) where its feedbacks join
+    (input 1: their batches, already at the advanced time)."""
+
+    step_id: str
+    up: str
+    loop: str  # the loop's id
+
+
+@attrs.frozen
+class FeedbackSpec:
+    step_id: str
+    up: str
+    into: str  # the EnterSpec its batches go back to, one iteration later
+    loop: str
+    max_iterations: int | None
+
+
+@attrs.frozen
+class LeaveSpec:
+    step_id: str
+    up: str
+    loop: str
+
+
+GRAPH_SPECS = (UnionSpec, OperatorSpec, EnterSpec, FeedbackSpec, LeaveSpec)  # need pointstamp progress
+
+
+def inputs_of(spec) -> tuple[str, ...]:
+    """The step ids a step reads, in input-port order (a feedback's way back is not listed)."""
+    ups = getattr(spec, "ups", None)
+    if ups is not None:
+        return ups
+    up = getattr(spec, "up", None)
+    return () if up is None else (up,)
+
+
+@attrs.frozen
 class SinkSpec:
     step_id: str
     up: str
@@ -121,6 +173,7 @@ class Dataflow:
         self.name = name
         self.steps: dict[str, object] = {}
         self._counter = 0
+        self._loops: list[Loop] = []
 
     def _step_id(self, name: str | None, default: str) -> str:
         if name is None:
@@ -181,7 +234,26 @@ class Dataflow:
         return [s for s in self.steps.values() if isinstance(s, SourceSpec)]
 
     def downstream(self, step_id: str) -> list:
-        return [s for s in self.steps.values() if getattr(s, "up", None) == step_id]
+        return [spec for spec, _ in self.consumers(step_id)]
+
+    def consumers(self, step_id: str) -> list[tuple[object, int]]:
+        """(step, input port) of every step reading `step_id`'s output; a feedback's output
+        goes to port 1 of the loop entry it feeds."""
+        out = [(s, port) for s in self.steps.values() for port, up in enumerate(inputs_of(s)) if up == step_id]
+        spec = self.steps.get(step_id)
+        if isinstance(spec, FeedbackSpec):
+            out.append((self.steps[spec.into], 1))
+        return out
+
+    def is_graph(self) -> bool:
+        """Does the flow use union, connect, user operators or loops (pointstamp progress only)?"""
+        return any(isinstance(s, GRAPH_SPECS) for s in self.steps.values())
+
+    def loop(self, name: str, max_iterations: int | None = None) -> Loop:
+        """A loop scope (a context manager): `enter` streams, `feed_back` results into them one
+        iteration later, `leave` with results. `max_iterations` bounds the loop counter: a
+        feedback beyond it fails the run with an OperatorError (never a silent stop)."""
+        return Loop(self, name, (), max_iterations)
 
 
 @attrs.define(frozen=True)
@@ -193,6 +265,7 @@ class Stream:
     fields: Fields
     time: str | None  # event-time column carried from the source, if any
     time_unit: str = "ms"  # the unit of the source's event times
+    scope: tuple[str, ...] = ()  # the loops it runs in, outermost first (their ids)
 
     def _need(self, *names: str, what: str) -> None:
         for n in names:
@@ -202,7 +275,48 @@ class Stream:
     def _next(self, spec, fields: Fields | None = None, time: str | None = ...) -> Stream:
         self.flow._add(spec)
         fields = self.fields if fields is None else fields
-        return Stream(self.flow, spec.step_id, fields, self.time if time is ... else time, self.time_unit)
+        return Stream(self.flow, spec.step_id, fields, self.time if time is ... else time, self.time_unit, self.scope)
+
+    def _same_scope(self, others, what: str) -> None:
+        for other in others:
+            if not isinstance(other, Stream) or other.flow is not self.flow:
+                raise DataflowError(f"{what}: {other!r} is no stream of dataflow {self.flow.name!r}")
+            if other.scope != self.scope:
+                raise DataflowError(
+                    f"{what}: steps {self.step_id!r} (loops {list(self.scope)}) and {other.step_id!r} (loops "
+                    f"{list(other.scope)}) are in different loop scopes; bring a stream in with loop.enter() or out "
+                    "with loop.leave()"
+                )
+
+    def union(self, other: Stream, *more: Stream, name: str | None = None) -> Stream:
+        """The batches of this stream and the others, as one stream; every stream must have the
+        same columns (names and dtypes) and be in the same loop scope."""
+        streams = (other, *more)
+        self._same_scope(streams, "union")
+        for s in streams:
+            mismatch = list(s.fields) != list(self.fields) or any(
+                a is not None and b is not None and a != b for a, b in zip(s.fields.values(), self.fields.values())
+            )
+            if mismatch:
+                raise SchemaError(
+                    f"union: step {s.step_id!r} has columns {_show(s.fields)} but {self.step_id!r} has "
+                    f"{_show(self.fields)}; make them equal (project, with_column) first"
+                )
+        step_id = self.flow._step_id(name, "union")
+        ups = (self.step_id, *(s.step_id for s in streams))
+        time = self.time if all(s.time == self.time for s in streams) else None
+        return self._next(UnionSpec(step_id, ups), time=time)
+
+    def connect(self, other: Stream) -> ConnectedStreams:
+        """Two streams into one two-input step: `.apply(fn)` or `.operator(op)`; port 0 is this
+        stream, port 1 the other."""
+        self._same_scope((other,), "connect")
+        return ConnectedStreams(self, other)
+
+    def operator(self, op, *, name: str | None = None, schema: Schema | dict | None = None) -> Stream:
+        """Run a user operator (a `slashrt.Operator` instance) on this stream; `schema`
+        declares the columns it emits when they differ from its input's."""
+        return _operator((self,), op, name, schema)
 
     def apply(self, fn: Callable, *, name: str | None = None, schema: Schema | dict | None = None) -> Stream:
         """Run a user operator, `async def fn(batch) -> batch` (a plain function works too).
@@ -264,6 +378,11 @@ class Stream:
             raise DataflowError(
                 f"window() after {self.step_id!r}: {assigner!r} is no window assigner; give slashrt.Tumbling(...) "
                 "or slashrt.Sliding(...)"
+            )
+        if self.scope:
+            raise DataflowError(
+                f"window() after {self.step_id!r}: windows inside loops ({list(self.scope)}) are not supported; "
+                "window the stream before loop.enter() or after loop.leave()"
             )
         time = time or self.time
         if time is None:
@@ -371,6 +490,154 @@ class WindowedStream:
         within about n * 2**-53 of the exact one (relative), as in pandas. NaN values are
         skipped (a key whose values are all NaN gives NaN)."""
         return self._agg(AggKind.MEAN, key, column, name, output)
+
+
+def _show(fields: Fields) -> list[str]:
+    return [f"{n}:{'?' if dt is None else dt.str}" for n, dt in fields.items()]
+
+
+def _operator(streams: tuple[Stream, ...], op, name: str | None, schema) -> Stream:
+    from slashrt.ops.operator import Operator  # (that module builds on this one)
+
+    first = streams[0]
+    if isinstance(op, type) or not isinstance(op, Operator):
+        raise DataflowError(
+            f"operator() after {first.step_id!r}: {op!r} is no slashrt.Operator instance; subclass slashrt.Operator "
+            "and pass an instance, e.g. .operator(MyOperator())"
+        )
+    used = [s.step_id for s in first.flow.steps.values() if isinstance(s, OperatorSpec) and s.op is op]
+    if used:
+        raise DataflowError(
+            f"operator() after {first.step_id!r}: this {type(op).__name__} instance already runs step {used[0]!r}; "
+            "give every step an instance of its own (its state is the step's)"
+        )
+    default = type(op).__name__.lower()
+    if not _NAME.match(default) or f"{first.flow.name}.{default}" in first.flow.steps:
+        default = None
+    step_id = first.flow._step_id(name or default, "operator")
+    if schema is None:
+        fields = dict(first.fields)
+    else:
+        schema = schema if isinstance(schema, Schema) else Schema(schema)
+        fields = {n: schema.field(n) for n in schema.names}
+    time = first.time if first.time in fields and all(s.time == first.time for s in streams) else None
+    spec = OperatorSpec(step_id, tuple(s.step_id for s in streams), op, fields)
+    return first._next(spec, fields, time)
+
+
+@attrs.define(frozen=True)
+class ConnectedStreams:
+    """Two streams of one loop scope, about to enter one two-input step (port 0, port 1)."""
+
+    first: Stream
+    second: Stream
+
+    def apply(self, fn: Callable, *, name: str | None = None, schema: Schema | dict | None = None) -> Stream:
+        """Run `fn(batch, port)` on the batches of both streams (port 0: the first, 1: the
+        second); sync or async, it returns a Batch, a structured array or None."""
+        from slashrt.ops.operator import ApplyBoth
+
+        if not callable(fn):
+            raise DataflowError(f"connect(...).apply() needs a callable, got {fn!r}")
+        default = getattr(fn, "__name__", None)
+        if not (isinstance(default, str) and _NAME.match(default)):
+            default = None
+        if default is not None and f"{self.first.flow.name}.{default}" in self.first.flow.steps:
+            default = None
+        return _operator((self.first, self.second), ApplyBoth(fn), name or default or None, schema)
+
+    def operator(self, op, *, name: str | None = None, schema: Schema | dict | None = None) -> Stream:
+        """Run a two-input user operator; `on_batch(ctx, port, batch)` gets port 0 or 1."""
+        return _operator((self.first, self.second), op, name, schema)
+
+
+class Loop:
+    """A loop scope of a dataflow; see `Dataflow.loop`. Nest one with `loop.loop(name)`."""
+
+    def __init__(self, flow: Dataflow, name: str, outer: tuple[str, ...], max_iterations: int | None):
+        if not _NAME.match(name):
+            raise DataflowError(f"loop name {name!r} must be an identifier-like string")
+        if max_iterations is not None and (
+            isinstance(max_iterations, bool) or not isinstance(max_iterations, (int, np.integer)) or max_iterations < 0
+        ):
+            raise DataflowError(f"loop {name!r}: max_iterations must be None or a whole number >= 0, got {max_iterations!r}")
+        self.flow = flow
+        self.name = name
+        self.loop_id = f"{flow.name}.{name}" if not outer else f"{outer[-1]}.{name}"
+        if self.loop_id in {s for scope in _scopes(flow) for s in scope}:
+            raise DataflowError(f"loop id {self.loop_id!r} is used twice")
+        self.outer = outer
+        self.scope = (*outer, self.loop_id)
+        self.max_iterations = None if max_iterations is None else int(max_iterations)
+        self.entered: list[Stream] = []
+        flow._loops.append(self)
+
+    def __enter__(self) -> Loop:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def loop(self, name: str, max_iterations: int | None = None) -> Loop:
+        """A loop nested in this one (its streams carry one more loop counter)."""
+        return Loop(self.flow, name, self.scope, max_iterations)
+
+    def enter(self, stream: Stream, *, name: str | None = None) -> Stream:
+        """`stream` inside the loop (its batches get loop counter 0); feedbacks join it here."""
+        if stream.scope != self.outer:
+            raise DataflowError(
+                f"loop {self.loop_id!r}: enter() takes a stream of the scope around the loop ({list(self.outer)}), "
+                f"but step {stream.step_id!r} is in {list(stream.scope)}"
+            )
+        step_id = self.flow._step_id(name, f"{self.name}_enter")
+        self.flow._add(EnterSpec(step_id, stream.step_id, self.loop_id))
+        entered = Stream(self.flow, step_id, dict(stream.fields), stream.time, stream.time_unit, self.scope)
+        self.entered.append(entered)
+        return entered
+
+    def feed_back(self, stream: Stream, into: Stream | None = None, *, name: str | None = None) -> str:
+        """Send `stream`'s batches back to the entered stream `into` (may be left out when one
+        stream was entered), one iteration later (the innermost loop counter + 1)."""
+        if stream.scope != self.scope:
+            raise DataflowError(
+                f"loop {self.loop_id!r}: feed_back() takes a stream of the loop, but step {stream.step_id!r} is in "
+                f"{list(stream.scope)}"
+            )
+        if into is None:
+            if len(self.entered) != 1:
+                raise DataflowError(
+                    f"loop {self.loop_id!r}: {len(self.entered)} streams were entered; say which one the feedback of "
+                    f"{stream.step_id!r} goes to with into="
+                )
+            into = self.entered[0]
+        if not any(into is e or into.step_id == e.step_id for e in self.entered):
+            raise DataflowError(
+                f"loop {self.loop_id!r}: into= must be a stream entered with this loop's enter(), not step "
+                f"{getattr(into, 'step_id', into)!r}"
+            )
+        if list(stream.fields) != list(into.fields):
+            raise SchemaError(
+                f"loop {self.loop_id!r}: the feedback of {stream.step_id!r} has columns {_show(stream.fields)} but "
+                f"the stream it goes back to ({into.step_id!r}) has {_show(into.fields)}"
+            )
+        step_id = self.flow._step_id(name, f"{self.name}_feedback")
+        self.flow._add(FeedbackSpec(step_id, stream.step_id, into.step_id, self.loop_id, self.max_iterations))
+        return step_id
+
+    def leave(self, stream: Stream, *, name: str | None = None) -> Stream:
+        """`stream` outside the loop (its innermost loop counter dropped)."""
+        if stream.scope != self.scope:
+            raise DataflowError(
+                f"loop {self.loop_id!r}: leave() takes a stream of the loop, but step {stream.step_id!r} is in "
+                f"{list(stream.scope)}"
+            )
+        step_id = self.flow._step_id(name, f"{self.name}_leave")
+        self.flow._add(LeaveSpec(step_id, stream.step_id, self.loop_id))
+        return Stream(self.flow, step_id, dict(stream.fields), stream.time, stream.time_unit, self.outer)
+
+
+def _scopes(flow: Dataflow):
+    return [loop.scope for loop in flow._loops]
 
 
 def is_async(fn: Callable) -> bool:

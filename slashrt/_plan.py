@@ -13,7 +13,12 @@ import attrs
 from slashrt._dataflow import (
     ApplySpec,
     Dataflow,
+    EnterSpec,
+    FeedbackSpec,
     FilterSpec,
+    LeaveSpec,
+    OperatorSpec,
+    UnionSpec,
     ProjectSpec,
     SinkSpec,
     SourceSpec,
@@ -23,15 +28,17 @@ from slashrt._dataflow import (
 from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
 from slashrt.ops.event_time import SourceNode
+from slashrt.ops.operator import EnterNode, FeedbackNode, LeaveNode, OperatorNode, Port, UnionNode
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.stateless import ApplyNode, FilterNode, ProjectNode, WithColumnNode
 from slashrt.ops.ssb_window import SsbWindowAggregate
 from slashrt.ops.uppar import RouteByOwner
 from slashrt.ops.window import WindowAggregate
-from slashrt.progress import FRONTIERS
+from slashrt.progress import PROGRESS_MODES
+from slashrt.scheduler._pointstamp import progress_graph
 from slashrt.ssb.partitions import Partitioning
 
-__all__ = ["Plan", "build_plan", "check_cluster_flow", "check_frontier", "ClusterRole", "MODES"]
+__all__ = ["Plan", "build_plan", "check_cluster_flow", "check_progress", "ClusterRole", "MODES"]
 
 MODES = ("slash", "uppar")
 
@@ -45,12 +52,12 @@ class ClusterRole:
     mode: str = "slash"
     epoch_bytes: int = 64 << 20
     ssb_routing: str = "auto"  # SsbWindowAggregate's routing: auto, fragments or direct
-    frontier: str = "vectorclock"  # what the exchanges' gates fire on: see slashrt.progress.FRONTIERS
+    progress: str = "watermark"  # what the exchanges' gates fire on: see slashrt.progress.PROGRESS_MODES
 
     def __attrs_post_init__(self):
         if self.mode not in MODES:
             raise DataflowError(f"unknown mode {self.mode!r}; choose one of {list(MODES)}")
-        check_frontier(self.frontier)
+        check_progress(self.progress)
 
     def window(self, spec: WindowAggSpec, late: SinkNode | None) -> Node:
         if self.partitioning.executors == 1:
@@ -58,22 +65,34 @@ class ClusterRole:
         if self.mode == "slash":
             return SsbWindowAggregate(
                 spec, late, index=self.index, partitioning=self.partitioning, epoch_bytes=self.epoch_bytes,
-                routing=self.ssb_routing, frontier=self.frontier,
+                routing=self.ssb_routing, progress=self.progress,
             )
         return RouteByOwner(
-            spec, WindowAggregate(spec, late), index=self.index, partitioning=self.partitioning, frontier=self.frontier
+            spec, WindowAggregate(spec, late), index=self.index, partitioning=self.partitioning, progress=self.progress
         )
 
 
 class Plan:
-    def __init__(self, roots: dict[str, Node], sources: dict[str, SourceSpec], sinks: list[SinkNode]):
+    def __init__(
+        self, roots: dict[str, Node], sources: dict[str, SourceSpec], sinks: list[SinkNode], flow: Dataflow | None = None,
+        steps: dict[str, Node] | None = None, graph=None,
+    ):
         self.roots = roots  # source step id -> pipeline root
         self.sources = sources
         self.sinks = sinks
+        self.flow = flow
+        self.steps = steps or {}  # step id -> its node (every step once, in the flow's order)
+        self.graph = graph  # the progress graph (a Reachability), checked when the flow is a graph
 
     def nodes(self):
+        """Every runtime node reachable from a source, once (a node read by several steps is
+        reached on several paths)."""
+        seen = set()
         for root in self.roots.values():
-            yield from root.walk()
+            for node in root.walk():
+                if id(node) not in seen:
+                    seen.add(id(node))
+                    yield node
 
     def windows(self) -> list[WindowAggregate]:
         return [n for n in self.nodes() if isinstance(n, WindowAggregate)]
@@ -90,6 +109,16 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
     sinks: list[SinkNode] = []
 
     def build(spec) -> Node:
+        if isinstance(spec, UnionSpec):
+            return UnionNode(spec.step_id)
+        if isinstance(spec, OperatorSpec):
+            return OperatorNode(spec)
+        if isinstance(spec, EnterSpec):
+            return EnterNode(spec.step_id)
+        if isinstance(spec, LeaveSpec):
+            return LeaveNode(spec.step_id)
+        if isinstance(spec, FeedbackSpec):
+            return FeedbackNode(spec, None)  # its entry is wired below
         if isinstance(spec, SourceSpec):
             node = SourceNode(spec.step_id, spec.time, spec.max_delay)
         elif isinstance(spec, ApplySpec):
@@ -111,26 +140,47 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
             sinks.append(node)
         else:  # pragma: no cover - every spec type is listed above
             raise DataflowError(f"unknown step {spec!r}")
-        node.children = [build(child) for child in flow.downstream(spec.step_id)]
         return node
 
-    roots = {step_id: build(spec) for step_id, spec in sources.items()}
+    # a graph (loops, several inputs) is checked before it is wired: a cycle without a
+    # feedback is refused naming its steps
+    graph = progress_graph(flow) if flow.is_graph() else None
+    # every step once; a step read by several (a union, a two-input operator, a loop's entry)
+    # is reached through a Port naming the input, so it is called synchronously from each
+    steps = {step_id: build(spec) for step_id, spec in flow.steps.items()}
+    for step_id, node in steps.items():
+        spec = flow.steps[step_id]
+        if isinstance(spec, FeedbackSpec):
+            node.enter = steps[spec.into]  # its batches go back through the executor's queue
+            continue
+        node.children = [
+            Port(steps[child.step_id], port) if hasattr(steps[child.step_id], "push_port") else steps[child.step_id]
+            for child, port in flow.consumers(step_id)
+        ]
+    roots = {step_id: steps[step_id] for step_id in sources}
     for root in roots.values():
         root.watch()
     if not sinks:
         raise DataflowError(f"dataflow {flow.name!r} has no sink: nothing would see its results")
-    return Plan(roots, sources, sinks)
+    return Plan(roots, sources, sinks, flow, steps, graph)
 
 
-def check_frontier(frontier: str) -> str:
-    if frontier not in FRONTIERS:
-        raise DataflowError(f"unknown frontier {frontier!r}; choose one of {', '.join(FRONTIERS)}")
-    return frontier
+def check_progress(progress: str) -> str:
+    if progress not in PROGRESS_MODES:
+        raise DataflowError(f"run(): progress must be one of {', '.join(PROGRESS_MODES)}, got {progress!r}")
+    return progress
 
 
 def check_cluster_flow(flow: Dataflow) -> None:
     """What a multi-executor run needs beyond a local one, checked before any executor starts:
-    the type of every aggregated column (executors exchange it in fixed-size rows)."""
+    a tree per source (union, connect, operators and loops need pointstamp progress, which
+    runs on one executor for now) and the type of every aggregated column (executors exchange
+    it in fixed-size rows)."""
+    if flow.is_graph():
+        raise DataflowError(
+            f"dataflow {flow.name!r} uses union, connect, operators or loops, which run on one executor for now; "
+            "run it with executors=1"
+        )
     for spec in flow.steps.values():
         if not isinstance(spec, WindowAggSpec) or spec.value_dtype is not None:
             continue

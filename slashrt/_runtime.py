@@ -18,11 +18,12 @@ import trio
 from slashrt import _kernels as kernels
 from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._dataflow import Dataflow
-from slashrt._plan import build_plan
+from slashrt._plan import build_plan, check_cluster_flow
 from slashrt.errors import DataflowError, OptionError, SlashError, unwrap_groups
 from slashrt.ops.event_time import Share
 from slashrt.ops.sources import feed_array, validate_input
 from slashrt.scheduler import Executor, ExecutorStats, Input
+from slashrt.scheduler._pointstamp import PointstampProgress, resolve_mode
 from slashrt.transport import Receiver, RingSpec, open_inproc_channel
 
 __all__ = ["run", "run_async", "run_receivers", "execute", "RunResult", "ChannelFailed"]
@@ -74,6 +75,8 @@ class RunResult:
     outputs: collections.abc.Mapping  # Collect sink step id -> collected records (see Collect.records)
     # multi-executor runs: SSB window step id -> per executor, the EpochStats of each epoch
     epochs: dict[str, list] = attrs.field(factory=dict)
+    # pointstamp progress: every step input ("step.in0") -> its frontier at the end (Timestamps)
+    frontiers: dict[str, list] = attrs.field(factory=dict)
 
     @property
     def records(self) -> int:
@@ -83,10 +86,16 @@ class RunResult:
         return self.outputs[sink_step_id]
 
 
-async def _report_progress(executor: Executor, progress) -> None:
+async def _report_records(executor: Executor, on_records) -> None:
     while True:
         await trio.sleep(0.1)
-        progress(executor.stats.records)
+        on_records(executor.stats.records)
+
+
+async def _report_pointstamps(progress: PointstampProgress, on_report, every: float) -> None:
+    while True:
+        await trio.sleep(every)
+        on_report(progress.report())
 
 
 def run(
@@ -104,7 +113,13 @@ def run(
     agents' "HOST:PORT" addresses), a `transport` or a `mode` run it on a cluster instead (see
     `slashrt.cluster`): N executor processes over shared memory by default, every keyed window
     on the shared state backend (`mode="slash"`) or repartitioned (`mode="uppar"`); inputs may
-    then also be `slashrt.cluster.PerExecutor` functions."""
+    then also be `slashrt.cluster.PerExecutor` functions.
+
+    `progress` chooses how operators learn that a time is complete: "pointstamp" (a tracker
+    of pointstamps over the dataflow graph; union, connect, user operators and loops need it)
+    or "watermark" (watermarks travel down each source's pipeline); by default pointstamp for
+    flows that need it, else watermark. Both give the same results on flows both can run.
+    `on_report(report)` gets the pointstamp tracker's `report()` every `report_every` seconds."""
     if not isinstance(flow, Dataflow):
         raise DataflowError(
             f"run() needs a Dataflow as its first argument, got {type(flow).__name__} {flow!r}: build one with "
@@ -115,6 +130,8 @@ def run(
 
     _check_options(options, local, run_cluster_async)
     _check_rings(flow, options)
+    if not local:
+        _check_cluster_progress(flow, options)
     if local:
         return trio.run(lambda: run_async(flow, inputs, **options))
 
@@ -133,7 +150,7 @@ def _check_options(options: dict, local: bool, run_cluster_async) -> None:
     """Refuse a keyword `run` does not know, listing those it does, before anything starts."""
     own = _keywords(run_async)
     # a cluster run takes run_async's tuning too (each executor runs one), and SSB routing
-    cluster = _keywords(run_cluster_async) - {"executors", "transport", "mode"} | own | {"ssb_routing", "frontier"}
+    cluster = _keywords(run_cluster_async) - {"executors", "transport", "mode"} | own | {"ssb_routing"}
     for name in options:
         if local and name in cluster - own:
             raise DataflowError(f"run(): {name}= is an option of multi-executor runs; give executors=N as well")
@@ -142,6 +159,17 @@ def _check_options(options: dict, local: bool, run_cluster_async) -> None:
                 f"run() got an unknown option {name}=; the options are executors, transport, mode and "
                 f"{', '.join(sorted(cluster))}"
             )
+
+
+def _check_cluster_progress(flow: Dataflow, options: dict) -> None:
+    """Multi-executor runs forward watermarks inside each executor and fire the gates where
+    executors meet on `progress` ("watermark": the vector clock; "pointstamp": pointstamp
+    counts); distributed pointstamps for graph flows are not there yet: refuse what needs them,
+    in one sentence (graph flows: `check_cluster_flow`)."""
+    check_cluster_flow(flow)
+    for name in ("on_report", "report_every"):
+        if name in options:
+            raise DataflowError(f"run(): {name}= reports pointstamp progress, which runs on one executor for now")
 
 
 def _check_rings(flow: Dataflow, options: dict) -> None:
@@ -164,7 +192,10 @@ async def run_async(
     watermark_every: int | None = None,
     yield_every: int = Executor.YIELD_EVERY,
     coalesce: int = Executor.COALESCE,
-    progress=None,
+    progress: str | None = None,
+    on_records=None,
+    on_report=None,
+    report_every: float = 0.5,
 ) -> RunResult:
     """Run `flow` inside the current trio run; see `run`.
 
@@ -172,7 +203,7 @@ async def run_async(
     `watermark_every` buffers (default `slots - 1`, so data and watermark fill the ring exactly
     and runs of buffers stay aligned with it); the executor yields to its pollers every `yield_every` pipeline
     calls and hands up to `coalesce` consecutive full buffers to a pipeline at once.
-    `progress`, if given, is called now and then with the number of records processed.
+    `on_records`, if given, is called now and then with the number of records processed.
     """
     plan = build_plan(flow)
     log.debug("kernels selected", **kernels.SELECTED)
@@ -180,7 +211,8 @@ async def run_async(
         plan, inputs, slot_size=slot_size, slots=slots, watermark_every=watermark_every
     )
     return await execute(
-        flow, plan, executor_inputs, start=sources, yield_every=yield_every, coalesce=coalesce, progress=progress
+        flow, plan, executor_inputs, start=sources, yield_every=yield_every, coalesce=coalesce, progress=progress,
+        on_records=on_records, on_report=on_report, report_every=report_every,
     )
 
 
@@ -258,11 +290,19 @@ async def execute(
     index: int = 0,
     yield_every: int = Executor.YIELD_EVERY,
     coalesce: int = Executor.COALESCE,
-    progress=None,
+    progress: str | None = None,
+    on_records=None,
+    on_report=None,
+    report_every: float = 0.5,
 ) -> RunResult:
     """Run one executor over `executor_inputs` to the end of every input; `start(nursery)`
     starts whatever feeds them (sources) beside it. Opens and closes the plan's sinks."""
-    executor = Executor(executor_inputs, index=index, yield_every=yield_every, coalesce=coalesce)
+    tracker = PointstampProgress(plan) if resolve_mode(flow, progress) == "pointstamp" else None
+    if on_report is not None and tracker is None:
+        raise DataflowError("run(): on_report= reports pointstamp progress; give progress='pointstamp' too")
+    if not report_every > 0:
+        raise DataflowError(f"run(): report_every must be a positive number of seconds, got {report_every!r}")
+    executor = Executor(executor_inputs, index=index, yield_every=yield_every, coalesce=coalesce, progress=tracker)
     for sink in plan.sinks:
         sink.open()
     started = time.perf_counter()
@@ -270,11 +310,13 @@ async def execute(
         async with unwrap_groups(), trio.open_nursery() as nursery:
             if start is not None:
                 await start(nursery)
-            if progress is not None:
-                nursery.start_soon(_report_progress, executor, progress)
+            if on_records is not None:
+                nursery.start_soon(_report_records, executor, on_records)
+            if on_report is not None:
+                nursery.start_soon(_report_pointstamps, tracker, on_report, report_every)
             await executor.run()
-            if progress is not None:
-                progress(executor.stats.records)
+            if on_records is not None:
+                on_records(executor.stats.records)
             # a failed channel's sender may still wait for credits that never come
             nursery.cancel_scope.cancel()
     finally:
@@ -283,7 +325,10 @@ async def execute(
     seconds = time.perf_counter() - started
     outputs = _CollectedOutputs({s.step_id: s.sink for s in plan.sinks if hasattr(s.sink, "records")})
     epochs = {w.step_id: [w.epochs] for w in plan.windows() if hasattr(w, "epochs")}
-    result = RunResult(seconds, [executor.stats], {w.step_id: w.late_records for w in plan.windows()}, outputs, epochs)
+    frontiers = {} if tracker is None else tracker.frontiers()
+    result = RunResult(
+        seconds, [executor.stats], {w.step_id: w.late_records for w in plan.windows()}, outputs, epochs, frontiers
+    )
     log.info("run finished", flow=flow.name, seconds=round(seconds, 6), records=result.records)
     if executor.failed:
         raise ChannelFailed(executor.failed, result)

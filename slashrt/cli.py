@@ -5,6 +5,7 @@
         [--executors N --mode slash|uppar --zipf S]   ... on N executors (weak scaling)
     slashrt bench redis [--url URL] [--json]    YSB from a Redis stream to a Redis stream
     slashrt bench report                        the scaling and skew sweeps, with plots
+    slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
     slashrt executor [--listen HOST:PORT]       an executor agent for multi-host runs
     slashrt spark-demo [--events N] [--json]    Spark generates YSB, ingests into a 2-executor cluster
 """
@@ -21,7 +22,7 @@ import numpy as np
 from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._logging import ENV_VAR, LEVELS
 from slashrt.errors import SlashError
-from slashrt.progress.frontier import FRONTIERS
+from slashrt.progress.frontier import PROGRESS_MODES
 
 __all__ = ["main"]
 
@@ -97,9 +98,9 @@ def _add_cluster_options(p: argparse.ArgumentParser, *, transport: bool = True) 
         "how many keys an epoch touches per record)",
     )
     g.add_argument(
-        "--frontier", choices=list(FRONTIERS),
-        help="what windows fire on across executors: Slash's vector clock of executor watermarks (default) or the "
-        "same frontier derived from pointstamp counts by a progress tracker",
+        "--progress", choices=list(PROGRESS_MODES),
+        help="what windows fire on where executors meet: Slash's vector clock of executor watermarks (default "
+        "watermark) or the same frontier derived from pointstamp counts by a progress tracker",
     )
     if transport:
         g.add_argument("--transport", choices=["shm", "tcp", "verbs"], help="between executors (default shm)")
@@ -188,6 +189,17 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--out", default="docs/img", help="directory for the plots and report.json")
     _add_runtime_options(report)
 
+    cc = queries.add_parser("cc", help="connected components in a loop, against scipy and NetworkX")
+    cc.add_argument("--edges", type=_positive_int, default=1_000_000, help="random edges (over as many nodes)")
+    cc.add_argument("--epochs", type=_positive_int, default=1, help="epochs the edges arrive in (each one checked)")
+    cc.add_argument("--graph", choices=["uniform", "powerlaw"], default="uniform", help="how endpoints are drawn")
+    cc.add_argument("--executors", type=_positive_int, default=1, help="executors (loops run on one executor)")
+    cc.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the random graph")
+    cc.add_argument("--repeat", type=_positive_int, default=3,
+                    help="report the best of this many runs of slashrt and scipy (NetworkX runs once)")
+    cc.add_argument("--json", action="store_true", help="print one JSON object with the results")
+    _add_log_level(cc)
+
     _add_spark_benchmarks(queries)
 
     from slashrt.cluster.agent import add_arguments
@@ -257,7 +269,7 @@ def _given(argv: list[str]) -> set[str]:
     return set(vars(parser.parse_args(argv)))
 
 
-_CLUSTER_OPTIONS = ("executors", "mode", "epoch_bytes", "partitions", "ssb_routing", "frontier")
+_CLUSTER_OPTIONS = ("executors", "mode", "epoch_bytes", "partitions", "ssb_routing", "progress")
 
 
 def _flag(dest: str) -> str:
@@ -273,7 +285,7 @@ def _refuse(given: set[str], dests, why: str) -> None:
 def _bench_path(args, given: set[str]) -> str:
     """Which benchmark runs ("single", "cluster", "channel" or the query's own), refusing
     options that the chosen path would ignore."""
-    if args.query in ("report", "spark-convert"):
+    if args.query in ("report", "spark-convert", "cc"):
         return args.query
     cluster = args.query == "nexmark" or any(d in given for d in _CLUSTER_OPTIONS)
     if args.query == "ro":
@@ -327,7 +339,7 @@ def _cluster_bench(args) -> dict:
         epoch_bytes=args.epoch_bytes,
         partitions=args.partitions,
         ssb_routing=args.ssb_routing,
-        frontier=args.frontier,
+        progress=args.progress,
         params=params,
         records=records,
         **_runtime_options(args),
@@ -346,6 +358,14 @@ def _run_bench(args, given: set[str]) -> dict:
         from slashrt.spark.bench import convert_bench
 
         return convert_bench(rows=args.events, batch_rows=args.batch_rows, repeat=args.repeat, stream=args.stream)
+    if path == "cc":
+        if args.executors > 1:
+            raise _Refused(f"--executors {args.executors}: loops run on one executor so far; `bench cc` takes "
+                           "--executors 1")
+        _require(("scipy", "networkx"), "bench", "`slashrt bench cc`")
+        from slashrt.bench import cc
+
+        return cc.bench(edges=args.edges, epochs=args.epochs, graph=args.graph, seed=args.seed, repeat=args.repeat)
     if path == "report":
         _require(("matplotlib",), "bench", "`slashrt bench report`")
         from slashrt.bench import report
@@ -388,7 +408,10 @@ def _run_bench(args, given: set[str]) -> dict:
 
 
 # optional dependencies -> the extra that installs them (pyproject.toml)
-_EXTRAS = {"pyspark": "spark", "pandas": "spark", "matplotlib": "bench", "redis": "redis"}
+_EXTRAS = {
+    "pyspark": "spark", "pandas": "spark", "matplotlib": "bench", "scipy": "bench", "networkx": "bench",
+    "redis": "redis",
+}
 
 
 def _missing_extra(exc: ModuleNotFoundError) -> str | None:

@@ -103,6 +103,25 @@ def test_options_a_path_would_ignore_are_refused(tmp_path, capsys, args, refused
     assert refused in one_error_line(captured.err) and captured.out == ""
 
 
+def test_bench_cc_refuses_several_executors_in_one_line(capsys):
+    assert main(["bench", "cc", "--edges", "1000", "--executors", "2", "--json"]) == 2
+    captured = capsys.readouterr()
+    line = one_error_line(captured.err)
+    assert "--executors 2" in line and "one executor" in line and captured.out == ""
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [(["--edges", "0"], "'0' must be positive"), (["--epochs", "x"], "'x' is not a whole number"),
+     (["--graph", "ring"], "invalid choice: 'ring'"), (["--seed", "-3"], "'-3' must be positive"),
+     (["--repeat", "0"], "'0' must be positive")],
+)
+def test_bench_cc_bad_arguments_exit_2(capsys, args, message):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "cc", *args])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_bench_report_zipf_list_is_checked(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "report", "--zipf", "0.5,abc"])
@@ -215,6 +234,8 @@ sys.exit(main({argv!r}))
         ("pyspark", ["spark-demo"], "slashrt[spark]"),
         ("pandas", ["spark-demo"], "slashrt[spark]"),
         ("matplotlib", ["bench", "report", "--events", "1000"], "slashrt[bench]"),
+        ("scipy", ["bench", "cc", "--edges", "1000"], "slashrt[bench]"),
+        ("networkx", ["bench", "cc", "--edges", "1000"], "slashrt[bench]"),
     ],
 )
 def test_a_missing_optional_dependency_names_its_extra(module, argv, extra):
@@ -309,27 +330,27 @@ def test_guide_and_cli_agree_on_what_demo_runs():
     assert "one local executor" not in guide
 
 
-# --- --frontier: what windows fire on across executors -----------------------------------------
+# --- --progress: what windows fire on where executors meet -------------------------------------
 
 
 @pytest.mark.parametrize("query", ["ysb", "nexmark"])
 @pytest.mark.parametrize("mode", ["slash", "uppar"])
-def test_frontier_is_honoured_on_every_cluster_path(capsys, query, mode):
-    argv = ["bench", query, "--events", "20000", "--executors", "2", "--mode", mode, "--frontier", "pointstamp",
+def test_progress_is_honoured_on_every_cluster_path(capsys, query, mode):
+    argv = ["bench", query, "--events", "20000", "--executors", "2", "--mode", mode, "--progress", "pointstamp",
             "--repeat", "1", "--json"]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["correct"] is True and result["frontier"] == "pointstamp" and result["executors"] == 2
+    assert result["correct"] is True and result["progress"] == "pointstamp" and result["executors"] == 2
 
 
-def test_frontier_alone_runs_on_a_cluster(capsys):
-    assert main(["bench", "ysb", "--events", "20000", "--campaigns", "10", "--frontier", "vectorclock",
+def test_progress_alone_runs_on_a_cluster(capsys):
+    assert main(["bench", "ysb", "--events", "20000", "--campaigns", "10", "--progress", "watermark",
                  "--repeat", "1", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["correct"] is True and result["frontier"] == "vectorclock" and result["executors"] == 1
+    assert result["correct"] is True and result["progress"] == "watermark" and result["executors"] == 1
 
 
-def test_an_unknown_frontier_is_one_line_and_exit_2():
-    done = run_cli("bench", "ysb", "--executors", "2", "--frontier", "lamport")
+def test_an_unknown_progress_mode_is_one_line_and_exit_2():
+    done = run_cli("bench", "ysb", "--executors", "2", "--progress", "lamport")
     assert done.returncode == 2
     assert "invalid choice: 'lamport'" in done.stderr and "Traceback" not in done.stderr

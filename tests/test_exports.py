@@ -10,9 +10,10 @@ import slashrt.transport
 def test_top_level_surface():
     assert sorted(slashrt.__all__) == sorted(
         [
-            "Batch", "ChannelClosed", "ChannelFailed", "DataflowError", "Dataflow", "MalformedBuffer",
-            "OperatorError", "RunResult", "Schema", "SchemaError", "SlashError", "Sliding", "Stream",
-            "Tumbling", "WindowedStream", "configure_logging", "run", "run_async", "sinks",
+            "Batch", "ChannelClosed", "ChannelFailed", "ConnectedStreams", "Context", "DataflowError", "Dataflow",
+            "Loop", "MalformedBuffer", "Operator", "OperatorError", "RunResult", "Schema", "SchemaError",
+            "SlashError", "Sliding", "Stream", "Timestamp", "Tumbling", "WindowedStream", "configure_logging",
+            "run", "run_async", "sinks",
         ]
     )
     for name in slashrt.__all__:

@@ -79,7 +79,7 @@ async def test_run_async_inside_a_trio_test():
 def test_progress_reports_the_records_processed():
     seen = []
     events = ysb_events()[:20_000]
-    slashrt.run(ysb.dataflow(ADS, sinks.Collect()), {"events": events}, progress=seen.append)
+    slashrt.run(ysb.dataflow(ADS, sinks.Collect()), {"events": events}, on_records=seen.append)
     assert seen and seen[-1] == len(events)
 
 

@@ -76,8 +76,8 @@ def run_best(make_flow, inputs: dict, *, repeat: int, to_result, check, show_pro
     best, correct, output, peak = None, True, None, None
     for _ in range(repeat):
         sink = Collect()
-        progress = ProgressBar(total) if show_progress else None
-        result = run(make_flow(sink), inputs, progress=progress, **options)
+        bar = ProgressBar(total) if show_progress else None
+        result = run(make_flow(sink), inputs, on_records=bar, **options)
         # the memory of a run: measured before `check` first builds the reference
         peak = peak_rss_bytes() if peak is None else peak
         output = to_result(sink.records)

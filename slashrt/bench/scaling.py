@@ -120,7 +120,7 @@ def bench_with_result(
     epoch_bytes: int | None = None,
     partitions: int | None = None,
     ssb_routing: str | None = None,
-    frontier: str | None = None,
+    progress: str | None = None,
     params: dict | None = None,
     records: np.ndarray | None = None,
     **options,
@@ -142,7 +142,7 @@ def bench_with_result(
     extra = {
         k: v
         for k, v in (
-            ("epoch_bytes", epoch_bytes), ("partitions", partitions), ("ssb_routing", ssb_routing), ("frontier", frontier)
+            ("epoch_bytes", epoch_bytes), ("partitions", partitions), ("ssb_routing", ssb_routing), ("progress", progress)
         )
         if v is not None
     }

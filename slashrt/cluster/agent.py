@@ -87,9 +87,9 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
     bound = log.bind(executor=job.index, executors=job.executors, mode=job.mode, transport=job.transport)
     opts = dict(job.options)
     routing = opts.pop("ssb_routing", "auto")
-    frontier = opts.pop("frontier", "vectorclock")
+    progress = opts.pop("progress", "watermark")
     role = ClusterRole(
-        job.index, Partitioning(job.partitions, job.executors), job.mode, job.epoch_bytes, routing, frontier
+        job.index, Partitioning(job.partitions, job.executors), job.mode, job.epoch_bytes, routing, progress
     )
     plan = build_plan(job.flow, role)
     _executor_sinks(plan, job.index)

@@ -41,7 +41,7 @@ import time
 import structlog
 import trio
 
-from slashrt._plan import MODES, build_plan, check_cluster_flow, check_frontier
+from slashrt._plan import MODES, build_plan, check_cluster_flow, check_progress
 from slashrt._runtime import RunResult, _per_source
 from slashrt.cluster._job import Ingest, Job, PerExecutor, job_message, split_input
 from slashrt.cluster._liveness import (
@@ -151,6 +151,12 @@ def executor_death(i: int, *, code: int | None = None, silent_s: float | None = 
     return f"executor {i} lost its control connection: {reason}"
 
 
+def _broken_channel(report: str) -> bool:
+    """A failure that is only the consequence of another's: a channel its peer aborted
+    (ChannelFailed) or closed (ChannelClosed) when that peer failed."""
+    return "ChannelFailed" in report or report.startswith("ChannelClosed")
+
+
 class _Agents:
     """The control links of a run and one task per agent reading its messages into that
     agent's FIFO (each agent's messages are consumed in the order it sent them); one more per
@@ -234,11 +240,11 @@ class _Agents:
                 for w, p in fifo if not (w in ("exited", "lost") and any(f == "failed" for f, _ in fifo))
             ]
             deaths = [text for w, _, text in others if w in ("exited", "lost", "silent")]
-            causes = [text for w, p, text in others if w == "failed" and "ChannelFailed" not in str(p)]
+            causes = [text for w, p, text in others if w == "failed" and not _broken_channel(str(p))]
             if deaths:
                 message = f"{deaths[0]} (then {message})"
-            elif causes and "ChannelFailed" in message:
-                message = f"{causes[0]} (then {message})"
+            elif causes and _broken_channel(message):
+                message = causes[0]  # the same sentence whichever executor's report came first
         raise ClusterError(message)
 
     async def gather(self, kind: str) -> list:
@@ -314,9 +320,9 @@ async def run_cluster_async(
 ) -> RunResult:
     """Run `flow` on N executors: `executors` is a count (local processes spawned here) or a
     list of agents' "HOST:PORT" addresses (agents started with `slashrt executor`).
-    `frontier` (an option) chooses what the exchanges' gates fire windows on: "vectorclock"
-    (Slash's vector of executor watermarks, the default) or "pointstamp" (the same frontier
-    derived from pointstamp counts by a progress tracker); results are identical.
+    `progress` (an option) chooses what the exchanges' gates fire windows on: "watermark"
+    (Slash's vector clock of executor watermarks, the default) or "pointstamp" (the same
+    frontier derived from pointstamp counts by a progress tracker); results are identical.
     `on_ready({source: [IngestTarget per executor]})` is called once every executor is ready,
     before the run starts; `Ingest` inputs need it (it is how their producers find them).
     The coordinator and every agent send each other a heartbeat every `heartbeat_interval`
@@ -331,9 +337,9 @@ async def run_cluster_async(
     if partitions < 1 or epoch_bytes < 1:
         raise DataflowError(f"partitions and epoch_bytes must be positive, got {partitions} and {epoch_bytes}")
     check_routing(options.get("ssb_routing", "auto"))
-    check_frontier(options.get("frontier", "vectorclock"))
+    check_progress(options.get("progress", "watermark"))
     check_heartbeat(heartbeat_interval, heartbeat_timeout)
-    options.pop("progress", None)  # progress is reported by each executor's log, not here
+    options.pop("on_records", None)  # records processed are reported by each executor's log, not here
     local = isinstance(executors, int)
     addresses = None if local else [_parse_address(a) for a in executors]
     n = executors if local else len(addresses)

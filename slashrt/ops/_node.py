@@ -13,7 +13,13 @@ __all__ = ["Node"]
 
 
 class Node:
-    """Forwards everything to its children; operators override what they change."""
+    """Forwards everything to its children; operators override what they change.
+
+    Under pointstamp progress `clock` is the executor's progress (its `now` is the logical
+    time of the batch being pushed) and watermarks do not travel down the tree: the tracker
+    calls `on_frontier` of the nodes that define it when their input's frontier moves."""
+
+    clock = None
 
     def __init__(self, step_id: str):
         self.step_id = step_id
@@ -26,6 +32,20 @@ class Node:
 
     async def push(self, batch: Batch) -> None:
         await self.emit(batch)
+
+    async def emit_at(self, epoch: int, batch: Batch) -> None:
+        """Emit a batch of event time `epoch` (a window's end): under pointstamp progress
+        its logical time is that epoch (a node outside loops)."""
+        clock = self.clock
+        if clock is None:
+            await self.emit(batch)
+            return
+        before = clock.now
+        clock.now = clock.at(epoch)
+        try:
+            await self.emit(batch)
+        finally:
+            clock.now = before
 
     async def on_watermark(self, watermark: int) -> None:
         for child in self.children:

@@ -31,7 +31,10 @@ import numpy as np
 
 from slashrt._batch import Batch
 from slashrt._kernels import gather, minmax
+from slashrt.errors import SnapshotError
 from slashrt.ops._node import Node
+from slashrt.snapshot.operators import check, tagged
+from slashrt.snapshot.state_format import State
 
 __all__ = ["SourceNode", "Share", "blocks_before", "watermark_of", "window_promise", "NO_TIME", "I64_MIN", "I64_MAX"]
 
@@ -90,6 +93,10 @@ class SourceNode(Node):
         self.position = 0  # records of the input seen so far
         self._next_end = NO_TIME  # the first window end downstream after the announced watermark
         self.follows_channel = False  # the channel's producer owns the watermark
+        # pointstamp progress: the logical time of the records now pushed (the capability held),
+        # and whether every change of the watermark is announced (user operators or loops below)
+        self.now = None
+        self.exact = False
 
     def watch(self) -> None:
         """Learn the windows downstream (their ends are where the watermark must be exact)."""
@@ -101,12 +108,41 @@ class SourceNode(Node):
     def carry(self, share: Share) -> None:
         self.before, self.block = share.before, share.block
 
+    # -- state (the shape: slashrt.snapshot.operators) -------------------------------------------------
+    STATE_KIND, STATE_VERSION = "source", 1
+    state_bytes = 0  # a few integers
+
+    def snapshot(self) -> State:
+        """Records seen, the largest event time, the watermark announced and the window grids
+        it was judged against: what makes lateness after a rewind the same as without one."""
+        return tagged(
+            self.STATE_KIND, self.STATE_VERSION, {}, step=self.step_id, position=self.position, high=self.high,
+            announced=self.announced, grids=[list(g) for g in self.grids],
+        )
+
+    def restore(self, state: State) -> None:
+        meta = check(state, self.step_id, self.STATE_KIND, self.STATE_VERSION)
+        grids = [tuple(g) for g in meta["grids"]]
+        if grids != list(self.grids):
+            raise SnapshotError(
+                f"step {self.step_id!r}: the state was taken with windows (size, slide) {grids} downstream, this "
+                f"dataflow has {list(self.grids)}: lateness would be judged differently; restore it into the "
+                "dataflow that wrote it"
+            )
+        self.position, self.high = meta["position"], meta["high"]
+        self.announced = meta["announced"]
+        self._next_end = NO_TIME if self.announced == NO_TIME else min(
+            (int(window_promise(self.announced, size, slide)) + slide for size, slide in self.grids), default=I64_MAX
+        )
+
     def follow_channel(self) -> None:
         """Take the watermark from the channel alone: a producer that sends its own (an ingest
         endpoint's advances with each committed batch, a `ChannelSink` forwards its stream's)."""
         self.follows_channel = True
 
     async def push(self, batch: Batch) -> None:
+        if self.clock is not None:
+            self.clock.now = self.now
         if self.time is None or self.follows_channel:
             await self.emit(batch)
             return
@@ -121,6 +157,9 @@ class SourceNode(Node):
         if self.before is not None and len(self.before):
             high = max(high, int(self.before[min((last - 1) // self.block, len(self.before) - 1)]))
         end_watermark = max(watermark_of(high, self.max_delay), self.announced)
+        if self.exact:
+            await self._push_exact(batch, times, first, last, high)
+            return
         if not self.grids:
             await self.emit(batch)  # no window: in-band watermarks are all there is to forward
             return
@@ -130,14 +169,7 @@ class SourceNode(Node):
             await self.emit(batch)
             await self._announce(end_watermark)
             return
-        flat = (gather(times) if times.ndim > 1 else times).astype(np.int64, copy=False)
-        tops = flat
-        if self.before is not None and len(self.before):
-            blocks = np.minimum(np.arange(first, last) // self.block, len(self.before) - 1)
-            tops = np.maximum(flat, self.before[blocks])
-        tops = np.maximum(np.maximum.accumulate(tops), self.high)
-        self.high = high
-        watermarks = np.maximum(np.maximum(tops, I64_MIN + self.max_delay) - self.max_delay, self.announced)
+        flat, watermarks = self._watermarks(times, first, last, high)
         behind = np.flatnonzero(flat < watermarks)
         if not len(behind):
             await self.emit(batch)
@@ -158,6 +190,29 @@ class SourceNode(Node):
             await self.emit(batch if (a, b) == (0, n) else batch.select(slice(a, b)))
         await self._announce(end_watermark)
 
+    def _watermarks(self, times, first: int, last: int, high: int) -> tuple[np.ndarray, np.ndarray]:
+        """The batch's event times (flat int64) and the watermark at each of its records."""
+        flat = (gather(times) if times.ndim > 1 else times).astype(np.int64, copy=False)
+        tops = flat
+        if self.before is not None and len(self.before):
+            blocks = np.minimum(np.arange(first, last) // self.block, len(self.before) - 1)
+            tops = np.maximum(flat, self.before[blocks])
+        tops = np.maximum(np.maximum.accumulate(tops), self.high)
+        self.high = high
+        return flat, np.maximum(np.maximum(tops, I64_MIN + self.max_delay) - self.max_delay, self.announced)
+
+    async def _push_exact(self, batch: Batch, times, first: int, last: int, high: int) -> None:
+        """Pointstamp progress with user operators or loops downstream: cut the batch where
+        the watermark changes and announce it before each piece, so each piece is at one
+        logical time, the watermark before its first record (the running maximum of the event
+        times minus max_delay, never below the last announced one)."""
+        _, watermarks = self._watermarks(times, first, last, high)
+        n = len(watermarks)
+        cuts = [0, *(np.flatnonzero(watermarks[1:] != watermarks[:-1]) + 1).tolist(), n]
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            await self._announce(int(watermarks[a]), always=True)
+            await self.emit(batch if (a, b) == (0, n) else batch.select(slice(a, b)))
+
     def _cannot_close(self, tmin: int, watermark: int) -> bool:
         """True if no window holding a time >= tmin ends at or before `watermark`."""
         for size, slide in self.grids:
@@ -174,8 +229,20 @@ class SourceNode(Node):
             self._next_end = min(
                 (int(window_promise(watermark, size, slide)) + slide for size, slide in self.grids), default=I64_MAX
             )
-            await super().on_watermark(watermark)
+            if self.clock is None:
+                await super().on_watermark(watermark)
+                return
+            # pointstamp progress: the source's capability moves; the tracker tells whom it concerns
+            old, self.now = self.now, self.clock.at(watermark)
+            await self.clock.advance(self, old, self.now)
+            self.clock.now = self.now
 
     async def on_watermark(self, watermark: int) -> None:
         # a watermark in band (from the source's channel) is a floor for the records after it
         await self._announce(watermark, always=True)
+
+    async def on_end(self) -> None:
+        if self.clock is None:
+            await super().on_end()
+        else:
+            await self.clock.release(self, self.now)

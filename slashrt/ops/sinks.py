@@ -26,6 +26,8 @@ from slashrt._batch import Batch
 from slashrt.errors import OperatorError, SchemaError
 from slashrt.ops._node import Node
 from slashrt.snapshot.commit import NotTransactional, PartFiles, PendingRecords
+from slashrt.snapshot.operators import check, tagged
+from slashrt.snapshot.state_format import State
 
 __all__ = ["Collect", "Callback", "CsvFile", "ParquetFile", "SinkNode", "to_arrow"]
 
@@ -323,3 +325,43 @@ class SinkNode(Node):
 
     def close(self) -> None:
         self.sink.close()
+
+    # -- state (the shape: slashrt.snapshot.operators) -------------------------------------------------
+    # What a sink has written is not state: output since the last barrier is replayed after a
+    # recovery, and a two-phase-commit sink's committed output is published for good. Its state
+    # is its pending transactions (pre-committed, not yet committed): their checkpoint numbers,
+    # and for a transactional Collect, whose pending records only memory holds, the records.
+    # (File sinks keep pending output in durable part files; `recover` settles them on restore.)
+    STATE_KIND, STATE_VERSION = "sink", 1
+
+    def _pending_records(self):
+        transactions = getattr(self.sink, "_transactions", None)
+        return transactions if isinstance(transactions, PendingRecords) else None
+
+    def snapshot(self) -> State:
+        pending = list(getattr(self.sink, "pending", lambda: [])())
+        memory = self._pending_records()
+        arrays = {}
+        if memory is not None:
+            batches = memory.pending_records()
+            parts = [np.concatenate(batches[n]) if batches[n] else np.empty(0, self._dtype) for n in pending]
+            if parts:
+                arrays["pending.records"] = np.concatenate(parts)
+                arrays["pending.bounds"] = np.cumsum([0, *map(len, parts)]).astype(np.int64)
+        return tagged(self.STATE_KIND, self.STATE_VERSION, arrays, step=self.step_id, pending=pending)
+
+    def restore(self, state: State) -> None:
+        meta = check(state, self.step_id, self.STATE_KIND, self.STATE_VERSION)
+        memory = self._pending_records()
+        if memory is not None:
+            records, bounds = state.arrays.get("pending.records"), state.arrays.get("pending.bounds")
+            memory.restore_pending({
+                n: [np.array(records[bounds[i] : bounds[i + 1]])] for i, n in enumerate(meta["pending"])
+            } if records is not None else {})
+
+    @property
+    def state_bytes(self) -> int:
+        memory = self._pending_records()
+        if memory is None:
+            return 0
+        return sum(b.nbytes for parts in memory.pending_records().values() for b in parts)

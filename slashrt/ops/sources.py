@@ -18,6 +18,8 @@ from slashrt._kernels import copy_rows_max
 from slashrt._schema import Schema
 from slashrt.errors import SchemaError
 from slashrt.ops.event_time import watermark_of
+from slashrt.snapshot.operators import check, tagged
+from slashrt.snapshot.state_format import State
 from slashrt.transport import Sender
 
 __all__ = ["ChannelFeeder", "feed_array", "validate_input"]
@@ -40,9 +42,14 @@ async def feed_array(
     time: str | None,
     max_delay: int,
     watermark_every: int = 16,
+    resume: State | None = None,
 ) -> None:
+    """Feed `records`, then end the stream; with `resume` (a `ChannelFeeder.snapshot()`), from
+    the first record that snapshot had not fed, as if the feeding had not stopped."""
     feeder = ChannelFeeder(sender, time=time, max_delay=max_delay, watermark_every=watermark_every)
-    await feeder.feed(records)
+    if resume is not None:
+        feeder.restore(resume)
+    await feeder.feed(records[feeder.fed :] if feeder.fed else records)
     await sender.aclose()
 
 
@@ -58,6 +65,7 @@ class ChannelFeeder:
         self.watermark_every = watermark_every
         self.max_time: int | None = None
         self.sent = 0  # data buffers posted
+        self.fed = 0  # records posted: where a rewind to this feeder's snapshot resumes
 
     async def feed(self, records: np.ndarray) -> None:
         """Send a contiguous structured array (of the channel's record layout) into the channel."""
@@ -101,8 +109,23 @@ class ChannelFeeder:
             sender.post_run(k, nbytes=count * size, count=count)
             sent += k
             self.sent += k
+            self.fed += k * count
             end = min(sent * per_slot, n)
             if self.sent % watermark_every == 0 or end == n:
                 if self.max_time is not None:
                     await sender.send_control(Control.WATERMARK, watermark_of(self.max_time, self.max_delay))
                 await trio.lowlevel.checkpoint()
+
+    # -- state (the shape: slashrt.snapshot.operators) -------------------------------------------------
+    STATE_KIND, STATE_VERSION = "array_source", 1
+    state_bytes = 0  # a few integers
+
+    def snapshot(self, step_id: str = "<source>") -> State:
+        """How far the input was fed (records, buffers) and its largest event time so far:
+        restored, feeding the input from record `fed` on continues the same stream and watermarks."""
+        return tagged(self.STATE_KIND, self.STATE_VERSION, {}, step=step_id, fed=self.fed, sent=self.sent,
+                      max_time=self.max_time)
+
+    def restore(self, state: State, step_id: str = "<source>") -> None:
+        meta = check(state, step_id, self.STATE_KIND, self.STATE_VERSION)
+        self.fed, self.sent, self.max_time = meta["fed"], meta["sent"], meta["max_time"]

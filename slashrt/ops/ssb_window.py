@@ -50,17 +50,19 @@ from slashrt import _kernels as kernels
 from slashrt._batch import Batch
 from slashrt._buffer import Control
 from slashrt._dataflow import WindowAggSpec
-from slashrt.errors import DataflowError, OperatorError
+from slashrt.errors import DataflowError, OperatorError, SnapshotError
 from slashrt.ops._node import Node
 from slashrt.ops.exchange import FrontierGate, Inbound
 from slashrt.ops.window import NO_TIME, WindowAggregate, _flat
 from slashrt.progress import make_frontier
 from slashrt.progress.frontier import END_TIME
+from slashrt.snapshot.operators import check, tagged
+from slashrt.snapshot.state_format import State
 from slashrt.ssb.crdt import records_as_partials
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import Sender
 
-__all__ = ["SsbWindowAggregate", "delta_dtype", "DEFAULT_EPOCH_BYTES", "ROUTINGS", "check_routing", "Shipper", "EpochStats"]
+__all__ = ["SsbWindowAggregate", "SSB_STATE", "SSB_STATE_VERSION", "delta_dtype", "DEFAULT_EPOCH_BYTES", "ROUTINGS", "check_routing", "Shipper", "EpochStats"]
 
 log = structlog.get_logger("slashrt.ssb")
 
@@ -69,6 +71,7 @@ ROUTINGS = ("auto", "fragments", "direct")
 DIRECT_AT = 0.5  # auto: delta rows per input record from which the next epoch routes directly
 COMBINE_BELOW = 0.25  # auto: share of new keys among direct own records below which fragments return
 SHIP_QUEUE_BYTES = 4 << 20  # compute waits while more than this is queued for one peer
+SSB_STATE, SSB_STATE_VERSION = "ssb_window", 1  # the kind and layout of its snapshot
 
 
 def check_routing(routing: str) -> str:
@@ -172,7 +175,7 @@ class SsbWindowAggregate(WindowAggregate):
         partitioning: Partitioning,
         epoch_bytes: int,
         routing: str = "auto",
-        frontier: str = "vectorclock",
+        progress: str = "watermark",
     ):
         if spec.value_dtype is None:
             raise DataflowError(
@@ -188,7 +191,8 @@ class SsbWindowAggregate(WindowAggregate):
         self.index = index
         self.partitioning = partitioning
         self.epoch_bytes = epoch_bytes
-        self.gate = FrontierGate(self.merged, make_frontier(frontier, partitioning.executors))
+        self._progress = progress
+        self.gate = FrontierGate(self.merged, make_frontier(progress, partitioning.executors))
         self.shippers: dict[int, Shipper] = {}  # peer executor -> its outgoing channel
         self.exchange_dtype = delta_dtype(self.value_dtype)
         self.epoch = 0
@@ -359,3 +363,56 @@ class SsbWindowAggregate(WindowAggregate):
         self.merged.merge_partials(
             batch.view("slice"), batch.view("key"), batch.view("count"), batch.view("value"), closed_until
         )
+
+    # -- state (the shape: slashrt.snapshot.operators) -------------------------------------------------
+    # Taken between two batches, which the checkpoint barrier is: every delta an epoch end made
+    # is already whole in a shipper's FIFO, ahead of the barrier that follows it into the
+    # channel, so it belongs to the leader's snapshot, not this one; nothing is half shipped.
+    # The epoch in progress is state: its fragments (the slices not yet shipped) and counters.
+    STATE_KIND, STATE_VERSION = SSB_STATE, SSB_STATE_VERSION
+
+    def snapshot(self) -> State:
+        """Own fragments, the leader state (`leader.` arrays and meta), the epoch number, the
+        last epoch merged from each helper, the watermark shipped and its promise, and the
+        frontier of the executors' watermarks (a copy; the shippers' queues are not state)."""
+        meta = {
+            **self._window_meta(),
+            "leader": self.merged._window_meta(),
+            "partitions": self.partitioning.partitions,
+            "executors": self.partitioning.executors,
+            "index": self.index,
+            "epoch": self.epoch,
+            "helper_epoch": list(self._helper_epoch),
+            "frontier": list(self.gate.frontier.entries),
+            "watermark": self._watermark,
+            "shipped_promise": self._shipped_promise,
+            "direct": self.direct,
+            "epoch_counters": [
+                self._bytes, self._records, self._own_records, self._own_new, self._routed, self._shipped
+            ],
+        }
+        arrays = {**self._window_arrays(), **self.merged._window_arrays("leader.")}
+        return tagged(self.STATE_KIND, self.STATE_VERSION, arrays, step=self.step_id, **meta)
+
+    def restore(self, state: State) -> None:
+        meta = check(state, self.step_id, self.STATE_KIND, self.STATE_VERSION)
+        if (meta["partitions"], meta["executors"]) != (self.partitioning.partitions, self.partitioning.executors):
+            raise SnapshotError(
+                f"step {self.step_id!r}: the state is of {meta['executors']} executors over {meta['partitions']} "
+                f"partitions, this run has {self.partitioning.executors} over {self.partitioning.partitions}: cut it "
+                "by partition and reassign (slashrt.snapshot.operators.split_partitions, merge_partitions)"
+            )
+        self._restore_window(state.arrays, meta)
+        self.merged._restore_window(state.arrays, meta["leader"], "leader.")
+        self.epoch, self._helper_epoch = meta["epoch"], list(meta["helper_epoch"])
+        self._watermark, self._shipped_promise, self.direct = meta["watermark"], meta["shipped_promise"], meta["direct"]
+        (self._bytes, self._records, self._own_records, self._own_new, self._routed, self._shipped) = meta["epoch_counters"]
+        frontier = make_frontier(self._progress, self.partitioning.executors)
+        for source, watermark in enumerate(meta["frontier"]):
+            if watermark != NO_TIME:
+                frontier.advance(source, watermark)
+        self.gate.frontier = frontier
+
+    @property
+    def state_bytes(self) -> int:
+        return super().state_bytes + self.merged.state_bytes

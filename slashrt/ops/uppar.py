@@ -18,13 +18,15 @@ from slashrt._batch import Batch
 from slashrt._buffer import Control
 from slashrt._dataflow import WindowAggSpec
 from slashrt._kernels import minmax
-from slashrt.errors import DataflowError
+from slashrt.errors import DataflowError, SnapshotError
 from slashrt.ops._node import Node
 from slashrt.ops.event_time import NO_TIME
 from slashrt.ops.exchange import FrontierGate, Inbound
 from slashrt.ops.window import WindowAggregate, check_key_type, check_uint64_values
 from slashrt.progress import make_frontier
 from slashrt.progress.frontier import END_TIME
+from slashrt.snapshot.operators import check, tagged
+from slashrt.snapshot.state_format import State
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import Sender
 
@@ -49,7 +51,7 @@ class RouteByOwner(Node):
 
     def __init__(
         self, spec: WindowAggSpec, window: WindowAggregate, *, index: int, partitioning: Partitioning,
-        frontier: str = "vectorclock",
+        progress: str = "watermark",
     ):
         self.window = window
         window.counts_late = False  # records are judged here, where they are read
@@ -58,7 +60,8 @@ class RouteByOwner(Node):
         self.index = index
         self.partitioning = partitioning
         self.exchange_dtype = routed_dtype(spec)
-        self.gate = FrontierGate(window, make_frontier(frontier, partitioning.executors))
+        self._progress = progress
+        self.gate = FrontierGate(window, make_frontier(progress, partitioning.executors))
         self.senders: dict[int, Sender] = {}  # owner executor -> channel to it
         self.fired_until = NO_TIME  # windows ending at or before this are closed for this executor's records
 
@@ -127,3 +130,29 @@ class RouteByOwner(Node):
         for sender in self.senders.values():
             await sender.aclose()
         await self.gate.advance(self.index, END_TIME)
+
+    # -- state (the shape: slashrt.snapshot.operators) -------------------------------------------------
+    # The owner's window is a step of its own in the plan (`spec.step_id`) with its own state;
+    # the router holds where its own records are judged and the watermarks its window has seen.
+    STATE_KIND, STATE_VERSION = "route_by_owner", 1
+    state_bytes = 0  # a few integers
+
+    def snapshot(self) -> State:
+        return tagged(
+            self.STATE_KIND, self.STATE_VERSION, {}, step=self.step_id, fired_until=self.fired_until,
+            executors=self.partitioning.executors, frontier=list(self.gate.frontier.entries),
+        )
+
+    def restore(self, state: State) -> None:
+        meta = check(state, self.step_id, self.STATE_KIND, self.STATE_VERSION)
+        if meta["executors"] != self.partitioning.executors:
+            raise SnapshotError(
+                f"step {self.step_id!r}: the state is of {meta['executors']} executors, this run has "
+                f"{self.partitioning.executors}: UpPar state is not reassigned; resume with {meta['executors']}"
+            )
+        self.fired_until = meta["fired_until"]
+        frontier = make_frontier(self._progress, self.partitioning.executors)
+        for source, watermark in enumerate(meta["frontier"]):
+            if watermark != NO_TIME:
+                frontier.advance(source, watermark)
+        self.gate.frontier = frontier

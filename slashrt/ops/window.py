@@ -5,8 +5,9 @@ Tumbling and sliding windows share one mechanism. Time is cut into slices of len
 slice however many windows overlap it, and a window's result is the CRDT join of its slices'
 partials (Slash's window slices; Scotty's stream slicing).
 
-Builder, logic, state: `WindowAggregate` is the logic; `snapshot()` returns a plain
-`WindowState` and `restore()` takes one back, so snapshots need no special cases.
+Builder, logic, state: `WindowAggregate` is the logic; `snapshot()` returns its state (slices,
+tails, their overflow flags, next_start, fired_until, late_records) as a `State` of plain arrays
+and integers and `restore()` takes one back (`slashrt.snapshot.operators`).
 
 Firing (property P1): a window ``[s, s + size)`` fires once the watermark W reaches its end
 (W asserts that no later record has an event time below W). A record whose earliest window has
@@ -30,12 +31,14 @@ import structlog
 from slashrt._batch import Batch
 from slashrt._dataflow import WindowAggSpec
 from slashrt._kernels import HashAgg, gather, minmax
-from slashrt.errors import DataflowError, OperatorError
+from slashrt.errors import DataflowError, OperatorError, SnapshotError
 from slashrt.ops._node import Node
 from slashrt.ops.event_time import I64_MAX, I64_MIN, NO_TIME, window_promise
+from slashrt.snapshot.operators import check, pack_tables, tagged, unpack_tables
+from slashrt.snapshot.state_format import State
 from slashrt.ssb.crdt import AggKind, finalize
 
-__all__ = ["Tumbling", "Sliding", "WindowAggregate", "WindowState", "check_key_type", "check_uint64_values"]
+__all__ = ["Tumbling", "Sliding", "WindowAggregate", "check_key_type", "check_uint64_values"]
 
 log = structlog.get_logger("slashrt.window")
 
@@ -106,19 +109,6 @@ class Tumbling(Sliding):
     def __init__(self, ms=None, *, seconds=None):
         size = _length(ms, seconds, "window size")
         self.__attrs_init__(size, size)
-
-
-@attrs.define
-class WindowState:
-    """Everything a window operator needs to resume: plain arrays and integers."""
-
-    slices: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]
-    next_start: int | None
-    fired_until: int
-    late_records: int
-    tails: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = attrs.field(factory=dict)
-    # the slices (ids) and tails (keys) whose int64 sum overflowed (overflow="error")
-    overflowed: set[int | tuple[int, int]] = attrs.field(factory=set)
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -272,6 +262,17 @@ class WindowAggregate(Node):
         # End of a bounded stream: every window with state is complete.
         await self._fire_until(None)
         await super().on_end()
+
+    async def on_frontier(self, epoch: int | None) -> None:
+        """Pointstamp progress: fire the windows ending by `epoch`, the least time that may
+        still reach the input (None: nothing may, fire them all); no watermark travels on."""
+        await self._fire_until(epoch)
+
+    def held(self) -> int | None:
+        """The end of the earliest window still to fire (the capability it holds), or None."""
+        if self.next_start is None or not self.slices:
+            return None
+        return max(self.next_start + self.size, int(self._earliest_end(min(self.slices))))
 
     def merge_partials(
         self, slice_ids: np.ndarray, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray, closed_until: int = NO_TIME
@@ -462,7 +463,7 @@ class WindowAggregate(Node):
         out["window_end"] = end
         out[self.spec.key] = keys
         out[self.spec.output] = values
-        await self.emit(Batch(out))
+        await self.emit_at(end, Batch(out))
 
     def _overflowed(self, where: str) -> None:
         raise OperatorError(
@@ -481,20 +482,50 @@ class WindowAggregate(Node):
             )
         return self._out_dtype
 
-    # -- state ---------------------------------------------------------------------------------------
-    def snapshot(self) -> WindowState:
-        return WindowState(
-            {s: agg.export() for s, agg in self.slices.items()}, self.next_start, self.fired_until, self.late_records,
-            {k: agg.export() for k, agg in self.tails.items()},
-            {k for tables in (self.slices, self.tails) for k, agg in tables.items() if agg.overflowed},
-        )
+    # -- state (the shape: slashrt.snapshot.operators) -------------------------------------------------
+    STATE_KIND, STATE_VERSION = "window", 1
 
-    def restore(self, state: WindowState) -> None:
-        self.slices, self.tails = {}, {}
-        for tables, parts in ((self.slices, state.slices), (self.tails, state.tails)):
-            for k, (keys, counts, vals) in parts.items():
-                self.value_dtype = vals.dtype.newbyteorder("<")
-                tables[k] = self._table()
-                tables[k].merge(keys, counts, vals)
-                tables[k].overflowed = k in state.overflowed
-        self.next_start, self.fired_until, self.late_records = state.next_start, state.fired_until, state.late_records
+    def snapshot(self) -> State:
+        """A copy of the state (every table exported; nothing shared with the live tables)."""
+        return tagged(self.STATE_KIND, self.STATE_VERSION, self._window_arrays(), step=self.step_id, **self._window_meta())
+
+    def restore(self, state: State) -> None:
+        meta = check(state, self.step_id, self.STATE_KIND, self.STATE_VERSION)
+        self._restore_window(state.arrays, meta)
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the state's rows (key, count, value per key of every slice and tail)."""
+        row = 16 + (8 if self.value_dtype is None else self.value_dtype.itemsize)
+        return row * sum(len(t) for tables in (self.slices, self.tails) for t in tables.values())
+
+    def _window_arrays(self, prefix: str = "") -> dict[str, np.ndarray]:
+        return {
+            **pack_tables(f"{prefix}slices", self.slices, self.value_dtype),
+            **pack_tables(f"{prefix}tails", self.tails, self.value_dtype),
+        }
+
+    def _window_meta(self) -> dict:
+        return {
+            "size": self.size, "slide": self.slide, "slice_len": self.slice_len, "aggregate": self.kind.value,
+            "value_dtype": None if self.value_dtype is None else self.value_dtype.str,
+            "next_start": self.next_start, "fired_until": self.fired_until, "late_records": self.late_records,
+        }
+
+    def _restore_window(self, arrays: dict[str, np.ndarray], meta: dict, prefix: str = "") -> None:
+        if (meta["size"], meta["slide"], meta["aggregate"]) != (self.size, self.slide, self.kind.value):
+            raise SnapshotError(
+                f"step {self.step_id!r}: the state is of a {meta['aggregate']} over windows of {meta['size']} every "
+                f"{meta['slide']}, this step is a {self.kind.value} over windows of {self.size} every {self.slide}: "
+                "restore it into the dataflow that wrote it"
+            )
+        if meta["value_dtype"] is not None:
+            self.value_dtype = np.dtype(meta["value_dtype"])
+        self.slices, self.tails, self._last_slice = {}, {}, None
+        for tables in (self.slices, self.tails):
+            name = "slices" if tables is self.slices else "tails"
+            for table_id, keys, counts, vals, overflowed in unpack_tables(f"{prefix}{name}", arrays):
+                table = tables[table_id] = self._table()
+                table.merge(keys, counts, vals)  # copies: nothing shared with the state
+                table.overflowed = overflowed
+        self.next_start, self.fired_until, self.late_records = meta["next_start"], meta["fired_until"], meta["late_records"]

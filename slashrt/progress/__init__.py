@@ -3,7 +3,7 @@
 `Frontier` is the small interface the SSB's epoch protocol asks; `VectorClock` is Slash's
 implementation (the vector of every executor's low watermark, carried with epoch deltas) and
 `PointstampClock` the same frontier derived from pointstamps by a `Tracker`; a run picks one
-(`frontier="vectorclock" | "pointstamp"`).
+(`progress="watermark" | "pointstamp"`).
 
 Naiad-style pointstamp tracking is built beside it, one pure concept per module (no I/O, no
 trio), each with its laws in its docstring and a property test per law in tests/progress/:
@@ -19,7 +19,7 @@ trio), each with its laws in its docstring and a property test per law in tests/
 
 from slashrt.progress.antichain import Antichain, ChangeBatch, MutableAntichain
 from slashrt.progress.exchange import ProgressExchange, project
-from slashrt.progress.frontier import FRONTIERS, Frontier, PointstampClock, VectorClock, make_frontier
+from slashrt.progress.frontier import PROGRESS_MODES, Frontier, PointstampClock, VectorClock, make_frontier
 from slashrt.progress.reachability import Builder, Location, Reachability
 from slashrt.progress.summary import EGRESS, IDENTITY, INGRESS, PathSummary, feedback
 from slashrt.progress.timestamp import Timestamp
@@ -31,7 +31,6 @@ __all__ = [
     "Builder",
     "ChangeBatch",
     "EGRESS",
-    "FRONTIERS",
     "Frontier",
     "IDENTITY",
     "INGRESS",
@@ -39,6 +38,7 @@ __all__ = [
     "MutableAntichain",
     "PathSummary",
     "PointstampClock",
+    "PROGRESS_MODES",
     "ProgressCodec",
     "ProgressExchange",
     "Reachability",

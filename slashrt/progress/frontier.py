@@ -8,7 +8,7 @@ Two implementations answer the same questions: `VectorClock` (Slash's vector of 
 watermarks) and `PointstampClock` (Naiad's: every source is an instance of one logical
 operator holding a capability at its watermark; the frontier is what a `Tracker` derives from
 those pointstamps by could-result-in). They agree on every sequence of updates (tested), so
-the SSB's epoch protocol runs on either.
+the SSB's epoch protocol runs on either (`progress="watermark" | "pointstamp"`).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from slashrt.progress.reachability import Builder, Location
 from slashrt.progress.timestamp import Timestamp
 from slashrt.progress.tracker import Tracker
 
-__all__ = ["Frontier", "VectorClock", "PointstampClock", "NO_TIME", "END_TIME", "FRONTIERS", "make_frontier"]
+__all__ = ["Frontier", "VectorClock", "PointstampClock", "NO_TIME", "END_TIME", "PROGRESS_MODES", "make_frontier"]
 
 NO_TIME = -(2**63)
 END_TIME = 2**63 - 1  # a source's watermark once its stream has ended
-FRONTIERS = ("vectorclock", "pointstamp")  # the implementations a run may choose
+PROGRESS_MODES = ("watermark", "pointstamp")  # a run's `progress=`: VectorClock or PointstampClock at gates
 
 
 class Frontier(abc.ABC):
@@ -132,10 +132,11 @@ class PointstampClock(Frontier):
         return f"PointstampClock(low={self._low}, entries={self.entries})"
 
 
-def make_frontier(kind: str, sources: int) -> Frontier:
-    """The frontier implementation a run chose (`FRONTIERS`)."""
-    if kind == "vectorclock":
+def make_frontier(mode: str, sources: int) -> Frontier:
+    """The frontier a run's progress mode (`PROGRESS_MODES`) fires gates on: "watermark" (the
+    vector clock of the sources' watermarks) or "pointstamp"."""
+    if mode == "watermark":
         return VectorClock(sources)
-    if kind == "pointstamp":
+    if mode == "pointstamp":
         return PointstampClock(sources)
-    raise ValueError(f"unknown frontier {kind!r}; choose one of {', '.join(FRONTIERS)}")
+    raise ValueError(f"progress must be one of {', '.join(PROGRESS_MODES)}, got {mode!r}")

@@ -25,6 +25,11 @@ the channels arriving from other executors in a lane of their own: a pipeline th
 peer's credits then never stops this executor from consuming what its peers send it, which is
 what returns their credits (two executors repartitioning into each other cannot deadlock).
 
+Under pointstamp progress (`progress` given, one lane) the compute coroutine also runs the
+batches loops feed back (`PointstampProgress.queue`), alternating with channel input, and
+settles the tracker after every item; it finishes when every input ended and the queue is
+empty, and then nothing may be outstanding.
+
 A channel that delivers a malformed buffer is closed and reported; the other channels and
 their pipelines go on. An exception from an operator fails the executor (trio cancels every
 coroutine, nothing hangs).
@@ -80,8 +85,12 @@ class Executor:
     YIELD_EVERY = 4
     COALESCE = 32
 
-    def __init__(self, inputs: list[Input], *, index: int = 0, yield_every: int = YIELD_EVERY, coalesce: int = COALESCE):
+    def __init__(
+        self, inputs: list[Input], *, index: int = 0, yield_every: int = YIELD_EVERY, coalesce: int = COALESCE,
+        progress=None,
+    ):
         self.inputs = inputs
+        self.progress = progress  # PointstampProgress, or None: watermarks travel down the pipelines
         self.stats = ExecutorStats(executor=index)
         self.yield_every = yield_every
         self.coalesce = coalesce
@@ -106,6 +115,8 @@ class Executor:
                     nursery.start_soon(self._compute, lane, name=f"compute:{n}")
             # every input ended or failed: stop moving bytes for them
             drivers.cancel_scope.cancel()
+        if self.progress is not None and not self.failed and not self.progress.idle():
+            raise self.progress.stuck()
         self.log.info("executor finished", seconds=round(time.perf_counter() - started, 6), **self.stats.as_dict())
         return self.stats
 
@@ -158,9 +169,18 @@ class Executor:
 
     # -- computing ---------------------------------------------------------------------------------
     async def _compute(self, lane: _Lane) -> None:
-        ready, stats = lane.ready, self.stats
+        ready, stats, progress = lane.ready, self.stats, self.progress
+        queue = () if progress is None else progress.queue
         handled = 0
-        while lane.open > 0:
+        while lane.open > 0 or queue:
+            if queue and (not ready or handled % 2):  # fed-back batches alternate with input
+                t0 = time.perf_counter()
+                await progress.run_queued()
+                stats.compute_s += time.perf_counter() - t0
+                handled += 1
+                if handled % self.yield_every == 0:
+                    await trio.lowlevel.checkpoint()
+                continue
             if not ready:
                 await lane.lot.park()
                 continue
@@ -182,6 +202,8 @@ class Executor:
                 stats.records += records.size
                 await inp.pipeline.push(Batch(records))
                 rx.release(n)
+            if progress is not None:
+                await progress.settle()
             stats.compute_s += time.perf_counter() - t0
             handled += 1
             if handled % self.yield_every == 0:

@@ -3,6 +3,7 @@
 One concept a module, each usable on its own and called by the checkpoint runtime:
 
     state_format   one operator instance's state as a versioned, checksummed file (no pickle)
+    operators      the one shape of every stateful operator's state; a plan's walk; SSB partitions
     storage        SnapshotStore: a directory per job, a file per part, a manifest written last
     commit         the two-phase-commit contract of exactly-once sinks, and its recovery rule
     alignment      barrier alignment per operator instance, the loop head's back-edge log

@@ -154,6 +154,13 @@ class PendingRecords:
     def abort(self, n: int) -> None:
         self._pending.pop(n, None)
 
+    def pending_records(self) -> dict[int, list[np.ndarray]]:
+        """Per pre-committed checkpoint its record batches: the part of a sink's snapshot that
+        memory alone holds (files hold theirs)."""
+        return {n: list(parts) for n, parts in self._pending.items()}
+
+    def restore_pending(self, pending: dict[int, list[np.ndarray]]) -> None:
+        self._open, self._pending = [], {n: list(parts) for n, parts in pending.items()}
 
 
 class NotTransactional:

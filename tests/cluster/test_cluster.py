@@ -14,7 +14,7 @@ from slashrt import Dataflow, Schema, Sliding, Tumbling
 from slashrt.bench._common import sort_rows, zipf_choice
 from slashrt.cluster import ClusterError, PerExecutor, share
 from slashrt.errors import DataflowError
-from slashrt.progress import FRONTIERS
+from slashrt.progress import PROGRESS_MODES
 from slashrt.ops.sinks import Collect, CsvFile
 from slashrt.testing import EXCHANGE_MODES, WRAPS, check_exchanges
 
@@ -66,10 +66,10 @@ def sequential(kind, assigner, data, max_delay) -> np.ndarray:
     sliding=st.booleans(),
     mode=st.sampled_from(["slash", "uppar"]),
     routing=st.sampled_from(["auto", "fragments", "direct"]),
-    frontier=st.sampled_from(FRONTIERS),
+    progress=st.sampled_from(PROGRESS_MODES),
     seed=st.integers(0, 1000),
 )
-def test_p2_cluster_equals_sequential(executors, epoch_bytes, zipf, n, keys, kind, sliding, mode, routing, frontier, seed):
+def test_p2_cluster_equals_sequential(executors, epoch_bytes, zipf, n, keys, kind, sliding, mode, routing, progress, seed):
     data = records(n, keys=keys, zipf=zipf, disorder=30, seed=seed)
     assigner = Sliding(size_ms=300, slide_ms=100) if sliding else Tumbling(ms=250)
     expected = sequential(kind, assigner, data, 30)
@@ -82,7 +82,7 @@ def test_p2_cluster_equals_sequential(executors, epoch_bytes, zipf, n, keys, kin
         epoch_bytes=epoch_bytes,
         partitions=16,
         ssb_routing=routing,
-        frontier=frontier,
+        progress=progress,
     )
     got = result(sink)
     assert got.dtype == expected.dtype
@@ -170,8 +170,8 @@ def _slow_on_executor_1(batch):
     return batch
 
 
-@pytest.mark.parametrize("frontier", FRONTIERS)
-def test_p1_a_slow_executor_holds_back_every_window(frontier):
+@pytest.mark.parametrize("progress", PROGRESS_MODES)
+def test_p1_a_slow_executor_holds_back_every_window(progress):
     def make(index, executors):
         d = records(20_000, keys=20, zipf=0.0, disorder=0, seed=7 + index, per_ms=10)
         d["value"] = d["value"] * 2 + index  # odd values mark executor 1's stream
@@ -183,7 +183,7 @@ def test_p1_a_slow_executor_holds_back_every_window(frontier):
     s.window(Tumbling(ms=100)).sum("value", key="key", output="out").sink(fired, name="out")
     # one buffer per batch and a watermark after each: executor 0 races ahead, epoch after epoch
     r = slashrt.run(
-        f, {"r": PerExecutor(make)}, executors=2, epoch_bytes=4096, coalesce=1, watermark_every=1, frontier=frontier
+        f, {"r": PerExecutor(make)}, executors=2, epoch_bytes=4096, coalesce=1, watermark_every=1, progress=progress
     )
     whole = np.concatenate([make(i, 2) for i in range(2)])
     whole = whole[np.argsort(whole["ts"], kind="stable")]
@@ -301,7 +301,7 @@ def test_file_sinks_write_one_part_per_executor(tmp_path):
         (dict(executors=["10.1.2.3:7000"], transport="shm"), "one machine"),
         (dict(executors=2, partitions=0), "must be positive"),
         (dict(executors=2, ssb_routing="sideways"), "unknown SSB routing 'sideways'"),
-        (dict(executors=2, frontier="lamport"), "unknown frontier 'lamport'; choose one of vectorclock, pointstamp"),
+        (dict(executors=2, progress="lamport"), "progress must be one of watermark, pointstamp, got 'lamport'"),
     ],
 )
 def test_bad_cluster_arguments_are_refused(options, message):
@@ -391,7 +391,7 @@ async def test_every_exchange_wraps_its_small_ring_many_times_and_equals_one_exe
 
 @pytest.mark.parametrize("mode", ["slash", "uppar"])
 @pytest.mark.parametrize("query", ["ysb", "q7"])
-def test_vector_clock_and_pointstamp_frontiers_give_identical_results(query, mode):
+def test_watermark_and_pointstamp_progress_give_identical_results(query, mode):
     """The SSB's epoch protocol (and UpPar's gate) on either frontier: same windows, same late
     records, same epochs shipped, on out-of-order input with late records."""
     from slashrt.bench import nexmark, ysb
@@ -405,11 +405,11 @@ def test_vector_clock_and_pointstamp_frontiers_give_identical_results(query, mod
         data["date_time"] = np.maximum(data["date_time"] - np.random.default_rng(3).integers(0, 4000, len(data)), 0)
         make, inputs = nexmark.dataflow, {"bids": data}
     runs = {}
-    for frontier in FRONTIERS:
+    for progress in PROGRESS_MODES:
         sink = Collect()
-        r = slashrt.run(make(sink), inputs, executors=2, mode=mode, epoch_bytes=8192, frontier=frontier)
-        runs[frontier] = (sort_rows(sink.records, *sink.records.dtype.names[:3]), r.late_records)
-    (rows_v, late_v), (rows_p, late_p) = runs["vectorclock"], runs["pointstamp"]
+        r = slashrt.run(make(sink), inputs, executors=2, mode=mode, epoch_bytes=8192, progress=progress)
+        runs[progress] = (sort_rows(sink.records, *sink.records.dtype.names[:3]), r.late_records)
+    (rows_v, late_v), (rows_p, late_p) = runs["watermark"], runs["pointstamp"]
     assert len(rows_v) >= 10
     np.testing.assert_array_equal(rows_v, rows_p)
     assert late_v == late_p

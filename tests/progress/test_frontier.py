@@ -89,11 +89,11 @@ def test_pointstamp_clock_counts_capabilities_in_its_tracker():
     assert clock.low == END_TIME and clock.tracker.is_idle()
 
 
-@pytest.mark.parametrize("kind,cls", [("vectorclock", VectorClock), ("pointstamp", PointstampClock)])
+@pytest.mark.parametrize("kind,cls", [("watermark", VectorClock), ("pointstamp", PointstampClock)])
 def test_make_frontier_builds_the_chosen_kind(kind, cls):
     assert isinstance(make_frontier(kind, 2), cls)
 
 
 def test_make_frontier_refuses_an_unknown_kind():
-    with pytest.raises(ValueError, match="unknown frontier 'lamport'; choose one of vectorclock, pointstamp"):
+    with pytest.raises(ValueError, match="progress must be one of watermark, pointstamp, got 'lamport'"):
         make_frontier("lamport", 2)

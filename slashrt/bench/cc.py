@@ -1,0 +1,142 @@
+"""`slashrt bench cc`: connected components of a random graph, against scipy and NetworkX.
+
+The graph has `edges` edges over as many nodes (uniform endpoints, or power-law: both
+endpoints Zipf-distributed over randomly permuted ids, so hubs are not the least ids), cut
+into `epochs` epochs of equal size. The benchmark times slashrt's dataflow
+(`slashrt.examples.cc`) on all edges in one epoch (and its numpy kernels alone, without the
+dataflow: `kernel_seconds`) against scipy's C `connected_components` and NetworkX, then one extra epoch of 1% new edges processed incrementally against scipy
+recomputing from scratch, and checks every epoch's labels against scipy (and the full
+result against NetworkX).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+from slashrt.bench._common import Timer, zipf_choice
+from slashrt.examples import EDGES
+
+__all__ = ["GRAPHS", "generate", "scipy_labels", "networkx_labels", "bench"]
+
+GRAPHS = ("uniform", "powerlaw")
+INCREMENT = 0.01  # the extra epoch adds this fraction of new edges
+POWERLAW_EXPONENT = 1.0  # Zipf exponent of the endpoints of a power-law graph
+
+
+def generate(edges: int, epochs: int = 1, *, graph: str = "uniform", nodes: int | None = None, seed: int = 0) -> np.ndarray:
+    """`edges` random edges (src, dst, epoch) over `nodes` nodes (default: as many as edges),
+    epochs 0..epochs-1 in equal runs, in epoch order."""
+    if graph not in GRAPHS:
+        raise ValueError(f"graph must be one of {', '.join(GRAPHS)}, got {graph!r}")
+    nodes = edges if nodes is None else nodes
+    rng = np.random.default_rng(seed)
+    out = np.empty(edges, dtype=EDGES)
+    if graph == "uniform":
+        out["src"] = rng.integers(0, nodes, edges)
+        out["dst"] = rng.integers(0, nodes, edges)
+    else:
+        ids = rng.permutation(nodes).astype(np.int64)
+        out["src"] = ids[zipf_choice(rng, nodes, edges, POWERLAW_EXPONENT)]
+        out["dst"] = ids[zipf_choice(rng, nodes, edges, POWERLAW_EXPONENT)]
+    out["epoch"] = np.arange(edges, dtype=np.int64) * epochs // max(edges, 1)
+    return out
+
+
+def scipy_labels(src, dst, nodes: int) -> np.ndarray:
+    """Least node id of every node's component, by scipy's C connected_components."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    from slashrt.examples._components import canonical
+
+    matrix = coo_matrix((np.ones(len(src), dtype=np.int8), (src, dst)), shape=(nodes, nodes))
+    return canonical(connected_components(matrix, directed=False)[1])
+
+
+def networkx_labels(src, dst, nodes: int) -> np.ndarray:
+    """The same by NetworkX (pure Python): the least node id of every node's component."""
+    import networkx as nx
+
+    g = nx.Graph()
+    g.add_nodes_from(range(nodes))
+    g.add_edges_from(zip(src.tolist(), dst.tolist()))
+    labels = np.empty(nodes, dtype=np.int64)
+    for component in nx.connected_components(g):
+        members = np.fromiter(component, dtype=np.int64, count=len(component))
+        labels[members] = members.min()
+    return labels
+
+
+def _best(repeat: int, fn):
+    """(fastest seconds, last result) of `repeat` calls of `fn()`."""
+    seconds, result = None, None
+    for _ in range(repeat):
+        with Timer() as t:
+            result = fn()
+        seconds = t.seconds if seconds is None else min(seconds, t.seconds)
+    return seconds, result
+
+
+def bench(*, edges: int, epochs: int = 1, graph: str = "uniform", seed: int = 0, repeat: int = 3) -> dict:
+    """Time and check slashrt's connected components; returns the JSON fields of `bench cc`."""
+    for module in ("scipy.sparse.csgraph", "networkx"):  # imported before timing, not by the first call
+        importlib.import_module(module)
+
+    from slashrt.examples.cc import Components, connected_components
+
+    nodes = edges
+    data = generate(edges, epochs, graph=graph, nodes=nodes, seed=seed)
+    src, dst = data["src"], data["dst"]
+    whole = data.copy()
+    whole["epoch"] = 0
+
+    # all edges in one epoch: slashrt's dataflow, scipy, NetworkX
+    runs = [connected_components(whole, nodes=nodes) for _ in range(repeat)]
+    seconds = min(r.seconds for r in runs)
+    kernel_seconds, _ = _best(repeat, lambda: Components(nodes).add_edges(src, dst))  # numpy alone
+    scipy_seconds, expected = _best(repeat, lambda: scipy_labels(src, dst, nodes))
+    networkx_seconds, by_networkx = _best(1, lambda: networkx_labels(src, dst, nodes))
+    correct = np.array_equal(runs[-1].labels[0], expected) and np.array_equal(expected, by_networkx)
+
+    # one more epoch of 1% new edges, incrementally, against scipy from scratch
+    extra = generate(max(1, int(edges * INCREMENT)), graph=graph, nodes=nodes, seed=seed + 1)
+    extra["epoch"] = 1
+    grown = np.concatenate([whole, extra])
+    increments = [connected_components(grown, nodes=nodes) for _ in range(repeat)]
+    incremental_seconds = min(r.epoch_seconds[1] for r in increments)
+    recompute_seconds, recomputed = _best(repeat, lambda: scipy_labels(grown["src"], grown["dst"], nodes))
+    correct = correct and np.array_equal(increments[-1].labels[1], recomputed)
+
+    # every epoch of the graph as it arrives
+    if epochs > 1:
+        arriving = connected_components(data, nodes=nodes)
+        for e, labels in zip(arriving.epochs, arriving.labels):
+            seen = int(np.searchsorted(data["epoch"], e, side="right"))
+            correct = correct and np.array_equal(labels, scipy_labels(src[:seen], dst[:seen], nodes))
+    return {
+        "query": "cc",
+        "events": edges,  # the fields every benchmark reports: an edge is an event
+        "executors": 1,
+        "transport": "inproc",
+        "seconds": round(seconds, 6),
+        "records_per_s": round(edges / seconds, 1),
+        "graph": graph,
+        "edges": edges,
+        "nodes": nodes,
+        "epochs": epochs,
+        "seed": seed,
+        "kernel_seconds": round(kernel_seconds, 6),
+        "scipy_seconds": round(scipy_seconds, 6),
+        "networkx_seconds": round(networkx_seconds, 6),
+        "rounds": runs[-1].rounds[0],
+        "incremental_edges": len(extra),
+        "incremental_seconds": round(incremental_seconds, 6),
+        "scipy_recompute_seconds": round(recompute_seconds, 6),
+        "vs_scipy": round(seconds / scipy_seconds, 3),
+        "speedup_vs_networkx": round(networkx_seconds / seconds, 1),
+        "incremental_vs_recompute": round(incremental_seconds / recompute_seconds, 4),
+        "components": int(np.count_nonzero(expected == np.arange(nodes))),
+        "correct": bool(correct),
+    }

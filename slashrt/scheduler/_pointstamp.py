@@ -1,0 +1,298 @@
+"""Pointstamp progress on one executor: the plan's graph, its tracker, the feedback queue.
+
+::
+
+    source ──> filter ──> enter(in0) ──> op ──> leave ──> window ──> sink
+                          enter(in1) <── feedback <─┘
+       capability            ^ queued batches     ^ notification requests   ^ capability
+       (its watermark)       (+1 queued, -1 delivered)  (+1 until on_notify)   (earliest end to fire)
+
+Every step of the flow is a node of a `Reachability` (its ports and summaries: ingress appends
+a loop counter, feedback adds one, egress drops it). The `Tracker` counts what may still
+produce data: sources' capabilities (at their last announced watermark, dropped at the end of
+their input), operators' notification requests, windows' capabilities (the end of the
+earliest window they still have to fire) and batches queued on feedback edges. Synchronous
+pushes inside a call tree need no counts: the capability of whoever started the tree (a
+source, the queue, a notification) covers them.
+
+`settle()` runs after every event that changed a count: propagate the tracker, hand each node
+whose input frontier moved its frontier (a window fires what it passed, a sink forwards it),
+deliver every requested notification complete at all inputs of its operator (in timestamp
+order), and repeat until nothing changes. `now` is the logical time of the batch being pushed
+(see `slashrt.ops.operator`).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import structlog
+
+from slashrt._logging import level_name
+from slashrt._dataflow import EnterSpec, FeedbackSpec, LeaveSpec, OperatorSpec, SinkSpec, SourceSpec, UnionSpec, inputs_of
+from slashrt.errors import DataflowError, SlashError
+from slashrt.ops._node import Node
+from slashrt.ops.event_time import SourceNode
+from slashrt.ops.operator import EnterNode, OperatorNode
+from slashrt.ops.sinks import SinkNode
+from slashrt.ops.window import WindowAggregate
+from slashrt.progress import IDENTITY, INGRESS, Builder, Location, Reachability, Timestamp, Tracker, move_capability
+from slashrt.progress.frontier import PROGRESS_MODES
+from slashrt.progress.timestamp import MIN_EPOCH
+
+__all__ = ["PointstampProgress", "MODES", "progress_graph", "resolve_mode"]
+
+MODES = PROGRESS_MODES
+
+log = structlog.get_logger("slashrt.progress")
+
+
+def resolve_mode(flow, mode: str | None) -> str:
+    """The progress mode of a run: pointstamp for flows with union, connect, user operators
+    or loops (they need it), else watermark unless asked (same results, no tracker to pay)."""
+    if mode is not None and mode not in MODES:
+        raise DataflowError(f"run(): progress must be one of {', '.join(MODES)}, got {mode!r}")
+    if flow.is_graph():
+        if mode == "watermark":
+            steps = [s.step_id for s in flow.steps.values() if type(s).__name__ in _GRAPH_NAMES][:3]
+            raise DataflowError(
+                f"run(): progress='watermark' cannot run dataflow {flow.name!r}: steps {steps} (union, connect, "
+                "operator or loop) need progress='pointstamp'"
+            )
+        return "pointstamp"
+    return mode or "watermark"
+
+
+_GRAPH_NAMES = {"UnionSpec", "OperatorSpec", "EnterSpec", "FeedbackSpec", "LeaveSpec"}
+
+
+def progress_graph(flow) -> Reachability:
+    """The flow's steps as a progress graph (node i is the flow's i-th step, named by its step
+    id), checked: a cycle that does not pass a feedback is refused naming its steps."""
+    index = {step_id: i for i, step_id in enumerate(flow.steps)}
+    builder = Builder()
+    for step_id, spec in flow.steps.items():
+        ins = len(inputs_of(spec))
+        if isinstance(spec, SourceSpec):
+            builder.add_node(step_id, 0, 1)
+        elif isinstance(spec, SinkSpec):
+            builder.add_node(step_id, 1, 0)
+        elif isinstance(spec, (UnionSpec, OperatorSpec)):
+            builder.add_node(step_id, ins, 1)
+        elif isinstance(spec, EnterSpec):
+            builder.add_node(step_id, 2, 1, {(0, 0): INGRESS, (1, 0): IDENTITY})
+        elif isinstance(spec, FeedbackSpec):
+            builder.add_feedback(step_id)
+        elif isinstance(spec, LeaveSpec):
+            builder.add_egress(step_id)
+        else:
+            builder.add_node(step_id, 1, 1)
+    for step_id, spec in flow.steps.items():
+        for port, up in enumerate(inputs_of(spec)):
+            if up not in index:
+                raise DataflowError(f"dataflow {flow.name!r}: step {step_id!r} reads {up!r}, which is no step")
+            builder.connect(index[up], 0, index[step_id], port)
+        if isinstance(spec, FeedbackSpec):
+            builder.connect(index[step_id], 0, index[spec.into], 1)
+    try:
+        return builder.build()
+    except DataflowError as exc:
+        raise DataflowError(
+            f"dataflow {flow.name!r}: {str(exc).removeprefix('progress graph: ')} (close a loop only with "
+            "loop.feed_back())"
+        ) from None
+
+
+class PointstampProgress:
+    """The tracker of one executor running `plan`, and the nodes it drives."""
+
+    def __init__(self, plan):
+        flow = plan.flow
+        self.steps: list[str] = list(flow.steps)
+        self.nodes: list[Node] = [plan.steps[s] for s in self.steps]
+        index = {step_id: i for i, step_id in enumerate(self.steps)}
+        self.graph = plan.graph if plan.graph is not None else progress_graph(flow)
+        self.tracker = Tracker(self.graph)
+        self.index = {id(node): i for i, node in enumerate(self.nodes)}
+        self.now = Timestamp(MIN_EPOCH)
+        self.queue: collections.deque = collections.deque()  # (entry node, batch, time, location)
+        self.ops: list[tuple[int, OperatorNode]] = []
+        self.windows: list[tuple[int, WindowAggregate]] = []
+        self.held: dict[int, Timestamp] = {}  # window node -> the capability it holds
+        self.feedbacks_into: dict[int, list[str]] = collections.defaultdict(list)
+        self._dirty = False
+        self._settling = False
+        self._stale: set[int] = set()  # operators whose due notifications may have changed
+        self._debug = level_name() == "debug"  # a debug line per frontier change costs a loop iteration's time
+        for i, (step_id, node) in enumerate(zip(self.steps, self.nodes)):
+            node.clock = self
+            spec = flow.steps[step_id]
+            if isinstance(node, SourceNode):
+                node.now = self.now
+                node.exact = any(isinstance(n, (OperatorNode, EnterNode)) for n in node.walk())
+                self.tracker.update(Location.output(i, 0), self.now, 1)
+                self._dirty = True
+            elif isinstance(node, OperatorNode):
+                self.ops.append((i, node))
+            elif isinstance(node, WindowAggregate):
+                self.windows.append((i, node))
+            if isinstance(spec, FeedbackSpec):
+                self.feedbacks_into[index[spec.into]].append(step_id)
+        self._listeners = {i for i, node in enumerate(self.nodes) if isinstance(node, (WindowAggregate, SinkNode))}
+
+    # --- what nodes call -----------------------------------------------------------------
+    @staticmethod
+    def at(epoch: int) -> Timestamp:
+        return Timestamp(epoch)
+
+    async def advance(self, source: Node, old: Timestamp, new: Timestamp) -> None:
+        """A source's watermark moved: its capability follows."""
+        self.tracker.update_iter(move_capability(Location.output(self.index[id(source)], 0), old, new))
+        self._dirty = True
+        await self.settle()
+
+    async def release(self, source: Node, time: Timestamp) -> None:
+        """A source's input ended: it drops its capability."""
+        self.tracker.update(Location.output(self.index[id(source)], 0), time, -1)
+        self._dirty = True
+        await self.settle()
+
+    def request(self, node: OperatorNode, time: Timestamp) -> None:
+        if time in node.requested:
+            return  # one notification per time, however often it was asked for
+        node.requested.add(time)
+        i = self.index[id(node)]
+        self.tracker.update(Location.output(i, 0), time, 1)
+        self._stale.add(i)
+        self._dirty = True
+
+    def enqueue(self, feedback, batch, time: Timestamp) -> None:
+        location = Location.input(self.index[id(feedback.enter)], 1)
+        self.tracker.update(location, time, 1)
+        self.queue.append((feedback.enter, batch, time, location))
+        self._dirty = True
+
+    # --- what the executor calls -----------------------------------------------------------
+    async def run_queued(self) -> None:
+        """Deliver the oldest batch queued on a feedback edge to its loop's entry."""
+        enter, batch, time, location = self.queue.popleft()
+        before, self.now = self.now, time
+        try:
+            await enter.push_port(batch, 1)
+        finally:
+            self.now = before
+        self.tracker.update(location, time, -1)
+        self._dirty = True
+        await self.settle()
+
+    async def settle(self) -> None:
+        """Propagate counts and deliver what they make due, until nothing changes."""
+        if self._settling or not self._dirty:
+            return  # (a settle further up the stack goes on until nothing changes)
+        self._settling = True
+        now = self.now
+        try:
+            while self._dirty:
+                self._dirty = False
+                self._refresh_holds()
+                moved = sorted({loc.node for loc, _, _ in self.tracker.propagate() if loc.kind == "in"})
+                self._stale.update(moved)
+                for i in moved:
+                    if self._debug:
+                        log.debug("frontier moved", step=self.steps[i], frontiers=self._input_frontiers(i))
+                    if i in self._listeners:
+                        await self._frontier_moved(self.nodes[i], self.tracker.frontier(Location.input(i, 0)))
+                await self._notify()
+        finally:
+            self._settling = False
+            self.now = now
+
+    def idle(self) -> bool:
+        return not self.queue and self.tracker.is_idle()
+
+    # --- internals -------------------------------------------------------------------------
+    async def _frontier_moved(self, node: Node, frontier) -> None:
+        epoch = min((t.epoch for t in frontier), default=None)
+        if isinstance(node, WindowAggregate):
+            await node.on_frontier(epoch)
+            self._dirty = True  # it may hold another capability now
+        elif epoch is None:
+            await node.on_end()
+        elif epoch != MIN_EPOCH:
+            await node.on_watermark(epoch)
+
+    def _refresh_holds(self) -> None:
+        for i, window in self.windows:
+            end = window.held()
+            new = None if end is None else Timestamp(end)
+            old = self.held.get(i)
+            if new == old:
+                continue
+            location = Location.output(i, 0)
+            if new is not None:
+                self.tracker.update(location, new, 1)
+                self.held[i] = new
+            if old is not None:
+                self.tracker.update(location, old, -1)
+                if new is None:
+                    del self.held[i]
+
+    async def _notify(self) -> None:
+        if not self._stale:
+            return
+        stale, self._stale = self._stale, set()
+        for i, node in self.ops:
+            if i not in stale or not node.requested:
+                continue
+            frontiers = [self.tracker.frontier(Location.input(i, p)) for p in range(node.inputs)]
+            due = sorted(
+                (t for t in node.requested if not any(f.less_equal(t) for f in frontiers)), key=Timestamp.sort_key
+            )
+            for time in due:
+                node.requested.discard(time)
+                await node.notify(time)
+                self.tracker.update(Location.output(i, 0), time, -1)
+                self._dirty = True
+
+    def _input_frontiers(self, i: int) -> list[list[list[int]]]:
+        ports = sum(1 for loc in self.graph.locations if loc.node == i and loc.kind == "in")
+        return [[_plain(t) for t in self.tracker.frontier(Location.input(i, p))] for p in range(ports)]
+
+    # --- where is it stuck -----------------------------------------------------------------
+    def frontiers(self) -> dict[str, list[Timestamp]]:
+        """Every step input -> its frontier (the least times that may still arrive there)."""
+        return {
+            self.graph.name(loc): sorted(self.tracker.frontier(loc), key=Timestamp.sort_key)
+            for loc in self.graph.locations
+            if loc.kind == "in"
+        }
+
+    def report(self) -> dict:
+        """JSON-able: every input's frontier and every outstanding pointstamp, where and what."""
+        held = []
+        for (location, time), count in self.tracker.pointstamps():
+            held.append({"at": self.graph.name(location), "time": _plain(time), "count": count, "what": self._what(location)})
+        return {
+            "frontiers": {name: [_plain(t) for t in ts] for name, ts in self.frontiers().items()},
+            "pointstamps": sorted(held, key=lambda h: (h["at"], h["time"])),
+            "queued_batches": len(self.queue),
+        }
+
+    def _what(self, location: Location) -> str:
+        node, step = self.nodes[location.node], self.steps[location.node]
+        if location.kind == "in":
+            return f"batches queued on feedback {', '.join(self.feedbacks_into[location.node])}"
+        if isinstance(node, SourceNode):
+            return f"capability of source {step} (its watermark)"
+        if isinstance(node, OperatorNode):
+            return f"notification requested by {step}"
+        if isinstance(node, WindowAggregate):
+            return f"capability of window {step} (a window still to fire)"
+        return f"capability of step {step}"
+
+    def stuck(self) -> SlashError:
+        return SlashError(f"pointstamp progress: the run ended with work outstanding: {self.report()['pointstamps']}")
+
+
+def _plain(time: Timestamp) -> list[int]:
+    return [time.epoch, *time.counters]

@@ -1,0 +1,255 @@
+"""Operator state: the one shape every stateful operator snapshots into, and a plan's walk over it.
+
+Every stateful operator has `snapshot() -> State` (a synchronous copy taken between two
+batches: exported tables and a few integers, never a reference into live state, nothing that
+waits on I/O), `restore(State)` and `state_bytes`. A `State` names its arrays with fixed
+strings and keeps small integers in `meta`, with the operator's `kind` and the `version` of its
+layout, so that restoring another operator's state, or one a later slashrt wrote, is refused in
+one sentence naming the step (`check`).
+
+Keyed tables (window slices, tails, SSB fragments) go in as one group of arrays per table set
+(`pack_tables` / `unpack_tables`): the rows of every table concatenated, with the table ids and
+their row bounds, so a state has the same few names whatever the number of slices, and is
+split by partition with one vectorised pass (`split_partitions`).
+
+`snapshot_plan(plan)` / `restore_plan(plan, states)` take and give back the state of every
+stateful node of a built plan, by step id.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from slashrt.errors import SnapshotError
+from slashrt.progress.frontier import NO_TIME
+from slashrt.snapshot.state_format import State
+
+__all__ = [
+    "check",
+    "tagged",
+    "pack_tables",
+    "unpack_tables",
+    "snapshot_plan",
+    "restore_plan",
+    "stateful_nodes",
+    "split_partitions",
+    "merge_partitions",
+]
+
+
+def tagged(kind: str, version: int, arrays: dict[str, np.ndarray], **meta) -> State:
+    """An operator's state: its arrays, and `meta` with its kind and layout version."""
+    return State(arrays, {"kind": kind, "version": version, **meta})
+
+
+def check(state: State, step_id: str, kind: str, version: int) -> dict:
+    """The state's meta, once it is known to be a `kind` state of a layout this slashrt reads."""
+    meta = state.meta if isinstance(state, State) and isinstance(state.meta, dict) else None
+    if meta is None or "kind" not in meta:
+        raise SnapshotError(f"step {step_id!r}: the state to restore is not an operator state ({state!r:.80})")
+    if meta["kind"] != kind:
+        raise SnapshotError(
+            f"step {step_id!r} is a {kind} operator and cannot restore the state of a {meta['kind']} operator: "
+            "the checkpoint belongs to another dataflow (or the dataflow changed)"
+        )
+    if meta.get("version", 0) > version:
+        raise SnapshotError(
+            f"step {step_id!r}: its {kind} state has layout version {meta['version']}, this slashrt reads up to "
+            f"version {version}: restore it with the slashrt that wrote it (or a later one)"
+        )
+    return meta
+
+
+def pack_tables(prefix: str, tables: dict, value_dtype) -> dict[str, np.ndarray]:
+    """The arrays of a set of HashAgg tables by id (an int, or a tuple of ints): `<prefix>.ids`
+    (one row per table), `.bounds` (its rows are `bounds[i]:bounds[i+1]`), `.keys`, `.counts`,
+    `.vals` (every table's rows, concatenated) and `.overflowed` (the sticky flags)."""
+    ids = list(tables)
+    exported = [tables[i].export() for i in ids]
+    width = len(ids[0]) if ids and isinstance(ids[0], tuple) else 1
+    id_array = np.array(ids, np.int64).reshape(len(ids), width) if ids else np.empty((0, width), np.int64)
+    bounds = np.zeros(len(ids) + 1, np.int64)
+    np.cumsum([len(e[0]) for e in exported], out=bounds[1:])
+    vdt = np.dtype("<i8" if value_dtype is None else value_dtype)
+
+    def column(j: int, dtype) -> np.ndarray:
+        if len(exported) == 1:  # the common case, one open window: export's fresh arrays, no second copy
+            return exported[0][j]
+        return np.concatenate([e[j] for e in exported]) if exported else np.empty(0, dtype)
+
+    return {
+        f"{prefix}.ids": id_array,
+        f"{prefix}.bounds": bounds,
+        f"{prefix}.keys": column(0, np.int64),
+        f"{prefix}.counts": column(1, np.int64),
+        f"{prefix}.vals": column(2, vdt),
+        f"{prefix}.overflowed": np.array([tables[i].overflowed for i in ids], bool),
+    }
+
+
+def unpack_tables(prefix: str, arrays: dict[str, np.ndarray]):
+    """(id, keys, counts, vals, overflowed) per table of a set `pack_tables` wrote; an id of
+    width 1 comes back as an int, a wider one as a tuple."""
+    ids, bounds = arrays[f"{prefix}.ids"], arrays[f"{prefix}.bounds"]
+    keys, counts, vals = (arrays[f"{prefix}.{c}"] for c in ("keys", "counts", "vals"))
+    overflowed = arrays[f"{prefix}.overflowed"]
+    for i in range(len(ids)):
+        a, b = int(bounds[i]), int(bounds[i + 1])
+        table_id = int(ids[i, 0]) if ids.shape[1] == 1 else tuple(int(x) for x in ids[i])
+        yield table_id, keys[a:b], counts[a:b], vals[a:b], bool(overflowed[i])
+
+
+def stateful_nodes(plan) -> dict:
+    """Step id -> node, for every node of the plan that has state (the shape above, and its
+    `STATE_KIND` and `STATE_VERSION`)."""
+    return {node.step_id: node for node in plan.nodes() if hasattr(node, "STATE_KIND")}
+
+
+def snapshot_plan(plan) -> dict[str, State]:
+    """The state of every stateful node of `plan`, by step id (synchronous copies)."""
+    return {step_id: node.snapshot() for step_id, node in stateful_nodes(plan).items()}
+
+
+def restore_plan(plan, states: dict[str, State]) -> None:
+    """Restore every stateful node of `plan` from `states` (by step id). Refused, before any
+    node changes, if a state is missing or belongs to a step the plan does not have."""
+    nodes = stateful_nodes(plan)
+    unknown = sorted(set(states) - set(nodes))
+    if unknown:
+        raise SnapshotError(
+            f"the snapshot holds state for step {unknown[0]!r}, which this dataflow does not have "
+            f"(its stateful steps: {', '.join(sorted(nodes)) or 'none'}): restore it into the dataflow that wrote it"
+        )
+    missing = sorted(set(nodes) - set(states))
+    if missing:
+        raise SnapshotError(
+            f"the snapshot holds no state for step {missing[0]!r} of this dataflow: it was written by another "
+            "dataflow (or the dataflow changed); restore it into the dataflow that wrote it"
+        )
+    for step_id, node in nodes.items():  # every kind and version first: no node half restored
+        check(states[step_id], step_id, node.STATE_KIND, node.STATE_VERSION)
+    for step_id, node in nodes.items():
+        node.restore(states[step_id])
+
+
+# -- SSB partitions: the unit of state when the executor count changes ------------------------------
+_TABLE_SETS = ("slices", "tails", "leader.slices", "leader.tails")
+
+
+def split_partitions(state: State, partitioning) -> dict[int, State]:
+    """Cut one executor's SSB state (`SsbWindowAggregate.snapshot()`) by the partition of each
+    key: partition -> the rows of its keys in every table (leader state and fragments alike),
+    with the executor's meta. One vectorised pass per table set."""
+    parts = {p: {} for p in range(partitioning.partitions)}
+    for prefix in _TABLE_SETS:
+        keys = state.arrays[f"{prefix}.keys"]
+        owner = partitioning.partition_of(np.ascontiguousarray(keys, np.int64))
+        bounds = state.arrays[f"{prefix}.bounds"]
+        table_of_row = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
+        order = np.lexsort((table_of_row, owner))  # by partition, tables in order within one
+        cuts = np.searchsorted(owner[order], np.arange(partitioning.partitions + 1))
+        for p in range(partitioning.partitions):
+            rows = order[cuts[p] : cuts[p + 1]]
+            tables = table_of_row[rows]
+            counts = np.bincount(tables, minlength=len(bounds) - 1)
+            part_bounds = np.zeros(len(bounds), np.int64)
+            np.cumsum(counts, out=part_bounds[1:])
+            parts[p].update({
+                f"{prefix}.ids": state.arrays[f"{prefix}.ids"],
+                f"{prefix}.bounds": part_bounds,
+                f"{prefix}.overflowed": state.arrays[f"{prefix}.overflowed"],
+                **{f"{prefix}.{c}": state.arrays[f"{prefix}.{c}"][rows] for c in ("keys", "counts", "vals")},
+            })
+    return {p: State(arrays, dict(state.meta)) for p, arrays in parts.items()}
+
+
+def merge_partitions(parts: list[State], partitioning, index: int) -> State:
+    """The SSB state of executor `index` under `partitioning` (a new executor count), from the
+    partition states (`split_partitions`) of the partitions it now leads, from every old executor.
+
+    Old fragments join the leader state as their deltas would have at their epoch's end: under
+    the promise of the watermark their executor shipped last (windows closed there stay closed
+    to them, as tails). Epochs restart from 0 on every new executor (they all restart together);
+    the late-record count carries over to executor 0 only."""
+    from slashrt.ops.ssb_window import SSB_STATE, SSB_STATE_VERSION  # the operator owns its layout
+
+    if not parts:
+        raise SnapshotError(f"no partition state to give executor {index}: pass the states of the partitions it leads")
+    metas = [check(part, part.meta.get("step", "?") if isinstance(part.meta, dict) else "?", SSB_STATE,
+                   SSB_STATE_VERSION) for part in parts]
+    first = metas[0]
+    fired = {m["leader"]["fired_until"] for m in metas}
+    if len(fired) > 1:
+        raise SnapshotError(
+            f"step {first['step']!r}: the partition states come from leaders that fired windows up to different "
+            f"times ({sorted(fired)}): they are not from one consistent checkpoint"
+        )
+    (leader_fired,) = fired
+    size, slide, slice_len = first["size"], first["slide"], first["slice_len"]
+    unfired = NO_TIME if leader_fired == NO_TIME else ((leader_fired - size) // slide + 1) * slide
+    starts = [m["leader"]["next_start"] for m in metas if m["leader"]["next_start"] is not None]
+    tables: dict[str, dict] = {"leader.slices": {}, "leader.tails": {}}
+    for part, meta in zip(parts, metas):
+        for prefix in _TABLE_SETS:
+            for table_id, keys, counts, vals, overflowed in unpack_tables(prefix, part.arrays):
+                if prefix.startswith("leader."):  # kept even empty: a tail's windows fire with its slice
+                    target, tid = prefix, table_id
+                elif not len(keys) and not overflowed:
+                    continue
+                else:  # a fragment: joined as its leader joins a shipped delta
+                    s = table_id if prefix == "slices" else table_id[0]
+                    closed = meta["shipped_promise"] if prefix == "slices" else max(table_id[1], meta["shipped_promise"])
+                    earliest = -((size - slice_len - s * slice_len) // slide) * slide + size
+                    target, tid = ("leader.slices", s) if earliest > closed else ("leader.tails", (s, closed))
+                    starts.append(max(earliest - size, unfired))
+                    if target == "leader.tails":
+                        tables["leader.slices"].setdefault(s, [[], [], [], False])  # so its windows fire
+                got = tables[target].setdefault(tid, [[], [], [], False])
+                got[0].append(keys), got[1].append(counts), got[2].append(vals)
+                got[3] = got[3] or overflowed
+    vdt = first["value_dtype"]
+    arrays = {**_packed("slices", {}, vdt), **_packed("tails", {}, vdt)}
+    for prefix, by_id in tables.items():
+        arrays.update(_packed(prefix, by_id, vdt))
+    frontier = min(min(m["frontier"]) for m in metas)
+    meta = {
+        **first,
+        "epoch": 0,
+        "helper_epoch": [0] * partitioning.executors,
+        "frontier": [frontier] * partitioning.executors,
+        "watermark": min(m["watermark"] for m in metas),
+        "shipped_promise": min(m["shipped_promise"] for m in metas),
+        "fired_until": min(m["fired_until"] for m in metas),
+        "late_records": sum(m["late_records"] for m in metas) if index == 0 else 0,
+        "next_start": None,
+        "direct": False,
+        "epoch_counters": [0] * len(first["epoch_counters"]),
+        "leader": {**first["leader"], "next_start": min(starts, default=None), "late_records": 0},
+        "partitions": partitioning.partitions,
+        "executors": partitioning.executors,
+        "index": index,
+    }
+    return State(arrays, meta)
+
+
+def _packed(prefix: str, by_id: dict, value_dtype) -> dict[str, np.ndarray]:
+    """`pack_tables`' layout from row pieces gathered per table id (pieces holding one key
+    twice are joined when the state is restored: a table merges what it is given)."""
+    ids = sorted(by_id)
+    pieces = [by_id[t] for t in ids]
+    width = 2 if prefix.endswith("tails") else 1
+    bounds = np.zeros(len(ids) + 1, np.int64)
+    np.cumsum([sum(len(k) for k in p[0]) for p in pieces], out=bounds[1:])
+
+    def column(j: int, dtype) -> np.ndarray:
+        chunks = [c for p in pieces for c in p[j]]
+        return np.concatenate(chunks) if chunks else np.empty(0, dtype)
+
+    return {
+        f"{prefix}.ids": np.array(ids, np.int64).reshape(len(ids), width),
+        f"{prefix}.bounds": bounds,
+        f"{prefix}.keys": column(0, np.int64),
+        f"{prefix}.counts": column(1, np.int64),
+        f"{prefix}.vals": column(2, np.dtype(value_dtype or "<i8")),
+        f"{prefix}.overflowed": np.array([p[3] for p in pieces], bool),
+    }

@@ -1,0 +1,237 @@
+"""Dataflow graphs on one executor: union, connect, user operators, fan-in and fan-out, the
+progress modes (pointstamp and watermark give identical results on tree flows) and the report."""
+
+import numpy as np
+import pytest
+
+import slashrt
+from slashrt import Dataflow, Operator, Timestamp, Tumbling, sinks
+from slashrt.bench import nexmark, ysb
+from slashrt.errors import DataflowError, SchemaError
+
+REC = np.dtype([("k", "<i8"), ("t", "<i8")])
+
+
+def records(keys, times) -> np.ndarray:
+    a = np.zeros(len(keys), REC)
+    a["k"], a["t"] = keys, times
+    return a
+
+
+def sorted_rows(a: np.ndarray) -> list:
+    return sorted(map(tuple, a.tolist()))
+
+
+def test_union_merges_every_input_and_fans_out():
+    flow = Dataflow("u")
+    a, b, c = (flow.source(n, REC, time="t") for n in "abc")
+    both = a.union(b, c)
+    left, right = sinks.Collect(), sinks.Collect()
+    both.filter(lambda x: x["k"] % 2 == 0).sink(left, name="even")
+    both.sink(right, name="all")
+    ins = {"a": records(range(0, 50), range(50)), "b": records(range(50, 80), range(30)), "c": records([99], [0])}
+    slashrt.run(flow, ins)
+    every = np.concatenate(list(ins.values()))
+    assert sorted_rows(right.records) == sorted_rows(every)
+    assert sorted_rows(left.records) == sorted_rows(every[every["k"] % 2 == 0])
+
+
+def test_union_refuses_other_columns_and_other_flows():
+    flow = Dataflow("u")
+    a = flow.source("a", REC, time="t")
+    b = flow.source("b", np.dtype([("k", "<i4"), ("t", "<i8")]), time="t")
+    with pytest.raises(SchemaError, match=r"union: step 'u\.b' has columns"):
+        a.union(b)
+    other = Dataflow("v").source("a", REC)
+    with pytest.raises(DataflowError, match="no stream of dataflow 'u'"):
+        a.union(other)
+
+
+def test_connect_apply_sees_ports():
+    flow = Dataflow("c")
+    a, b = flow.source("a", REC, time="t"), flow.source("b", REC, time="t")
+    seen = []
+
+    def tag(batch, port):
+        seen.append((port, sorted(batch["k"].tolist())))
+        out = batch.to_numpy(REC).copy()
+        out["k"] += 1000 * port
+        return out
+
+    out = sinks.Collect()
+    a.connect(b).apply(tag).sink(out)
+    slashrt.run(flow, {"a": records([1, 2], [0, 0]), "b": records([3], [0])})
+    assert sorted(k for port, ks in seen for k in ks if port == 0) == [1, 2]
+    assert sorted(k for port, ks in seen for k in ks if port == 1) == [3]
+    assert sorted(out.records["k"].tolist()) == [1, 2, 1003]
+
+
+class PerPortCount(Operator):
+    """Counts records per port and time; emits the counts when the time is complete."""
+
+    def __init__(self):
+        self.counts = {}
+
+    async def on_batch(self, ctx, port, batch):
+        key = (ctx.time, port)
+        self.counts[key] = self.counts.get(key, 0) + len(batch)
+        ctx.notify_at(ctx.time)
+
+    async def on_notify(self, ctx, time):
+        rows = [(port, n) for (t, port), n in sorted(self.counts.items(), key=lambda kv: kv[0][1]) if t == time]
+        out = np.array([(time.epoch, port, n) for port, n in rows], dtype=[("t", "<i8"), ("port", "<i8"), ("n", "<i8")])
+        await ctx.emit(out)
+
+
+def test_two_input_operator_is_notified_once_per_time_with_both_inputs_complete():
+    flow = Dataflow("c")
+    a, b = flow.source("a", REC, time="t"), flow.source("b", REC, time="t")
+    out = sinks.Collect()
+    schema = {"t": "i8", "port": "i8", "n": "i8"}
+    a.connect(b).operator(PerPortCount(), schema=schema).sink(out)
+    ta, tb = np.repeat(np.arange(5), 3), np.repeat(np.arange(5), 2)
+    slashrt.run(flow, {"a": records(np.zeros(15), ta), "b": records(np.zeros(10), tb)}, slot_size=64, slots=4)
+    got = sorted(map(tuple, out.records.tolist()))
+    assert got == sorted([(t, 0, 3) for t in range(5)] + [(t, 1, 2) for t in range(5)])
+
+
+def test_operator_must_be_an_instance():
+    flow = Dataflow("o")
+    a = flow.source("a", REC)
+    with pytest.raises(DataflowError, match="no slashrt.Operator instance"):
+        a.operator(PerPortCount)
+    op = PerPortCount()
+    a.operator(op, name="once")
+    with pytest.raises(DataflowError, match="instance already runs step 'o.once'"):
+        a.operator(op)
+
+
+def test_graph_flows_refuse_watermark_mode_and_clusters():
+    flow = Dataflow("g")
+    a, b = flow.source("a", REC), flow.source("b", REC)
+    a.union(b).sink(sinks.Collect())
+    ins = {"a": records([1], [1]), "b": records([2], [2])}
+    with pytest.raises(DataflowError, match="progress='watermark' cannot run dataflow 'g'.*need progress='pointstamp'"):
+        slashrt.run(flow, ins, progress="watermark")
+    with pytest.raises(DataflowError, match="run on one executor for now"):
+        slashrt.run(flow, ins, executors=2)
+    with pytest.raises(DataflowError, match="progress must be one of"):
+        slashrt.run(flow, ins, progress="vector")
+
+
+def _ysb_rows(progress):
+    events = ysb.generate(60_000, campaigns=20, disorder_ms=40, events_per_ms=20)
+    out = sinks.Collect()
+    slashrt.run(ysb.dataflow(ysb.campaign_map(20), out, max_delay=20), {"events": events}, progress=progress,
+                slot_size=4096, slots=8)
+    return ysb.to_result(out.records)
+
+
+def test_ysb_is_identical_in_both_modes():
+    a, b = _ysb_rows("watermark"), _ysb_rows("pointstamp")
+    assert len(a) > 10
+    assert np.array_equal(a, b)
+
+
+def test_nexmark_q7_is_identical_in_both_modes():
+    bids = nexmark.generate(30_000, auctions=100)
+    results = []
+    for progress in ("watermark", "pointstamp"):
+        out = sinks.Collect()
+        slashrt.run(nexmark.dataflow(out), {"bids": bids}, progress=progress, slot_size=4096, slots=8)
+        results.append(nexmark.to_result(out.records))
+    assert np.array_equal(results[0], results[1])
+    assert np.array_equal(results[1], nexmark.reference(bids))
+
+
+def test_late_heavy_windows_are_identical_in_both_modes():
+    from tests.test_lateness import SETTINGS, late_heavy, run
+
+    data = late_heavy(6_000)
+    for assigner in (Tumbling(ms=100), slashrt.Sliding(300, 100)):
+        for settings in SETTINGS[:2]:
+            a = run(data, assigner, progress="watermark", **settings)
+            b = run(data, assigner, progress="pointstamp", **settings)
+            assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
+            assert sum(b[2].values()) > 0
+
+
+def test_windows_after_a_union_fire_on_the_least_watermark():
+    flow = Dataflow("w")
+    a, b = flow.source("a", REC, time="t"), flow.source("b", REC, time="t")
+    out = sinks.Collect()
+    a.union(b).window(Tumbling(ms=10)).count(key="k", name="win").sink(out)
+    # b lags far behind a: a window of b's records is complete only once b passed it
+    ta, tb = np.arange(0, 100), np.arange(0, 100) // 10
+    result = slashrt.run(flow, {"a": records(np.zeros(100), ta), "b": records(np.ones(100), tb)}, slot_size=64, slots=4)
+    got = {(r["window_start"], r["k"]): r["count"] for r in out.records}
+    assert got[(0, 1)] == 100 and all(got[(s, 0)] == 10 for s in range(0, 100, 10))
+    assert result.late_records == {"w.win": 0}
+    assert result.frontiers["w.win.in0"] == []
+
+
+def test_report_shows_frontiers_and_what_holds_them():
+    import json
+
+    import trio
+    import trio.testing
+
+    from slashrt._runtime import run_async
+
+    released = trio.Event()
+    reports = []
+
+    class Hold(Operator):
+        async def on_batch(self, ctx, port, batch):
+            ctx.notify_at(Timestamp(ctx.time.epoch + 1000))
+            await released.wait()  # the run stands still here until a report was seen
+            await ctx.emit(batch)
+
+    def on_report(report):
+        reports.append(report)
+        released.set()
+
+    flow = Dataflow("r")
+    a = flow.source("a", REC, time="t")
+    a.operator(Hold(), name="hold").sink(sinks.Collect(), name="out")
+
+    async def main():
+        return await run_async(flow, {"a": records(range(20), range(20))}, on_report=on_report, report_every=0.01)
+
+    result = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert result.frontiers == {"r.hold.in0": [], "r.out.in0": []}
+    report = reports[0]
+    json.dumps(report)
+    assert set(report["frontiers"]) == {"r.hold.in0", "r.out.in0"}
+    held = {(p["at"], p["what"]) for p in report["pointstamps"]}
+    assert ("r.a.out0", "capability of source r.a (its watermark)") in held
+    assert ("r.hold.out0", "notification requested by r.hold") in held
+    assert report["frontiers"]["r.out.in0"] == [[0]]
+
+
+def test_frontier_changes_are_logged_at_debug_level(capsys):
+    flow = Dataflow("lg")
+    a, b = flow.source("a", REC, time="t"), flow.source("b", REC, time="t")
+    a.union(b, name="both").sink(sinks.Collect(), name="out")
+    slashrt.configure_logging("debug")
+    try:
+        slashrt.run(flow, {"a": records([1], [5]), "b": records([2], [7])})
+    finally:
+        slashrt.configure_logging("warning")
+    err = capsys.readouterr().err
+    assert "frontier moved" in err and "lg.both" in err
+
+
+def test_a_stream_unioned_with_itself_arrives_twice_and_async_connect_functions_work():
+    flow = Dataflow("self")
+    a = flow.source("a", REC, time="t")
+    out, both = sinks.Collect(), sinks.Collect()
+    a.union(a).sink(out, name="twice")
+
+    async def first_port_only(batch, port):
+        return batch if port == 0 else None
+
+    a.connect(a.filter(lambda b: b["k"] > 1)).apply(first_port_only).sink(both, name="zero")
+    slashrt.run(flow, {"a": records([1, 2, 3], [0, 1, 2])})
+    assert sorted(out.records["k"].tolist()) == [1, 1, 2, 2, 3, 3]
+    assert sorted(both.records["k"].tolist()) == [1, 2, 3]
