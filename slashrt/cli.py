@@ -7,6 +7,7 @@
     slashrt bench files [--json]                YSB from Parquet, CSV and .npy files (FileSource)
     slashrt bench report                        the scaling and skew sweeps, with plots
     slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
+    slashrt frontiers REPORT [--json]           where a pointstamp run stands (run(..., on_report=REPORT))
     slashrt executor [--listen HOST:PORT]       an executor agent for multi-host runs
     slashrt spark-demo [--events N] [--json]    Spark generates YSB, ingests into a 2-executor cluster
 """
@@ -212,6 +213,13 @@ def _parser() -> argparse.ArgumentParser:
     from slashrt.cluster.agent import add_arguments
 
     add_arguments(sub.add_parser("executor", help="run an executor agent that coordinators deploy jobs on"))
+
+    frontiers = sub.add_parser(
+        "frontiers", help="show a pointstamp run's report: every input's frontier and what holds it back"
+    )
+    frontiers.add_argument("report", help="the JSON file a run keeps with run(..., on_report=PATH)")
+    frontiers.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_log_level(frontiers)
 
     spark_demo = sub.add_parser("spark-demo", help="local Spark generates YSB and ingests it into a 2-executor cluster")
     spark_demo.add_argument("--events", type=_positive_int, default=2_000_000)
@@ -508,6 +516,14 @@ def _spark_demo(args) -> dict:
     return run_demo(events=args.events, campaigns=args.campaigns, partitions=args.partitions)[0]
 
 
+def _frontiers(args) -> int:
+    from slashrt._frontier_report import describe, read_report
+
+    report = read_report(args.report)
+    print(json.dumps(report) if args.json else describe(report))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
@@ -520,6 +536,8 @@ def main(argv: list[str] | None = None) -> int:
         configure_logging(args.log_level)
         if args.command == "demo":
             return _demo(args)
+        if args.command == "frontiers":
+            return _frontiers(args)
         if args.command == "spark-demo":
             result = _spark_demo(args)
         else:
