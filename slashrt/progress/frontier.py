@@ -44,6 +44,16 @@ class Frontier(abc.ABC):
     def passed(self, time: int) -> bool:
         return self.low >= time
 
+    def _move(self, source: int, time: int) -> int | None:
+        """Set `entries[source]` to `time`; its previous watermark, or None if it was `time`."""
+        current = self.entries[source]
+        if time < current:
+            raise ValueError(f"source {source} moved its watermark back from {current} to {time}")
+        if time == current:
+            return None
+        self.entries[source] = time
+        return current
+
 
 class VectorClock(Frontier):
     """Slash's vector clock: one low watermark per source (executor); the frontier is their
@@ -56,12 +66,9 @@ class VectorClock(Frontier):
         self._low = start
 
     def advance(self, source: int, time: int) -> bool:
-        current = self.entries[source]
-        if time < current:
-            raise ValueError(f"source {source} moved its watermark back from {current} to {time}")
-        if time == current:
+        current = self._move(source, time)
+        if current is None:
             return False
-        self.entries[source] = time
         if current != self._low:
             return False  # it was not (the only) minimum: the frontier cannot have moved
         low = min(self.entries)
@@ -102,12 +109,9 @@ class PointstampClock(Frontier):
         self._low = start
 
     def advance(self, source: int, time: int) -> bool:
-        current = self.entries[source]
-        if time < current:
-            raise ValueError(f"source {source} moved its watermark back from {current} to {time}")
-        if time == current:
+        current = self._move(source, time)
+        if current is None:
             return False
-        self.entries[source] = time
         old = ((self._at, Timestamp.at(current)), -1)
         if time != END_TIME:  # the new capability before the old one goes
             self.tracker.update_iter((((self._at, Timestamp.at(time)), 1), old))
