@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections.abc
 import inspect
+import os
 import time
 
 import attrs
@@ -18,6 +19,7 @@ import trio
 from slashrt import _kernels as kernels
 from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._dataflow import Dataflow
+from slashrt._frontier_report import ReportFile
 from slashrt._plan import build_plan, check_cluster_flow
 from slashrt.errors import DataflowError, OptionError, SlashError, unwrap_groups
 from slashrt.ops.event_time import Share
@@ -119,7 +121,9 @@ def run(
     of pointstamps over the dataflow graph; union, connect, user operators and loops need it)
     or "watermark" (watermarks travel down each source's pipeline); by default pointstamp for
     flows that need it, else watermark. Both give the same results on flows both can run.
-    `on_report(report)` gets the pointstamp tracker's `report()` every `report_every` seconds."""
+    `on_report(report)` gets the pointstamp tracker's `report()` every `report_every` seconds;
+    given a path instead, the report is kept in that JSON file, also after the run ended or
+    failed (`slashrt frontiers PATH` shows it)."""
     if not isinstance(flow, Dataflow):
         raise DataflowError(
             f"run() needs a Dataflow as its first argument, got {type(flow).__name__} {flow!r}: build one with "
@@ -300,6 +304,8 @@ async def execute(
     `progress_bus`: this executor's `ProgressBus` when it runs a graph flow with others."""
     pointstamp = resolve_mode(flow, progress) == "pointstamp"
     tracker = PointstampProgress(plan, progress_bus) if pointstamp else None
+    if isinstance(on_report, (str, os.PathLike)):
+        on_report = ReportFile(on_report, flow.name)
     if on_report is not None and tracker is None:
         raise DataflowError("run(): on_report= reports pointstamp progress; give progress='pointstamp' too")
     if not report_every > 0:
@@ -321,6 +327,13 @@ async def execute(
                 on_records(executor.stats.records)
             # a failed channel's sender may still wait for credits that never come
             nursery.cancel_scope.cancel()
+    except BaseException as exc:
+        if isinstance(on_report, ReportFile):
+            on_report(tracker.report(), "failed", str(exc) or type(exc).__name__)
+        raise
+    else:
+        if isinstance(on_report, ReportFile):
+            on_report(tracker.report(), "failed" if executor.failed else "finished")
     finally:
         for sink in plan.sinks:
             sink.close()

@@ -4,9 +4,11 @@
     slashrt bench ysb|ro|cm|nexmark [--json]    benchmarks that verify their own results
         [--executors N --mode slash|uppar --zipf S]   ... on N executors (weak scaling)
     slashrt bench redis [--url URL] [--json]    YSB from a Redis stream to a Redis stream
+    slashrt bench files [--json]                YSB from Parquet, CSV and .npy files (FileSource)
     slashrt bench report                        the scaling and skew sweeps, with plots
     slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
     slashrt bench progress [--executors K]      notify latency, loop round trip, progress traffic
+    slashrt frontiers REPORT [--json]           where a pointstamp run stands (run(..., on_report=REPORT))
     slashrt executor [--listen HOST:PORT]       an executor agent for multi-host runs
     slashrt spark-demo [--events N] [--json]    Spark generates YSB, ingests into a 2-executor cluster
 """
@@ -181,6 +183,12 @@ def _parser() -> argparse.ArgumentParser:
     rds.add_argument("--url", help="a Redis server to use (default: start a throw-away redis-server)")
     _add_runtime_options(rds)
 
+    files = queries.add_parser("files", help="YSB from Parquet, CSV and .npy files (slashrt.connectors.FileSource)")
+    files.add_argument("--events", type=_positive_int, default=2_000_000)
+    files.add_argument("--campaigns", type=_positive_int, default=1000)
+    files.add_argument("--parts", type=_positive_int, default=4, help="files per format")
+    _add_runtime_options(files)
+
     report = queries.add_parser("report", help="weak-scaling and skew sweeps of every query, with PNG plots")
     report.add_argument("--events", type=_positive_int, default=4_000_000, help="records per executor per run")
     report.add_argument("--executors", type=_positive_int, default=2, help="the largest executor count")
@@ -214,6 +222,13 @@ def _parser() -> argparse.ArgumentParser:
     from slashrt.cluster.agent import add_arguments
 
     add_arguments(sub.add_parser("executor", help="run an executor agent that coordinators deploy jobs on"))
+
+    frontiers = sub.add_parser(
+        "frontiers", help="show a pointstamp run's report: every input's frontier and what holds it back"
+    )
+    frontiers.add_argument("report", help="the JSON file a run keeps with run(..., on_report=PATH)")
+    frontiers.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_log_level(frontiers)
 
     spark_demo = sub.add_parser("spark-demo", help="local Spark generates YSB and ingests it into a 2-executor cluster")
     spark_demo.add_argument("--events", type=_positive_int, default=2_000_000)
@@ -414,6 +429,10 @@ def _run_bench(args, given: set[str]) -> dict:
         from slashrt.bench import redis_streams
 
         return redis_streams.bench(events=args.events, campaigns=args.campaigns, url=args.url, **_runtime_options(args))
+    if args.query == "files":
+        from slashrt.bench import files
+
+        return files.bench(events=args.events, campaigns=args.campaigns, parts=args.parts, **_runtime_options(args))
     if args.query == "ro":
         from slashrt.bench import ro
 
@@ -514,6 +533,14 @@ def _spark_demo(args) -> dict:
     return run_demo(events=args.events, campaigns=args.campaigns, partitions=args.partitions)[0]
 
 
+def _frontiers(args) -> int:
+    from slashrt._frontier_report import describe, read_report
+
+    report = read_report(args.report)
+    print(json.dumps(report) if args.json else describe(report))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
@@ -526,6 +553,8 @@ def main(argv: list[str] | None = None) -> int:
         configure_logging(args.log_level)
         if args.command == "demo":
             return _demo(args)
+        if args.command == "frontiers":
+            return _frontiers(args)
         if args.command == "spark-demo":
             result = _spark_demo(args)
         else:

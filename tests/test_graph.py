@@ -7,7 +7,7 @@ import pytest
 import slashrt
 from slashrt import Dataflow, Operator, Timestamp, Tumbling, sinks
 from slashrt.bench import nexmark, ysb
-from slashrt.errors import DataflowError, SchemaError
+from slashrt.errors import DataflowError, SchemaError, SlashError
 
 REC = np.dtype([("k", "<i8"), ("t", "<i8")])
 
@@ -212,6 +212,8 @@ def test_report_shows_frontiers_and_what_holds_them():
     assert ("r.a.out0", "capability of source r.a (its watermark)") in held
     assert ("r.hold.out0", "notification requested by r.hold") in held
     assert report["frontiers"]["r.out.in0"] == [[0]]
+    # what holds each frontier back: the source's capability; the notification lies above it
+    assert {h["what"] for h in report["holding"]["r.out.in0"]} == {"capability of source r.a (its watermark)"}
 
 
 def test_frontier_changes_are_logged_at_debug_level(capsys):
@@ -254,3 +256,69 @@ def test_exchange_is_refused_on_a_float_key_and_untyped_columns_on_clusters():
     assert len(slashrt.run(flow, ins).outputs) == 1  # one executor: a pass-through
     with pytest.raises(DataflowError, match=r"exchange steps \['x.exchange_\d+'\] ship records between executors.*schema="):
         slashrt.run(flow, ins, executors=2)
+
+
+def test_a_report_file_shows_where_a_run_stands_and_the_cli_reads_it(tmp_path, capsys):
+    import json
+
+    import trio
+    import trio.testing
+
+    from slashrt._runtime import run_async
+    from slashrt.cli import main
+
+    path = tmp_path / "job.json"
+    seen = []
+
+    class Hold(Operator):
+        async def on_batch(self, ctx, port, batch):
+            ctx.notify_at(Timestamp(ctx.time.epoch + 1000))
+            while not path.exists():  # the run stands still here until a report was written
+                await trio.sleep(0.01)
+            seen.append(json.loads(path.read_text()))
+            await ctx.emit(batch)
+
+    flow = Dataflow("rf")
+    flow.source("a", REC, time="t").operator(Hold(), name="hold").sink(sinks.Collect(), name="out")
+
+    async def main_():
+        return await run_async(flow, {"a": records(range(20), range(20))}, on_report=str(path), report_every=0.05)
+
+    trio.run(main_, clock=trio.testing.MockClock(autojump_threshold=0))
+    running = seen[0]
+    assert running["state"] == "running" and running["flow"] == "rf"
+    assert {h["what"] for h in running["holding"]["rf.out.in0"]} == {"capability of source rf.a (its watermark)"}
+    assert main(["frontiers", str(path), "--json"]) == 0
+    final = json.loads(capsys.readouterr().out)
+    assert final["state"] == "finished" and all(f == [] for f in final["frontiers"].values())
+    path.write_text(json.dumps(running))
+    assert main(["frontiers", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert text.splitlines()[0] == "flow rf: running"
+    assert "held by capability of source rf.a (its watermark) at rf.a.out0 (0)" in text
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "no such report"), ("{", "not a progress report (JSONDecodeError"), ('{"flow": 1}', "it needs the keys")],
+)
+def test_frontiers_refuses_a_missing_or_foreign_report_in_one_line(tmp_path, capsys, content, message):
+    from slashrt.cli import main
+
+    path = tmp_path / "r.json"
+    if content is not None:
+        path.write_text(content)
+    assert main(["frontiers", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err
+
+
+def test_a_report_file_in_a_missing_directory_is_refused_before_the_run(tmp_path):
+    class Pass(Operator):
+        async def on_batch(self, ctx, port, batch):
+            await ctx.emit(batch)
+
+    flow = Dataflow("rm")
+    flow.source("a", REC, time="t").operator(Pass(), name="op").sink(sinks.Collect(), name="out")
+    with pytest.raises(SlashError, match="directory .* does not exist"):
+        slashrt.run(flow, {"a": records(range(3), range(3))}, on_report=str(tmp_path / "no" / "r.json"))

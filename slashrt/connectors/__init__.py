@@ -1,4 +1,4 @@
-"""Connectors: sources and sinks that talk to systems outside slashrt (a broker).
+"""Connectors: sources and sinks that talk to systems outside slashrt (a broker, files).
 
 A connector source is an input object with an async ``feed(sender, spec, *, watermark_every)``
 method: `slashrt.run` gives it an in-process channel for its source (`spec`, a SourceSpec) and
@@ -9,10 +9,22 @@ closes it at its end. A connector sink is a sink object (open / write / close, s
 - `RedisStream`, `RedisStreamSink`: Redis Streams, records packed a batch an entry;
   `write_stream`, `end_stream`, `read_stream` put an array into a stream and read it back.
   They need the Python package redis (the extra ``slashrt[redis]``).
+- `FileSource`: a directory, a file or a glob of Parquet, CSV or .npy files, read in order of
+  their names, with a `FilePosition` to rewind to.
 """
 
+from slashrt.connectors.files import FilePosition, FileSource
 from slashrt.connectors.redis_sink import RedisStreamSink
 from slashrt.connectors.redis_streams import RedisStream, end_stream, read_stream, write_stream
 from slashrt.errors import ConnectorError
 
-__all__ = ["ConnectorError", "RedisStream", "RedisStreamSink", "end_stream", "read_stream", "write_stream"]
+__all__ = [
+    "ConnectorError",
+    "FilePosition",
+    "FileSource",
+    "RedisStream",
+    "RedisStreamSink",
+    "end_stream",
+    "read_stream",
+    "write_stream",
+]

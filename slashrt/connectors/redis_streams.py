@@ -3,8 +3,8 @@ of packed records (`write_stream`, `end_stream`, `read_stream`).
 
 The source reads entries (see `slashrt.connectors._redis` for their format) in a worker
 thread, one XRANGE or XREAD of up to `count` entries at a time, one read ahead of the
-channel (a memory channel of one: bounded), and feeds their records through `ChannelFeeder`
-(full slots, watermarks in band). Its `position` is the id of the last entry whose records
+channel, and feeds their records through `slashrt.connectors._feed.feed_reads` (full slots,
+watermarks in band). Its `position` is the id of the last entry whose records
 are in the channel; `resume_from(id)` makes the next run read the entries after `id`.
 """
 
@@ -29,8 +29,8 @@ from slashrt.connectors._redis import (
     shown,
     stream_schema,
 )
+from slashrt.connectors._feed import feed_reads
 from slashrt.errors import ConnectorError, OptionError, SlashError
-from slashrt.ops.sources import ChannelFeeder
 
 __all__ = ["RedisStream", "write_stream", "end_stream", "read_stream"]
 
@@ -105,29 +105,16 @@ class RedisStream:
 
         The input hook of `slashrt._runtime.local_inputs`."""
         decoder = EntryDecoder(self.url, self.stream_key, spec.schema.dtype, f"source {spec.step_id!r}")
-        feeder = ChannelFeeder(sender, time=spec.time, max_delay=spec.max_delay, watermark_every=watermark_every)
-        reads_in, reads_out = trio.open_memory_channel(1)
-        started = self.delivered
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read, reads_in, decoder)
-                async with reads_out:
-                    async for item in reads_out:
-                        if isinstance(item, SlashError):
-                            # the records read before it go through the dataflow first: the
-                            # executor has computed a buffer once its credit is back
-                            await sender.wait_credit(sender.spec.slots)
-                            if self.delivered == started:
-                                raise item
-                            raise type(item)(f"{item}; {self._resume_hint(self.delivered - started)}") from None
-                        records, last = item
-                        await feeder.feed(records)
-                        self._position = last
-                        self.delivered += len(records)
+            await feed_reads(sender, spec, watermark_every=watermark_every, read=lambda reads: self._read(reads, decoder),
+                             advance=self._advance, resume_hint=self._resume_hint)
         finally:
             self._client.connection_pool.disconnect()
         log.info("redis stream read", stream=self.stream_key, position=self._position, records=self.delivered)
-        await sender.aclose()
+
+    def _advance(self, last: str, count: int) -> None:
+        self._position = last
+        self.delivered += count
 
     def _resume_hint(self, delivered: int) -> str:
         return (f"the {delivered} records before it were delivered (up to stream id {self._position}): "

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import inspect
 
-from slashrt._batch import Batch, as_batch
+from slashrt._batch import Batch
 from slashrt._dataflow import FeedbackSpec, OperatorSpec, is_async
 from slashrt.errors import OperatorError, SlashError
 from slashrt.ops._node import Node
+from slashrt.ops.stateless import user_batch
 from slashrt.progress.timestamp import Timestamp
 
 __all__ = [
@@ -159,18 +160,8 @@ class OperatorNode(Node):
     def check_output(self, records) -> Batch | None:
         if records is None:
             return None
-        try:
-            batch = as_batch(records)
-        except TypeError as exc:
-            raise OperatorError(self.step_id, f"emitted the wrong type: {exc}") from None
-        missing = [n for n in self._names if n not in batch]
-        if missing:
-            raise OperatorError(
-                self.step_id,
-                f"emitted a batch without columns {missing} (it has {list(batch.names)}); declare the columns it "
-                "emits with schema=",
-            )
-        return batch
+        fix = "declare the columns it emits with schema="
+        return user_batch(self.step_id, records, self._names, did="emitted", fix=fix)
 
     async def _call(self, method, ctx: Context, *args) -> None:
         try:

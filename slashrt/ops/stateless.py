@@ -37,6 +37,20 @@ class _UserCode(Node):
             raise OperatorError(self.step_id, f"user function raised {type(exc).__name__}: {exc}") from exc
 
 
+def user_batch(step_id: str, records, names: tuple[str, ...], *, did: str, fix: str) -> Batch:
+    """What user code gave back (`did`: "returned", "emitted"), as a Batch with every column
+    of `names`; anything else is an OperatorError naming the step and, for missing columns,
+    the `fix`."""
+    try:
+        batch = as_batch(records)
+    except TypeError as exc:
+        raise OperatorError(step_id, f"{did} the wrong type: {exc}") from None
+    missing = [n for n in names if n not in batch]
+    if missing:
+        raise OperatorError(step_id, f"{did} a batch without columns {missing} (it has {list(batch.names)}); {fix}")
+    return batch
+
+
 class ApplyNode(_UserCode):
     def __init__(self, spec: ApplySpec):
         super().__init__(spec.step_id, spec.fn)
@@ -46,18 +60,8 @@ class ApplyNode(_UserCode):
         out = await self.call(batch)
         if out is None:
             return
-        try:
-            out = as_batch(out)
-        except TypeError as exc:
-            raise OperatorError(self.step_id, f"returned the wrong type: {exc}") from None
-        missing = [n for n in self._names if n not in out]
-        if missing:
-            raise OperatorError(
-                self.step_id,
-                f"returned a batch without columns {missing} (it has {list(out.names)}); "
-                "declare the schema it returns with apply(..., schema=...)",
-            )
-        await self.emit(out)
+        fix = "declare the schema it returns with apply(..., schema=...)"
+        await self.emit(user_batch(self.step_id, out, self._names, did="returned", fix=fix))
 
 
 class FilterNode(_UserCode):

@@ -92,13 +92,16 @@ class ProgressExchange:
         return self._buffer.items()
 
     def _settle(self) -> list[Message]:
-        if all(self._may_hold(pointstamp, delta) for pointstamp, delta in self._buffer.items()):
-            return []
-        return [self._send()]
+        may_hold = self._may_hold
+        for pointstamp, delta in self._buffer.items():
+            if not may_hold(pointstamp, delta):
+                return [self._send()]
+        return []
 
     def _may_hold(self, pointstamp: Pointstamp, delta: int) -> bool:
         location, time = pointstamp
-        return self.view.count(location, time) + delta > 0 and self.view.frontier(location).less_equal(time)
+        view = self.view
+        return view.count(location, time) + delta > 0 and not view.is_complete(location, time)
 
     def _send(self) -> Message:
         updates = self._buffer.drain()

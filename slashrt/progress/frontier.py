@@ -44,6 +44,16 @@ class Frontier(abc.ABC):
     def passed(self, time: int) -> bool:
         return self.low >= time
 
+    def _move(self, source: int, time: int) -> int | None:
+        """Set `entries[source]` to `time`; its previous watermark, or None if it was `time`."""
+        current = self.entries[source]
+        if time < current:
+            raise ValueError(f"source {source} moved its watermark back from {current} to {time}")
+        if time == current:
+            return None
+        self.entries[source] = time
+        return current
+
 
 class VectorClock(Frontier):
     """Slash's vector clock: one low watermark per source (executor); the frontier is their
@@ -56,12 +66,9 @@ class VectorClock(Frontier):
         self._low = start
 
     def advance(self, source: int, time: int) -> bool:
-        current = self.entries[source]
-        if time < current:
-            raise ValueError(f"source {source} moved its watermark back from {current} to {time}")
-        if time == current:
+        current = self._move(source, time)
+        if current is None:
             return False
-        self.entries[source] = time
         if current != self._low:
             return False  # it was not (the only) minimum: the frontier cannot have moved
         low = min(self.entries)
@@ -85,7 +92,7 @@ class PointstampClock(Frontier):
     the frontier is empty and `low` is END_TIME.
 
     Cost: a tracker update and propagation per move that changes a count (O(1) locations
-    here); `low` is O(1)."""
+    here; about 2.5 us per `advance`, the vector clock's 0.2 us); `low` is O(1)."""
 
     def __init__(self, sources: int, start: int = NO_TIME):
         if sources < 1:
@@ -102,18 +109,21 @@ class PointstampClock(Frontier):
         self._low = start
 
     def advance(self, source: int, time: int) -> bool:
-        current = self.entries[source]
-        if time < current:
-            raise ValueError(f"source {source} moved its watermark back from {current} to {time}")
-        if time == current:
+        current = self._move(source, time)
+        if current is None:
             return False
-        self.entries[source] = time
-        if time != END_TIME:
-            self.tracker.update(self._at, Timestamp.at(time), 1)  # the new capability before
-        self.tracker.update(self._at, Timestamp.at(current), -1)  # the old one goes
-        if not self.tracker.propagate():
-            return False
-        frontier = self.tracker.frontier(self._gate)
+        old = ((self._at, Timestamp.at(current)), -1)
+        if time != END_TIME:  # the new capability before the old one goes
+            self.tracker.update_iter((((self._at, Timestamp.at(time)), 1), old))
+        else:
+            self.tracker.update_iter((old,))
+        gate = self._gate
+        for location, _, _ in self.tracker.propagate():
+            if location == gate:
+                break
+        else:
+            return False  # the gate's frontier did not change
+        frontier = self.tracker.frontier(gate)
         low = END_TIME if not frontier else min(t.epoch for t in frontier)
         moved, self._low = low != self._low, low
         return moved

@@ -32,11 +32,13 @@ from slashrt.progress.timestamp import MAX_EPOCH, Timestamp
 
 __all__ = ["PathSummary", "IDENTITY", "INGRESS", "EGRESS", "feedback"]
 
+_timestamp = tuple.__new__  # _timestamp(Timestamp, (epoch, counters)): a Timestamp of checked parts
+
 
 class PathSummary:
     """The normal form (pop, advance, push) of a path's effect on timestamps; immutable."""
 
-    __slots__ = ("pop", "advance", "push", "_hash")
+    __slots__ = ("pop", "advance", "push", "_hash", "_identity")
 
     def __init__(self, pop: int = 0, advance: int = 0, push: tuple[int, ...] = ()):
         if pop < 0 or advance < 0 or any(c < 0 for c in push):
@@ -45,6 +47,7 @@ class PathSummary:
         self.advance = advance
         self.push = push
         self._hash = hash((pop, advance, push))
+        self._identity = not pop and not advance and not push
 
     # --- meaning -------------------------------------------------------------------------
     def applies_at(self, depth: int) -> bool:
@@ -55,18 +58,20 @@ class PathSummary:
         return depth - self.pop + len(self.push)
 
     def apply(self, t: Timestamp) -> Timestamp | None:
-        counters = t.counters
-        if not self.pop and not self.advance and not self.push:
+        if self._identity:
             return t
-        if not self.applies_at(len(counters)):
-            return None
-        base = counters[: len(counters) - self.pop]
-        if self.advance:
-            last = base[-1] + self.advance
+        epoch, counters = t
+        depth, pop, advance = len(counters), self.pop, self.advance
+        if depth < pop + (1 if advance else 0):
+            return None  # does not apply (`applies_at`)
+        base = counters[: depth - pop] if pop else counters
+        if advance:
+            last = base[-1] + advance
             if last > MAX_EPOCH:
                 return None
             base = base[:-1] + (last,)
-        return Timestamp(t.epoch, base + self.push)
+        # counters stay non-negative (ours are, and every part of a summary is): no check
+        return _timestamp(Timestamp, (epoch, base + self.push))
 
     __call__ = apply
 

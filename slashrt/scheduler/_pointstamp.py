@@ -301,13 +301,28 @@ class PointstampProgress:
         }
 
     def report(self) -> dict:
-        """JSON-able: every input's frontier and every outstanding pointstamp, where and what."""
-        held = []
-        for (location, time), count in self.tracker.pointstamps():
-            held.append({"at": self.graph.name(location), "time": _plain(time), "count": count, "what": self._what(location)})
+        """JSON-able: every input's frontier, every outstanding pointstamp (where and what),
+        and for each input with a frontier the pointstamps holding it back: those whose image
+        there under a least path summary is an element of the frontier."""
+        outstanding = list(self.tracker.pointstamps())
+        held = [
+            {"at": self.graph.name(location), "time": _plain(time), "count": count, "what": self._what(location)}
+            for (location, time), count in outstanding
+        ]
+        holding = {}
+        for loc in self.graph.locations:
+            frontier = self.tracker.frontier(loc) if loc.kind == "in" else ()
+            if not frontier:
+                continue
+            holding[self.graph.name(loc)] = [
+                {"at": self.graph.name(at), "time": _plain(time), "what": self._what(at)}
+                for (at, time), _ in outstanding
+                if any(s.apply(time) in frontier for s in self.graph.summaries(at, loc))
+            ]
         return {
             "frontiers": {name: [_plain(t) for t in ts] for name, ts in self.frontiers().items()},
             "pointstamps": sorted(held, key=lambda h: (h["at"], h["time"])),
+            "holding": holding,
             "queued_batches": len(self.queue),
         }
 

@@ -529,8 +529,11 @@ def _close_socket(sock: socket.socket | None) -> None:
         sock.close()
 
 
-async def _read_control(sock: socket.socket) -> bytes:
-    """The next bytes from the control connection; b'' at its end (or when it was reset)."""
+async def _read_control(sock: socket.socket | None) -> bytes:
+    """The next bytes from the control connection; b'' at its end (or when it was reset, or
+    closed here: an end closed between its drive starting and its watch running has none)."""
+    if sock is None:
+        return b""
     while True:
         try:
             return sock.recv(64)

@@ -113,3 +113,68 @@ def test_mutable_frontier_moves_when_its_element_leaves():
     assert counts.update_iter([(low, -1)]) == []  # still one at low
     assert counts.update_iter([(low, -1)]) == [(low, -1), (high, 1)]
     assert counts.update_iter([(high, -1)]) == [(high, -1)] and counts.is_empty()
+
+
+# --- fast paths equal the general path ---------------------------------------------------------
+
+epochs = st.builds(Timestamp, st.integers(0, 6))  # outside loops: a total order
+epoch_updates = st.lists(st.lists(st.tuples(epochs, st.integers(-2, 3)), max_size=4), max_size=15)
+
+
+@FAST
+@given(epoch_updates)
+def test_one_element_frontier_equals_the_general_path(batches):
+    """`total=True` (timestamps outside loops) reports the same changes and frontiers."""
+    fast, general = MutableAntichain(total=True), MutableAntichain()
+    for batch in batches:
+        assert sorted(fast.update_iter(batch), key=repr) == sorted(general.update_iter(batch), key=repr)
+        assert fast.frontier == general.frontier and len(fast.frontier) <= 1
+        assert dict(fast.positive()) == dict(general.positive())
+        for probe in range(-1, 8):
+            assert fast.less_equal(Timestamp(probe)) == general.less_equal(Timestamp(probe))
+
+
+@FAST
+@given(st.lists(st.lists(st.tuples(times, st.integers(-2, 3)), max_size=4), max_size=15))
+def test_merged_frontier_equals_one_rebuilt_from_the_counts(batches):
+    """Merging what became positive into the frontier (instead of rebuilding it) changes nothing."""
+    counts = MutableAntichain()
+    for batch in batches:
+        counts.update_iter(batch)
+        assert set(counts.frontier) == set(counts._rebuilt())
+
+
+def test_frontier_objects_are_never_changed_once_handed_out():
+    """A caller may keep a frontier and compare it with a later one (the bus's next_frontier)."""
+    counts = MutableAntichain(total=True)
+    counts.update_iter([(Timestamp(1), 1)])
+    before = counts.frontier
+    counts.update_iter([(Timestamp(2), 1), (Timestamp(1), -1)])
+    assert before.elements == (Timestamp(1),) and counts.frontier.elements == (Timestamp(2),)
+    assert before != counts.frontier
+
+
+class Divisor:
+    """A partial order with nothing but `less_equal`: a <= b iff a divides b."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def less_equal(self, other):
+        return other.n % self.n == 0
+
+    def __eq__(self, other):
+        return self.n == other.n
+
+    def __hash__(self):
+        return hash(self.n)
+
+
+def test_counts_of_elements_without_a_sort_key():
+    """Elements with only `less_equal` (no linear extension to sort by) get the minimal ones."""
+    counts = MutableAntichain()
+    counts.update_iter([(Divisor(4), 1), (Divisor(2), 1), (Divisor(3), 1), (Divisor(1), 1)])
+    assert counts.frontier.elements == (Divisor(1),)
+    changes = counts.update_iter([(Divisor(1), -1)])  # rebuilt from the counts
+    assert sorted((e.n, d) for e, d in changes) == [(1, -1), (2, 1), (3, 1)]
+    assert set(counts.frontier) == {Divisor(2), Divisor(3)}

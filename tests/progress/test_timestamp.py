@@ -72,3 +72,14 @@ def test_loop_counters_are_never_negative():
 
 def test_repr():
     assert repr(Timestamp(3)) == "(3)" and repr(Timestamp(3, (1, 2))) == "(3, <1, 2>)"
+
+
+@FAST
+@given(timestamps())
+def test_survives_pickling_and_copying(t):
+    import copy
+    import pickle
+
+    for again in (pickle.loads(pickle.dumps(t)), copy.copy(t), copy.deepcopy(t)):
+        assert type(again) is Timestamp and again == t and hash(again) == hash(t)
+        assert (again.epoch, again.counters, again.depth) == (t.epoch, t.counters, t.depth)

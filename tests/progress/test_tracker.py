@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from slashrt.progress.reachability import Location
 from slashrt.progress.timestamp import Timestamp
 from slashrt.progress.tracker import Tracker, move_capability
-from tests.progress._graphs import loop, nested_loops
+from tests.progress._graphs import loop, nested_loops, pipeline
 
 GRAPHS = {"loop": loop(), "nested": nested_loops()}
 FAST = settings(max_examples=30, derandomize=True, deadline=None)
@@ -126,3 +126,31 @@ def test_a_sources_capability_follows_its_watermark():
     assert tracker.is_complete(sink, Timestamp.at(249)) and not tracker.is_complete(sink, Timestamp.at(250))
     with pytest.raises(ValueError, match="cannot move from"):
         move_capability(source, Timestamp.at(250), Timestamp.at(100))
+
+
+# --- fast paths equal the general path ---------------------------------------------------------
+
+ALL_GRAPHS = {**GRAPHS, "pipeline": pipeline()}
+
+
+@FAST
+@given(st.sampled_from(sorted(ALL_GRAPHS)).flatmap(
+    lambda name: st.tuples(
+        st.just(name),
+        st.lists(st.lists(st.tuples(pointstamps(ALL_GRAPHS[name][0]), st.integers(-1, 2)), max_size=6), max_size=5),
+    )
+))
+def test_fast_paths_equal_the_general_path(case):
+    """One-element frontiers outside loops and the identity shortcut, on and forced off: the
+    same frontier changes from every propagate, the same frontiers and completeness."""
+    name, batches = case
+    graph = ALL_GRAPHS[name][0]
+    fast, general = Tracker(graph), Tracker(graph, fast_paths=False)
+    for batch in batches:
+        fast.update_iter(batch)
+        general.update_iter(batch)
+        assert sorted(fast.propagate(), key=repr) == sorted(general.propagate(), key=repr)
+        for location in graph.locations:
+            assert fast.frontier(location) == general.frontier(location)
+            for (_, time), _ in batch:
+                assert fast.is_complete(location, time) == general.is_complete(location, time)

@@ -1,0 +1,65 @@
+"""`slashrt bench files`: YSB read from files through `FileSource`, per format.
+
+The generated events are written as `parts` files of each format (Parquet and CSV by our own
+`ParquetFile` / `CsvFile` sinks, .npy by np.save) into a temporary directory, removed after;
+YSB then reads each format's directory with `FileSource`, and its counts must equal the numpy
+reference. It reports each format's throughput (best of `repeat` runs; `records_per_s` is
+Parquet's), its bytes on disk, and the same query over the in-memory array for comparison.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from slashrt.bench import ysb
+from slashrt.bench._common import throughput_fields
+
+__all__ = ["FORMATS", "bench"]
+
+FORMATS = ("parquet", "csv", "npy")
+
+
+def bench(*, events: int, campaigns: int = 1000, parts: int = 4, repeat: int = 1, **options) -> dict:
+    from slashrt import sinks
+    from slashrt._runtime import run
+    from slashrt.connectors import FileSource
+
+    records = ysb.generate(events, campaigns)
+    ads = ysb.campaign_map(campaigns)
+    expected = ysb.reference(records, ads)
+    cuts = np.linspace(0, events, parts + 1).astype(np.int64)
+
+    def best_run(source) -> tuple[object, bool]:
+        best, correct = None, True
+        for _ in range(repeat):
+            out = sinks.Collect()
+            result = run(ysb.dataflow(ads, out), {"events": source()}, **options)
+            correct = correct and np.array_equal(ysb.to_result(out.records), expected)
+            best = result if best is None or result.seconds < best.seconds else best
+        return best, correct
+
+    fields, results, correct = {}, {}, True
+    with tempfile.TemporaryDirectory(prefix="slashrt-bench-files-") as root:
+        for fmt in FORMATS:
+            directory = Path(root, fmt)
+            directory.mkdir()
+            for i in range(parts):
+                path, part = directory / f"part-{i}.{fmt}", records[cuts[i] : cuts[i + 1]]
+                if fmt == "npy":
+                    np.save(path, part)
+                    continue
+                sink = (sinks.ParquetFile if fmt == "parquet" else sinks.CsvFile)(path)
+                sink.open()
+                sink.write(part)
+                sink.close()
+            results[fmt], ok = best_run(lambda d=directory: FileSource(d))
+            correct = correct and ok
+            fields[f"records_per_s_{fmt}"] = round(events / results[fmt].seconds, 1)
+            fields[f"bytes_{fmt}"] = sum(p.stat().st_size for p in directory.iterdir())
+    array, ok = best_run(lambda: records)
+    fields["records_per_s_array"] = round(events / array.seconds, 1)
+    return throughput_fields("files-ysb", events, results["parquet"], correct=correct and ok, campaigns=campaigns,
+                             parts=parts, repeat=repeat, **fields)

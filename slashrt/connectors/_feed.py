@@ -1,0 +1,55 @@
+"""Feeding a connector source's reads into its channel: the loop the Redis and file sources share.
+
+A reader task reads ahead in a worker thread and sends, through a memory channel of one (one
+read ahead: bounded), either `(records, position after them)` or the `SlashError` that ended
+the read. Records go through `ChannelFeeder` (full slots, watermarks in band); the source's
+position moves only once they are in the channel. An error comes after the good records read
+before it: the task waits until the executor has returned every credit (computed everything
+it was given), then fails the run, saying where to resume when records were delivered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from slashrt.errors import SlashError
+from slashrt.ops.sources import ChannelFeeder
+
+__all__ = ["feed_reads"]
+
+
+async def feed_reads(
+    sender,
+    spec,
+    *,
+    watermark_every: int,
+    read: Callable[[trio.MemorySendChannel], Awaitable[None]],
+    advance: Callable[[object, int], None],
+    resume_hint: Callable[[int], str],
+) -> int:
+    """Run `read(send_channel)` beside a task that feeds what it sends into `sender`'s channel
+    (for source `spec`), calling `advance(position, count)` after each read's records are in;
+    then close the channel. `resume_hint(delivered)` ends the message of an error that came
+    after records were delivered. Returns the number of records delivered."""
+    feeder = ChannelFeeder(sender, time=spec.time, max_delay=spec.max_delay, watermark_every=watermark_every)
+    reads_in, reads_out = trio.open_memory_channel(1)
+    delivered = 0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read, reads_in)
+        async with reads_out:
+            async for item in reads_out:
+                if isinstance(item, SlashError):
+                    # the records read before it go through the dataflow first: the executor
+                    # has computed a buffer once its credit is back
+                    await sender.wait_credit(sender.spec.slots)
+                    if not delivered:
+                        raise item
+                    raise type(item)(f"{item}; {resume_hint(delivered)}") from None
+                records, position = item
+                await feeder.feed(records)
+                advance(position, len(records))
+                delivered += len(records)
+    await sender.aclose()
+    return delivered
