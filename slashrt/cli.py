@@ -202,7 +202,7 @@ def _parser() -> argparse.ArgumentParser:
     cc.add_argument("--edges", type=_positive_int, default=1_000_000, help="random edges (over as many nodes)")
     cc.add_argument("--epochs", type=_positive_int, default=1, help="epochs the edges arrive in (each one checked)")
     cc.add_argument("--graph", choices=["uniform", "powerlaw"], default="uniform", help="how endpoints are drawn")
-    cc.add_argument("--executors", type=_positive_int, default=1, help="executors (loops run on one executor)")
+    cc.add_argument("--executors", type=_positive_int, default=1, help="executors (the example keeps its labels in one operator: one executor)")
     cc.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the random graph")
     cc.add_argument("--repeat", type=_positive_int, default=3,
                     help="report the best of this many runs of slashrt and scipy (NetworkX runs once)")
@@ -384,8 +384,8 @@ def _run_bench(args, given: set[str]) -> dict:
         return convert_bench(rows=args.events, batch_rows=args.batch_rows, repeat=args.repeat, stream=args.stream)
     if path == "cc":
         if args.executors > 1:
-            raise _Refused(f"--executors {args.executors}: loops run on one executor so far; `bench cc` takes "
-                           "--executors 1")
+            raise _Refused(f"--executors {args.executors}: the connected-components example keeps every label in "
+                           "one operator, so it runs on one executor; `bench cc` takes --executors 1")
         _require(("scipy", "networkx"), "bench", "`slashrt bench cc`")
         from slashrt.bench import cc
 
