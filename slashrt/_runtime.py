@@ -234,13 +234,13 @@ async def run_async(
 def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_dir, resume_from):
     """The run's `Checkpointing`, or None without a `checkpoint_dir`; refuses, in one sentence,
     what cannot be checkpointed yet (a source that cannot rewind, loops)."""
-    from slashrt.snapshot import runtime
+    from slashrt.snapshot import SnapshotStore, runtime
 
     if checkpoint_dir is None:
         if checkpoint is not None or resume_from is not None:
             raise OptionError("run(): checkpoint= and resume_from= need checkpoint_dir= (a directory or fsspec URL for the checkpoints)")
         return None
-    config = runtime.checkpoint_config(checkpoint)
+    config, keep = runtime.checkpoint_config(checkpoint)
     if any(type(spec).__name__ == "FeedbackSpec" for spec in flow.steps.values()):
         raise DataflowError(f"run(): dataflow {flow.name!r} has a loop; checkpoints of loops are not there yet: run it without checkpoint_dir=")
     for step_id, _spec, records in _per_source(plan, inputs, "input"):
@@ -249,7 +249,7 @@ def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_di
                 f"run(): source {step_id!r} reads from {type(records).__name__}, which cannot rewind to a checkpoint "
                 "yet (in-memory arrays can): run it without checkpoint_dir="
             )
-    store = runtime.open_store(checkpoint_dir, flow.name)
+    store = SnapshotStore(checkpoint_dir, job=flow.name, keep=keep)
     return runtime.Checkpointing(plan, config, store, runtime.load_restored(store, resume_from))
 
 

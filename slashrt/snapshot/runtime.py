@@ -36,24 +36,28 @@ __all__ = ["Checkpointing", "SourceBarriers", "checkpoint_config"]
 log = structlog.get_logger("slashrt.checkpoint")
 
 EXECUTOR = 0  # one executor: every part is executor 0's
+KEEP = 3  # complete checkpoints kept by default
 
 
-def checkpoint_config(checkpoint) -> CheckpointConfig:
-    """`run(checkpoint=...)`: a CheckpointConfig, a dict of its options, an interval (seconds or
-    a string like '500ms'), or None (only the final checkpoint)."""
+def checkpoint_config(checkpoint) -> tuple[CheckpointConfig, int]:
+    """`run(checkpoint=...)` as (config, complete checkpoints to keep): a CheckpointConfig, a
+    dict of its options (and `keep`, default 3), an interval (seconds or a string like '500ms'),
+    or None (only the final checkpoint)."""
     if checkpoint is None:
-        return CheckpointConfig()
+        return CheckpointConfig(), KEEP
     if isinstance(checkpoint, CheckpointConfig):
-        return checkpoint
+        return checkpoint, KEEP
     if isinstance(checkpoint, dict):
+        options = dict(checkpoint)
+        keep = options.pop("keep", KEEP)
         try:
-            return CheckpointConfig.from_options(**checkpoint)
+            return CheckpointConfig.from_options(**options), keep
         except TypeError:
             raise OptionError(
                 f"run(): checkpoint={checkpoint!r} has an unknown key; the keys are interval, min_pause, "
-                "max_in_flight, timeout and mode"
+                "max_in_flight, timeout, mode and keep"
             ) from None
-    return CheckpointConfig.from_options(interval=checkpoint)
+    return CheckpointConfig.from_options(interval=checkpoint), KEEP
 
 
 class SourceBarriers:
@@ -112,6 +116,8 @@ class Checkpointing:
         )
         self.aligner = BarrierAligner(list(plan.sources), clock=time.perf_counter)
         self._taken: set[int] = set()
+        self._writing: set[int] = set()  # checkpoints whose parts, manifest or commit are under way
+        self._storing = trio.Lock()  # one manifest (and its retention) at a time
         self._changed = trio.Event()  # set when a checkpoint ends (completed or aborted)
         self._nursery: trio.Nursery | None = None
 
@@ -170,12 +176,14 @@ class Checkpointing:
         for n in sorted(self.coordinator.pending):
             if n not in self._taken:
                 self._take(n, AlignmentStats(n, time.perf_counter(), time.perf_counter()))
-        while self.coordinator.pending:
+        while self._writing:
             await self._changed.wait()
         final = self.coordinator.trigger_savepoint().checkpoint
         for source in self.sources.values():
             source.request(final)
         self._take(final, AlignmentStats(final, time.perf_counter(), time.perf_counter()))
+        while self._writing:
+            await self._changed.wait()
 
     # -- the executor's side (Executor.checkpoints) ------------------------------------------------
     async def on_barrier(self, executor, inp, n: int) -> None:
@@ -187,7 +195,8 @@ class Checkpointing:
     def _obey(self, executor, outcomes) -> None:
         for outcome in outcomes:
             if isinstance(outcome, Abort):
-                self._ended(self.coordinator.decline(outcome.checkpoint, self._instances()[0], outcome.reason))
+                if self.coordinator.decline(outcome.checkpoint, self._instances()[0], outcome.reason) is not None:
+                    self._signal()
             elif isinstance(outcome, Snapshot):
                 self._take(outcome.checkpoint, outcome.stats)
         blocked = self.aligner.channels.blocked
@@ -205,6 +214,7 @@ class Checkpointing:
         """The synchronous part of checkpoint n, between two batches: pre-commit the sinks, copy
         every node's state; the writing goes on in the background."""
         self._taken.add(n)
+        self._writing.add(n)
         started = time.perf_counter()
         for sink in self.sinks:
             sink.pre_commit(n)
@@ -218,6 +228,13 @@ class Checkpointing:
         self._nursery.start_soon(self._write, n, states, sync, positions, alignment.seconds)
 
     async def _write(self, n: int, states: dict, sync: dict, positions: dict, alignment_s: float) -> None:
+        try:
+            await self._write_parts(n, states, sync, positions, alignment_s)
+        finally:
+            self._writing.discard(n)
+            self._signal()
+
+    async def _write_parts(self, n: int, states: dict, sync: dict, positions: dict, alignment_s: float) -> None:
         completed = None
         if not states:
             completed = self.coordinator.ack(n, ("executor", EXECUTOR), AckStats(alignment_s))
@@ -226,19 +243,18 @@ class Checkpointing:
             part = await self.store.awrite_part(n, step_id, EXECUTOR, state.arrays, state.meta)
             stats = AckStats(alignment_s, sync[step_id], time.perf_counter() - t0, part.size)
             completed = self.coordinator.ack(n, (step_id, EXECUTOR), stats) or completed
-        if completed is None:  # aborted meanwhile (a newer barrier overtook it)
-            self.store.discard(n)
-            return
-        await self.store.acomplete(n, {"sources": positions, "executors": 1})
-        for sink in self.sinks:
-            sink.commit(n)
+        async with self._storing:
+            if completed is None:  # aborted meanwhile (a newer barrier overtook it)
+                await trio.to_thread.run_sync(self.store.discard, n)
+                return
+            await self.store.acomplete(n, {"sources": positions, "executors": 1})
+            for sink in self.sinks:
+                sink.commit(n)
         log.info("checkpoint completed", checkpoint=n, bytes=completed.bytes)
-        self._ended(completed)
 
-    def _ended(self, record) -> None:
-        if record is not None:
-            self._changed.set()
-            self._changed = trio.Event()
+    def _signal(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
 
     def report(self) -> list[dict]:
         """Per checkpoint: status, seconds, bytes, and the slowest instance's alignment, sync and async seconds."""
@@ -246,10 +262,6 @@ class Checkpointing:
 
     def state_bytes(self) -> int:
         return sum(int(getattr(node, "state_bytes", 0) or 0) for node in self.nodes.values())
-
-
-def open_store(checkpoint_dir, job: str) -> SnapshotStore:
-    return SnapshotStore(checkpoint_dir, job=job)
 
 
 def load_restored(store: SnapshotStore, resume_from) -> Checkpoint | None:
