@@ -21,7 +21,7 @@ import slashrt
 from slashrt import Dataflow, Schema, Tumbling, sinks
 
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
-SIZES = {"a": 300_000, "b": 200_000, "c": 100_000}
+SIZES = {"a": 200_000, "b": 120_000, "c": 60_000}
 DISORDER = {"a": 40, "b": 20, "c": 20}
 
 
@@ -68,7 +68,7 @@ def main(directory: str, kill: str) -> None:
     if point not in ("none", "records"):
         kill_at({"pre_commit": PartFiles, "write_part": SnapshotStore, "complete": SnapshotStore}[point], point, int(k))
     slashrt.run(
-        flow(directory), {name: records(name) for name in SIZES}, checkpoint={"interval": 0.01, "keep": 2},
+        flow(directory), {name: records(name) for name in SIZES}, checkpoint={"interval": 0.005, "keep": 2},
         checkpoint_dir=f"{directory}/chk", resume_from="latest", slots=8, slot_size=2048, on_records=on_records,
     )
     print("done", flush=True)
