@@ -26,7 +26,7 @@ from slashrt._buffer import Control
 from slashrt.errors import OptionError, SnapshotError
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Snapshot
 from slashrt.snapshot.commit import TwoPhaseCommit, recover
-from slashrt.snapshot.coordinator import AckStats, CheckpointConfig, CheckpointCoordinator
+from slashrt.snapshot.coordinator import AckStats, CheckpointConfig, CheckpointCoordinator, StopTheWorld
 from slashrt.snapshot.operators import restore_plan, stateful_nodes
 from slashrt.snapshot.state_format import State
 from slashrt.snapshot.storage import Checkpoint, SnapshotStore
@@ -67,6 +67,7 @@ class SourceBarriers:
 
     def __init__(self, step_id: str):
         self.step_id = step_id
+        self.halt = None  # stop-the-world: called after each barrier sent; feeding resumes when its event is set
         self.requested = 0
         self.sent = 0
         self.final: dict | None = None  # the position at the end of the stream
@@ -81,6 +82,8 @@ class SourceBarriers:
         if self.final is not None:
             self.positions[n] = self.final
             self.sent = n
+            if self.halt is not None:
+                self.halt(self.step_id)
 
     async def emit(self, feeder) -> None:
         while self.due:
@@ -88,6 +91,8 @@ class SourceBarriers:
             self.positions[n] = feeder.snapshot(self.step_id).meta
             self.sent = n
             await feeder.sender.send_control(Control.BARRIER, n)
+            if self.halt is not None:
+                await self.halt(self.step_id).wait()
 
     def end(self, feeder) -> None:
         self.final = feeder.snapshot(self.step_id).meta
@@ -98,8 +103,6 @@ class Checkpointing:
     checkpoint to resume from already loaded (`restored`)."""
 
     def __init__(self, plan, config: CheckpointConfig, store: SnapshotStore, restored: Checkpoint | None):
-        if config.mode != "abs":
-            raise OptionError("run(): checkpoint mode 'sync' is the stop-the-world baseline of `slashrt bench checkpoint`; runs take mode 'abs'")
         self.plan = plan
         self.config = config
         self.store = store
@@ -110,6 +113,10 @@ class Checkpointing:
             if getattr(node.sink, "transactional", False) and isinstance(node.sink, TwoPhaseCommit)
         ]
         self.sources = {step_id: SourceBarriers(step_id) for step_id in plan.sources}
+        self._world: StopTheWorld | None = None  # mode "sync": the checkpoint stopping the world
+        if config.mode == "sync":
+            for source in self.sources.values():
+                source.halt = self._halted
         steps = list(self.nodes) or ["executor"]
         self.coordinator = CheckpointCoordinator.for_steps(
             steps, [EXECUTOR], config, clock=trio.current_time, first=store.next_checkpoint()
@@ -167,8 +174,22 @@ class Checkpointing:
                     await self._changed.wait()
                     continue
                 log.debug("checkpoint triggered", checkpoint=record.checkpoint)
-                for source in self.sources.values():
-                    source.request(record.checkpoint)
+                self._request(record.checkpoint)
+
+    def _request(self, n: int) -> None:
+        """Barrier n at every source (stop-the-world: each halts after sending it)."""
+        if self.config.mode == "sync":
+            instances = [(step_id, EXECUTOR) for step_id in self.sources]
+            self._world = StopTheWorld(n, instances, [("executor", EXECUTOR)], clock=time.perf_counter)
+            self._resume = trio.Event()
+        for source in self.sources.values():
+            source.request(n)
+
+    def _halted(self, step_id: str):
+        """Stop-the-world: a source sent its barrier; it waits for what this returns to feed on."""
+        if self._world is not None and self._world.phase == "halt":
+            self._world.halted((step_id, EXECUTOR))
+        return self._resume
 
     async def _finish(self) -> None:
         """Every input ended: a checkpoint requested after the executor saw every end gets no
@@ -179,24 +200,25 @@ class Checkpointing:
         while self._writing:
             await self._changed.wait()
         final = self.coordinator.trigger_savepoint().checkpoint
-        for source in self.sources.values():
-            source.request(final)
+        self._request(final)
         self._take(final, AlignmentStats(final, time.perf_counter(), time.perf_counter()))
         while self._writing:
             await self._changed.wait()
 
     # -- the executor's side (Executor.checkpoints) ------------------------------------------------
     async def on_barrier(self, executor, inp, n: int) -> None:
-        self._obey(executor, self.aligner.barrier(inp.name, n))
+        await self._obey(executor, self.aligner.barrier(inp.name, n))
 
     async def on_end(self, executor, inp) -> None:
-        self._obey(executor, self.aligner.end(inp.name))
+        await self._obey(executor, self.aligner.end(inp.name))
 
-    def _obey(self, executor, outcomes) -> None:
+    async def _obey(self, executor, outcomes) -> None:
         for outcome in outcomes:
             if isinstance(outcome, Abort):
                 if self.coordinator.decline(outcome.checkpoint, self._instances()[0], outcome.reason) is not None:
                     self._signal()
+            elif isinstance(outcome, Snapshot) and self.config.mode == "sync":
+                await self._stop_the_world(outcome.checkpoint, outcome.stats)
             elif isinstance(outcome, Snapshot):
                 self._take(outcome.checkpoint, outcome.stats)
         blocked = self.aligner.channels.blocked
@@ -206,6 +228,21 @@ class Checkpointing:
                     executor.block(inp)
         else:
             executor.unblock_all()
+
+    async def _stop_the_world(self, n: int, alignment: AlignmentStats) -> None:
+        """The synchronous baseline: every source halted after barrier n, everything before it is
+        computed (drained); snapshot, write and commit while nothing runs, then resume the sources."""
+        world, resume = self._world, self._resume  # a next checkpoint may start once n is acked
+        while world.phase == "halt":  # a source may still be on its way to the barrier
+            await trio.lowlevel.checkpoint()
+        world.drained(("executor", EXECUTOR))
+        self._take(n, alignment)
+        while n in self._writing:
+            await self._changed.wait()
+        world.snapshotted(("executor", EXECUTOR))
+        resume.set()
+        for step_id in self.sources:
+            world.resumed((step_id, EXECUTOR))
 
     def _instances(self):
         return sorted(self.coordinator.instances)
