@@ -5,8 +5,8 @@ against the query's numpy reference.
     slashrt bench checkpoint [--query ysb|nexmark] [--interval S] [--events N] [--json]
 
 Reports records_per_s_none / _abs / _sync (the best of `repeat` runs each), their ratios, the
-mean bytes a periodic checkpoint wrote (`snapshot_bytes`) against the bytes of the operator state
-it holds (`state_bytes`: the arrays, no records in flight), checkpoints taken, and `correct`.
+mean bytes a periodic checkpoint wrote (`snapshot_bytes`) against the mean bytes of the operator
+state it holds (`state_bytes`: its arrays in memory; no records in flight), checkpoints taken, and `correct`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from slashrt.snapshot import SnapshotStore
 __all__ = ["bench"]
 
 MODES = ("none", "abs", "sync")
+KEEP = 10_000  # every checkpoint of the measured run stays, to read its state's size
 
 
 def _query(query: str, events: int):
@@ -42,7 +43,7 @@ def _run(mode: str, inputs, make_flow, interval: float, directory: str, options:
     sink = Collect(transactional=mode != "none")
     flow = make_flow(sink)
     checkpoints = {} if mode == "none" else {
-        "checkpoint": {"interval": interval, "mode": mode, "keep": 2}, "checkpoint_dir": f"{directory}/{mode}",
+        "checkpoint": {"interval": interval, "mode": mode, "keep": KEEP}, "checkpoint_dir": f"{directory}/{mode}",
     }
     result = slashrt.run(flow, inputs, **options, **checkpoints)
     return result, sink.records, flow.name
@@ -71,10 +72,10 @@ def bench(*, query: str = "ysb", events: int = 5_000_000, interval: float = 1.0,
                 fields["snapshot_bytes"] = round(statistics.mean(c["bytes"] for c in periodic)) if periodic else 0
                 fields["max_alignment_s"] = max((c["max_alignment_s"] for c in periodic), default=0.0)
                 fields["max_async_s"] = max((c["max_async_s"] for c in periodic), default=0.0)
-                store = SnapshotStore(f"{directory}/abs", job=job, keep=2)
-                kept = [c for c in store.checkpoints() if any(p["checkpoint"] == c for p in periodic)]
-                states = store.load(kept[-1]).states.values() if kept else ()
-                fields["state_bytes"] = sum(a.nbytes for s in states for a in s.arrays.values())
+                store = SnapshotStore(f"{directory}/abs", job=job, keep=KEEP)
+                state = [sum(a.nbytes for s in store.load(c["checkpoint"]).states.values() for a in s.arrays.values())
+                         for c in periodic]
+                fields["state_bytes"] = round(statistics.mean(state)) if state else 0
     fields["abs_over_none"] = round(fields["records_per_s_abs"] / fields["records_per_s_none"], 3)
     fields["sync_over_none"] = round(fields["records_per_s_sync"] / fields["records_per_s_none"], 3)
     fields["correct"] = correct

@@ -13,6 +13,7 @@
 - what cannot be checkpointed is refused in one sentence.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -207,3 +208,16 @@ def test_bad_checkpoint_options_are_refused(tmp_path, options, error, message):
     options = {k: str(tmp_path) if v == "DIR" else v for k, v in options.items()}
     with pytest.raises(error, match=message):
         slashrt.run(flow, {"a": source_records(10, 0, seed=0)}, **options)
+
+
+def test_bench_checkpoint_measures_the_three_modes_and_checks_them(capsys):
+    from slashrt.cli import main
+
+    assert main(["bench", "checkpoint", "--events", "2000000", "--interval", "0.005", "--repeat", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["correct"] is True and result["events"] == 2_000_000
+    assert result["checkpoints_abs"] >= 1 and result["snapshot_bytes"] > 0 and result["state_bytes"] > 0
+    for field in ("records_per_s_none", "records_per_s_abs", "records_per_s_sync", "abs_over_none", "sync_over_none"):
+        assert result[field] > 0
+    assert main(["bench", "checkpoint", "--executors", "2"]) == 2
+    assert "checkpoints run on one executor so far" in capsys.readouterr().err
