@@ -70,6 +70,7 @@ class SourceBarriers:
         self.halt = None  # stop-the-world: called after each barrier sent; feeding resumes when its event is set
         self.requested = 0
         self.sent = 0
+        self._numbers: set[int] = set()  # requested, not sent: several in flight go out in order
         self.final: dict | None = None  # the position at the end of the stream
         self.positions: dict[int, dict] = {}  # checkpoint -> position (a feeder state's meta)
 
@@ -79,7 +80,9 @@ class SourceBarriers:
 
     def request(self, n: int) -> None:
         self.requested = n
+        self._numbers.add(n)
         if self.final is not None:
+            self._numbers.clear()
             self.positions[n] = self.final
             self.sent = n
             if self.halt is not None:
@@ -87,7 +90,8 @@ class SourceBarriers:
 
     async def emit(self, feeder) -> None:
         while self.due:
-            n = self.requested
+            n = min(self._numbers)
+            self._numbers.discard(n)
             self.positions[n] = feeder.snapshot(self.step_id).meta
             self.sent = n
             await feeder.sender.send_control(Control.BARRIER, n)
@@ -96,6 +100,9 @@ class SourceBarriers:
 
     def end(self, feeder) -> None:
         self.final = feeder.snapshot(self.step_id).meta
+        for n in self._numbers:  # requested while its last records went out: after them, as its end
+            self.positions[n] = self.final
+        self._numbers.clear()
 
 
 class Checkpointing:

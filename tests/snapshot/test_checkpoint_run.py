@@ -162,8 +162,11 @@ def test_checkpoints_change_no_result_with_windows_late_records_a_union_and_a_co
         return result, np.sort(late.records, order=["t", "v"])
 
     plain, plain_late = run()
-    for mode, interval in (("abs", 0.003), ("sync", 0.02)):  # sync: the stop-the-world baseline
-        checked, checked_late = run(checkpoint={"interval": interval, "mode": mode}, checkpoint_dir=tmp_path / mode)
+    configs = [  # sync: the stop-the-world baseline
+        {"interval": 0.003, "mode": "abs"}, {"interval": 0.001, "max_in_flight": 3}, {"interval": 0.02, "mode": "sync"},
+    ]
+    for i, config in enumerate(configs):
+        checked, checked_late = run(checkpoint=config, checkpoint_dir=tmp_path / str(i))
         completed = [c for c in checked.checkpoints if c["status"] == "completed"]
         assert len(completed) >= 2 and all(c["bytes"] > 0 for c in completed)
         assert plain.late_records == checked.late_records and sum(plain.late_records.values()) > 0
