@@ -72,13 +72,19 @@ def reference(tmp_path_factory) -> dict[str, list[str]]:
     return rows
 
 
-# each point is reached in every run: (after the k-th call of it)
+# each point is reached in every run (a run of the child passes "records" up to 380 (k), each
+# other point more than its top below): SIGKILL after the k-th pass
 KILLS = [
     pytest.param(["pre_commit:4"], id="between-pre-commit-and-commit"),
     pytest.param(["write_part:9"], id="during-async-write"),
     pytest.param(["complete:3"], id="after-manifest-before-commit"),
     pytest.param(["records:70"], id="after-70k-records"),
     pytest.param(["write_part:5", "pre_commit:2"], id="twice-in-a-row"),
+    # seeded random moments: a point and how often it is passed first
+    *(pytest.param([kill], id=f"seeded-{kill}") for kill in (
+        f"{point}:{rng.integers(1, top)}" for rng in [np.random.default_rng(14)]
+        for point, top in [("records", 180), ("write_part", 25), ("complete", 6)]
+    )),
 ]
 
 
