@@ -283,8 +283,13 @@ class Checkpointing:
         if not states:
             completed = self.coordinator.ack(n, ("executor", EXECUTOR), AckStats(alignment_s))
         for step_id, state in states.items():
-            t0 = time.perf_counter()
-            part = await self.store.awrite_part(n, step_id, EXECUTOR, state.arrays, state.meta)
+            # one store operation at a time: a manifest's retention removes the directories of
+            # older checkpoints (this one, once a newer one subsumed it) and must not meet a write
+            async with self._storing:
+                if n not in self.coordinator.pending:
+                    break  # subsumed by a newer checkpoint: discarded below
+                t0 = time.perf_counter()
+                part = await self.store.awrite_part(n, step_id, EXECUTOR, state.arrays, state.meta)
             stats = AckStats(alignment_s, sync[step_id], time.perf_counter() - t0, part.size)
             completed = self.coordinator.ack(n, (step_id, EXECUTOR), stats) or completed
         async with self._storing:
@@ -303,9 +308,6 @@ class Checkpointing:
     def report(self) -> list[dict]:
         """Per checkpoint: status, seconds, bytes, and the slowest instance's alignment, sync and async seconds."""
         return self.coordinator.report()
-
-    def state_bytes(self) -> int:
-        return sum(int(getattr(node, "state_bytes", 0) or 0) for node in self.nodes.values())
 
 
 def load_restored(store: SnapshotStore, resume_from) -> Checkpoint | None:
