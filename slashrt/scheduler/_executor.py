@@ -197,6 +197,8 @@ class Executor:
                 continue
             if buf is None:  # the channel failed after the buffers before this marker
                 lane.open -= 1
+                if self.checkpoints is not None:  # it delivers no more barriers: never wait for one
+                    await self.checkpoints.on_end(self, inp)
                 continue
             t0 = time.perf_counter()
             rx = inp.receiver

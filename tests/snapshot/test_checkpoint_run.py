@@ -145,9 +145,9 @@ def test_every_checkpoint_holds_exactly_what_each_source_fed_before_its_barrier(
         (window,) = [s for s in checkpoint.states.values() if "slices.keys" in s.arrays]
         counted = np.bincount(window.arrays["slices.keys"], window.arrays["slices.counts"], minlength=2)
         if fed != {"a": len(inputs["a"]), "b": len(inputs["b"])}:  # else the end fired the window
-            assert counted.tolist() == [fed["a"], fed["b"]]
+            assert counted.tolist() == [fed["a"], fed["b"]], (n, numbers, fed, result.checkpoints)
         both_running += 0 < fed["a"] < len(inputs["a"]) and 0 < fed["b"] < len(inputs["b"])
-    assert both_running >= 1 and len(numbers) >= 3
+    assert both_running >= 1 and len(numbers) >= 3, (numbers, result.checkpoints)
     assert sorted(result["align.out"]["count"].tolist()) in ([60_000, 480_000],)
 
 
