@@ -7,6 +7,7 @@ tests with pytest-trio and for users composing slashrt with other trio code).
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import inspect
 import os
 import time
@@ -79,6 +80,8 @@ class RunResult:
     epochs: dict[str, list] = attrs.field(factory=dict)
     # pointstamp progress: every step input ("step.in0") -> its frontier at the end (Timestamps)
     frontiers: dict[str, list] = attrs.field(factory=dict)
+    # checkpoint_dir= given: per checkpoint its status, seconds, bytes, alignment / sync / async seconds
+    checkpoints: list[dict] = attrs.field(factory=list)
 
     @property
     def records(self) -> int:
@@ -173,6 +176,9 @@ def _check_cluster_progress(flow: Dataflow, options: dict) -> None:
     for name in ("on_report", "report_every"):
         if name in options:
             raise DataflowError(f"run(): {name}= reports pointstamp progress, which runs on one executor for now")
+    for name in ("checkpoint", "checkpoint_dir", "resume_from"):
+        if options.get(name) is not None:
+            raise DataflowError(f"run(): {name}=: checkpoints run on one executor for now; clusters come next")
 
 
 def _check_rings(flow: Dataflow, options: dict) -> None:
@@ -199,6 +205,9 @@ async def run_async(
     on_records=None,
     on_report=None,
     report_every: float = 0.5,
+    checkpoint=None,
+    checkpoint_dir=None,
+    resume_from=None,
 ) -> RunResult:
     """Run `flow` inside the current trio run; see `run`.
 
@@ -207,24 +216,63 @@ async def run_async(
     and runs of buffers stay aligned with it); the executor yields to its pollers every `yield_every` pipeline
     calls and hands up to `coalesce` consecutive full buffers to a pipeline at once.
     `on_records`, if given, is called now and then with the number of records processed.
+
+    Checkpoints (`slashrt.snapshot.runtime`, docs/guide.md "Fault tolerance"): with a
+    `checkpoint_dir` (a directory or fsspec URL), barrier snapshots every `checkpoint` interval
+    (seconds, a string like '500ms', a dict of `CheckpointConfig` options or one; None: only the
+    final checkpoint); `resume_from` ("latest" or a checkpoint number) restores one first.
     """
     plan = build_plan(flow)
     log.debug("kernels selected", **kernels.SELECTED)
+    checkpoints = _checkpointing(flow, plan, inputs, checkpoint, checkpoint_dir, resume_from)
     executor_inputs, sources = local_inputs(
-        plan, inputs, slot_size=slot_size, slots=slots, watermark_every=watermark_every
+        plan, inputs, slot_size=slot_size, slots=slots, watermark_every=watermark_every, checkpoints=checkpoints
     )
     return await execute(
         flow, plan, executor_inputs, start=sources, yield_every=yield_every, coalesce=coalesce, progress=progress,
-        on_records=on_records, on_report=on_report, report_every=report_every,
+        on_records=on_records, on_report=on_report, report_every=report_every, checkpoints=checkpoints,
     )
 
 
-def local_inputs(plan, inputs: dict[str, np.ndarray], *, slot_size: int, slots: int, watermark_every: int | None):
+def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_dir, resume_from):
+    """The run's `Checkpointing`, or None without a `checkpoint_dir`; refuses, in one sentence,
+    what cannot be checkpointed yet (a source that cannot rewind, loops)."""
+    from slashrt.snapshot import SnapshotStore, runtime
+
+    if checkpoint_dir is None:
+        if checkpoint is not None or resume_from is not None:
+            raise OptionError("run(): checkpoint= and resume_from= need checkpoint_dir= (a directory or fsspec URL for the checkpoints)")
+        return None
+    config, keep = runtime.checkpoint_config(checkpoint)
+    from slashrt.ops.operator import ApplyBoth
+
+    for step_id, spec in flow.steps.items():
+        if type(spec).__name__ == "FeedbackSpec":
+            raise DataflowError(f"run(): dataflow {flow.name!r} has a loop; checkpoints of loops are not there yet: run it without checkpoint_dir=")
+        if type(spec).__name__ == "OperatorSpec" and not isinstance(spec.op, ApplyBoth):
+            raise DataflowError(
+                f"run(): step {step_id!r} is a user operator, whose state checkpoints cannot take yet "
+                "(connect(...).apply(fn) and the built-in steps they can): run it without checkpoint_dir="
+            )
+    for step_id, _spec, records in _per_source(plan, inputs, "input"):
+        if not isinstance(records, np.ndarray):
+            raise DataflowError(
+                f"run(): source {step_id!r} reads from {type(records).__name__}, which cannot rewind to a checkpoint "
+                "yet (in-memory arrays can): run it without checkpoint_dir="
+            )
+    store = SnapshotStore(checkpoint_dir, job=flow.name, keep=keep)
+    return runtime.Checkpointing(plan, config, store, runtime.load_restored(store, resume_from))
+
+
+def local_inputs(
+    plan, inputs: dict[str, np.ndarray], *, slot_size: int, slots: int, watermark_every: int | None, checkpoints=None
+):
     """Executor inputs fed from in-memory arrays: an in-process channel per source, and a
     `start(nursery)` that starts a task streaming each array into its channel. A source whose
     input is already a channel `Receiver` (an ingest endpoint's, say) reads from it directly;
     one whose input has an async `feed(sender, spec, *, watermark_every)` (a connector, see
-    `slashrt.connectors`) gets the channel and fills it itself."""
+    `slashrt.connectors`) gets the channel and fills it itself. With `checkpoints`, arrays
+    resume from their checkpointed position and carry its barriers."""
     feeds = []
     executor_inputs = []
     for step_id, spec, records in _per_source(plan, inputs, "input"):
@@ -249,7 +297,10 @@ def local_inputs(plan, inputs: dict[str, np.ndarray], *, slot_size: int, slots: 
         for sender, records, spec in feeds:
             nursery.start_soon(
                 lambda s=sender, r=records, sp=spec: feed_array(
-                    s, r, time=sp.time, max_delay=sp.max_delay, watermark_every=watermark_every
+                    s, r, time=sp.time, max_delay=sp.max_delay, watermark_every=watermark_every,
+                    **({} if checkpoints is None else {
+                        "resume": checkpoints.position(sp.step_id), "barriers": checkpoints.sources[sp.step_id]
+                    }),
                 )
                 if isinstance(r, np.ndarray)
                 else r.feed(s, sp, watermark_every=watermark_every),
@@ -298,10 +349,12 @@ async def execute(
     on_report=None,
     report_every: float = 0.5,
     progress_bus=None,
+    checkpoints=None,
 ) -> RunResult:
     """Run one executor over `executor_inputs` to the end of every input; `start(nursery)`
     starts whatever feeds them (sources) beside it. Opens and closes the plan's sinks.
-    `progress_bus`: this executor's `ProgressBus` when it runs a graph flow with others."""
+    `progress_bus`: this executor's `ProgressBus` when it runs a graph flow with others.
+    `checkpoints` (`slashrt.snapshot.runtime.Checkpointing`) restores and checkpoints the run."""
     pointstamp = resolve_mode(flow, progress) == "pointstamp"
     tracker = PointstampProgress(plan, progress_bus) if pointstamp else None
     if isinstance(on_report, (str, os.PathLike)):
@@ -310,19 +363,25 @@ async def execute(
         raise DataflowError("run(): on_report= reports pointstamp progress; give progress='pointstamp' too")
     if not report_every > 0:
         raise DataflowError(f"run(): report_every must be a positive number of seconds, got {report_every!r}")
-    executor = Executor(executor_inputs, index=index, yield_every=yield_every, coalesce=coalesce, progress=tracker)
+    executor = Executor(
+        executor_inputs, index=index, yield_every=yield_every, coalesce=coalesce, progress=tracker,
+        checkpoints=checkpoints,
+    )
     for sink in plan.sinks:
         sink.open()
     started = time.perf_counter()
     try:
         async with unwrap_groups(), trio.open_nursery() as nursery:
+            if checkpoints is not None:  # the sinks are open, no source has fed anything yet
+                checkpoints.restore()
             if start is not None:
                 await start(nursery)
             if on_records is not None:
                 nursery.start_soon(_report_records, executor, on_records)
             if on_report is not None:
                 nursery.start_soon(_report_pointstamps, tracker, on_report, report_every)
-            await executor.run()
+            async with checkpoints.running() if checkpoints is not None else contextlib.nullcontext():
+                await executor.run()
             if on_records is not None:
                 on_records(executor.stats.records)
             # a failed channel's sender may still wait for credits that never come
@@ -342,7 +401,8 @@ async def execute(
     epochs = {w.step_id: [w.epochs] for w in plan.windows() if hasattr(w, "epochs")}
     frontiers = {} if tracker is None else tracker.frontiers()
     result = RunResult(
-        seconds, [executor.stats], {w.step_id: w.late_records for w in plan.windows()}, outputs, epochs, frontiers
+        seconds, [executor.stats], {w.step_id: w.late_records for w in plan.windows()}, outputs, epochs, frontiers,
+        [] if checkpoints is None else checkpoints.report(),
     )
     log.info("run finished", flow=flow.name, seconds=round(seconds, 6), records=result.records)
     if executor.failed:

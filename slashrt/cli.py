@@ -5,6 +5,7 @@
         [--executors N --mode slash|uppar --zipf S]   ... on N executors (weak scaling)
     slashrt bench redis [--url URL] [--json]    YSB from a Redis stream to a Redis stream
     slashrt bench files [--json]                YSB from Parquet, CSV and .npy files (FileSource)
+    slashrt bench checkpoint [--query ysb|nexmark] [--interval S] [--json]   what checkpoints cost
     slashrt bench report                        the scaling and skew sweeps, with plots
     slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
     slashrt bench progress [--executors K]      notify latency, loop round trip, progress traffic
@@ -47,6 +48,13 @@ def _non_negative_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
     return value
 
 
@@ -217,6 +225,13 @@ def _parser() -> argparse.ArgumentParser:
     prog.add_argument("--json", action="store_true", help="print one JSON object with the results")
     _add_log_level(prog)
 
+    chk = queries.add_parser("checkpoint", help="throughput without checkpoints, with barrier snapshots and stop-the-world")
+    chk.add_argument("--query", dest="checkpoint_query", choices=["ysb", "nexmark"], default="ysb")
+    chk.add_argument("--interval", type=_positive_float, default=1.0, help="seconds between checkpoints")
+    chk.add_argument("--events", type=_positive_int, default=5_000_000)
+    chk.add_argument("--executors", type=_positive_int, default=1, help="executors (checkpoints run on one so far)")
+    _add_runtime_options(chk)
+
     _add_spark_benchmarks(queries)
 
     from slashrt.cluster.agent import add_arguments
@@ -309,7 +324,7 @@ def _refuse(given: set[str], dests, why: str) -> None:
 def _bench_path(args, given: set[str]) -> str:
     """Which benchmark runs ("single", "cluster", "channel" or the query's own), refusing
     options that the chosen path would ignore."""
-    if args.query in ("report", "spark-convert", "cc", "progress"):
+    if args.query in ("report", "spark-convert", "cc", "progress", "checkpoint"):
         return args.query
     cluster = args.query == "nexmark" or any(d in given for d in _CLUSTER_OPTIONS)
     if args.query == "ro":
@@ -398,6 +413,14 @@ def _run_bench(args, given: set[str]) -> dict:
 
         return progress_bench.bench(executors=args.executors, transport=args.transport, epochs=args.epochs,
                                     events=args.events)
+    if path == "checkpoint":
+        if args.executors > 1:
+            raise _Refused(f"--executors {args.executors}: checkpoints run on one executor so far; `bench checkpoint` "
+                           "takes --executors 1")
+        from slashrt.bench import checkpoint
+
+        return checkpoint.bench(query=args.checkpoint_query, events=args.events, interval=args.interval,
+                                **_runtime_options(args))
     if path == "report":
         _require(("matplotlib",), "bench", "`slashrt bench report`")
         from slashrt.bench import report

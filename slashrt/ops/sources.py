@@ -43,13 +43,19 @@ async def feed_array(
     max_delay: int,
     watermark_every: int = 16,
     resume: State | None = None,
+    barriers=None,
 ) -> None:
     """Feed `records`, then end the stream; with `resume` (a `ChannelFeeder.snapshot()`), from
-    the first record that snapshot had not fed, as if the feeding had not stopped."""
+    the first record that snapshot had not fed, as if the feeding had not stopped. `barriers`
+    (`slashrt.snapshot.runtime.SourceBarriers`): checkpoints' barriers go in band."""
     feeder = ChannelFeeder(sender, time=time, max_delay=max_delay, watermark_every=watermark_every)
+    feeder.barriers = barriers
     if resume is not None:
         feeder.restore(resume)
     await feeder.feed(records[feeder.fed :] if feeder.fed else records)
+    if barriers is not None:
+        await barriers.emit(feeder)
+        barriers.end(feeder)  # later checkpoints record the end as its position
     await sender.aclose()
 
 
@@ -66,6 +72,7 @@ class ChannelFeeder:
         self.max_time: int | None = None
         self.sent = 0  # data buffers posted
         self.fed = 0  # records posted: where a rewind to this feeder's snapshot resumes
+        self.barriers = None  # SourceBarriers: barriers requested by checkpoints, sent between runs
 
     async def feed(self, records: np.ndarray) -> None:
         """Send a contiguous structured array (of the channel's record layout) into the channel."""
@@ -93,6 +100,8 @@ class ChannelFeeder:
 
         sent = 0  # data buffers of this array posted
         while sent < full_slots + (tail > 0):
+            if self.barriers is not None and self.barriers.due:
+                await self.barriers.emit(self)
             want = min(max(1, sender.spec.slots // 2), full_slots + (tail > 0) - sent)
             if sender.credits() < want:
                 # wait for half a ring of credits, not one: writing (and so computing) runs of

@@ -72,6 +72,10 @@ class Input:
     lane: int = 0  # inputs of different lanes are computed by different coroutines
     ended: bool = False
     error: BaseException | None = None
+    # barrier alignment (checkpoints): a blocked input is neither polled nor computed; what was
+    # already polled of it waits in `held` (its slots unreleased: credits give backpressure)
+    blocked: trio.Event | None = None
+    held: collections.deque = attrs.field(factory=collections.deque)
 
 
 class _Lane:
@@ -91,9 +95,10 @@ class Executor:
 
     def __init__(
         self, inputs: list[Input], *, index: int = 0, yield_every: int = YIELD_EVERY, coalesce: int = COALESCE,
-        progress=None,
+        progress=None, checkpoints=None,
     ):
         self.inputs = inputs
+        self.checkpoints = checkpoints  # slashrt.snapshot.runtime.ExecutorCheckpoints, or None
         self.progress = progress  # PointstampProgress, or None: watermarks travel down the pipelines
         self.stats = ExecutorStats(executor=index)
         self.yield_every = yield_every
@@ -129,6 +134,8 @@ class Executor:
         lane = self._lanes[inp.lane]
         rx, stats, ready, coalesce = inp.receiver, self.stats, lane.ready, self.coalesce
         while True:
+            if inp.blocked is not None:  # aligning a barrier: its data waits in the ring
+                await inp.blocked.wait()
             t0 = time.perf_counter()
             got = 0
             try:
@@ -194,8 +201,13 @@ class Executor:
                     await lane.lot.park()
                 continue
             inp, buf = ready.popleft()
+            if inp.blocked is not None:  # polled before its barrier was computed: wait
+                inp.held.append(buf)
+                continue
             if buf is None:  # the channel failed after the buffers before this marker
                 lane.open -= 1
+                if self.checkpoints is not None:  # it delivers no more barriers: never wait for one
+                    await self.checkpoints.on_end(self, inp)
                 continue
             t0 = time.perf_counter()
             rx = inp.receiver
@@ -227,3 +239,24 @@ class Executor:
             await inp.pipeline.on_end()
             inp.ended = True
             self._lanes[inp.lane].open -= 1
+            if self.checkpoints is not None:
+                await self.checkpoints.on_end(self, inp)
+        elif ctype is Control.BARRIER and self.checkpoints is not None:
+            await self.checkpoints.on_barrier(self, inp, value)
+
+    # -- barrier alignment (called by `checkpoints`) ------------------------------------------------
+    def block(self, inp: Input) -> None:
+        """Stop consuming `inp` until `unblock_all` (it delivered a barrier the others have not)."""
+        inp.blocked = trio.Event()
+
+    def unblock_all(self) -> None:
+        """Consume every input again; what waited of each goes first, in its order."""
+        for inp in self.inputs:
+            if inp.blocked is None:
+                continue
+            lane = self._lanes[inp.lane]
+            lane.ready.extendleft((inp, buf) for buf in reversed(inp.held))
+            inp.held.clear()
+            inp.blocked.set()
+            inp.blocked = None
+            lane.lot.unpark_all()

@@ -1,0 +1,82 @@
+"""What checkpoints cost a run on one executor: throughput without checkpoints, with barrier
+snapshots (ABS) and with the stop-the-world baseline, on the same records; each run checked
+against the query's numpy reference.
+
+    slashrt bench checkpoint [--query ysb|nexmark] [--interval S] [--events N] [--json]
+
+Reports records_per_s_none / _abs / _sync (the best of `repeat` runs each), their ratios, the
+mean bytes a periodic checkpoint wrote (`snapshot_bytes`) against the mean bytes of the operator
+state it holds (`state_bytes`: its arrays in memory; no records in flight), checkpoints taken, and `correct`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+
+import numpy as np
+
+import slashrt
+from slashrt.ops.sinks import Collect
+from slashrt.snapshot import SnapshotStore
+
+__all__ = ["bench"]
+
+MODES = ("none", "abs", "sync")
+KEEP = 10_000  # every checkpoint of the measured run stays, to read its state's size
+
+
+def _query(query: str, events: int):
+    """(records by source, flow builder for a sink, result of collected records, reference)."""
+    if query == "ysb":
+        from slashrt.bench import ysb
+
+        records, mapping = ysb.generate(events), ysb.campaign_map(1000)
+        return {"events": records}, lambda sink: ysb.dataflow(mapping, sink), ysb.to_result, lambda: ysb.reference(records, mapping)
+    from slashrt.bench import nexmark
+
+    records = nexmark.generate(events)
+    return {"bids": records}, nexmark.dataflow, nexmark.to_result, lambda: nexmark.reference(records)
+
+
+def _run(mode: str, inputs, make_flow, interval: float, directory: str, options: dict):
+    sink = Collect(transactional=mode != "none")
+    flow = make_flow(sink)
+    checkpoints = {} if mode == "none" else {
+        "checkpoint": {"interval": interval, "mode": mode, "keep": KEEP}, "checkpoint_dir": f"{directory}/{mode}",
+    }
+    result = slashrt.run(flow, inputs, **options, **checkpoints)
+    return result, sink.records, flow.name
+
+
+def bench(*, query: str = "ysb", events: int = 5_000_000, interval: float = 1.0, repeat: int = 3, **options) -> dict:
+    inputs, make_flow, to_result, reference = _query(query, events)
+    expected = reference()
+    n = sum(len(r) for r in inputs.values())
+    fields: dict = {"query": query, "events": n, "interval_s": interval, "executors": 1}
+    correct = True
+    with tempfile.TemporaryDirectory(prefix="slashrt-checkpoint-") as directory:
+        for mode in MODES:
+            best = None
+            for _ in range(repeat):
+                result, records, job = _run(mode, inputs, make_flow, interval, directory, options)
+                correct &= bool(np.array_equal(to_result(records), expected))
+                if best is None or result.seconds < best.seconds:
+                    best = result
+            fields[f"records_per_s_{mode}"] = round(n / best.seconds)
+            periodic = [c for c in best.checkpoints if c["status"] == "completed" and not c["savepoint"]]
+            if mode != "none":
+                fields[f"checkpoints_{mode}"] = len(periodic)
+                fields[f"max_sync_s_{mode}"] = max((c["max_sync_s"] for c in periodic), default=0.0)
+            if mode == "abs":
+                fields["snapshot_bytes"] = round(statistics.mean(c["bytes"] for c in periodic)) if periodic else 0
+                fields["max_alignment_s"] = max((c["max_alignment_s"] for c in periodic), default=0.0)
+                fields["max_async_s"] = max((c["max_async_s"] for c in periodic), default=0.0)
+                store = SnapshotStore(f"{directory}/abs", job=job, keep=KEEP)
+                state = [sum(a.nbytes for s in store.load(c["checkpoint"]).states.values() for a in s.arrays.values())
+                         for c in periodic]
+                fields["state_bytes"] = round(statistics.mean(state)) if state else 0
+    fields["abs_over_none"] = round(fields["records_per_s_abs"] / fields["records_per_s_none"], 3)
+    fields["sync_over_none"] = round(fields["records_per_s_sync"] / fields["records_per_s_none"], 3)
+    fields["correct"] = correct
+    return fields

@@ -1,0 +1,322 @@
+"""Checkpoints of a run on one executor: the pieces of `slashrt.snapshot` driven by trio.
+
+    coordinator (every `interval`) ──request n──> SourceBarriers of each source
+    feeder: records its position, sends barrier n in band (after every record before it)
+    executor: BarrierAligner over its input channels; an input that delivered n is blocked
+    (its data waits in its ring) until every input delivered n; then, between two batches:
+        pre-commit the 2PC sinks for n, copy every stateful node's state (sync), and in the
+        background write each state as a part (async, a worker thread), ack n
+    all acked: the manifest is written (source positions in its meta), sinks commit n
+
+When every input has ended, the run takes a final checkpoint, so a transactional sink publishes
+everything and a resume from it finds nothing left to do. `restore` (resume_from) restores every
+stateful node, and settles each 2PC sink (`commit.recover`); `positions` rewinds the sources.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import numpy as np
+import structlog
+import trio
+
+from slashrt._buffer import Control
+from slashrt.errors import OptionError, SnapshotError
+from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Snapshot
+from slashrt.snapshot.commit import TwoPhaseCommit, recover
+from slashrt.snapshot.coordinator import AckStats, CheckpointConfig, CheckpointCoordinator, StopTheWorld
+from slashrt.snapshot.operators import restore_plan, stateful_nodes
+from slashrt.snapshot.state_format import State
+from slashrt.snapshot.storage import Checkpoint, SnapshotStore
+
+__all__ = ["Checkpointing", "SourceBarriers", "checkpoint_config"]
+
+log = structlog.get_logger("slashrt.checkpoint")
+
+EXECUTOR = 0  # one executor: every part is executor 0's
+KEEP = 3  # complete checkpoints kept by default
+
+
+def checkpoint_config(checkpoint) -> tuple[CheckpointConfig, int]:
+    """`run(checkpoint=...)` as (config, complete checkpoints to keep): a CheckpointConfig, a
+    dict of its options (and `keep`, default 3), an interval (seconds or a string like '500ms'),
+    or None (only the final checkpoint)."""
+    if checkpoint is None:
+        return CheckpointConfig(), KEEP
+    if isinstance(checkpoint, CheckpointConfig):
+        return checkpoint, KEEP
+    if isinstance(checkpoint, dict):
+        options = dict(checkpoint)
+        keep = options.pop("keep", KEEP)
+        try:
+            return CheckpointConfig.from_options(**options), keep
+        except TypeError:
+            raise OptionError(
+                f"run(): checkpoint={checkpoint!r} has an unknown key; the keys are interval, min_pause, "
+                "max_in_flight, timeout, mode and keep"
+            ) from None
+    return CheckpointConfig.from_options(interval=checkpoint), KEEP
+
+
+class SourceBarriers:
+    """Barriers requested of one source: the coordinator `request`s checkpoint n; the source's
+    feeder `emit`s it between two runs of buffers, recording its position (`ChannelFeeder.snapshot`)
+    for n first. A source that ended records its end for every later checkpoint."""
+
+    def __init__(self, step_id: str):
+        self.step_id = step_id
+        self.halt = None  # stop-the-world: called after each barrier sent; feeding resumes when its event is set
+        self.requested = 0
+        self.sent = 0
+        self._numbers: set[int] = set()  # requested, not sent: several in flight go out in order
+        self.final: dict | None = None  # the position at the end of the stream
+        self.positions: dict[int, dict] = {}  # checkpoint -> position (a feeder state's meta)
+
+    @property
+    def due(self) -> bool:
+        return self.requested > self.sent and self.final is None
+
+    def request(self, n: int) -> None:
+        self.requested = n
+        self._numbers.add(n)
+        if self.final is not None:
+            self._numbers.clear()
+            self.positions[n] = self.final
+            self.sent = n
+            if self.halt is not None:
+                self.halt(self.step_id)
+
+    async def emit(self, feeder) -> None:
+        while self.due:
+            n = min(self._numbers)
+            self._numbers.discard(n)
+            self.positions[n] = feeder.snapshot(self.step_id).meta
+            self.sent = n
+            await feeder.sender.send_control(Control.BARRIER, n)
+            if self.halt is not None:
+                await self.halt(self.step_id).wait()
+
+    def end(self, feeder) -> None:
+        self.final = feeder.snapshot(self.step_id).meta
+        for n in self._numbers:  # requested while its last records went out: after them, as its end
+            self.positions[n] = self.final
+        self._numbers.clear()
+
+
+class Checkpointing:
+    """The checkpoints of one executor's run (see the module doc): made before the run, with the
+    checkpoint to resume from already loaded (`restored`)."""
+
+    def __init__(self, plan, config: CheckpointConfig, store: SnapshotStore, restored: Checkpoint | None):
+        self.plan = plan
+        self.config = config
+        self.store = store
+        self.restored = restored
+        self.nodes = stateful_nodes(plan)
+        self.sinks = [
+            node.sink for node in plan.sinks
+            if getattr(node.sink, "transactional", False) and isinstance(node.sink, TwoPhaseCommit)
+        ]
+        self.sources = {step_id: SourceBarriers(step_id) for step_id in plan.sources}
+        self._world: StopTheWorld | None = None  # mode "sync": the checkpoint stopping the world
+        if config.mode == "sync":
+            for source in self.sources.values():
+                source.halt = self._halted
+        steps = list(self.nodes) or ["executor"]
+        self.coordinator = CheckpointCoordinator.for_steps(
+            steps, [EXECUTOR], config, clock=trio.current_time, first=store.next_checkpoint()
+        )
+        self.aligner = BarrierAligner(list(plan.sources), clock=time.perf_counter)
+        self._taken: set[int] = set()
+        self._writing: set[int] = set()  # checkpoints whose parts, manifest or commit are under way
+        self._storing = trio.Lock()  # one manifest (and its retention) at a time
+        self._changed = trio.Event()  # set when a checkpoint ends (completed or aborted)
+        self._nursery: trio.Nursery | None = None
+
+    # -- recovery --------------------------------------------------------------------------------
+    def position(self, step_id: str) -> State | None:
+        """Where source `step_id` resumes (a feeder state), or None: from its start."""
+        if self.restored is None:
+            return None
+        position = self.restored.meta.get("sources", {}).get(step_id)
+        if position is None:
+            raise SnapshotError(
+                f"checkpoint {self.restored.number} holds no position for source {step_id!r}: it was written "
+                "by another dataflow; resume it with the dataflow that wrote it"
+            )
+        return State({}, position)
+
+    def restore(self) -> None:
+        """After the sinks opened: every stateful node from the restored checkpoint, and every
+        2PC sink's pending output settled (committed up to it, aborted after it)."""
+        number = None
+        if self.restored is not None:
+            number = self.restored.number
+            restore_plan(self.plan, {step: state for (step, _), state in self.restored.states.items()})
+            log.info("checkpoint restored", checkpoint=number)
+        for sink in self.sinks:
+            recover(sink, number)
+
+    # -- running ---------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def running(self):
+        """Around the executor's run: triggers checkpoints while it runs, then takes the final one
+        and waits until every checkpoint is written and committed."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            triggers = await nursery.start(self._trigger)
+            yield
+            triggers.cancel()
+            await self._finish()
+
+    async def _trigger(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            while (due := self.coordinator.next_due()) is not None:
+                await trio.sleep_until(due)
+                record = self.coordinator.maybe_trigger()
+                if record is None:  # max_in_flight pending: wait for one to end
+                    await self._changed.wait()
+                    continue
+                log.debug("checkpoint triggered", checkpoint=record.checkpoint)
+                self._request(record.checkpoint)
+
+    def _request(self, n: int) -> None:
+        """Barrier n at every source (stop-the-world: each halts after sending it)."""
+        if self.config.mode == "sync":
+            instances = [(step_id, EXECUTOR) for step_id in self.sources]
+            self._world = StopTheWorld(n, instances, [("executor", EXECUTOR)], clock=time.perf_counter)
+            self._resume = trio.Event()
+        for source in self.sources.values():
+            source.request(n)
+
+    def _halted(self, step_id: str):
+        """Stop-the-world: a source sent its barrier; it waits for what this returns to feed on."""
+        if self._world is not None and self._world.phase == "halt":
+            self._world.halted((step_id, EXECUTOR))
+        return self._resume
+
+    async def _finish(self) -> None:
+        """Every input ended: a checkpoint requested after the executor saw every end gets no
+        barrier (ended inputs deliver every barrier); take those now, then the final one."""
+        for n in sorted(self.coordinator.pending):
+            if n not in self._taken:
+                self._take(n, AlignmentStats(n, time.perf_counter(), time.perf_counter()))
+        while self._writing:
+            await self._changed.wait()
+        final = self.coordinator.trigger_savepoint().checkpoint
+        self._request(final)
+        self._take(final, AlignmentStats(final, time.perf_counter(), time.perf_counter()))
+        while self._writing:
+            await self._changed.wait()
+
+    # -- the executor's side (Executor.checkpoints) ------------------------------------------------
+    async def on_barrier(self, executor, inp, n: int) -> None:
+        await self._obey(executor, self.aligner.barrier(inp.name, n))
+
+    async def on_end(self, executor, inp) -> None:
+        await self._obey(executor, self.aligner.end(inp.name))
+
+    async def _obey(self, executor, outcomes) -> None:
+        for outcome in outcomes:
+            if isinstance(outcome, Abort):
+                if self.coordinator.decline(outcome.checkpoint, self._instances()[0], outcome.reason) is not None:
+                    self._signal()
+            elif isinstance(outcome, Snapshot) and self.config.mode == "sync":
+                await self._stop_the_world(outcome.checkpoint, outcome.stats)
+            elif isinstance(outcome, Snapshot):
+                self._take(outcome.checkpoint, outcome.stats)
+        blocked = self.aligner.channels.blocked
+        if blocked:
+            for inp in executor.inputs:
+                if inp.name in blocked and inp.blocked is None:
+                    executor.block(inp)
+        else:
+            executor.unblock_all()
+
+    async def _stop_the_world(self, n: int, alignment: AlignmentStats) -> None:
+        """The synchronous baseline: every source halted after barrier n, everything before it is
+        computed (drained); snapshot, write and commit while nothing runs, then resume the sources."""
+        world, resume = self._world, self._resume  # a next checkpoint may start once n is acked
+        while world.phase == "halt":  # a source may still be on its way to the barrier
+            await trio.lowlevel.checkpoint()
+        world.drained(("executor", EXECUTOR))
+        self._take(n, alignment)
+        while n in self._writing:
+            await self._changed.wait()
+        world.snapshotted(("executor", EXECUTOR))
+        resume.set()
+        for step_id in self.sources:
+            world.resumed((step_id, EXECUTOR))
+
+    def _instances(self):
+        return sorted(self.coordinator.instances)
+
+    def _take(self, n: int, alignment: AlignmentStats) -> None:
+        """The synchronous part of checkpoint n, between two batches: pre-commit the sinks, copy
+        every node's state; the writing goes on in the background."""
+        self._taken.add(n)
+        self._writing.add(n)
+        started = time.perf_counter()
+        for sink in self.sinks:
+            sink.pre_commit(n)
+        states, sync = {}, {}
+        for step_id, node in self.nodes.items():
+            t0 = time.perf_counter()
+            states[step_id] = node.snapshot()
+            sync[step_id] = time.perf_counter() - t0
+        positions = {step_id: source.positions.pop(n) for step_id, source in self.sources.items()}
+        log.debug("checkpoint snapshot", checkpoint=n, sync_s=time.perf_counter() - started)
+        self._nursery.start_soon(self._write, n, states, sync, positions, alignment.seconds)
+
+    async def _write(self, n: int, states: dict, sync: dict, positions: dict, alignment_s: float) -> None:
+        try:
+            await self._write_parts(n, states, sync, positions, alignment_s)
+        finally:
+            self._writing.discard(n)
+            self._signal()
+
+    async def _write_parts(self, n: int, states: dict, sync: dict, positions: dict, alignment_s: float) -> None:
+        completed = None
+        if not states:
+            completed = self.coordinator.ack(n, ("executor", EXECUTOR), AckStats(alignment_s))
+        for step_id, state in states.items():
+            # one store operation at a time: a manifest's retention removes the directories of
+            # older checkpoints (this one, once a newer one subsumed it) and must not meet a write
+            async with self._storing:
+                if n not in self.coordinator.pending:
+                    break  # subsumed by a newer checkpoint: discarded below
+                t0 = time.perf_counter()
+                part = await self.store.awrite_part(n, step_id, EXECUTOR, state.arrays, state.meta)
+            stats = AckStats(alignment_s, sync[step_id], time.perf_counter() - t0, part.size)
+            completed = self.coordinator.ack(n, (step_id, EXECUTOR), stats) or completed
+        async with self._storing:
+            if completed is None:  # aborted meanwhile (a newer barrier overtook it)
+                await trio.to_thread.run_sync(self.store.discard, n)
+                return
+            await self.store.acomplete(n, {"sources": positions, "executors": 1})
+            for sink in self.sinks:
+                sink.commit(n)
+        log.info("checkpoint completed", checkpoint=n, bytes=completed.bytes)
+
+    def _signal(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def report(self) -> list[dict]:
+        """Per checkpoint: status, seconds, bytes, and the slowest instance's alignment, sync and async seconds."""
+        return self.coordinator.report()
+
+
+def load_restored(store: SnapshotStore, resume_from) -> Checkpoint | None:
+    """The checkpoint `resume_from` names: None (start afresh), "latest" (the newest that
+    verifies; none at all: start afresh) or a checkpoint number."""
+    if resume_from is None:
+        return None
+    if resume_from == "latest":
+        return store.latest(executor=EXECUTOR)
+    if isinstance(resume_from, (int, np.integer)) and not isinstance(resume_from, bool):
+        return store.load(int(resume_from), executor=EXECUTOR)
+    raise OptionError(f"run(): resume_from must be None, 'latest' or a checkpoint number, got {resume_from!r}")
