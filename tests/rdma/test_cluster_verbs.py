@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 import slashrt
-from slashrt import Dataflow, sinks
 
 from slashrt.testing import EXCHANGE_MODES, WRAPS, check_exchanges, check_progress_bus
 from slashrt.testing._check_progress import WRAPS as PROGRESS_WRAPS
 from slashrt.transport._auth import generate_secret
+from cluster.test_graph_cluster import KEYED, exchange_flow
+from cluster.test_graph_cluster import K as HOPS
 
 MEDIUM = "verbs"
 
@@ -65,27 +66,6 @@ async def test_progress_bus_over_verbs_converges_and_keeps_the_protocol_laws(rdm
     )
 
 
-KEYED = np.dtype([("v", "<i8"), ("k", "<i8"), ("t", "<i8")])
-HOPS = 3  # loop iterations each record makes, crossing executors at each
-
-
-def _hop(batch):
-    out = batch.to_numpy(KEYED).copy()
-    out["k"] = out["k"] * 7 + 1  # a new owner, most of the time
-    out["v"] += 1
-    return out
-
-
-def _loop_flow() -> Dataflow:
-    flow = Dataflow("vloop")
-    src = flow.source("a", KEYED, time="t")
-    with flow.loop("hops") as loop:
-        moved = loop.enter(src).exchange(key="k", name="hop_exchange").apply(_hop, name="hop")
-        loop.feed_back(moved.filter(lambda b: b["v"] % 100 < HOPS, name="again"))
-        loop.leave(moved.filter(lambda b: b["v"] % 100 >= HOPS, name="done")).sink(sinks.Collect(), name="hopped")
-    return flow
-
-
 def test_a_loop_whose_records_cross_executors_over_verbs_equals_one_executor(rdma_device, agents, rdma_report):
     # a graph flow on distributed pointstamp progress: every iteration exchanges records by key
     # between the two agents over verbs queue pairs, and progress travels on its own channels
@@ -94,11 +74,12 @@ def test_a_loop_whose_records_cross_executors_over_verbs_equals_one_executor(rdm
     n = 4000
     data = np.zeros(n, KEYED)
     data["v"], data["k"], data["t"] = 100 * np.arange(n), rng.integers(0, 60, n), np.arange(n) // 100
-    one = slashrt.run(_loop_flow(), {"a": data}, slot_size=256, slots=4)
+    one = slashrt.run(exchange_flow(), {"a": data}, slot_size=256, slots=4)
     many = slashrt.run(
-        _loop_flow(), {"a": data}, executors=addresses, transport=MEDIUM, secret=secret, slot_size=256, slots=4
+        exchange_flow(), {"a": data}, executors=addresses, transport=MEDIUM, secret=secret, slot_size=256, slots=4
     )
-    hopped = many.outputs["vloop.hopped"]
+    hopped = many.outputs["x.hopped"]
     assert len(hopped) == n and (hopped["v"] % 100 == HOPS).all()
-    assert sorted(hopped.tolist()) == sorted(one.outputs["vloop.hopped"].tolist())
+    assert sorted(hopped.tolist()) == sorted(one.outputs["x.hopped"].tolist())
+    assert sorted(many.outputs["x.per_key_out"].tolist()) == sorted(one.outputs["x.per_key_out"].tolist())
     rdma_report(f"a loop exchanging by key over {MEDIUM}, 2 executors: {n} records x {HOPS} hops: {many.seconds:.1f} s")
