@@ -619,11 +619,7 @@ class Loop:
     def feed_back(self, stream: Stream, into: Stream | None = None, *, name: str | None = None) -> str:
         """Send `stream`'s batches back to the entered stream `into` (may be left out when one
         stream was entered), one iteration later (the innermost loop counter + 1)."""
-        if stream.scope != self.scope:
-            raise DataflowError(
-                f"loop {self.loop_id!r}: feed_back() takes a stream of the loop, but step {stream.step_id!r} is in "
-                f"{list(stream.scope)}"
-            )
+        self._of_loop(stream, "feed_back")
         if into is None:
             if len(self.entered) != 1:
                 raise DataflowError(
@@ -645,13 +641,16 @@ class Loop:
         self.flow._add(FeedbackSpec(step_id, stream.step_id, into.step_id, self.loop_id, self.max_iterations))
         return step_id
 
-    def leave(self, stream: Stream, *, name: str | None = None) -> Stream:
-        """`stream` outside the loop (its innermost loop counter dropped)."""
+    def _of_loop(self, stream: Stream, method: str) -> None:
         if stream.scope != self.scope:
             raise DataflowError(
-                f"loop {self.loop_id!r}: leave() takes a stream of the loop, but step {stream.step_id!r} is in "
+                f"loop {self.loop_id!r}: {method}() takes a stream of the loop, but step {stream.step_id!r} is in "
                 f"{list(stream.scope)}"
             )
+
+    def leave(self, stream: Stream, *, name: str | None = None) -> Stream:
+        """`stream` outside the loop (its innermost loop counter dropped)."""
+        self._of_loop(stream, "leave")
         step_id = self.flow._step_id(name, f"{self.name}_leave")
         self.flow._add(LeaveSpec(step_id, stream.step_id, self.loop_id))
         return Stream(self.flow, step_id, dict(stream.fields), stream.time, stream.time_unit, self.outer)

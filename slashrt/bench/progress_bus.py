@@ -57,7 +57,7 @@ def _bus(peer: Peer, graph, initial):
 
 async def pingpong(peer: Peer) -> dict:
     """One side of the ping-pong (module docstring); executor 0 returns the round times (ns)."""
-    graph, sources, sinks = _pingpong_graph()
+    graph, sources, sinks = pingpong_graph()
     mine, theirs = Location.output(sources[peer.index]), Location.input(sinks[1 - peer.index])
     initial = [((Location.output(s), Timestamp(0)), 1) for s in sources]
     rounds = peer.args["rounds"] + WARMUP
@@ -121,7 +121,7 @@ def codec_us(updates: int = 4, repeat: int = 20000) -> dict:
     return {"updates": updates, "bytes": len(frame), "encode_us": round(encode * 1e6, 2), "decode_us": round(decode * 1e6, 2)}
 
 
-def _pingpong_graph():
+def pingpong_graph():
     b = Builder()
     sources = [b.add_node("a", 0, 1), b.add_node("b", 0, 1)]
     sinks = [b.add_node("a_sink", 1, 0), b.add_node("b_sink", 1, 0)]
@@ -133,7 +133,7 @@ def _pingpong_graph():
 def protocol_us(moves: int = 5000) -> dict:
     """Where a frontier move's time goes without the channels: the steps of one ping-pong move
     called in this process, microseconds each (mean over `moves`)."""
-    graph, sources, sinks = _pingpong_graph()
+    graph, sources, sinks = pingpong_graph()
     initial = [((Location.output(s), Timestamp(0)), 1) for s in sources]
     a, b, codec = ProgressExchange(graph, initial), ProgressExchange(graph, initial), ProgressCodec(graph)
     cap, sink_in = Location.output(sources[0]), Location.input(sinks[0])

@@ -29,6 +29,7 @@ import json
 import sys
 import time
 
+from slashrt.bench.progress_bus import pingpong_graph
 from slashrt.progress.exchange import ProgressExchange
 from slashrt.progress.frontier import PointstampClock, VectorClock
 from slashrt.progress.reachability import Builder, Location
@@ -127,12 +128,8 @@ def loop_iteration(repeat: int) -> float:
 
 
 def _two_sources():
-    b = Builder()
-    sources = [b.add_node("a", 0, 1), b.add_node("b", 0, 1)]
-    sinks = [b.add_node("a_sink", 1, 0), b.add_node("b_sink", 1, 0)]
-    for s, t in zip(sources, sinks):
-        b.connect(s, 0, t)
-    return b.build(), [Location.output(s) for s in sources], [Location.input(t) for t in sinks]
+    graph, sources, sinks = pingpong_graph()  # the progress bus benchmark's graph
+    return graph, [Location.output(s) for s in sources], [Location.input(t) for t in sinks]
 
 
 def exchange_record(repeat: int) -> float:

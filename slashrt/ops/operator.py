@@ -21,9 +21,9 @@ import inspect
 
 from slashrt._batch import Batch
 from slashrt._dataflow import FeedbackSpec, OperatorSpec, is_async
-from slashrt.errors import OperatorError, SlashError
+from slashrt.errors import OperatorError
 from slashrt.ops._node import Node
-from slashrt.ops.stateless import user_batch
+from slashrt.ops.stateless import UserErrors, user_batch
 from slashrt.progress.timestamp import Timestamp
 
 __all__ = [
@@ -165,15 +165,10 @@ class OperatorNode(Node):
 
     async def _call(self, method, ctx: Context, *args) -> None:
         try:
-            out = method(ctx, *args)
-            if inspect.isawaitable(out):
-                await out
-        except SlashError as exc:
-            if isinstance(exc, OperatorError):
-                raise
-            raise OperatorError(self.step_id, f"{type(exc).__name__}: {exc}") from exc
-        except Exception as exc:
-            raise OperatorError(self.step_id, f"operator raised {type(exc).__name__}: {exc}") from exc
+            with UserErrors(self.step_id, "operator"):
+                out = method(ctx, *args)
+                if inspect.isawaitable(out):
+                    await out
         finally:
             ctx._active = False
 

@@ -25,16 +25,31 @@ class _UserCode(Node):
         self._async = is_async(fn)
 
     async def call(self, batch: Batch):
-        try:
+        with UserErrors(self.step_id, "user function"):
             if self._async:
                 return await self._fn(batch)
             return self._fn(batch)
-        except SlashError as exc:
-            if isinstance(exc, OperatorError):
-                raise
+
+
+class UserErrors:
+    """`with UserErrors(step_id, who):` around user code: what it raises leaves as an
+    OperatorError naming the step (an OperatorError as it is; another slashrt error keeps its
+    own sentence; anything else says `who` raised it)."""
+
+    __slots__ = ("step_id", "who")
+
+    def __init__(self, step_id: str, who: str):
+        self.step_id, self.who = step_id, who
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if not isinstance(exc, Exception) or isinstance(exc, OperatorError):
+            return False
+        if isinstance(exc, SlashError):
             raise OperatorError(self.step_id, f"{type(exc).__name__}: {exc}") from exc
-        except Exception as exc:
-            raise OperatorError(self.step_id, f"user function raised {type(exc).__name__}: {exc}") from exc
+        raise OperatorError(self.step_id, f"{self.who} raised {type(exc).__name__}: {exc}") from exc
 
 
 def user_batch(step_id: str, records, names: tuple[str, ...], *, did: str, fix: str) -> Batch:
