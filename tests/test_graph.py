@@ -95,6 +95,54 @@ def test_two_input_operator_is_notified_once_per_time_with_both_inputs_complete(
     assert got == sorted([(t, 0, 3) for t in range(5)] + [(t, 1, 2) for t in range(5)])
 
 
+class WholeBatches(Operator):
+    """A stateless operator (per_time False): logs each batch's time and its records' times,
+    asks to be notified at the batch's time."""
+
+    per_time = False
+
+    def __init__(self):
+        self.log = []
+
+    async def on_batch(self, ctx, port, batch):
+        self.log.append(("batch", ctx.time, batch["t"].tolist()))
+        ctx.notify_at(ctx.time)
+        await ctx.emit(batch)
+
+    async def on_notify(self, ctx, time):
+        self.log.append(("notify", time, []))
+
+
+@pytest.mark.parametrize("max_delay", [0, 2])
+def test_stateless_two_input_steps_take_whole_batches_at_their_lower_bound_time(max_delay):
+    """connect(...).apply and operators with per_time False are not cut where the watermark
+    changes: a batch comes whole, at the watermark before its first record (a lower bound of
+    every record's), and a notification at it still comes after every record at or below it."""
+    calls = []
+
+    def same(batch, port):
+        calls.append(len(batch))
+        return batch
+
+    flow = Dataflow("whole")
+    a, b = flow.source("a", REC, time="t", max_delay=max_delay), flow.source("b", REC, time="t", max_delay=max_delay)
+    op, out = WholeBatches(), sinks.Collect()
+    a.connect(b).apply(same).connect(b).operator(op, name="op").sink(out)
+    times = np.array([5, 6, 7, 3, 8, 9, 10, 11] * 25) + np.repeat(np.arange(25) * 10, 8)
+    ins = {"a": records(np.arange(200), times), "b": records(np.arange(200, 400), times)}
+    slashrt.run(flow, ins, slot_size=4096, slots=8)
+    assert sorted(out.records["k"].tolist()) == sorted([*range(200), *range(200, 400), *range(200, 400)])
+    assert sum(calls) == 400 and len(calls) <= 8  # a few slots' batches, not one call per event time
+    batches = [(t, ts) for what, t, ts in op.log if what == "batch"]
+    assert len(batches) <= 16
+    for t, ts in batches:  # the time is the watermark before the batch's first record, a lower bound
+        assert t.epoch <= ts[0] - max_delay
+    for i, (what, t, _) in enumerate(op.log):
+        if what == "notify":
+            assert not any(w == "batch" and u.less_equal(t) for w, u, _ in op.log[i + 1:])
+    assert {t for what, t, _ in op.log if what == "notify"} == {t for t, _ in batches}
+
+
 def test_operator_must_be_an_instance():
     flow = Dataflow("o")
     a = flow.source("a", REC)

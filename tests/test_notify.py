@@ -82,13 +82,16 @@ def test_notifications_are_never_early_and_never_lost(data):
         return r
 
     for step in range(data.draw(st.integers(1, 5), label="steps")):
-        kind = data.draw(st.sampled_from(["op", "connect", "union", "loop", "filter"]))
+        kind = data.draw(st.sampled_from(["op", "connect", "apply2", "union", "loop", "filter"]))
         a = data.draw(st.sampled_from(streams))
         if kind == "op":
             streams.append(a.operator(recorder(), name=f"op{step}"))
         elif kind == "connect":
             b = data.draw(st.sampled_from(streams))
             streams.append(a.connect(b).operator(recorder(), name=f"co{step}"))
+        elif kind == "apply2":  # stateless: takes whole batches at their lower-bound time
+            b = data.draw(st.sampled_from(streams))
+            streams.append(a.connect(b).apply(lambda x, port: x, name=f"ap{step}"))
         elif kind == "union":
             b = data.draw(st.sampled_from(streams))
             streams.append(a.union(b, name=f"un{step}"))

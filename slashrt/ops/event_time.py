@@ -93,10 +93,14 @@ class SourceNode(Node):
         self.position = 0  # records of the input seen so far
         self._next_end = NO_TIME  # the first window end downstream after the announced watermark
         self.follows_channel = False  # the channel's producer owns the watermark
-        # pointstamp progress: the logical time of the records now pushed (the capability held),
-        # and whether every change of the watermark is announced (user operators or loops below)
+        # pointstamp progress: the logical time of the records now pushed (the capability held);
+        # `exact`: a step below needs each batch at one time (a user operator: its ctx.time and
+        # notifications), so batches are cut where the watermark changes; `every_batch`: graph
+        # steps below take whole batches at their lower-bound time and the capability follows
+        # the watermark once per batch
         self.now = None
         self.exact = False
+        self.every_batch = False
 
     def watch(self) -> None:
         """Learn the windows downstream (their ends are where the watermark must be exact)."""
@@ -160,20 +164,28 @@ class SourceNode(Node):
         if self.exact:
             await self._push_exact(batch, times, first, last, high)
             return
+        if self.every_batch:  # the batch's time: the watermark before its first record
+            top = max(self.high, int(times[(0,) * times.ndim]))
+            if self.before is not None and len(self.before):
+                top = max(top, int(self.before[min(first // self.block, len(self.before) - 1)]))
+            await self._announce(watermark_of(top, self.max_delay), always=True)
         if not self.grids:
             await self.emit(batch)  # no window: in-band watermarks are all there is to forward
+            if self.every_batch:
+                self.high = high
+                await self._announce(end_watermark, always=True)
             return
         if self._cannot_close(tmin, end_watermark):
             # no record of the batch is in a window the batch's watermarks close
             self.high = high
             await self.emit(batch)
-            await self._announce(end_watermark)
+            await self._announce(end_watermark, always=self.every_batch)
             return
         flat, watermarks = self._watermarks(times, first, last, high)
         behind = np.flatnonzero(flat < watermarks)
         if not len(behind):
             await self.emit(batch)
-            await self._announce(end_watermark)
+            await self._announce(end_watermark, always=self.every_batch)
             return
         # cut before every record behind the watermark whose watermark closes other windows
         # than the one before it; the first piece (up to the first such record) needs none
@@ -188,7 +200,7 @@ class SourceNode(Node):
         for a, b in zip(cuts, [*cuts[1:], n]):
             await self._announce(int(watermarks[a]))
             await self.emit(batch if (a, b) == (0, n) else batch.select(slice(a, b)))
-        await self._announce(end_watermark)
+        await self._announce(end_watermark, always=self.every_batch)
 
     def _watermarks(self, times, first: int, last: int, high: int) -> tuple[np.ndarray, np.ndarray]:
         """The batch's event times (flat int64) and the watermark at each of its records."""
@@ -202,7 +214,7 @@ class SourceNode(Node):
         return flat, np.maximum(np.maximum(tops, I64_MIN + self.max_delay) - self.max_delay, self.announced)
 
     async def _push_exact(self, batch: Batch, times, first: int, last: int, high: int) -> None:
-        """Pointstamp progress with user operators or loops downstream: cut the batch where
+        """Pointstamp progress with a user operator downstream: cut the batch where
         the watermark changes and announce it before each piece, so each piece is at one
         logical time, the watermark before its first record (the running maximum of the event
         times minus max_delay, never below the last announced one)."""

@@ -43,6 +43,11 @@ class Operator:
     """Base class of user operators: override `on_batch`, and `on_notify` to act once a time
     is complete (after `ctx.notify_at(time)`). Both may be `async def` or plain methods."""
 
+    # every batch handed to on_batch is at one logical time (ctx.time): a source above cuts
+    # its batches where its watermark changes. A stateless operator sets it False and takes
+    # whole batches at their lower-bound time (the watermark before their first record).
+    per_time = True
+
     async def on_batch(self, ctx: Context, port: int, batch: Batch) -> None:
         raise NotImplementedError(f"{type(self).__name__} must define on_batch(self, ctx, port, batch)")
 
@@ -112,7 +117,10 @@ class Context:
 
 
 class ApplyBoth(Operator):
-    """`connect(...).apply(fn)`: fn(batch, port) -> Batch | array | None, emitted at once."""
+    """`connect(...).apply(fn)`: fn(batch, port) -> Batch | array | None, emitted at once.
+    Stateless, so it takes whole batches: their time is a lower bound of their records'."""
+
+    per_time = False
 
     def __init__(self, fn):
         self.fn = fn

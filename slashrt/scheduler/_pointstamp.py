@@ -141,7 +141,9 @@ class PointstampProgress:
             spec = flow.steps[step_id]
             if isinstance(node, SourceNode):
                 node.now = self.now
-                node.exact = any(isinstance(n, (OperatorNode, EnterNode)) for n in node.walk())
+                below = [n for n in node.walk() if isinstance(n, (OperatorNode, EnterNode))]
+                node.exact = any(isinstance(n, OperatorNode) and n.op.per_time for n in below)
+                node.every_batch = bool(below)
                 if bus is None:  # else counted once per instance in the bus's initial view
                     self.tracker.update(Location.output(i, 0), self.now, 1)
                 self._dirty = True
