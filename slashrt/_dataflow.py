@@ -102,6 +102,7 @@ class WindowAggSpec:
     late_dtype: np.dtype | None = None  # the records the late sink sees (the window's input)
     key_dtype: np.dtype | None = None  # the key column's type, kept in the result; None: int64
     overflow: str = "wrap"  # an int64 sum leaving the range: "wrap" or "error"
+    scope: tuple[str, ...] = ()  # the loops it runs in (one window per iteration: ops/loop_window.py)
 
 
 @attrs.frozen
@@ -392,6 +393,8 @@ class Stream:
         """Group the stream into event-time windows (`Tumbling` or `Sliding`).
 
         `late` is an optional sink that receives records that arrive after their window fired.
+        Inside a loop every iteration has windows of its own, each firing once no record of
+        its iteration or an earlier one can still reach it (`slashrt.ops.loop_window`).
         """
         from slashrt.ops.window import Sliding  # (that module builds on this one)
 
@@ -399,11 +402,6 @@ class Stream:
             raise DataflowError(
                 f"window() after {self.step_id!r}: {assigner!r} is no window assigner; give slashrt.Tumbling(...) "
                 "or slashrt.Sliding(...)"
-            )
-        if self.scope:
-            raise DataflowError(
-                f"window() after {self.step_id!r}: windows inside loops ({list(self.scope)}) are not supported; "
-                "window the stream before loop.enter() or after loop.leave()"
             )
         time = time or self.time
         if time is None:
@@ -459,7 +457,7 @@ class WindowedStream:
         step_id = s.flow._step_id(name, f"{kind.value}_window")
         spec = WindowAggSpec(
             step_id, s.step_id, self.assigner, self.time, key, column, kind, output, self.late, value_dtype,
-            late_dtype=packed_dtype(s.fields), key_dtype=key_dtype, overflow=overflow,
+            late_dtype=packed_dtype(s.fields), key_dtype=key_dtype, overflow=overflow, scope=s.scope,
         )
         fields = {
             "window_start": np.dtype("<i8"),

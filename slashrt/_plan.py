@@ -29,6 +29,7 @@ from slashrt._dataflow import (
 from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
 from slashrt.ops.event_time import SourceNode
+from slashrt.ops.loop_window import LoopWindow
 from slashrt.ops.operator import EnterNode, FeedbackNode, LeaveNode, OperatorNode, Port, UnionNode
 from slashrt.ops.route import ExchangeNode
 from slashrt.ops.sinks import SinkNode
@@ -99,8 +100,8 @@ class Plan:
                     seen.add(id(node))
                     yield node
 
-    def windows(self) -> list[WindowAggregate]:
-        return [n for n in self.nodes() if isinstance(n, WindowAggregate)]
+    def windows(self) -> list[WindowAggregate | LoopWindow]:
+        return [n for n in self.nodes() if isinstance(n, (WindowAggregate, LoopWindow))]
 
     def exchanges(self) -> list[SsbWindowAggregate | RouteByOwner]:
         """The operators that exchange state or records with other executors."""
@@ -144,7 +145,10 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
             if spec.late is not None:
                 late = SinkNode(f"{spec.step_id}.late", spec.late, spec.late_dtype)
                 sinks.append(late)
-            node = WindowAggregate(spec, late) if cluster is None else cluster.window(spec, late)
+            if spec.scope:  # inside a loop: a window per iteration (clusters refuse it: check_cluster_flow)
+                node = LoopWindow(spec, late)
+            else:
+                node = WindowAggregate(spec, late) if cluster is None else cluster.window(spec, late)
         elif isinstance(spec, SinkSpec):
             node = SinkNode(spec.step_id, spec.sink, spec.dtype)
             sinks.append(node)
@@ -194,6 +198,12 @@ def check_cluster_flow(flow: Dataflow, progress: str | None = None) -> None:
             raise DataflowError(
                 f"dataflow {flow.name!r}: exchange steps {untyped} ship records between executors, so every column's "
                 "type must be known when the dataflow is built (give apply/operator a schema=, with_column a dtype=)"
+            )
+        looped = [s.step_id for s in flow.steps.values() if isinstance(s, WindowAggSpec) and s.scope]
+        if looped:
+            raise DataflowError(
+                f"dataflow {flow.name!r}: windows {looped} inside loops run on one executor only; run it with "
+                "executors=1 or window the stream outside the loop"
             )
         windows = [s.step_id for s in flow.steps.values() if isinstance(s, WindowAggSpec)]
         if windows:

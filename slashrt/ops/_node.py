@@ -33,15 +33,15 @@ class Node:
     async def push(self, batch: Batch) -> None:
         await self.emit(batch)
 
-    async def emit_at(self, epoch: int, batch: Batch) -> None:
+    async def emit_at(self, epoch: int, batch: Batch, counters: tuple[int, ...] = ()) -> None:
         """Emit a batch of event time `epoch` (a window's end): under pointstamp progress
-        its logical time is that epoch (a node outside loops)."""
+        its logical time is that epoch with the loop `counters` of the iteration it belongs to."""
         clock = self.clock
         if clock is None:
             await self.emit(batch)
             return
         before = clock.now
-        clock.now = clock.at(epoch)
+        clock.now = clock.at(epoch, counters)
         try:
             await self.emit(batch)
         finally:

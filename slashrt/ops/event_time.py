@@ -104,9 +104,10 @@ class SourceNode(Node):
 
     def watch(self) -> None:
         """Learn the windows downstream (their ends are where the watermark must be exact)."""
-        from slashrt.ops.window import WindowAggregate  # the window imports this module
+        from slashrt.ops.loop_window import LoopWindow  # (the windows import this module)
+        from slashrt.ops.window import WindowAggregate
 
-        grids = {(n.size, n.slide) for n in self.walk() if isinstance(n, WindowAggregate)}
+        grids = {(n.size, n.slide) for n in self.walk() if isinstance(n, (WindowAggregate, LoopWindow))}
         self.grids = sorted(grids)
 
     def carry(self, share: Share) -> None:

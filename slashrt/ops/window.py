@@ -164,6 +164,7 @@ class WindowAggregate(Node):
         self.late_node = late_node
         # False where records were judged late where they were read (an UpPar owner's window)
         self.counts_late = True
+        self.counters: tuple[int, ...] = ()  # the loop iteration it aggregates (inside loops)
         self._out_dtype = None
         self._last_slice: int | None = None  # the slice the last batch ended in
         # the event times every window holding them fits in int64: the first window start at
@@ -463,7 +464,7 @@ class WindowAggregate(Node):
         out["window_end"] = end
         out[self.spec.key] = keys
         out[self.spec.output] = values
-        await self.emit_at(end, Batch(out))
+        await self.emit_at(end, Batch(out), self.counters)
 
     def _overflowed(self, where: str) -> None:
         raise OperatorError(

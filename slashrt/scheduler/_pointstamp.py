@@ -39,6 +39,7 @@ from slashrt._dataflow import EnterSpec, FeedbackSpec, LeaveSpec, OperatorSpec, 
 from slashrt.errors import DataflowError, SlashError
 from slashrt.ops._node import Node
 from slashrt.ops.event_time import SourceNode
+from slashrt.ops.loop_window import LoopWindow
 from slashrt.ops.operator import EnterNode, OperatorNode
 from slashrt.ops.route import ExchangeNode
 from slashrt.ops.sinks import SinkNode
@@ -129,8 +130,8 @@ class PointstampProgress:
         self.now = Timestamp(MIN_EPOCH)
         self.queue: collections.deque = collections.deque()  # (entry node, batch, time, location)
         self.ops: list[tuple[int, OperatorNode]] = []
-        self.windows: list[tuple[int, WindowAggregate]] = []
-        self.held: dict[int, Timestamp] = {}  # window node -> the capability it holds
+        self.windows: list[tuple[int, WindowAggregate | LoopWindow]] = []
+        self.held: dict[int, frozenset[Timestamp]] = {}  # window node -> the capabilities it holds
         self.feedbacks_into: dict[int, list[str]] = collections.defaultdict(list)
         self._dirty = False
         self._settling = False
@@ -149,16 +150,18 @@ class PointstampProgress:
                 self._dirty = True
             elif isinstance(node, OperatorNode):
                 self.ops.append((i, node))
-            elif isinstance(node, WindowAggregate):
+            elif isinstance(node, (WindowAggregate, LoopWindow)):
                 self.windows.append((i, node))
             if isinstance(spec, FeedbackSpec):
                 self.feedbacks_into[index[spec.into]].append(step_id)
-        self._listeners = {i for i, node in enumerate(self.nodes) if isinstance(node, (WindowAggregate, SinkNode, ExchangeNode))}
+        self._listeners = {
+            i for i, node in enumerate(self.nodes) if isinstance(node, (WindowAggregate, LoopWindow, SinkNode, ExchangeNode))
+        }
 
     # --- what nodes call -----------------------------------------------------------------
     @staticmethod
-    def at(epoch: int) -> Timestamp:
-        return Timestamp(epoch)
+    def at(epoch: int, counters: tuple[int, ...] = ()) -> Timestamp:
+        return Timestamp(epoch, counters)
 
     async def advance(self, source: Node, old: Timestamp, new: Timestamp) -> None:
         """A source's watermark moved: its capability follows."""
@@ -247,6 +250,10 @@ class PointstampProgress:
 
     # --- internals -------------------------------------------------------------------------
     async def _frontier_moved(self, node: Node, frontier) -> None:
+        if isinstance(node, LoopWindow):  # per iteration: the frontier's times at its counters or below
+            await node.on_frontier(frontier)
+            self._dirty = True
+            return
         epoch = min((t.epoch for t in frontier), default=None)
         if isinstance(node, WindowAggregate):
             await node.on_frontier(epoch)
@@ -258,19 +265,19 @@ class PointstampProgress:
 
     def _refresh_holds(self) -> None:
         for i, window in self.windows:
-            end = window.held()
-            new = None if end is None else Timestamp(end)
-            old = self.held.get(i)
+            new = _holds(window)
+            old = self.held.get(i, frozenset())
             if new == old:
                 continue
             location = Location.output(i, 0)
-            if new is not None:
-                self.tracker.update(location, new, 1)
+            for time in new - old:
+                self.tracker.update(location, time, 1)
+            for time in old - new:
+                self.tracker.update(location, time, -1)
+            if new:
                 self.held[i] = new
-            if old is not None:
-                self.tracker.update(location, old, -1)
-                if new is None:
-                    del self.held[i]
+            else:
+                del self.held[i]
 
     async def _notify(self) -> None:
         if not self._stale:
@@ -338,12 +345,19 @@ class PointstampProgress:
             return f"capability of source {step} (its watermark)"
         if isinstance(node, OperatorNode):
             return f"notification requested by {step}"
-        if isinstance(node, WindowAggregate):
+        if isinstance(node, (WindowAggregate, LoopWindow)):
             return f"capability of window {step} (a window still to fire)"
         return f"capability of step {step}"
 
     def stuck(self) -> SlashError:
         return SlashError(f"pointstamp progress: the run ended with work outstanding: {self.report()['pointstamps']}")
+
+
+def _holds(window: WindowAggregate | LoopWindow) -> frozenset[Timestamp]:
+    if isinstance(window, LoopWindow):
+        return window.holds()
+    end = window.held()
+    return frozenset() if end is None else frozenset((Timestamp(end),))
 
 
 def _plain(time: Timestamp) -> list[int]:
