@@ -159,3 +159,124 @@ def test_windows_in_loops_are_refused_on_clusters_in_one_sentence():
         loop.leave(sums).sink(sinks.Collect())
     with pytest.raises(DataflowError, match=r"windows \['lc.win'\] inside loops run on one executor only"):
         slashrt.run(flow, {"src": input_records(3, 10)}, executors=2)
+
+
+# --- random graphs and event orders ---------------------------------------------------------
+
+PREC = np.dtype([("id", "<i8"), ("t", "<i8"), ("k", "<i8"), ("n", "<i8"), ("m", "<i8")])
+PSCHEMA = {name: "i8" for name in PREC.names}
+
+
+class Log(Operator):
+    """Logs each batch (its time and records) in the shared log, in event order."""
+
+    def __init__(self, log, kind, per_time=True):
+        self.log, self.kind, self.per_time = log, kind, per_time
+
+    async def on_batch(self, ctx, port, batch):
+        self.log.append((self.kind, ctx.time, batch.to_numpy().copy()))
+        await ctx.emit(batch)
+
+
+def back_records(ids, offset: int, level: str):
+    """Window rows -> records fed back: at the window's end + offset (a negative offset puts
+    them behind their time, where they may be late), the next inner (n) or outer (m) round."""
+
+    def back(batch):
+        rows = batch.to_numpy()
+        out = np.zeros(len(rows), PREC)
+        out["id"] = [next(ids) for _ in range(len(rows))]
+        out["t"] = rows["window_end"] + offset
+        out["k"] = rows["kn"] // 64
+        n, m = rows["kn"] // 8 % 8, rows["kn"] % 8
+        out["n"], out["m"] = (n + 1, m) if level == "inner" else (0, m + 1)
+        return out
+
+    return back
+
+
+def windows_of(t: int, size: int, slide: int) -> list[int]:
+    last = t // slide * slide
+    return [s for s in range(last - (size // slide + 1) * slide, last + 1, slide) if s <= t < s + size]
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(st.data())
+def test_windows_in_loops_never_fire_early_and_never_lose_records(data):
+    draw = data.draw
+    log, ids = [], itertools.count(10**6)
+    flow = Dataflow("p")
+    inputs, sources = {}, []
+    for s in range(draw(st.integers(1, 2), label="sources")):
+        times = draw(st.lists(st.integers(0, 30), min_size=1, max_size=30), label=f"times{s}")
+        a = np.zeros(len(times), PREC)
+        a["id"], a["t"] = np.arange(len(times)) + 1000 * s, times
+        a["k"] = draw(st.lists(st.integers(0, 2), min_size=len(times), max_size=len(times)), label=f"keys{s}")
+        inputs[f"s{s}"] = a
+        sources.append(flow.source(f"s{s}", PREC, time="t", max_delay=draw(st.integers(0, 4), label=f"delay{s}")))
+    if draw(st.booleans(), label="tumbling"):
+        assigner = Tumbling(ms=draw(st.integers(2, 6), label="size"))
+    else:
+        slide = draw(st.integers(1, 3), label="slide")
+        assigner = Sliding(slide * draw(st.integers(1, 3), label="slides"), slide)
+    late = sinks.Collect()
+
+    def body(loop, streams):
+        entered = [loop.enter(s) for s in streams]
+        x = entered[0] if len(entered) == 1 else entered[0].union(*entered[1:])
+        x = x.with_column("kn", lambda b: b["k"] * 64 + b["n"] * 8 + b["m"], dtype="i8")
+        pre = x.operator(Log(log, "in", per_time=draw(st.booleans(), label="per_time")), name="pre")
+        counts = pre.window(assigner, late=late).count(key="kn", name="win")
+        post = counts.operator(Log(log, "out"), name="post")
+        back = post.apply(back_records(ids, draw(st.integers(-3, 3), label="offset"), "inner"), schema=PSCHEMA)
+        loop.feed_back(back.filter(lambda b: b["n"] < 3), into=entered[0])
+        return loop.leave(post)
+
+    if draw(st.booleans(), label="nested"):
+        with flow.loop("outer", max_iterations=4) as outer:
+            o_in = [outer.enter(s) for s in sources]
+            with outer.loop("inner", max_iterations=4) as inner:
+                left = body(inner, o_in)
+            again = left.apply(back_records(ids, draw(st.integers(-3, 3), label="offset2"), "outer"), schema=PSCHEMA)
+            outer.feed_back(again.filter(lambda b: b["m"] < 2), into=o_in[0])
+            done = outer.leave(left)
+    else:
+        with flow.loop("l", max_iterations=4) as loop:
+            done = body(loop, sources)
+    done.sink(sinks.Collect())
+    slots = draw(st.sampled_from([(128, 4), (4096, 16)]), label="slots")
+    result = slashrt.run(flow, inputs, slot_size=slots[0], slots=slots[1])
+
+    size, slide = assigner.size, assigner.slide
+    fired = {}  # (iteration, window start, key) -> (log position, count)
+    for p, (kind, time, rows) in enumerate(log):
+        if kind == "out":
+            assert (rows["window_end"] == time.epoch).all()  # results at (end, iteration)
+            for r in rows:
+                key = (time.counters, int(r["window_start"]), int(r["kn"]))
+                assert key not in fired, f"window {key} fired twice"
+                fired[key] = (p, int(r["count"]))
+    late_ids = late.records["id"].tolist()
+    assert len(set(late_ids)) == len(late_ids) == sum(result.late_records.values())
+    late_ids = set(late_ids)
+    counted = dict.fromkeys(fired, 0)
+    seen = 0
+    for p, (kind, time, rows) in enumerate(log):
+        if kind != "in":
+            continue
+        for r in rows:
+            seen += 1
+            t, rid = int(r["t"]), int(r["id"])
+            for s in windows_of(t, size, slide):
+                at = fired.get((time.counters, s, int(r["kn"])))
+                if at is not None and at[0] > p:
+                    counted[(time.counters, s, int(r["kn"]))] += 1
+                else:  # its window at its iteration fired before it came: it must be late...
+                    assert rid in late_ids, (rid, t, time, s, at, p)
+            if rid in late_ids:  # ...and only a record behind its time can be (never early)
+                assert t < time.epoch, (rid, t, time)
+                first = fired.get((time.counters, windows_of(t, size, slide)[0], int(r["kn"])))
+                assert first is None or first[0] < p
+    assert counted == {key: count for key, (_, count) in fired.items()}  # no record lost or counted twice
+    assert seen >= sum(len(a) for a in inputs.values())
+    assert all(f == [] for f in result.frontiers.values())
