@@ -11,7 +11,8 @@ Every step of the flow is a node of a `Reachability` (its ports and summaries: i
 a loop counter, feedback adds one, egress drops it). The `Tracker` counts what may still
 produce data: sources' capabilities (at their last announced watermark, dropped at the end of
 their input), operators' notification requests, windows' capabilities (the end of the
-earliest window they still have to fire) and batches queued on feedback edges. Synchronous
+earliest window they still have to fire; inside a loop one per iteration, at its counters) and
+batches queued on feedback edges. Synchronous
 pushes inside a call tree need no counts: the capability of whoever started the tree (a
 source, the queue, a notification) covers them.
 
