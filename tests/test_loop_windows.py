@@ -150,6 +150,33 @@ def test_windows_in_loops_nested_two_deep():
     assert result.late_records == {"nest.win": 0}
 
 
+@pytest.mark.parametrize("offset, late_rows", [(0, 0), (-1, 1)])
+def test_late_records_in_loops_are_judged_on_the_frontier(offset, late_rows):
+    """Iteration 0 counts the record at 5 in [0, 10) and feeds one back at time (10, <1>) with
+    event time 10 + offset. At 10 it lands in [10, 20) of iteration 1; at 9 it is behind its
+    time: [0, 10) of iteration 1 has fired (nothing below 10 can reach iteration 1), so it is
+    late, counted and in the late sink."""
+    flow = Dataflow("late")
+    src = flow.source("src", REC, time="t")
+    late, log = sinks.Collect(), []
+
+    def back(batch):
+        rows = batch.to_numpy()
+        return records(rows["window_end"] + offset, rows["k"], rows["count"])
+
+    with flow.loop("l") as loop:
+        counts = loop.enter(src).window(Tumbling(ms=SIZE), late=late).count(key="k", name="win")
+        seen = counts.operator(Iterations(log), name="seen")
+        loop.feed_back(seen.filter(lambda b: b["window_start"] == 0).apply(back, schema=SCHEMA, name="back"))
+        loop.leave(seen).sink(sinks.Collect())
+    result = slashrt.run(flow, {"src": records([5], [3], [1])})
+    got = [(t, (int(r["window_start"]), int(r["count"]))) for t, rows in log for r in rows]
+    want = [(Timestamp(10, (0,)), (0, 1))] + ([(Timestamp(20, (1,)), (10, 1))] if not late_rows else [])
+    assert got == want
+    assert result.late_records == {"late.win": late_rows}
+    assert late.records["t"].tolist() == [9] * late_rows
+
+
 def test_windows_in_loops_are_refused_on_clusters_in_one_sentence():
     flow = Dataflow("lc")
     src = flow.source("src", REC, time="t")
@@ -223,7 +250,12 @@ def test_windows_in_loops_never_fire_early_and_never_lose_records(data):
 
     def body(loop, streams):
         entered = [loop.enter(s) for s in streams]
-        x = entered[0] if len(entered) == 1 else entered[0].union(*entered[1:])
+        if len(entered) == 1:
+            x = entered[0]
+        elif draw(st.booleans(), label="union"):
+            x = entered[0].union(entered[1])
+        else:  # a two-input step inside the loop, before the window
+            x = entered[0].connect(entered[1]).apply(lambda b, port: b)
         x = x.with_column("kn", lambda b: b["k"] * 64 + b["n"] * 8 + b["m"], dtype="i8")
         pre = x.operator(Log(log, "in", per_time=draw(st.booleans(), label="per_time")), name="pre")
         counts = pre.window(assigner, late=late).count(key="kn", name="win")
