@@ -96,8 +96,8 @@ class SourceNode(Node):
         # pointstamp progress: the logical time of the records now pushed (the capability held);
         # `exact`: a step below needs each batch at one time (a user operator: its ctx.time and
         # notifications), so batches are cut where the watermark changes; `every_batch`: graph
-        # steps below take whole batches at their lower-bound time and the capability follows
-        # the watermark once per batch
+        # steps below take whole batches at their lower-bound time: the capability moves to the
+        # watermark before a batch's first record before it is pushed, and to its last after
         self.now = None
         self.exact = False
         self.every_batch = False
