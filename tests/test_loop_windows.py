@@ -86,7 +86,8 @@ class Iterations(Operator):
         await ctx.emit(batch)
 
 
-def test_a_keyed_tumbling_window_in_a_loop_aggregates_each_iteration_apart():
+@pytest.mark.parametrize("slots", [(512, 4), (65536, 8)])
+def test_a_keyed_tumbling_window_in_a_loop_aggregates_each_iteration_apart(slots):
     data = input_records(1)
     flow = Dataflow("lw")
     src = flow.source("src", REC, time="t")
@@ -98,7 +99,7 @@ def test_a_keyed_tumbling_window_in_a_loop_aggregates_each_iteration_apart():
         done = loop.leave(seen)
     out = sinks.Collect()
     done.sink(out)
-    result = slashrt.run(flow, {"src": data}, slot_size=512, slots=4)
+    result = slashrt.run(flow, {"src": data}, slot_size=slots[0], slots=slots[1])
     want = reference_loop(data)
     assert len(want) > 4  # several iterations, whose windows overlap in event time
     by_iteration = {}
