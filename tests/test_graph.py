@@ -1,6 +1,8 @@
 """Dataflow graphs on one executor: union, connect, user operators, fan-in and fan-out, the
 progress modes (pointstamp and watermark give identical results on tree flows) and the report."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -370,3 +372,20 @@ def test_a_report_file_in_a_missing_directory_is_refused_before_the_run(tmp_path
     flow.source("a", REC, time="t").operator(Pass(), name="op").sink(sinks.Collect(), name="out")
     with pytest.raises(SlashError, match="directory .* does not exist"):
         slashrt.run(flow, {"a": records(range(3), range(3))}, on_report=str(tmp_path / "no" / "r.json"))
+
+
+def test_bench_graph_ops_times_connect_apply_beside_union_and_checks_both(capsys):
+    from slashrt.bench import graph_ops
+
+    assert graph_ops.main(["--records", "500", "--same-time", "3", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["records_per_source"] == 500 and result["records_per_event_time"] == 3
+    assert result["correct"] is True
+    assert result["union_seconds"] > 0 and result["connect_apply_seconds"] > 0
+    assert graph_ops.main(["--records", "50"]) == 0
+    assert "connect_over_union" in capsys.readouterr().out
+    for bad in (["--records", "0"], ["--same-time", "0"]):
+        with pytest.raises(SystemExit) as exit_info:
+            graph_ops.main(bad)
+        assert exit_info.value.code == 2
+        assert "must be at least 1" in capsys.readouterr().err
