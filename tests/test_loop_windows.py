@@ -178,6 +178,36 @@ def test_late_records_in_loops_are_judged_on_the_frontier(offset, late_rows):
     assert late.records["t"].tolist() == [9] * late_rows
 
 
+@pytest.mark.parametrize("assigner", [Tumbling(ms=100), Sliding(300, 100)])
+def test_a_late_heavy_input_is_judged_at_iteration_zero_as_outside_loops(assigner):
+    """The input-order rule of lateness carries over into loops: iteration 0 of a window in a
+    loop gives the windows and late records of the independent numpy evaluation
+    (tests/test_lateness.py), whatever the slots."""
+    from tests.test_lateness import MAX_DELAY, SCHEMA as LSCHEMA, late_heavy, reference
+
+    data = late_heavy(3000)
+    want_rows, want_late = reference(data, assigner.size, assigner.slide, MAX_DELAY)
+    for slot_size, slots in [(256, 4), (8192, 16)]:
+        flow = Dataflow("lh")
+        src = flow.source("events", LSCHEMA, time="t", max_delay=MAX_DELAY)
+        late, out = sinks.Collect(), sinks.Collect()
+        with flow.loop("once", max_iterations=0) as loop:
+            x = loop.enter(src)
+            sums = x.window(assigner, late=late).sum("v", key="k", name="sums")
+            counts = x.window(assigner).count(key="k", name="counts")
+            loop.feed_back(x.filter(lambda b: b["k"] < 0))  # never: one iteration
+            loop.leave(sums).sink(out)
+            loop.leave(counts).sink(counted := sinks.Collect())
+        result = slashrt.run(flow, {"events": data}, slot_size=slot_size, slots=slots)
+        sums, cnts = (np.sort(c.records, order=["window_start", "k"]) for c in (out, counted))
+        assert np.array_equal(sums[["window_start", "k"]], cnts[["window_start", "k"]])
+        rows = np.column_stack([sums["window_start"], sums["k"], cnts["count"], sums["sum_v"]])
+        assert np.array_equal(rows, want_rows)
+        got_late = np.sort(late.records.astype(LSCHEMA.dtype), order=["t", "k", "v"])
+        assert np.array_equal(got_late, want_late) and len(want_late) > 100
+        assert result.late_records["lh.sums"] == len(want_late)
+
+
 def test_windows_in_loops_are_refused_on_clusters_in_one_sentence():
     flow = Dataflow("lc")
     src = flow.source("src", REC, time="t")
