@@ -225,6 +225,45 @@ def test_windows_after_a_union_fire_on_the_least_watermark():
     assert result.frontiers["w.win.in0"] == []
 
 
+def test_an_operator_after_a_window_takes_the_windows_times_and_the_source_is_not_cut():
+    """A window's results are at their window's end, so a per-time operator after it needs no
+    cut at the source: the steps before the window see whole batches, the operator one batch
+    per window end, each notified after its last batch."""
+    calls = []
+
+    def seen(batch):
+        calls.append(len(batch))
+        return batch
+
+    class AtEnds(Operator):
+        def __init__(self):
+            self.log = []
+
+        async def on_batch(self, ctx, port, batch):
+            self.log.append(("batch", ctx.time, batch["window_end"].tolist()))
+            ctx.notify_at(ctx.time)
+            await ctx.emit(batch)
+
+        async def on_notify(self, ctx, time):
+            self.log.append(("notify", time, []))
+
+    flow = Dataflow("after")
+    op, out = AtEnds(), sinks.Collect()
+    flow.source("a", REC, time="t").apply(seen).window(Tumbling(ms=10)).count(key="k", name="win").operator(
+        op, name="op"
+    ).sink(out)
+    times = np.arange(1000) // 2
+    slashrt.run(flow, {"a": records(np.arange(1000) % 3, times)}, slot_size=4096, slots=8)
+    assert sum(calls) == 1000 and len(calls) < 100  # not one piece per watermark change (500)
+    batches = [(t, ends) for what, t, ends in op.log if what == "batch"]
+    assert all(set(ends) == {t.epoch} for t, ends in batches)
+    assert sorted(t.epoch for t, _ in batches) == list(range(10, 501, 10))
+    for i, (what, t, _) in enumerate(op.log):
+        if what == "notify":
+            assert not any(w == "batch" and u.less_equal(t) for w, u, _ in op.log[i + 1:])
+    assert len(out.records) == 150 and out.records["count"].sum() == 1000
+
+
 def test_report_shows_frontiers_and_what_holds_them():
     import json
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import slashrt
-from slashrt import Dataflow, Operator, Timestamp, sinks
+from slashrt import Dataflow, Operator, Timestamp, Tumbling, sinks
 from slashrt.errors import OperatorError
 
 REC = np.dtype([("v", "<i8"), ("n", "<i8"), ("t", "<i8")])
@@ -56,6 +56,17 @@ class Recorder(Operator):
         assert not self.held
 
 
+def window_rows(batch):
+    """A window's rows as records again: v the count, t the window's end."""
+    rows = batch.to_numpy()
+    out = np.zeros(len(rows), REC)
+    out["v"], out["n"], out["t"] = rows["count"], rows["n"], rows["window_end"]
+    return out
+
+
+SCHEMA = {"v": "i8", "n": "i8", "t": "i8"}
+
+
 def decrement(batch):
     out = batch.to_numpy(REC).copy()
     out["n"] -= 1
@@ -82,7 +93,7 @@ def test_notifications_are_never_early_and_never_lost(data):
         return r
 
     for step in range(data.draw(st.integers(1, 5), label="steps")):
-        kind = data.draw(st.sampled_from(["op", "connect", "apply2", "union", "loop", "filter"]))
+        kind = data.draw(st.sampled_from(["op", "connect", "apply2", "union", "loop", "filter", "window"]))
         a = data.draw(st.sampled_from(streams))
         if kind == "op":
             streams.append(a.operator(recorder(), name=f"op{step}"))
@@ -95,6 +106,9 @@ def test_notifications_are_never_early_and_never_lost(data):
         elif kind == "union":
             b = data.draw(st.sampled_from(streams))
             streams.append(a.union(b, name=f"un{step}"))
+        elif kind == "window":  # its rows are at their window's end: the source need not cut for what follows
+            counts = a.window(Tumbling(ms=data.draw(st.integers(1, 4))), time="t").count(key="n", name=f"wi{step}")
+            streams.append(counts.apply(window_rows, schema=SCHEMA, name=f"wr{step}"))
         elif kind == "filter":
             streams.append(a.filter(lambda b: b["v"] % 2 == 0, name=f"fi{step}"))
         else:

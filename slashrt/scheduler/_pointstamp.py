@@ -41,7 +41,7 @@ from slashrt.errors import DataflowError, SlashError
 from slashrt.ops._node import Node
 from slashrt.ops.event_time import SourceNode
 from slashrt.ops.loop_window import LoopWindow
-from slashrt.ops.operator import EnterNode, OperatorNode
+from slashrt.ops.operator import EnterNode, OperatorNode, Port
 from slashrt.ops.route import ExchangeNode
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.window import WindowAggregate
@@ -143,9 +143,9 @@ class PointstampProgress:
             spec = flow.steps[step_id]
             if isinstance(node, SourceNode):
                 node.now = self.now
-                below = [n for n in node.walk() if isinstance(n, (OperatorNode, EnterNode))]
-                node.exact = any(isinstance(n, OperatorNode) and n.op.per_time for n in below)
-                node.every_batch = bool(below)
+                below = list(_downstream(node))
+                node.every_batch = any(isinstance(n, (OperatorNode, EnterNode)) for n, _ in below)
+                node.exact = any(isinstance(n, OperatorNode) and n.op.per_time and not timed for n, timed in below)
                 if bus is None:  # else counted once per instance in the bus's initial view
                     self.tracker.update(Location.output(i, 0), self.now, 1)
                 self._dirty = True
@@ -352,6 +352,20 @@ class PointstampProgress:
 
     def stuck(self) -> SlashError:
         return SlashError(f"pointstamp progress: the run ended with work outstanding: {self.report()['pointstamps']}")
+
+
+def _downstream(root: Node):
+    """Every node below `root` once, each with whether a window lies between them (a window's
+    results are at their window's end, whatever the times of the batches it read)."""
+    stack, seen = [(root, False)], set()
+    while stack:
+        node, timed = stack.pop()
+        if (id(node), timed) in seen:
+            continue
+        seen.add((id(node), timed))
+        yield node, timed
+        timed = timed or isinstance(node, (WindowAggregate, LoopWindow))
+        stack.extend((child, timed) for child in ([node.target] if isinstance(node, Port) else node.children))
 
 
 def _holds(window: WindowAggregate | LoopWindow) -> frozenset[Timestamp]:
