@@ -97,22 +97,27 @@ def test_two_input_operator_is_notified_once_per_time_with_both_inputs_complete(
     assert got == sorted([(t, 0, 3) for t in range(5)] + [(t, 1, 2) for t in range(5)])
 
 
-class WholeBatches(Operator):
-    """A stateless operator (per_time False): logs each batch's time and its records' times,
-    asks to be notified at the batch's time."""
+class TimeLog(Operator):
+    """Logs each batch's time and the values of `column`, asks to be notified at the batch's
+    time, passes the batch on; `per_time` False: a stateless operator, taking whole batches."""
 
-    per_time = False
-
-    def __init__(self):
-        self.log = []
+    def __init__(self, column: str, per_time: bool = True):
+        self.column, self.per_time, self.log = column, per_time, []
 
     async def on_batch(self, ctx, port, batch):
-        self.log.append(("batch", ctx.time, batch["t"].tolist()))
+        self.log.append(("batch", ctx.time, batch[self.column].tolist()))
         ctx.notify_at(ctx.time)
         await ctx.emit(batch)
 
     async def on_notify(self, ctx, time):
         self.log.append(("notify", time, []))
+
+    def check_never_early(self):
+        """No batch at a time <= t after on_notify(t); every batch's time notified."""
+        for i, (what, t, _) in enumerate(self.log):
+            if what == "notify":
+                assert not any(w == "batch" and u.less_equal(t) for w, u, _ in self.log[i + 1:])
+        assert {t for what, t, _ in self.log if what == "notify"} == {t for what, t, _ in self.log if what == "batch"}
 
 
 @pytest.mark.parametrize("max_delay", [0, 2])
@@ -128,7 +133,7 @@ def test_stateless_two_input_steps_take_whole_batches_at_their_lower_bound_time(
 
     flow = Dataflow("whole")
     a, b = flow.source("a", REC, time="t", max_delay=max_delay), flow.source("b", REC, time="t", max_delay=max_delay)
-    op, out = WholeBatches(), sinks.Collect()
+    op, out = TimeLog("t", per_time=False), sinks.Collect()
     a.connect(b).apply(same).connect(b).operator(op, name="op").sink(out)
     times = np.array([5, 6, 7, 3, 8, 9, 10, 11] * 25) + np.repeat(np.arange(25) * 10, 8)
     ins = {"a": records(np.arange(200), times), "b": records(np.arange(200, 400), times)}
@@ -139,10 +144,7 @@ def test_stateless_two_input_steps_take_whole_batches_at_their_lower_bound_time(
     assert len(batches) <= 16
     for t, ts in batches:  # the time is the watermark before the batch's first record, a lower bound
         assert t.epoch <= ts[0] - max_delay
-    for i, (what, t, _) in enumerate(op.log):
-        if what == "notify":
-            assert not any(w == "batch" and u.less_equal(t) for w, u, _ in op.log[i + 1:])
-    assert {t for what, t, _ in op.log if what == "notify"} == {t for t, _ in batches}
+    op.check_never_early()
 
 
 def test_operator_must_be_an_instance():
@@ -235,20 +237,8 @@ def test_an_operator_after_a_window_takes_the_windows_times_and_the_source_is_no
         calls.append(len(batch))
         return batch
 
-    class AtEnds(Operator):
-        def __init__(self):
-            self.log = []
-
-        async def on_batch(self, ctx, port, batch):
-            self.log.append(("batch", ctx.time, batch["window_end"].tolist()))
-            ctx.notify_at(ctx.time)
-            await ctx.emit(batch)
-
-        async def on_notify(self, ctx, time):
-            self.log.append(("notify", time, []))
-
     flow = Dataflow("after")
-    op, out = AtEnds(), sinks.Collect()
+    op, out = TimeLog("window_end"), sinks.Collect()
     flow.source("a", REC, time="t").apply(seen).window(Tumbling(ms=10)).count(key="k", name="win").operator(
         op, name="op"
     ).sink(out)
@@ -258,9 +248,7 @@ def test_an_operator_after_a_window_takes_the_windows_times_and_the_source_is_no
     batches = [(t, ends) for what, t, ends in op.log if what == "batch"]
     assert all(set(ends) == {t.epoch} for t, ends in batches)
     assert sorted(t.epoch for t, _ in batches) == list(range(10, 501, 10))
-    for i, (what, t, _) in enumerate(op.log):
-        if what == "notify":
-            assert not any(w == "batch" and u.less_equal(t) for w, u, _ in op.log[i + 1:])
+    op.check_never_early()
     assert len(out.records) == 150 and out.records["count"].sum() == 1000
 
 
