@@ -222,7 +222,8 @@ class OperatorNode(Node):
         """The pending notification requests (the capabilities the operator holds) and, if it
         declares state, a copy of the user operator's `State` (arrays under `user.`)."""
         op, arrays, user = self.op, {"requested": times_array(sorted(self.requested, key=Timestamp.sort_key))}, None
-        if declares_state(op):
+        declared = declares_state(op)
+        if declared:
             with UserErrors(self.step_id, "snapshot()"):
                 state = op.snapshot()
             if not isinstance(state, State) or not isinstance(state.arrays, dict):
@@ -242,7 +243,7 @@ class OperatorNode(Node):
                 raise OperatorError(self.step_id, f"snapshot(): the state's meta is not JSON-able: {exc}") from None
         return tagged(
             self.STATE_KIND, self.STATE_VERSION, arrays, step=self.step_id, operator=_name(op),
-            operator_version=op.STATE_VERSION, user=user,
+            operator_version=op.STATE_VERSION, declared=declared, user=user,
         )
 
     def restore(self, state: State) -> None:
@@ -261,14 +262,14 @@ class OperatorNode(Node):
                 f"step {self.step_id!r}: the state of operator {name} has STATE_VERSION {meta['operator_version']}, "
                 f"this {name} reads up to {op.STATE_VERSION}: restore it with the code that wrote it"
             )
-        if (meta["user"] is not None) != declares_state(op):
+        if meta["declared"] != declares_state(op):
             raise SnapshotError(
-                f"step {self.step_id!r}: operator {name} {'no longer' if meta['user'] is not None else 'now'} declares "
+                f"step {self.step_id!r}: operator {name} {'no longer' if meta['declared'] else 'now'} declares "
                 "state (snapshot/restore) but the checkpoint was taken with the other: restore it with the code that "
                 "wrote it"
             )
         self.requested = set(array_times(state.arrays["requested"]))
-        if meta["user"] is not None:
+        if meta["declared"]:
             arrays = {k.removeprefix("user."): a for k, a in state.arrays.items() if k.startswith("user.")}
             with UserErrors(self.step_id, "restore()"):
                 op.restore(State(arrays, meta["user"]))

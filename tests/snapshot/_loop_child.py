@@ -3,7 +3,8 @@ checkpoint directory and may SIGKILL itself.
 
     python _loop_child.py <directory> <job> <kill>
 
-<job>: "cc" (connected components, `slashrt.examples.cc`, edges in EPOCHS epochs), "pagerank"
+<job>: "circulate" (every record goes round a loop of stateless steps ROUNDS times, many
+batches in flight on the back edge at once), "cc" (connected components, `slashrt.examples.cc`, edges in EPOCHS epochs), "pagerank"
 (`slashrt.examples.pagerank`, ITERATIONS power iterations per epoch) or "counter" (a user
 operator counting records per key and epoch, with notifications, in a graph flow with a
 union). Output into a transactional CSV sink under <directory>/out; checkpoints every 2 ms into
@@ -25,52 +26,65 @@ import slashrt
 from slashrt import Dataflow, Schema, sinks
 from slashrt.examples import EDGES
 
-NODES, EDGE_COUNT, EPOCHS, ITERATIONS = 40_000, 60_000, 16, 12
+NODES, EDGE_COUNT, EPOCHS = 40_000, 60_000, 16
+PR_NODES, ITERATIONS = 2000, 30  # PageRank emits every node's rank per epoch: fewer nodes
 
 
-def edges(seed: int = 7) -> np.ndarray:
+def edges(nodes: int = NODES, seed: int = 7) -> np.ndarray:
     """The same edges in every process, in epoch order."""
     rng = np.random.default_rng(seed)
     out = np.zeros(EDGE_COUNT, EDGES)
-    out["src"], out["dst"] = rng.integers(0, NODES, EDGE_COUNT), rng.integers(0, NODES, EDGE_COUNT)
+    out["src"], out["dst"] = rng.integers(0, nodes, EDGE_COUNT), rng.integers(0, nodes, EDGE_COUNT)
     out["epoch"] = np.sort(rng.integers(0, EPOCHS, EDGE_COUNT))
     return out
+
+
+ROUNDS = 25
+CIRCLING = Schema({"t": "i8", "k": "i8", "n": "i8"})
+
+
+def circulate_inputs() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(5)
+    rec = np.zeros(40_000, CIRCLING.dtype)
+    rec["t"] = np.arange(len(rec)) * 50 // len(rec)
+    rec["k"] = rng.integers(0, 1 << 40, len(rec))
+    return {"a": rec}
 
 
 COUNTED = Schema({"t": "i8", "k": "i8", "v": "i8"})
 
 
 class CountPerKey(slashrt.Operator):
-    """Counts records and sums v per key over all time; on each epoch's notification emits the
-    running totals of the keys that epoch touched."""
+    """Counts records and sums v per key and epoch; once an epoch is complete (notification)
+    adds it to the running totals and emits the totals of the keys that epoch touched."""
 
     def __init__(self):
-        self.totals = np.zeros((50, 2), np.int64)  # per key: count, sum
-        self.touched: dict[int, np.ndarray] = {}  # epoch -> keys seen in it
+        self.totals = np.zeros((50, 2), np.int64)  # per key: count, sum, of the epochs notified
+        self.open: dict[int, np.ndarray] = {}  # epoch -> per key: count, sum
 
     def snapshot(self) -> slashrt.State:
-        epochs = sorted(self.touched)
-        keys = [self.touched[e] for e in epochs]
+        epochs = sorted(self.open)
         return slashrt.State(
             {"totals": self.totals, "epochs": np.array(epochs, np.int64),
-             "touched": np.array(keys, bool).reshape(len(epochs), 50)}, {"keys": 50},
+             "open": np.array([self.open[e] for e in epochs], np.int64).reshape(len(epochs), 50, 2)}, {"keys": 50},
         )
 
     def restore(self, state: slashrt.State) -> None:
         self.totals = np.array(state.arrays["totals"])
-        self.touched = {int(e): np.array(row) for e, row in zip(state.arrays["epochs"], state.arrays["touched"])}
+        self.open = {int(e): np.array(c) for e, c in zip(state.arrays["epochs"], state.arrays["open"])}
 
     async def on_batch(self, ctx, port, batch):
-        k = batch["k"]
-        np.add.at(self.totals[:, 0], k, 1)
-        np.add.at(self.totals[:, 1], k, batch["v"])
-        if ctx.time.epoch not in self.touched:
-            self.touched[ctx.time.epoch] = np.zeros(50, bool)
+        if ctx.time.epoch not in self.open:
+            self.open[ctx.time.epoch] = np.zeros((50, 2), np.int64)
             ctx.notify_at(ctx.time)
-        self.touched[ctx.time.epoch][k] = True
+        counts = self.open[ctx.time.epoch]
+        np.add.at(counts[:, 0], batch["k"], 1)
+        np.add.at(counts[:, 1], batch["k"], batch["v"])
 
     async def on_notify(self, ctx, time):
-        keys = np.flatnonzero(self.touched.pop(time.epoch))
+        counts = self.open.pop(time.epoch)
+        self.totals += counts
+        keys = np.flatnonzero(counts[:, 0])
         out = np.zeros(len(keys), COUNTED.dtype)
         out["t"], out["k"], out["v"] = time.epoch, keys, self.totals[keys, 1] * 1000 + self.totals[keys, 0]
         await ctx.emit(out)
@@ -98,7 +112,16 @@ def job(name: str, directory: str):
     if name == "pagerank":
         from slashrt.examples.pagerank import RANKS, pagerank_flow
 
-        return pagerank_flow(sink, ITERATIONS, nodes=NODES), {"edges": edges(), "ranks": np.empty(0, RANKS)}
+        return pagerank_flow(sink, ITERATIONS, nodes=PR_NODES), {"edges": edges(PR_NODES), "ranks": np.empty(0, RANKS)}
+    if name == "circulate":
+        flow = Dataflow("circulate")
+        src = flow.source("a", CIRCLING, time="t")
+        with flow.loop("round", max_iterations=ROUNDS) as loop:
+            body = loop.enter(src).with_column("n", lambda b: b["n"] + 1, dtype="i8")
+            loop.feed_back(body.filter(lambda b: b["n"] < ROUNDS))
+            out = loop.leave(body.filter(lambda b: b["n"] == ROUNDS))
+        out.with_column("k", lambda b: b["k"] * 3 + b["n"], dtype="i8").sink(sink, name="out")
+        return flow, circulate_inputs()
     flow = Dataflow("counter")
     a, b = (flow.source(n, COUNTED, time="t") for n in ("a", "b"))
     a.union(b).operator(CountPerKey(), name="count").sink(sink, name="out")

@@ -189,17 +189,6 @@ def test_a_source_that_cannot_rewind_is_refused(tmp_path):
         slashrt.run(flow, {"a": receiver}, checkpoint_dir=tmp_path)
 
 
-def test_a_user_operator_is_refused(tmp_path):
-    class Keep(slashrt.Operator):
-        async def on_batch(self, ctx, port, batch):
-            await ctx.emit(batch)
-
-    flow = Dataflow("user")
-    flow.source("a", SCHEMA, time="t").operator(Keep(), name="keep").sink(sinks.Collect())
-    with pytest.raises(DataflowError, match="'user.keep' is a user operator"):
-        slashrt.run(flow, {"a": source_records(10, 0, seed=0)}, checkpoint_dir=tmp_path)
-
-
 @pytest.mark.parametrize(
     "options, error, message",
     [
