@@ -33,7 +33,7 @@ from slashrt.examples import EDGES
 from slashrt.examples._power_iteration import DAMPING, Graph
 from slashrt.sinks import Collect
 from slashrt.snapshot import State
-from slashrt.snapshot.operators import pack_groups, unpack_groups
+from slashrt.snapshot.operators import array_times, pack_groups, times_array, unpack_groups
 
 __all__ = ["Graph", "DAMPING", "PowerIteration", "pagerank_flow", "pagerank", "PageRankResult"]
 
@@ -64,7 +64,7 @@ class PowerIteration(Operator):
         return State({
             **pack_groups("edges", edges, {"src": np.int64, "dst": np.int64}),
             **pack_groups("ranks", self.ranks, self._RANK), **pack_groups("start", {0: self.start}, self._RANK),
-            "asked": np.array([(t.epoch, *t.counters) for t in sorted(self.asked)], np.int64).reshape(-1, 2),
+            "asked": times_array(sorted(self.asked)),
         }, {"graphs": sorted(self.graphs)})
 
     def restore(self, state: State) -> None:
@@ -73,13 +73,15 @@ class PowerIteration(Operator):
         self.edges = [(e, s, d) for e, [(s, d)] in by_epoch.items()]
         self.ranks = unpack_groups("ranks", arrays, self._RANK, times=True)
         self.start = unpack_groups("start", arrays, self._RANK).get(0, [])
-        self.asked = {Timestamp(int(e), (int(c),)) for e, c in arrays["asked"].tolist()}
-        self.graphs = {}
-        for epoch in state.meta["graphs"]:  # as built at (epoch, 0): from every edge of epochs <= epoch
-            upto = [(s, d) for e, s, d in self.edges if e <= epoch]
-            self.graphs[epoch] = Graph(np.concatenate([s for s, _ in upto]) if upto else np.empty(0, np.int64),
-                                       np.concatenate([d for _, d in upto]) if upto else np.empty(0, np.int64),
-                                       self.nodes, damping=self.damping)
+        self.asked = set(array_times(arrays["asked"]))
+        self.graphs = {epoch: self._graph(epoch) for epoch in state.meta["graphs"]}  # as built at (epoch, 0)
+
+    def _graph(self, epoch: int) -> Graph:
+        """The graph of every edge of the epochs up to `epoch`."""
+        upto = [(s, d) for e, s, d in self.edges if e <= epoch]
+        src = np.concatenate([s for s, _ in upto]) if upto else np.empty(0, np.int64)
+        dst = np.concatenate([d for _, d in upto]) if upto else np.empty(0, np.int64)
+        return Graph(src, dst, self.nodes, damping=self.damping)
 
     def _notify(self, ctx: Context, time: Timestamp) -> None:
         if time not in self.asked:
@@ -102,10 +104,7 @@ class PowerIteration(Operator):
         arrived = self.ranks.pop(time, [])
         i = time.counters[-1]
         if i == 0:  # every edge of the epoch is in: the starting ranks
-            upto = [(s, d) for e, s, d in self.edges if e <= time.epoch]
-            src = np.concatenate([s for s, _ in upto]) if upto else np.empty(0, np.int64)
-            dst = np.concatenate([d for _, d in upto]) if upto else np.empty(0, np.int64)
-            graph = self.graphs[time.epoch] = Graph(src, dst, self.nodes, damping=self.damping)
+            graph = self.graphs[time.epoch] = self._graph(time.epoch)
             ranks = graph.initial()
             for nodes, values in self.start:
                 ranks[nodes] = values

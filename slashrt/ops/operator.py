@@ -30,7 +30,7 @@ from slashrt.errors import OperatorError, SnapshotError
 from slashrt.ops._node import Node
 from slashrt.ops.stateless import UserErrors, user_batch
 from slashrt.progress.timestamp import Timestamp
-from slashrt.snapshot.operators import check, tagged
+from slashrt.snapshot.operators import array_times, check, tagged, times_array
 from slashrt.snapshot.state_format import State
 
 __all__ = [
@@ -45,8 +45,6 @@ __all__ = [
     "Port",
     "declares_state",
     "undeclared_state",
-    "times_array",
-    "array_times",
 ]
 
 
@@ -362,15 +360,3 @@ def undeclared_state(op: Operator) -> str | None:
         f"holds state ({', '.join(held[:4])}{', ...' if len(held) > 4 else ''}) but declares none: define "
         "snapshot() -> slashrt.State and restore(state), or set stateless = True if those attributes never change"
     )
-
-
-def times_array(times) -> np.ndarray:
-    """Timestamps of one depth as int64 rows (epoch, counters...), in the order given."""
-    times = list(times)
-    depth = times[0].depth if times else 0
-    return np.array([(t.epoch, *t.counters) for t in times], np.int64).reshape(len(times), 1 + depth)
-
-
-def array_times(rows: np.ndarray) -> list[Timestamp]:
-    """The Timestamps of `times_array`'s rows."""
-    return [Timestamp(int(r[0]), tuple(int(c) for c in r[1:])) for r in np.asarray(rows, np.int64).tolist()]

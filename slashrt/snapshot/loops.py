@@ -32,9 +32,8 @@ import trio
 
 from slashrt._batch import Batch
 from slashrt.errors import SnapshotError
-from slashrt.ops.operator import array_times, times_array
 from slashrt.snapshot.alignment import LogComplete, LoopHead, LoopLog, back_edges_of
-from slashrt.snapshot.operators import check, tagged
+from slashrt.snapshot.operators import array_times, check, tagged, times_array
 from slashrt.snapshot.state_format import State
 
 __all__ = ["BackEdgeLog", "LOG_KIND", "loop_feedbacks"]

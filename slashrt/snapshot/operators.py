@@ -35,6 +35,8 @@ __all__ = [
     "unpack_tables",
     "pack_groups",
     "unpack_groups",
+    "times_array",
+    "array_times",
     "snapshot_plan",
     "restore_plan",
     "stateful_nodes",
@@ -105,17 +107,37 @@ def unpack_tables(prefix: str, arrays: dict[str, np.ndarray]):
         yield table_id, keys[a:b], counts[a:b], vals[a:b], bool(overflowed[i])
 
 
+def _row(key) -> tuple[int, ...]:
+    """An int, or a `Timestamp` (epoch, counters), as a row of int64s."""
+    return (int(key),) if isinstance(key, (int, np.integer)) else (key.epoch, *key.counters)
+
+
+def _time(row) -> object:
+    from slashrt.progress.timestamp import Timestamp  # (progress imports nothing from here)
+
+    return Timestamp(int(row[0]), tuple(int(c) for c in row[1:]))
+
+
+def times_array(times) -> np.ndarray:
+    """`Timestamp`s of one depth as int64 rows (epoch, counters...), in the order given."""
+    rows = [_row(t) for t in times]
+    return np.array(rows, np.int64).reshape(len(rows), len(rows[0]) if rows else 1)
+
+
+def array_times(rows: np.ndarray) -> list:
+    """The `Timestamp`s of `times_array`'s rows."""
+    return [_time(r) for r in np.asarray(rows, np.int64).tolist()]
+
+
 def pack_groups(prefix: str, groups: dict, columns: dict) -> dict[str, np.ndarray]:
     """Arrays for `groups`: key (an int, or a `Timestamp`) -> a list of parts, each a tuple of
     1-d arrays, one per column of `columns` (name -> dtype). `<prefix>.keys` (int64 rows:
     the int, or epoch and loop counters), `.bounds` (group i's rows are `bounds[i]:bounds[i+1]`)
     and `.<column>` (every part of every group, concatenated in order)."""
     keys = list(groups)
-    rows = [(k,) if isinstance(k, (int, np.integer)) else (k.epoch, *k.counters) for k in keys]
-    width = len(rows[0]) if rows else 1
     bounds = np.zeros(len(keys) + 1, np.int64)
     np.cumsum([sum(len(part[0]) for part in groups[k]) for k in keys], out=bounds[1:])
-    out = {f"{prefix}.keys": np.array(rows, np.int64).reshape(len(rows), width), f"{prefix}.bounds": bounds}
+    out = {f"{prefix}.keys": times_array(keys), f"{prefix}.bounds": bounds}
     for j, (name, dtype) in enumerate(columns.items()):
         chunks = [part[j] for k in keys for part in groups[k]]
         out[f"{prefix}.{name}"] = np.concatenate(chunks).astype(dtype, copy=False) if chunks else np.empty(0, dtype)
@@ -125,13 +147,11 @@ def pack_groups(prefix: str, groups: dict, columns: dict) -> dict[str, np.ndarra
 def unpack_groups(prefix: str, arrays: dict[str, np.ndarray], columns, *, times: bool = False) -> dict:
     """`pack_groups`' groups back, each as a list of one part (its parts concatenated, in
     order); keys as ints, or as `Timestamp`s with `times`."""
-    from slashrt.progress.timestamp import Timestamp
-
     keys, bounds = arrays[f"{prefix}.keys"].tolist(), arrays[f"{prefix}.bounds"]
     cols = [arrays[f"{prefix}.{name}"] for name in columns]
     out = {}
     for i, row in enumerate(keys):
-        key = Timestamp(row[0], tuple(row[1:])) if times else row[0]
+        key = _time(row) if times else row[0]
         a, b = int(bounds[i]), int(bounds[i + 1])
         out[key] = [tuple(np.array(c[a:b]) for c in cols)]
     return out
