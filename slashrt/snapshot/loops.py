@@ -14,8 +14,9 @@ graph (`back_edges_of`: the edges leaving a feedback step). So the executor is a
 
 The log holds exactly the batches in flight on the back edges at the snapshot (FIFO: the
 barrier is queued behind them), each with its logical time. It is written as one part per
-back edge, named by its feedback step (`kind` "back_edge_log"): the records of each logged
-batch (`batch.<i>`), their times (`times`, int64 rows epoch, counters...) and their places in
+back edge, named by its feedback step (`kind` "back_edge_log"): the logged batches' records
+(`records`, concatenated, batch i's rows `bounds[i]:bounds[i+1]`; batches of different record
+layouts, which a step without a schema may send, each as `batch.<i>`), their times (`times`, int64 rows epoch, counters...) and their places in
 the queue's order across edges (`seq`). Recovery restores the nodes' state, then `replay`
 queues the logged batches again in that order and delivers each once, before any new input.
 
@@ -108,9 +109,7 @@ class BackEdgeLog:
             order.append(seq)
         return {
             step_id: tagged(
-                LOG_KIND, LOG_VERSION,
-                {"times": times_array(times), "seq": np.array(order, np.int64),
-                 **{f"batch.{i}": r for i, r in enumerate(records)}},
+                LOG_KIND, LOG_VERSION, {"times": times_array(times), "seq": np.array(order, np.int64), **_pack(records)},
                 step=step_id, checkpoint=n, batches=len(records),
             )
             for step_id, (records, times, order) in by_edge.items()
@@ -130,11 +129,9 @@ class BackEdgeLog:
         entries = []
         for step_id, state in states.items():
             meta = check(state, step_id, LOG_KIND, LOG_VERSION)
-            times = array_times(state.arrays["times"])
-            for i, (seq, t) in enumerate(zip(state.arrays["seq"].tolist(), times)):
-                if i >= meta["batches"]:
-                    break
-                entries.append((seq, step_id, state.arrays[f"batch.{i}"], t))
+            batches = _unpack(state.arrays, meta["batches"])
+            for seq, t, records in zip(state.arrays["seq"].tolist(), array_times(state.arrays["times"]), batches):
+                entries.append((seq, step_id, records, t))
         return [(step_id, records, t) for _, step_id, records, t in sorted(entries, key=lambda e: e[0])]
 
     async def replay(self, entries) -> None:
@@ -144,3 +141,18 @@ class BackEdgeLog:
             self.progress.enqueue(self.feedbacks[step_id], Batch(np.array(records)), t)
         for _ in entries:
             await self.progress.run_queued()
+
+
+def _pack(records: list[np.ndarray]) -> dict[str, np.ndarray]:
+    if len({r.dtype for r in records}) == 1:  # one layout: one array, not one per batch
+        bounds = np.zeros(len(records) + 1, np.int64)
+        np.cumsum([len(r) for r in records], out=bounds[1:])
+        return {"records": np.concatenate(records), "bounds": bounds}
+    return {f"batch.{i}": r for i, r in enumerate(records)}
+
+
+def _unpack(arrays: dict[str, np.ndarray], count: int) -> list[np.ndarray]:
+    if "records" in arrays:
+        bounds = arrays["bounds"].tolist()
+        return [arrays["records"][a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return [arrays[f"batch.{i}"] for i in range(count)]

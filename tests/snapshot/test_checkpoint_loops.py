@@ -157,7 +157,8 @@ def test_the_back_edge_log_holds_what_was_in_flight_and_is_replayed(tmp_path, re
     (log,) = [s for (step, _), s in latest.states.items() if s.meta["kind"] == "back_edge_log"]
     # every record enters with n = 0 and leaves at ROUNDS: what the loop held at the snapshot
     assert log.meta["batches"] > 0 and log.arrays["times"].shape == (log.meta["batches"], 2)
-    held = np.concatenate([log.arrays[f"batch.{i}"] for i in range(log.meta["batches"])])
+    held = log.arrays["records"]
+    assert len(log.arrays["bounds"]) == log.meta["batches"] + 1 and log.arrays["bounds"][-1] == len(held)
     assert (held["n"] >= 1).all() and (held["n"] < job.ROUNDS).all()
     assert np.array_equal(log.arrays["seq"], np.sort(log.arrays["seq"]))
     resumed = child(tmp_path, "circulate")
@@ -287,3 +288,21 @@ def test_a_stateless_operator_and_connect_apply_run_checkpointed(tmp_path):
     result = slashrt.run(flow, {"a": rec, "b": rec}, checkpoint=0.001, checkpoint_dir=tmp_path, slots=4, slot_size=1024)
     assert sorted(result["user.out"]["k"].tolist()) == sorted(rec["k"].tolist() * 2)
     assert result.checkpoints[-1]["status"] == "completed"
+
+
+def test_stop_the_world_takes_what_the_back_edges_hold(tmp_path):
+    def run(directory, **options):
+        flow, inputs = job.job("circulate", str(directory))
+        slashrt.run(flow, inputs, slots=4, slot_size=1024, **options)
+        return published(directory)
+
+    # nothing published without checkpoints (a transactional sink commits at them): compare
+    # with the asynchronous mode's output
+    asynchronous = run(tmp_path / "abs", checkpoint_dir=tmp_path / "abs" / "chk")
+    stopped = run(tmp_path / "sync", checkpoint={"interval": 0.1, "mode": "sync", "keep": 100},
+                  checkpoint_dir=tmp_path / "sync" / "chk")
+    assert stopped == asynchronous and len(stopped) == len(job.circulate_inputs()["a"])
+    store = SnapshotStore(tmp_path / "sync" / "chk", job="circulate", keep=100)
+    logged = [s.meta["batches"] for n in store.checkpoints() for s in store.load(n).states.values()
+              if s.meta["kind"] == "back_edge_log"]
+    assert len(logged) >= 2 and max(logged) > 0
