@@ -306,3 +306,31 @@ def test_stop_the_world_takes_what_the_back_edges_hold(tmp_path):
     logged = [s.meta["batches"] for n in store.checkpoints() for s in store.load(n).states.values()
               if s.meta["kind"] == "back_edge_log"]
     assert len(logged) >= 2 and max(logged) > 0
+
+
+def test_partitioned_components_run_checkpointed_and_their_state_round_trips(tmp_path):
+    from slashrt.examples.cc_partitioned import MESSAGES, Propagate, cc_partitioned_flow, labels_after
+
+    edges = job.edges()[:20_000]
+    outputs, taken = [], []
+    original = Propagate.snapshot
+
+    def keep(self):  # every state a checkpoint takes of the loop body, kept to restore below
+        taken.append(original(self))
+        return taken[-1]
+
+    Propagate.snapshot = keep
+    try:
+        for options in ({}, {"checkpoint": 0.002, "checkpoint_dir": tmp_path}):
+            sink = sinks.Collect(transactional=bool(options))
+            slashrt.run(cc_partitioned_flow(sink), {"edges": edges, "proposals": np.empty(0, MESSAGES)}, **options)
+            outputs.append(labels_after(sink.records, job.NODES, range(job.EPOCHS)))
+    finally:
+        Propagate.snapshot = original
+    assert all(np.array_equal(a, b) for a, b in zip(*outputs))
+    assert len(taken) >= 2
+    for state in taken:
+        again = Propagate()
+        again.restore(decode_state(encode_state(state.arrays, state.meta)))
+        retaken = again.snapshot()
+        assert retaken.meta == state.meta and all(np.array_equal(retaken.arrays[k], v) for k, v in state.arrays.items())
