@@ -16,8 +16,6 @@ again after a restore), "notify" (an operator is about to get a notification), "
 (a part written, before the rest) or "complete" (a manifest written, before the sinks commit).
 Prints "done" at the end."""
 
-import os
-import signal
 import sys
 
 import numpy as np
@@ -39,13 +37,13 @@ def edges(nodes: int = NODES, seed: int = 7) -> np.ndarray:
     return out
 
 
-ROUNDS = 25
+ROUNDS = 20
 CIRCLING = Schema({"t": "i8", "k": "i8", "n": "i8"})
 
 
 def circulate_inputs() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(5)
-    rec = np.zeros(40_000, CIRCLING.dtype)
+    rec = np.zeros(20_000, CIRCLING.dtype)
     rec["t"] = np.arange(len(rec)) * 50 // len(rec)
     rec["k"] = rng.integers(0, 1 << 40, len(rec))
     return {"a": rec}
@@ -128,22 +126,9 @@ def job(name: str, directory: str):
     return flow, counter_inputs()
 
 
-def kill_at(target, name: str, k: int):
-    """`target.name`, SIGKILLing this process at its k-th call (after it returned, for plain
-    functions; before the k-th coroutine runs, for async ones)."""
-    original, calls = getattr(target, name), [0]
-
-    def wrapped(*args, **kwargs):
-        result = original(*args, **kwargs)
-        calls[0] += 1
-        if calls[0] == k:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return result
-
-    setattr(target, name, wrapped)
-
-
 def main(directory: str, name: str, kill: str) -> None:
+    from _children import kill_at  # run as a script: this directory is on its path
+
     from slashrt.ops.operator import OperatorNode
     from slashrt.scheduler._pointstamp import PointstampProgress
     from slashrt.snapshot.loops import BackEdgeLog
