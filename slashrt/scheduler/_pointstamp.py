@@ -355,7 +355,7 @@ class PointstampProgress:
             "frontiers": {name: [_plain(t) for t in ts] for name, ts in self.frontiers().items()},
             "pointstamps": sorted(held, key=lambda h: (h["at"], h["time"])),
             "holding": holding,
-            "queued_batches": len(self.queue),
+            "queued_batches": sum(1 for entry in self.queue if entry[3] is not None),  # not barriers
         }
 
     def _what(self, location: Location) -> str:

@@ -320,3 +320,24 @@ def test_partitioned_components_run_checkpointed_and_their_state_round_trips(tmp
         again.restore(decode_state(encode_state(state.arrays, state.meta)))
         retaken = again.snapshot()
         assert retaken.meta == state.meta and all(np.array_equal(retaken.arrays[k], v) for k, v in state.arrays.items())
+
+
+def test_a_checkpoint_of_other_loops_is_refused_in_one_sentence(tmp_path):
+    def circulate(loop_name: str, with_loop: bool = True):
+        flow = Dataflow("circulate")
+        src = flow.source("a", job.CIRCLING, time="t")
+        if not with_loop:
+            src.sink(sinks.Collect(), name="out")
+            return flow
+        with flow.loop(loop_name, max_iterations=3) as loop:
+            body = loop.enter(src).with_column("n", lambda b: b["n"] + 1, dtype="i8")
+            loop.feed_back(body.filter(lambda b: b["n"] < 3))
+            loop.leave(body.filter(lambda b: b["n"] == 3)).sink(sinks.Collect(), name="out")
+        return flow
+
+    inputs = {"a": job.circulate_inputs()["a"][:1000]}
+    slashrt.run(circulate("round"), inputs, checkpoint_dir=tmp_path)
+    with pytest.raises(SnapshotError, match=r"back-edge logs \(circulate.round_feedback_\d+\) do not match this dataflow's loops \(circulate.other_feedback_\d+\)"):
+        slashrt.run(circulate("other"), inputs, checkpoint_dir=tmp_path, resume_from="latest")
+    with pytest.raises(SnapshotError, match="holds back-edge logs of loops .* but this dataflow has no loop"):
+        slashrt.run(circulate("", with_loop=False), inputs, checkpoint_dir=tmp_path, resume_from="latest")
