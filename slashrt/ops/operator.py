@@ -353,7 +353,8 @@ def undeclared_state(op: Operator) -> str | None:
         return f"defines {has[0]}() but no {missing}()"
     if has or op.stateless:
         return None
-    held = sorted(vars(op)) if hasattr(op, "__dict__") else []
+    slots = {name for cls in type(op).__mro__ for name in getattr(cls, "__slots__", ()) if hasattr(op, name)}
+    held = sorted(set(getattr(op, "__dict__", {})) | slots)
     if not held:
         return None
     return (
