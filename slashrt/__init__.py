@@ -33,6 +33,7 @@ from slashrt.errors import (
 from slashrt.ops.operator import Context, Operator
 from slashrt.ops.window import Sliding, Tumbling
 from slashrt.progress.timestamp import Timestamp
+from slashrt.snapshot.state_format import State
 from slashrt import sinks
 
 __version__ = "0.1.0"
@@ -54,6 +55,7 @@ __all__ = [
     "SchemaError",
     "SlashError",
     "Sliding",
+    "State",
     "Stream",
     "Timestamp",
     "Tumbling",

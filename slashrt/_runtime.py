@@ -236,7 +236,8 @@ async def run_async(
 
 def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_dir, resume_from):
     """The run's `Checkpointing`, or None without a `checkpoint_dir`; refuses, in one sentence,
-    what cannot be checkpointed yet (a source that cannot rewind, loops)."""
+    what cannot be checkpointed (a source that cannot rewind, a user operator whose state it
+    cannot take)."""
     from slashrt.snapshot import SnapshotStore, runtime
 
     if checkpoint_dir is None:
@@ -244,15 +245,18 @@ def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_di
             raise OptionError("run(): checkpoint= and resume_from= need checkpoint_dir= (a directory or fsspec URL for the checkpoints)")
         return None
     config, keep = runtime.checkpoint_config(checkpoint)
-    from slashrt.ops.operator import ApplyBoth
+    from slashrt.ops.operator import undeclared_state
 
     for step_id, spec in flow.steps.items():
-        if type(spec).__name__ == "FeedbackSpec":
-            raise DataflowError(f"run(): dataflow {flow.name!r} has a loop; checkpoints of loops are not there yet: run it without checkpoint_dir=")
-        if type(spec).__name__ == "OperatorSpec" and not isinstance(spec.op, ApplyBoth):
+        if type(spec).__name__ == "WindowAggSpec" and getattr(spec, "scope", ()):  # a window per loop iteration
             raise DataflowError(
-                f"run(): step {step_id!r} is a user operator, whose state checkpoints cannot take yet "
-                "(connect(...).apply(fn) and the built-in steps they can): run it without checkpoint_dir="
+                f"run(): checkpoints cannot take the state of step {step_id!r} yet: windows inside loops are not "
+                "checkpointed; window the stream outside the loop, or run it without checkpoint_dir="
+            )
+        why = undeclared_state(spec.op) if type(spec).__name__ == "OperatorSpec" else None
+        if why is not None:
+            raise DataflowError(
+                f"run(): checkpoints cannot take the state of step {step_id!r}: operator {type(spec.op).__name__} {why}"
             )
     for step_id, _spec, records in _per_source(plan, inputs, "input"):
         if not isinstance(records, np.ndarray):
@@ -373,7 +377,8 @@ async def execute(
     try:
         async with unwrap_groups(), trio.open_nursery() as nursery:
             if checkpoints is not None:  # the sinks are open, no source has fed anything yet
-                checkpoints.restore()
+                checkpoints.restore(tracker)
+                await checkpoints.replay()  # loops: their back edges' log, before any new input
             if start is not None:
                 await start(nursery)
             if on_records is not None:

@@ -40,6 +40,14 @@ class Components:
         self._best = np.full(nodes, _NONE, dtype=np.int64)  # scratch of propose(), reset after use
         self._mark = np.zeros(nodes, dtype=bool)  # scratch of the de-duplication of large hook sets
 
+    @classmethod
+    def from_labels(cls, label: np.ndarray) -> Components:
+        """The state whose labels are `label` (a restored checkpoint's, say)."""
+        state = cls(0)
+        state.grow(len(label))
+        state.label = np.array(label, dtype=np.int64)
+        return state
+
     def __len__(self) -> int:
         return len(self.label)
 
@@ -93,6 +101,21 @@ class ComponentsEpoch:
         self.a, self.b = state.label[src], state.label[dst]
         self.hooked: list[np.ndarray] = []  # the roots hooked so far this epoch
         self.rounds = 0
+
+    @classmethod
+    def resume(cls, state: Components, a: np.ndarray, b: np.ndarray, hooked: np.ndarray | None, rounds: int):
+        """An epoch between two rounds, as `snapshot` gave it (`hooked`: None if nothing was yet)."""
+        epoch = cls.__new__(cls)
+        epoch.state, epoch.a, epoch.b, epoch.rounds = state, np.array(a, np.int64), np.array(b, np.int64), rounds
+        epoch.hooked = [] if hooked is None else [np.array(hooked, np.int64)]
+        return epoch
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
+        """What `resume` needs: the edges' roots, the roots hooked so far (or None), rounds."""
+        hooked = None
+        if self.hooked:
+            hooked = np.concatenate(self.hooked) if len(self.hooked) > 1 else self.hooked[0]
+        return self.a, self.b, hooked, self.rounds
 
     def propose(self) -> tuple[np.ndarray, np.ndarray] | None:
         """One round's changed labels (roots, their new roots), or None when every edge of the

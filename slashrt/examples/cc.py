@@ -20,7 +20,8 @@ the next round, so every loop iteration is one round. A round that changes nothi
 epoch: its changed labels leave the loop, and `EpochLabels` hands them to the sink once the
 frontier passes the epoch. Epochs run one after another (an epoch's rounds start when the
 previous epoch's are done), so the labels after epoch e hold the edges of epochs <= e
-exactly. Records on port 1 at loop counter 0 (the `labels` source: a labelling to start
+exactly. Both operators declare their state (`snapshot` / `restore`), so the flow runs under
+checkpoints, a kill in the middle of an epoch's rounds included. Records on port 1 at loop counter 0 (the `labels` source: a labelling to start
 from, e.g. an earlier run's, or nothing) are taken as edges node-label of their epoch.
 """
 
@@ -35,6 +36,8 @@ from slashrt import Context, Dataflow, Operator, Schema, Timestamp, run
 from slashrt.errors import SchemaError
 from slashrt.examples import EDGES
 from slashrt.examples._components import Components, ComponentsEpoch, canonical
+from slashrt.snapshot import State
+from slashrt.snapshot.operators import pack_groups, unpack_groups
 from slashrt.sinks import Collect
 
 __all__ = [
@@ -68,6 +71,41 @@ class HookAndJump(Operator):
         self.started = 0.0
         self.epoch_seconds: dict[int, float] = {}  # from an epoch's first round to its last
         self.rounds: dict[int, int] = {}
+
+    # -- checkpoints: the labels, the edges and changes waiting, the epoch in rounds ------------------
+    _EDGE = {"src": np.int64, "dst": np.int64}
+    _CHANGE = {"node": np.int64, "label": np.int64}
+
+    def snapshot(self) -> State:
+        arrays = {
+            "label": self.state.label, **pack_groups("edges", self.edges, self._EDGE),
+            **pack_groups("changes", self.changes, self._CHANGE),
+        }
+        epoch = None
+        if self.epoch is not None:
+            a, b, hooked, rounds = self.epoch.snapshot()
+            arrays.update({"epoch.a": a, "epoch.b": b})
+            if hooked is not None:
+                arrays["epoch.hooked"] = hooked
+            epoch = {"rounds": rounds, "hooked": hooked is not None}
+        return State(arrays, {
+            "ready": self.ready, "current": self.current, "epoch": epoch,
+            "epoch_seconds": [[e, s] for e, s in self.epoch_seconds.items()], "rounds": [[e, r] for e, r in self.rounds.items()],
+        })
+
+    def restore(self, state: State) -> None:
+        arrays, meta = state.arrays, state.meta
+        self.state = Components.from_labels(arrays["label"])
+        self.edges = unpack_groups("edges", arrays, self._EDGE)
+        self.changes = unpack_groups("changes", arrays, self._CHANGE, times=True)
+        self.ready, self.current = list(meta["ready"]), meta["current"]
+        self.epoch = None
+        if meta["epoch"] is not None:
+            hooked = arrays["epoch.hooked"] if meta["epoch"]["hooked"] else None
+            self.epoch = ComponentsEpoch.resume(self.state, arrays["epoch.a"], arrays["epoch.b"], hooked, meta["epoch"]["rounds"])
+            self.started = _time.perf_counter()
+        self.epoch_seconds = {e: s for e, s in meta["epoch_seconds"]}
+        self.rounds = {e: r for e, r in meta["rounds"]}
 
     async def on_batch(self, ctx: Context, port: int, batch) -> None:
         t = ctx.time
@@ -137,6 +175,14 @@ class EpochLabels(Operator):
     async def on_notify(self, ctx: Context, time: Timestamp) -> None:
         parts = self.pending.pop(time)
         await ctx.emit(np.concatenate(parts) if len(parts) > 1 else parts[0])
+
+    def snapshot(self) -> State:
+        return State(pack_groups("pending", {t: [(p,) for p in parts] for t, parts in self.pending.items()},
+                                 {"rows": EPOCH_LABELS}), {})
+
+    def restore(self, state: State) -> None:
+        groups = unpack_groups("pending", state.arrays, {"rows": EPOCH_LABELS}, times=True)
+        self.pending = {t: [rows] for t, [(rows,)] in groups.items()}
 
 
 def cc_flow(sink, *, name: str = "cc", max_iterations: int | None = None) -> tuple[Dataflow, HookAndJump]:

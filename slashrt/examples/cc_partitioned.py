@@ -30,6 +30,8 @@ import numpy as np
 
 from slashrt import Context, Dataflow, Operator, Schema, Timestamp
 from slashrt.examples import EDGES
+from slashrt.snapshot import State
+from slashrt.snapshot.operators import pack_groups, unpack_groups
 from slashrt.ssb.partitions import DEFAULT_PARTITIONS, Partitioning
 
 __all__ = ["Propagate", "cc_partitioned_flow", "ticks", "labels_after", "MESSAGES", "DONE"]
@@ -49,6 +51,19 @@ class Propagate(Operator):
         self.waiting: dict[int, list[np.ndarray]] = {}  # epoch -> its edges, until it may start
         self.epochs: list[int] = []  # epochs seen, in order
         self.done: set[int] = set()
+
+    _EDGE = {"src": np.int64, "dst": np.int64}
+
+    def snapshot(self) -> State:
+        waiting = {e: [(p[0], p[1]) for p in parts] for e, parts in self.waiting.items()}
+        return State({"labels": self.labels, "src": self.src, "dst": self.dst, **pack_groups("waiting", waiting, self._EDGE)},
+                     {"epochs": self.epochs, "done": sorted(self.done)})
+
+    def restore(self, state: State) -> None:
+        arrays = state.arrays
+        self.labels, self.src, self.dst = (np.array(arrays[k]) for k in ("labels", "src", "dst"))
+        self.waiting = {e: [np.stack([src, dst])] for e, [(src, dst)] in unpack_groups("waiting", arrays, self._EDGE).items()}
+        self.epochs, self.done = list(state.meta["epochs"]), set(state.meta["done"])
 
     def _grow(self, *ids: np.ndarray) -> None:
         top = max((int(a.max()) + 1 for a in ids if len(a)), default=0)

@@ -16,7 +16,9 @@ once the ranks of iteration i are all back (`on_notify` at (epoch, i)) it comput
 i and emits them, to the feedback edge until i = k, then out of the loop. Records on the
 ``ranks`` source replace the starting rank of their nodes (in every epoch after them).
 
-Each iteration is `Graph.step` (slashrt.examples._power_iteration, vectorised): damping 0.85,
+`PowerIteration` declares its state (`snapshot` / `restore`: the edges, the ranks fed back
+and waiting, the starting ranks; each epoch's `Graph` is rebuilt from the edges), so the flow
+runs under checkpoints. Each iteration is `Graph.step` (slashrt.examples._power_iteration, vectorised): damping 0.85,
 the rank of nodes without out-edges spread evenly over all nodes.
 """
 
@@ -30,6 +32,8 @@ from slashrt.errors import DataflowError, SchemaError
 from slashrt.examples import EDGES
 from slashrt.examples._power_iteration import DAMPING, Graph
 from slashrt.sinks import Collect
+from slashrt.snapshot import State
+from slashrt.snapshot.operators import array_times, pack_groups, times_array, unpack_groups
 
 __all__ = ["Graph", "DAMPING", "PowerIteration", "pagerank_flow", "pagerank", "PageRankResult"]
 
@@ -49,6 +53,35 @@ class PowerIteration(Operator):
         self.start: list[tuple[np.ndarray, np.ndarray]] = []  # the ``ranks`` source's starting ranks
         self.graphs: dict[int, Graph] = {}  # per epoch in iterations
         self.asked: set[Timestamp] = set()
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    _RANK = {"node": np.int64, "rank": np.float64}
+
+    def snapshot(self) -> State:
+        edges: dict[int, list] = {}
+        for e, s, d in self.edges:  # by epoch, in arrival order (epochs arrive in order)
+            edges.setdefault(e, []).append((s, d))
+        return State({
+            **pack_groups("edges", edges, {"src": np.int64, "dst": np.int64}),
+            **pack_groups("ranks", self.ranks, self._RANK), **pack_groups("start", {0: self.start}, self._RANK),
+            "asked": times_array(sorted(self.asked)),
+        }, {"graphs": sorted(self.graphs)})
+
+    def restore(self, state: State) -> None:
+        arrays = state.arrays
+        by_epoch = unpack_groups("edges", arrays, {"src": np.int64, "dst": np.int64})
+        self.edges = [(e, s, d) for e, [(s, d)] in by_epoch.items()]
+        self.ranks = unpack_groups("ranks", arrays, self._RANK, times=True)
+        self.start = unpack_groups("start", arrays, self._RANK).get(0, [])
+        self.asked = set(array_times(arrays["asked"]))
+        self.graphs = {epoch: self._graph(epoch) for epoch in state.meta["graphs"]}  # as built at (epoch, 0)
+
+    def _graph(self, epoch: int) -> Graph:
+        """The graph of every edge of the epochs up to `epoch`."""
+        upto = [(s, d) for e, s, d in self.edges if e <= epoch]
+        src = np.concatenate([s for s, _ in upto]) if upto else np.empty(0, np.int64)
+        dst = np.concatenate([d for _, d in upto]) if upto else np.empty(0, np.int64)
+        return Graph(src, dst, self.nodes, damping=self.damping)
 
     def _notify(self, ctx: Context, time: Timestamp) -> None:
         if time not in self.asked:
@@ -71,10 +104,7 @@ class PowerIteration(Operator):
         arrived = self.ranks.pop(time, [])
         i = time.counters[-1]
         if i == 0:  # every edge of the epoch is in: the starting ranks
-            upto = [(s, d) for e, s, d in self.edges if e <= time.epoch]
-            src = np.concatenate([s for s, _ in upto]) if upto else np.empty(0, np.int64)
-            dst = np.concatenate([d for _, d in upto]) if upto else np.empty(0, np.int64)
-            graph = self.graphs[time.epoch] = Graph(src, dst, self.nodes, damping=self.damping)
+            graph = self.graphs[time.epoch] = self._graph(time.epoch)
             ranks = graph.initial()
             for nodes, values in self.start:
                 ranks[nodes] = values

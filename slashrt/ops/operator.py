@@ -8,7 +8,9 @@ operator emitting at a later time, a window firing) sets it for its own emission
 it. A multi-input node is called from each upstream through a `Port`, which names the input.
 
 - `Operator` / `Context`: what users subclass and are handed (on_batch, on_notify, emit,
-  notify_at); `OperatorNode` runs one.
+  notify_at); `OperatorNode` runs one, and takes its state for checkpoints: the operator's own
+  (`snapshot()` / `restore(state)`, declared by the user: a `State` of named numpy arrays and
+  JSON meta) together with its pending notification requests, the capabilities it holds.
 - `UnionNode`: forwards every input's batches.
 - `EnterNode`, `FeedbackNode`, `LeaveNode`: a loop's ingress (counter 0 appended; feedbacks
   join at input 1), feedback (counter + 1, queued on the executor, never pushed recursively)
@@ -18,13 +20,18 @@ it. A multi-input node is called from each upstream through a `Port`, which name
 from __future__ import annotations
 
 import inspect
+import json
+
+import numpy as np
 
 from slashrt._batch import Batch
 from slashrt._dataflow import FeedbackSpec, OperatorSpec, is_async
-from slashrt.errors import OperatorError
+from slashrt.errors import OperatorError, SnapshotError
 from slashrt.ops._node import Node
 from slashrt.ops.stateless import UserErrors, user_batch
 from slashrt.progress.timestamp import Timestamp
+from slashrt.snapshot.operators import array_times, check, tagged, times_array
+from slashrt.snapshot.state_format import State
 
 __all__ = [
     "Operator",
@@ -36,12 +43,26 @@ __all__ = [
     "FeedbackNode",
     "LeaveNode",
     "Port",
+    "declares_state",
+    "undeclared_state",
 ]
 
 
 class Operator:
     """Base class of user operators: override `on_batch`, and `on_notify` to act once a time
-    is complete (after `ctx.notify_at(time)`). Both may be `async def` or plain methods."""
+    is complete (after `ctx.notify_at(time)`). Both may be `async def` or plain methods.
+
+    State for checkpoints: an operator that keeps anything between calls defines
+    `snapshot(self) -> slashrt.State` (named numpy arrays and a small JSON-able meta; slashrt
+    copies the arrays, so hand over live ones) and `restore(self, state)`; `STATE_VERSION`
+    (default 1) is stored with it, and a state written by a later version is refused. Pending
+    `notify_at` requests are taken and restored by slashrt, never by the operator. One whose
+    attributes are configuration only (set in `__init__`, never changed) says so with
+    `stateless = True`; any other operator with attributes and no `snapshot` is refused by a
+    checkpointed run before it starts."""
+
+    stateless = False
+    STATE_VERSION = 1
 
     # every batch handed to on_batch is at one logical time (ctx.time): a source above cuts
     # its batches where its watermark changes. A stateless operator sets it False and takes
@@ -122,6 +143,8 @@ class ApplyBoth(Operator):
 
     per_time = False
 
+    stateless = True  # fn is the step's code, not state
+
     def __init__(self, fn):
         self.fn = fn
         self._async = is_async(fn)
@@ -194,6 +217,69 @@ class OperatorNode(Node):
         finally:
             clock.now = before
 
+    # -- state (the shape: slashrt.snapshot.operators) ---------------------------------------------
+    STATE_KIND, STATE_VERSION = "operator", 1
+
+    @property
+    def state_bytes(self) -> int:
+        return 0  # what the user's operator holds is its own business; its snapshot's size is reported
+
+    def snapshot(self) -> State:
+        """The pending notification requests (the capabilities the operator holds) and, if it
+        declares state, a copy of the user operator's `State` (arrays under `user.`)."""
+        op, arrays, user = self.op, {"requested": times_array(sorted(self.requested, key=Timestamp.sort_key))}, None
+        declared = declares_state(op)
+        if declared:
+            with UserErrors(self.step_id, "snapshot()"):
+                state = op.snapshot()
+            if not isinstance(state, State) or not isinstance(state.arrays, dict):
+                raise OperatorError(
+                    self.step_id, f"snapshot() returned {type(state).__name__}, not a slashrt.State(arrays, meta)"
+                )
+            for name, array in state.arrays.items():
+                if not isinstance(name, str) or not isinstance(array, np.ndarray) or array.dtype.hasobject:
+                    raise OperatorError(
+                        self.step_id, f"snapshot(): state array {name!r} is not a numpy array of numbers, bytes or "
+                        "records (a State holds named numpy arrays; small values go in its meta)",
+                    )
+                arrays[f"user.{name}"] = array.copy()  # the operator goes on changing its own
+            try:
+                user = json.loads(json.dumps(state.meta))  # a copy, and JSON-able
+            except (TypeError, ValueError) as exc:
+                raise OperatorError(self.step_id, f"snapshot(): the state's meta is not JSON-able: {exc}") from None
+        return tagged(
+            self.STATE_KIND, self.STATE_VERSION, arrays, step=self.step_id, operator=_name(op),
+            operator_version=op.STATE_VERSION, declared=declared, user=user,
+        )
+
+    def restore(self, state: State) -> None:
+        """The requests go back as they were (the progress tracker counts them again); the
+        user operator's state to its `restore`. Another operator's state, or one a later
+        `STATE_VERSION` wrote, is refused naming the step."""
+        meta = check(state, self.step_id, self.STATE_KIND, self.STATE_VERSION)
+        op, name = self.op, _name(self.op)
+        if meta["operator"] != name:
+            raise SnapshotError(
+                f"step {self.step_id!r} runs operator {name} and cannot restore the state of operator "
+                f"{meta['operator']}: the checkpoint belongs to another dataflow (or the dataflow changed)"
+            )
+        if meta["operator_version"] > op.STATE_VERSION:
+            raise SnapshotError(
+                f"step {self.step_id!r}: the state of operator {name} has STATE_VERSION {meta['operator_version']}, "
+                f"this {name} reads up to {op.STATE_VERSION}: restore it with the code that wrote it"
+            )
+        if meta["declared"] != declares_state(op):
+            raise SnapshotError(
+                f"step {self.step_id!r}: operator {name} {'no longer' if meta['declared'] else 'now'} declares "
+                "state (snapshot/restore) but the checkpoint was taken with the other: restore it with the code that "
+                "wrote it"
+            )
+        self.requested = set(array_times(state.arrays["requested"]))
+        if meta["declared"]:
+            arrays = {k.removeprefix("user."): a for k, a in state.arrays.items() if k.startswith("user.")}
+            with UserErrors(self.step_id, "restore()"):
+                op.restore(State(arrays, meta["user"]))
+
 
 class UnionNode(Node):
     async def push_port(self, batch: Batch, port: int) -> None:
@@ -255,3 +341,31 @@ class FeedbackNode(Node):
         if not records.flags.owndata:  # a view into a channel slot, reused once released
             records = records.copy()
         self.clock.enqueue(self, Batch(records), Timestamp(now.epoch, (*now.counters[:-1], iteration)))
+
+
+def _name(op: Operator) -> str:
+    return f"{type(op).__module__}.{type(op).__qualname__}"
+
+
+def declares_state(op: Operator) -> bool:
+    """Does the operator take and give its state itself (`snapshot` and `restore`)?"""
+    return callable(getattr(op, "snapshot", None)) and callable(getattr(op, "restore", None))
+
+
+def undeclared_state(op: Operator) -> str | None:
+    """Why a checkpointed run cannot take `op`'s state (one clause), or None if it can:
+    attributes and no `snapshot`/`restore`, or one of the two without the other."""
+    has = [m for m in ("snapshot", "restore") if callable(getattr(op, m, None))]
+    if len(has) == 1:
+        missing = ({"snapshot", "restore"} - set(has)).pop()
+        return f"defines {has[0]}() but no {missing}()"
+    if has or op.stateless:
+        return None
+    slots = {name for cls in type(op).__mro__ for name in getattr(cls, "__slots__", ()) if hasattr(op, name)}
+    held = sorted(set(getattr(op, "__dict__", {})) | slots)
+    if not held:
+        return None
+    return (
+        f"holds state ({', '.join(held[:4])}{', ...' if len(held) > 4 else ''}) but declares none: define "
+        "snapshot() -> slashrt.State and restore(state), or set stateless = True if those attributes never change"
+    )

@@ -187,6 +187,8 @@ class Executor:
         handled = 0
         while lane.open > 0 or queue or (progress is not None and progress.waiting()):
             if queue and (not ready or handled % 2):  # fed-back batches alternate with input
+                if self.checkpoints is not None:  # loops still running after their inputs ended
+                    self.checkpoints.between()
                 t0 = time.perf_counter()
                 await progress.run_queued()
                 stats.compute_s += time.perf_counter() - t0

@@ -22,6 +22,12 @@ deliver every requested notification complete at all inputs of its operator (in 
 order), and repeat until nothing changes. `now` is the logical time of the batch being pushed
 (see `slashrt.ops.operator`).
 
+Checkpoints: after the nodes' state was restored, `recount()` counts what they hold again
+(sources' capabilities at their restored watermarks, operators' notification requests); a
+loop head's barrier travels the feedback queue behind the batches queued before it
+(`enqueue_barrier`), and `back_edges` (`slashrt.snapshot.loops.BackEdgeLog`) sees every
+batch and barrier the queue delivers.
+
 On several executors (`bus` given) every executor runs every step on its share of the input;
 the counts are the cluster's (`BusCounts`): updates go to the progress bus, frontiers come
 from its view, and a peer's message that moves a frontier marks the tracker dirty and wakes
@@ -129,7 +135,8 @@ class PointstampProgress:
         self.bus = bus
         self.index = {id(node): i for i, node in enumerate(self.nodes)}
         self.now = Timestamp(MIN_EPOCH)
-        self.queue: collections.deque = collections.deque()  # (entry node, batch, time, location)
+        self.queue: collections.deque = collections.deque()  # (feedback node, batch, time, location)
+        self.back_edges = None  # checkpoints of loops: told of every batch and barrier the queue delivers
         self.ops: list[tuple[int, OperatorNode]] = []
         self.windows: list[tuple[int, WindowAggregate | LoopWindow]] = []
         self.held: dict[int, frozenset[Timestamp]] = {}  # window node -> the capabilities it holds
@@ -193,16 +200,41 @@ class PointstampProgress:
     def enqueue(self, feedback, batch, time: Timestamp) -> None:
         location = Location.input(self.index[id(feedback.enter)], 1)
         self.tracker.update(location, time, 1)
-        self.queue.append((feedback.enter, batch, time, location))
+        self.queue.append((feedback, batch, time, location))
+        self._dirty = True
+
+    def enqueue_barrier(self, feedback, n: int) -> None:
+        """Checkpoint barrier n on the back edge of `feedback`, behind every batch it queued so
+        far (not counted: it is no data)."""
+        self.queue.append((feedback, n, None, None))
+
+    def recount(self) -> None:
+        """The nodes' state was restored (a checkpoint): count what they hold again, each
+        source's capability at its restored watermark and each operator's requests."""
+        for i, node in enumerate(self.nodes):
+            if isinstance(node, SourceNode):
+                new = Timestamp(node.announced)
+                if new != node.now:
+                    self.tracker.update_iter(move_capability(Location.output(i, 0), node.now, new))
+                    node.now = new
+            elif isinstance(node, OperatorNode):
+                for time in node.requested:
+                    self.tracker.update(Location.output(i, 0), time, 1)
+                self._stale.add(i)
         self._dirty = True
 
     # --- what the executor calls -----------------------------------------------------------
     async def run_queued(self) -> None:
         """Deliver the oldest batch queued on a feedback edge to its loop's entry."""
-        enter, batch, time, location = self.queue.popleft()
+        feedback, batch, time, location = self.queue.popleft()
+        if location is None:  # a checkpoint's barrier came back round the loop
+            self.back_edges.returned(feedback.step_id, batch)
+            return
+        if self.back_edges is not None:
+            self.back_edges.record(feedback.step_id, batch, time)
         before, self.now = self.now, time
         try:
-            await enter.push_port(batch, 1)
+            await feedback.enter.push_port(batch, 1)
         finally:
             self.now = before
         self.tracker.update(location, time, -1)
@@ -333,7 +365,7 @@ class PointstampProgress:
             "frontiers": {name: [_plain(t) for t in ts] for name, ts in self.frontiers().items()},
             "pointstamps": sorted(held, key=lambda h: (h["at"], h["time"])),
             "holding": holding,
-            "queued_batches": len(self.queue),
+            "queued_batches": sum(1 for entry in self.queue if entry[3] is not None),  # not barriers
         }
 
     def _what(self, location: Location) -> str:

@@ -9,6 +9,7 @@ One concept a module, each usable on its own and called by the checkpoint runtim
     alignment      barrier alignment per operator instance, the loop head's back-edge log
     coordinator    the checkpoint coordinator's decisions, and the stop-the-world baseline's phases
     restart        restart strategies: none, fixed delay, failure rate
+    loops          the back-edge log of loops on one executor (the loop head's side, algorithm 2)
     runtime        the checkpoints of a run on one executor: barriers, alignment, writes, recovery
 """
 

@@ -300,6 +300,21 @@ class LoopHead:
         self._open[n][0].discard(input)
         return self._close_returned(n)
 
+    def trigger(self, n: int) -> list[Outcome | LogComplete]:
+        """Checkpoint n was triggered after every regular input ended (they count as having
+        delivered it): `Snapshot(n)` now, between two batches of the back edges, and its log
+        opens, as if barrier n had just arrived on the last regular input."""
+        channels = self.aligner.channels
+        if set(channels.inputs) - channels.ended:
+            raise BarrierError(f"loop head: checkpoint {n} triggered while regular inputs are open; their barriers align it")
+        if n <= self.aligner.latest or n in self._open:
+            self.stale += 1
+            return []
+        self.aligner._state = _Idle(n)
+        now = self.aligner.clock()
+        self._open[n] = (set(self.back) - self._ended_back, [])
+        return [Snapshot(n, AlignmentStats(n, now, now)), *self._close_returned(n)]
+
     def record(self, input: Input, batch: object) -> None:
         """`batch` arrived on `input`; logged if it is a back edge that a log waits on. The log
         keeps `batch` itself: pass one the ring will not overwrite (a copy of the slot)."""
@@ -320,6 +335,11 @@ class LoopHead:
 
     def may_consume(self, input: Input) -> bool:
         return input in self.back or self.aligner.may_consume(input)
+
+    @property
+    def channels(self) -> _Channels:
+        """The regular inputs: which are blocked or ended (back edges are never blocked)."""
+        return self.aligner.channels
 
     @property
     def logging(self) -> list[int]:

@@ -12,6 +12,10 @@ Keyed tables (window slices, tails, SSB fragments) go in as one group of arrays 
 their row bounds, so a state has the same few names whatever the number of slices, and is
 split by partition with one vectorised pass (`split_partitions`).
 
+Ragged groups of arrays by key (a user operator's batches kept per epoch or per `Timestamp`)
+go in the same way (`pack_groups` / `unpack_groups`): the keys as int64 rows, row bounds, and
+each column's parts concatenated.
+
 `snapshot_plan(plan)` / `restore_plan(plan, states)` take and give back the state of every
 stateful node of a built plan, by step id.
 """
@@ -29,6 +33,10 @@ __all__ = [
     "tagged",
     "pack_tables",
     "unpack_tables",
+    "pack_groups",
+    "unpack_groups",
+    "times_array",
+    "array_times",
     "snapshot_plan",
     "restore_plan",
     "stateful_nodes",
@@ -97,6 +105,56 @@ def unpack_tables(prefix: str, arrays: dict[str, np.ndarray]):
         a, b = int(bounds[i]), int(bounds[i + 1])
         table_id = int(ids[i, 0]) if ids.shape[1] == 1 else tuple(int(x) for x in ids[i])
         yield table_id, keys[a:b], counts[a:b], vals[a:b], bool(overflowed[i])
+
+
+def _row(key) -> tuple[int, ...]:
+    """An int, or a `Timestamp` (epoch, counters), as a row of int64s."""
+    return (int(key),) if isinstance(key, (int, np.integer)) else (key.epoch, *key.counters)
+
+
+def _time(row) -> object:
+    from slashrt.progress.timestamp import Timestamp  # (progress imports nothing from here)
+
+    return Timestamp(int(row[0]), tuple(int(c) for c in row[1:]))
+
+
+def times_array(times) -> np.ndarray:
+    """`Timestamp`s of one depth as int64 rows (epoch, counters...), in the order given."""
+    rows = [_row(t) for t in times]
+    return np.array(rows, np.int64).reshape(len(rows), len(rows[0]) if rows else 1)
+
+
+def array_times(rows: np.ndarray) -> list:
+    """The `Timestamp`s of `times_array`'s rows."""
+    return [_time(r) for r in np.asarray(rows, np.int64).tolist()]
+
+
+def pack_groups(prefix: str, groups: dict, columns: dict) -> dict[str, np.ndarray]:
+    """Arrays for `groups`: key (an int, or a `Timestamp`) -> a list of parts, each a tuple of
+    1-d arrays, one per column of `columns` (name -> dtype). `<prefix>.keys` (int64 rows:
+    the int, or epoch and loop counters), `.bounds` (group i's rows are `bounds[i]:bounds[i+1]`)
+    and `.<column>` (every part of every group, concatenated in order)."""
+    keys = list(groups)
+    bounds = np.zeros(len(keys) + 1, np.int64)
+    np.cumsum([sum(len(part[0]) for part in groups[k]) for k in keys], out=bounds[1:])
+    out = {f"{prefix}.keys": times_array(keys), f"{prefix}.bounds": bounds}
+    for j, (name, dtype) in enumerate(columns.items()):
+        chunks = [part[j] for k in keys for part in groups[k]]
+        out[f"{prefix}.{name}"] = np.concatenate(chunks).astype(dtype, copy=False) if chunks else np.empty(0, dtype)
+    return out
+
+
+def unpack_groups(prefix: str, arrays: dict[str, np.ndarray], columns, *, times: bool = False) -> dict:
+    """`pack_groups`' groups back, each as a list of one part (its parts concatenated, in
+    order); keys as ints, or as `Timestamp`s with `times`."""
+    keys, bounds = arrays[f"{prefix}.keys"].tolist(), arrays[f"{prefix}.bounds"]
+    cols = [arrays[f"{prefix}.{name}"] for name in columns]
+    out = {}
+    for i, row in enumerate(keys):
+        key = _time(row) if times else row[0]
+        a, b = int(bounds[i]), int(bounds[i + 1])
+        out[key] = [tuple(np.array(c[a:b]) for c in cols)]
+    return out
 
 
 def stateful_nodes(plan) -> dict:

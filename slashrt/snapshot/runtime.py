@@ -11,6 +11,10 @@
 When every input has ended, the run takes a final checkpoint, so a transactional sink publishes
 everything and a resume from it finds nothing left to do. `restore` (resume_from) restores every
 stateful node, and settles each 2PC sink (`commit.recover`); `positions` rewinds the sources.
+
+A dataflow with loops (`slashrt.snapshot.loops`): the executor aligns as a `LoopHead` over its
+sources, and checkpoint n also holds the batches its loops' back edges delivered between the
+snapshot and barrier n's return; `replay` delivers them again after `restore`, before new input.
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ import trio
 
 from slashrt._buffer import Control
 from slashrt.errors import OptionError, SnapshotError
-from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Snapshot
+from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, LoopHead, Snapshot
 from slashrt.snapshot.commit import TwoPhaseCommit, recover
 from slashrt.snapshot.coordinator import AckStats, CheckpointConfig, CheckpointCoordinator, StopTheWorld
+from slashrt.snapshot.loops import LOG_KIND, BackEdgeLog, loop_feedbacks
 from slashrt.snapshot.operators import restore_plan, stateful_nodes
 from slashrt.snapshot.state_format import State
 from slashrt.snapshot.storage import Checkpoint, SnapshotStore
@@ -124,16 +129,24 @@ class Checkpointing:
         if config.mode == "sync":
             for source in self.sources.values():
                 source.halt = self._halted
-        steps = list(self.nodes) or ["executor"]
+        feedbacks = loop_feedbacks(plan)
+        self.loops = BackEdgeLog(feedbacks, list(plan.sources), time.perf_counter) if feedbacks else None
+        steps = list(self.nodes) + (self.loops.steps if self.loops else []) or ["executor"]
         self.coordinator = CheckpointCoordinator.for_steps(
             steps, [EXECUTOR], config, clock=trio.current_time, first=store.next_checkpoint()
         )
-        self.aligner = BarrierAligner(list(plan.sources), clock=time.perf_counter)
+        # a loop head logs its back edges while the run goes on; stop-the-world takes what they hold
+        if self.loops is not None and config.mode != "sync":
+            self.aligner = self.loops.head
+        else:
+            self.aligner = BarrierAligner(list(plan.sources), clock=time.perf_counter)
         self._taken: set[int] = set()
         self._writing: set[int] = set()  # checkpoints whose parts, manifest or commit are under way
         self._storing = trio.Lock()  # one manifest (and its retention) at a time
         self._changed = trio.Event()  # set when a checkpoint ends (completed or aborted)
         self._nursery: trio.Nursery | None = None
+        self._replay: list = []  # restored back-edge logs, delivered by `replay`
+        self._after_end: list[int] = []  # checkpoints triggered once every input had ended (loops still run)
 
     # -- recovery --------------------------------------------------------------------------------
     def position(self, step_id: str) -> State | None:
@@ -148,16 +161,35 @@ class Checkpointing:
             )
         return State({}, position)
 
-    def restore(self) -> None:
+    def restore(self, progress=None) -> None:
         """After the sinks opened: every stateful node from the restored checkpoint, and every
-        2PC sink's pending output settled (committed up to it, aborted after it)."""
+        2PC sink's pending output settled (committed up to it, aborted after it). `progress`
+        (pointstamp progress) counts what the restored nodes hold."""
         number = None
+        if self.loops is not None:
+            self.loops.attach(progress)
         if self.restored is not None:
             number = self.restored.number
-            restore_plan(self.plan, {step: state for (step, _), state in self.restored.states.items()})
+            states = {step: state for (step, _), state in self.restored.states.items()}
+            logs = {step: states.pop(step) for step in list(states) if _kind(states[step]) == LOG_KIND}
+            if logs and self.loops is None:
+                raise SnapshotError(
+                    f"checkpoint {number} holds back-edge logs of loops ({', '.join(sorted(logs))}) but this dataflow "
+                    "has no loop: restore it into the dataflow that wrote it"
+                )
+            self._replay = self.loops.restored(logs) if self.loops is not None else []
+            restore_plan(self.plan, states)
+            if progress is not None:
+                progress.recount()
             log.info("checkpoint restored", checkpoint=number)
         for sink in self.sinks:
             recover(sink, number)
+
+    async def replay(self) -> None:
+        """After `restore`, before any new input: the batches the back edges of loops held."""
+        replay, self._replay = self._replay, []
+        if replay:
+            await self.loops.replay(replay)
 
     # -- running ---------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -191,6 +223,8 @@ class Checkpointing:
             self._resume = trio.Event()
         for source in self.sources.values():
             source.request(n)
+        if isinstance(self.aligner, LoopHead) and self.aligner.channels.ended == set(self.aligner.channels.inputs):
+            self._after_end.append(n)  # no barrier comes: loops snapshot between two fed-back batches
 
     def _halted(self, step_id: str):
         """Stop-the-world: a source sent its barrier; it waits for what this returns to feed on."""
@@ -219,6 +253,14 @@ class Checkpointing:
     async def on_end(self, executor, inp) -> None:
         await self._obey(executor, self.aligner.end(inp.name))
 
+    def between(self) -> None:
+        """The executor is between two fed-back batches: checkpoints triggered after every
+        input ended snapshot now (the loops log their back edges as after a barrier)."""
+        while self._after_end:
+            for outcome in self.aligner.trigger(self._after_end.pop(0)):
+                if isinstance(outcome, Snapshot) and outcome.checkpoint not in self._taken:
+                    self._take(outcome.checkpoint, outcome.stats, running=True)
+
     async def _obey(self, executor, outcomes) -> None:
         for outcome in outcomes:
             if isinstance(outcome, Abort):
@@ -227,7 +269,7 @@ class Checkpointing:
             elif isinstance(outcome, Snapshot) and self.config.mode == "sync":
                 await self._stop_the_world(outcome.checkpoint, outcome.stats)
             elif isinstance(outcome, Snapshot):
-                self._take(outcome.checkpoint, outcome.stats)
+                self._take(outcome.checkpoint, outcome.stats, running=True)
         blocked = self.aligner.channels.blocked
         if blocked:
             for inp in executor.inputs:
@@ -254,9 +296,11 @@ class Checkpointing:
     def _instances(self):
         return sorted(self.coordinator.instances)
 
-    def _take(self, n: int, alignment: AlignmentStats) -> None:
+    def _take(self, n: int, alignment: AlignmentStats, running: bool = False) -> None:
         """The synchronous part of checkpoint n, between two batches: pre-commit the sinks, copy
-        every node's state; the writing goes on in the background."""
+        every node's state; the writing goes on in the background. Loops: barrier n goes round
+        them while the run goes on (`running`, asynchronous snapshots), else the log is what
+        their back edges hold now."""
         self._taken.add(n)
         self._writing.add(n)
         started = time.perf_counter()
@@ -267,12 +311,18 @@ class Checkpointing:
             t0 = time.perf_counter()
             states[step_id] = node.snapshot()
             sync[step_id] = time.perf_counter() - t0
+        if self.loops is not None:
+            self.loops.open(n) if running else self.loops.take(n)
         positions = {step_id: source.positions.pop(n) for step_id, source in self.sources.items()}
         log.debug("checkpoint snapshot", checkpoint=n, sync_s=time.perf_counter() - started)
         self._nursery.start_soon(self._write, n, states, sync, positions, alignment.seconds)
 
     async def _write(self, n: int, states: dict, sync: dict, positions: dict, alignment_s: float) -> None:
         try:
+            if self.loops is not None:  # the log is part of n once barrier n came back round every loop
+                logs = await self.loops.states(n)
+                states.update(logs)
+                sync.update(dict.fromkeys(logs, 0.0))
             await self._write_parts(n, states, sync, positions, alignment_s)
         finally:
             self._writing.discard(n)
@@ -308,6 +358,10 @@ class Checkpointing:
     def report(self) -> list[dict]:
         """Per checkpoint: status, seconds, bytes, and the slowest instance's alignment, sync and async seconds."""
         return self.coordinator.report()
+
+
+def _kind(state: State):
+    return state.meta.get("kind") if isinstance(state.meta, dict) else None
 
 
 def load_restored(store: SnapshotStore, resume_from) -> Checkpoint | None:

@@ -45,21 +45,9 @@ def flow(directory: str) -> Dataflow:
     return job
 
 
-def kill_at(target, name: str, k: int):
-    """`target.name`, SIGKILLing this process after its k-th call returns."""
-    original, calls = getattr(target, name), [0]
-
-    def wrapped(*args, **kwargs):
-        result = original(*args, **kwargs)
-        calls[0] += 1
-        if calls[0] == k:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return result
-
-    setattr(target, name, wrapped)
-
-
 def main(directory: str, kill: str) -> None:
+    from _children import kill_at  # run as a script: this directory is on its path
+
     from slashrt.snapshot.commit import PartFiles
     from slashrt.snapshot.storage import SnapshotStore
 

@@ -209,6 +209,24 @@ def test_overlapping_logs_and_an_ended_back_edge():
     assert head.barrier("b1", 3) == [] and head.stale == 1  # never snapshotted here
 
 
+def test_a_checkpoint_triggered_after_every_regular_input_ended_snapshots_at_once_and_logs():
+    head = LoopHead(["a", "b"], ["back"])
+    head.barrier("a", 1)
+    [snapshot] = head.barrier("b", 1)
+    assert isinstance(snapshot, Snapshot)
+    head.end("a")
+    with pytest.raises(BarrierError, match="regular inputs are open"):
+        head.trigger(2)
+    head.end("b")
+    assert head.trigger(1) == [] and head.stale == 1  # 1 was taken by its barriers
+    [snapshot] = head.trigger(2)  # the loop still runs: nothing to align, the log opens
+    assert isinstance(snapshot, Snapshot) and snapshot.checkpoint == 2 and head.logging == [1, 2]
+    head.record("back", "r")
+    [done1] = head.barrier("back", 1)
+    [done2] = head.barrier("back", 2)
+    assert done1.log.entries == (("back", "r"),) and done2.log.entries == (("back", "r"),)
+
+
 def test_loop_head_without_back_edges_is_refused():
     with pytest.raises(BarrierError, match="back-edge"):
         LoopHead(["a"], [])

@@ -14,10 +14,8 @@
 """
 
 import json
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,27 +26,16 @@ from slashrt import Dataflow, Schema, Tumbling, sinks
 from slashrt.errors import DataflowError, OptionError
 from slashrt.snapshot import SnapshotStore
 from slashrt.transport import RingSpec, open_inproc_channel
+from tests.snapshot._children import run_child
 
 CHILD = Path(__file__).with_name("_checkpoint_child.py")
-ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
 OUTPUTS = ("out_a", "late_a", "out_bc")
 
 
 def child(directory: Path, kill: str = "none") -> subprocess.CompletedProcess:
     """Run the checkpointed job in a new process (killed at `kill`); it resumes from `directory`."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, str(CHILD), str(directory), kill], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_child(CHILD, directory, kill)
 
 
 def published(directory: Path) -> dict[str, list[str]]:
@@ -187,17 +174,6 @@ def test_a_source_that_cannot_rewind_is_refused(tmp_path):
     _, receiver = open_inproc_channel(RingSpec(slots=4, slot_size=4096, record_size=SCHEMA.record_size))
     with pytest.raises(DataflowError, match="cannot rewind to a checkpoint"):
         slashrt.run(flow, {"a": receiver}, checkpoint_dir=tmp_path)
-
-
-def test_a_user_operator_is_refused(tmp_path):
-    class Keep(slashrt.Operator):
-        async def on_batch(self, ctx, port, batch):
-            await ctx.emit(batch)
-
-    flow = Dataflow("user")
-    flow.source("a", SCHEMA, time="t").operator(Keep(), name="keep").sink(sinks.Collect())
-    with pytest.raises(DataflowError, match="'user.keep' is a user operator"):
-        slashrt.run(flow, {"a": source_records(10, 0, seed=0)}, checkpoint_dir=tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,42 @@
+"""Helpers of the kill tests: run a child script in a new process, and SIGKILL one at a chosen
+call (the child scripts import `kill_at`; the tests `run_child`)."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_child(script: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run `script` with `args` in a new process with this tree on its path; killed if it
+    outlives the timeout or the test fails."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), *map(str, args)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def kill_at(target, name: str, k: int):
+    """`target.name`, SIGKILLing this process after its k-th call returns (for an async
+    function: before the k-th coroutine runs)."""
+    original, calls = getattr(target, name), [0]
+
+    def wrapped(*args, **kwargs):
+        result = original(*args, **kwargs)
+        calls[0] += 1
+        if calls[0] == k:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    setattr(target, name, wrapped)

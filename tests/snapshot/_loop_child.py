@@ -1,0 +1,154 @@
+"""A checkpointed dataflow with a loop (or a stateful user operator) that resumes from its
+checkpoint directory and may SIGKILL itself.
+
+    python _loop_child.py <directory> <job> <kill>
+
+<job>: "circulate" (every record goes round a loop of stateless steps ROUNDS times, many
+batches in flight on the back edge at once), "cc" (connected components, `slashrt.examples.cc`, edges in EPOCHS epochs), "pagerank"
+(`slashrt.examples.pagerank`, ITERATIONS power iterations per epoch) or "counter" (a user
+operator counting records per key and epoch, with notifications, in a graph flow with a
+union). Output into a transactional CSV sink under <directory>/out; checkpoints every 2 ms into
+<directory>/chk; `resume_from="latest"`. <kill> is "none", or "<point>:<k>": SIGKILL this
+process at the k-th time it reaches <point>: "queued" (a fed-back batch is about to be
+delivered round the loop: in the middle of an epoch's iterations), "logged" (a batch arriving
+on a back edge was logged: a loop head's log is open), "replayed" (a logged batch is delivered
+again after a restore), "notify" (an operator is about to get a notification), "write_part"
+(a part written, before the rest) or "complete" (a manifest written, before the sinks commit).
+Prints "done" at the end."""
+
+import sys
+
+import numpy as np
+
+import slashrt
+from slashrt import Dataflow, Schema, sinks
+from slashrt.examples import EDGES
+
+NODES, EDGE_COUNT, EPOCHS = 40_000, 60_000, 16
+PR_NODES, ITERATIONS = 2000, 30  # PageRank emits every node's rank per epoch: fewer nodes
+
+
+def edges(nodes: int = NODES, seed: int = 7) -> np.ndarray:
+    """The same edges in every process, in epoch order."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros(EDGE_COUNT, EDGES)
+    out["src"], out["dst"] = rng.integers(0, nodes, EDGE_COUNT), rng.integers(0, nodes, EDGE_COUNT)
+    out["epoch"] = np.sort(rng.integers(0, EPOCHS, EDGE_COUNT))
+    return out
+
+
+ROUNDS = 20
+CIRCLING = Schema({"t": "i8", "k": "i8", "n": "i8"})
+
+
+def circulate_inputs() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(5)
+    rec = np.zeros(20_000, CIRCLING.dtype)
+    rec["t"] = np.arange(len(rec)) * 50 // len(rec)
+    rec["k"] = rng.integers(0, 1 << 40, len(rec))
+    return {"a": rec}
+
+
+COUNTED = Schema({"t": "i8", "k": "i8", "v": "i8"})
+
+
+class CountPerKey(slashrt.Operator):
+    """Counts records and sums v per key and epoch; once an epoch is complete (notification)
+    adds it to the running totals and emits the totals of the keys that epoch touched."""
+
+    def __init__(self):
+        self.totals = np.zeros((50, 2), np.int64)  # per key: count, sum, of the epochs notified
+        self.open: dict[int, np.ndarray] = {}  # epoch -> per key: count, sum
+
+    def snapshot(self) -> slashrt.State:
+        epochs = sorted(self.open)
+        return slashrt.State(
+            {"totals": self.totals, "epochs": np.array(epochs, np.int64),
+             "open": np.array([self.open[e] for e in epochs], np.int64).reshape(len(epochs), 50, 2)}, {"keys": 50},
+        )
+
+    def restore(self, state: slashrt.State) -> None:
+        self.totals = np.array(state.arrays["totals"])
+        self.open = {int(e): np.array(c) for e, c in zip(state.arrays["epochs"], state.arrays["open"])}
+
+    async def on_batch(self, ctx, port, batch):
+        if ctx.time.epoch not in self.open:
+            self.open[ctx.time.epoch] = np.zeros((50, 2), np.int64)
+            ctx.notify_at(ctx.time)
+        counts = self.open[ctx.time.epoch]
+        np.add.at(counts[:, 0], batch["k"], 1)
+        np.add.at(counts[:, 1], batch["k"], batch["v"])
+
+    async def on_notify(self, ctx, time):
+        counts = self.open.pop(time.epoch)
+        self.totals += counts
+        keys = np.flatnonzero(counts[:, 0])
+        out = np.zeros(len(keys), COUNTED.dtype)
+        out["t"], out["k"], out["v"] = time.epoch, keys, self.totals[keys, 1] * 1000 + self.totals[keys, 0]
+        await ctx.emit(out)
+
+
+def counter_inputs() -> dict[str, np.ndarray]:
+    out = {}
+    for i, name in enumerate(("a", "b")):
+        rng = np.random.default_rng(30 + i)
+        n = 60_000
+        rec = np.zeros(n, COUNTED.dtype)
+        rec["t"] = np.arange(n, dtype=np.int64) * 400 // n
+        rec["k"], rec["v"] = rng.integers(0, 50, n), rng.integers(-100, 100, n)
+        out[name] = rec
+    return out
+
+
+def job(name: str, directory: str):
+    sink = sinks.CsvFile(f"{directory}/out", transactional=True)
+    if name == "cc":
+        from slashrt.examples.cc import LABELS, cc_flow
+
+        flow, _ = cc_flow(sink)
+        return flow, {"edges": edges(), "labels": np.empty(0, LABELS)}
+    if name == "pagerank":
+        from slashrt.examples.pagerank import RANKS, pagerank_flow
+
+        return pagerank_flow(sink, ITERATIONS, nodes=PR_NODES), {"edges": edges(PR_NODES), "ranks": np.empty(0, RANKS)}
+    if name == "circulate":
+        flow = Dataflow("circulate")
+        src = flow.source("a", CIRCLING, time="t")
+        with flow.loop("round", max_iterations=ROUNDS) as loop:
+            body = loop.enter(src).with_column("n", lambda b: b["n"] + 1, dtype="i8")
+            loop.feed_back(body.filter(lambda b: b["n"] < ROUNDS))
+            out = loop.leave(body.filter(lambda b: b["n"] == ROUNDS))
+        out.with_column("k", lambda b: b["k"] * 3 + b["n"], dtype="i8").sink(sink, name="out")
+        return flow, circulate_inputs()
+    flow = Dataflow("counter")
+    a, b = (flow.source(n, COUNTED, time="t") for n in ("a", "b"))
+    a.union(b).operator(CountPerKey(), name="count").sink(sink, name="out")
+    return flow, counter_inputs()
+
+
+def main(directory: str, name: str, kill: str) -> None:
+    from _children import kill_at  # run as a script: this directory is on its path
+
+    from slashrt.ops.operator import OperatorNode
+    from slashrt.scheduler._pointstamp import PointstampProgress
+    from slashrt.snapshot.loops import BackEdgeLog
+    from slashrt.snapshot.storage import SnapshotStore
+
+    point, _, k = kill.partition(":")
+    targets = {
+        "queued": (PointstampProgress, "run_queued"), "logged": (BackEdgeLog, "record"),
+        "replayed": (BackEdgeLog, "replay"), "notify": (OperatorNode, "notify"),
+        "write_part": (SnapshotStore, "write_part"), "complete": (SnapshotStore, "complete"),
+    }
+    if point != "none":
+        kill_at(*targets[point], int(k))
+    flow, inputs = job(name, directory)
+    slashrt.run(
+        flow, inputs, checkpoint={"interval": 0.002, "keep": 2}, checkpoint_dir=f"{directory}/chk",
+        resume_from="latest", slots=4, slot_size=1024,
+    )
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
