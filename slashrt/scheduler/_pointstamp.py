@@ -40,7 +40,7 @@ from slashrt.errors import DataflowError, SlashError
 from slashrt.ops._node import Node
 from slashrt.ops.event_time import SourceNode
 from slashrt.ops.operator import EnterNode, OperatorNode
-from slashrt.ops.route import ExchangeNode
+from slashrt.ops.route import ExchangeNode, WindowRoute
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.window import WindowAggregate
 from slashrt.progress import IDENTITY, INGRESS, Builder, Location, Reachability, Timestamp, Tracker, move_capability
@@ -139,6 +139,10 @@ class PointstampProgress:
         for i, (step_id, node) in enumerate(zip(self.steps, self.nodes)):
             node.clock = self
             spec = flow.steps[step_id]
+            window = _window_of(node)
+            if window is not None:
+                window.clock = self  # (a routed window's: the route stands for it in the graph)
+                self.windows.append((i, window))
             if isinstance(node, SourceNode):
                 node.now = self.now
                 node.exact = any(isinstance(n, (OperatorNode, EnterNode)) for n in node.walk())
@@ -147,8 +151,6 @@ class PointstampProgress:
                 self._dirty = True
             elif isinstance(node, OperatorNode):
                 self.ops.append((i, node))
-            elif isinstance(node, WindowAggregate):
-                self.windows.append((i, node))
             if isinstance(spec, FeedbackSpec):
                 self.feedbacks_into[index[spec.into]].append(step_id)
         self._listeners = {i for i, node in enumerate(self.nodes) if isinstance(node, (WindowAggregate, SinkNode, ExchangeNode))}
@@ -246,7 +248,7 @@ class PointstampProgress:
     # --- internals -------------------------------------------------------------------------
     async def _frontier_moved(self, node: Node, frontier) -> None:
         epoch = min((t.epoch for t in frontier), default=None)
-        if isinstance(node, WindowAggregate):
+        if _window_of(node) is not None:
             await node.on_frontier(epoch)
             self._dirty = True  # it may hold another capability now
         elif epoch is None:
@@ -336,12 +338,20 @@ class PointstampProgress:
             return f"capability of source {step} (its watermark)"
         if isinstance(node, OperatorNode):
             return f"notification requested by {step}"
-        if isinstance(node, WindowAggregate):
+        if _window_of(node) is not None:
             return f"capability of window {step} (a window still to fire)"
         return f"capability of step {step}"
 
     def stuck(self) -> SlashError:
         return SlashError(f"pointstamp progress: the run ended with work outstanding: {self.report()['pointstamps']}")
+
+
+def _window_of(node: Node) -> WindowAggregate | None:
+    """The window a step runs: the node itself, or the window behind a graph flow's route
+    of a keyed window on several executors (`WindowRoute`)."""
+    if isinstance(node, WindowAggregate):
+        return node
+    return node.window if isinstance(node, WindowRoute) else None
 
 
 def _plain(time: Timestamp) -> list[int]:
