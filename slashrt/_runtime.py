@@ -182,8 +182,12 @@ def _check_cluster_progress(flow: Dataflow, options: dict, mode: str | None = No
                 "records to the executor owning their key, not through the Slash State Backend; leave it out"
             )
     for name in ("on_report", "report_every"):
-        if name in options:
-            raise DataflowError(f"run(): {name}= reports pointstamp progress, which runs on one executor for now")
+        if name in options and not flow.is_graph():
+            raise DataflowError(
+                f"run(): {name}= reports pointstamp progress over a dataflow graph, which a tree flow on several "
+                "executors does not track (its gates fire on executors' watermarks): run it on one executor with "
+                "progress='pointstamp'"
+            )
     for name in ("checkpoint", "checkpoint_dir", "resume_from"):
         if options.get(name) is not None:
             raise DataflowError(f"run(): {name}=: checkpoints run on one executor for now; clusters come next")
@@ -395,11 +399,11 @@ async def execute(
             # a failed channel's sender may still wait for credits that never come
             nursery.cancel_scope.cancel()
     except BaseException as exc:
-        if isinstance(on_report, ReportFile):
+        if getattr(on_report, "reports_end", False):
             on_report(tracker.report(), "failed", str(exc) or type(exc).__name__)
         raise
     else:
-        if isinstance(on_report, ReportFile):
+        if getattr(on_report, "reports_end", False):
             on_report(tracker.report(), "failed" if executor.failed else "finished")
     finally:
         for sink in plan.sinks:
