@@ -181,13 +181,6 @@ def _check_cluster_progress(flow: Dataflow, options: dict, mode: str | None = No
                 f"run(): {', '.join(given)}: the keyed windows of dataflow {flow.name!r} (a graph flow) route their "
                 "records to the executor owning their key, not through the Slash State Backend; leave it out"
             )
-    for name in ("on_report", "report_every"):
-        if name in options and not flow.is_graph():
-            raise DataflowError(
-                f"run(): {name}= reports pointstamp progress over a dataflow graph, which a tree flow on several "
-                "executors does not track (its gates fire on executors' watermarks): run it on one executor with "
-                "progress='pointstamp'"
-            )
     for name in ("checkpoint", "checkpoint_dir", "resume_from"):
         if options.get(name) is not None:
             raise DataflowError(f"run(): {name}=: checkpoints run on one executor for now; clusters come next")

@@ -115,29 +115,42 @@ def bench(*, edges: int, epochs: int = 1, graph: str = "uniform", seed: int = 0,
         for e, labels in zip(arriving.epochs, arriving.labels):
             seen = int(np.searchsorted(data["epoch"], e, side="right"))
             correct = correct and np.array_equal(labels, scipy_labels(src[:seen], dst[:seen], nodes))
+    return _result(
+        edges=edges, epochs=epochs, graph=graph, seed=seed, executors=1, transport="inproc", seconds=seconds,
+        scipy_seconds=scipy_seconds, networkx_seconds=networkx_seconds, incremental_edges=len(extra),
+        incremental_seconds=incremental_seconds, recompute_seconds=recompute_seconds, expected=expected,
+        correct=correct, kernel_seconds=round(kernel_seconds, 6), rounds=runs[-1].rounds[0],
+    )
+
+
+def _result(
+    *, edges: int, epochs: int, graph: str, seed: int, executors: int, transport: str, seconds: float,
+    scipy_seconds: float, networkx_seconds: float, incremental_edges: int, incremental_seconds: float,
+    recompute_seconds: float, expected: np.ndarray, correct: bool, **more,
+) -> dict:
+    """The JSON fields of `bench cc` (`more`: those of one path)."""
     return {
         "query": "cc",
         "events": edges,  # the fields every benchmark reports: an edge is an event
-        "executors": 1,
-        "transport": "inproc",
+        "executors": executors,
+        "transport": transport,
         "seconds": round(seconds, 6),
         "records_per_s": round(edges / seconds, 1),
         "graph": graph,
         "edges": edges,
-        "nodes": nodes,
+        "nodes": edges,
         "epochs": epochs,
         "seed": seed,
-        "kernel_seconds": round(kernel_seconds, 6),
+        **more,
         "scipy_seconds": round(scipy_seconds, 6),
         "networkx_seconds": round(networkx_seconds, 6),
-        "rounds": runs[-1].rounds[0],
-        "incremental_edges": len(extra),
+        "incremental_edges": incremental_edges,
         "incremental_seconds": round(incremental_seconds, 6),
         "scipy_recompute_seconds": round(recompute_seconds, 6),
         "vs_scipy": round(seconds / scipy_seconds, 3),
         "speedup_vs_networkx": round(networkx_seconds / seconds, 1),
         "incremental_vs_recompute": round(incremental_seconds / recompute_seconds, 4),
-        "components": int(np.count_nonzero(expected == np.arange(nodes))),
+        "components": int(np.count_nonzero(expected == np.arange(edges))),
         "correct": bool(correct),
     }
 
@@ -244,29 +257,10 @@ def bench_partitioned(
     if epochs > 1:  # the graph as it arrives, every epoch checked
         _, changes = _partitioned_run(executors, transport, epochs=epochs, grow=False, **shape)
         correct = correct and labels_ok(changes, _graph(edges, epochs, graph, seed, grow=False))
-    return {
-        "query": "cc",
-        "events": edges,
-        "executors": executors,
-        "transport": transport,
-        "seconds": round(seconds, 6),
-        "records_per_s": round(edges / seconds, 1),
-        "graph": graph,
-        "edges": edges,
-        "nodes": nodes,
-        "epochs": epochs,
-        "seed": seed,
-        "example": "cc_partitioned",
-        "one_executor_seconds": round(one_seconds, 6),
-        "speedup_vs_one_executor": round(one_seconds / seconds, 3),
-        "scipy_seconds": round(scipy_seconds, 6),
-        "networkx_seconds": round(networkx_seconds, 6),
-        "incremental_edges": max(1, int(edges * INCREMENT)),
-        "incremental_seconds": round(incremental_seconds, 6),
-        "scipy_recompute_seconds": round(recompute_seconds, 6),
-        "vs_scipy": round(seconds / scipy_seconds, 3),
-        "speedup_vs_networkx": round(networkx_seconds / seconds, 1),
-        "incremental_vs_recompute": round(incremental_seconds / recompute_seconds, 4),
-        "components": int(np.count_nonzero(expected == np.arange(nodes))),
-        "correct": bool(correct),
-    }
+    return _result(
+        edges=edges, epochs=epochs, graph=graph, seed=seed, executors=executors, transport=transport, seconds=seconds,
+        scipy_seconds=scipy_seconds, networkx_seconds=networkx_seconds, incremental_edges=max(1, int(edges * INCREMENT)),
+        incremental_seconds=incremental_seconds, recompute_seconds=recompute_seconds, expected=expected,
+        correct=correct, example="cc_partitioned", one_executor_seconds=round(one_seconds, 6),
+        speedup_vs_one_executor=round(one_seconds / seconds, 3),
+    )

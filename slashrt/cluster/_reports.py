@@ -82,7 +82,17 @@ class ClusterReports:
 
 
 def cluster_reports(options: dict, flow, executors: int) -> ClusterReports | None:
-    """Take `on_report` out of the options that travel to the agents (a marker goes instead)."""
+    """Take `on_report` out of the options that travel to the agents (a marker goes instead);
+    refused for tree flows, whose executors track no pointstamps."""
+    if not flow.is_graph():
+        for name in ("on_report", "report_every"):
+            if name in options:
+                raise DataflowError(
+                    f"run(): {name}= reports pointstamp progress over a dataflow graph, which a tree flow on several "
+                    "executors does not track (its gates fire on executors' watermarks): run it on one executor "
+                    "with progress='pointstamp'"
+                )
+        return None
     on_report = options.pop("on_report", None)
     if on_report is None:
         return None

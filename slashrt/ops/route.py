@@ -32,6 +32,8 @@ from slashrt._batch import Batch
 from slashrt._dataflow import ExchangeSpec, WindowAggSpec
 from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
+from slashrt.ops.uppar import routed_dtype
+from slashrt.ops.window import InFrontOfWindow
 from slashrt.progress import Timestamp
 from slashrt.ssb.partitions import Partitioning
 
@@ -143,26 +145,15 @@ class ExchangeNode(Node):
             clock.in_flight(self, time, a - b)
 
 
-class WindowRoute(ExchangeNode):
+class WindowRoute(InFrontOfWindow, ExchangeNode):
     """Stands where a keyed window is in a graph flow on several executors: its rows go to
     their key's owner, whose `window` (a plain one) takes them at their logical time."""
 
     def __init__(self, spec: WindowAggSpec, window, *, index: int, partitioning: Partitioning):
-        from slashrt.ops.uppar import routed_dtype  # (time, key, value): what the window reads
-
-        self.window = window
+        self.window = window  # it gets the columns the window reads (time, key, value)
         super().__init__(
             ExchangeSpec(spec.step_id, spec.up, spec.key, routed_dtype(spec), 0), index=index, partitioning=partitioning
         )
-
-    # the plan walks through to the window; what is built downstream hangs off the window
-    @property
-    def children(self) -> list[Node]:
-        return [self.window]
-
-    @children.setter
-    def children(self, nodes: list[Node]) -> None:
-        self.window.children = nodes
 
     async def on_frontier(self, epoch: int | None) -> None:
         """The frontier at the window's input moved: it fires what it passed; once empty,

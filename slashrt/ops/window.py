@@ -38,7 +38,7 @@ from slashrt.snapshot.operators import check, pack_tables, tagged, unpack_tables
 from slashrt.snapshot.state_format import State
 from slashrt.ssb.crdt import AggKind, finalize
 
-__all__ = ["Tumbling", "Sliding", "WindowAggregate", "check_key_type", "check_uint64_values"]
+__all__ = ["Tumbling", "Sliding", "WindowAggregate", "InFrontOfWindow", "check_key_type", "check_uint64_values"]
 
 log = structlog.get_logger("slashrt.window")
 
@@ -551,3 +551,18 @@ class WindowAggregate(Node):
                 table.merge(keys, counts, vals)  # copies: nothing shared with the state
                 table.overflowed = overflowed
         self.next_start, self.fired_until, self.late_records = meta["next_start"], meta["fired_until"], meta["late_records"]
+
+
+class InFrontOfWindow:
+    """A node that stands where a window is in the plan (a router in front of it, `window`):
+    the plan walks through to the window, and what is built downstream hangs off the window."""
+
+    window: WindowAggregate
+
+    @property
+    def children(self) -> list[Node]:
+        return [self.window]
+
+    @children.setter
+    def children(self, nodes: list[Node]) -> None:
+        self.window.children = nodes
