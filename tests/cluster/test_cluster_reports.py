@@ -6,6 +6,8 @@ An executor holds its job still (inside an operator, its loop free) until the re
 it held: the run can only finish once a report saw it stuck, so no sleep decides anything."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +19,7 @@ import trio
 import slashrt
 from slashrt import Dataflow, Operator, sinks
 from slashrt.cluster import ClusterError
-from slashrt.errors import DataflowError
+from slashrt.errors import DataflowError, unwrap_groups
 
 REC = np.dtype([("v", "<i8"), ("t", "<i8")])
 N = 6_000
@@ -31,11 +33,11 @@ def data() -> np.ndarray:
 
 
 class Stall(Operator):
-    """On the batch holding the last record, waits until `released()` (it keeps the frontier
-    after it held meanwhile), or raises if `poison`."""
+    """On the batch holding the last record, waits until the file `marker` exists (the
+    frontier after it held meanwhile); or raises (`poison`), or kills its process (`kill`)."""
 
-    def __init__(self, marker: str, poison: bool = False):
-        self.marker, self.poison = marker, poison
+    def __init__(self, marker: str, poison: bool = False, kill: bool = False):
+        self.marker, self.poison, self.kill = marker, poison, kill
 
     async def on_batch(self, ctx, port, batch):
         if (batch["v"] == N - 1).any():
@@ -44,13 +46,15 @@ class Stall(Operator):
             with trio.fail_after(WAIT_S):
                 while not Path(self.marker).exists():
                     await trio.sleep(0.01)
+            if self.kill:
+                os.kill(os.getpid(), signal.SIGKILL)
         await ctx.emit(batch)
 
 
-def stalled_flow(marker, poison=False) -> Dataflow:
+def stalled_flow(marker, poison=False, kill=False) -> Dataflow:
     flow = Dataflow("st")
     a = flow.source("a", REC, time="t")
-    a.union(a.filter(lambda b: b["v"] % 2 == 0)).operator(Stall(str(marker), poison), name="stall").sink(
+    a.union(a.filter(lambda b: b["v"] % 2 == 0)).operator(Stall(str(marker), poison, kill), name="stall").sink(
         sinks.Collect(), name="out"
     )
     return flow
@@ -90,12 +94,11 @@ def _cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "slashrt.cli", *args], capture_output=True, text=True, timeout=60)
 
 
-def test_a_report_file_of_a_cluster_run_is_kept_and_shown_by_the_cli(tmp_path):
-    path = tmp_path / "job.json"
-    marker = tmp_path / "seen"
+def run_watching(flow, path: Path, marker: Path, **options):
+    """Run `flow` on a cluster keeping its report in `path`; a task of this process (the
+    coordinator's) touches `marker` once the file shows the job held."""
 
     async def watch_file():
-        # the test's process is the coordinator's: a task here reads the file it writes
         while True:
             if path.exists() and held(json.loads(path.read_text())):
                 marker.touch()
@@ -105,16 +108,22 @@ def test_a_report_file_of_a_cluster_run_is_kept_and_shown_by_the_cli(tmp_path):
     async def main():
         from slashrt.cluster import run_cluster_async
 
-        async with trio.open_nursery() as nursery:
+        async with unwrap_groups(), trio.open_nursery() as nursery:  # the run's own error, not a group
             nursery.start_soon(watch_file)
             result = await run_cluster_async(
-                stalled_flow(marker), {"a": data()}, executors=3, transport="tcp", slot_size=256, slots=4,
-                on_report=str(path), report_every=0.02,
+                flow, {"a": data()}, slot_size=256, slots=4, on_report=str(path), report_every=0.02, **options
             )
             nursery.cancel_scope.cancel()
         return result
 
-    result = trio.run(main)
+    return trio.run(main)
+
+
+def test_a_report_file_of_a_cluster_run_is_kept_and_shown_by_the_cli(tmp_path):
+    path = tmp_path / "job.json"
+    marker = tmp_path / "seen"
+
+    result = run_watching(stalled_flow(marker), path, marker, executors=3, transport="tcp")
     assert len(result.outputs["st.out"]) == N + N // 2
     final = json.loads(path.read_text())
     assert final["state"] == "finished" and [e["state"] for e in final["executors"]] == ["finished"] * 3
@@ -138,6 +147,16 @@ def test_a_failed_cluster_run_leaves_its_report_with_the_failure(tmp_path):
     assert "failed" in [e["state"] for e in report["executors"]]
     shown = _cli("frontiers", str(path))
     assert shown.returncode == 0 and "flow st: failed (" in shown.stdout
+
+
+def test_an_executor_killed_mid_run_leaves_the_report_with_its_death(tmp_path):
+    path, marker = tmp_path / "job.json", tmp_path / "seen"
+    with pytest.raises(ClusterError, match=r"executor [0-2] was killed by signal 9"):
+        run_watching(stalled_flow(marker, kill=True), path, marker, executors=3, transport="tcp")
+    report = json.loads(path.read_text())
+    assert report["state"] == "failed" and "was killed by signal 9" in report["error"]
+    # what the executors reported before the kill is kept: the job held behind the killed one
+    assert len(report["executors"]) == 3 and held(report)
 
 
 def test_reports_of_tree_flows_on_clusters_are_refused():

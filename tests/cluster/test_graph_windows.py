@@ -1,4 +1,4 @@
-"""Keyed windows in graph flows (union, connect(...).apply, exchange(key=)) on several executors
+"""Keyed windows in graph flows (union, connect(...).apply, exchange(key=), after a loop) on several executors
 in real processes: the windows, late counts and late records equal one executor's and the
 per-record rule (a record is late for the windows ending at or before its source's watermark
 before it), over shm and tcp, with rings of a few 256-byte slots that every channel wraps."""
@@ -12,6 +12,7 @@ from slashrt.errors import DataflowError
 from tests.test_lateness import MAX_DELAY, SCHEMA, late_heavy, reference
 
 N = 8_000  # per source: ~750 slots of 256 bytes through each source's ring of 4
+ROUNDS = 3
 
 
 def graph_windows(sliding) -> tuple[Dataflow, sinks.Collect]:
@@ -26,6 +27,13 @@ def graph_windows(sliding) -> tuple[Dataflow, sinks.Collect]:
     both.exchange(key="k", name="by_k").window(Tumbling(100)).count(key="k", name="counts").sink(
         sinks.Collect(), name="counts_out"
     )
+    # a's records go round a loop (crossing executors by key) three times, then into a window
+    with flow.loop("rounds") as loop:
+        entered = loop.enter(a.with_column("n", lambda b: np.zeros(len(b), np.int64), dtype="<i8", name="zero"))
+        step = entered.exchange(key="k", name="hop").with_column("n", lambda b: b["n"] + 1, dtype="<i8", name="inc")
+        loop.feed_back(step.filter(lambda b: b["n"] < ROUNDS, name="again"))
+        left = loop.leave(step.filter(lambda b: b["n"] >= ROUNDS, name="done"))
+    left.window(Tumbling(100)).count(key="k", name="looped").sink(sinks.Collect(), name="looped_out")
     return flow, late
 
 
@@ -47,7 +55,9 @@ def expected(assigner) -> tuple[np.ndarray, np.ndarray]:
 def results(result, late: sinks.Collect) -> dict:
     sums = np.sort(result.outputs["gw.sums_out"], order=["window_start", "k"])
     counts = np.sort(result.outputs["gw.counts_out"], order=["window_start", "k"])
+    looped = np.sort(result.outputs["gw.looped_out"], order=["window_start", "k"])
     return {
+        "looped": np.column_stack([looped["window_start"], looped["k"], looped["count"]]),
         "sums": np.column_stack([sums["window_start"], sums["k"], sums["sum_v"]]),
         "counts": np.column_stack([counts["window_start"], counts["k"], counts["count"]]),
         "late": np.sort(late.records.astype(SCHEMA.dtype), order=["t", "k", "v"]),
@@ -75,6 +85,11 @@ def test_graph_windows_on_executors_equal_one_executor_and_the_rule(executors, t
     tumbling_rows, tumbling_late = expected(Tumbling(100))
     np.testing.assert_array_equal(many["counts"], tumbling_rows[:, [0, 1, 2]])
     assert many["late_counts"]["gw.counts"] == len(tumbling_late)
+    # after the loop each record is judged by its source's order still (leaving drops the counter)
+    a_rows, a_late = reference(inputs()["a"], 100, 100, MAX_DELAY)
+    for got in (one, many):
+        np.testing.assert_array_equal(got["looped"], a_rows[:, [0, 1, 2]])
+        assert got["late_counts"]["gw.looped"] == len(a_late) > 0
 
 
 def test_graph_windows_refuse_the_options_of_the_state_backend():
