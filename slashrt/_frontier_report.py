@@ -5,6 +5,12 @@ temporary file renamed over it) every `report_every` seconds while the job runs,
 when it ends (`"state"`: "running", "finished" or "failed" with the error's sentence);
 `slashrt frontiers job.json [--json]` shows it: every input's frontier and, for each one not
 yet empty, the pointstamps holding it back and what they are.
+
+On several executors every executor reports its own view of the global counts to the
+coordinator (`slashrt.cluster._reports`), which keeps one report of the same shape
+(`combine`): each input's frontier as far back as any executor sees it (the minimal elements
+of all their frontiers), every executor's pointstamps and holds, each naming the executors
+whose view holds it, and per executor its own report and state under "executors".
 """
 
 from __future__ import annotations
@@ -15,14 +21,18 @@ import time
 from pathlib import Path
 
 from slashrt.errors import SlashError
+from slashrt.progress import Timestamp
+from slashrt.progress.antichain import Antichain
 
-__all__ = ["ReportFile", "read_report", "describe"]
+__all__ = ["ReportFile", "read_report", "describe", "combine", "lower_envelope"]
 
 KEYS = ("flow", "state", "frontiers", "pointstamps", "holding")
 
 
 class ReportFile:
     """An `on_report` callable writing each report to `path` (atomically)."""
+
+    reports_end = True  # called once more when the run ends: (report, "finished" | "failed", error)
 
     def __init__(self, path: str | os.PathLike, flow: str):
         self.path = Path(path)
@@ -52,6 +62,49 @@ def read_report(path: str | os.PathLike) -> dict:
     return report
 
 
+def lower_envelope(frontiers: list[dict]) -> dict[str, list[Timestamp]]:
+    """Per input, the minimal elements of the frontiers several executors see there (the
+    cluster's frontier as far back as any executor's view has it), in time order."""
+    names = {name for f in frontiers for name in f}
+    return {
+        name: sorted(Antichain(Timestamp(*t) for f in frontiers for t in f.get(name, ())), key=Timestamp.sort_key)
+        for name in sorted(names)
+    }
+
+
+def combine(reports: list[tuple[dict, str, str | None] | None]) -> dict:
+    """One report of a cluster run from each executor's latest (report, state, error), None
+    for an executor that has not reported yet."""
+    def plain(time) -> list[int]:
+        return [time[0], *time[1]]
+
+    got = [(i, r) for i, r in enumerate(reports) if r is not None]
+    frontiers = lower_envelope([{n: [_timestamp(t) for t in ts] for n, ts in r[0]["frontiers"].items()} for _, r in got])
+    holding: dict[str, dict] = {}
+    for i, (report, _, _) in got:
+        for name, holds in report["holding"].items():
+            if not frontiers.get(name):
+                continue
+            for hold in holds:
+                key = (hold["at"], tuple(hold["time"]), hold["what"])
+                holding.setdefault(name, {}).setdefault(key, {**hold, "executors": []})["executors"].append(i)
+    return {
+        "frontiers": {name: [plain(t) for t in ts] for name, ts in frontiers.items()},
+        "pointstamps": [{**p, "executor": i} for i, (report, _, _) in got for p in report["pointstamps"]],
+        "holding": {name: list(holds.values()) for name, holds in holding.items()},
+        "queued_batches": sum(report.get("queued_batches", 0) for _, (report, _, _) in got),
+        "executors": [
+            {"executor": i, "state": "not reported yet"} if r is None
+            else {"executor": i, "state": r[1], **({"error": r[2]} if r[2] else {}), **r[0]}
+            for i, r in enumerate(reports)
+        ],
+    }
+
+
+def _timestamp(t: list[int]) -> Timestamp:
+    return Timestamp(t[0], tuple(t[1:]))
+
+
 def _time(t: list[int]) -> str:
     return f"({t[0]})" if len(t) == 1 else f"({t[0]}, <{', '.join(map(str, t[1:]))}>)"
 
@@ -59,10 +112,13 @@ def _time(t: list[int]) -> str:
 def describe(report: dict) -> str:
     """Lines for people: the job's state, then every input with its frontier and what holds it."""
     lines = [f"flow {report['flow']}: {report['state']}" + (f" ({report['error']})" if report.get("error") else "")]
+    if "executors" in report:  # a cluster run: each executor's state
+        lines.append("  executors: " + ", ".join(f"{e['executor']} {e['state']}" for e in report["executors"]))
     width = max((len(name) for name in report["frontiers"]), default=0)
     for name, frontier in sorted(report["frontiers"].items()):
         shown = "complete" if not frontier else "frontier " + ", ".join(_time(t) for t in frontier)
         lines.append(f"  {name:<{width}}  {shown}")
         for hold in report["holding"].get(name, []):
-            lines.append(f"  {'':<{width}}    held by {hold['what']} at {hold['at']} {_time(hold['time'])}")
+            seen = f" (seen by executors {', '.join(map(str, hold['executors']))})" if "executors" in hold else ""
+            lines.append(f"  {'':<{width}}    held by {hold['what']} at {hold['at']} {_time(hold['time'])}{seen}")
     return "\n".join(lines)

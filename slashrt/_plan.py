@@ -1,7 +1,8 @@
 """Turn a Dataflow's step specs into runtime operator trees, one fused pipeline per source.
 
 In a multi-executor run (`ClusterRole` given) every keyed window becomes an *exchange*: an
-`SsbWindowAggregate` (mode "slash") or a `RouteByOwner` in front of a window (mode "uppar").
+`SsbWindowAggregate` (mode "slash") or a `RouteByOwner` in front of a window (mode "uppar");
+in a graph flow a `WindowRoute` in front of a window (pointstamp progress, either mode).
 Exchanges talk to the other executors through channels that the cluster runtime wires with
 `add_peer` and `inbound`.
 """
@@ -31,7 +32,7 @@ from slashrt.ops._node import Node
 from slashrt.ops.event_time import SourceNode
 from slashrt.ops.loop_window import LoopWindow
 from slashrt.ops.operator import EnterNode, FeedbackNode, LeaveNode, OperatorNode, Port, UnionNode
-from slashrt.ops.route import ExchangeNode
+from slashrt.ops.route import ExchangeNode, WindowRoute
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.stateless import ApplyNode, FilterNode, ProjectNode, WithColumnNode
 from slashrt.ops.ssb_window import SsbWindowAggregate
@@ -76,6 +77,15 @@ class ClusterRole:
         return RouteByOwner(
             spec, WindowAggregate(spec, late), index=self.index, partitioning=self.partitioning, progress=self.progress
         )
+
+    def graph_window(self, spec: WindowAggSpec, late: SinkNode | None, up) -> Node:
+        """A keyed window of a graph flow: its rows go to their key's owner (`WindowRoute`),
+        whose plain window fires on the distributed pointstamp frontier; none where they
+        arrive routed by that key already (`exchange(key=)` of the window's key just before)."""
+        window = WindowAggregate(spec, late)
+        if self.partitioning.executors == 1 or (isinstance(up, ExchangeSpec) and up.key == spec.key):
+            return window
+        return WindowRoute(spec, window, index=self.index, partitioning=self.partitioning)
 
 
 class Plan:
@@ -147,8 +157,12 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
                 sinks.append(late)
             if spec.scope:  # inside a loop: a window per iteration (clusters refuse it: check_cluster_flow)
                 node = LoopWindow(spec, late)
+            elif cluster is None:
+                node = WindowAggregate(spec, late)
+            elif flow.is_graph():  # pointstamp progress over the whole graph: no gates between executors
+                node = cluster.graph_window(spec, late, flow.steps.get(spec.up))
             else:
-                node = WindowAggregate(spec, late) if cluster is None else cluster.window(spec, late)
+                node = cluster.window(spec, late)
         elif isinstance(spec, SinkSpec):
             node = SinkNode(spec.step_id, spec.sink, spec.dtype)
             sinks.append(node)
@@ -187,10 +201,9 @@ def check_progress(progress: str) -> str:
 
 def check_cluster_flow(flow: Dataflow, progress: str | None = None) -> None:
     """What a multi-executor run needs beyond a local one, checked before any executor starts:
-    a graph flow (union, connect, operators, loops) runs on distributed pointstamp progress,
-    without keyed windows (those meet across executors at the SSB/UpPar gates, which fire on
-    a tree's frontier); the type of every aggregated column is known (executors exchange it
-    in fixed-size rows)."""
+    a graph flow (union, connect, operators, loops) runs on distributed pointstamp progress
+    (its keyed windows route their rows by key, `ClusterRole.graph_window`); the type of every
+    aggregated column is known (executors exchange it in fixed-size rows)."""
     if flow.is_graph():
         resolve_mode(flow, progress)  # progress="watermark" is refused, naming the graph's steps
         untyped = [s.step_id for s in flow.steps.values() if isinstance(s, ExchangeSpec) and s.dtype is None]
@@ -204,12 +217,6 @@ def check_cluster_flow(flow: Dataflow, progress: str | None = None) -> None:
             raise DataflowError(
                 f"dataflow {flow.name!r}: windows {looped} inside loops run on one executor only; run it with "
                 "executors=1 or window the stream outside the loop"
-            )
-        windows = [s.step_id for s in flow.steps.values() if isinstance(s, WindowAggSpec)]
-        if windows:
-            raise DataflowError(
-                f"dataflow {flow.name!r}: windows {windows} in a flow with union, connect, operators or loops run "
-                "on one executor for now; run it with executors=1 or keep the windows in a flow of their own"
             )
     for spec in flow.steps.values():
         if not isinstance(spec, WindowAggSpec) or spec.value_dtype is not None:

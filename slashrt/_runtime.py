@@ -138,7 +138,7 @@ def run(
     _check_options(options, local, run_cluster_async)
     _check_rings(flow, options)
     if not local:
-        _check_cluster_progress(flow, options)
+        _check_cluster_progress(flow, options, mode)
     if local:
         return trio.run(lambda: run_async(flow, inputs, **options))
 
@@ -168,14 +168,19 @@ def _check_options(options: dict, local: bool, run_cluster_async) -> None:
             )
 
 
-def _check_cluster_progress(flow: Dataflow, options: dict) -> None:
+def _check_cluster_progress(flow: Dataflow, options: dict, mode: str | None = None) -> None:
     """Multi-executor runs forward watermarks inside each executor and fire the gates where
     executors meet on `progress` ("watermark": the vector clock; "pointstamp": pointstamp
-    counts); graph flows run on distributed pointstamp progress (`check_cluster_flow`)."""
+    counts); graph flows run on distributed pointstamp progress (`check_cluster_flow`), and
+    their keyed windows route records by key: the SSB's options would be ignored there."""
     check_cluster_flow(flow, options.get("progress"))
-    for name in ("on_report", "report_every"):
-        if name in options:
-            raise DataflowError(f"run(): {name}= reports pointstamp progress, which runs on one executor for now")
+    if flow.is_graph() and any(type(s).__name__ == "WindowAggSpec" for s in flow.steps.values()):
+        given = [f"{n}=" for n in ("epoch_bytes", "ssb_routing") if n in options] + (["mode='slash'"] if mode == "slash" else [])
+        if given:
+            raise DataflowError(
+                f"run(): {', '.join(given)}: the keyed windows of dataflow {flow.name!r} (a graph flow) route their "
+                "records to the executor owning their key, not through the Slash State Backend; leave it out"
+            )
     for name in ("checkpoint", "checkpoint_dir", "resume_from"):
         if options.get(name) is not None:
             raise DataflowError(f"run(): {name}=: checkpoints run on one executor for now; clusters come next")
@@ -392,11 +397,11 @@ async def execute(
             # a failed channel's sender may still wait for credits that never come
             nursery.cancel_scope.cancel()
     except BaseException as exc:
-        if isinstance(on_report, ReportFile):
+        if getattr(on_report, "reports_end", False):
             on_report(tracker.report(), "failed", str(exc) or type(exc).__name__)
         raise
     else:
-        if isinstance(on_report, ReportFile):
+        if getattr(on_report, "reports_end", False):
             on_report(tracker.report(), "failed" if executor.failed else "finished")
     finally:
         for sink in plan.sinks:

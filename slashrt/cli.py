@@ -8,6 +8,7 @@
     slashrt bench checkpoint [--query ysb|nexmark] [--interval S] [--json]   what checkpoints cost
     slashrt bench report                        the scaling and skew sweeps, with plots
     slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
+        [--executors K --transport shm|tcp]     ... labels partitioned over K executors
     slashrt bench progress [--executors K]      notify latency, loop round trip, progress traffic
     slashrt frontiers REPORT [--json]           where a pointstamp run stands (run(..., on_report=REPORT))
     slashrt executor [--listen HOST:PORT]       an executor agent for multi-host runs
@@ -210,7 +211,9 @@ def _parser() -> argparse.ArgumentParser:
     cc.add_argument("--edges", type=_positive_int, default=1_000_000, help="random edges (over as many nodes)")
     cc.add_argument("--epochs", type=_positive_int, default=1, help="epochs the edges arrive in (each one checked)")
     cc.add_argument("--graph", choices=["uniform", "powerlaw"], default="uniform", help="how endpoints are drawn")
-    cc.add_argument("--executors", type=_positive_int, default=1, help="executors (the example keeps its labels in one operator: one executor)")
+    cc.add_argument("--executors", type=_positive_int, default=1,
+                    help="executors; above 1 runs slashrt.examples.cc_partitioned on them and on one executor")
+    cc.add_argument("--transport", choices=["shm", "tcp"], default="shm", help="medium between executors (with --executors K > 1)")
     cc.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the random graph")
     cc.add_argument("--repeat", type=_positive_int, default=3,
                     help="report the best of this many runs of slashrt and scipy (NetworkX runs once)")
@@ -398,13 +401,15 @@ def _run_bench(args, given: set[str]) -> dict:
 
         return convert_bench(rows=args.events, batch_rows=args.batch_rows, repeat=args.repeat, stream=args.stream)
     if path == "cc":
-        if args.executors > 1:
-            raise _Refused(f"--executors {args.executors}: the connected-components example keeps every label in "
-                           "one operator, so it runs on one executor; `bench cc` takes --executors 1")
+        if args.executors == 1:
+            _refuse(given, ("transport",), "with --executors 1 (the example runs in this process)")
         _require(("scipy", "networkx"), "bench", "`slashrt bench cc`")
         from slashrt.bench import cc
 
-        return cc.bench(edges=args.edges, epochs=args.epochs, graph=args.graph, seed=args.seed, repeat=args.repeat)
+        shape = dict(edges=args.edges, epochs=args.epochs, graph=args.graph, seed=args.seed, repeat=args.repeat)
+        if args.executors > 1:  # labels partitioned by node id across the executors
+            return cc.bench_partitioned(executors=args.executors, transport=args.transport, **shape)
+        return cc.bench(**shape)
     if path == "progress":
         if args.executors < 2:
             raise _Refused(f"--executors {args.executors}: `bench progress` measures progress between executors; "

@@ -103,11 +103,11 @@ def test_options_a_path_would_ignore_are_refused(tmp_path, capsys, args, refused
     assert refused in one_error_line(captured.err) and captured.out == ""
 
 
-def test_bench_cc_refuses_several_executors_in_one_line(capsys):
-    assert main(["bench", "cc", "--edges", "1000", "--executors", "2", "--json"]) == 2
+def test_bench_cc_refuses_a_transport_on_one_executor_in_one_line(capsys):
+    assert main(["bench", "cc", "--edges", "1000", "--transport", "tcp", "--json"]) == 2
     captured = capsys.readouterr()
     line = one_error_line(captured.err)
-    assert "--executors 2" in line and "one executor" in line and captured.out == ""
+    assert "--transport does not apply with --executors 1" in line and captured.out == ""
 
 
 @pytest.mark.parametrize(

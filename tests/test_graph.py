@@ -158,7 +158,7 @@ def test_operator_must_be_an_instance():
         a.operator(op)
 
 
-def test_graph_flows_refuse_watermark_mode_and_windows_on_clusters():
+def test_graph_flows_refuse_watermark_mode():
     flow = Dataflow("g")
     a, b = flow.source("a", REC), flow.source("b", REC)
     a.union(b).sink(sinks.Collect())
@@ -167,11 +167,6 @@ def test_graph_flows_refuse_watermark_mode_and_windows_on_clusters():
         slashrt.run(flow, ins, progress="watermark")
     with pytest.raises(DataflowError, match="progress='watermark' cannot run dataflow 'g'"):
         slashrt.run(flow, ins, executors=2, progress="watermark")
-    windowed = Dataflow("w")
-    a, b = windowed.source("a", REC, time="t"), windowed.source("b", REC, time="t")
-    a.union(b).window(Tumbling(10)).count(key="k").sink(sinks.Collect())
-    with pytest.raises(DataflowError, match=r"dataflow 'w': windows \['w.*run on one executor for now"):
-        slashrt.run(windowed, ins, executors=2)
     with pytest.raises(DataflowError, match="progress must be one of"):
         slashrt.run(flow, ins, progress="vector")
 

@@ -41,6 +41,7 @@ from slashrt._plan import ClusterRole, build_plan
 from slashrt._runtime import execute, local_inputs
 from slashrt.cluster._control import receive_message, send_message
 from slashrt.cluster._progress import open_progress_bus
+from slashrt.cluster._reports import AGENT_MARKER, AgentReporter
 from slashrt.cluster._job import Ingest, Job, PerExecutor
 from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent
 from slashrt.errors import ChannelClosed, OperatorError, unwrap_groups
@@ -88,6 +89,8 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
     """Run one executor's part of `job`; protocol messages go over `control`, a heartbeat link."""
     bound = log.bind(executor=job.index, executors=job.executors, mode=job.mode, transport=job.transport)
     opts = dict(job.options)
+    # run(..., on_report=): this executor's reports go to the coordinator, which gathers them
+    reporter = AgentReporter() if opts.pop("on_report", None) == AGENT_MARKER else None
     routing = opts.pop("ssb_routing", "auto")
     progress = opts.pop("progress", "watermark")
     role = ClusterRole(
@@ -179,13 +182,21 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
 
             async with unwrap_groups(), trio.open_nursery() as watch:
                 watch.start_soon(_watch_coordinator, control)
-                async with trio.open_nursery() as nursery:
-                    for x in exchanges.values():
-                        for task in x.background():
-                            nursery.start_soon(task)
-                    result = await execute(
-                        job.flow, plan, executor_inputs, start=sources, index=job.index, progress_bus=bus, **opts
-                    )
+                if reporter is not None:
+                    watch.start_soon(reporter.send_to, control)
+                try:
+                    async with trio.open_nursery() as nursery:
+                        for x in exchanges.values():
+                            for task in x.background():
+                                nursery.start_soon(task)
+                        result = await execute(
+                            job.flow, plan, executor_inputs, start=sources, index=job.index, progress_bus=bus,
+                            on_report=reporter, **opts,
+                        )
+                finally:  # the last report (finished, or failed and why) goes before the outcome
+                    if reporter is not None and reporter.latest is not None:
+                        with trio.CancelScope(shield=True), contextlib.suppress(ChannelClosed):
+                            await control.send("report", reporter.latest)
                 watch.cancel_scope.cancel()
             if bus is not None:
                 result.stats[0].progress_bytes, result.stats[0].progress_messages = bus.stats.bytes, bus.stats.messages

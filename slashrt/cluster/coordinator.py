@@ -41,9 +41,11 @@ import time
 import structlog
 import trio
 
+from slashrt._frontier_report import lower_envelope
 from slashrt._plan import MODES, build_plan, check_cluster_flow, check_progress
 from slashrt._runtime import RunResult, _per_source
 from slashrt.cluster._job import Ingest, Job, PerExecutor, job_message, split_input
+from slashrt.cluster._reports import cluster_reports
 from slashrt.cluster._liveness import (
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Link, PeerSilent, check_heartbeat,
 )
@@ -172,6 +174,7 @@ class _Agents:
         self._fifos = [collections.deque() for _ in links]
         self._arrived = trio.Event()
         self._ended = [trio.Event() for _ in links]  # set when a spawned agent's process ended
+        self.on_report = None  # (index, message): executors' progress reports (`_reports`), not queued
 
     def start(self, nursery) -> None:
         for i, link in enumerate(self.links):
@@ -193,6 +196,9 @@ class _Agents:
             except ChannelClosed as exc:
                 self._put(i, "lost", str(exc))
                 return
+            if kind == "report" and self.on_report is not None:
+                self.on_report(i, payload)
+                continue
             self._put(i, kind, payload)
             if kind in ("done", "failed"):
                 return
@@ -300,7 +306,8 @@ def _combine(plan, results: list[RunResult], seconds: float) -> RunResult:
     for r in results:
         for step, per_executor in r.epochs.items():
             epochs.setdefault(step, []).extend(per_executor)
-    return RunResult(seconds, [s for r in results for s in r.stats], late, outputs, epochs)
+    frontiers = lower_envelope([r.frontiers for r in results])
+    return RunResult(seconds, [s for r in results for s in r.stats], late, outputs, epochs, frontiers)
 
 
 async def run_cluster_async(
@@ -347,6 +354,7 @@ async def run_cluster_async(
         raise DataflowError(f"need at least one executor, got {n}")
     if not local and transport == "shm" and any(not h.startswith("127.") and h != "localhost" for h, _ in addresses):
         raise DataflowError("shm joins processes of one machine: use transport='tcp' or 'verbs' across hosts")
+    reports = cluster_reports(options, flow, n)  # run(..., on_report=): gathered here
     shares = _shares(plan, inputs, n)
     if on_ready is None and any(isinstance(v, Ingest) for v in shares[0].values()):
         raise DataflowError("Ingest inputs need on_ready: it hands their endpoints' targets to the producers")
@@ -354,7 +362,7 @@ async def run_cluster_async(
     procs: list[trio.Process | None] = [None] * n
     controls: list[trio.SocketStream] = []
     links: list[Link] = []
-    results = None
+    results = failure = None
     bound = log.bind(flow=flow.name, executors=n, transport=transport, mode=mode)
     try:
         async with unwrap_groups(), trio.open_nursery() as nursery:
@@ -382,6 +390,9 @@ async def run_cluster_async(
                     links[-1].start(nursery)
                 agents = _Agents(links, procs)
                 agents.start(nursery)
+                if reports is not None:
+                    agents.on_report = reports.receive
+                    nursery.start_soon(reports.run)
                 jobs = (
                     job_message(Job(flow, i, n, shares[i], transport, mode, partitions, epoch_bytes, addresses[i][0], options),
                                 heartbeat_interval, heartbeat_timeout)
@@ -402,8 +413,14 @@ async def run_cluster_async(
             results = await agents.gather("done")
             nursery.cancel_scope.cancel()
     except trio.TooSlowError:
-        raise ClusterError(f"the executors were not ready within {START_TIMEOUT:.0f} s") from None
+        failure = ClusterError(f"the executors were not ready within {START_TIMEOUT:.0f} s")
+        raise failure from None
+    except BaseException as exc:
+        failure = exc
+        raise
     finally:
+        if reports is not None:
+            reports.finish(None if results is not None else failure)
         with trio.CancelScope(shield=True):  # a cancelled run cleans up too
             for control in controls:
                 with contextlib.suppress(Exception):

@@ -11,9 +11,12 @@ windows' partitioning) and min-label propagation moves labels along edges as mes
                                      ▲                      │
                                      └──── feed_back ◄──────┘ proposals (node, label)
 
-`Propagate` stores the edges of the nodes it owns; a proposal (node, label) lowers the node's
-label if smaller, and every lowered label is proposed to the node's neighbours (vectorised
-with numpy). A node's label ends as the least node id of its component.
+`Propagate` stores the edges of the nodes it owns (sorted by source, so a node's edges are a
+run); proposals (node, label) lower the nodes' labels if smaller, and every lowered label is
+proposed to the node's neighbours. Rounds are synchronous: the proposals of a loop counter
+are applied together once it is complete (`notify_at`), in one vectorised pass however many
+batches and executors they came from, and the next round's go round the feedback. A node's
+label ends as the least node id of its component.
 
 Epochs run one after another so that the labels after epoch e hold exactly the edges of
 epochs <= e: an epoch's edges wait (`notify_at((e, 0))`: all arrived) until the previous
@@ -25,6 +28,8 @@ epoch, a self-loop on a node it owns (`ticks`), which changes no component.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -46,24 +51,36 @@ class Propagate(Operator):
 
     def __init__(self):
         self.labels = np.zeros(0, np.int64)
-        self.src = np.zeros(0, np.int64)
+        self.src = np.zeros(0, np.int64)  # the edges of the nodes owned here, sorted by src
         self.dst = np.zeros(0, np.int64)
         self.waiting: dict[int, list[np.ndarray]] = {}  # epoch -> its edges, until it may start
         self.epochs: list[int] = []  # epochs seen, in order
         self.done: set[int] = set()
+        self.proposals: dict[Timestamp, list[np.ndarray]] = {}  # a round's (node, label), until it is complete
+        self.asked: dict[int, int] = {}  # epoch -> the loop counter its edges last asked to start at
 
     _EDGE = {"src": np.int64, "dst": np.int64}
+    _PROPOSAL = {"node": np.int64, "label": np.int64}
 
     def snapshot(self) -> State:
         waiting = {e: [(p[0], p[1]) for p in parts] for e, parts in self.waiting.items()}
-        return State({"labels": self.labels, "src": self.src, "dst": self.dst, **pack_groups("waiting", waiting, self._EDGE)},
-                     {"epochs": self.epochs, "done": sorted(self.done)})
+        proposals = {t: [(p[0], p[1]) for p in parts] for t, parts in self.proposals.items()}
+        return State(
+            {"labels": self.labels, "src": self.src, "dst": self.dst, **pack_groups("waiting", waiting, self._EDGE),
+             **pack_groups("proposals", proposals, self._PROPOSAL)},
+            {"epochs": self.epochs, "done": sorted(self.done), "asked": sorted(self.asked.items())},
+        )
 
     def restore(self, state: State) -> None:
         arrays = state.arrays
         self.labels, self.src, self.dst = (np.array(arrays[k]) for k in ("labels", "src", "dst"))
         self.waiting = {e: [np.stack([src, dst])] for e, [(src, dst)] in unpack_groups("waiting", arrays, self._EDGE).items()}
+        self.proposals = {
+            t: [np.stack([node, label])]
+            for t, [(node, label)] in unpack_groups("proposals", arrays, self._PROPOSAL, times=True).items()
+        }
         self.epochs, self.done = list(state.meta["epochs"]), set(state.meta["done"])
+        self.asked = {int(e): int(r) for e, r in state.meta["asked"]}
 
     def _grow(self, *ids: np.ndarray) -> None:
         top = max((int(a.max()) + 1 for a in ids if len(a)), default=0)
@@ -80,34 +97,50 @@ class Propagate(Operator):
                 ctx.notify_at(Timestamp(epoch, (DONE,)))
             self.waiting[epoch].append(np.stack([batch["src"], batch["dst"]]))
             return
-        node, label = batch["node"], batch["label"]
-        self._grow(node)
-        before = self.labels[node]
-        np.minimum.at(self.labels, node, label)
-        changed = np.unique(node[label < before])
-        await self._changed(ctx, changed, ctx.time.epoch)
+        # a round's proposals are applied together once the round is complete (one pass over
+        # all of them, however many batches they came in from however many executors)
+        round_ = self.proposals.get(ctx.time)
+        if round_ is None:
+            round_ = self.proposals[ctx.time] = []
+            ctx.notify_at(ctx.time)
+        round_.append(np.stack([batch["node"], batch["label"]]))
 
     async def on_notify(self, ctx: Context, time: Timestamp) -> None:
         epoch = time.epoch
+        if time in self.proposals:
+            both = np.concatenate(self.proposals.pop(time), axis=1)
+            node, label = both[0], both[1]
+            self._grow(node)
+            before = self.labels[node]
+            np.minimum.at(self.labels, node, label)
+            await self._changed(ctx, np.unique(node[label < before]), epoch)
         if time.counters[-1] == DONE:
             self.done.add(epoch)
             return
+        if epoch not in self.waiting or time.counters[-1] < self.asked.get(epoch, 0):
+            return  # (a round of proposals only)
         earlier = [e for e in self.epochs if e < epoch]
         if earlier and max(earlier) not in self.done:
-            ctx.notify_at(Timestamp(epoch, (time.counters[-1] + 1,)))  # ask again a round later
+            self.asked[epoch] = time.counters[-1] + 1
+            ctx.notify_at(Timestamp(epoch, (self.asked[epoch],)))  # ask again a round later
             return
         edges = np.concatenate(self.waiting.pop(epoch), axis=1)
         src, dst = edges[0], edges[1]
         self._grow(src, dst)
-        self.src, self.dst = np.concatenate([self.src, src]), np.concatenate([self.dst, dst])
+        every_src, every_dst = np.concatenate([self.src, src]), np.concatenate([self.dst, dst])
+        order = np.argsort(every_src, kind="stable")  # once per epoch: a changed node's edges are a run
+        self.src, self.dst = every_src[order], every_dst[order]
         await ctx.emit(_messages(dst, self.labels[src], 0, epoch))
 
     async def _changed(self, ctx: Context, changed: np.ndarray, epoch: int) -> None:
         if not len(changed):
             return
         await ctx.emit(_messages(changed, self.labels[changed], 1, epoch))
-        near = np.isin(self.src, changed)
-        await ctx.emit(_messages(self.dst[near], self.labels[self.src[near]], 0, epoch))
+        # the runs of the changed nodes' edges (changed is sorted): O(their degrees), not O(edges)
+        starts = np.searchsorted(self.src, changed, "left")
+        lengths = np.searchsorted(self.src, changed, "right") - starts
+        at = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+        await ctx.emit(_messages(self.dst[at], np.repeat(self.labels[changed], lengths), 0, epoch))
 
 
 def _messages(node: np.ndarray, label: np.ndarray, final: int, epoch: int) -> np.ndarray:
@@ -116,9 +149,11 @@ def _messages(node: np.ndarray, label: np.ndarray, final: int, epoch: int) -> np
     return out
 
 
-def cc_partitioned_flow(sink, *, name: str = "ccp") -> Dataflow:
+def cc_partitioned_flow(sink, *, name: str = "ccp", stamp: bool = False) -> Dataflow:
     """Sources ``edges`` (`EDGES`, by epoch) and ``proposals`` (`MESSAGES` to start from, e.g.
-    none); `sink` receives (node, label, final, epoch) for every label an epoch lowered."""
+    none); `sink` receives (node, label, final, epoch) for every label an epoch lowered, and
+    with `stamp` a `left_ns` column: CLOCK_MONOTONIC when it left the loop (one clock for
+    every process of a machine: how `slashrt bench cc --executors K` times an epoch)."""
     flow = Dataflow(name)
     edges = flow.source("edges", EDGES, time="epoch")
 
@@ -136,8 +171,15 @@ def cc_partitioned_flow(sink, *, name: str = "ccp") -> Dataflow:
         step = new_edges.connect(proposals).operator(Propagate(), name="propagate", schema=Schema.from_dtype(MESSAGES))
         again = step.filter(lambda b: b["final"] == 0, name="proposed").exchange(key="node", name="by_node")
         loop.feed_back(again, into=proposals)
-        loop.leave(step.filter(lambda b: b["final"] == 1, name="changes")).sink(sink, name="out")
+        changes = loop.leave(step.filter(lambda b: b["final"] == 1, name="changes"))
+    if stamp:
+        changes = changes.with_column("left_ns", _monotonic_ns, dtype="<i8", name="stamped")
+    changes.sink(sink, name="out")
     return flow
+
+
+def _monotonic_ns(batch) -> np.ndarray:
+    return np.full(len(batch), time.monotonic_ns(), np.int64)
 
 
 def ticks(epochs, index: int, executors: int, partitions: int = DEFAULT_PARTITIONS) -> np.ndarray:

@@ -14,6 +14,11 @@ compute: a graph flow's exchange channels are read by the same compute coroutine
 so waiting for a peer's credits there could deadlock two executors sending to each other).
 When the step's input frontier is empty (nothing anywhere can send more), the queues end with
 END_OF_STREAM, which ends the peers' inputs.
+
+`WindowRoute` is a graph flow's keyed window on several executors: the same exchange, keyed
+by the window's key and shipping only the columns the window reads, in front of a plain
+window on each key's owner, which fires on the frontier at its input (the records on their
+way hold it back) and judges lateness by the logical time each batch carries.
 """
 
 from __future__ import annotations
@@ -24,12 +29,15 @@ import numpy as np
 import trio
 
 from slashrt._batch import Batch
+from slashrt._dataflow import ExchangeSpec, WindowAggSpec
 from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
+from slashrt.ops.uppar import routed_dtype
+from slashrt.ops.window import InFrontOfWindow
 from slashrt.progress import Timestamp
 from slashrt.ssb.partitions import Partitioning
 
-__all__ = ["ExchangeNode"]
+__all__ = ["ExchangeNode", "WindowRoute"]
 
 _END = None
 
@@ -111,7 +119,9 @@ class ExchangeNode(Node):
         queue, lot, sender = self._queues[peer], self._lots[peer], self.senders[peer]
         while True:
             while queue:
-                await sender.send_records(queue.popleft())
+                # what queued meanwhile goes as one (fuller slots, fewer batches at the peer)
+                rows = queue.popleft() if len(queue) == 1 else np.concatenate([queue.popleft() for _ in range(len(queue))])
+                await sender.send_records(rows)
             if self._ended:
                 await sender.aclose()
                 return
@@ -133,6 +143,24 @@ class ExchangeNode(Node):
             finally:
                 clock.now = before
             clock.in_flight(self, time, a - b)
+
+
+class WindowRoute(InFrontOfWindow, ExchangeNode):
+    """Stands where a keyed window is in a graph flow on several executors: its rows go to
+    their key's owner, whose `window` (a plain one) takes them at their logical time."""
+
+    def __init__(self, spec: WindowAggSpec, window, *, index: int, partitioning: Partitioning):
+        self.window = window  # it gets the columns the window reads (time, key, value)
+        super().__init__(
+            ExchangeSpec(spec.step_id, spec.up, spec.key, routed_dtype(spec), 0), index=index, partitioning=partitioning
+        )
+
+    async def on_frontier(self, epoch: int | None) -> None:
+        """The frontier at the window's input moved: it fires what it passed; once empty,
+        nothing can send more and the channels to the peers end."""
+        await self.window.on_frontier(epoch)
+        if epoch is None:
+            await self.on_end()
 
 
 class _Inbound(Node):

@@ -22,7 +22,7 @@ from slashrt.errors import DataflowError, SnapshotError
 from slashrt.ops._node import Node
 from slashrt.ops.event_time import NO_TIME
 from slashrt.ops.exchange import FrontierGate, Inbound
-from slashrt.ops.window import WindowAggregate, check_key_type, check_uint64_values
+from slashrt.ops.window import InFrontOfWindow, WindowAggregate, check_key_type, check_uint64_values
 from slashrt.progress import make_frontier
 from slashrt.progress.frontier import END_TIME
 from slashrt.snapshot.operators import check, tagged
@@ -46,7 +46,7 @@ def routed_dtype(spec: WindowAggSpec) -> np.dtype:
     return np.dtype(fields)
 
 
-class RouteByOwner(Node):
+class RouteByOwner(InFrontOfWindow, Node):
     """Stands where the window is in the local pipeline: routes rows to their owners."""
 
     def __init__(
@@ -64,15 +64,6 @@ class RouteByOwner(Node):
         self.gate = FrontierGate(window, make_frontier(progress, partitioning.executors))
         self.senders: dict[int, Sender] = {}  # owner executor -> channel to it
         self.fired_until = NO_TIME  # windows ending at or before this are closed for this executor's records
-
-    # the plan walks through to the window; what is built downstream hangs off the window
-    @property
-    def children(self) -> list[Node]:
-        return [self.window]
-
-    @children.setter
-    def children(self, nodes: list[Node]) -> None:
-        self.window.children = nodes
 
     def add_peer(self, peer: int, sender: Sender) -> None:
         """The channel carrying rows owned by executor `peer`."""

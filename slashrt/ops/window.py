@@ -38,7 +38,7 @@ from slashrt.snapshot.operators import check, pack_tables, tagged, unpack_tables
 from slashrt.snapshot.state_format import State
 from slashrt.ssb.crdt import AggKind, finalize
 
-__all__ = ["Tumbling", "Sliding", "WindowAggregate", "check_key_type", "check_uint64_values"]
+__all__ = ["Tumbling", "Sliding", "WindowAggregate", "InFrontOfWindow", "check_key_type", "check_uint64_values"]
 
 log = structlog.get_logger("slashrt.window")
 
@@ -185,6 +185,30 @@ class WindowAggregate(Node):
 
     # -- events ------------------------------------------------------------------------------------
     async def push(self, batch: Batch) -> None:
+        clock = self.clock
+        if clock is not None and self.counts_late and not clock.now.counters:
+            # pointstamp progress, outside loops: a record is late for the windows ending at or
+            # before the logical time of the batch carrying it (its source's watermark when it
+            # was read, or the end of the window that made it), whoever else still holds the
+            # frontier back (another source, another executor). Inside a loop the epoch is what
+            # a step gave its feedback; there lateness is its iteration's frontier alone.
+            closed = self.promise(clock.now.epoch)
+            if closed > self.fired_until:
+                await self._push_closed(batch, closed)
+                return
+        await self._push(batch)
+
+    async def _push_closed(self, batch: Batch, closed: int) -> None:
+        """Records carried at a time whose windows ending by `closed` have not all fired here
+        yet: split off (and count) the late ones, and keep the partly late ones out of the
+        closed windows (tails), as if those had fired."""
+        tmin, tmax = minmax(batch.view(self.spec.time))
+        self._check_times(tmin, tmax)
+        if self._earliest_end(tmin // self.slice_len) <= closed:
+            batch, _ = await self._split_late(batch, batch[self.spec.time] // self.slice_len, closed)
+        await self.push_judged(batch, closed)
+
+    async def _push(self, batch: Batch) -> None:
         # Fast path: the batch falls into the slice the last one fell into (a stream in time
         # order). That slice's table takes the longest prefix whose times lie in the slice,
         # checking them a segment at a time as it counts (no separate pass over the batch),
@@ -336,7 +360,7 @@ class WindowAggregate(Node):
                     self.update_slice(s, keys[rows], None if values is None else values[rows], closed_until)
                 batch = batch.select(~partly)
         if len(batch):
-            await self.push(batch)
+            await self._push(batch)
 
     def _open_slice(self, slice_id: int, what: str, closed_until: int = NO_TIME) -> HashAgg:
         """The table of a slice about to take state from outside the local stream (its tail if
@@ -530,3 +554,18 @@ class WindowAggregate(Node):
                 table.merge(keys, counts, vals)  # copies: nothing shared with the state
                 table.overflowed = overflowed
         self.next_start, self.fired_until, self.late_records = meta["next_start"], meta["fired_until"], meta["late_records"]
+
+
+class InFrontOfWindow:
+    """A node that stands where a window is in the plan (a router in front of it, `window`):
+    the plan walks through to the window, and what is built downstream hangs off the window."""
+
+    window: WindowAggregate
+
+    @property
+    def children(self) -> list[Node]:
+        return [self.window]
+
+    @children.setter
+    def children(self, nodes: list[Node]) -> None:
+        self.window.children = nodes

@@ -48,7 +48,7 @@ from slashrt.ops._node import Node
 from slashrt.ops.event_time import SourceNode
 from slashrt.ops.loop_window import LoopWindow
 from slashrt.ops.operator import EnterNode, OperatorNode, Port
-from slashrt.ops.route import ExchangeNode
+from slashrt.ops.route import ExchangeNode, WindowRoute
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.window import WindowAggregate
 from slashrt.progress import IDENTITY, INGRESS, Builder, Location, Reachability, Timestamp, Tracker, move_capability
@@ -148,6 +148,10 @@ class PointstampProgress:
         for i, (step_id, node) in enumerate(zip(self.steps, self.nodes)):
             node.clock = self
             spec = flow.steps[step_id]
+            window = _window_of(node)
+            if window is not None:
+                window.clock = self  # (a routed window's: the route stands for it in the graph)
+                self.windows.append((i, window))
             if isinstance(node, SourceNode):
                 node.now = self.now
                 below = list(_downstream(node))
@@ -158,8 +162,6 @@ class PointstampProgress:
                 self._dirty = True
             elif isinstance(node, OperatorNode):
                 self.ops.append((i, node))
-            elif isinstance(node, (WindowAggregate, LoopWindow)):
-                self.windows.append((i, node))
             if isinstance(spec, FeedbackSpec):
                 self.feedbacks_into[index[spec.into]].append(step_id)
         self._listeners = {
@@ -288,7 +290,7 @@ class PointstampProgress:
             self._dirty = True
             return
         epoch = min((t.epoch for t in frontier), default=None)
-        if isinstance(node, WindowAggregate):
+        if _window_of(node) is not None:
             await node.on_frontier(epoch)
             self._dirty = True  # it may hold another capability now
         elif epoch is None:
@@ -378,7 +380,7 @@ class PointstampProgress:
             return f"capability of source {step} (its watermark)"
         if isinstance(node, OperatorNode):
             return f"notification requested by {step}"
-        if isinstance(node, (WindowAggregate, LoopWindow)):
+        if _window_of(node) is not None:
             return f"capability of window {step} (a window still to fire)"
         return f"capability of step {step}"
 
@@ -405,6 +407,14 @@ def _holds(window: WindowAggregate | LoopWindow) -> frozenset[Timestamp]:
         return window.holds()
     end = window.held()
     return frozenset() if end is None else frozenset((Timestamp(end),))
+
+
+def _window_of(node: Node) -> WindowAggregate | LoopWindow | None:
+    """The window a step runs: the node itself, or the window behind a graph flow's route
+    of a keyed window on several executors (`WindowRoute`)."""
+    if isinstance(node, (WindowAggregate, LoopWindow)):
+        return node
+    return node.window if isinstance(node, WindowRoute) else None
 
 
 def _plain(time: Timestamp) -> list[int]:

@@ -136,6 +136,20 @@ def test_bench_cc_json_is_one_correct_object(graph):
     assert result["executors"] == 1 and result["graph"] == graph and result["incremental_edges"] == 40
 
 
+@pytest.mark.parametrize(("executors", "transport"), [("2", "shm"), ("3", "tcp")])
+def test_bench_cc_on_several_executors_runs_the_partitioned_example_against_one(executors, transport):
+    proc = run_cli("bench", "cc", "--edges", "3000", "--epochs", "2", "--executors", executors, "--transport", transport,
+                   "--repeat", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    for field in ("edges", "epochs", "executors", "seconds", "scipy_seconds", "networkx_seconds", "incremental_seconds",
+                  "scipy_recompute_seconds", "one_executor_seconds", "speedup_vs_one_executor", "correct"):
+        assert field in result
+    assert result["correct"] is True and result["example"] == "cc_partitioned"
+    assert result["executors"] == int(executors) and result["transport"] == transport and result["epochs"] == 2
+    assert result["incremental_seconds"] > 0 and result["one_executor_seconds"] > 0
+
+
 def test_bench_cc_without_json_prints_a_table():
     proc = run_cli("bench", "cc", "--edges", "2000", "--repeat", "1")
     assert proc.returncode == 0, proc.stderr
