@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import glob
 import re
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -50,6 +51,11 @@ class FilePosition(NamedTuple):
 
     file: int
     offset: int
+
+
+def _listing(files) -> str:
+    """A checksum of the listed files' names, in order: what a recorded position indexes."""
+    return f"{zlib.crc32(chr(0).join(p.name for p, _ in files).encode()):08x}"
 
 
 def _natural(path: Path) -> list:
@@ -100,7 +106,8 @@ class FileSource:
     made: files that appear later are not read (make another FileSource for them, e.g.
     `FileSource(path, start=old.position)` when they sort after the others). Columns are
     found by the schema's field names (others are ignored). `start` (a `FilePosition`, or
-    (file, offset)) skips what was delivered before. One executor only, for now.
+    (file, offset)) skips what was delivered before. In a checkpointed run its position is
+    recorded at every barrier and a resume rewinds to it. One executor only, for now.
     """
 
     def __init__(self, path, *, format: str | None = None, start=None, batch_records: int = 65_536):
@@ -146,13 +153,36 @@ class FileSource:
         self._position = FilePosition(int(file), int(offset))
         return self
 
-    async def feed(self, sender, spec, *, watermark_every: int) -> None:
-        """Stream the files into `sender`'s channel for source `spec`, then close it.
+    rewinds = True  # a checkpointed run records its position and rewinds it (slashrt._runtime)
+
+    async def feed(self, sender, spec, *, watermark_every: int, resume=None, barriers=None) -> None:
+        """Stream the files into `sender`'s channel for source `spec`, then close it; in a
+        checkpointed run, with the checkpoints' `barriers`, from the position `resume` recorded.
 
         The input hook of `slashrt._runtime.local_inputs`."""
         await feed_reads(sender, spec, watermark_every=watermark_every, read=lambda reads: self._read(reads, spec.schema),
-                         advance=self._advance, resume_hint=self._resume_hint)
+                         advance=self._advance, resume_hint=self._resume_hint, cursor=self._cursor,
+                         rewind=self._rewind, resume=resume, barriers=barriers)
         log.info("files read", path=self.path, position=tuple(self._position), records=self.delivered)
+
+    def _cursor(self) -> dict:
+        """The position as a checkpoint records it, with the listing it indexes (how many files,
+        and a checksum of their names)."""
+        return {"file": self._position.file, "offset": self._position.offset, "files": len(self._files),
+                "listing": _listing(self._files)}
+
+    def _rewind(self, cursor: dict) -> None:
+        """Back to a recorded cursor, over the files listed then: files added since (sorting
+        after them) are left for a next source, as the checkpointed run never saw them."""
+        count = cursor["files"]
+        if count > len(self._files) or _listing(self._files[:count]) != cursor["listing"]:
+            raise ConnectorError(
+                f"FileSource {self.path!r}: the checkpoint was taken over {count} files, which are not the first {count} "
+                f"listed now ({len(self._files)}): files were removed, renamed or added among them; restore them to "
+                "resume exactly"
+            )
+        self._files = self._files[:count]
+        self.resume_from((cursor["file"], cursor["offset"]))
 
     def _advance(self, position: FilePosition, count: int) -> None:
         self._position = position

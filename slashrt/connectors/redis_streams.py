@@ -5,7 +5,8 @@ The source reads entries (see `slashrt.connectors._redis` for their format) in a
 thread, one XRANGE or XREAD of up to `count` entries at a time, one read ahead of the
 channel, and feeds their records through `slashrt.connectors._feed.feed_reads` (full slots,
 watermarks in band). Its `position` is the id of the last entry whose records
-are in the channel; `resume_from(id)` makes the next run read the entries after `id`.
+are in the channel; `resume_from(id)` makes the next run read the entries after `id`. A
+checkpointed run records it (and a bounded read's end) at every barrier and rewinds to it.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ class RedisStream:
         # a blocked XREAD answers within block_ms; the socket waits that and some more
         self._client = connect(url, read_timeout=self.block_ms / 1000 + 30.0)
         self._position = _stream_id(start, "RedisStream start")
+        self._end: str | None = None  # a bounded read's last id: fixed at its first run's start
+        self._rewound = False  # at a checkpoint's position: entries deleted after it are missing input
         self.delivered = 0  # records put into the channel by the runs so far
 
     def __repr__(self) -> str:
@@ -100,17 +103,32 @@ class RedisStream:
         self._position = _stream_id(stream_id, "resume_from")
         return self
 
-    async def feed(self, sender, spec, *, watermark_every: int) -> None:
-        """Stream the entries into `sender`'s channel for source `spec`, then close it.
+    rewinds = True  # a checkpointed run records its position and rewinds it (slashrt._runtime)
+
+    async def feed(self, sender, spec, *, watermark_every: int, resume=None, barriers=None) -> None:
+        """Stream the entries into `sender`'s channel for source `spec`, then close it; in a
+        checkpointed run, with the checkpoints' `barriers`, from the position `resume` recorded.
 
         The input hook of `slashrt._runtime.local_inputs`."""
         decoder = EntryDecoder(self.url, self.stream_key, spec.schema.dtype, f"source {spec.step_id!r}")
+        self._end, self._rewound = None, False  # a run of its own: the end as of its start (unless rewound)
         try:
             await feed_reads(sender, spec, watermark_every=watermark_every, read=lambda reads: self._read(reads, decoder),
-                             advance=self._advance, resume_hint=self._resume_hint)
+                             advance=self._advance, resume_hint=self._resume_hint, cursor=self._cursor,
+                             rewind=self._rewind, resume=resume, barriers=barriers)
         finally:
             self._client.connection_pool.disconnect()
         log.info("redis stream read", stream=self.stream_key, position=self._position, records=self.delivered)
+
+    def _cursor(self) -> dict:
+        """The position as a checkpoint records it: the last id fed and a bounded read's end."""
+        return {"after": self._position, "end": self._end}
+
+    def _rewind(self, cursor: dict) -> None:
+        """Back to a recorded cursor; a bounded read ends where the checkpointed run's would have."""
+        self.resume_from(cursor["after"])
+        self._end = cursor["end"]
+        self._rewound = True
 
     def _advance(self, last: str, count: int) -> None:
         self._position = last
@@ -121,12 +139,14 @@ class RedisStream:
                 f"resume_from({self._position!r}) reads on from there")
 
     async def _read(self, reads, decoder: EntryDecoder) -> None:
-        """Read ahead in a worker thread; send (records, last id) per read, or the error."""
+        """Read ahead in a worker thread; send (records, last id) per read, or the error. The
+        first send holds no records: the start resolved ('$' is an id from then on) and the
+        end fixed. A followed read with nothing new sends no records either (barriers pass)."""
         async with reads:
             try:
-                cursor, end = await trio.to_thread.run_sync(self._begin)
-                if cursor != self._position:  # '$' resolved: the position is an id from now on
-                    await reads.send((np.empty(0, decoder.dtype), cursor))
+                cursor, self._end = await trio.to_thread.run_sync(self._begin)
+                end = self._end
+                await reads.send((np.empty(0, decoder.dtype), cursor))
                 while end is None or _order(cursor) < _order(end):
                     records, last, ended, error = await trio.to_thread.run_sync(self._next, decoder, cursor, end)
                     if error is not None:
@@ -136,7 +156,8 @@ class RedisStream:
                     if last is None:
                         if end is not None:  # nothing up to the end: it was trimmed away
                             break
-                        continue  # following: nothing new within block_ms
+                        await reads.send((records, cursor))  # following: nothing new within block_ms
+                        continue
                     await reads.send((records, last.decode()))
                     cursor = last.decode()
                     if ended:
@@ -159,10 +180,25 @@ class RedisStream:
                     "or read it with stop_at_end=False to wait for it"
                 )
             top = self._client.xrevrange(key, count=1) if kind == b"stream" else []
+            if self._rewound and kind == b"stream":
+                self._check_kept(cursor)
         last = top[0][0].decode() if top else "0-0"
         if cursor == "$":
             cursor = last
-        return cursor, last if self.stop_at_end else None
+        if not self.stop_at_end:
+            return cursor, None
+        return cursor, self._end or last
+
+    def _check_kept(self, cursor: str) -> None:
+        """A rewound read needs every entry after its cursor: refuse a stream trimmed past it."""
+        deleted = self._client.xinfo_stream(self.stream_key).get("max-deleted-entry-id", b"0-0")
+        deleted = deleted.decode() if isinstance(deleted, bytes) else str(deleted)
+        if _order(deleted) > _order(cursor):
+            raise ConnectorError(
+                f"stream {self.stream_key!r} at {shown(self.url)} had entries deleted after id {cursor}, where the "
+                f"checkpoint resumes (up to id {deleted}; XTRIM, XDEL): they cannot be read again, so the resume "
+                "would lose them; keep a stream's entries until the checkpoints past them complete"
+            )
 
     def _next(self, decoder: EntryDecoder, cursor: str, end: str | None):
         """One read after `cursor` (up to `end`, or following): decoded, in the thread."""

@@ -141,7 +141,7 @@ def test_every_checkpoint_holds_exactly_what_each_source_fed_before_its_barrier(
     both_running = 0
     for n in numbers:
         checkpoint = store.load(n)
-        fed = {step.split(".")[1]: position["fed"] for step, position in checkpoint.meta["sources"].items()}
+        fed = {step.split(".")[1]: position["0"]["fed"] for step, position in checkpoint.meta["sources"].items()}
         (window,) = [s for s in checkpoint.states.values() if "slices.keys" in s.arrays]
         counted = np.bincount(window.arrays["slices.keys"], window.arrays["slices.counts"], minlength=2)
         if fed != {"a": len(inputs["a"]), "b": len(inputs["b"])}:  # else the end fired the window
