@@ -7,8 +7,11 @@
   do not change the results (barrier snapshots, and the stop-the-world baseline);
 - exactly once under fire: a real child process running a checkpointed job is SIGKILLed at
   chosen points (during the asynchronous write, between pre-commit and commit, after a
-  manifest before the commit, after some records; twice in a row) and resumed by a new process
-  from the directory: the published CSV output equals a failure-free run's;
+  manifest before the commit, after some records; twice in a row) and at seeded random ones,
+  and resumed by a new process from the directory: the published CSV output equals a
+  failure-free run's; the same with every source a FileSource (Parquet, CSV, .npy files) into
+  Parquet and CSV sinks, and a RedisStream into RedisStreamSinks on a real redis-server
+  (sources rewound to the positions their checkpoint recorded);
 - a corrupt latest checkpoint: the resume falls back to the one before;
 - what cannot be checkpointed is refused in one sentence.
 """
@@ -27,20 +30,22 @@ import slashrt
 from slashrt import Dataflow, Schema, Tumbling, sinks
 from slashrt.errors import DataflowError, OptionError
 from slashrt.snapshot import SnapshotStore
+from slashrt.connectors import read_stream
 from slashrt.transport import RingSpec, open_inproc_channel
+
+from . import _checkpoint_child as job
 
 CHILD = Path(__file__).with_name("_checkpoint_child.py")
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
-OUTPUTS = ("out_a", "late_a", "out_bc")
 
 
-def child(directory: Path, kill: str = "none") -> subprocess.CompletedProcess:
+def child(directory: Path, kill: str = "none", inputs: str = "arrays") -> subprocess.CompletedProcess:
     """Run the checkpointed job in a new process (killed at `kill`); it resumes from `directory`."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, str(CHILD), str(directory), kill], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
+        [sys.executable, str(CHILD), str(directory), kill, inputs], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
     )
     try:
         out, err = proc.communicate(timeout=120)
@@ -51,25 +56,55 @@ def child(directory: Path, kill: str = "none") -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def published(directory: Path) -> dict[str, list[str]]:
-    """Every sink's committed rows (what a reader of the directories sees), sorted."""
+def published(directory: Path, inputs: str = "arrays") -> dict[str, list[tuple]]:
+    """Every sink's committed rows (what a reader of the directories or streams sees), sorted."""
+    import pyarrow.parquet as pq
+
+    kind, _, where = inputs.partition(":")
     rows = {}
-    for name in OUTPUTS:
-        lines = []
-        for part in (directory / name).glob("part-*.csv"):
-            lines.extend(part.read_text().splitlines()[1:])
-        rows[name] = sorted(lines)
+    for name in job.OUTPUTS:
+        if kind == "redis":
+            found = read_stream(where, name, job_dtype(name)).tolist()
+        else:
+            found = []
+            for part in (directory / name).glob("part-*"):
+                if part.suffix == ".parquet":
+                    found += [tuple(r.values()) for r in pq.read_table(part).to_pylist()]
+                else:
+                    found += [tuple(map(int, line.split(","))) for line in part.read_text().splitlines()[1:]]
+        rows[name] = sorted(found)
     return rows
 
 
+def job_dtype(name: str) -> np.dtype:
+    """The records sink `name` of the job gets."""
+    if name == "late_a":
+        return SCHEMA.dtype
+    return np.dtype([("window_start", "<i8"), ("window_end", "<i8"), ("k", "<i8"), ("sum_v", "<i8")])
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict[str, list[str]]:
+def reference(tmp_path_factory) -> dict[str, list[tuple]]:
+    """A failure-free run's published output (its inputs from arrays: the same records as files
+    or streams give)."""
     directory = tmp_path_factory.mktemp("reference")
     done = child(directory)
     assert done.returncode == 0, done.stderr
     rows = published(directory)
     assert all(rows.values()) and len(rows["late_a"]) > 100  # late records are part of the test
     return rows
+
+
+def crash_then_resume(directory: Path, kills: list[str], inputs: str = "arrays") -> None:
+    """Run the job killed at each of `kills` in turn, then to its end, each a new process."""
+    for kill in kills:
+        crashed = child(directory, kill, inputs)
+        assert crashed.returncode == -signal.SIGKILL, (kill, crashed.returncode, crashed.stderr[-2000:])
+        assert "done" not in crashed.stdout
+        if kill.startswith("commit"):  # a checkpoint completed before the kill, the run went on
+            assert SnapshotStore(directory / "chk", job="chaos").checkpoints()
+    resumed = child(directory, "none", inputs)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
 
 
 # each point is reached in every run (a run of the child passes "records" up to 380 (k), each
@@ -90,29 +125,41 @@ KILLS = [
 
 @pytest.mark.parametrize("kills", KILLS)
 def test_output_is_exactly_once_after_sigkill_and_resume(tmp_path, reference, kills):
-    for kill in kills:
-        crashed = child(tmp_path, kill)
-        assert crashed.returncode == -signal.SIGKILL, (kill, crashed.returncode, crashed.stderr[-2000:])
-        assert "done" not in crashed.stdout
-    resumed = child(tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    crash_then_resume(tmp_path, kills)
     assert published(tmp_path) == reference
 
 
-def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path, reference):
-    crashed = child(tmp_path, "complete:3")  # checkpoint 3 complete, its output not yet published
-    assert crashed.returncode == -signal.SIGKILL
-    store = SnapshotStore(tmp_path / "chk", job="chaos")
-    latest = store.checkpoints()[-1]
-    part = sorted((tmp_path / "chk" / "chaos" / f"chk-{latest}").glob("*.state"))[0]
-    raw = bytearray(part.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    part.write_bytes(bytes(raw))
-    assert store.latest().number == latest - 1
-    assert [s.checkpoint for s in store.skipped] == [latest] and "corrupt" in store.skipped[0].reason
-    resumed = child(tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert published(tmp_path) == reference
+# the connectors' sources rewind to their recorded positions: the same kills, from files and streams
+REWIND_KILLS = [
+    pytest.param(["commit:6"], id="during-the-run-after-a-checkpoint-completed"),
+    pytest.param(["pre_commit:7"], id="between-pre-commit-and-commit"),
+    pytest.param(["commit:4", "pre_commit:5"], id="twice-in-a-row"),
+    *(pytest.param([kill], id=f"seeded-{kill}") for kill in (
+        f"{point}:{rng.integers(1, top)}" for rng in [np.random.default_rng(7)]
+        for point, top in [("records", 300), ("write_part", 40)]
+    )),
+]
+
+
+@pytest.fixture(scope="module")
+def file_inputs(tmp_path_factory) -> str:
+    data = tmp_path_factory.mktemp("inputs")
+    job.write_inputs(f"files:{data}")
+    return f"files:{data}"
+
+
+@pytest.mark.parametrize("kills", REWIND_KILLS)
+def test_file_sources_into_file_sinks_are_exactly_once_after_sigkill_and_resume(tmp_path, reference, file_inputs, kills):
+    crash_then_resume(tmp_path, kills, file_inputs)
+    assert published(tmp_path, file_inputs) == reference
+
+
+@pytest.mark.parametrize("kills", REWIND_KILLS)
+def test_redis_streams_into_redis_sinks_are_exactly_once_after_sigkill_and_resume(tmp_path, reference, redis, kills):
+    inputs = f"redis:{redis.url}"
+    job.write_inputs(inputs)
+    crash_then_resume(tmp_path, kills, inputs)
+    assert published(tmp_path, inputs) == reference
 
 
 # -- in process ------------------------------------------------------------------------------------
