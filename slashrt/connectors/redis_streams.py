@@ -190,13 +190,14 @@ class RedisStream:
         return cursor, self._end or last
 
     def _check_kept(self, cursor: str) -> None:
-        """A rewound read needs every entry after its cursor: refuse a stream trimmed past it."""
+        """A rewound read needs every entry after its cursor: refuse a stream with entries
+        deleted (XDEL) after it. Trimming (XTRIM, MAXLEN) leaves no such mark: not detected."""
         deleted = self._client.xinfo_stream(self.stream_key).get("max-deleted-entry-id", b"0-0")
         deleted = deleted.decode() if isinstance(deleted, bytes) else str(deleted)
         if _order(deleted) > _order(cursor):
             raise ConnectorError(
                 f"stream {self.stream_key!r} at {shown(self.url)} had entries deleted after id {cursor}, where the "
-                f"checkpoint resumes (up to id {deleted}; XTRIM, XDEL): they cannot be read again, so the resume "
+                f"checkpoint resumes (XDEL, up to id {deleted}): they cannot be read again, so the resume "
                 "would lose them; keep a stream's entries until the checkpoints past them complete"
             )
 
