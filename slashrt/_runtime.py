@@ -334,8 +334,11 @@ def local_inputs(
 
 async def run_receivers(flow: Dataflow, receivers: dict, **options) -> RunResult:
     """Run `flow` on one executor whose sources are already-connected channel receivers
-    (source name -> Receiver), e.g. channels from producers in other processes or hosts."""
+    (source name -> Receiver), e.g. channels from producers in other processes or hosts.
+    Channels cannot rewind: checkpoint options are refused (`check_rewindable`)."""
     plan = build_plan(flow)
+    if any(options.get(name) is not None for name in ("checkpoint", "checkpoint_dir", "resume_from")):
+        check_rewindable(plan, receivers)
     executor_inputs = []
     for step_id, spec, receiver in _per_source(plan, receivers, "channel"):
         plan.roots[step_id].follow_channel()  # its producer sends the watermark

@@ -28,7 +28,9 @@ import pytest
 
 import slashrt
 from slashrt import Dataflow, Schema, Tumbling, sinks
-from slashrt.errors import DataflowError, OptionError
+from slashrt._runtime import run_receivers
+from slashrt.cluster import Ingest, PerExecutor
+from slashrt.errors import DataflowError, OptionError, SnapshotError
 from slashrt.snapshot import SnapshotStore
 from slashrt.connectors import read_stream
 from slashrt.transport import RingSpec, open_inproc_channel
@@ -228,12 +230,70 @@ def test_checkpoints_change_no_result_with_windows_late_records_and_a_union(tmp_
             assert np.array_equal(np.sort(plain[sink]), np.sort(checked[sink]))
 
 
-def test_a_source_that_cannot_rewind_is_refused(tmp_path):
+@pytest.mark.parametrize(
+    "make_input, message",
+    [
+        (lambda: open_inproc_channel(RingSpec(slots=4, slot_size=4096, record_size=SCHEMA.record_size))[1],
+         r"reads from a channel \(InprocReceiver\), which cannot rewind to a checkpoint: its producer \(Spark ingestion"),
+        (lambda: Ingest(), r"reads from a channel \(Ingest\), which cannot rewind .* exactly once within a run, not across"),
+        (lambda: PerExecutor(lambda i, n: source_records(10, 0, seed=0)),
+         r"reads from a PerExecutor function not declared deterministic, which cannot rewind to a checkpoint: declare "
+         r"PerExecutor\(make, deterministic=True\)"),
+        (lambda: [1, 2, 3], r"reads from list, which cannot rewind to a checkpoint \(arrays, deterministic PerExecutor"),
+    ],
+    ids=["channel", "spark-ingest", "per-executor", "list"],
+)
+def test_a_source_that_cannot_rewind_is_refused(tmp_path, make_input, message):
+    flow = Dataflow("chan")
+    flow.source("a", SCHEMA, time="t").sink(sinks.Collect())
+    with pytest.raises(DataflowError, match=rf"^run\(\): source 'chan.a' {message}.*; or run it without checkpoint_dir=$"):
+        slashrt.run(flow, {"a": make_input()}, checkpoint_dir=tmp_path)
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+
+
+async def test_receivers_refuse_checkpoints(tmp_path):
     flow = Dataflow("chan")
     flow.source("a", SCHEMA, time="t").sink(sinks.Collect())
     _, receiver = open_inproc_channel(RingSpec(slots=4, slot_size=4096, record_size=SCHEMA.record_size))
-    with pytest.raises(DataflowError, match="cannot rewind to a checkpoint"):
-        slashrt.run(flow, {"a": receiver}, checkpoint_dir=tmp_path)
+    with pytest.raises(DataflowError, match="reads from a channel .* cannot rewind to a checkpoint"):
+        await run_receivers(flow, {"a": receiver}, checkpoint_dir=tmp_path)
+
+
+def counting_flow(name: str):
+    flow = Dataflow(name)
+    out = sinks.Collect(transactional=True)
+    flow.source("a", SCHEMA, time="t").window(Tumbling(ms=10**9)).count(key="k").sink(out, name="out")
+    return flow, out
+
+
+def test_a_deterministic_per_executor_input_is_made_again_and_resumes_at_its_position(tmp_path):
+    made = []
+
+    def make(index, executors):
+        made.append((index, executors))
+        return np.concatenate([source_records(150_000, 0, seed=1), source_records(100_000, 1, seed=2)])
+
+    flow, out = counting_flow("gen")
+    slashrt.run(flow, {"a": PerExecutor(make, deterministic=True)}, checkpoint={"interval": 0.001, "keep": 1000},
+                checkpoint_dir=tmp_path, slots=8, slot_size=2048)
+    assert sorted(out.records["count"].tolist()) == [100_000, 150_000] and made == [(0, 1)]
+    store = SnapshotStore(tmp_path, job="gen", keep=1000)
+    middle = [n for n in store.checkpoints() if 0 < store.load(n).meta["sources"]["gen.a"]["0"]["fed"] < 250_000]
+    assert middle, store.checkpoints()
+    flow, out = counting_flow("gen")
+    slashrt.run(flow, {"a": PerExecutor(make, deterministic=True)}, checkpoint={"keep": 1000}, checkpoint_dir=tmp_path,
+                resume_from=middle[-1], slots=8, slot_size=2048)
+    assert made == [(0, 1), (0, 1)]  # made again, fed from the checkpoint's position on
+    assert sorted(out.records["count"].tolist()) == [100_000, 150_000]
+
+
+def test_a_resume_with_an_input_of_another_length_is_refused(tmp_path):
+    flow, _ = counting_flow("len")
+    slashrt.run(flow, {"a": source_records(1000, 0, seed=1)}, checkpoint_dir=tmp_path)
+    flow, _ = counting_flow("len")
+    with pytest.raises(SnapshotError, match=r"source 'len.a': the checkpoint was taken of an input of 1000 records, "
+                                            r"this run's has 999: resume with the input the checkpointed run had"):
+        slashrt.run(flow, {"a": source_records(999, 0, seed=1)}, checkpoint_dir=tmp_path, resume_from="latest")
 
 
 def test_a_user_operator_is_refused(tmp_path):
