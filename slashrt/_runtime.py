@@ -177,7 +177,7 @@ def _check_cluster_progress(flow: Dataflow, options: dict) -> None:
     for name in ("on_report", "report_every"):
         if name in options:
             raise DataflowError(f"run(): {name}= reports pointstamp progress, which runs on one executor for now")
-    for name in ("checkpoint", "checkpoint_dir", "resume_from"):
+    for name in CHECKPOINT_OPTIONS:
         if options.get(name) is not None:
             raise DataflowError(f"run(): {name}=: checkpoints run on one executor for now; clusters come next")
 
@@ -260,9 +260,15 @@ def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_di
     return runtime.Checkpointing(plan, config, store, runtime.load_restored(store, resume_from))
 
 
-def check_rewindable(plan, inputs: dict) -> None:
+CHECKPOINT_OPTIONS = ("checkpoint", "checkpoint_dir", "resume_from")
+
+
+def check_rewindable(plan, inputs: dict, options: dict | None = None) -> None:
     """Refuse, in one sentence naming it, a source whose input cannot rewind to a checkpoint's
-    position: a checkpointed run needs every source to (docs/guide.md "Fault tolerance")."""
+    position: a checkpointed run needs every source to (docs/guide.md "Fault tolerance").
+    Given a run's `options`, only when they ask for checkpoints."""
+    if options is not None and all(options.get(name) is None for name in CHECKPOINT_OPTIONS):
+        return
     from slashrt.cluster._job import Ingest, PerExecutor
 
     for step_id, _spec, value in _per_source(plan, inputs, "input"):
@@ -337,8 +343,7 @@ async def run_receivers(flow: Dataflow, receivers: dict, **options) -> RunResult
     (source name -> Receiver), e.g. channels from producers in other processes or hosts.
     Channels cannot rewind: checkpoint options are refused (`check_rewindable`)."""
     plan = build_plan(flow)
-    if any(options.get(name) is not None for name in ("checkpoint", "checkpoint_dir", "resume_from")):
-        check_rewindable(plan, receivers)
+    check_rewindable(plan, receivers, options)
     executor_inputs = []
     for step_id, spec, receiver in _per_source(plan, receivers, "channel"):
         plan.roots[step_id].follow_channel()  # its producer sends the watermark

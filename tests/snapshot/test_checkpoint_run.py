@@ -251,12 +251,16 @@ def test_a_source_that_cannot_rewind_is_refused(tmp_path, make_input, message):
     assert not list(tmp_path.iterdir())  # refused before anything was written
 
 
-async def test_receivers_refuse_checkpoints(tmp_path):
+async def test_receivers_and_ingest_servers_refuse_checkpoints(tmp_path):
+    from slashrt.spark import IngestServer
+
     flow = Dataflow("chan")
     flow.source("a", SCHEMA, time="t").sink(sinks.Collect())
     _, receiver = open_inproc_channel(RingSpec(slots=4, slot_size=4096, record_size=SCHEMA.record_size))
-    with pytest.raises(DataflowError, match="reads from a channel .* cannot rewind to a checkpoint"):
+    with pytest.raises(DataflowError, match=r"reads from a channel \(InprocReceiver\), which cannot rewind"):
         await run_receivers(flow, {"a": receiver}, checkpoint_dir=tmp_path)
+    with pytest.raises(DataflowError, match=r"reads from a channel \(Ingest\), which cannot rewind"):
+        IngestServer(flow, checkpoint=1.0, checkpoint_dir=tmp_path)  # before anything listens
 
 
 def counting_flow(name: str):
