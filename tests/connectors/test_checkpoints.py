@@ -17,7 +17,6 @@ import trio
 
 import slashrt
 from slashrt import Dataflow, Schema, Tumbling, sinks
-from slashrt._buffer import Control
 from slashrt._plan import build_plan
 from slashrt.connectors import ConnectorError, FileSource, RedisStream, end_stream, write_stream
 from slashrt.ops.sinks import to_arrow
@@ -26,6 +25,8 @@ from slashrt.snapshot import SnapshotStore
 from slashrt.snapshot.runtime import SourceBarriers
 from slashrt.snapshot.state_format import State
 from slashrt.transport import RingSpec, open_inproc_channel
+
+from tests.snapshot._channel import read_all
 
 SCHEMA = Schema({"t": "<i8", "k": "<i8", "v": "<i8"})
 RING = {"slots": 4, "slot_size": 1024}  # 42 records a slot, a ring of 168: reads span many turns
@@ -56,26 +57,17 @@ async def consume(receiver, barriers=None, request_after=()) -> tuple[np.ndarray
     """Read the channel to its end, requesting barrier 1, 2, ... of `barriers` right after the
     data buffers numbered in `request_after` (the feeder is then in the middle of its input).
     Returns the records and, per barrier, how many records came before it."""
-    got, before, buffers, n = [], {}, 0, 0
-    while True:
-        await receiver.wait_readable()
-        buffer = receiver.poll()
-        if buffer is None:
-            continue
-        if buffer.is_control:
-            ctype, value, _ = buffer.control()
-            receiver.release()
-            if ctype is Control.END_OF_STREAM:
-                return np.concatenate(got) if got else np.empty(0, SCHEMA.dtype), before
-            if ctype is Control.BARRIER:
-                before[value] = sum(map(len, got))
-            continue
-        got.append(buffer.records(SCHEMA.dtype).copy())
-        receiver.release()
-        buffers += 1
-        if buffers in request_after:
-            n += 1
-            barriers.request(n)
+    events: list = []
+    points = sorted(request_after)
+    await read_all(receiver, SCHEMA.dtype, events,
+                   lambda k: k in request_after and barriers.request(points.index(k) + 1))
+    got, before = [], {}
+    for kind, value in events:
+        if kind == "records":
+            got.append(value)
+        elif kind == "barrier":
+            before[value] = sum(map(len, got))
+    return (np.concatenate(got) if got else np.empty(0, SCHEMA.dtype)), before
 
 
 def feeding(kind: str, data: np.ndarray, where):
