@@ -11,7 +11,7 @@ import attrs
 import numpy as np
 
 __all__ = ["peak_rss_bytes", "zipf_choice", "generate_chunked", "Timer", "sort_rows", "run_best", "Measured", "throughput_fields", "lazy",
-           "checkpointing", "checkpoint_fields"]
+           "checkpointing", "checkpoint_fields", "best_interleaved"]
 
 GEN_CHUNK = 1 << 20
 
@@ -101,6 +101,18 @@ def throughput_fields(query: str, events: int, result, **extra) -> dict:
         "records_per_s": round(events / result.seconds, 1),
         **extra,
     }
+
+
+def best_interleaved(repeat: int, run_once, variants) -> dict:
+    """The fastest result (`.seconds`) of `run_once(variant)` per variant, over `repeat` rounds
+    in which the variants take turns (so a loaded machine weighs on each alike)."""
+    best: dict = {}
+    for _ in range(repeat):
+        for variant in variants:
+            result = run_once(variant)
+            if variant not in best or result.seconds < best[variant].seconds:
+                best[variant] = result
+    return best
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ import uuid
 import numpy as np
 
 from slashrt.bench import ysb
-from slashrt.bench._common import checkpoint_fields, checkpointing, throughput_fields
+from slashrt.bench._common import best_interleaved, checkpoint_fields, checkpointing, throughput_fields
 
 __all__ = ["bench"]
 
@@ -60,22 +60,20 @@ def _bench(url: str, events: int, campaigns: int, repeat: int, interval: float |
         def clear_output() -> None:  # the output stream and a transactional sink's keys beside it
             client.delete(out_key, *client.scan_iter(match=f"{out_key}:*"))
 
-        def best_run(interval: float | None = None):
+        def run_once(interval: float | None):
             nonlocal correct
-            best = None
-            for _ in range(repeat):
-                clear_output()
-                sink = RedisStreamSink(url, out_key, transactional=interval is not None)
-                with checkpointing(interval) as checkpoints:
-                    result = run(ysb.dataflow(ads, sink), {"events": RedisStream(url, source_key)}, **options, **checkpoints)
-                got = read_stream(url, out_key, sink.record_dtype)
-                correct = correct and np.array_equal(ysb.to_result(got), expected)
-                best = result if best is None or result.seconds < best.seconds else best
-            return best
+            clear_output()
+            sink = RedisStreamSink(url, out_key, transactional=interval is not None)
+            with checkpointing(interval) as checkpoints:
+                result = run(ysb.dataflow(ads, sink), {"events": RedisStream(url, source_key)}, **options, **checkpoints)
+            got = read_stream(url, out_key, sink.record_dtype)
+            correct = correct and np.array_equal(ysb.to_result(got), expected)
+            return result
 
-        best = best_run()
+        runs = best_interleaved(repeat, run_once, [None] if interval is None else [None, interval])
+        best = runs[None]
         if interval is not None:  # the same query, checkpointed into a transactional sink
-            fields = {**checkpoint_fields(events, best, best_run(interval)), "checkpoint_interval_s": interval}
+            fields = {**checkpoint_fields(events, best, runs[interval]), "checkpoint_interval_s": interval}
 
         clear_output()  # the same output, published by checkpoints
         sink = RedisStreamSink(url, out_key, transactional=True)
