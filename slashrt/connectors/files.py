@@ -119,6 +119,7 @@ class FileSource:
         self.format = format
         self.batch_records = int(batch_records)
         self._files = list_files(path, format)
+        self._listing = _listing(self._files)  # what a checkpointed position indexes
         self._position = FilePosition(0, 0)
         if start is not None:
             self.resume_from(start)
@@ -169,7 +170,7 @@ class FileSource:
         """The position as a checkpoint records it, with the listing it indexes (how many files,
         and a checksum of their names)."""
         return {"file": self._position.file, "offset": self._position.offset, "files": len(self._files),
-                "listing": _listing(self._files)}
+                "listing": self._listing}
 
     def _rewind(self, cursor: dict) -> None:
         """Back to a recorded cursor, over the files listed then: files added since (sorting
@@ -181,7 +182,7 @@ class FileSource:
                 f"listed now ({len(self._files)}): files were removed, renamed or added among them; restore them to "
                 "resume exactly"
             )
-        self._files = self._files[:count]
+        self._files, self._listing = self._files[:count], cursor["listing"]
         self.resume_from((cursor["file"], cursor["offset"]))
 
     def _advance(self, position: FilePosition, count: int) -> None:
