@@ -87,6 +87,7 @@ class RedisStream:
         self._client = connect(url, read_timeout=self.block_ms / 1000 + 30.0)
         self._position = _stream_id(start, "RedisStream start")
         self._end: str | None = None  # a bounded read's last id: fixed at its first run's start
+        self._ended = False  # the end entry was read
         self._rewound = False  # at a checkpoint's position: entries deleted after it are missing input
         self.delivered = 0  # records put into the channel by the runs so far
 
@@ -111,7 +112,8 @@ class RedisStream:
 
         The input hook of `slashrt._runtime.local_inputs`."""
         decoder = EntryDecoder(self.url, self.stream_key, spec.schema.dtype, f"source {spec.step_id!r}")
-        self._end, self._rewound = None, False  # a run of its own: the end as of its start (unless rewound)
+        # a run of its own: the end as of its start, and on after an end entry read before (unless rewound)
+        self._end, self._ended, self._rewound = None, False, False
         try:
             await feed_reads(sender, spec, watermark_every=watermark_every, read=lambda reads: self._read(reads, decoder),
                              advance=self._advance, resume_hint=self._resume_hint, cursor=self._cursor,
@@ -121,17 +123,18 @@ class RedisStream:
         log.info("redis stream read", stream=self.stream_key, position=self._position, records=self.delivered)
 
     def _cursor(self) -> dict:
-        """The position as a checkpoint records it: the last id fed and a bounded read's end."""
-        return {"after": self._position, "end": self._end}
+        """The position as a checkpoint records it: the last id fed, a bounded read's end, and
+        whether the stream's end entry was read (a resume then reads nothing more)."""
+        return {"after": self._position, "end": self._end, "ended": self._ended}
 
     def _rewind(self, cursor: dict) -> None:
         """Back to a recorded cursor; a bounded read ends where the checkpointed run's would have."""
         self.resume_from(cursor["after"])
-        self._end = cursor["end"]
-        self._rewound = True
+        self._end, self._ended, self._rewound = cursor["end"], cursor["ended"], True
 
-    def _advance(self, last: str, count: int) -> None:
-        self._position = last
+    def _advance(self, position: tuple[str, bool], count: int) -> None:
+        self._position, ended = position
+        self._ended = self._ended or ended
         self.delivered += count
 
     def _resume_hint(self, delivered: int) -> str:
@@ -139,26 +142,27 @@ class RedisStream:
                 f"resume_from({self._position!r}) reads on from there")
 
     async def _read(self, reads, decoder: EntryDecoder) -> None:
-        """Read ahead in a worker thread; send (records, last id) per read, or the error. The
-        first send holds no records: the start resolved ('$' is an id from then on) and the
-        end fixed. A followed read with nothing new sends no records either (barriers pass)."""
+        """Read ahead in a worker thread; send (records, (last id, end entry read)) per read, or
+        the error. The first send holds no records: the start resolved ('$' is an id from then
+        on) and the end fixed. A followed read with nothing new sends no records either
+        (barriers pass). Rewound past the end entry, nothing is read."""
         async with reads:
             try:
                 cursor, self._end = await trio.to_thread.run_sync(self._begin)
                 end = self._end
-                await reads.send((np.empty(0, decoder.dtype), cursor))
-                while end is None or _order(cursor) < _order(end):
+                await reads.send((np.empty(0, decoder.dtype), (cursor, False)))
+                while not self._ended and (end is None or _order(cursor) < _order(end)):
                     records, last, ended, error = await trio.to_thread.run_sync(self._next, decoder, cursor, end)
                     if error is not None:
                         if last is not None:  # the good entries before the bad one
-                            await reads.send((records, last.decode()))
+                            await reads.send((records, (last.decode(), False)))
                         raise error
                     if last is None:
                         if end is not None:  # nothing up to the end: it was trimmed away
                             break
-                        await reads.send((records, cursor))  # following: nothing new within block_ms
+                        await reads.send((records, (cursor, False)))  # following: nothing new within block_ms
                         continue
-                    await reads.send((records, last.decode()))
+                    await reads.send((records, (last.decode(), ended)))
                     cursor = last.decode()
                     if ended:
                         break

@@ -176,6 +176,19 @@ def test_a_resumed_bounded_read_ends_where_the_checkpointed_run_would_have(redis
     assert sorted(out.records["count"].tolist()) == sorted(np.bincount(data["k"], minlength=2).tolist())
 
 
+@pytest.mark.parametrize("stop_at_end", [True, False])
+async def test_a_resume_after_the_end_entry_reads_nothing_more(redis, tmp_path, stop_at_end):
+    data = records(4_000, 11)
+    write_stream(redis.url, "a", data, end=True)
+    write_stream(redis.url, "a", records(100, 12))  # after the end entry: never part of this input
+    for resume in (None, "latest"):  # the second run resumes from the final checkpoint
+        flow, _ = counting("ended")
+        source = RedisStream(redis.url, "a", stop_at_end=stop_at_end, block_ms=20)
+        with trio.fail_after(60):  # a followed stream must not wait for another end entry
+            await slashrt.run_async(flow, {"a": source}, checkpoint_dir=tmp_path, resume_from=resume, **RING)
+        assert source.delivered == (len(data) if resume is None else 0)
+
+
 async def test_a_followed_stream_with_nothing_new_lets_barriers_through(redis, tmp_path):
     data = records(5_000, 5)
     last = write_stream(redis.url, "a", data)[-1]
