@@ -161,6 +161,12 @@ class Checkpointing:
         if self.restored is None:
             return None
         position = source_position(self.restored.meta, step_id, executor)
+        taken = sorted(self.restored.meta.get("sources", {}).get(step_id) or {})
+        if position is None and taken and "kind" not in taken:
+            raise SnapshotError(
+                f"checkpoint {self.restored.number} holds positions of source {step_id!r} for executors "
+                f"{', '.join(taken)}, not {executor}: resume it on as many executors as it was taken on"
+            )
         if position is None:
             raise SnapshotError(
                 f"checkpoint {self.restored.number} holds no position for source {step_id!r} on executor {executor}: "

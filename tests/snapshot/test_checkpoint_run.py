@@ -343,3 +343,26 @@ def test_bench_checkpoint_measures_the_three_modes_and_checks_them(capsys):
         assert result[field] > 0
     assert main(["bench", "checkpoint", "--executors", "2"]) == 2
     assert "checkpoints run on one executor so far" in capsys.readouterr().err
+
+
+def test_positions_are_kept_per_source_and_executor():
+    from types import SimpleNamespace
+
+    from slashrt.snapshot.runtime import Checkpointing, SourceBarriers, source_position, source_positions
+
+    barriers = [SourceBarriers("j.a", 0), SourceBarriers("j.a", 1), SourceBarriers("j.b", 0)]
+    for i, source in enumerate(barriers):
+        source.positions[4] = {"kind": "array_source", "fed": i}
+    meta = {"sources": source_positions(barriers, 4)}
+    assert meta == {"sources": {"j.a": {"0": {"kind": "array_source", "fed": 0}, "1": {"kind": "array_source", "fed": 1}},
+                                "j.b": {"0": {"kind": "array_source", "fed": 2}}}}
+    assert all(4 not in source.positions for source in barriers)  # taken out
+    assert source_position(meta, "j.a", 1)["fed"] == 1 and source_position(meta, "j.b", 1) is None
+    legacy = {"sources": {"j.a": {"kind": "array_source", "fed": 7}}}  # one executor's, before executors were keys
+    assert source_position(legacy, "j.a", 0)["fed"] == 7
+    resumed = SimpleNamespace(restored=SimpleNamespace(meta=meta, number=4))
+    assert Checkpointing.position(resumed, "j.a", 1).meta["fed"] == 1
+    with pytest.raises(SnapshotError, match="positions of source 'j.a' for executors 0, 1, not 2: resume it on as many"):
+        Checkpointing.position(resumed, "j.a", 2)
+    with pytest.raises(SnapshotError, match="holds no position for source 'j.c' on executor 0: it was written by another"):
+        Checkpointing.position(resumed, "j.c", 0)
