@@ -3,9 +3,10 @@ tests/snapshot/test_checkpoint_run.py): the position an array, a FileSource or a
 records at a barrier requested at seeded random moments (inside reads too) resumes exactly at
 the first record after that barrier; in runs, every checkpoint's recorded position is what its
 window state counted and a resume from any of the checkpoints ends with every record counted
-once; a followed stream with nothing
-new lets barriers through; what a resume cannot read again exactly (files changed since the
-checkpoint, a stream trimmed past its position) is refused in one sentence."""
+once; a resumed bounded stream ends where the checkpointed run would have, a resume after the
+end entry reads nothing, files added later wait for a next source; a followed stream with
+nothing new lets barriers through; what a resume cannot read again exactly (files changed
+among those listed, stream entries deleted after the position) is refused in one sentence."""
 
 from pathlib import Path
 
