@@ -14,7 +14,9 @@ inverse of `slashrt.ops.sinks.to_arrow`; `Schema.conform` for .npy). The positio
 `FilePosition(file, offset)`: the index of a listed file and how many of its records were
 delivered; a run starts from it and moves it as records enter the channel, and
 `resume_from(position)` rewinds exactly (Parquet seeks to the row group, .npy to the record,
-CSV skips lines).
+CSV skips lines). A checkpointed run records the position at its barriers, with the number of
+files listed and a checksum of their names, and a resume rewinds to it over those files
+(`_cursor`, `_rewind`).
 """
 
 from __future__ import annotations
