@@ -12,6 +12,7 @@ checkpointed run records it (and a bounded read's end) at every barrier and rewi
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 import numpy as np
 import structlog
@@ -52,6 +53,19 @@ def _stream_id(value, what: str) -> str:
     return value if "-" in value else f"{value}-0"
 
 
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class _Read(NamedTuple):
+    """Where a read leaves the source: the last entry's id, whether it was the end entry, and
+    how many entries it used (up to and with that one)."""
+
+    last: str
+    ended: bool
+    entries: int
+
+
 def _order(stream_id: str) -> tuple[int, int]:
     ms, seq = stream_id.split("-")
     return int(ms), int(seq)
@@ -88,6 +102,7 @@ class RedisStream:
         self._position = _stream_id(start, "RedisStream start")
         self._end: str | None = None  # a bounded read's last id: fixed at its first run's start
         self._ended = False  # the end entry was read
+        self._entries: int | None = None  # entries ever added up to the position (None: not known)
         self._rewound = False  # at a checkpoint's position: entries deleted after it are missing input
         self.delivered = 0  # records put into the channel by the runs so far
 
@@ -113,7 +128,7 @@ class RedisStream:
         The input hook of `slashrt._runtime.local_inputs`."""
         decoder = EntryDecoder(self.url, self.stream_key, spec.schema.dtype, f"source {spec.step_id!r}")
         # a run of its own: the end as of its start, and on after an end entry read before (unless rewound)
-        self._end, self._ended, self._rewound = None, False, False
+        self._end, self._ended, self._rewound, self._entries = None, False, False, None
         try:
             await feed_reads(sender, spec, watermark_every=watermark_every, read=lambda reads: self._read(reads, decoder),
                              advance=self._advance, resume_hint=self._resume_hint, cursor=self._cursor,
@@ -123,18 +138,22 @@ class RedisStream:
         log.info("redis stream read", stream=self.stream_key, position=self._position, records=self.delivered)
 
     def _cursor(self) -> dict:
-        """The position as a checkpoint records it: the last id fed, a bounded read's end, and
-        whether the stream's end entry was read (a resume then reads nothing more)."""
-        return {"after": self._position, "end": self._end, "ended": self._ended}
+        """The position as a checkpoint records it: the last id fed, a bounded read's end,
+        whether the stream's end entry was read (a resume then reads nothing more), and how many
+        entries were ever added up to the last id (to tell a stream trimmed past it)."""
+        return {"after": self._position, "end": self._end, "ended": self._ended, "entries": self._entries}
 
     def _rewind(self, cursor: dict) -> None:
         """Back to a recorded cursor; a bounded read ends where the checkpointed run's would have."""
         self.resume_from(cursor["after"])
         self._end, self._ended, self._rewound = cursor["end"], cursor["ended"], True
+        self._entries = cursor.get("entries")
 
-    def _advance(self, position: tuple[str, bool], count: int) -> None:
-        self._position, ended = position
-        self._ended = self._ended or ended
+    def _advance(self, read: _Read, count: int) -> None:
+        self._position = read.last
+        self._ended = self._ended or read.ended
+        if self._entries is not None:
+            self._entries += read.entries
         self.delivered += count
 
     def _resume_hint(self, delivered: int) -> str:
@@ -142,27 +161,27 @@ class RedisStream:
                 f"resume_from({self._position!r}) reads on from there")
 
     async def _read(self, reads, decoder: EntryDecoder) -> None:
-        """Read ahead in a worker thread; send (records, (last id, end entry read)) per read, or
-        the error. The first send holds no records: the start resolved ('$' is an id from then
-        on) and the end fixed. A followed read with nothing new sends no records either
-        (barriers pass). Rewound past the end entry, nothing is read."""
+        """Read ahead in a worker thread; send (records, `_Read`) per read, or the error. The
+        first send holds no records: the start resolved ('$' is an id from then on) and the end
+        fixed. A followed read with nothing new sends no records either (barriers pass).
+        Rewound past the end entry, nothing is read."""
         async with reads:
             try:
                 cursor, self._end = await trio.to_thread.run_sync(self._begin)
                 end = self._end
-                await reads.send((np.empty(0, decoder.dtype), (cursor, False)))
+                await reads.send((np.empty(0, decoder.dtype), _Read(cursor, False, 0)))
                 while not self._ended and (end is None or _order(cursor) < _order(end)):
-                    records, last, ended, error = await trio.to_thread.run_sync(self._next, decoder, cursor, end)
+                    records, last, ended, error, entries = await trio.to_thread.run_sync(self._next, decoder, cursor, end)
                     if error is not None:
                         if last is not None:  # the good entries before the bad one
-                            await reads.send((records, (last.decode(), False)))
+                            await reads.send((records, _Read(last.decode(), False, entries)))
                         raise error
                     if last is None:
                         if end is not None:  # nothing up to the end: it was trimmed away
                             break
-                        await reads.send((records, (cursor, False)))  # following: nothing new within block_ms
+                        await reads.send((records, _Read(cursor, False, 0)))  # following: nothing new within block_ms
                         continue
-                    await reads.send((records, (last.decode(), ended)))
+                    await reads.send((records, _Read(last.decode(), ended, entries)))
                     cursor = last.decode()
                     if ended:
                         break
@@ -184,26 +203,38 @@ class RedisStream:
                     "or read it with stop_at_end=False to wait for it"
                 )
             top = self._client.xrevrange(key, count=1) if kind == b"stream" else []
-            if self._rewound and kind == b"stream":
-                self._check_kept(cursor)
+            info = self._client.xinfo_stream(key) if kind == b"stream" else {}
         last = top[0][0].decode() if top else "0-0"
+        added = info.get("entries-added", 0 if kind == b"none" else None)  # Redis >= 7
+        if self._rewound:
+            self._check_kept(cursor, info)
+        elif cursor == "0-0" and added is not None:  # entries removed so far: before it (trimmed)
+            self._entries = added - info.get("length", 0)
+        elif cursor == "$":  # every entry so far is before it
+            self._entries, last = added, _text(info.get("last-generated-id", last))
         if cursor == "$":
             cursor = last
         if not self.stop_at_end:
             return cursor, None
         return cursor, self._end or last
 
-    def _check_kept(self, cursor: str) -> None:
+    def _check_kept(self, cursor: str, info: dict) -> None:
         """A rewound read needs every entry after its cursor: refuse a stream with entries
-        deleted (XDEL) after it. Trimming (XTRIM, MAXLEN) leaves no such mark: not detected."""
-        deleted = self._client.xinfo_stream(self.stream_key).get("max-deleted-entry-id", b"0-0")
-        deleted = deleted.decode() if isinstance(deleted, bytes) else str(deleted)
+        deleted (XDEL) after it, or trimmed (XTRIM, MAXLEN) past it: more entries removed than
+        were ever added up to it."""
+        deleted = _text(info.get("max-deleted-entry-id", "0-0"))
+        removed = info["entries-added"] - info["length"] if "entries-added" in info else None
         if _order(deleted) > _order(cursor):
-            raise ConnectorError(
-                f"stream {self.stream_key!r} at {shown(self.url)} had entries deleted after id {cursor}, where the "
-                f"checkpoint resumes (XDEL, up to id {deleted}): they cannot be read again, so the resume "
-                "would lose them; keep a stream's entries until the checkpoints past them complete"
-            )
+            how = f"XDEL, up to id {deleted}"
+        elif removed is not None and self._entries is not None and removed > self._entries:
+            how = f"trimmed: {removed} entries removed, of which {self._entries} were added up to it"
+        else:
+            return
+        raise ConnectorError(
+            f"stream {self.stream_key!r} at {shown(self.url)} had entries deleted after id {cursor}, where the "
+            f"checkpoint resumes ({how}): they cannot be read again, so the resume would lose them; keep a "
+            "stream's entries until the checkpoints past them complete"
+        )
 
     def _next(self, decoder: EntryDecoder, cursor: str, end: str | None):
         """One read after `cursor` (up to `end`, or following): decoded, in the thread."""
@@ -214,7 +245,9 @@ class RedisStream:
             else:
                 got = self._client.xread({key: cursor}, count=self.count, block=self.block_ms)
                 entries = got[0][1] if got else []
-        return decoder.decode(entries)
+        records, last, ended, error = decoder.decode(entries)
+        used = 0 if last is None else next(i for i, (entry_id, _) in enumerate(entries, 1) if entry_id == last)
+        return records, last, ended, error, used
 
 
 def write_stream(url: str, stream_key: str, records: np.ndarray, *, entry_bytes: int = DEFAULT_ENTRY_BYTES,

@@ -249,3 +249,26 @@ def test_a_resume_from_a_stream_with_entries_deleted_after_its_position_is_refus
     flow, _ = counting("deleted")
     with pytest.raises(ConnectorError, match=f"had entries deleted after id .*, where the checkpoint resumes .*{ids[-1]}"):
         checkpointed(flow, RedisStream(redis.url, "a"), tmp_path, checkpoint={"keep": 1000}, resume_from=first)
+
+
+def test_a_stream_trimmed_up_to_a_position_resumes_and_one_trimmed_past_it_is_refused(redis, tmp_path):
+    data = records(20_000, 13)
+    ids = write_stream(redis.url, "a", data, entry_bytes=4096)  # 170 records an entry
+    flow, _ = counting("trim")
+    checkpointed(flow, RedisStream(redis.url, "a", count=2), tmp_path, checkpoint={"interval": 0.001, "keep": 1000})
+    store = SnapshotStore(tmp_path, job="trim", keep=1000)
+    cursors = {n: store.load(n).meta["sources"]["trim.a"]["0"]["cursor"] for n in store.checkpoints()}
+    n, cursor = next((n, c) for n, c in cursors.items() if 0 < c["entries"] < len(ids))
+    assert cursor["entries"] == ids.index(cursor["after"]) + 1  # entries up to and with its id
+    server = redis_py.Redis.from_url(redis.url)
+    server.xtrim("a", minid=cursor["after"], approximate=False)  # what the checkpoint consumed, but its own entry
+    server.xdel("a", cursor["after"])  # and that one too: nothing after it is gone
+    flow, out = counting("trim")
+    checkpointed(flow, RedisStream(redis.url, "a"), tmp_path, checkpoint={"keep": 1000}, resume_from=n)
+    assert sorted(out.records["count"].tolist()) == sorted(np.bincount(data["k"], minlength=2).tolist())
+    server.xtrim("a", maxlen=len(ids) - cursor["entries"] - 1, approximate=False)  # one entry after it too
+    flow, _ = counting("trim")
+    with pytest.raises(ConnectorError, match=rf"had entries deleted after id {cursor['after']}, where the checkpoint "
+                                             rf"resumes \(trimmed: {cursor['entries'] + 1} entries removed, of which "
+                                             rf"{cursor['entries']} were added up to it\)"):
+        checkpointed(flow, RedisStream(redis.url, "a"), tmp_path, checkpoint={"keep": 1000}, resume_from=n)
