@@ -20,6 +20,7 @@ import slashrt
 from slashrt import Dataflow, Schema, Tumbling, sinks
 from slashrt._plan import build_plan
 from slashrt.connectors import ConnectorError, FileSource, RedisStream, end_stream, write_stream
+from slashrt.errors import unwrap_groups
 from slashrt.ops.sinks import to_arrow
 from slashrt.ops.sources import feed_array
 from slashrt.snapshot import SnapshotStore
@@ -84,6 +85,25 @@ def feeding(kind: str, data: np.ndarray, where):
     return feed
 
 
+async def feed_through(feed, resume=None, barriers=None, request_after=()):
+    """`consume` what `feed` sends through a ring of 4 slots of 21 records."""
+    sender, receiver = open_inproc_channel(RingSpec(slots=4, slot_size=512, record_size=SCHEMA.record_size))
+    async with unwrap_groups(), trio.open_nursery() as nursery:
+        nursery.start_soon(feed, sender, resume, barriers)
+        return await consume(receiver, barriers, request_after)
+
+
+async def redis_position(url: str, data: np.ndarray) -> tuple[dict, list[str]]:
+    """`data` written to stream "a" (85 records an entry), and the position a RedisStream
+    recorded at a barrier in the middle of it; the entries' ids."""
+    ids = write_stream(url, "a", data, entry_bytes=2048)
+    barriers = SourceBarriers("feed.a")
+    await feed_through(feeding("redis", data, url), barriers=barriers, request_after={len(data) // 42})
+    position = barriers.positions[1]
+    assert 0 < position["cursor"]["entries"] == ids.index(position["cursor"]["after"]) + 1 < len(ids)
+    return position, ids
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("kind", ["array", "files", "redis"])
 async def test_a_position_recorded_at_a_barrier_resumes_at_the_first_record_after_it(kind, seed, tmp_path, request):
@@ -96,22 +116,14 @@ async def test_a_position_recorded_at_a_barrier_resumes_at_the_first_record_afte
         where = request.getfixturevalue("redis").url
         write_stream(where, "a", data, entry_bytes=2048)  # 85 records an entry, 3 entries a read
     feed = feeding(kind, data, where)
-    ring = RingSpec(slots=4, slot_size=512, record_size=SCHEMA.record_size)  # 21 records a slot
     points = set(np.random.default_rng(seed).choice(np.arange(1, len(data) // 21), 12, replace=False).tolist())
-
-    async def run(resume=None, barriers=None, request_after=()):
-        sender, receiver = open_inproc_channel(ring)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(feed, sender, resume, barriers)
-            return await consume(receiver, barriers, request_after)
-
     barriers = SourceBarriers("feed.a")
-    whole, before = await run(barriers=barriers, request_after=points)
+    whole, before = await feed_through(feed, barriers=barriers, request_after=points)
     assert np.array_equal(whole, data) and sorted(before) == list(range(1, 13))
     assert kind == "array" or any(barriers.positions[n]["skip"] for n in before)  # inside a read
     for n, count in before.items():
         assert barriers.positions[n]["fed"] == count
-        rest, _ = await run(resume=State({}, barriers.positions[n]))
+        rest, _ = await feed_through(feed, resume=State({}, barriers.positions[n]))
         assert np.array_equal(rest, data[count:]), (n, count, barriers.positions[n])
 
 
@@ -240,35 +252,24 @@ def test_files_added_after_the_checkpointed_ones_wait_for_a_next_source(tmp_path
     assert sum(out.records["count"]) == len(data) and source.position == (1, 0)
 
 
-def test_a_resume_from_a_stream_with_entries_deleted_after_its_position_is_refused(redis, tmp_path):
-    ids = write_stream(redis.url, "a", records(20_000, 10), entry_bytes=4096)
-    flow, _ = counting("deleted")
-    checkpointed(flow, RedisStream(redis.url, "a"), tmp_path, checkpoint={"interval": 0.001, "keep": 1000})
-    first = SnapshotStore(tmp_path, job="deleted", keep=1000).checkpoints()[0]
-    redis_py.Redis.from_url(redis.url).xdel("a", ids[-1])  # after every position but the end's
-    flow, _ = counting("deleted")
+async def test_a_resume_from_a_stream_with_entries_deleted_after_its_position_is_refused(redis):
+    data = records(12_000, 10)
+    position, ids = await redis_position(redis.url, data)
+    redis_py.Redis.from_url(redis.url).xdel("a", ids[-1])
     with pytest.raises(ConnectorError, match=f"had entries deleted after id .*, where the checkpoint resumes .*{ids[-1]}"):
-        checkpointed(flow, RedisStream(redis.url, "a"), tmp_path, checkpoint={"keep": 1000}, resume_from=first)
+        await feed_through(feeding("redis", data, redis.url), resume=State({}, position))
 
 
-def test_a_stream_trimmed_up_to_a_position_resumes_and_one_trimmed_past_it_is_refused(redis, tmp_path):
-    data = records(20_000, 13)
-    ids = write_stream(redis.url, "a", data, entry_bytes=4096)  # 170 records an entry
-    flow, _ = counting("trim")
-    checkpointed(flow, RedisStream(redis.url, "a", count=2), tmp_path, checkpoint={"interval": 0.001, "keep": 1000})
-    store = SnapshotStore(tmp_path, job="trim", keep=1000)
-    cursors = {n: store.load(n).meta["sources"]["trim.a"]["0"]["cursor"] for n in store.checkpoints()}
-    n, cursor = next((n, c) for n, c in cursors.items() if 0 < c["entries"] < len(ids))
-    assert cursor["entries"] == ids.index(cursor["after"]) + 1  # entries up to and with its id
+async def test_a_stream_trimmed_up_to_a_position_resumes_and_one_trimmed_past_it_is_refused(redis):
+    data = records(12_000, 13)
+    position, ids = await redis_position(redis.url, data)
+    after, entries = position["cursor"]["after"], position["cursor"]["entries"]
     server = redis_py.Redis.from_url(redis.url)
-    server.xtrim("a", minid=cursor["after"], approximate=False)  # what the checkpoint consumed, but its own entry
-    server.xdel("a", cursor["after"])  # and that one too: nothing after it is gone
-    flow, out = counting("trim")
-    checkpointed(flow, RedisStream(redis.url, "a"), tmp_path, checkpoint={"keep": 1000}, resume_from=n)
-    assert sorted(out.records["count"].tolist()) == sorted(np.bincount(data["k"], minlength=2).tolist())
-    server.xtrim("a", maxlen=len(ids) - cursor["entries"] - 1, approximate=False)  # one entry after it too
-    flow, _ = counting("trim")
-    with pytest.raises(ConnectorError, match=rf"had entries deleted after id {cursor['after']}, where the checkpoint "
-                                             rf"resumes \(trimmed: {cursor['entries'] + 1} entries removed, of which "
-                                             rf"{cursor['entries']} were added up to it\)"):
-        checkpointed(flow, RedisStream(redis.url, "a"), tmp_path, checkpoint={"keep": 1000}, resume_from=n)
+    server.xtrim("a", minid=after, approximate=False)  # what the position had read, but its own entry
+    server.xdel("a", after)  # and that one too: nothing after it is gone
+    rest, _ = await feed_through(feeding("redis", data, redis.url), resume=State({}, position))
+    assert np.array_equal(rest, data[position["fed"] :])
+    server.xtrim("a", maxlen=len(ids) - entries - 1, approximate=False)  # one entry after it too
+    with pytest.raises(ConnectorError, match=rf"had entries deleted after id {after}, where the checkpoint resumes "
+                                             rf"\(trimmed: {entries + 1} entries removed, of which {entries} were added up to it\)"):
+        await feed_through(feeding("redis", data, redis.url), resume=State({}, position))
