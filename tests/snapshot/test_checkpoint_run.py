@@ -132,15 +132,17 @@ def test_output_is_exactly_once_after_sigkill_and_resume(tmp_path, reference, ki
 
 
 # the connectors' sources rewind to their recorded positions: the same kills, from files and
-# streams (a run passes "commit" and "pre_commit" 24 times or more, "write_part" 56, "records" 380)
+# streams. Each sink pre-commits and commits once a checkpoint (3 a checkpoint), a run passes
+# "write_part" 4 times a checkpoint, "records" up to 380 (k); a run on a loaded machine (slow
+# fsyncs) may complete only a few checkpoints, so the points come early
 def rewind_kills(seed: int) -> list:
     rng = np.random.default_rng(seed)
-    point, top = [("records", 300), ("write_part", 40), ("pre_commit", 20), ("commit", 20)][rng.integers(4)]
+    point, top = [("records", 300), ("write_part", 8), ("pre_commit", 6), ("commit", 6)][rng.integers(4)]
     seeded = f"{point}:{rng.integers(1, top)}"  # a seeded random moment
     return [
-        pytest.param(["commit:6"], id="during-the-run-after-a-checkpoint-completed"),
-        pytest.param(["pre_commit:7"], id="between-pre-commit-and-commit"),
-        pytest.param(["commit:4", "pre_commit:5"], id="twice-in-a-row"),
+        pytest.param(["commit:4"], id="during-the-run-after-a-checkpoint-completed"),
+        pytest.param(["pre_commit:4"], id="between-pre-commit-and-commit"),
+        pytest.param(["commit:4", "pre_commit:2"], id="twice-in-a-row"),
         pytest.param([seeded], id=f"seeded-{seeded}"),
     ]
 
@@ -152,13 +154,13 @@ def file_inputs(tmp_path_factory) -> str:
     return f"files:{data}"
 
 
-@pytest.mark.parametrize("kills", rewind_kills(7))
+@pytest.mark.parametrize("kills", rewind_kills(9))
 def test_file_sources_into_file_sinks_are_exactly_once_after_sigkill_and_resume(tmp_path, reference, file_inputs, kills):
     crash_then_resume(tmp_path, kills, file_inputs)
     assert published(tmp_path, file_inputs) == reference
 
 
-@pytest.mark.parametrize("kills", rewind_kills(8))
+@pytest.mark.parametrize("kills", rewind_kills(14))
 def test_redis_streams_into_redis_sinks_are_exactly_once_after_sigkill_and_resume(tmp_path, reference, redis, kills):
     inputs = f"redis:{redis.url}"
     job.write_inputs(inputs)
