@@ -266,9 +266,12 @@ CHECKPOINT_OPTIONS = ("checkpoint", "checkpoint_dir", "resume_from")
 def check_rewindable(plan, inputs: dict, options: dict | None = None) -> None:
     """Refuse, in one sentence naming it, a source whose input cannot rewind to a checkpoint's
     position: a checkpointed run needs every source to (docs/guide.md "Fault tolerance").
-    Given a run's `options`, only when they ask for checkpoints."""
+    Given a run's `options`, only when they ask for checkpoints. `plan` may be the Dataflow to
+    build it from, then."""
     if options is not None and all(options.get(name) is None for name in CHECKPOINT_OPTIONS):
         return
+    if isinstance(plan, Dataflow):
+        plan = build_plan(plan)
     from slashrt.cluster._job import Ingest, PerExecutor
 
     for step_id, _spec, value in _per_source(plan, inputs, "input"):

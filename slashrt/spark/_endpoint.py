@@ -34,7 +34,6 @@ import trio
 
 from slashrt import _kernels as kernels
 from slashrt._buffer import Control
-from slashrt._plan import build_plan
 from slashrt._runtime import RunResult, check_rewindable, run_receivers
 from slashrt._schema import Schema
 from slashrt.cluster import Ingest
@@ -508,7 +507,7 @@ class IngestServer(BackgroundRun):
     ):
         super().__init__(flow)
         # ingestion does not replay: a checkpointed run is refused here, before anything listens
-        check_rewindable(build_plan(flow), {spec.step_id: Ingest() for spec in flow.sources()}, run_options)
+        check_rewindable(flow, {spec.step_id: Ingest() for spec in flow.sources()}, run_options)
         self.secret = secret or generate_secret()
         self.endpoints = {
             name: IngestEndpoint.for_source(flow, name, self.secret, host=host, transport=transport)
