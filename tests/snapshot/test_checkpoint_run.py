@@ -256,7 +256,7 @@ def test_a_source_that_cannot_rewind_is_refused(tmp_path, make_input, message):
 
 
 async def test_receivers_and_ingest_servers_refuse_checkpoints(tmp_path):
-    from slashrt.spark import IngestServer
+    from slashrt.spark import IngestCluster, IngestServer
 
     flow = Dataflow("chan")
     flow.source("a", SCHEMA, time="t").sink(sinks.Collect())
@@ -265,6 +265,8 @@ async def test_receivers_and_ingest_servers_refuse_checkpoints(tmp_path):
         await run_receivers(flow, {"a": receiver}, checkpoint_dir=tmp_path)
     with pytest.raises(DataflowError, match=r"reads from a channel \(Ingest\), which cannot rewind"):
         IngestServer(flow, checkpoint=1.0, checkpoint_dir=tmp_path)  # before anything listens
+    with pytest.raises(DataflowError, match=r"reads from a channel \(Ingest\), which cannot rewind"):
+        IngestCluster(flow, executors=2, checkpoint_dir=tmp_path)  # before any executor starts
 
 
 def counting_flow(name: str):
