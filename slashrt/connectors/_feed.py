@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from slashrt.errors import SlashError
-from slashrt.ops.sources import ChannelFeeder
+from slashrt.ops.sources import ChannelFeeder, another_input
 
 __all__ = ["feed_reads"]
 
@@ -52,7 +52,10 @@ async def feed_reads(
         feeder.mark(cursor())
     else:
         feeder.restore(resume, spec.step_id)
-        rewind(feeder.cursor)
+        try:
+            rewind(feeder.cursor)
+        except (KeyError, TypeError):
+            raise another_input(spec.step_id) from None
     skip = feeder.skip  # records read again that were fed before the checkpoint
     reads_in, reads_out = trio.open_memory_channel(1)
     delivered = 0

@@ -29,7 +29,7 @@ from slashrt.snapshot.operators import check, tagged
 from slashrt.snapshot.state_format import State
 from slashrt.transport import Sender
 
-__all__ = ["ChannelFeeder", "feed_array", "validate_input"]
+__all__ = ["ChannelFeeder", "feed_array", "validate_input", "another_input"]
 
 
 def validate_input(step_id: str, schema: Schema, records) -> np.ndarray:
@@ -61,6 +61,8 @@ async def feed_array(
         feeder.mark({"records": len(records)})
     else:
         feeder.restore(resume)
+        if feeder.cursor is not None and "records" not in feeder.cursor:
+            raise another_input(resume.meta.get("step"))
         taken = (feeder.cursor or {}).get("records", len(records))
         if taken != len(records):
             raise SnapshotError(
@@ -69,6 +71,14 @@ async def feed_array(
             )
     await feeder.feed(records[feeder.skip :] if feeder.skip else records)
     await feeder.finish()
+
+
+def another_input(step_id) -> SnapshotError:
+    """A position recorded of another kind of input than the one resuming from it."""
+    return SnapshotError(
+        f"source {step_id!r}: the checkpoint's position was taken of another kind of input (an array, a FileSource, "
+        "a RedisStream): resume with the input the checkpointed run had"
+    )
 
 
 class ChannelFeeder:

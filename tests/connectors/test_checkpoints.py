@@ -20,7 +20,7 @@ import slashrt
 from slashrt import Dataflow, Schema, Tumbling, sinks
 from slashrt._plan import build_plan
 from slashrt.connectors import ConnectorError, FileSource, RedisStream, end_stream, write_stream
-from slashrt.errors import unwrap_groups
+from slashrt.errors import SnapshotError, unwrap_groups
 from slashrt.ops.sinks import to_arrow
 from slashrt.ops.sources import feed_array
 from slashrt.snapshot import SnapshotStore
@@ -273,3 +273,16 @@ async def test_a_stream_trimmed_up_to_a_position_resumes_and_one_trimmed_past_it
     with pytest.raises(ConnectorError, match=rf"had entries deleted after id {after}, where the checkpoint resumes "
                                              rf"\(trimmed: {entries + 1} entries removed, of which {entries} were added up to it\)"):
         await feed_through(feeding("redis", data, redis.url), resume=State({}, position))
+
+
+@pytest.mark.parametrize("taken, resumed", [("array", "files"), ("files", "redis"), ("redis", "array")])
+async def test_a_position_of_another_kind_of_input_is_refused(redis, tmp_path, taken, resumed):
+    data = records(3_000, 14)
+    write_files(tmp_path / "in", data)
+    write_stream(redis.url, "a", data)
+    where = {"files": tmp_path / "in", "redis": redis.url, "array": None}
+    barriers = SourceBarriers("feed.a")
+    await feed_through(feeding(taken, data, where[taken]), barriers=barriers, request_after={20})
+    with pytest.raises(SnapshotError, match="source 'feed.a': the checkpoint's position was taken of another kind of "
+                                            "input .*: resume with the input the checkpointed run had"):
+        await feed_through(feeding(resumed, data, where[resumed]), resume=State({}, barriers.positions[1]))
