@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections.abc
 import contextlib
+import functools
 import inspect
 import os
 import time
@@ -181,7 +182,7 @@ def _check_cluster_progress(flow: Dataflow, options: dict, mode: str | None = No
                 f"run(): {', '.join(given)}: the keyed windows of dataflow {flow.name!r} (a graph flow) route their "
                 "records to the executor owning their key, not through the Slash State Backend; leave it out"
             )
-    for name in ("checkpoint", "checkpoint_dir", "resume_from"):
+    for name in CHECKPOINT_OPTIONS:
         if options.get(name) is not None:
             raise DataflowError(f"run(): {name}=: checkpoints run on one executor for now; clusters come next")
 
@@ -263,14 +264,41 @@ def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_di
             raise DataflowError(
                 f"run(): checkpoints cannot take the state of step {step_id!r}: operator {type(spec.op).__name__} {why}"
             )
-    for step_id, _spec, records in _per_source(plan, inputs, "input"):
-        if not isinstance(records, np.ndarray):
-            raise DataflowError(
-                f"run(): source {step_id!r} reads from {type(records).__name__}, which cannot rewind to a checkpoint "
-                "yet (in-memory arrays can): run it without checkpoint_dir="
-            )
+    check_rewindable(plan, inputs)
     store = SnapshotStore(checkpoint_dir, job=flow.name, keep=keep)
     return runtime.Checkpointing(plan, config, store, runtime.load_restored(store, resume_from))
+
+
+CHECKPOINT_OPTIONS = ("checkpoint", "checkpoint_dir", "resume_from")
+
+
+def check_rewindable(plan, inputs: dict, options: dict | None = None) -> None:
+    """Refuse, in one sentence naming it, a source whose input cannot rewind to a checkpoint's
+    position: a checkpointed run needs every source to (docs/guide.md "Fault tolerance").
+    Given a run's `options`, only when they ask for checkpoints. `plan` may be the Dataflow to
+    build it from, then."""
+    if options is not None and all(options.get(name) is None for name in CHECKPOINT_OPTIONS):
+        return
+    if isinstance(plan, Dataflow):
+        plan = build_plan(plan)
+    from slashrt.cluster._job import Ingest, PerExecutor
+
+    for step_id, _spec, value in _per_source(plan, inputs, "input"):
+        if isinstance(value, (np.ndarray, Share)) or getattr(value, "rewinds", False):
+            continue  # arrays, and connectors that record their position (slashrt.connectors)
+        if isinstance(value, PerExecutor):
+            if value.deterministic:
+                continue  # made again on resume, fed from the checkpoint's position on
+            why = ("a PerExecutor function not declared deterministic, which cannot rewind to a checkpoint: declare "
+                   "PerExecutor(make, deterministic=True) if make returns the same records on every call")
+        elif isinstance(value, (Ingest, Receiver)):
+            why = (f"a channel ({type(value).__name__}), which cannot rewind to a checkpoint: its producer (Spark "
+                   "ingestion, say) does not replay what it sent before one, as ingestion is exactly once within a "
+                   "run, not across a resume")
+        else:
+            why = (f"{type(value).__name__}, which cannot rewind to a checkpoint (arrays, deterministic PerExecutor "
+                   "functions, FileSource and RedisStream can)")
+        raise DataflowError(f"run(): source {step_id!r} reads from {why}; or run it without checkpoint_dir=")
 
 
 def local_inputs(
@@ -279,9 +307,12 @@ def local_inputs(
     """Executor inputs fed from in-memory arrays: an in-process channel per source, and a
     `start(nursery)` that starts a task streaming each array into its channel. A source whose
     input is already a channel `Receiver` (an ingest endpoint's, say) reads from it directly;
-    one whose input has an async `feed(sender, spec, *, watermark_every)` (a connector, see
-    `slashrt.connectors`) gets the channel and fills it itself. With `checkpoints`, arrays
-    resume from their checkpointed position and carry its barriers."""
+    one whose input has an async `feed(sender, spec, *, watermark_every, resume, barriers)` (a
+    connector, see `slashrt.connectors`) gets the channel and fills it itself; a `PerExecutor`
+    function makes its array here. With `checkpoints`, every source resumes from its
+    checkpointed position and carries the checkpoints' barriers."""
+    from slashrt.cluster._job import PerExecutor  # the cluster package imports this module
+
     feeds = []
     executor_inputs = []
     for step_id, spec, records in _per_source(plan, inputs, "input"):
@@ -289,6 +320,8 @@ def local_inputs(
             plan.roots[step_id].follow_channel()  # its producer sends the watermark
             executor_inputs.append(Input(step_id, records, plan.roots[step_id], spec.schema.dtype))
             continue
+        if isinstance(records, PerExecutor):  # one executor: it makes the whole stream (a resume: again)
+            records = records.make(0, 1)
         if isinstance(records, Share):  # an executor's share of an array: it keeps the input's order
             plan.roots[step_id].carry(records)
             records = records.records
@@ -304,25 +337,25 @@ def local_inputs(
 
     async def sources(nursery) -> None:
         for sender, records, spec in feeds:
-            nursery.start_soon(
-                lambda s=sender, r=records, sp=spec: feed_array(
-                    s, r, time=sp.time, max_delay=sp.max_delay, watermark_every=watermark_every,
-                    **({} if checkpoints is None else {
-                        "resume": checkpoints.position(sp.step_id), "barriers": checkpoints.sources[sp.step_id]
-                    }),
-                )
-                if isinstance(r, np.ndarray)
-                else r.feed(s, sp, watermark_every=watermark_every),
-                name=f"source:{spec.step_id}",
-            )
+            rewind = {} if checkpoints is None else {  # a source's position per checkpoint, and where it resumes
+                "resume": checkpoints.position(spec.step_id), "barriers": checkpoints.sources[spec.step_id]
+            }
+            if isinstance(records, np.ndarray):
+                feed = functools.partial(feed_array, sender, records, time=spec.time, max_delay=spec.max_delay,
+                                         watermark_every=watermark_every, **rewind)
+            else:
+                feed = functools.partial(records.feed, sender, spec, watermark_every=watermark_every, **rewind)
+            nursery.start_soon(feed, name=f"source:{spec.step_id}")
 
     return executor_inputs, sources
 
 
 async def run_receivers(flow: Dataflow, receivers: dict, **options) -> RunResult:
     """Run `flow` on one executor whose sources are already-connected channel receivers
-    (source name -> Receiver), e.g. channels from producers in other processes or hosts."""
+    (source name -> Receiver), e.g. channels from producers in other processes or hosts.
+    Channels cannot rewind: checkpoint options are refused (`check_rewindable`)."""
     plan = build_plan(flow)
+    check_rewindable(plan, receivers, options)
     executor_inputs = []
     for step_id, spec, receiver in _per_source(plan, receivers, "channel"):
         plan.roots[step_id].follow_channel()  # its producer sends the watermark

@@ -3,8 +3,8 @@
     slashrt demo                                YSB on a local cluster of 2 executor processes
     slashrt bench ysb|ro|cm|nexmark [--json]    benchmarks that verify their own results
         [--executors N --mode slash|uppar --zipf S]   ... on N executors (weak scaling)
-    slashrt bench redis [--url URL] [--json]    YSB from a Redis stream to a Redis stream
-    slashrt bench files [--json]                YSB from Parquet, CSV and .npy files (FileSource)
+    slashrt bench redis [--url URL] [--checkpoint-interval S] [--json]   YSB from a Redis stream to a Redis stream
+    slashrt bench files [--checkpoint-interval S] [--json]   YSB from Parquet, CSV and .npy files (FileSource)
     slashrt bench checkpoint [--query ysb|nexmark] [--interval S] [--json]   what checkpoints cost
     slashrt bench report                        the scaling and skew sweeps, with plots
     slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
@@ -96,6 +96,13 @@ def _add_runtime_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--coalesce", type=_positive_int, default=32, help="most buffers handed to a pipeline at once")
     _add_log_level(p)
     p.add_argument("--repeat", type=_positive_int, default=3, help="report the best of this many runs (each checked)")
+
+
+def _add_checkpoint_interval(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--checkpoint-interval", type=_positive_float, metavar="S",
+        help=f"also run the query {what} with a checkpoint every S seconds, and report its throughput",
+    )
 
 
 def _add_cluster_options(p: argparse.ArgumentParser, *, transport: bool = True) -> None:
@@ -190,12 +197,14 @@ def _parser() -> argparse.ArgumentParser:
     rds.add_argument("--events", type=_positive_int, default=2_000_000)
     rds.add_argument("--campaigns", type=_positive_int, default=1000)
     rds.add_argument("--url", help="a Redis server to use (default: start a throw-away redis-server)")
+    _add_checkpoint_interval(rds, "into a transactional sink")
     _add_runtime_options(rds)
 
     files = queries.add_parser("files", help="YSB from Parquet, CSV and .npy files (slashrt.connectors.FileSource)")
     files.add_argument("--events", type=_positive_int, default=2_000_000)
     files.add_argument("--campaigns", type=_positive_int, default=1000)
     files.add_argument("--parts", type=_positive_int, default=4, help="files per format")
+    _add_checkpoint_interval(files, "from the Parquet files")
     _add_runtime_options(files)
 
     report = queries.add_parser("report", help="weak-scaling and skew sweeps of every query, with PNG plots")
@@ -456,11 +465,13 @@ def _run_bench(args, given: set[str]) -> dict:
         _require(("redis",), "redis", "`slashrt bench redis`")
         from slashrt.bench import redis_streams
 
-        return redis_streams.bench(events=args.events, campaigns=args.campaigns, url=args.url, **_runtime_options(args))
+        return redis_streams.bench(events=args.events, campaigns=args.campaigns, url=args.url,
+                                   checkpoint_interval=args.checkpoint_interval, **_runtime_options(args))
     if args.query == "files":
         from slashrt.bench import files
 
-        return files.bench(events=args.events, campaigns=args.campaigns, parts=args.parts, **_runtime_options(args))
+        return files.bench(events=args.events, campaigns=args.campaigns, parts=args.parts,
+                           checkpoint_interval=args.checkpoint_interval, **_runtime_options(args))
     if args.query == "ro":
         from slashrt.bench import ro
 

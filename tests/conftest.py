@@ -1,4 +1,4 @@
-"""Shared fixtures: every test starts with structlog's default configuration."""
+"""Shared fixtures: every test starts with structlog's default configuration; `redis` is a real redis-server."""
 
 import pytest
 import structlog
@@ -12,3 +12,18 @@ def _reset_structlog():
     from slashrt._logging import configure_logging
 
     configure_logging("warning")  # what importing slashrt sets up: its events to stderr, warnings up
+
+
+@pytest.fixture
+def redis():
+    """A real redis-server per test (slashrt.testing.redis_server), killed and reaped whatever the
+    test did: never skipped; a machine without redis-server fails, saying how to install it."""
+    import shutil
+
+    from slashrt.testing import redis_server
+    from slashrt.testing._redis import NOT_INSTALLED
+
+    if shutil.which("redis-server") is None:
+        pytest.fail(NOT_INSTALLED, pytrace=False)
+    with redis_server() as server:
+        yield server

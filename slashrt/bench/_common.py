@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import resource
+import tempfile
 import time
 
 import attrs
 import numpy as np
 
-__all__ = ["peak_rss_bytes", "zipf_choice", "generate_chunked", "Timer", "sort_rows", "run_best", "Measured", "throughput_fields", "lazy"]
+__all__ = ["peak_rss_bytes", "zipf_choice", "generate_chunked", "Timer", "sort_rows", "run_best", "Measured", "throughput_fields", "lazy",
+           "checkpointing", "checkpoint_fields", "best_interleaved"]
 
 GEN_CHUNK = 1 << 20
 
@@ -97,6 +100,40 @@ def throughput_fields(query: str, events: int, result, **extra) -> dict:
         "seconds": round(result.seconds, 6),
         "records_per_s": round(events / result.seconds, 1),
         **extra,
+    }
+
+
+def best_interleaved(repeat: int, run_once, variants) -> dict:
+    """The fastest result (`.seconds`) of `run_once(variant)` per variant, over `repeat` rounds
+    in which the variants take turns (so a loaded machine weighs on each alike)."""
+    best: dict = {}
+    for _ in range(repeat):
+        for variant in variants:
+            result = run_once(variant)
+            if variant not in best or result.seconds < best[variant].seconds:
+                best[variant] = result
+    return best
+
+
+@contextlib.contextmanager
+def checkpointing(interval: float | None):
+    """`run` options for a run checkpointed every `interval` seconds into a temporary directory
+    (removed after); {} without an interval."""
+    if interval is None:
+        yield {}
+        return
+    with tempfile.TemporaryDirectory(prefix="slashrt-bench-chk-") as directory:
+        yield {"checkpoint": interval, "checkpoint_dir": directory}
+
+
+def checkpoint_fields(events: int, plain, checkpointed) -> dict:
+    """What a benchmark reports of its query run with checkpoints (the fastest such run) beside
+    the same query without (`plain`): throughput, their ratio, periodic checkpoints completed."""
+    periodic = [c for c in checkpointed.checkpoints if c["status"] == "completed" and not c["savepoint"]]
+    return {
+        "records_per_s_checkpointed": round(events / checkpointed.seconds, 1),
+        "checkpointed_over_plain": round(plain.seconds / checkpointed.seconds, 3),
+        "checkpoints_completed": len(periodic),
     }
 
 

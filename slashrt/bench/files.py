@@ -5,6 +5,9 @@ The generated events are written as `parts` files of each format (Parquet and CS
 YSB then reads each format's directory with `FileSource`, and its counts must equal the numpy
 reference. It reports each format's throughput (best of `repeat` runs; `records_per_s` is
 Parquet's), its bytes on disk, and the same query over the in-memory array for comparison.
+With `checkpoint_interval`, the Parquet query also runs checkpointed (a checkpoint every that
+many seconds, into a transactional Collect): `records_per_s_checkpointed`,
+`checkpointed_over_plain`, `checkpoints_completed`.
 """
 
 from __future__ import annotations
@@ -15,14 +18,15 @@ from pathlib import Path
 import numpy as np
 
 from slashrt.bench import ysb
-from slashrt.bench._common import throughput_fields
+from slashrt.bench._common import best_interleaved, checkpoint_fields, checkpointing, throughput_fields
 
 __all__ = ["FORMATS", "bench"]
 
 FORMATS = ("parquet", "csv", "npy")
 
 
-def bench(*, events: int, campaigns: int = 1000, parts: int = 4, repeat: int = 1, **options) -> dict:
+def bench(*, events: int, campaigns: int = 1000, parts: int = 4, repeat: int = 1, checkpoint_interval: float | None = None,
+          **options) -> dict:
     from slashrt import sinks
     from slashrt._runtime import run
     from slashrt.connectors import FileSource
@@ -32,16 +36,17 @@ def bench(*, events: int, campaigns: int = 1000, parts: int = 4, repeat: int = 1
     expected = ysb.reference(records, ads)
     cuts = np.linspace(0, events, parts + 1).astype(np.int64)
 
-    def best_run(source) -> tuple[object, bool]:
-        best, correct = None, True
-        for _ in range(repeat):
-            out = sinks.Collect()
-            result = run(ysb.dataflow(ads, out), {"events": source()}, **options)
-            correct = correct and np.array_equal(ysb.to_result(out.records), expected)
-            best = result if best is None or result.seconds < best.seconds else best
-        return best, correct
+    correct = True
 
-    fields, results, correct = {}, {}, True
+    def run_once(source, interval: float | None = None):
+        nonlocal correct
+        out = sinks.Collect(transactional=interval is not None)
+        with checkpointing(interval) as checkpoints:
+            result = run(ysb.dataflow(ads, out), {"events": source()}, **options, **checkpoints)
+        correct = correct and np.array_equal(ysb.to_result(out.records), expected)
+        return result
+
+    fields, results = {}, {}
     with tempfile.TemporaryDirectory(prefix="slashrt-bench-files-") as root:
         for fmt in FORMATS:
             directory = Path(root, fmt)
@@ -55,11 +60,15 @@ def bench(*, events: int, campaigns: int = 1000, parts: int = 4, repeat: int = 1
                 sink.open()
                 sink.write(part)
                 sink.close()
-            results[fmt], ok = best_run(lambda d=directory: FileSource(d))
-            correct = correct and ok
+            intervals = [None] if fmt != "parquet" or checkpoint_interval is None else [None, checkpoint_interval]
+            runs = best_interleaved(repeat, lambda interval, d=directory: run_once(lambda: FileSource(d), interval), intervals)
+            results[fmt] = runs[None]
             fields[f"records_per_s_{fmt}"] = round(events / results[fmt].seconds, 1)
             fields[f"bytes_{fmt}"] = sum(p.stat().st_size for p in directory.iterdir())
-    array, ok = best_run(lambda: records)
+            if len(intervals) > 1:
+                fields.update(checkpoint_fields(events, runs[None], runs[checkpoint_interval]),
+                              checkpoint_interval_s=checkpoint_interval)
+    array = best_interleaved(repeat, lambda interval: run_once(lambda: records, interval), [None])[None]
     fields["records_per_s_array"] = round(events / array.seconds, 1)
-    return throughput_fields("files-ysb", events, results["parquet"], correct=correct and ok, campaigns=campaigns,
+    return throughput_fields("files-ysb", events, results["parquet"], correct=correct, campaigns=campaigns,
                              parts=parts, repeat=repeat, **fields)

@@ -5,8 +5,10 @@ query reads them with `RedisStream` and writes its counts with `RedisStreamSink`
 read back from the output stream must equal the numpy reference. It reports the end-to-end
 throughput (best of `repeat` runs) and the producer's; then the events go through a
 transactional sink, one checkpoint per tenth of them, committed at once (`commit_s`), and must
-come out whole. Against the server at `url` (its keys under a fresh prefix, removed after),
-or a throw-away redis-server started for it.
+come out whole. With `checkpoint_interval`, the query also runs checkpointed (a checkpoint
+every that many seconds, the sink transactional): `records_per_s_checkpointed`,
+`checkpointed_over_plain`, `checkpoints_completed`. Against the server at `url` (its keys
+under a fresh prefix, removed after), or a throw-away redis-server started for it.
 """
 
 from __future__ import annotations
@@ -18,16 +20,17 @@ import uuid
 import numpy as np
 
 from slashrt.bench import ysb
-from slashrt.bench._common import throughput_fields
+from slashrt.bench._common import best_interleaved, checkpoint_fields, checkpointing, throughput_fields
 
 __all__ = ["bench"]
 
 
-def bench(*, events: int, campaigns: int = 1000, url: str | None = None, repeat: int = 1, **options) -> dict:
+def bench(*, events: int, campaigns: int = 1000, url: str | None = None, repeat: int = 1,
+          checkpoint_interval: float | None = None, **options) -> dict:
     from slashrt.testing import redis_server
 
     with contextlib.nullcontext(url) if url else _server(redis_server) as url:
-        return _bench(url, events, campaigns, repeat, options)
+        return _bench(url, events, campaigns, repeat, checkpoint_interval, options)
 
 
 @contextlib.contextmanager
@@ -36,7 +39,7 @@ def _server(redis_server):
         yield server.url
 
 
-def _bench(url: str, events: int, campaigns: int, repeat: int, options: dict) -> dict:
+def _bench(url: str, events: int, campaigns: int, repeat: int, interval: float | None, options: dict) -> dict:
     import redis
 
     from slashrt._runtime import run
@@ -52,16 +55,27 @@ def _bench(url: str, events: int, campaigns: int, repeat: int, options: dict) ->
         write_stream(url, source_key, records)
         write_s = time.perf_counter() - started
         expected = ysb.reference(records, ads)
-        best, correct = None, True
-        for _ in range(repeat):
-            client.delete(out_key)
-            sink = RedisStreamSink(url, out_key)
-            result = run(ysb.dataflow(ads, sink), {"events": RedisStream(url, source_key)}, **options)
+        correct, fields = True, {}
+
+        def clear_output() -> None:  # the output stream and a transactional sink's keys beside it
+            client.delete(out_key, *client.scan_iter(match=f"{out_key}:*"))
+
+        def run_once(interval: float | None):
+            nonlocal correct
+            clear_output()
+            sink = RedisStreamSink(url, out_key, transactional=interval is not None)
+            with checkpointing(interval) as checkpoints:
+                result = run(ysb.dataflow(ads, sink), {"events": RedisStream(url, source_key)}, **options, **checkpoints)
             got = read_stream(url, out_key, sink.record_dtype)
             correct = correct and np.array_equal(ysb.to_result(got), expected)
-            best = result if best is None or result.seconds < best.seconds else best
+            return result
 
-        client.delete(out_key)  # the same query, its output published by checkpoints
+        runs = best_interleaved(repeat, run_once, [None] if interval is None else [None, interval])
+        best = runs[None]
+        if interval is not None:  # the same query, checkpointed into a transactional sink
+            fields = {**checkpoint_fields(events, best, runs[interval]), "checkpoint_interval_s": interval}
+
+        clear_output()  # the same output, published by checkpoints
         sink = RedisStreamSink(url, out_key, transactional=True)
         tenth = max(1, events // 10)
         sink.open()
@@ -82,5 +96,5 @@ def _bench(url: str, events: int, campaigns: int, repeat: int, options: dict) ->
     return throughput_fields(
         "redis-ysb", events, best, correct=correct, campaigns=campaigns, repeat=repeat,
         write_records_per_s=round(events / write_s, 1), input_bytes=records.nbytes,
-        commit_s=round(commit_s, 6), checkpoints=n,
+        commit_s=round(commit_s, 6), checkpoints=n, **fields,
     )

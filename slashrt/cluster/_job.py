@@ -29,9 +29,16 @@ SPLIT_BLOCK = 4096  # records per block when splitting an array across executors
 class PerExecutor:
     """An input each executor makes for itself: `make(index, executors)` returns its stream
     (a structured array), e.g. generated data or the executor's own files. It runs in the
-    executor's process before the job starts, so it is not part of the measured run."""
+    executor's process before the job starts, so it is not part of the measured run (on one
+    executor: `make(0, 1)`, in the caller's process).
+
+    `deterministic=True` declares that `make` returns the same records whenever it is called
+    with the same arguments (seeded generators, files that do not change): a checkpointed run
+    then rewinds it by calling it again and skipping what its checkpoint had fed. A
+    checkpointed run refuses a PerExecutor without it."""
 
     make: Callable[[int, int], np.ndarray]
+    deterministic: bool = attrs.field(default=False, kw_only=True)
 
 
 @attrs.frozen

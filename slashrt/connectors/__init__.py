@@ -1,9 +1,12 @@
 """Connectors: sources and sinks that talk to systems outside slashrt (a broker, files).
 
-A connector source is an input object with an async ``feed(sender, spec, *, watermark_every)``
-method: `slashrt.run` gives it an in-process channel for its source (`spec`, a SourceSpec) and
-runs it beside the executor; it fills the channel (`slashrt.ops.sources.ChannelFeeder`) and
-closes it at its end. A connector sink is a sink object (open / write / close, see
+A connector source is an input object with an async ``feed(sender, spec, *, watermark_every,
+resume=None, barriers=None)`` method: `slashrt.run` gives it an in-process channel for its
+source (`spec`, a SourceSpec) and runs it beside the executor; it fills the channel
+(`slashrt.ops.sources.ChannelFeeder`) and closes it at its end. One that sets ``rewinds = True``
+takes part in checkpointed runs: its feeder records its position at each of the checkpoints'
+`barriers`, and `resume` (that position, from the restored checkpoint) rewinds it
+(`_feed.feed_reads`). A connector sink is a sink object (open / write / close, see
 `slashrt.sinks`), with a two-phase commit per checkpoint where it offers exactly-once.
 
 - `RedisStream`, `RedisStreamSink`: Redis Streams, records packed a batch an entry;

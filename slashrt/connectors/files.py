@@ -14,7 +14,9 @@ inverse of `slashrt.ops.sinks.to_arrow`; `Schema.conform` for .npy). The positio
 `FilePosition(file, offset)`: the index of a listed file and how many of its records were
 delivered; a run starts from it and moves it as records enter the channel, and
 `resume_from(position)` rewinds exactly (Parquet seeks to the row group, .npy to the record,
-CSV skips lines).
+CSV skips lines). A checkpointed run records the position at its barriers, with the number of
+files listed and a checksum of their names, and a resume rewinds to it over those files
+(`_cursor`, `_rewind`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import csv
 import glob
 import re
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -50,6 +53,11 @@ class FilePosition(NamedTuple):
 
     file: int
     offset: int
+
+
+def _listing(files) -> str:
+    """A checksum of the listed files' names, in order: what a recorded position indexes."""
+    return f"{zlib.crc32(chr(0).join(p.name for p, _ in files).encode()):08x}"
 
 
 def _natural(path: Path) -> list:
@@ -100,7 +108,8 @@ class FileSource:
     made: files that appear later are not read (make another FileSource for them, e.g.
     `FileSource(path, start=old.position)` when they sort after the others). Columns are
     found by the schema's field names (others are ignored). `start` (a `FilePosition`, or
-    (file, offset)) skips what was delivered before. One executor only, for now.
+    (file, offset)) skips what was delivered before. In a checkpointed run its position is
+    recorded at every barrier and a resume rewinds to it. One executor only, for now.
     """
 
     def __init__(self, path, *, format: str | None = None, start=None, batch_records: int = 65_536):
@@ -112,6 +121,7 @@ class FileSource:
         self.format = format
         self.batch_records = int(batch_records)
         self._files = list_files(path, format)
+        self._listing = _listing(self._files)  # what a checkpointed position indexes
         self._position = FilePosition(0, 0)
         if start is not None:
             self.resume_from(start)
@@ -146,13 +156,36 @@ class FileSource:
         self._position = FilePosition(int(file), int(offset))
         return self
 
-    async def feed(self, sender, spec, *, watermark_every: int) -> None:
-        """Stream the files into `sender`'s channel for source `spec`, then close it.
+    rewinds = True  # a checkpointed run records its position and rewinds it (slashrt._runtime)
+
+    async def feed(self, sender, spec, *, watermark_every: int, resume=None, barriers=None) -> None:
+        """Stream the files into `sender`'s channel for source `spec`, then close it; in a
+        checkpointed run, with the checkpoints' `barriers`, from the position `resume` recorded.
 
         The input hook of `slashrt._runtime.local_inputs`."""
         await feed_reads(sender, spec, watermark_every=watermark_every, read=lambda reads: self._read(reads, spec.schema),
-                         advance=self._advance, resume_hint=self._resume_hint)
+                         advance=self._advance, resume_hint=self._resume_hint, cursor=self._cursor,
+                         rewind=self._rewind, resume=resume, barriers=barriers)
         log.info("files read", path=self.path, position=tuple(self._position), records=self.delivered)
+
+    def _cursor(self) -> dict:
+        """The position as a checkpoint records it, with the listing it indexes (how many files,
+        and a checksum of their names)."""
+        return {"file": self._position.file, "offset": self._position.offset, "files": len(self._files),
+                "listing": self._listing}
+
+    def _rewind(self, cursor: dict) -> None:
+        """Back to a recorded cursor, over the files listed then: files added since (sorting
+        after them) are left for a next source, as the checkpointed run never saw them."""
+        count = cursor["files"]
+        if count > len(self._files) or _listing(self._files[:count]) != cursor["listing"]:
+            raise ConnectorError(
+                f"FileSource {self.path!r}: the checkpoint was taken over {count} files, which are not the first {count} "
+                f"listed now ({len(self._files)}): files were removed, renamed or added among them; restore them to "
+                "resume exactly"
+            )
+        self._files, self._listing = self._files[:count], cursor["listing"]
+        self.resume_from((cursor["file"], cursor["offset"]))
 
     def _advance(self, position: FilePosition, count: int) -> None:
         self._position = position

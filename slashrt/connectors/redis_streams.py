@@ -5,12 +5,14 @@ The source reads entries (see `slashrt.connectors._redis` for their format) in a
 thread, one XRANGE or XREAD of up to `count` entries at a time, one read ahead of the
 channel, and feeds their records through `slashrt.connectors._feed.feed_reads` (full slots,
 watermarks in band). Its `position` is the id of the last entry whose records
-are in the channel; `resume_from(id)` makes the next run read the entries after `id`.
+are in the channel; `resume_from(id)` makes the next run read the entries after `id`. A
+checkpointed run records it (and a bounded read's end) at every barrier and rewinds to it.
 """
 
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 import numpy as np
 import structlog
@@ -51,6 +53,19 @@ def _stream_id(value, what: str) -> str:
     return value if "-" in value else f"{value}-0"
 
 
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class _Read(NamedTuple):
+    """Where a read leaves the source: the last entry's id, whether it was the end entry, and
+    how many entries it used (up to and with that one)."""
+
+    last: str
+    ended: bool
+    entries: int
+
+
 def _order(stream_id: str) -> tuple[int, int]:
     ms, seq = stream_id.split("-")
     return int(ms), int(seq)
@@ -85,6 +100,10 @@ class RedisStream:
         # a blocked XREAD answers within block_ms; the socket waits that and some more
         self._client = connect(url, read_timeout=self.block_ms / 1000 + 30.0)
         self._position = _stream_id(start, "RedisStream start")
+        self._end: str | None = None  # a bounded read's last id: fixed at its first run's start
+        self._ended = False  # the end entry was read
+        self._entries: int | None = None  # entries ever added up to the position (None: not known)
+        self._rewound = False  # at a checkpoint's position: entries deleted after it are missing input
         self.delivered = 0  # records put into the channel by the runs so far
 
     def __repr__(self) -> str:
@@ -100,20 +119,41 @@ class RedisStream:
         self._position = _stream_id(stream_id, "resume_from")
         return self
 
-    async def feed(self, sender, spec, *, watermark_every: int) -> None:
-        """Stream the entries into `sender`'s channel for source `spec`, then close it.
+    rewinds = True  # a checkpointed run records its position and rewinds it (slashrt._runtime)
+
+    async def feed(self, sender, spec, *, watermark_every: int, resume=None, barriers=None) -> None:
+        """Stream the entries into `sender`'s channel for source `spec`, then close it; in a
+        checkpointed run, with the checkpoints' `barriers`, from the position `resume` recorded.
 
         The input hook of `slashrt._runtime.local_inputs`."""
         decoder = EntryDecoder(self.url, self.stream_key, spec.schema.dtype, f"source {spec.step_id!r}")
+        # a run of its own: the end as of its start, and on after an end entry read before (unless rewound)
+        self._end, self._ended, self._rewound, self._entries = None, False, False, None
         try:
             await feed_reads(sender, spec, watermark_every=watermark_every, read=lambda reads: self._read(reads, decoder),
-                             advance=self._advance, resume_hint=self._resume_hint)
+                             advance=self._advance, resume_hint=self._resume_hint, cursor=self._cursor,
+                             rewind=self._rewind, resume=resume, barriers=barriers)
         finally:
             self._client.connection_pool.disconnect()
         log.info("redis stream read", stream=self.stream_key, position=self._position, records=self.delivered)
 
-    def _advance(self, last: str, count: int) -> None:
-        self._position = last
+    def _cursor(self) -> dict:
+        """The position as a checkpoint records it: the last id fed, a bounded read's end,
+        whether the stream's end entry was read (a resume then reads nothing more), and how many
+        entries were ever added up to the last id (to tell a stream trimmed past it)."""
+        return {"after": self._position, "end": self._end, "ended": self._ended, "entries": self._entries}
+
+    def _rewind(self, cursor: dict) -> None:
+        """Back to a recorded cursor; a bounded read ends where the checkpointed run's would have."""
+        self.resume_from(cursor["after"])
+        self._end, self._ended, self._rewound = cursor["end"], cursor["ended"], True
+        self._entries = cursor.get("entries")
+
+    def _advance(self, read: _Read, count: int) -> None:
+        self._position = read.last
+        self._ended = self._ended or read.ended
+        if self._entries is not None:
+            self._entries += read.entries
         self.delivered += count
 
     def _resume_hint(self, delivered: int) -> str:
@@ -121,23 +161,27 @@ class RedisStream:
                 f"resume_from({self._position!r}) reads on from there")
 
     async def _read(self, reads, decoder: EntryDecoder) -> None:
-        """Read ahead in a worker thread; send (records, last id) per read, or the error."""
+        """Read ahead in a worker thread; send (records, `_Read`) per read, or the error. The
+        first send holds no records: the start resolved ('$' is an id from then on) and the end
+        fixed. A followed read with nothing new sends no records either (barriers pass).
+        Rewound past the end entry, nothing is read."""
         async with reads:
             try:
-                cursor, end = await trio.to_thread.run_sync(self._begin)
-                if cursor != self._position:  # '$' resolved: the position is an id from now on
-                    await reads.send((np.empty(0, decoder.dtype), cursor))
-                while end is None or _order(cursor) < _order(end):
-                    records, last, ended, error = await trio.to_thread.run_sync(self._next, decoder, cursor, end)
+                cursor, self._end = await trio.to_thread.run_sync(self._begin)
+                end = self._end
+                await reads.send((np.empty(0, decoder.dtype), _Read(cursor, False, 0)))
+                while not self._ended and (end is None or _order(cursor) < _order(end)):
+                    records, last, ended, error, entries = await trio.to_thread.run_sync(self._next, decoder, cursor, end)
                     if error is not None:
                         if last is not None:  # the good entries before the bad one
-                            await reads.send((records, last.decode()))
+                            await reads.send((records, _Read(last.decode(), False, entries)))
                         raise error
                     if last is None:
                         if end is not None:  # nothing up to the end: it was trimmed away
                             break
-                        continue  # following: nothing new within block_ms
-                    await reads.send((records, last.decode()))
+                        await reads.send((records, _Read(cursor, False, 0)))  # following: nothing new within block_ms
+                        continue
+                    await reads.send((records, _Read(last.decode(), ended, entries)))
                     cursor = last.decode()
                     if ended:
                         break
@@ -159,10 +203,38 @@ class RedisStream:
                     "or read it with stop_at_end=False to wait for it"
                 )
             top = self._client.xrevrange(key, count=1) if kind == b"stream" else []
+            info = self._client.xinfo_stream(key) if kind == b"stream" else {}
         last = top[0][0].decode() if top else "0-0"
+        added = info.get("entries-added", 0 if kind == b"none" else None)  # Redis >= 7
+        if self._rewound:
+            self._check_kept(cursor, info)
+        elif cursor == "0-0" and added is not None:  # entries removed so far: before it (trimmed)
+            self._entries = added - info.get("length", 0)
+        elif cursor == "$":  # every entry so far is before it
+            self._entries, last = added, _text(info.get("last-generated-id", last))
         if cursor == "$":
             cursor = last
-        return cursor, last if self.stop_at_end else None
+        if not self.stop_at_end:
+            return cursor, None
+        return cursor, self._end or last
+
+    def _check_kept(self, cursor: str, info: dict) -> None:
+        """A rewound read needs every entry after its cursor: refuse a stream with entries
+        deleted (XDEL) after it, or trimmed (XTRIM, MAXLEN) past it: more entries removed than
+        were ever added up to it."""
+        deleted = _text(info.get("max-deleted-entry-id", "0-0"))
+        removed = info["entries-added"] - info["length"] if "entries-added" in info else None
+        if _order(deleted) > _order(cursor):
+            how = f"XDEL, up to id {deleted}"
+        elif removed is not None and self._entries is not None and removed > self._entries:
+            how = f"trimmed: {removed} entries removed, of which {self._entries} were added up to it"
+        else:
+            return
+        raise ConnectorError(
+            f"stream {self.stream_key!r} at {shown(self.url)} had entries deleted after id {cursor}, where the "
+            f"checkpoint resumes ({how}): they cannot be read again, so the resume would lose them; keep a "
+            "stream's entries until the checkpoints past them complete"
+        )
 
     def _next(self, decoder: EntryDecoder, cursor: str, end: str | None):
         """One read after `cursor` (up to `end`, or following): decoded, in the thread."""
@@ -173,7 +245,9 @@ class RedisStream:
             else:
                 got = self._client.xread({key: cursor}, count=self.count, block=self.block_ms)
                 entries = got[0][1] if got else []
-        return decoder.decode(entries)
+        records, last, ended, error = decoder.decode(entries)
+        used = 0 if last is None else next(i for i, (entry_id, _) in enumerate(entries, 1) if entry_id == last)
+        return records, last, ended, error, used
 
 
 def write_stream(url: str, stream_key: str, records: np.ndarray, *, entry_bytes: int = DEFAULT_ENTRY_BYTES,

@@ -6,6 +6,13 @@ control buffer: the largest event time seen so far minus the declared out-of-ord
 At the end it closes the channel (END_OF_STREAM), which completes every window downstream.
 `ChannelFeeder` is that filling for a source whose records come in several arrays (a broker's
 reads, `slashrt.connectors`).
+
+A source's position in a checkpoint is its feeder's state (`ChannelFeeder.snapshot`), one per
+(source, executor): the records fed, the buffers sent and the largest event time (so a resumed
+feed continues the same watermarks), and where to read on, as a `cursor` (the source's own
+position, JSON: an array's length, a file index and offset, a stream id) plus `skip`, the
+records fed after that cursor. A rewinding source reopens its input at the cursor and drops
+`skip` records; a barrier can then fall anywhere, also inside one of its reads.
 """
 
 from __future__ import annotations
@@ -16,13 +23,13 @@ import trio
 from slashrt._buffer import Control
 from slashrt._kernels import copy_rows_max
 from slashrt._schema import Schema
-from slashrt.errors import SchemaError
+from slashrt.errors import SchemaError, SnapshotError
 from slashrt.ops.event_time import watermark_of
 from slashrt.snapshot.operators import check, tagged
 from slashrt.snapshot.state_format import State
 from slashrt.transport import Sender
 
-__all__ = ["ChannelFeeder", "feed_array", "validate_input"]
+__all__ = ["ChannelFeeder", "feed_array", "validate_input", "another_input"]
 
 
 def validate_input(step_id: str, schema: Schema, records) -> np.ndarray:
@@ -50,13 +57,28 @@ async def feed_array(
     (`slashrt.snapshot.runtime.SourceBarriers`): checkpoints' barriers go in band."""
     feeder = ChannelFeeder(sender, time=time, max_delay=max_delay, watermark_every=watermark_every)
     feeder.barriers = barriers
-    if resume is not None:
+    if resume is None:
+        feeder.mark({"records": len(records)})
+    else:
         feeder.restore(resume)
-    await feeder.feed(records[feeder.fed :] if feeder.fed else records)
-    if barriers is not None:
-        await barriers.emit(feeder)
-        barriers.end(feeder)  # later checkpoints record the end as its position
-    await sender.aclose()
+        if feeder.cursor is not None and "records" not in feeder.cursor:
+            raise another_input(resume.meta.get("step"))
+        taken = (feeder.cursor or {}).get("records", len(records))
+        if taken != len(records):
+            raise SnapshotError(
+                f"source {resume.meta.get('step')!r}: the checkpoint was taken of an input of {taken} records, this run's has "
+                f"{len(records)}: resume with the input the checkpointed run had (a PerExecutor must be deterministic)"
+            )
+    await feeder.feed(records[feeder.skip :] if feeder.skip else records)
+    await feeder.finish()
+
+
+def another_input(step_id) -> SnapshotError:
+    """A position recorded of another kind of input than the one resuming from it."""
+    return SnapshotError(
+        f"source {step_id!r}: the checkpoint's position was taken of another kind of input (an array, a FileSource, "
+        "a RedisStream): resume with the input the checkpointed run had"
+    )
 
 
 class ChannelFeeder:
@@ -71,8 +93,28 @@ class ChannelFeeder:
         self.watermark_every = watermark_every
         self.max_time: int | None = None
         self.sent = 0  # data buffers posted
-        self.fed = 0  # records posted: where a rewind to this feeder's snapshot resumes
+        self.fed = 0  # records posted
+        self.cursor = None  # the source's position (JSON) that the records fed since `_base` follow
+        self._base = 0  # `fed` at `cursor`
         self.barriers = None  # SourceBarriers: barriers requested by checkpoints, sent between runs
+
+    @property
+    def skip(self) -> int:
+        """Records fed after `cursor`: what a rewind to it drops (all of `fed` when no cursor was marked)."""
+        return self.fed - self._base
+
+    def mark(self, cursor, skip: int = 0) -> None:
+        """The records fed from now on follow `cursor` (the source's position, JSON-able), after
+        `skip` records past it that were fed already (a rewound read still dropping them)."""
+        self.cursor, self._base = cursor, self.fed - skip
+
+    async def finish(self) -> None:
+        """End the stream: barriers still due go out after the last records (and later
+        checkpoints record the end as the position), then END_OF_STREAM."""
+        if self.barriers is not None:
+            await self.barriers.emit(self)
+            self.barriers.end(self)
+        await self.sender.aclose()
 
     async def feed(self, records: np.ndarray) -> None:
         """Send a contiguous structured array (of the channel's record layout) into the channel."""
@@ -126,15 +168,17 @@ class ChannelFeeder:
                 await trio.lowlevel.checkpoint()
 
     # -- state (the shape: slashrt.snapshot.operators) -------------------------------------------------
-    STATE_KIND, STATE_VERSION = "array_source", 1
+    # the kind keeps the name of the array sources it first served; version 2 added cursor and skip
+    STATE_KIND, STATE_VERSION = "array_source", 2
     state_bytes = 0  # a few integers
 
     def snapshot(self, step_id: str = "<source>") -> State:
-        """How far the input was fed (records, buffers) and its largest event time so far:
-        restored, feeding the input from record `fed` on continues the same stream and watermarks."""
+        """The source's position (see the module doc): restored, feeding on from `cursor` after
+        `skip` records continues the same stream and watermarks."""
         return tagged(self.STATE_KIND, self.STATE_VERSION, {}, step=step_id, fed=self.fed, sent=self.sent,
-                      max_time=self.max_time)
+                      max_time=self.max_time, cursor=self.cursor, skip=self.skip)
 
     def restore(self, state: State, step_id: str = "<source>") -> None:
         meta = check(state, step_id, self.STATE_KIND, self.STATE_VERSION)
         self.fed, self.sent, self.max_time = meta["fed"], meta["sent"], meta["max_time"]
+        self.mark(meta.get("cursor"), meta.get("skip", self.fed))  # version 1: an array, no cursor

@@ -36,7 +36,7 @@ from slashrt.snapshot.operators import restore_plan, stateful_nodes
 from slashrt.snapshot.state_format import State
 from slashrt.snapshot.storage import Checkpoint, SnapshotStore
 
-__all__ = ["Checkpointing", "SourceBarriers", "checkpoint_config"]
+__all__ = ["Checkpointing", "SourceBarriers", "checkpoint_config", "source_positions", "source_position"]
 
 log = structlog.get_logger("slashrt.checkpoint")
 
@@ -66,12 +66,15 @@ def checkpoint_config(checkpoint) -> tuple[CheckpointConfig, int]:
 
 
 class SourceBarriers:
-    """Barriers requested of one source: the coordinator `request`s checkpoint n; the source's
-    feeder `emit`s it between two runs of buffers, recording its position (`ChannelFeeder.snapshot`)
-    for n first. A source that ended records its end for every later checkpoint."""
+    """Barriers requested of one source on one executor: the coordinator `request`s checkpoint
+    n; the source's feeder `emit`s it between two runs of buffers, recording its position
+    (`ChannelFeeder.snapshot`, see `slashrt.ops.sources`) for n first. A source that ended
+    records its end for every later checkpoint. A checkpoint keeps the positions by source and
+    executor (`source_positions`)."""
 
-    def __init__(self, step_id: str):
+    def __init__(self, step_id: str, executor: int = EXECUTOR):
         self.step_id = step_id
+        self.executor = executor
         self.halt = None  # stop-the-world: called after each barrier sent; feeding resumes when its event is set
         self.requested = 0
         self.sent = 0
@@ -108,6 +111,23 @@ class SourceBarriers:
         for n in self._numbers:  # requested while its last records went out: after them, as its end
             self.positions[n] = self.final
         self._numbers.clear()
+
+
+def source_positions(barriers, n: int) -> dict:
+    """Checkpoint n's source positions as its manifest keeps them, taken out of `barriers`
+    (SourceBarriers): {source step: {executor (a string): its feeder state's meta}}."""
+    positions: dict[str, dict] = {}
+    for source in barriers:
+        positions.setdefault(source.step_id, {})[str(source.executor)] = source.positions.pop(n)
+    return positions
+
+
+def source_position(meta: dict, step_id: str, executor: int) -> dict | None:
+    """Where source `step_id` on `executor` resumes, from a manifest's meta (None: not there)."""
+    per_executor = meta.get("sources", {}).get(step_id)
+    if per_executor is not None and "kind" in per_executor:  # before positions were per executor
+        per_executor = {str(EXECUTOR): per_executor}
+    return (per_executor or {}).get(str(executor))
 
 
 class Checkpointing:
@@ -149,15 +169,21 @@ class Checkpointing:
         self._after_end: list[int] = []  # checkpoints triggered once every input had ended (loops still run)
 
     # -- recovery --------------------------------------------------------------------------------
-    def position(self, step_id: str) -> State | None:
-        """Where source `step_id` resumes (a feeder state), or None: from its start."""
+    def position(self, step_id: str, executor: int = EXECUTOR) -> State | None:
+        """Where source `step_id` on `executor` resumes (a feeder state), or None: from its start."""
         if self.restored is None:
             return None
-        position = self.restored.meta.get("sources", {}).get(step_id)
+        position = source_position(self.restored.meta, step_id, executor)
+        taken = sorted(self.restored.meta.get("sources", {}).get(step_id) or {})
+        if position is None and taken and "kind" not in taken:
+            raise SnapshotError(
+                f"checkpoint {self.restored.number} holds positions of source {step_id!r} for executors "
+                f"{', '.join(taken)}, not {executor}: resume it on as many executors as it was taken on"
+            )
         if position is None:
             raise SnapshotError(
-                f"checkpoint {self.restored.number} holds no position for source {step_id!r}: it was written "
-                "by another dataflow; resume it with the dataflow that wrote it"
+                f"checkpoint {self.restored.number} holds no position for source {step_id!r} on executor {executor}: "
+                "it was written by another dataflow; resume it with the dataflow that wrote it"
             )
         return State({}, position)
 
@@ -313,7 +339,7 @@ class Checkpointing:
             sync[step_id] = time.perf_counter() - t0
         if self.loops is not None:
             self.loops.open(n) if running else self.loops.take(n)
-        positions = {step_id: source.positions.pop(n) for step_id, source in self.sources.items()}
+        positions = source_positions(self.sources.values(), n)
         log.debug("checkpoint snapshot", checkpoint=n, sync_s=time.perf_counter() - started)
         self._nursery.start_soon(self._write, n, states, sync, positions, alignment.seconds)
 

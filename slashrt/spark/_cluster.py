@@ -19,6 +19,7 @@ import functools
 
 import structlog
 
+from slashrt._runtime import check_rewindable
 from slashrt.cluster import Ingest, run_cluster_async
 from slashrt.cluster.coordinator import START_TIMEOUT
 from slashrt.errors import DataflowError
@@ -60,6 +61,7 @@ class IngestCluster(BackgroundRun):
         self.inputs = {name: given.pop(name, Ingest()) for name in names}
         if given:
             raise DataflowError(f"inputs for unknown sources {sorted(given)}; the sources are {names}")
+        check_rewindable(flow, self.inputs, options)  # ingestion does not replay: refused when made
         self._serve = functools.partial(
             run_cluster_async, flow, self.inputs, executors=executors, transport=transport, mode=mode,
             secret=self.secret, on_ready=self._on_ready, **options,

@@ -34,8 +34,9 @@ import trio
 
 from slashrt import _kernels as kernels
 from slashrt._buffer import Control
-from slashrt._runtime import RunResult, run_receivers
+from slashrt._runtime import RunResult, check_rewindable, run_receivers
 from slashrt._schema import Schema
+from slashrt.cluster import Ingest
 from slashrt.ops.event_time import watermark_of
 from slashrt.errors import ChannelClosed, DataflowError, MalformedBuffer, SlashError
 from slashrt.spark._protocol import (
@@ -505,6 +506,8 @@ class IngestServer(BackgroundRun):
         self, flow, *, secret: bytes | None = None, host: str = "127.0.0.1", transport: str = "auto", **run_options
     ):
         super().__init__(flow)
+        # ingestion does not replay: a checkpointed run is refused here, before anything listens
+        check_rewindable(flow, {spec.step_id: Ingest() for spec in flow.sources()}, run_options)
         self.secret = secret or generate_secret()
         self.endpoints = {
             name: IngestEndpoint.for_source(flow, name, self.secret, host=host, transport=transport)

@@ -450,10 +450,12 @@ def test_bench_files_checks_itself_for_every_format_and_removes_its_files(capsys
     from slashrt.cli import main
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the benchmark makes its directory
-    assert main(["bench", "files", "--events", "30000", "--parts", "3", "--repeat", "1", "--json"]) == 0
+    assert main(["bench", "files", "--events", "30000", "--parts", "3", "--repeat", "1", "--checkpoint-interval", "0.001",
+                 "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["correct"] is True and report["query"] == "files-ysb" and report["events"] == 30_000
-    for fmt in ("parquet", "csv", "npy", "array"):
+    for fmt in ("parquet", "csv", "npy", "array", "checkpointed"):
         assert report[f"records_per_s_{fmt}"] > 0
+    assert report["checkpointed_over_plain"] > 0 and report["checkpoint_interval_s"] == 0.001
     assert 30_000 * 78 < report["bytes_npy"] < 30_000 * 78 + 3 * 1024 and report["bytes_csv"] > report["bytes_parquet"] > 0
     assert list(tmp_path.iterdir()) == []

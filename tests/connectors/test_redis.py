@@ -550,8 +550,20 @@ def test_bench_redis_checks_itself_and_leaves_the_server_as_it_was(redis, capsys
 
     client(redis).set("mine", b"x")
     assert main(["bench", "redis", "--events", "50000", "--repeat", "2", "--slot-size", "4096", "--json",
-                 "--url", redis.url]) == 0
+                 "--url", redis.url, "--checkpoint-interval", "0.001"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["correct"] is True and report["query"] == "redis-ysb" and report["events"] == 50_000
     assert report["records_per_s"] > 0 and report["write_records_per_s"] > 0 and report["checkpoints"] == 10
-    assert client(redis).keys("*") == [b"mine"]
+    assert report["records_per_s_checkpointed"] > 0 and report["checkpoint_interval_s"] == 0.001
+    assert client(redis).keys("*") == [b"mine"]  # the transactional sink's keys are gone too
+
+
+@pytest.mark.parametrize("query", ["redis", "files"])
+@pytest.mark.parametrize("value, message", [("0", "'0' must be positive"), ("soon", "'soon' is not a number")])
+def test_bench_checkpoint_interval_must_be_a_positive_number(capsys, query, value, message):
+    from slashrt.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", query, "--checkpoint-interval", value])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and message in err and "--checkpoint-interval" in err

@@ -1,28 +1,39 @@
 """A checkpointed job that resumes from its checkpoint directory and may SIGKILL itself.
 
-    python _checkpoint_child.py <directory> <kill>
+    python _checkpoint_child.py <directory> <kill> [<inputs>]
 
 The job: source "a" out of order beyond its bound (some records are late) into a tumbling-window
 sum per key; sources "b" and "c" (within their bound: what is late under a union depends on how
 the two interleave) joined by a union into another; the sums and a's late records each into a
-transactional CSV sink under <directory> (out_a, late_a, out_bc); checkpoints every 10 ms into <directory>/chk; `resume_from="latest"`.
-<kill> is "none", or "<point>:<k>": SIGKILL this process at the k-th time it reaches <point>:
-"records" (k thousand records processed), "pre_commit" (a sink pre-committed, before the state
-is written), "write_part" (a part written, before the rest: during the asynchronous write) or
-"complete" (a manifest written, before the sinks commit). Prints "done" at the end."""
+transactional sink (out_a, late_a, out_bc); checkpoints every 5 ms into <directory>/chk;
+`resume_from="latest"`. <inputs> says where the records come from and where the results go:
+"arrays" (the default: in-memory arrays into CSV files under <directory>), "files:<data>"
+(FileSources over <data>/a, b, c as `write_inputs` wrote them, into Parquet (out_a) and CSV
+files under <directory>) or "redis:<url>" (RedisStreams a, b, c as `write_inputs` wrote them,
+into RedisStreamSinks out_a, late_a, out_bc). <kill> is "none", or "<point>:<k>": SIGKILL
+this process at the k-th time it reaches <point>: "records" (k thousand records processed),
+"pre_commit" (a sink pre-committed, before the state is written), "write_part" (a part
+written, before the rest: during the asynchronous write), "complete" (a manifest written,
+before the sinks commit) or "commit" (a sink committed: a checkpoint completed, the run goes
+on). Prints "done" at the end."""
 
 import os
 import signal
 import sys
+from pathlib import Path
 
 import numpy as np
 
 import slashrt
 from slashrt import Dataflow, Schema, Tumbling, sinks
+from slashrt.ops.sinks import to_arrow
 
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
 SIZES = {"a": 200_000, "b": 120_000, "c": 60_000}
 DISORDER = {"a": 40, "b": 20, "c": 20}
+OUTPUTS = ("out_a", "late_a", "out_bc")
+FILES = {"a": ("parquet", 4), "b": ("csv", 3), "c": ("npy", 2)}  # each source's format, and files
+ENTRY_BYTES = 8192  # a stream entry: 341 records; a source reads 4 entries at a time
 
 
 def records(name: str) -> np.ndarray:
@@ -36,27 +47,79 @@ def records(name: str) -> np.ndarray:
     return out
 
 
-def flow(directory: str) -> Dataflow:
+def write_inputs(inputs: str) -> None:
+    """Put every source's records where `inputs` ("files:<data>", "redis:<url>") reads them."""
+    kind, _, where = inputs.partition(":")
+    for name in SIZES:
+        if kind == "redis":
+            from slashrt.connectors import write_stream
+
+            write_stream(where, name, records(name), entry_bytes=ENTRY_BYTES)
+            continue
+        fmt, count = FILES[name]
+        directory = Path(where) / name
+        directory.mkdir(parents=True)
+        for i, part in enumerate(np.array_split(records(name), count)):
+            path = directory / f"part-{i}.{fmt}"
+            if fmt == "npy":
+                np.save(path, part)
+                continue
+            if fmt == "parquet":  # row groups of 7000: a resume seeks into the middle of one
+                import pyarrow.parquet as pq
+
+                pq.write_table(to_arrow(part), path, row_group_size=7000)
+                continue
+            sink = sinks.CsvFile(path)
+            sink.open()
+            sink.write(part)
+            sink.close()
+
+
+def job_inputs(inputs: str) -> dict:
+    kind, _, where = inputs.partition(":")
+    if kind == "arrays":
+        return {name: records(name) for name in SIZES}
+    from slashrt.connectors import FileSource, RedisStream
+
+    if kind == "redis":
+        return {name: RedisStream(where, name, count=4) for name in SIZES}
+    return {name: FileSource(Path(where) / name, batch_records=5000) for name in SIZES}
+
+
+def job_sinks(directory: str, inputs: str) -> dict:
+    kind, _, where = inputs.partition(":")
+    if kind == "redis":
+        from slashrt.connectors import RedisStreamSink
+
+        return {name: RedisStreamSink(where, name, transactional=True) for name in OUTPUTS}
+    parquet = kind == "files"  # one Parquet sink beside the CSV ones
+    return {
+        name: (sinks.ParquetFile if parquet and name == "out_a" else sinks.CsvFile)(f"{directory}/{name}", transactional=True)
+        for name in OUTPUTS
+    }
+
+
+def flow(out: dict) -> Dataflow:
     job = Dataflow("chaos")
     a, b, c = (job.source(name, SCHEMA, time="t", max_delay=20) for name in SIZES)
-    late = sinks.CsvFile(f"{directory}/late_a", transactional=True)
-    a.window(Tumbling(ms=100), late=late).sum("v", key="k").sink(sinks.CsvFile(f"{directory}/out_a", transactional=True))
-    b.union(c).window(Tumbling(ms=100)).sum("v", key="k").sink(sinks.CsvFile(f"{directory}/out_bc", transactional=True))
+    a.window(Tumbling(ms=100), late=out["late_a"]).sum("v", key="k").sink(out["out_a"])
+    b.union(c).window(Tumbling(ms=100)).sum("v", key="k").sink(out["out_bc"])
     return job
 
 
-def main(directory: str, kill: str) -> None:
+def main(directory: str, kill: str, inputs: str = "arrays") -> None:
     from _children import kill_at  # run as a script: this directory is on its path
-
+    from slashrt.connectors.redis_sink import RedisTransactions
     from slashrt.snapshot.commit import PartFiles
     from slashrt.snapshot.storage import SnapshotStore
 
     point, _, k = kill.partition(":")
     on_records = None if point != "records" else lambda n: n >= int(k) * 1000 and os.kill(os.getpid(), signal.SIGKILL)
+    transactions = RedisTransactions if inputs.startswith("redis") else PartFiles
     if point not in ("none", "records"):
-        kill_at({"pre_commit": PartFiles, "write_part": SnapshotStore, "complete": SnapshotStore}[point], point, int(k))
+        kill_at({"write_part": SnapshotStore, "complete": SnapshotStore}.get(point, transactions), point, int(k))
     slashrt.run(
-        flow(directory), {name: records(name) for name in SIZES}, checkpoint={"interval": 0.005, "keep": 2},
+        flow(job_sinks(directory, inputs)), job_inputs(inputs), checkpoint={"interval": 0.005, "keep": 2},
         checkpoint_dir=f"{directory}/chk", resume_from="latest", slots=8, slot_size=2048, on_records=on_records,
     )
     print("done", flush=True)

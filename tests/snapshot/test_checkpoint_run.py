@@ -7,8 +7,11 @@
   do not change the results (barrier snapshots, and the stop-the-world baseline);
 - exactly once under fire: a real child process running a checkpointed job is SIGKILLed at
   chosen points (during the asynchronous write, between pre-commit and commit, after a
-  manifest before the commit, after some records; twice in a row) and resumed by a new process
-  from the directory: the published CSV output equals a failure-free run's;
+  manifest before the commit, after some records; twice in a row) and at seeded random ones,
+  and resumed by a new process from the directory: the published CSV output equals a
+  failure-free run's; the same with every source a FileSource (Parquet, CSV, .npy files) into
+  Parquet and CSV sinks, and a RedisStream into RedisStreamSinks on a real redis-server
+  (sources rewound to the positions their checkpoint recorded);
 - a corrupt latest checkpoint: the resume falls back to the one before;
 - what cannot be checkpointed is refused in one sentence.
 """
@@ -23,40 +26,74 @@ import pytest
 
 import slashrt
 from slashrt import Dataflow, Schema, Tumbling, sinks
-from slashrt.errors import DataflowError, OptionError
+from slashrt._runtime import run_receivers
+from slashrt.cluster import Ingest, PerExecutor
+from slashrt.errors import DataflowError, OptionError, SnapshotError
 from slashrt.snapshot import SnapshotStore
+from slashrt.connectors import read_stream
 from slashrt.transport import RingSpec, open_inproc_channel
 from tests.snapshot._children import run_child
 
+from . import _checkpoint_child as job
+
 CHILD = Path(__file__).with_name("_checkpoint_child.py")
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
-OUTPUTS = ("out_a", "late_a", "out_bc")
 
 
-def child(directory: Path, kill: str = "none") -> subprocess.CompletedProcess:
+def child(directory: Path, kill: str = "none", inputs: str = "arrays") -> subprocess.CompletedProcess:
     """Run the checkpointed job in a new process (killed at `kill`); it resumes from `directory`."""
-    return run_child(CHILD, directory, kill)
+    return run_child(CHILD, directory, kill, inputs)
 
 
-def published(directory: Path) -> dict[str, list[str]]:
-    """Every sink's committed rows (what a reader of the directories sees), sorted."""
+def published(directory: Path, inputs: str = "arrays") -> dict[str, list[tuple]]:
+    """Every sink's committed rows (what a reader of the directories or streams sees), sorted."""
+    import pyarrow.parquet as pq
+
+    kind, _, where = inputs.partition(":")
     rows = {}
-    for name in OUTPUTS:
-        lines = []
-        for part in (directory / name).glob("part-*.csv"):
-            lines.extend(part.read_text().splitlines()[1:])
-        rows[name] = sorted(lines)
+    for name in job.OUTPUTS:
+        if kind == "redis":
+            found = read_stream(where, name, job_dtype(name)).tolist()
+        else:
+            found = []
+            for part in (directory / name).glob("part-*"):
+                if part.suffix == ".parquet":
+                    found += [tuple(r.values()) for r in pq.read_table(part).to_pylist()]
+                else:
+                    found += [tuple(map(int, line.split(","))) for line in part.read_text().splitlines()[1:]]
+        rows[name] = sorted(found)
     return rows
 
 
+def job_dtype(name: str) -> np.dtype:
+    """The records sink `name` of the job gets."""
+    if name == "late_a":
+        return SCHEMA.dtype
+    return np.dtype([("window_start", "<i8"), ("window_end", "<i8"), ("k", "<i8"), ("sum_v", "<i8")])
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict[str, list[str]]:
+def reference(tmp_path_factory) -> dict[str, list[tuple]]:
+    """A failure-free run's published output (its inputs from arrays: the same records as files
+    or streams give)."""
     directory = tmp_path_factory.mktemp("reference")
     done = child(directory)
     assert done.returncode == 0, done.stderr
     rows = published(directory)
     assert all(rows.values()) and len(rows["late_a"]) > 100  # late records are part of the test
     return rows
+
+
+def crash_then_resume(directory: Path, kills: list[str], inputs: str = "arrays") -> None:
+    """Run the job killed at each of `kills` in turn, then to its end, each a new process."""
+    for kill in kills:
+        crashed = child(directory, kill, inputs)
+        assert crashed.returncode == -signal.SIGKILL, (kill, crashed.returncode, crashed.stderr[-2000:])
+        assert "done" not in crashed.stdout
+        if kill.startswith("commit"):  # a checkpoint completed before the kill, the run went on
+            assert SnapshotStore(directory / "chk", job="chaos").checkpoints()
+    resumed = child(directory, "none", inputs)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
 
 
 # each point is reached in every run (a run of the child passes "records" up to 380 (k), each
@@ -77,29 +114,45 @@ KILLS = [
 
 @pytest.mark.parametrize("kills", KILLS)
 def test_output_is_exactly_once_after_sigkill_and_resume(tmp_path, reference, kills):
-    for kill in kills:
-        crashed = child(tmp_path, kill)
-        assert crashed.returncode == -signal.SIGKILL, (kill, crashed.returncode, crashed.stderr[-2000:])
-        assert "done" not in crashed.stdout
-    resumed = child(tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    crash_then_resume(tmp_path, kills)
     assert published(tmp_path) == reference
 
 
-def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path, reference):
-    crashed = child(tmp_path, "complete:3")  # checkpoint 3 complete, its output not yet published
-    assert crashed.returncode == -signal.SIGKILL
-    store = SnapshotStore(tmp_path / "chk", job="chaos")
-    latest = store.checkpoints()[-1]
-    part = sorted((tmp_path / "chk" / "chaos" / f"chk-{latest}").glob("*.state"))[0]
-    raw = bytearray(part.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    part.write_bytes(bytes(raw))
-    assert store.latest().number == latest - 1
-    assert [s.checkpoint for s in store.skipped] == [latest] and "corrupt" in store.skipped[0].reason
-    resumed = child(tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert published(tmp_path) == reference
+# the connectors' sources rewind to their recorded positions: the same kills, from files and
+# streams. Each sink pre-commits and commits once a checkpoint (3 a checkpoint), a run passes
+# "write_part" 4 times a checkpoint, "records" up to 380 (k); a run on a loaded machine (slow
+# fsyncs) may complete only a few checkpoints, so the points come early
+def rewind_kills(seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    point, top = [("records", 300), ("write_part", 8), ("pre_commit", 6), ("commit", 6)][rng.integers(4)]
+    seeded = f"{point}:{rng.integers(1, top)}"  # a seeded random moment
+    return [
+        pytest.param(["commit:4"], id="during-the-run-after-a-checkpoint-completed"),
+        pytest.param(["pre_commit:4"], id="between-pre-commit-and-commit"),
+        pytest.param(["commit:4", "pre_commit:2"], id="twice-in-a-row"),
+        pytest.param([seeded], id=f"seeded-{seeded}"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def file_inputs(tmp_path_factory) -> str:
+    data = tmp_path_factory.mktemp("inputs")
+    job.write_inputs(f"files:{data}")
+    return f"files:{data}"
+
+
+@pytest.mark.parametrize("kills", rewind_kills(9))
+def test_file_sources_into_file_sinks_are_exactly_once_after_sigkill_and_resume(tmp_path, reference, file_inputs, kills):
+    crash_then_resume(tmp_path, kills, file_inputs)
+    assert published(tmp_path, file_inputs) == reference
+
+
+@pytest.mark.parametrize("kills", rewind_kills(14))
+def test_redis_streams_into_redis_sinks_are_exactly_once_after_sigkill_and_resume(tmp_path, reference, redis, kills):
+    inputs = f"redis:{redis.url}"
+    job.write_inputs(inputs)
+    crash_then_resume(tmp_path, kills, inputs)
+    assert published(tmp_path, inputs) == reference
 
 
 # -- in process ------------------------------------------------------------------------------------
@@ -128,7 +181,7 @@ def test_every_checkpoint_holds_exactly_what_each_source_fed_before_its_barrier(
     both_running = 0
     for n in numbers:
         checkpoint = store.load(n)
-        fed = {step.split(".")[1]: position["fed"] for step, position in checkpoint.meta["sources"].items()}
+        fed = {step.split(".")[1]: position["0"]["fed"] for step, position in checkpoint.meta["sources"].items()}
         (window,) = [s for s in checkpoint.states.values() if "slices.keys" in s.arrays]
         counted = np.bincount(window.arrays["slices.keys"], window.arrays["slices.counts"], minlength=2)
         if fed != {"a": len(inputs["a"]), "b": len(inputs["b"])}:  # else the end fired the window
@@ -168,12 +221,76 @@ def test_checkpoints_change_no_result_with_windows_late_records_and_a_union(tmp_
             assert np.array_equal(np.sort(plain[sink]), np.sort(checked[sink]))
 
 
-def test_a_source_that_cannot_rewind_is_refused(tmp_path):
+@pytest.mark.parametrize(
+    "make_input, message",
+    [
+        (lambda: open_inproc_channel(RingSpec(slots=4, slot_size=4096, record_size=SCHEMA.record_size))[1],
+         r"reads from a channel \(InprocReceiver\), which cannot rewind to a checkpoint: its producer \(Spark ingestion"),
+        (lambda: Ingest(), r"reads from a channel \(Ingest\), which cannot rewind .* exactly once within a run, not across"),
+        (lambda: PerExecutor(lambda i, n: source_records(10, 0, seed=0)),
+         r"reads from a PerExecutor function not declared deterministic, which cannot rewind to a checkpoint: declare "
+         r"PerExecutor\(make, deterministic=True\)"),
+        (lambda: [1, 2, 3], r"reads from list, which cannot rewind to a checkpoint \(arrays, deterministic PerExecutor"),
+    ],
+    ids=["channel", "spark-ingest", "per-executor", "list"],
+)
+def test_a_source_that_cannot_rewind_is_refused(tmp_path, make_input, message):
+    flow = Dataflow("chan")
+    flow.source("a", SCHEMA, time="t").sink(sinks.Collect())
+    with pytest.raises(DataflowError, match=rf"^run\(\): source 'chan.a' {message}.*; or run it without checkpoint_dir=$"):
+        slashrt.run(flow, {"a": make_input()}, checkpoint_dir=tmp_path)
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+
+
+async def test_receivers_and_ingest_servers_refuse_checkpoints(tmp_path):
+    from slashrt.spark import IngestCluster, IngestServer
+
     flow = Dataflow("chan")
     flow.source("a", SCHEMA, time="t").sink(sinks.Collect())
     _, receiver = open_inproc_channel(RingSpec(slots=4, slot_size=4096, record_size=SCHEMA.record_size))
-    with pytest.raises(DataflowError, match="cannot rewind to a checkpoint"):
-        slashrt.run(flow, {"a": receiver}, checkpoint_dir=tmp_path)
+    with pytest.raises(DataflowError, match=r"reads from a channel \(InprocReceiver\), which cannot rewind"):
+        await run_receivers(flow, {"a": receiver}, checkpoint_dir=tmp_path)
+    with pytest.raises(DataflowError, match=r"reads from a channel \(Ingest\), which cannot rewind"):
+        IngestServer(flow, checkpoint=1.0, checkpoint_dir=tmp_path)  # before anything listens
+    with pytest.raises(DataflowError, match=r"reads from a channel \(Ingest\), which cannot rewind"):
+        IngestCluster(flow, executors=2, checkpoint_dir=tmp_path)  # before any executor starts
+
+
+def counting_flow(name: str):
+    flow = Dataflow(name)
+    out = sinks.Collect(transactional=True)
+    flow.source("a", SCHEMA, time="t").window(Tumbling(ms=10**9)).count(key="k").sink(out, name="out")
+    return flow, out
+
+
+def test_a_deterministic_per_executor_input_is_made_again_and_resumes_at_its_position(tmp_path):
+    made = []
+
+    def make(index, executors):
+        made.append((index, executors))
+        return np.concatenate([source_records(150_000, 0, seed=1), source_records(100_000, 1, seed=2)])
+
+    flow, out = counting_flow("gen")
+    slashrt.run(flow, {"a": PerExecutor(make, deterministic=True)}, checkpoint={"interval": 0.001, "keep": 1000},
+                checkpoint_dir=tmp_path, slots=8, slot_size=2048)
+    assert sorted(out.records["count"].tolist()) == [100_000, 150_000] and made == [(0, 1)]
+    store = SnapshotStore(tmp_path, job="gen", keep=1000)
+    middle = [n for n in store.checkpoints() if 0 < store.load(n).meta["sources"]["gen.a"]["0"]["fed"] < 250_000]
+    assert middle, store.checkpoints()
+    flow, out = counting_flow("gen")
+    slashrt.run(flow, {"a": PerExecutor(make, deterministic=True)}, checkpoint={"keep": 1000}, checkpoint_dir=tmp_path,
+                resume_from=middle[-1], slots=8, slot_size=2048)
+    assert made == [(0, 1), (0, 1)]  # made again, fed from the checkpoint's position on
+    assert sorted(out.records["count"].tolist()) == [100_000, 150_000]
+
+
+def test_a_resume_with_an_input_of_another_length_is_refused(tmp_path):
+    flow, _ = counting_flow("len")
+    slashrt.run(flow, {"a": source_records(1000, 0, seed=1)}, checkpoint_dir=tmp_path)
+    flow, _ = counting_flow("len")
+    with pytest.raises(SnapshotError, match=r"source 'len.a': the checkpoint was taken of an input of 1000 records, "
+                                            r"this run's has 999: resume with the input the checkpointed run had"):
+        slashrt.run(flow, {"a": source_records(999, 0, seed=1)}, checkpoint_dir=tmp_path, resume_from="latest")
 
 
 @pytest.mark.parametrize(
@@ -206,3 +323,26 @@ def test_bench_checkpoint_measures_the_three_modes_and_checks_them(capsys):
         assert result[field] > 0
     assert main(["bench", "checkpoint", "--executors", "2"]) == 2
     assert "checkpoints run on one executor so far" in capsys.readouterr().err
+
+
+def test_positions_are_kept_per_source_and_executor():
+    from types import SimpleNamespace
+
+    from slashrt.snapshot.runtime import Checkpointing, SourceBarriers, source_position, source_positions
+
+    barriers = [SourceBarriers("j.a", 0), SourceBarriers("j.a", 1), SourceBarriers("j.b", 0)]
+    for i, source in enumerate(barriers):
+        source.positions[4] = {"kind": "array_source", "fed": i}
+    meta = {"sources": source_positions(barriers, 4)}
+    assert meta == {"sources": {"j.a": {"0": {"kind": "array_source", "fed": 0}, "1": {"kind": "array_source", "fed": 1}},
+                                "j.b": {"0": {"kind": "array_source", "fed": 2}}}}
+    assert all(4 not in source.positions for source in barriers)  # taken out
+    assert source_position(meta, "j.a", 1)["fed"] == 1 and source_position(meta, "j.b", 1) is None
+    legacy = {"sources": {"j.a": {"kind": "array_source", "fed": 7}}}  # one executor's, before executors were keys
+    assert source_position(legacy, "j.a", 0)["fed"] == 7
+    resumed = SimpleNamespace(restored=SimpleNamespace(meta=meta, number=4))
+    assert Checkpointing.position(resumed, "j.a", 1).meta["fed"] == 1
+    with pytest.raises(SnapshotError, match="positions of source 'j.a' for executors 0, 1, not 2: resume it on as many"):
+        Checkpointing.position(resumed, "j.a", 2)
+    with pytest.raises(SnapshotError, match="holds no position for source 'j.c' on executor 0: it was written by another"):
+        Checkpointing.position(resumed, "j.c", 0)

@@ -11,7 +11,6 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from slashrt import Batch, Dataflow, Schema, Sliding, Tumbling, sinks
-from slashrt._buffer import Control
 from slashrt._plan import ClusterRole, build_plan
 from slashrt.errors import OperatorError, SnapshotError
 from slashrt.progress.frontier import END_TIME
@@ -22,6 +21,8 @@ from slashrt.snapshot import State, decode_state, encode_state
 from slashrt.snapshot.operators import merge_partitions, restore_plan, snapshot_plan, split_partitions
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import RingSpec, open_inproc_channel
+
+from ._channel import read_all
 
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
 KINDS = ("count", "sum", "min", "max", "mean")
@@ -331,23 +332,6 @@ async def test_partitions_of_leaders_that_fired_different_windows_are_refused():
 
 
 # -- the array source's position, sinks' pending transactions -----------------------------------------------
-async def read_all(receiver, dtype, into: list) -> None:
-    while True:
-        await receiver.wait_readable()
-        buffer = receiver.poll()
-        if buffer is None:
-            continue
-        if buffer.is_control:
-            ctype, value, _ = buffer.control()
-            receiver.release()
-            if ctype is Control.END_OF_STREAM:
-                return
-            into.append(("watermark", value))
-        else:
-            into.append(("records", buffer.records(dtype).copy()))
-            receiver.release()
-
-
 @pytest.mark.parametrize("cut", [0, 1, 333, 1000])
 async def test_a_rewound_array_source_resumes_at_the_next_record(cut):
     records = make_input(1000, 4, 30)
