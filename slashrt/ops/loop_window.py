@@ -65,11 +65,16 @@ class LoopWindow(Node):
         counters = self.clock.now.counters
         window = self.windows.get(counters)
         if window is None:
-            window = self.windows[counters] = WindowAggregate(self.spec, self.late_node)
-            window.counters, window.clock, window.children = counters, self.clock, self.children
+            window = self._window(counters)
             if self.frontier is not None:  # it starts where the frontier stands (nothing to fire yet)
                 await window.on_frontier(iteration_watermark(self.frontier, counters))
         await window.push(batch)
+
+    def _window(self, counters: tuple[int, ...]) -> WindowAggregate:
+        """A new window for iteration `counters`, emitting to this step's children."""
+        window = self.windows[counters] = WindowAggregate(self.spec, self.late_node)
+        window.counters, window.clock, window.children = counters, self.clock, self.children
+        return window
 
     async def on_frontier(self, frontier) -> None:
         """The input's frontier moved: every iteration fires what its watermark passed, in
