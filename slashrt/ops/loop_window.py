@@ -122,6 +122,7 @@ class LoopWindow(Node):
         windows = [self.windows[c] for c in order]
         slices = {(*c, s): t for c, w in zip(order, windows) for s, t in w.slices.items()}
         tails = {(*c, *k): t for c, w in zip(order, windows) for k, t in w.tails.items()}
+        frontier = () if self.frontier is None else sorted(self.frontier, key=lambda t: (t.epoch, t.counters))
         arrays = {
             **pack_tables("slices", slices, self.value_dtype),
             **pack_tables("tails", tails, self.value_dtype),
@@ -130,7 +131,7 @@ class LoopWindow(Node):
             "pending": np.array([w.next_start is not None for w in windows], bool),
             "fired_until": np.array([w.fired_until for w in windows], np.int64),
             "late_records": np.array([w.late_records for w in windows], np.int64),
-            "frontier": times_array(() if self.frontier is None else sorted(self.frontier, key=lambda t: (t.epoch, t.counters))).reshape(-1, self.depth + 1),
+            "frontier": times_array(frontier).reshape(len(frontier), self.depth + 1),
         }
         return tagged(
             self.STATE_KIND, self.STATE_VERSION, arrays, step=self.step_id, depth=self.depth,
