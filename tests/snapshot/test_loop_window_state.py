@@ -2,8 +2,9 @@
 state snapshotted over seeded random states (one and two loops deep, tables and tails per
 iteration, fired-until, late counts, the frontier), the snapshot shares nothing with the live
 tables, the tracker counts a restored window's capabilities per iteration, and a state of
-another loop depth, grid or kind is refused in one sentence naming the step. (Killed and
-resumed runs: tests/snapshot/test_checkpoint_loops.py.)"""
+another loop depth, grid or kind is refused in one sentence naming the step, and a run of
+windows in nested loops checkpointed by barriers or stop-the-world gives the numpy reference.
+(Killed and resumed runs: tests/snapshot/test_checkpoint_loops.py.)"""
 
 import contextlib
 
@@ -151,3 +152,23 @@ def test_a_state_of_another_depth_grid_kind_or_operator_is_refused_naming_the_st
         LoopWindow(window_spec(1)).restore(outside)
     refused = LoopWindow(window_spec(1, Sliding(30, 10)))
     assert not refused.windows and refused.frontier is None  # refused before anything changed
+
+
+@pytest.mark.parametrize("mode", ["abs", "sync"])
+def test_a_checkpointed_run_of_windows_in_nested_loops_gives_the_reference(tmp_path, mode):
+    """Snapshots taken by barriers or with the world stopped change nothing a run computes."""
+    import slashrt
+    from slashrt.snapshot import SnapshotStore
+    from tests.test_loop_windows import as_rows, input_records, reference_nested
+
+    flow, out = Dataflow("cw"), sinks.Collect(transactional=True)
+    halving(flow.source("src", REC, time="t"), nested=True).sink(out)
+    data = input_records(5, 2000)
+    result = slashrt.run(flow, {"src": data}, checkpoint={"interval": 0.002, "mode": mode, "keep": 100},
+                         checkpoint_dir=tmp_path, slots=4, slot_size=1024)
+    assert as_rows(out.records) == as_rows(np.concatenate(list(reference_nested(data).values())))
+    assert sum(c["status"] == "completed" for c in result.checkpoints) >= 2
+    store = SnapshotStore(tmp_path, job="cw", keep=100)
+    iterations = [len(s.arrays["iterations"]) for n in store.checkpoints() for s in store.load(n).states.values()
+                  if s.meta["kind"] == "loop_window"]
+    assert max(iterations) >= 2  # some checkpoint held several iterations' windows
