@@ -254,11 +254,6 @@ def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_di
     from slashrt.ops.operator import undeclared_state
 
     for step_id, spec in flow.steps.items():
-        if type(spec).__name__ == "WindowAggSpec" and getattr(spec, "scope", ()):  # a window per loop iteration
-            raise DataflowError(
-                f"run(): checkpoints cannot take the state of step {step_id!r} yet: windows inside loops are not "
-                "checkpointed; window the stream outside the loop, or run it without checkpoint_dir="
-            )
         why = undeclared_state(spec.op) if type(spec).__name__ == "OperatorSpec" else None
         if why is not None:
             raise DataflowError(

@@ -67,6 +67,20 @@ def reference_loop(inputs: np.ndarray, divisor: int = 2) -> list[np.ndarray]:
     return out
 
 
+def reference_nested(inputs: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
+    """Per (outer, inner) iteration, the window rows of the nested loops below: outer iteration
+    o enters the inner loop with its input; every inner iteration's rows leave the inner loop,
+    and the outer feedback is all of them at a third."""
+    want, current, o = {}, inputs, 0
+    while len(current):
+        per_inner = reference_loop(current, 2)
+        for i, rows in enumerate(per_inner):
+            want[(o, i)] = rows
+        current = halved(np.concatenate(per_inner), 3)
+        o += 1
+    return want
+
+
 def input_records(seed: int, n: int = 600) -> np.ndarray:
     rng = np.random.default_rng(seed)
     t = np.sort(rng.integers(0, 200, n))
@@ -86,17 +100,36 @@ class Iterations(Operator):
         await ctx.emit(batch)
 
 
+def halving(src, log=None, *, nested: bool = False):
+    """The loops of the tests below on `src`: a keyed tumbling window sums v per iteration (its
+    rows logged by an `Iterations` step with `log`) and feeds them back halved, until none is
+    left (`reference_loop`); `nested`: inside an outer loop that feeds every inner result back
+    at a third (`reference_nested`). The stream of every iteration's rows, left."""
+
+    def inner_loop(loop, entered):
+        sums = loop.enter(entered).window(Tumbling(ms=SIZE)).sum("v", key="k", name="win")
+        seen = sums if log is None else sums.operator(Iterations(log), name="seen")
+        loop.feed_back(seen.apply(feed_back_step(2), schema=SCHEMA, name="halve"))
+        return loop.leave(seen)
+
+    if not nested:
+        with src.flow.loop("halve", max_iterations=40) as loop:
+            return inner_loop(loop, src)
+    with src.flow.loop("outer", max_iterations=20) as outer:
+        o_in = outer.enter(src)
+        with outer.loop("inner", max_iterations=20) as inner:
+            left = inner_loop(inner, o_in)
+        outer.feed_back(left.apply(feed_back_step(3), schema=SCHEMA, name="third"), into=o_in)
+        return outer.leave(left)
+
+
 @pytest.mark.parametrize("slots", [(512, 4), (65536, 8)])
 def test_a_keyed_tumbling_window_in_a_loop_aggregates_each_iteration_apart(slots):
     data = input_records(1)
     flow = Dataflow("lw")
     src = flow.source("src", REC, time="t")
     log = []
-    with flow.loop("halve", max_iterations=40) as loop:
-        sums = loop.enter(src).window(Tumbling(ms=SIZE)).sum("v", key="k", name="win")
-        seen = sums.operator(Iterations(log), name="seen")
-        loop.feed_back(seen.apply(feed_back_step(2), schema=SCHEMA, name="back"))
-        done = loop.leave(seen)
+    done = halving(src, log)
     out = sinks.Collect()
     done.sink(out)
     result = slashrt.run(flow, {"src": data}, slot_size=slots[0], slots=slots[1])
@@ -121,28 +154,12 @@ def test_windows_in_loops_nested_two_deep():
     flow = Dataflow("nest")
     src = flow.source("src", REC, time="t")
     log = []
-    with flow.loop("outer", max_iterations=20) as outer:
-        o_in = outer.enter(src)
-        with outer.loop("inner", max_iterations=20) as inner:
-            sums = inner.enter(o_in).window(Tumbling(ms=SIZE)).sum("v", key="k", name="win")
-            seen = sums.operator(Iterations(log), name="seen")
-            inner.feed_back(seen.apply(feed_back_step(2), schema=SCHEMA, name="halve"))
-            left = inner.leave(seen)
-        outer.feed_back(left.apply(feed_back_step(3), schema=SCHEMA, name="third"), into=o_in)
-        done = outer.leave(left)
+    done = halving(src, log, nested=True)
     out = sinks.Collect()
     done.sink(out)
     result = slashrt.run(flow, {"src": data}, slot_size=512, slots=4)
-    # reference: outer iteration o enters the inner loop with its input; every inner iteration's
-    # rows leave the inner loop, and the outer feedback is all of them at a third
-    want, current, o = {}, data, 0
-    while len(current):
-        per_inner = reference_loop(current, 2)
-        for i, rows in enumerate(per_inner):
-            want[(o, i)] = as_rows(rows)
-        current = halved(np.concatenate(per_inner), 3)
-        o += 1
-    assert o >= 3 and max(i for _, i in want) >= 3
+    want = {c: as_rows(rows) for c, rows in reference_nested(data).items()}
+    assert max(o for o, _ in want) >= 2 and max(i for _, i in want) >= 3
     got = {}
     for time, rows in log:
         got.setdefault(time.counters, []).extend(map(tuple, rows.tolist()))

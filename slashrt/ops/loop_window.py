@@ -24,16 +24,30 @@ epoch is behind the watermark and may find its window fired.
 Lateness is judged on the frontier as outside loops: a record is late exactly when its window
 at its iteration has fired (counted, sent to the `late` sink, never dropped silently). A new
 iteration's window starts where the frontier already stands (`fired_until` from ``E_c``), so it
-judges a record exactly as a window that had seen every frontier move.
+judges a record exactly as a window that had seen every frontier move. As outside loops, the
+value column's type at the step's first batch decides the accumulators' (every iteration's).
+
+State (`snapshot()` / `restore()`, kind ``loop_window``, `slashrt.snapshot.operators`): every
+iteration's tables as two table sets whose ids lead with the iteration's counters
+(``slices``: counters + slice, ``tails``: counters + slice + closed_until), per iteration
+(``iterations``: counters rows, sorted) its ``next_start`` (``pending``: not None),
+``fired_until`` and ``late_records``, the frontier last told (``frontier``: time rows) and in
+`meta` the late count of forgotten iterations. The capabilities it holds follow from that
+(`holds`): the tracker counts them again after a restore (`PointstampProgress.recount`).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from slashrt._batch import Batch
 from slashrt._dataflow import WindowAggSpec
+from slashrt.errors import SnapshotError
 from slashrt.ops._node import Node
 from slashrt.ops.window import WindowAggregate
 from slashrt.progress.timestamp import Timestamp
+from slashrt.snapshot.operators import array_times, check, pack_tables, tagged, times_array, unpack_tables
+from slashrt.snapshot.state_format import State
 
 __all__ = ["LoopWindow", "iteration_watermark"]
 
@@ -52,7 +66,9 @@ class LoopWindow(Node):
         super().__init__(spec.step_id)
         self.spec = spec
         self.size, self.slide = spec.assigner.size, spec.assigner.slide
+        self.depth = len(spec.scope)  # loop counters per iteration
         self.late_node = late_node
+        self.value_dtype = spec.value_dtype  # every iteration's (decided at the step's first batch if not known)
         self.windows: dict[tuple[int, ...], WindowAggregate] = {}  # counters -> that iteration's window
         self.frontier = None  # the input's frontier as last told (None: not told yet)
         self._forgotten_late = 0  # late records of iterations forgotten
@@ -65,11 +81,19 @@ class LoopWindow(Node):
         counters = self.clock.now.counters
         window = self.windows.get(counters)
         if window is None:
-            window = self.windows[counters] = WindowAggregate(self.spec, self.late_node)
-            window.counters, window.clock, window.children = counters, self.clock, self.children
+            window = self._window(counters)
             if self.frontier is not None:  # it starts where the frontier stands (nothing to fire yet)
                 await window.on_frontier(iteration_watermark(self.frontier, counters))
         await window.push(batch)
+        if self.value_dtype is None:
+            self.value_dtype = window.value_dtype
+
+    def _window(self, counters: tuple[int, ...]) -> WindowAggregate:
+        """A new window for iteration `counters`, emitting to this step's children."""
+        window = self.windows[counters] = WindowAggregate(self.spec, self.late_node)
+        window.counters, window.clock, window.children = counters, self.clock, self.children
+        window.value_dtype = self.value_dtype
+        return window
 
     async def on_frontier(self, frontier) -> None:
         """The input's frontier moved: every iteration fires what its watermark passed, in
@@ -88,3 +112,62 @@ class LoopWindow(Node):
         still to fire at that iteration's counters."""
         held = ((w.held(), counters) for counters, w in self.windows.items())
         return frozenset(Timestamp(end, counters) for end, counters in held if end is not None)
+
+    # -- state (the shape: slashrt.snapshot.operators) -------------------------------------------------
+    STATE_KIND, STATE_VERSION = "loop_window", 1
+
+    def snapshot(self) -> State:
+        """A copy of every iteration's state (tables exported; nothing shared with live state)."""
+        order = sorted(self.windows)
+        windows = [self.windows[c] for c in order]
+        slices = {(*c, s): t for c, w in zip(order, windows) for s, t in w.slices.items()}
+        tails = {(*c, *k): t for c, w in zip(order, windows) for k, t in w.tails.items()}
+        frontier = () if self.frontier is None else sorted(self.frontier, key=lambda t: (t.epoch, t.counters))
+        arrays = {
+            **pack_tables("slices", slices, self.value_dtype),
+            **pack_tables("tails", tails, self.value_dtype),
+            "iterations": np.array(order, np.int64).reshape(len(order), self.depth),
+            "next_start": np.array([w.next_start or 0 for w in windows], np.int64),
+            "pending": np.array([w.next_start is not None for w in windows], bool),
+            "fired_until": np.array([w.fired_until for w in windows], np.int64),
+            "late_records": np.array([w.late_records for w in windows], np.int64),
+            "frontier": times_array(frontier).reshape(len(frontier), self.depth + 1),
+        }
+        return tagged(
+            self.STATE_KIND, self.STATE_VERSION, arrays, step=self.step_id, depth=self.depth,
+            told=self.frontier is not None, forgotten_late=self._forgotten_late,
+            size=self.size, slide=self.slide, slice_len=self.spec.assigner.slice_len, aggregate=self.spec.kind.value,
+            value_dtype=None if self.value_dtype is None else np.dtype(self.value_dtype).str,
+        )
+
+    def restore(self, state: State) -> None:
+        meta = check(state, self.step_id, self.STATE_KIND, self.STATE_VERSION)
+        if meta["depth"] != self.depth:
+            raise SnapshotError(
+                f"step {self.step_id!r}: the state is of a window {meta['depth']} loops deep, this step runs in "
+                f"{self.depth}: restore it into the dataflow that wrote it"
+            )
+        grid = WindowAggregate(self.spec)
+        grid._check_grid(meta)  # refuses another grid or aggregate before anything changes
+        arrays = state.arrays
+        self.value_dtype, self.windows = grid.value_dtype, {}
+        iterations = [tuple(c) for c in arrays["iterations"].tolist()]
+        columns = zip(iterations, *(arrays[n].tolist() for n in ("next_start", "pending", "fired_until", "late_records")))
+        for counters, next_start, pending, fired_until, late in columns:
+            window = self._window(counters)
+            window.next_start = next_start if pending else None
+            window.fired_until, window.late_records = fired_until, late
+        d = self.depth
+        for table_id, keys, counts, vals, overflowed in unpack_tables("slices", arrays):
+            window = self.windows[table_id[:d]]
+            window.slices[table_id[d]] = window._restored_table(keys, counts, vals, overflowed)
+        for table_id, keys, counts, vals, overflowed in unpack_tables("tails", arrays):
+            window = self.windows[table_id[:d]]
+            window.tails[table_id[d:]] = window._restored_table(keys, counts, vals, overflowed)
+        self.frontier = tuple(array_times(arrays["frontier"])) if meta["told"] else None
+        self._forgotten_late = meta["forgotten_late"]
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of every iteration's table rows."""
+        return sum(w.state_bytes for w in self.windows.values())

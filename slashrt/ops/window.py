@@ -538,6 +538,16 @@ class WindowAggregate(Node):
         }
 
     def _restore_window(self, arrays: dict[str, np.ndarray], meta: dict, prefix: str = "") -> None:
+        self._check_grid(meta)
+        self.slices, self.tails, self._last_slice = {}, {}, None
+        for tables in (self.slices, self.tails):
+            name = "slices" if tables is self.slices else "tails"
+            for table_id, keys, counts, vals, overflowed in unpack_tables(f"{prefix}{name}", arrays):
+                tables[table_id] = self._restored_table(keys, counts, vals, overflowed)
+        self.next_start, self.fired_until, self.late_records = meta["next_start"], meta["fired_until"], meta["late_records"]
+
+    def _check_grid(self, meta: dict) -> None:
+        """Refuse a state of another window grid or aggregate; take its value dtype."""
         if (meta["size"], meta["slide"], meta["aggregate"]) != (self.size, self.slide, self.kind.value):
             raise SnapshotError(
                 f"step {self.step_id!r}: the state is of a {meta['aggregate']} over windows of {meta['size']} every "
@@ -546,14 +556,12 @@ class WindowAggregate(Node):
             )
         if meta["value_dtype"] is not None:
             self.value_dtype = np.dtype(meta["value_dtype"])
-        self.slices, self.tails, self._last_slice = {}, {}, None
-        for tables in (self.slices, self.tails):
-            name = "slices" if tables is self.slices else "tails"
-            for table_id, keys, counts, vals, overflowed in unpack_tables(f"{prefix}{name}", arrays):
-                table = tables[table_id] = self._table()
-                table.merge(keys, counts, vals)  # copies: nothing shared with the state
-                table.overflowed = overflowed
-        self.next_start, self.fired_until, self.late_records = meta["next_start"], meta["fired_until"], meta["late_records"]
+
+    def _restored_table(self, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray, overflowed: bool) -> HashAgg:
+        table = self._table()
+        table.merge(keys, counts, vals)  # copies: nothing shared with the state
+        table.overflowed = overflowed
+        return table
 
 
 class InFrontOfWindow:

@@ -23,7 +23,8 @@ order), and repeat until nothing changes. `now` is the logical time of the batch
 (see `slashrt.ops.operator`).
 
 Checkpoints: after the nodes' state was restored, `recount()` counts what they hold again
-(sources' capabilities at their restored watermarks, operators' notification requests); a
+(sources' capabilities at their restored watermarks, operators' notification requests,
+windows' capabilities, per iteration inside loops); a
 loop head's barrier travels the feedback queue behind the batches queued before it
 (`enqueue_barrier`), and `back_edges` (`slashrt.snapshot.loops.BackEdgeLog`) sees every
 batch and barrier the queue delivers.
@@ -212,7 +213,8 @@ class PointstampProgress:
 
     def recount(self) -> None:
         """The nodes' state was restored (a checkpoint): count what they hold again, each
-        source's capability at its restored watermark and each operator's requests."""
+        source's capability at its restored watermark, each operator's requests and each
+        window's capabilities (inside loops one per iteration)."""
         for i, node in enumerate(self.nodes):
             if isinstance(node, SourceNode):
                 new = Timestamp(node.announced)
@@ -223,6 +225,7 @@ class PointstampProgress:
                 for time in node.requested:
                     self.tracker.update(Location.output(i, 0), time, 1)
                 self._stale.add(i)
+        self._refresh_holds()
         self._dirty = True
 
     # --- what the executor calls -----------------------------------------------------------

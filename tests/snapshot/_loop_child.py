@@ -7,13 +7,14 @@ checkpoint directory and may SIGKILL itself.
 batches in flight on the back edge at once), "cc" (connected components, `slashrt.examples.cc`, edges in EPOCHS epochs), "pagerank"
 (`slashrt.examples.pagerank`, ITERATIONS power iterations per epoch) or "counter" (a user
 operator counting records per key and epoch, with notifications, in a graph flow with a
-union). Output into a transactional CSV sink under <directory>/out; checkpoints every 2 ms into
+union), "windows" / "nested-windows" (a keyed window inside a loop, or two loops deep,
+`tests/test_loop_windows.halving`). Output into a transactional CSV sink under <directory>/out; checkpoints every 2 ms into
 <directory>/chk; `resume_from="latest"`. <kill> is "none", or "<point>:<k>": SIGKILL this
 process at the k-th time it reaches <point>: "queued" (a fed-back batch is about to be
 delivered round the loop: in the middle of an epoch's iterations), "logged" (a batch arriving
 on a back edge was logged: a loop head's log is open), "replayed" (a logged batch is delivered
 again after a restore), "notify" (an operator is about to get a notification), "write_part"
-(a part written, before the rest) or "complete" (a manifest written, before the sinks commit).
+(a part written, before the rest), "fire" (a window is about to fire) or "complete" (a manifest written, before the sinks commit).
 Prints "done" at the end."""
 
 import sys
@@ -100,8 +101,23 @@ def counter_inputs() -> dict[str, np.ndarray]:
     return out
 
 
+WINDOW_RECORDS = {"windows": 20_000, "nested-windows": 3000}  # nested: every inner round's rows go round again
+
+
+def window_inputs(name: str) -> dict[str, np.ndarray]:
+    from tests.test_loop_windows import input_records
+
+    return {"src": input_records(11, WINDOW_RECORDS[name])}
+
+
 def job(name: str, directory: str):
     sink = sinks.CsvFile(f"{directory}/out", transactional=True)
+    if name in ("windows", "nested-windows"):
+        from tests.test_loop_windows import REC, halving
+
+        flow = Dataflow(name)
+        halving(flow.source("src", REC, time="t"), nested=name == "nested-windows").sink(sink, name="out")
+        return flow, window_inputs(name)
     if name == "cc":
         from slashrt.examples.cc import LABELS, cc_flow
 
@@ -130,6 +146,7 @@ def main(directory: str, name: str, kill: str) -> None:
     from _children import kill_at  # run as a script: this directory is on its path
 
     from slashrt.ops.operator import OperatorNode
+    from slashrt.ops.window import WindowAggregate
     from slashrt.scheduler._pointstamp import PointstampProgress
     from slashrt.snapshot.loops import BackEdgeLog
     from slashrt.snapshot.storage import SnapshotStore
@@ -139,6 +156,7 @@ def main(directory: str, name: str, kill: str) -> None:
         "queued": (PointstampProgress, "run_queued"), "logged": (BackEdgeLog, "record"),
         "replayed": (BackEdgeLog, "replay"), "notify": (OperatorNode, "notify"),
         "write_part": (SnapshotStore, "write_part"), "complete": (SnapshotStore, "complete"),
+        "fire": (WindowAggregate, "_fire"),
     }
     if point != "none":
         kill_at(*targets[point], int(k))

@@ -2,12 +2,13 @@
 algorithm 2, `slashrt.snapshot.loops`).
 
 - exactly once under fire: a real child process runs a checkpointed loop (connected components,
-  PageRank, records circulating a loop of stateless steps) or a stateful user operator behind a
-  union, is SIGKILLed at chosen and at seeded random points, in the middle of an epoch's
+  PageRank, records circulating a loop of stateless steps, a keyed window inside a loop, one
+  and two loops deep) or a stateful user operator behind a union, is SIGKILLed at chosen and at seeded random points, in the middle of an epoch's
   iterations (before the k-th fed-back batch is delivered), during the asynchronous write,
   while a restored back-edge log is being replayed, and resumed by a new process: the published
   output equals a failure-free run's; connected components equals scipy after every epoch,
-  PageRank a numpy power iteration within 1e-9;
+  PageRank a numpy power iteration within 1e-9, the loop windows the numpy reference of
+  tests/test_loop_windows.py;
 - the back-edge log holds the batches in flight on the loop at the snapshot, and a checkpoint
   resumed from with a non-empty log replays it;
 - restore equals snapshot over random user-operator states and notification requests
@@ -114,7 +115,21 @@ KILLS = [
     pytest.param("circulate", ["queued:2500", "replayed:1"], id="circulate-during-replay"),
     pytest.param("counter", ["notify:150"], id="user-operator-before-a-notification"),
     pytest.param("counter", [f"write_part:{rng.integers(2, 30)}"], id="user-operator-seeded-write"),
+    # a keyed window inside the loop: its per-iteration state in the checkpoint
+    pytest.param("windows", [f"queued:{rng.integers(3, 230)}", f"fire:{rng.integers(2, 240)}"],
+                 id="loop-window-seeded-then-while-firing"),
+    pytest.param("windows", [f"write_part:{rng.integers(2, 20)}"], id="loop-window-seeded-write"),
+    pytest.param("nested-windows", [f"queued:{rng.integers(20, 500)}"], id="nested-loop-window-seeded"),
 ]
+
+
+def window_reference(name: str) -> list[str]:
+    """The numpy reference of the loop-window jobs (tests/test_loop_windows.py) as sink rows."""
+    from tests.test_loop_windows import reference_loop, reference_nested
+
+    data = job.window_inputs(name)["src"]
+    per_iteration = reference_loop(data) if name == "windows" else list(reference_nested(data).values())
+    return sorted(",".join(map(str, row)) for row in np.concatenate(per_iteration).tolist())
 
 
 @pytest.mark.parametrize("name, kills", KILLS)
@@ -133,6 +148,8 @@ def test_output_is_exactly_once_after_sigkill_and_resume(tmp_path, references, n
     assert rows == references(name)
     if name == "cc":
         check_cc(rows)
+    if name.endswith("windows"):
+        assert rows == window_reference(name)
 
 
 def test_the_back_edge_log_holds_what_was_in_flight_and_is_replayed(tmp_path, references):
@@ -150,6 +167,19 @@ def test_the_back_edge_log_holds_what_was_in_flight_and_is_replayed(tmp_path, re
     resumed = child(tmp_path, "circulate")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert published(tmp_path) == references("circulate")
+
+
+def test_a_loop_windows_checkpoint_holds_every_iteration_and_a_resume_from_it_is_exact(tmp_path, references):
+    crashed = child(tmp_path, "windows", "queued:120")  # in the middle of the loop's iterations
+    assert crashed.returncode == -signal.SIGKILL
+    latest = SnapshotStore(tmp_path / "chk", job="windows").latest()
+    (state,) = [s for s in latest.states.values() if s.meta["kind"] == "loop_window"]
+    iterations = state.arrays["iterations"]
+    assert len(iterations) >= 2 and iterations.shape[1] == 1  # several iterations' windows, one loop deep
+    assert len(state.arrays["slices.keys"]) > 0 and len(state.arrays["frontier"]) > 0
+    resumed = child(tmp_path, "windows")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert published(tmp_path) == references("windows") == window_reference("windows")
 
 
 # -- user operator state, in process --------------------------------------------------------------
