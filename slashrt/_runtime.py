@@ -176,9 +176,6 @@ def _check_cluster_progress(flow: Dataflow, options: dict) -> None:
     for name in ("on_report", "report_every"):
         if name in options:
             raise DataflowError(f"run(): {name}= reports pointstamp progress, which runs on one executor for now")
-    for name in ("checkpoint", "checkpoint_dir", "resume_from"):
-        if options.get(name) is not None:
-            raise DataflowError(f"run(): {name}=: checkpoints run on one executor for now; clusters come next")
 
 
 def _check_rings(flow: Dataflow, options: dict) -> None:
@@ -244,6 +241,15 @@ def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_di
             raise OptionError("run(): checkpoint= and resume_from= need checkpoint_dir= (a directory or fsspec URL for the checkpoints)")
         return None
     config, keep = runtime.checkpoint_config(checkpoint)
+    refuse_uncheckpointable(flow, plan, inputs)
+    store = SnapshotStore(checkpoint_dir, job=flow.name, keep=keep)
+    return runtime.Checkpointing(plan, config, store, runtime.load_restored(store, resume_from))
+
+
+def refuse_uncheckpointable(flow: Dataflow, plan, inputs: dict, rewinds=(np.ndarray,)) -> None:
+    """Refuse, in one sentence, a flow checkpoints cannot take yet (loops, user operators) or a
+    source that cannot rewind to a checkpoint (in-memory arrays can; `rewinds` the input types
+    that can)."""
     from slashrt.ops.operator import ApplyBoth
 
     for step_id, spec in flow.steps.items():
@@ -255,13 +261,11 @@ def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_di
                 "(connect(...).apply(fn) and the built-in steps they can): run it without checkpoint_dir="
             )
     for step_id, _spec, records in _per_source(plan, inputs, "input"):
-        if not isinstance(records, np.ndarray):
+        if not isinstance(records, rewinds):
             raise DataflowError(
                 f"run(): source {step_id!r} reads from {type(records).__name__}, which cannot rewind to a checkpoint "
                 "yet (in-memory arrays can): run it without checkpoint_dir="
             )
-    store = SnapshotStore(checkpoint_dir, job=flow.name, keep=keep)
-    return runtime.Checkpointing(plan, config, store, runtime.load_restored(store, resume_from))
 
 
 def local_inputs(

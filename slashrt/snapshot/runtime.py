@@ -222,12 +222,19 @@ class Checkpointing:
     async def _obey(self, executor, outcomes) -> None:
         for outcome in outcomes:
             if isinstance(outcome, Abort):
-                if self.coordinator.decline(outcome.checkpoint, self._instances()[0], outcome.reason) is not None:
-                    self._signal()
+                self._decline(outcome)
             elif isinstance(outcome, Snapshot) and self.config.mode == "sync":
                 await self._stop_the_world(outcome.checkpoint, outcome.stats)
             elif isinstance(outcome, Snapshot):
                 self._take(outcome.checkpoint, outcome.stats)
+        self._block(executor)
+
+    def _decline(self, outcome: Abort) -> None:
+        if self.coordinator.decline(outcome.checkpoint, self._instances()[0], outcome.reason) is not None:
+            self._signal()
+
+    def _block(self, executor) -> None:
+        """Block the inputs the aligner holds behind a barrier; none held: consume every one."""
         blocked = self.aligner.channels.blocked
         if blocked:
             for inp in executor.inputs:
@@ -310,13 +317,14 @@ class Checkpointing:
         return self.coordinator.report()
 
 
-def load_restored(store: SnapshotStore, resume_from) -> Checkpoint | None:
+def load_restored(store: SnapshotStore, resume_from, executor: int | None = EXECUTOR) -> Checkpoint | None:
     """The checkpoint `resume_from` names: None (start afresh), "latest" (the newest that
-    verifies; none at all: start afresh) or a checkpoint number."""
+    verifies; none at all: start afresh) or a checkpoint number; `executor`'s parts read (every
+    one checked present; None: all read)."""
     if resume_from is None:
         return None
     if resume_from == "latest":
-        return store.latest(executor=EXECUTOR)
+        return store.latest(executor=executor)
     if isinstance(resume_from, (int, np.integer)) and not isinstance(resume_from, bool):
-        return store.load(int(resume_from), executor=EXECUTOR)
+        return store.load(int(resume_from), executor=executor)
     raise OptionError(f"run(): resume_from must be None, 'latest' or a checkpoint number, got {resume_from!r}")

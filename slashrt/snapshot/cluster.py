@@ -1,0 +1,323 @@
+"""Checkpoints of a multi-executor run: each agent's side, and the cluster coordinator's side.
+
+    cluster coordinator                          agent i (one executor)
+      CheckpointCoordinator over every             sources: record position, barrier n in band
+      (stateful step, executor)
+      "checkpoint" n  ───────────────────────>     align n over lane 0 (its sources): forward
+                                                   barrier n on every outgoing exchange channel;
+                                                   align n over lane 1 (the peers' channels) too:
+                                                   pre-commit sinks, copy state (sync), write parts
+                           <───────────────────    "ack" (n, stats, parts, source positions)   (async)
+      all acked: manifest (every executor's
+      positions, the executor count)
+      "commit" n  ───────────────────────────>     2PC sinks commit n
+                           <───────────────────    "drained" (every input ended)
+      every agent drained: final checkpoint F
+      "checkpoint" F, then "commit" F, "finish" ─> taken at once (nothing is in flight)
+
+Alignment is two-staged because every executor is upstream and downstream of every other: the
+sending half of an exchange (fragments, routing) is fed by the executor's own sources only, so
+once they all delivered barrier n (their data behind it waits in their rings) barrier n goes out
+on the exchange channels; the receiving half snapshots when the peers' barriers arrived too.
+An executor does not wait for its own barrier to come back, so alignment cannot deadlock, and
+what a peer sent before its barrier is in the leader's snapshot, nothing sent after it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import numpy as np
+import structlog
+import trio
+
+from slashrt.errors import OptionError, SlashError, SnapshotError
+from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Snapshot
+from slashrt.snapshot.coordinator import AckStats, CheckpointCoordinator
+from slashrt.snapshot.runtime import Checkpointing
+from slashrt.snapshot.state_format import State
+
+__all__ = ["AgentCheckpointing", "ClusterCheckpoints", "source_positions"]
+
+log = structlog.get_logger("slashrt.checkpoint")
+
+NO_STATE = "executor"  # the instance that acks for an executor without stateful steps
+
+
+def source_positions(meta: dict, executor: int) -> dict:
+    """Executor `executor`'s source positions (step id -> a feeder state's meta) in a manifest's
+    meta: a cluster's lists them per executor, one executor's has them as "sources"."""
+    if "executor_sources" in meta:
+        return meta["executor_sources"][executor]
+    return meta.get("sources", {}) if executor == 0 else {}
+
+
+class AgentCheckpointing(Checkpointing):
+    """The checkpoints of one agent's executor in a cluster run (see the module doc): requests,
+    commits and the end come over the control `link`; acks go back over it."""
+
+    def __init__(self, plan, config, store, restored, *, index: int, link, exchanges, peer_inputs):
+        super().__init__(plan, config, store, restored)
+        self.index = index
+        self.link = link
+        self.exchanges = list(exchanges)
+        self.local = list(plan.sources)
+        self.aligner = BarrierAligner(self.local + list(peer_inputs), clock=time.perf_counter)
+        self._forwarded = 0  # the newest barrier sent on the exchange channels
+        self._requested: set[int] = set()
+        self._drained = False
+        self._released = trio.Event()  # "finish": the final checkpoint is committed
+
+    def position(self, step_id: str) -> State | None:
+        if self.restored is None:
+            return None
+        position = source_positions(self.restored.meta, self.index).get(step_id)
+        if position is None:
+            raise SnapshotError(
+                f"checkpoint {self.restored.number} holds no position for source {step_id!r} of executor "
+                f"{self.index}: it was written by another dataflow; resume it with the dataflow that wrote it"
+            )
+        return State({}, position)
+
+    # -- the coordinator's messages ----------------------------------------------------------------
+    def on_message(self, kind: str, n) -> None:
+        if kind == "checkpoint":
+            self._requested.add(n)
+            self._request(n)
+            if self._drained:  # nothing in flight any more: take it at once
+                self._take_now(n)
+        elif kind == "commit":
+            for sink in self.sinks:
+                sink.commit(n)
+            log.debug("checkpoint committed", checkpoint=n, executor=self.index)
+        elif kind == "finish":
+            self._released.set()
+
+    def _take_now(self, n: int) -> None:
+        now = time.perf_counter()
+        self._take(n, AlignmentStats(n, now, now))
+
+    @contextlib.asynccontextmanager
+    async def running(self):
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            yield
+            await self._finish()
+
+    async def _finish(self) -> None:
+        """Every input ended: take what was requested and not aligned (ended inputs deliver every
+        barrier), say so, and take what comes (the final checkpoint) until told to finish."""
+        self._drained = True
+        for n in sorted(self._requested - self._taken):
+            self._take_now(n)
+        await self.link.send("drained")
+        await self._released.wait()
+        while self._writing:
+            await self._changed.wait()
+
+    # -- alignment: the sending half, then the receiving half ---------------------------------------
+    async def on_barrier(self, executor, inp, n: int) -> None:
+        await self._aligned(executor, self.aligner.barrier(inp.name, n))
+
+    async def on_end(self, executor, inp) -> None:
+        await self._aligned(executor, self.aligner.end(inp.name))
+
+    async def _aligned(self, executor, outcomes) -> None:
+        channels = self.aligner.channels
+        n = self.aligner.aligning
+        if n is not None and all(s in channels.blocked or s in channels.ended for s in self.local):
+            await self._forward(n)
+        for outcome in outcomes:
+            if isinstance(outcome, Snapshot):
+                await self._forward(outcome.checkpoint)
+        await self._obey(executor, outcomes)
+
+    async def _forward(self, n: int) -> None:
+        if n > self._forwarded:
+            self._forwarded = n
+            for exchange in self.exchanges:
+                await exchange.forward_barrier(n)
+
+    def _decline(self, outcome: Abort) -> None:
+        self._nursery.start_soon(self.link.send, "decline", (outcome.checkpoint, outcome.reason))
+
+    async def _write_parts(self, n: int, states: dict, sync: dict, positions: dict, alignment_s: float) -> None:
+        stats, parts = {}, []
+        try:
+            for step_id, state in states.items():
+                t0 = time.perf_counter()
+                part = await self.store.awrite_part(n, step_id, self.index, state.arrays, state.meta)
+                stats[step_id] = AckStats(alignment_s, sync[step_id], time.perf_counter() - t0, part.size)
+                parts.append(part)
+        except (OSError, SlashError) as exc:  # e.g. an older checkpoint removed by retention meanwhile
+            await self.link.send("decline", (n, f"executor {self.index} could not write its state: {exc}"))
+            return
+        if not states:
+            stats[NO_STATE] = AckStats(alignment_s)
+        await self.link.send("ack", (n, stats, parts, positions))
+
+
+class ClusterCheckpoints:
+    """The cluster coordinator's side: a `CheckpointCoordinator` over every (stateful step,
+    executor), periodic triggers, the manifest once every instance acked, and the commits."""
+
+    def __init__(self, store, config, steps, executors: int):
+        if config.mode != "abs":
+            raise OptionError(
+                f"run(): checkpoint mode {config.mode!r} stops the world on one executor only; clusters take barrier "
+                "snapshots (mode 'abs')"
+            )
+        self.store = store
+        self.executors = executors
+        self.steps = sorted(steps) or [NO_STATE]
+        self.coordinator = CheckpointCoordinator.for_steps(
+            self.steps, range(executors), config, clock=trio.current_time, first=store.next_checkpoint()
+        )
+        self.agents = None
+        self._acks: dict[int, dict] = {}  # checkpoint -> {"parts": [...], "positions": {executor: ...}}
+        self._completing = 0  # manifests being written and commits being sent
+        self._changed = trio.Event()
+
+    def handlers(self) -> dict:
+        return {"ack": self._on_ack, "decline": self._on_decline}
+
+    def _signal(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+        if self.agents is not None:
+            self.agents.poke()
+
+    async def triggers(self, agents, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Trigger checkpoints every interval (and expire the late ones) until cancelled."""
+        self.agents = agents
+        coordinator = self.coordinator
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            while (due := coordinator.next_due()) is not None:
+                await trio.sleep_until(min(due, self._expiry()))
+                for record in coordinator.expire():
+                    log.warning("checkpoint aborted", checkpoint=record.checkpoint, reason=record.reason)
+                    self._signal()
+                record = coordinator.maybe_trigger()
+                if record is None:  # max_in_flight pending (or not due yet): wait for one to end
+                    with trio.move_on_at(self._expiry()):
+                        await self._changed.wait()
+                    continue
+                log.debug("checkpoint triggered", checkpoint=record.checkpoint)
+                await agents.send_all("checkpoint", [record.checkpoint] * self.executors)
+
+    def _expiry(self) -> float:
+        started = [c.triggered for c in self.coordinator.pending.values()]
+        return min(started) + self.coordinator.config.timeout if started else float("inf")
+
+    async def final(self, agents) -> None:
+        """Every executor drained: the checkpoints in flight end (each agent takes what it was
+        asked for), then the final one is taken, committed, and the agents finish."""
+        self.agents = agents
+        await agents.settle(lambda: not self.coordinator.pending and not self._completing)
+        final = self.coordinator.trigger_savepoint().checkpoint
+        await agents.send_all("checkpoint", [final] * self.executors)
+        await agents.settle(lambda: final not in self.coordinator.pending and not self._completing)
+        record = self.coordinator.history[-1]
+        if record.checkpoint != final or record.status != "completed":
+            raise SnapshotError(f"the final checkpoint {final} of the run was {record.status}: {record.reason}")
+        await agents.send_all("finish", [None] * self.executors)
+
+    async def _on_ack(self, executor: int, payload) -> None:
+        n, stats, parts, positions = payload
+        got = self._acks.setdefault(n, {"parts": [], "positions": {}})
+        got["parts"].extend(parts)
+        got["positions"][executor] = positions
+        completed = None
+        for step_id, ack in stats.items():
+            completed = self.coordinator.ack(n, (step_id, executor), ack) or completed
+        if completed is None:
+            if n not in self.coordinator.pending:
+                self._acks.pop(n, None)
+            return
+        for m in [m for m in self._acks if m <= n]:
+            del self._acks[m]
+        meta = {"executors": self.executors, "executor_sources": [got["positions"][e] for e in range(self.executors)]}
+        self._completing += 1  # complete in the coordinator's eyes, not yet in the store's nor committed
+        try:
+            await self.store.acomplete(n, meta, got["parts"])
+            log.info("checkpoint completed", checkpoint=n, bytes=completed.bytes)
+            await self.agents.send_all("commit", [n] * self.executors)
+        finally:
+            self._completing -= 1
+            self._signal()
+
+    async def _on_decline(self, executor: int, payload) -> None:
+        n, reason = payload
+        record = self.coordinator.decline(n, (self.steps[0], executor), reason)
+        if record is not None:
+            log.warning("checkpoint aborted", checkpoint=n, reason=record.reason)
+            self._acks.pop(n, None)
+            self._signal()
+
+    def report(self) -> list[dict]:
+        return self.coordinator.report()
+
+
+def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, options: dict):
+    """The coordinator's `ClusterCheckpoints` for a run on `executors` (None without a
+    `checkpoint_dir`), with `job` (what every agent needs: the config, the store's location, the
+    checkpoint to restore). Pops the checkpoint options from `options`; refuses, in one sentence
+    and before any agent starts, what clusters cannot checkpoint."""
+    from slashrt._runtime import refuse_uncheckpointable
+    from slashrt.cluster._job import PerExecutor
+    from slashrt.errors import DataflowError
+    from slashrt.snapshot.operators import stateful_nodes
+    from slashrt.snapshot.runtime import checkpoint_config, load_restored
+    from slashrt.snapshot.storage import SnapshotStore
+
+    checkpoint, location, resume_from = (options.pop(k, None) for k in ("checkpoint", "checkpoint_dir", "resume_from"))
+    if location is None:
+        if checkpoint is not None or resume_from is not None:
+            raise OptionError("run(): checkpoint= and resume_from= need checkpoint_dir= (a directory or fsspec URL for the checkpoints)")
+        return None
+    config, keep = checkpoint_config(checkpoint)
+    refuse_uncheckpointable(flow, plan, inputs, rewinds=(np.ndarray, PerExecutor))
+    if role_plan.graph is not None:
+        raise DataflowError(
+            f"run(): dataflow {flow.name!r} runs on distributed pointstamp progress across executors, which checkpoints "
+            "do not cover yet: run it without checkpoint_dir= or on one executor"
+        )
+    exchanges = role_plan.exchanges()
+    for x in exchanges:
+        behind = [y.step_id for y in x.walk() if y is not x and y in exchanges]
+        if behind:
+            raise DataflowError(
+                f"run(): step {behind[0]!r} exchanges what step {x.step_id!r} computed from its exchange: checkpoints "
+                "of chained exchanges are not there yet; run it without checkpoint_dir= or on one executor"
+            )
+    store = SnapshotStore(location, job=flow.name, keep=keep)
+    cluster = ClusterCheckpoints(store, config, stateful_nodes(role_plan), executors)
+    restored = load_restored(store, resume_from, executor=None)  # every part verified: a corrupt one falls back
+    if restored is not None:
+        was = restored.meta.get("executors", 1)
+        if was != executors:
+            raise SnapshotError(
+                f"run(): checkpoint {restored.number} was taken on {was} executor(s); resuming it on {executors} "
+                f"needs its state reassigned, which this run cannot do yet: resume with executors={was}"
+            )
+    cluster.job = {"config": config, "location": location, "keep": keep,
+                   "restore": None if restored is None else restored.number}
+    return cluster
+
+
+async def agent_checkpointing(job, plan, *, link, exchanges, peer_inputs) -> AgentCheckpointing:
+    """An agent's `AgentCheckpointing` for `job` (its `checkpoint` settings), with its restored
+    checkpoint loaded (this executor's parts only, read in a thread: heartbeats go on)."""
+    from slashrt.snapshot.storage import SnapshotStore
+
+    settings = job.checkpoint
+    store = SnapshotStore(settings["location"], job=job.flow.name, keep=settings["keep"])
+    restored = None
+    if settings["restore"] is not None:
+        restored = await store.aload(settings["restore"], executor=job.index)
+    return AgentCheckpointing(
+        plan, settings["config"], store, restored, index=job.index, link=link, exchanges=exchanges,
+        peer_inputs=peer_inputs,
+    )
