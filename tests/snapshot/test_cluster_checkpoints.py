@@ -1,0 +1,160 @@
+"""Barrier snapshots on clusters of real agent processes (`slashrt.snapshot.cluster`).
+
+- a checkpointed cluster run (SSB and UpPar, shm and tcp, rings that wrap many times) gives the
+  unchecked run's results, and reports its checkpoints;
+- alignment holds across executors: every checkpoint's window state holds exactly the records the
+  executors' sources fed before their barriers (the deltas and rows a peer sent before its barrier
+  in the leader's state, nothing sent after it);
+- exactly once under fire: an agent SIGKILLs itself between pre-commit and commit, or after a
+  checkpoint's manifest before its commit; a new run with resume_from="latest" publishes exactly
+  the failure-free output (transactional CSV: nothing lost, nothing twice);
+- what a cluster cannot resume is refused in one sentence before any agent starts.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import slashrt
+from slashrt import Dataflow, Tumbling
+from slashrt.bench._common import sort_rows
+from slashrt.errors import SlashError
+from slashrt.ops.sinks import Collect
+from slashrt.snapshot import SnapshotStore
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _cluster_child  # noqa: E402  (the job of the kill tests; its input for the in-process ones)
+
+CHILD = Path(_cluster_child.__file__)
+ROOT = Path(__file__).resolve().parents[2]
+SMALL_RINGS = {"slots": 8, "slot_size": 1024, "partitions": 16}
+
+
+def child(directory: Path, mode: str, transport: str, kill: str = "none", executors: int = 2):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, str(CHILD), str(directory), mode, transport, str(executors), kill], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def published(directory: Path) -> dict[str, list[str]]:
+    """Every sink's committed rows (what a reader of its directory sees), sorted."""
+    rows = {}
+    for name in ("out", "late"):
+        lines = []
+        for part in (directory / name).glob("part-*.csv"):
+            lines.extend(part.read_text().splitlines()[1:])
+        rows[name] = sorted(lines)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, list[str]]:
+    directory = tmp_path_factory.mktemp("reference")
+    done = child(directory, "slash", "shm")
+    assert done.returncode == 0 and "done" in done.stdout, done.stderr[-2000:]
+    rows = published(directory)
+    assert rows["out"] and len(rows["late"]) > 1000  # late records are part of the test
+    return rows
+
+
+def window_flow(out: Collect, late: Collect) -> Dataflow:
+    job = Dataflow("cluster-ckpt")
+    source = job.source("r", _cluster_child.SCHEMA, time="t", max_delay=20)
+    source.window(Tumbling(ms=100), late=late).sum("v", key="k", output="total").sink(out, name="out")
+    return job
+
+
+def collected(sink: Collect) -> np.ndarray:
+    return np.sort(sink.records, order=list(sink.records.dtype.names))
+
+
+@pytest.mark.parametrize("mode,transport", [("slash", "shm"), ("uppar", "tcp")])
+def test_a_checkpointed_cluster_run_equals_the_unchecked_run(tmp_path, mode, transport):
+    data = _cluster_child.records()
+    plain = (Collect(), Collect())
+    slashrt.run(window_flow(*plain), {"r": data})
+    out, late = Collect(transactional=True), Collect(transactional=True)
+    result = slashrt.run(
+        window_flow(out, late), {"r": data}, executors=2, mode=mode, transport=transport,
+        checkpoint=0.01, checkpoint_dir=tmp_path, **SMALL_RINGS,
+    )
+    assert np.array_equal(collected(out), collected(plain[0]))
+    assert np.array_equal(collected(late), collected(plain[1]))
+    statuses = [c["status"] for c in result.checkpoints]
+    assert len(statuses) >= 2 and statuses[-1] == "completed" and result.checkpoints[-1]["savepoint"]
+    # every stateful step of both executors acked every completed checkpoint
+    assert {c["acks"] for c in result.checkpoints if c["status"] == "completed"} == {2 * len(store_steps(tmp_path))}
+    store = SnapshotStore(tmp_path, job="cluster-ckpt")
+    assert store.load(store.checkpoints()[-1]).meta["executors"] == 2
+
+
+def store_steps(directory: Path) -> set[str]:
+    store = SnapshotStore(directory, job="cluster-ckpt")
+    return {step for step, _ in store.load(store.checkpoints()[-1]).states}
+
+
+@pytest.mark.parametrize("mode", ["slash", "uppar"])
+def test_every_cluster_checkpoint_holds_exactly_what_the_sources_fed_before_their_barriers(tmp_path, mode):
+    # one window for the whole stream, a count per key: the state is how many records went in
+    data = np.tile(_cluster_child.records(), 4)  # long enough for several checkpoints in the middle
+    data["t"] = np.arange(len(data)) // 10
+    job = Dataflow("align")
+    job.source("r", _cluster_child.SCHEMA, time="t").window(Tumbling(ms=10**9)).count(key="k").sink(
+        Collect(transactional=True), name="out"
+    )
+    slashrt.run(
+        job, {"r": data}, executors=2, mode=mode, checkpoint={"interval": 0.005, "keep": 1000},
+        checkpoint_dir=tmp_path, **SMALL_RINGS,
+    )
+    store = SnapshotStore(tmp_path, job="align", keep=1000)
+    checked = 0
+    for n in store.checkpoints()[:-1]:  # the final one: the window fired, nothing is left in it
+        checkpoint = store.load(n)
+        fed = sum(p["align.r"]["fed"] for p in checkpoint.meta["executor_sources"])
+        counted = sum(
+            int(array.sum()) for (step, _), state in checkpoint.states.items() if step.endswith("window_1")
+            for name, array in state.arrays.items() if name.endswith(".counts")
+        )
+        assert counted == fed, (n, counted, fed)
+        checked += 0 < fed < len(data)
+    assert checked >= 2  # checkpoints in the middle of the stream, not only at its ends
+
+
+# SIGKILL one agent at a chosen point (the k-th time its sinks pass it), resume from the directory
+KILLS = [
+    pytest.param("slash", "shm", "pre_commit:3:1", id="slash-shm-between-pre-commit-and-commit"),
+    pytest.param("uppar", "tcp", "commit:2:0", id="uppar-tcp-after-manifest-before-commit"),
+    pytest.param("slash", "tcp", "commit:5:1", id="slash-tcp-after-checkpoint-2-committed"),
+    pytest.param("uppar", "shm", "pre_commit:6:0", id="uppar-shm-between-pre-commit-and-commit"),
+]
+
+
+@pytest.mark.parametrize("mode,transport,kill", KILLS)
+def test_cluster_output_is_exactly_once_after_sigkill_and_resume(tmp_path, reference, mode, transport, kill):
+    crashed = child(tmp_path, mode, transport, kill)
+    assert crashed.returncode == 3 and "SIGKILL" in crashed.stdout, (crashed.stdout, crashed.stderr[-2000:])
+    resumed = child(tmp_path, mode, transport)
+    assert resumed.returncode == 0 and "done" in resumed.stdout, resumed.stderr[-2000:]
+    assert published(tmp_path) == reference
+
+
+def test_a_checkpoint_is_not_resumed_where_it_cannot_be(tmp_path):
+    data = _cluster_child.records()[:20_000]
+    slashrt.run(window_flow(Collect(), Collect()), {"r": data}, executors=2, checkpoint_dir=tmp_path, **SMALL_RINGS)
+    with pytest.raises(SlashError, match="mode 'abs'"):
+        slashrt.run(window_flow(Collect(), Collect()), {"r": data}, executors=2, checkpoint={"mode": "sync"},
+                    checkpoint_dir=tmp_path, **SMALL_RINGS)
