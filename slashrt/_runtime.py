@@ -22,7 +22,7 @@ from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._dataflow import Dataflow
 from slashrt._frontier_report import ReportFile
 from slashrt._plan import build_plan, check_cluster_flow
-from slashrt.errors import DataflowError, OptionError, SlashError, unwrap_groups
+from slashrt.errors import DataflowError, OptionError, SlashError, SnapshotError, unwrap_groups
 from slashrt.ops.event_time import Share
 from slashrt.ops.sources import feed_array, validate_input
 from slashrt.scheduler import Executor, ExecutorStats, Input
@@ -243,7 +243,13 @@ def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_di
     config, keep = runtime.checkpoint_config(checkpoint)
     refuse_uncheckpointable(flow, plan, inputs)
     store = SnapshotStore(checkpoint_dir, job=flow.name, keep=keep)
-    return runtime.Checkpointing(plan, config, store, runtime.load_restored(store, resume_from))
+    restored = runtime.load_restored(store, resume_from)
+    if restored is not None and restored.meta.get("executors", 1) != 1:
+        raise SnapshotError(
+            f"run(): checkpoint {restored.number} was taken on {restored.meta['executors']} executors, whose windows "
+            "are SSB partitions one executor does not keep: resume it with executors= that many, or more"
+        )
+    return runtime.Checkpointing(plan, config, store, restored)
 
 
 def refuse_uncheckpointable(flow: Dataflow, plan, inputs: dict, rewinds=(np.ndarray,)) -> None:

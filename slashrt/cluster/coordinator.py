@@ -371,6 +371,9 @@ async def run_cluster_async(
     role = ClusterRole(0, Partitioning(partitions, n), mode, epoch_bytes, options.get("ssb_routing", "auto"),
                        options.get("progress", "watermark"))
     checkpoints = cluster_checkpoints(flow, plan, build_plan(flow, role), inputs, n, options)
+    for name, parts in ({} if checkpoints is None else checkpoints.shares).items():  # a rescaled resume's
+        for i in range(n):
+            shares[i][name] = parts[i]
     if on_ready is None and any(isinstance(v, Ingest) for v in shares[0].values()):
         raise DataflowError("Ingest inputs need on_ready: it hands their endpoints' targets to the producers")
     secret = _secret(secret)
