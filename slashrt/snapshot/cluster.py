@@ -187,9 +187,8 @@ class ClusterCheckpoints:
         self.store = store
         self.executors = executors
         self.steps = sorted(steps) or [NO_STATE]
-        self.coordinator = CheckpointCoordinator.for_steps(
-            self.steps, range(executors), config, clock=trio.current_time, first=store.next_checkpoint()
-        )
+        self.config = config
+        self.coordinator: CheckpointCoordinator | None = None  # made when the run starts (`triggers`)
         self.agents = None
         self._acks: dict[int, dict] = {}  # checkpoint -> {"parts": [...], "positions": {executor: ...}}
         self._completing = 0  # manifests being written and commits being sent
@@ -207,7 +206,10 @@ class ClusterCheckpoints:
     async def triggers(self, agents, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Trigger checkpoints every interval (and expire the late ones) until cancelled."""
         self.agents = agents
-        coordinator = self.coordinator
+        # the first periodic checkpoint comes one interval after the run started, not its setup
+        coordinator = self.coordinator = CheckpointCoordinator.for_steps(
+            self.steps, range(self.executors), self.config, clock=trio.current_time, first=self.store.next_checkpoint()
+        )
         with trio.CancelScope() as scope:
             task_status.started(scope)
             while (due := coordinator.next_due()) is not None:
