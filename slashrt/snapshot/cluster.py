@@ -133,13 +133,7 @@ class AgentCheckpointing(Checkpointing):
             await self._changed.wait()
 
     # -- alignment: the sending half, then the receiving half ---------------------------------------
-    async def on_barrier(self, executor, inp, n: int) -> None:
-        await self._aligned(executor, self.aligner.barrier(inp.name, n))
-
-    async def on_end(self, executor, inp) -> None:
-        await self._aligned(executor, self.aligner.end(inp.name))
-
-    async def _aligned(self, executor, outcomes) -> None:
+    async def _obey(self, executor, outcomes) -> None:
         channels = self.aligner.channels
         n = self.aligner.aligning
         if n is not None and all(s in channels.blocked or s in channels.ended for s in self.local):
@@ -147,7 +141,7 @@ class AgentCheckpointing(Checkpointing):
         for outcome in outcomes:
             if isinstance(outcome, Snapshot):
                 await self._forward(outcome.checkpoint)
-        await self._obey(executor, outcomes)
+        await super()._obey(executor, outcomes)
 
     async def _forward(self, n: int) -> None:
         if n > self._forwarded:

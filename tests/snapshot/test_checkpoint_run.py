@@ -14,10 +14,8 @@
 """
 
 import json
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,38 +26,21 @@ from slashrt import Dataflow, Schema, Tumbling, sinks
 from slashrt.errors import DataflowError, OptionError
 from slashrt.snapshot import SnapshotStore
 from slashrt.transport import RingSpec, open_inproc_channel
+from tests.snapshot import _children
+from tests.snapshot._children import run_child
 
 CHILD = Path(__file__).with_name("_checkpoint_child.py")
-ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
 OUTPUTS = ("out_a", "late_a", "out_bc")
 
 
 def child(directory: Path, kill: str = "none") -> subprocess.CompletedProcess:
     """Run the checkpointed job in a new process (killed at `kill`); it resumes from `directory`."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, str(CHILD), str(directory), kill], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_child(CHILD, directory, kill)
 
 
 def published(directory: Path) -> dict[str, list[str]]:
-    """Every sink's committed rows (what a reader of the directories sees), sorted."""
-    rows = {}
-    for name in OUTPUTS:
-        lines = []
-        for part in (directory / name).glob("part-*.csv"):
-            lines.extend(part.read_text().splitlines()[1:])
-        rows[name] = sorted(lines)
-    return rows
+    return _children.published(directory, OUTPUTS)
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,6 @@
 - what a cluster cannot resume is refused in one sentence before any agent starts.
 """
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,43 +18,23 @@ import pytest
 
 import slashrt
 from slashrt import Dataflow, Tumbling
-from slashrt.bench._common import sort_rows
 from slashrt.errors import SlashError
 from slashrt.ops.sinks import Collect
 from slashrt.snapshot import SnapshotStore
 
-sys.path.insert(0, str(Path(__file__).parent))
-import _cluster_child  # noqa: E402  (the job of the kill tests; its input for the in-process ones)
+from tests.snapshot import _children, _cluster_child  # the kill tests' job; its input for the in-process ones
+from tests.snapshot._children import run_child
 
 CHILD = Path(_cluster_child.__file__)
-ROOT = Path(__file__).resolve().parents[2]
 SMALL_RINGS = {"slots": 8, "slot_size": 1024, "partitions": 16}
 
 
 def child(directory: Path, mode: str, transport: str, kill: str = "none", executors: int = 2):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, str(CHILD), str(directory), mode, transport, str(executors), kill], env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_child(CHILD, directory, mode, transport, executors, kill)
 
 
 def published(directory: Path) -> dict[str, list[str]]:
-    """Every sink's committed rows (what a reader of its directory sees), sorted."""
-    rows = {}
-    for name in ("out", "late"):
-        lines = []
-        for part in (directory / name).glob("part-*.csv"):
-            lines.extend(part.read_text().splitlines()[1:])
-        rows[name] = sorted(lines)
-    return rows
+    return _children.published(directory, ("out", "late"))
 
 
 @pytest.fixture(scope="module")
