@@ -25,14 +25,14 @@ from slashrt.cluster import ClusterError, run_cluster_async
 from slashrt.ops.sinks import CsvFile
 
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
-N = 150_000
+N = 100_000
 
 
 def records() -> np.ndarray:
     """The input, the same in every process."""
     rng = np.random.default_rng(7)
     out = np.zeros(N, SCHEMA.dtype)
-    out["t"] = np.arange(N, dtype=np.int64) * 15_000 // N - rng.integers(0, 40, N)
+    out["t"] = np.arange(N, dtype=np.int64) * 10_000 // N - rng.integers(0, 40, N)
     out["k"] = rng.permutation(N) % 3001 * 7 - 5000
     out["v"] = rng.integers(-1000, 1000, N)
     return out
