@@ -5,7 +5,7 @@
         [--executors N --mode slash|uppar --zipf S]   ... on N executors (weak scaling)
     slashrt bench redis [--url URL] [--json]    YSB from a Redis stream to a Redis stream
     slashrt bench files [--json]                YSB from Parquet, CSV and .npy files (FileSource)
-    slashrt bench checkpoint [--query ysb|nexmark] [--interval S] [--json]   what checkpoints cost
+    slashrt bench checkpoint [--query ysb|nexmark] [--interval S] [--executors N] [--json]   what checkpoints cost
     slashrt bench report                        the scaling and skew sweeps, with plots
     slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
     slashrt bench progress [--executors K]      notify latency, loop round trip, progress traffic
