@@ -23,7 +23,7 @@ from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._dataflow import Dataflow
 from slashrt._frontier_report import ReportFile
 from slashrt._plan import build_plan, check_cluster_flow
-from slashrt.errors import DataflowError, OptionError, SlashError, unwrap_groups
+from slashrt.errors import DataflowError, OptionError, SlashError, SnapshotError, unwrap_groups
 from slashrt.ops.event_time import Share
 from slashrt.ops.sources import feed_array, validate_input
 from slashrt.scheduler import Executor, ExecutorStats, Input
@@ -182,9 +182,6 @@ def _check_cluster_progress(flow: Dataflow, options: dict, mode: str | None = No
                 f"run(): {', '.join(given)}: the keyed windows of dataflow {flow.name!r} (a graph flow) route their "
                 "records to the executor owning their key, not through the Slash State Backend; leave it out"
             )
-    for name in CHECKPOINT_OPTIONS:
-        if options.get(name) is not None:
-            raise DataflowError(f"run(): {name}=: checkpoints run on one executor for now; clusters come next")
 
 
 def _check_rings(flow: Dataflow, options: dict) -> None:
@@ -251,6 +248,20 @@ def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_di
             raise OptionError("run(): checkpoint= and resume_from= need checkpoint_dir= (a directory or fsspec URL for the checkpoints)")
         return None
     config, keep = runtime.checkpoint_config(checkpoint)
+    refuse_uncheckpointable(flow, plan, inputs)
+    store = SnapshotStore(checkpoint_dir, job=flow.name, keep=keep)
+    restored = runtime.load_restored(store, resume_from)
+    if restored is not None and restored.meta.get("executors", 1) != 1:
+        raise SnapshotError(
+            f"run(): checkpoint {restored.number} was taken on {restored.meta['executors']} executors, whose windows "
+            "are SSB partitions one executor does not keep: resume it with executors= that many, or more"
+        )
+    return runtime.Checkpointing(plan, config, store, restored)
+
+
+def refuse_uncheckpointable(flow: Dataflow, plan, inputs: dict) -> None:
+    """Refuse, in one sentence, a flow whose state checkpoints cannot take (a user operator that
+    keeps state and declares none) or a source that cannot rewind to a checkpoint."""
     from slashrt.ops.operator import undeclared_state
 
     for step_id, spec in flow.steps.items():
@@ -260,8 +271,6 @@ def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_di
                 f"run(): checkpoints cannot take the state of step {step_id!r}: operator {type(spec.op).__name__} {why}"
             )
     check_rewindable(plan, inputs)
-    store = SnapshotStore(checkpoint_dir, job=flow.name, keep=keep)
-    return runtime.Checkpointing(plan, config, store, runtime.load_restored(store, resume_from))
 
 
 CHECKPOINT_OPTIONS = ("checkpoint", "checkpoint_dir", "resume_from")

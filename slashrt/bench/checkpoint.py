@@ -1,8 +1,8 @@
-"""What checkpoints cost a run on one executor: throughput without checkpoints, with barrier
-snapshots (ABS) and with the stop-the-world baseline, on the same records; each run checked
-against the query's numpy reference.
+"""What checkpoints cost a run: throughput without checkpoints, with barrier snapshots (ABS) and,
+on one executor, with the stop-the-world baseline (clusters take barrier snapshots only), on the
+same records; each run checked against the query's numpy reference.
 
-    slashrt bench checkpoint [--query ysb|nexmark] [--interval S] [--events N] [--json]
+    slashrt bench checkpoint [--query ysb|nexmark] [--interval S] [--events N] [--executors N] [--json]
 
 Reports records_per_s_none / _abs / _sync (the best of `repeat` runs each), their ratios, the
 mean bytes a periodic checkpoint wrote (`snapshot_bytes`) against the mean bytes of the operator
@@ -26,8 +26,20 @@ MODES = ("none", "abs", "sync")
 KEEP = 10_000  # every checkpoint of the measured run stays, to read its state's size
 
 
-def _query(query: str, events: int):
-    """(records by source, flow builder for a sink, result of collected records, reference)."""
+def _query(query: str, events: int, executors: int):
+    """(records by source, flow builder for a sink, result of collected records, reference). On
+    a cluster, each executor generates its share (`PerExecutor`): nothing is shipped to it."""
+    if executors > 1:
+        import functools
+
+        from slashrt.bench.scaling import QUERIES, _make
+        from slashrt.cluster import PerExecutor
+
+        q, params = QUERIES[query], {"campaigns": 1000} if query == "ysb" else {}
+        make = PerExecutor(functools.partial(_make, query, -(-events // executors), 0.0, params), deterministic=True)
+        records = lambda: np.concatenate([make.make(i, executors) for i in range(executors)])  # noqa: E731
+        return ({q.source: make}, functools.partial(q.flow, **params), q.to_result,
+                lambda: q.reference(records(), **params))
     if query == "ysb":
         from slashrt.bench import ysb
 
@@ -49,14 +61,19 @@ def _run(mode: str, inputs, make_flow, interval: float, directory: str, options:
     return result, sink.records, flow.name
 
 
-def bench(*, query: str = "ysb", events: int = 5_000_000, interval: float = 1.0, repeat: int = 3, **options) -> dict:
-    inputs, make_flow, to_result, reference = _query(query, events)
+def bench(
+    *, query: str = "ysb", events: int = 5_000_000, interval: float = 1.0, repeat: int = 3, executors: int = 1, **options
+) -> dict:
+    inputs, make_flow, to_result, reference = _query(query, events, executors)
     expected = reference()
-    n = sum(len(r) for r in inputs.values())
-    fields: dict = {"query": query, "events": n, "interval_s": interval, "executors": 1}
+    n = sum(len(r) for r in inputs.values()) if executors == 1 else -(-events // executors) * executors
+    fields: dict = {"query": query, "events": n, "interval_s": interval, "executors": executors}
+    if executors > 1:
+        options["executors"] = executors
+    modes = MODES if executors == 1 else MODES[:2]  # no stop-the-world baseline on clusters
     correct = True
     with tempfile.TemporaryDirectory(prefix="slashrt-checkpoint-") as directory:
-        for mode in MODES:
+        for mode in modes:
             best = None
             for _ in range(repeat):
                 result, records, job = _run(mode, inputs, make_flow, interval, directory, options)
@@ -77,6 +94,8 @@ def bench(*, query: str = "ysb", events: int = 5_000_000, interval: float = 1.0,
                          for c in periodic]
                 fields["state_bytes"] = round(statistics.mean(state)) if state else 0
     fields["abs_over_none"] = round(fields["records_per_s_abs"] / fields["records_per_s_none"], 3)
-    fields["sync_over_none"] = round(fields["records_per_s_sync"] / fields["records_per_s_none"], 3)
+    fields.setdefault("records_per_s_sync", None)
+    sync = fields["records_per_s_sync"]
+    fields["sync_over_none"] = None if sync is None else round(sync / fields["records_per_s_none"], 3)
     fields["correct"] = correct
     return fields

@@ -99,6 +99,7 @@ class Job:
     epoch_bytes: int = 64 << 20
     host: str = "127.0.0.1"  # where this executor's data listeners bind (its own address)
     options: dict = attrs.field(factory=dict)  # slots, slot_size, watermark_every, coalesce, yield_every
+    checkpoint: dict | None = None  # checkpoints: config, location, keep, restore (`slashrt.snapshot.cluster`)
 
 
 def job_message(job: Job, heartbeat_interval: float, heartbeat_timeout: float) -> dict:

@@ -47,6 +47,7 @@ from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent
 from slashrt.errors import ChannelClosed, OperatorError, unwrap_groups
 from slashrt.scheduler import Input
 from slashrt.scheduler._bus_counts import initial_capabilities
+from slashrt.snapshot.cluster import agent_checkpointing
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import RingSpec
 from slashrt.transport._accept import HandshakeListener, authenticated_peers
@@ -75,14 +76,21 @@ def _executor_sinks(plan, index: int) -> None:
             node.sink = part(index)
 
 
-async def _watch_coordinator(link: Link) -> None:
-    try:
-        kind, _ = await link.receive()
-    except PeerSilent as exc:
-        raise CoordinatorGone(f"the coordinator {exc}") from None
-    except ChannelClosed:
-        raise CoordinatorGone("the coordinator closed the control connection during the job") from None
-    raise CoordinatorGone(f"the coordinator stopped the job ({kind})")
+CHECKPOINT_MESSAGES = ("checkpoint", "commit", "finish")  # `slashrt.snapshot.cluster`
+
+
+async def _watch_coordinator(link: Link, checkpoints=None) -> None:
+    """During the job: hand checkpoint messages to `checkpoints`; anything else stops the job."""
+    while True:
+        try:
+            kind, payload = await link.receive()
+        except PeerSilent as exc:
+            raise CoordinatorGone(f"the coordinator {exc}") from None
+        except ChannelClosed:
+            raise CoordinatorGone("the coordinator closed the control connection during the job") from None
+        if checkpoints is None or kind not in CHECKPOINT_MESSAGES:
+            raise CoordinatorGone(f"the coordinator stopped the job ({kind})")
+        checkpoints.on_message(kind, payload)
 
 
 async def run_job(job: Job, control: Link, secret: bytes) -> None:
@@ -169,8 +177,15 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                         inputs[name], targets[name] = endpoint.receiver, endpoint.target
                     else:
                         inputs[name] = value
+                checkpoints = None
+                if job.checkpoint is not None:
+                    checkpoints = await agent_checkpointing(
+                        job, plan, link=control, exchanges=exchanges.values(),
+                        peer_inputs=[f"{step_id}.from{src}" for step_id in exchanges for src in peers],
+                    )
                 executor_inputs, sources = local_inputs(
-                    plan, inputs, slot_size=slot_size, slots=slots, watermark_every=watermark_every
+                    plan, inputs, slot_size=slot_size, slots=slots, watermark_every=watermark_every,
+                    checkpoints=checkpoints,
                 )
             for (step_id, src), receiver in sorted(receivers.items()):
                 x = exchanges[step_id]
@@ -181,7 +196,7 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
             await control.receive("start")
 
             async with unwrap_groups(), trio.open_nursery() as watch:
-                watch.start_soon(_watch_coordinator, control)
+                watch.start_soon(_watch_coordinator, control, checkpoints)
                 if reporter is not None:
                     watch.start_soon(reporter.send_to, control)
                 try:
@@ -191,7 +206,7 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                                 nursery.start_soon(task)
                         result = await execute(
                             job.flow, plan, executor_inputs, start=sources, index=job.index, progress_bus=bus,
-                            on_report=reporter, **opts,
+                            on_report=reporter, checkpoints=checkpoints, **opts,
                         )
                 finally:  # the last report (finished, or failed and why) goes before the outcome
                     if reporter is not None and reporter.latest is not None:

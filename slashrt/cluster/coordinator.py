@@ -42,7 +42,7 @@ import structlog
 import trio
 
 from slashrt._frontier_report import lower_envelope
-from slashrt._plan import MODES, build_plan, check_cluster_flow, check_progress
+from slashrt._plan import MODES, ClusterRole, build_plan, check_cluster_flow, check_progress
 from slashrt._runtime import RunResult, _per_source
 from slashrt.cluster._job import Ingest, Job, PerExecutor, job_message, split_input
 from slashrt.cluster._reports import cluster_reports
@@ -53,7 +53,8 @@ from slashrt.errors import ChannelClosed, DataflowError, SlashError, unwrap_grou
 from slashrt.ops.sinks import Callback, Collect
 from slashrt.ops.sources import validate_input
 from slashrt.ops.ssb_window import DEFAULT_EPOCH_BYTES, check_routing
-from slashrt.ssb.partitions import DEFAULT_PARTITIONS
+from slashrt.snapshot.cluster import cluster_checkpoints
+from slashrt.ssb.partitions import DEFAULT_PARTITIONS, Partitioning
 from slashrt.transport._auth import client_handshake, generate_secret, load_secret
 from slashrt.transport._registry import NETWORK_TRANSPORTS
 
@@ -168,9 +169,10 @@ class _Agents:
     # connection broke, are worth a moment's wait
     LAST_WORDS_S = 0.5
 
-    def __init__(self, links: list[Link], procs: list[trio.Process | None]):
+    def __init__(self, links: list[Link], procs: list[trio.Process | None], handlers: dict | None = None):
         self.links = links
         self.procs = procs
+        self.handlers = handlers or {}  # message kind -> async fn(executor, payload), handled as it comes
         self._fifos = [collections.deque() for _ in links]
         self._arrived = trio.Event()
         self._ended = [trio.Event() for _ in links]  # set when a spawned agent's process ended
@@ -198,6 +200,9 @@ class _Agents:
                 return
             if kind == "report" and self.on_report is not None:
                 self.on_report(i, payload)
+                continue
+            if kind in self.handlers:
+                await self.handlers[kind](i, payload)
                 continue
             self._put(i, kind, payload)
             if kind in ("done", "failed"):
@@ -253,6 +258,21 @@ class _Agents:
                 message = causes[0]  # the same sentence whichever executor's report came first
         raise ClusterError(message)
 
+    def poke(self) -> None:
+        """Wake `settle`: what it waits for may have changed."""
+        self._arrived.set()
+
+    async def settle(self, done) -> None:
+        """Wait until `done()` (re-checked whenever a handler `poke`s); any message queued
+        meanwhile (an agent failed, died or said something out of turn) raises."""
+        while not done():
+            for i, fifo in enumerate(self._fifos):
+                if fifo:
+                    what, payload = fifo.popleft()
+                    await self._fail(i, what, payload, "ack")
+            self._arrived = trio.Event()
+            await self._arrived.wait()
+
     async def gather(self, kind: str) -> list:
         """The next message of every agent, which must be `kind`; any failure raises."""
         got: dict[int, object] = {}
@@ -285,15 +305,15 @@ def _shares(plan, inputs: dict, executors: int) -> list[dict]:
     return shares
 
 
-def _combine(plan, results: list[RunResult], seconds: float) -> RunResult:
+def _combine(plan, results: list[RunResult], seconds: float, checkpoints=()) -> RunResult:
     outputs = {}
     for node in plan.sinks:
         if isinstance(node.sink, Collect):  # the user's own Collect: fill it as a local run would
             node.sink.open()
             for r in results:
                 part = r.outputs.get(node.step_id)
-                if part is not None:
-                    node.sink.write(part)
+                if part is not None:  # a transactional one's: committed on its executor
+                    (node.sink.publish if node.sink.transactional else node.sink.write)(part)
             node.sink.close()
             outputs[node.step_id] = node.sink.records
         elif isinstance(node.sink, Callback):  # it collected on each executor (for_executor)
@@ -307,7 +327,7 @@ def _combine(plan, results: list[RunResult], seconds: float) -> RunResult:
         for step, per_executor in r.epochs.items():
             epochs.setdefault(step, []).extend(per_executor)
     frontiers = lower_envelope([r.frontiers for r in results])
-    return RunResult(seconds, [s for r in results for s in r.stats], late, outputs, epochs, frontiers)
+    return RunResult(seconds, [s for r in results for s in r.stats], late, outputs, epochs, frontiers, list(checkpoints))
 
 
 async def run_cluster_async(
@@ -356,6 +376,12 @@ async def run_cluster_async(
         raise DataflowError("shm joins processes of one machine: use transport='tcp' or 'verbs' across hosts")
     reports = cluster_reports(options, flow, n)  # run(..., on_report=): gathered here
     shares = _shares(plan, inputs, n)
+    role = ClusterRole(0, Partitioning(partitions, n), mode, epoch_bytes, options.get("ssb_routing", "auto"),
+                       options.get("progress", "watermark"))
+    checkpoints = cluster_checkpoints(flow, plan, build_plan(flow, role), inputs, n, options)
+    for name, parts in ({} if checkpoints is None else checkpoints.shares).items():  # a rescaled resume's
+        for i in range(n):
+            shares[i][name] = parts[i]
     if on_ready is None and any(isinstance(v, Ingest) for v in shares[0].values()):
         raise DataflowError("Ingest inputs need on_ready: it hands their endpoints' targets to the producers")
     secret = _secret(secret)
@@ -388,13 +414,14 @@ async def run_cluster_async(
                         raise ClusterError(f"cannot authenticate executor {i} at {host}:{port}: {exc}") from None
                     links.append(Link(stream, interval=heartbeat_interval, timeout=heartbeat_timeout))
                     links[-1].start(nursery)
-                agents = _Agents(links, procs)
+                agents = _Agents(links, procs, None if checkpoints is None else checkpoints.handlers())
                 agents.start(nursery)
                 if reports is not None:
                     agents.on_report = reports.receive
                     nursery.start_soon(reports.run)
                 jobs = (
-                    job_message(Job(flow, i, n, shares[i], transport, mode, partitions, epoch_bytes, addresses[i][0], options),
+                    job_message(Job(flow, i, n, shares[i], transport, mode, partitions, epoch_bytes, addresses[i][0], options,
+                                    None if checkpoints is None else checkpoints.job),
                                 heartbeat_interval, heartbeat_timeout)
                     for i in range(n)
                 )
@@ -407,6 +434,11 @@ async def run_cluster_async(
                 on_ready({name: [(r or {})[name] for r in readies] for name in (readies[0] or {})})
             started = time.perf_counter()
             await agents.send_all("start", [None] * n)
+            if checkpoints is not None:  # periodic checkpoints until every executor drained, then the final one
+                triggers = await nursery.start(checkpoints.triggers, agents)
+                await agents.gather("drained")
+                triggers.cancel()
+                await checkpoints.final(agents)
             # the run ends when every executor has finished; collecting results is delivery
             await agents.gather("finished")
             seconds = time.perf_counter() - started
@@ -426,7 +458,7 @@ async def run_cluster_async(
                 with contextlib.suppress(Exception):
                     await control.aclose()
             await _reap(procs, grace=5.0 if results is not None else 1.0)
-    result = _combine(plan, results, seconds)
+    result = _combine(plan, results, seconds, [] if checkpoints is None else checkpoints.report())
     bound.info("cluster run finished", seconds=round(seconds, 6))
     return result
 

@@ -67,6 +67,13 @@ class Share:
     records: np.ndarray
     before: np.ndarray  # int64, one per block of `records`
     block: int
+    starts: np.ndarray | None = None  # irregular blocks (a rescaled resume's runs): where each begins
+
+    def blocks(self, positions):
+        """The block of each record position (an int or an int64 array)."""
+        if self.starts is None:
+            return np.minimum(positions // self.block, len(self.before) - 1)
+        return np.maximum(np.searchsorted(self.starts, positions, side="right") - 1, 0)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -89,7 +96,7 @@ class SourceNode(Node):
         self.announced = NO_TIME  # the last watermark sent downstream
         self.grids: list[tuple[int, int]] = []  # (size, slide) of every window downstream
         self.before: np.ndarray | None = None  # a Share's per-block carry
-        self.block = 1
+        self.share: Share | None = None
         self.position = 0  # records of the input seen so far
         self._next_end = NO_TIME  # the first window end downstream after the announced watermark
         self.follows_channel = False  # the channel's producer owns the watermark
@@ -111,7 +118,7 @@ class SourceNode(Node):
         self.grids = sorted(grids)
 
     def carry(self, share: Share) -> None:
-        self.before, self.block = share.before, share.block
+        self.before, self.share = share.before, share
 
     # -- state (the shape: slashrt.snapshot.operators) -------------------------------------------------
     STATE_KIND, STATE_VERSION = "source", 1
@@ -160,7 +167,7 @@ class SourceNode(Node):
         self.position = last
         high = max(self.high, tmax)
         if self.before is not None and len(self.before):
-            high = max(high, int(self.before[min((last - 1) // self.block, len(self.before) - 1)]))
+            high = max(high, int(self.before[self.share.blocks(last - 1)]))
         end_watermark = max(watermark_of(high, self.max_delay), self.announced)
         if self.exact:
             await self._push_exact(batch, times, first, last, high)
@@ -208,8 +215,7 @@ class SourceNode(Node):
         flat = (gather(times) if times.ndim > 1 else times).astype(np.int64, copy=False)
         tops = flat
         if self.before is not None and len(self.before):
-            blocks = np.minimum(np.arange(first, last) // self.block, len(self.before) - 1)
-            tops = np.maximum(flat, self.before[blocks])
+            tops = np.maximum(flat, self.before[self.share.blocks(np.arange(first, last))])
         tops = np.maximum(np.maximum.accumulate(tops), self.high)
         self.high = high
         return flat, np.maximum(np.maximum(tops, I64_MIN + self.max_delay) - self.max_delay, self.announced)

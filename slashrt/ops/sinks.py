@@ -68,6 +68,10 @@ class Collect:
         owned = records if records.flags.owndata else records.copy()
         (self._transactions.add if self.transactional else self._parts.append)(owned)
 
+    def publish(self, records: np.ndarray) -> None:
+        """Records committed elsewhere (by an executor of a cluster run): shown at once."""
+        self._parts.append(records)
+
     # two-phase commit (transactional=True): see slashrt.snapshot.commit
     def pre_commit(self, checkpoint: int) -> None:
         self._transactions.pre_commit(checkpoint)

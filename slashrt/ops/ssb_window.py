@@ -119,6 +119,7 @@ class Shipper:
         self.peak_bytes = 0  # the most bytes of rows queued at once (reset by whoever reads it)
         self._more = trio.lowlevel.ParkingLot()  # run() waits here for the next item
         self._sent = trio.lowlevel.ParkingLot()  # rows() waits here for room
+        self.ended = False
 
     @property
     def queued_bytes(self) -> int:
@@ -144,7 +145,14 @@ class Shipper:
             self._put(Control.WATERMARK, watermark)
 
     def end(self) -> None:
+        self.ended = True
         self._put(Control.END_OF_STREAM, None)
+
+    def barrier(self, n: int) -> None:
+        """Checkpoint barrier n, behind every delta and watermark queued before it (an ended
+        channel delivers every barrier without one)."""
+        if not self.ended:
+            self._put(Control.BARRIER, n)
 
     async def run(self) -> None:
         while True:
@@ -156,8 +164,8 @@ class Shipper:
                 self._queued -= value.nbytes
                 if self._sent:
                     self._sent.unpark_all()
-            elif kind is Control.WATERMARK:
-                await self.sender.send_control(Control.WATERMARK, value)
+            elif kind is not Control.END_OF_STREAM:  # a watermark or a barrier
+                await self.sender.send_control(kind, value)
             else:
                 await self.sender.aclose()
                 return
@@ -222,6 +230,14 @@ class SsbWindowAggregate(WindowAggregate):
     def background(self) -> list:
         """Tasks to run beside the executor: one shipper per outgoing channel."""
         return [s.run for s in self.shippers.values()]
+
+    async def forward_barrier(self, n: int) -> None:
+        """Checkpoint barrier n on every outgoing channel, behind every delta queued so far: taken
+        between two batches of the local stream, so every epoch's shipment is whole before it
+        (`_end_epoch` runs within one batch of the local stream, which is blocked behind its
+        barrier meanwhile) or whole after it; direct routing's rows are one record each."""
+        for shipper in self.shippers.values():
+            shipper.barrier(n)
 
     def inbound(self, source: int) -> Inbound:
         """The root node for the delta channel arriving from executor `source`."""

@@ -64,6 +64,7 @@ class RouteByOwner(InFrontOfWindow, Node):
         self.gate = FrontierGate(window, make_frontier(progress, partitioning.executors))
         self.senders: dict[int, Sender] = {}  # owner executor -> channel to it
         self.fired_until = NO_TIME  # windows ending at or before this are closed for this executor's records
+        self._ended = False  # its outgoing channels are closed
 
     def add_peer(self, peer: int, sender: Sender) -> None:
         """The channel carrying rows owned by executor `peer`."""
@@ -117,7 +118,15 @@ class RouteByOwner(InFrontOfWindow, Node):
             await sender.send_control(Control.WATERMARK, watermark)
         await self.gate.advance(self.index, watermark)
 
+    async def forward_barrier(self, n: int) -> None:
+        """Checkpoint barrier n on every outgoing channel, after every row this executor's
+        stream sent before it (an ended channel delivers every barrier without one)."""
+        if not self._ended:
+            for sender in self.senders.values():
+                await sender.send_control(Control.BARRIER, n)
+
     async def on_end(self) -> None:
+        self._ended = True
         for sender in self.senders.values():
             await sender.aclose()
         await self.gate.advance(self.index, END_TIME)

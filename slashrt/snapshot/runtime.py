@@ -134,7 +134,9 @@ class Checkpointing:
     """The checkpoints of one executor's run (see the module doc): made before the run, with the
     checkpoint to resume from already loaded (`restored`)."""
 
-    def __init__(self, plan, config: CheckpointConfig, store: SnapshotStore, restored: Checkpoint | None):
+    def __init__(self, plan, config: CheckpointConfig, store: SnapshotStore, restored: Checkpoint | None,
+                 executor: int = EXECUTOR):
+        self.executor = executor  # whose parts and source positions these are
         self.plan = plan
         self.config = config
         self.store = store
@@ -144,7 +146,7 @@ class Checkpointing:
             node.sink for node in plan.sinks
             if getattr(node.sink, "transactional", False) and isinstance(node.sink, TwoPhaseCommit)
         ]
-        self.sources = {step_id: SourceBarriers(step_id) for step_id in plan.sources}
+        self.sources = {step_id: SourceBarriers(step_id, executor) for step_id in plan.sources}
         self._world: StopTheWorld | None = None  # mode "sync": the checkpoint stopping the world
         if config.mode == "sync":
             for source in self.sources.values():
@@ -169,10 +171,11 @@ class Checkpointing:
         self._after_end: list[int] = []  # checkpoints triggered once every input had ended (loops still run)
 
     # -- recovery --------------------------------------------------------------------------------
-    def position(self, step_id: str, executor: int = EXECUTOR) -> State | None:
-        """Where source `step_id` on `executor` resumes (a feeder state), or None: from its start."""
+    def position(self, step_id: str) -> State | None:
+        """Where source `step_id` on this executor resumes (a feeder state), or None: from its start."""
         if self.restored is None:
             return None
+        executor = self.executor
         position = source_position(self.restored.meta, step_id, executor)
         taken = sorted(self.restored.meta.get("sources", {}).get(step_id) or {})
         if position is None and taken and "kind" not in taken:
@@ -290,12 +293,19 @@ class Checkpointing:
     async def _obey(self, executor, outcomes) -> None:
         for outcome in outcomes:
             if isinstance(outcome, Abort):
-                if self.coordinator.decline(outcome.checkpoint, self._instances()[0], outcome.reason) is not None:
-                    self._signal()
+                self._decline(outcome)
             elif isinstance(outcome, Snapshot) and self.config.mode == "sync":
                 await self._stop_the_world(outcome.checkpoint, outcome.stats)
             elif isinstance(outcome, Snapshot):
                 self._take(outcome.checkpoint, outcome.stats, running=True)
+        self._block(executor)
+
+    def _decline(self, outcome: Abort) -> None:
+        if self.coordinator.decline(outcome.checkpoint, self._instances()[0], outcome.reason) is not None:
+            self._signal()
+
+    def _block(self, executor) -> None:
+        """Block the inputs the aligner holds behind a barrier; none held: consume every one."""
         blocked = self.aligner.channels.blocked
         if blocked:
             for inp in executor.inputs:
@@ -390,13 +400,14 @@ def _kind(state: State):
     return state.meta.get("kind") if isinstance(state.meta, dict) else None
 
 
-def load_restored(store: SnapshotStore, resume_from) -> Checkpoint | None:
+def load_restored(store: SnapshotStore, resume_from, executor: int | None = EXECUTOR) -> Checkpoint | None:
     """The checkpoint `resume_from` names: None (start afresh), "latest" (the newest that
-    verifies; none at all: start afresh) or a checkpoint number."""
+    verifies; none at all: start afresh) or a checkpoint number; `executor`'s parts read (every
+    one checked present; None: all read)."""
     if resume_from is None:
         return None
     if resume_from == "latest":
-        return store.latest(executor=EXECUTOR)
+        return store.latest(executor=executor)
     if isinstance(resume_from, (int, np.integer)) and not isinstance(resume_from, bool):
-        return store.load(int(resume_from), executor=EXECUTOR)
+        return store.load(int(resume_from), executor=executor)
     raise OptionError(f"run(): resume_from must be None, 'latest' or a checkpoint number, got {resume_from!r}")

@@ -1,5 +1,5 @@
-"""Helpers of the kill tests: run a child script in a new process, and SIGKILL one at a chosen
-call (the child scripts import `kill_at`; the tests `run_child`)."""
+"""Helpers of the kill tests: run a child script in a new process, SIGKILL one at a chosen
+call (the child scripts import `kill_at`; the tests `run_child`), and read a job's published output."""
 
 import os
 import signal
@@ -40,3 +40,15 @@ def kill_at(target, name: str, k: int):
         return result
 
     setattr(target, name, wrapped)
+
+
+def published(directory: Path, outputs) -> dict[str, list[str]]:
+    """Every sink's committed rows (what a reader of its directory sees: part files without
+    `.inprogress`, their header dropped), sorted, by sink directory name."""
+    rows = {}
+    for name in outputs:
+        lines = []
+        for part in (directory / name).glob("part-*.csv"):
+            lines.extend(part.read_text().splitlines()[1:])
+        rows[name] = sorted(lines)
+    return rows

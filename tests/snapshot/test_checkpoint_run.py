@@ -301,7 +301,8 @@ def test_a_resume_with_an_input_of_another_length_is_refused(tmp_path):
         ({"checkpoint": {"interval": 1, "mode": "slow"}, "checkpoint_dir": "DIR"}, OptionError, "mode must be one of"),
         ({"checkpoint": {"every": 1}, "checkpoint_dir": "DIR"}, OptionError, "unknown key"),
         ({"checkpoint_dir": "DIR", "resume_from": "first"}, OptionError, "resume_from must be"),
-        ({"checkpoint_dir": "DIR", "executors": 2}, DataflowError, "one executor for now"),
+        ({"checkpoint": 1.0, "executors": 2}, OptionError, "need checkpoint_dir"),
+        ({"checkpoint": {"mode": "sync"}, "checkpoint_dir": "DIR", "executors": 2}, OptionError, "mode 'abs'"),
     ],
 )
 def test_bad_checkpoint_options_are_refused(tmp_path, options, error, message):
@@ -321,8 +322,12 @@ def test_bench_checkpoint_measures_the_three_modes_and_checks_them(capsys):
     assert result["checkpoints_abs"] >= 1 and result["snapshot_bytes"] > 0 and result["state_bytes"] > 0
     for field in ("records_per_s_none", "records_per_s_abs", "records_per_s_sync", "abs_over_none", "sync_over_none"):
         assert result[field] > 0
-    assert main(["bench", "checkpoint", "--executors", "2"]) == 2
-    assert "checkpoints run on one executor so far" in capsys.readouterr().err
+    # on a cluster: barrier snapshots only (no stop-the-world baseline), each executor generating its share
+    args = ["bench", "checkpoint", "--executors", "2", "--events", "600000", "--interval", "0.01", "--repeat", "1"]
+    assert main([*args, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["correct"] is True and result["executors"] == 2 and result["checkpoints_abs"] >= 1
+    assert result["records_per_s_abs"] > 0 and result["abs_over_none"] > 0 and result["sync_over_none"] is None
 
 
 def test_positions_are_kept_per_source_and_executor():
@@ -340,9 +345,11 @@ def test_positions_are_kept_per_source_and_executor():
     assert source_position(meta, "j.a", 1)["fed"] == 1 and source_position(meta, "j.b", 1) is None
     legacy = {"sources": {"j.a": {"kind": "array_source", "fed": 7}}}  # one executor's, before executors were keys
     assert source_position(legacy, "j.a", 0)["fed"] == 7
-    resumed = SimpleNamespace(restored=SimpleNamespace(meta=meta, number=4))
-    assert Checkpointing.position(resumed, "j.a", 1).meta["fed"] == 1
+    def on(executor):
+        return SimpleNamespace(restored=SimpleNamespace(meta=meta, number=4), executor=executor)
+
+    assert Checkpointing.position(on(1), "j.a").meta["fed"] == 1
     with pytest.raises(SnapshotError, match="positions of source 'j.a' for executors 0, 1, not 2: resume it on as many"):
-        Checkpointing.position(resumed, "j.a", 2)
+        Checkpointing.position(on(2), "j.a")
     with pytest.raises(SnapshotError, match="holds no position for source 'j.c' on executor 0: it was written by another"):
-        Checkpointing.position(resumed, "j.c", 0)
+        Checkpointing.position(on(0), "j.c")

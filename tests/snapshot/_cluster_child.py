@@ -1,0 +1,95 @@
+"""A checkpointed cluster job that resumes from its checkpoint directory; one of its agents may
+SIGKILL itself.
+
+    python _cluster_child.py <directory> <mode> <transport> <executors> <kill>
+
+The job: one source out of order beyond its bound (some records are late) into a tumbling-window
+sum per key, on <executors> agent processes exchanging over <transport> rings of 4 slots (every
+channel wraps many times) in <mode> ("slash" or "uppar"); the sums and the late records each into
+a transactional CSV sink under <directory> (out, late); checkpoints every 20 ms into
+<directory>/chk; `resume_from="latest"`. <kill> is "none", or "<point>:<k>:<executor>": that
+executor SIGKILLs itself the k-th time its sink reaches <point>: "pre_commit" (output
+pre-committed, its state not yet written or acked) or "commit" (entering the commit: the
+checkpoint's manifest is written, this executor's output not yet published).
+Prints "done" at the end; exits 3 with the error's sentence if the job failed."""
+
+import os
+import signal
+import sys
+
+import numpy as np
+import trio
+
+from slashrt import Dataflow, Schema, Tumbling
+from slashrt.cluster import ClusterError, run_cluster_async
+from slashrt.ops.sinks import CsvFile
+
+SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
+N = 100_000
+
+
+def records() -> np.ndarray:
+    """The input, the same in every process."""
+    rng = np.random.default_rng(7)
+    out = np.zeros(N, SCHEMA.dtype)
+    out["t"] = np.arange(N, dtype=np.int64) * 10_000 // N - rng.integers(0, 40, N)
+    out["k"] = rng.permutation(N) % 3001 * 7 - 5000
+    out["v"] = rng.integers(-1000, 1000, N)
+    return out
+
+
+class KillingCsv(CsvFile):
+    """A transactional CSV sink whose executor `KILL[2]` SIGKILLs itself at its k-th `KILL[0]`."""
+
+    KILL = ("none", 0, -1)
+    calls = 0
+
+    def for_executor(self, index: int):
+        sink = super().for_executor(index)
+        sink.index = index
+        return sink
+
+    def _reached(self, point: str) -> None:
+        name, k, executor = self.KILL
+        if name == point and getattr(self, "index", None) == executor:
+            type(self).calls += 1
+            if type(self).calls == k:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    def pre_commit(self, checkpoint: int) -> None:
+        super().pre_commit(checkpoint)
+        self._reached("pre_commit")
+
+    def commit(self, checkpoint: int) -> None:
+        self._reached("commit")
+        super().commit(checkpoint)
+
+
+def flow(directory: str) -> Dataflow:
+    job = Dataflow("cluster-chaos")
+    source = job.source("r", SCHEMA, time="t", max_delay=20)
+    late = KillingCsv(f"{directory}/late", transactional=True)
+    out = KillingCsv(f"{directory}/out", transactional=True)
+    source.window(Tumbling(ms=100), late=late).sum("v", key="k", output="total").sink(out)
+    return job
+
+
+def main(directory: str, mode: str, transport: str, executors: str, kill: str) -> None:
+    if kill != "none":
+        point, k, executor = kill.split(":")
+        KillingCsv.KILL = (point, int(k), int(executor))
+    try:
+        result = trio.run(lambda: run_cluster_async(
+            flow(directory), {"r": records()}, executors=int(executors), transport=transport, mode=mode,
+            partitions=16, checkpoint={"interval": 0.02, "keep": 2}, checkpoint_dir=f"{directory}/chk",
+            resume_from="latest", slots=8, slot_size=1024, exchange_slots=4,
+        ))
+    except ClusterError as exc:
+        print(f"failed: {exc}", flush=True)
+        sys.exit(3)
+    print("checkpoints", [(c["status"], round(c["seconds"], 3), round(c["max_alignment_s"], 3), round(c["max_async_s"], 3)) for c in result.checkpoints], result.seconds, file=sys.stderr)
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
