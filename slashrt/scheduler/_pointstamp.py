@@ -46,6 +46,7 @@ from slashrt.ops.window import WindowAggregate
 from slashrt.progress import IDENTITY, INGRESS, Builder, Location, Reachability, Timestamp, Tracker, move_capability
 from slashrt.progress.frontier import PROGRESS_MODES
 from slashrt.progress.timestamp import MIN_EPOCH
+from slashrt.progress.waiters import Waits
 from slashrt.scheduler._bus_counts import BusCounts
 
 __all__ = ["PointstampProgress", "MODES", "progress_graph", "resolve_mode"]
@@ -123,7 +124,7 @@ class PointstampProgress:
         index = {step_id: i for i, step_id in enumerate(self.steps)}
         self.graph = plan.graph if plan.graph is not None else progress_graph(flow)
         self.wake = lambda: None  # the executor's compute wakes up to settle a peer's news
-        self.tracker = Tracker(self.graph) if bus is None else BusCounts(bus, self._news)
+        self.tracker = Tracker(self.graph) if bus is None else BusCounts(bus, self._news, self._waits())
         self.bus = bus
         self.index = {id(node): i for i, node in enumerate(self.nodes)}
         self.now = Timestamp(MIN_EPOCH)
@@ -244,6 +245,18 @@ class PointstampProgress:
         self.wake()
 
     # --- internals -------------------------------------------------------------------------
+    def _waits(self) -> Waits:
+        """Where pointstamps stand for someone waiting (`slashrt.progress.waiters`): operators'
+        notification requests (at every input, up to their time) and windows' capabilities
+        outside loops (at the input, before the window's end)."""
+        waits = {}
+        for i, node in enumerate(self.nodes):
+            if isinstance(node, OperatorNode):
+                waits[Location.output(i, 0)] = (tuple(Location.input(i, p) for p in range(node.inputs)), False)
+            elif isinstance(node, WindowAggregate) and self.graph.depths[Location.input(i, 0)] == 0:
+                waits[Location.output(i, 0)] = ((Location.input(i, 0),), True)
+        return waits
+
     async def _frontier_moved(self, node: Node, frontier) -> None:
         epoch = min((t.epoch for t in frontier), default=None)
         if isinstance(node, WindowAggregate):
