@@ -114,7 +114,9 @@ class ProgressBus:
 
     def flush(self) -> None:
         """Broadcast whatever the exchange holds back (call it when the executor goes idle)."""
-        self._after("flush", None, (), self.exchange.flush())
+        messages = self.exchange.flush()
+        if messages:  # (nothing held: the view did not change, no one to tell)
+            self._after("flush", None, (), messages)
 
     def frontier(self, location: Location) -> Antichain:
         return self.exchange.view.frontier(location)

@@ -58,9 +58,6 @@ class Waiters:
         self._epochs: dict[Location, list[int]] = {output: [] for output in outside}
         self._reach: dict[tuple, bool] = {}
 
-    def __contains__(self, location: Location) -> bool:
-        return location in self.waits
-
     def update(self, location: Location, time: Timestamp, delta: int) -> None:
         """An own pointstamp at a `waits` output changed by `delta`."""
         counts = self._counts[location]

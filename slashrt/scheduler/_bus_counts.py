@@ -76,15 +76,22 @@ class BusCounts:
 
     def update(self, location: Location, time: Timestamp, delta: int) -> None:
         self._pending.update((location, time), delta)
-        if location in self._waiters:
+        if location in self._waiters.waits:
             self._waiters.update(location, time, delta)
             self._recheck = True
         elif delta < 0:
             self._recheck = True
 
     def update_iter(self, updates: Iterable[tuple[Pointstamp, int]]) -> None:
-        for (location, time), delta in updates:
-            self.update(location, time, delta)
+        updates = updates if isinstance(updates, list) else list(updates)
+        self._pending.extend(updates)
+        waiters, waits = self._waiters, self._waiters.waits
+        for (location, time), delta in updates:  # (`update`, inlined: every capability move comes here)
+            if location in waits:
+                waiters.update(location, time, delta)
+                self._recheck = True
+            elif delta < 0:
+                self._recheck = True
 
     def propagate(self) -> list[tuple[Location, Timestamp, int]]:
         self.bus.poll()  # peers' news that arrived while this executor was busy
