@@ -29,7 +29,8 @@ operators); the moves between two waited-for times (a source's millisecond water
 a 10 s window) still net to one. A time only another executor waits for is published at this
 one's next idle moment, as before. And the peers' messages that arrived while this executor
 was busy are applied at every `propagate` (`ProgressBus.poll`), not only when it next yields
-to the bus's receive tasks.
+to the bus's receive tasks; after an urgent flush the executor yields once (`published`), so
+channels whose bytes a task reads (tcp) take in what peers sent meanwhile.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class BusCounts:
         # `_urgent` looks again only after a -1 or a change of what is waited for (a +1
         # elsewhere only holds more back)
         self._recheck = False
+        self.published = False  # an urgent flush happened (the executor yields once: `settle`)
 
         def changed(changes) -> None:  # from record/flush here, or a peer's message
             self._changes.extend(changes)
@@ -99,6 +101,7 @@ class BusCounts:
             self._record()
         elif self._recheck and self._urgent():
             self.flush()
+            self.published = True
         self._changes.extend(self.view.propagate())  # the initial capabilities, the first time
         changes, self._changes = self._changes, []
         return changes

@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 
 import structlog
+import trio
 
 from slashrt._logging import level_name
 from slashrt._dataflow import EnterSpec, FeedbackSpec, LeaveSpec, OperatorSpec, SinkSpec, SourceSpec, UnionSpec, inputs_of
@@ -225,6 +226,11 @@ class PointstampProgress:
         finally:
             self._settling = False
             self.now = now
+        if self.bus is not None and self.tracker.published:
+            # a busy executor just told its peers what they wait for: let the channels' tasks
+            # run once (a tcp drive reads their answers only then; `propagate` polls them next)
+            self.tracker.published = False
+            await trio.lowlevel.checkpoint()
 
     def idle(self) -> bool:
         return not self.queue and self.tracker.is_idle()
