@@ -18,7 +18,8 @@ whole: a message larger than a slot travels as several frames and is applied whe
 frame has arrived. `record` and `flush` never block: a message waits in the peer's outbox when
 its ring is full, and that peer's send task posts it as credits return. So two executors whose
 rings are full of each other's messages cannot deadlock: receiving (which returns credits)
-never waits for sending.
+never waits for sending. `poll()` does the receive tasks' work at once, without waiting (`_drain`
+per peer): an executor too busy to yield to them calls it between events.
 
 `open_progress_bus` listens, swaps addresses through the caller (the agent's control
 connection, a test harness's pipes), connects every channel both ways through an

@@ -25,7 +25,8 @@ On several executors (`bus` given) every executor runs every step on its share o
 the counts are the cluster's (`BusCounts`): updates go to the progress bus, frontiers come
 from its view, and a peer's message that moves a frontier marks the tracker dirty and wakes
 the executor (`wake`), which settles it like a local event. The executor flushes the bus when
-it goes idle (`quiet`) and runs until every executor's work is done (`waiting`).
+it goes idle (`quiet`), or at once when its own notifications or windows wait for what it holds
+(`BusCounts`, `_waits`), and runs until every executor's work is done (`waiting`).
 """
 
 from __future__ import annotations
