@@ -18,7 +18,8 @@ whole: a message larger than a slot travels as several frames and is applied whe
 frame has arrived. `record` and `flush` never block: a message waits in the peer's outbox when
 its ring is full, and that peer's send task posts it as credits return. So two executors whose
 rings are full of each other's messages cannot deadlock: receiving (which returns credits)
-never waits for sending.
+never waits for sending. `poll()` does the receive tasks' work at once, without waiting (`_drain`
+per peer): an executor too busy to yield to them calls it between events.
 
 `open_progress_bus` listens, swaps addresses through the caller (the agent's control
 connection, a test harness's pipes), connects every channel both ways through an
@@ -97,6 +98,7 @@ class ProgressBus:
         self._receivers = receivers
         self._outbox: dict[int, deque[bytes]] = {peer: deque() for peer in senders}
         self._queued = {peer: trio.lowlevel.ParkingLot() for peer in senders}
+        self._partial: dict[int, list] = {peer: [] for peer in receivers}  # frames of a message yet to end
         self._changed = trio.lowlevel.ParkingLot()
         self._closed = False
         self._frame_bytes = min((s.spec.payload_capacity for s in senders.values()), default=PROGRESS_RING.payload_capacity)
@@ -113,7 +115,9 @@ class ProgressBus:
 
     def flush(self) -> None:
         """Broadcast whatever the exchange holds back (call it when the executor goes idle)."""
-        self._after("flush", None, (), self.exchange.flush())
+        messages = self.exchange.flush()
+        if messages:  # (nothing held: the view did not change, no one to tell)
+            self._after("flush", None, (), messages)
 
     def frontier(self, location: Location) -> Antichain:
         return self.exchange.view.frontier(location)
@@ -197,17 +201,37 @@ class ProgressBus:
                 raise self._lost(peer, exc) from None
             self._post(peer)
 
+    def poll(self) -> bool:
+        """Apply every peer message that has arrived, without waiting; True if any was. A busy
+        executor calls it between events, so a peer's news does not wait for its next yield
+        (the receive tasks run only then)."""
+        got = False
+        for peer in self._receivers:
+            got |= self._drain(peer)
+        return got
+
     async def _receive_task(self, peer: int) -> None:
         """Apply the peer's messages in its order until it ends its channel."""
-        receiver, pending = self._receivers[peer], []
+        receiver = self._receivers[peer]
         while not receiver.finished:
             try:
                 await receiver.wait_readable()
+            except ChannelClosed as exc:
+                raise self._lost(peer, exc) from None
+            self._drain(peer)
+
+    def _drain(self, peer: int) -> bool:
+        """Apply what the peer's channel holds now, in its order (a message split over frames
+        waits in `_partial` for its last frame); True if anything was polled."""
+        receiver, got = self._receivers[peer], False
+        while True:
+            try:
                 buffer = receiver.poll()
             except ChannelClosed as exc:
                 raise self._lost(peer, exc) from None
             if buffer is None:
-                continue
+                return got
+            got = True
             if buffer.is_control:
                 ctype = buffer.control()[0]
                 if ctype is not Control.END_OF_STREAM:
@@ -219,9 +243,9 @@ class ProgressBus:
                         part, more, offset = self.codec.decode_frame(payload, offset)
                     except MalformedBuffer as exc:
                         raise MalformedBuffer(f"from executor {peer}: {exc}") from None
-                    pending += part
+                    self._partial[peer] += part
                     if not more:
-                        message, pending = tuple(pending), []
+                        message, self._partial[peer] = tuple(self._partial[peer]), []
                         self.stats.received += 1
                         self._after("receive", peer, message, self.exchange.receive(message))
             receiver.release()  # after decoding: the payload is a view of the slot

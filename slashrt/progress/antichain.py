@@ -300,6 +300,13 @@ class ChangeBatch:
     def items(self) -> list[tuple[Hashable, int]]:
         return list(self._sums.items())
 
+    def split(self) -> tuple[list[Hashable], list[Hashable]]:
+        """The items with a negative sum, and those with a positive one."""
+        negative, positive = [], []
+        for item, total in self._sums.items():
+            (negative if total < 0 else positive).append(item)
+        return negative, positive
+
     def drain(self) -> list[tuple[Hashable, int]]:
         """The accumulated updates (no zeros); the batch is empty afterwards."""
         out = list(self._sums.items())

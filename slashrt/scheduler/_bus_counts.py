@@ -15,10 +15,22 @@ pointstamp the peers know, which the exchange must send at once; recording the e
 busy stretch as one batch nets those moves to one (+1 at the last, -1 at the first) and the
 batches' +1s against their -1s. It is safe: everything buffered is covered by a pointstamp
 the view holds (the published capability it came from), whose -1 is buffered too, so the
-view only stays behind (a notification waits for the next idle moment, never comes early).
+view only stays behind (a notification waits, never comes early).
 `RECORD_EVERY` buffered updates are recorded anyway, so a busy executor's memory stays bounded.
 The view never runs ahead of the global counts, so a frontier read here never lets a
 notification or a sink's end through early on any executor.
+
+Except when someone waits for it: if the buffer drops a pointstamp that could-result-in a
+time this executor waits for (its operators' notification requests, its windows' ends:
+`slashrt.progress.waiters`) and nothing the buffer adds could-result-in that time, the buffer is
+recorded and the exchange flushed at once, in the middle of the busy stretch. That is the
+update the notification waits for, here and on the other executors (which run the same
+operators); the moves between two waited-for times (a source's millisecond watermarks inside
+a 10 s window) still net to one. A time only another executor waits for is published at this
+one's next idle moment, as before. And the peers' messages that arrived while this executor
+was busy are applied at every `propagate` (`ProgressBus.poll`), not only when it next yields
+to the bus's receive tasks; after an urgent flush the executor yields once (`published`), so
+channels whose bytes a task reads (tcp) take in what peers sent meanwhile.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from slashrt.progress import Location, Timestamp
 from slashrt.progress.antichain import Antichain, ChangeBatch
 from slashrt.progress.timestamp import MIN_EPOCH
 from slashrt.progress.tracker import Pointstamp
+from slashrt.progress.waiters import Waiters, Waits
 
 __all__ = ["BusCounts", "initial_capabilities", "RECORD_EVERY"]
 
@@ -44,13 +57,18 @@ def initial_capabilities(sources: Iterable[int], executors: int) -> list[tuple[P
 class BusCounts:
     """The `Tracker` calls `PointstampProgress` makes, answered by a `ProgressBus`."""
 
-    def __init__(self, bus, on_news: Callable[[], None]):
+    def __init__(self, bus, on_news: Callable[[], None], waits: Waits | None = None):
         self.bus = bus
         self.view = bus.exchange.view
         self.graph = self.view.graph
         self._pending = ChangeBatch()  # a busy stretch's updates, netted
         self._changes: list[tuple[Location, Timestamp, int]] = []
         self._on_news = on_news
+        self._waiters = Waiters(self.graph, waits or {})
+        # `_urgent` looks again only after a -1 or a change of what is waited for (a +1
+        # elsewhere only holds more back)
+        self._recheck = False
+        self.published = False  # an urgent flush happened (the executor yields once: `settle`)
 
         def changed(changes) -> None:  # from record/flush here, or a peer's message
             self._changes.extend(changes)
@@ -60,13 +78,30 @@ class BusCounts:
 
     def update(self, location: Location, time: Timestamp, delta: int) -> None:
         self._pending.update((location, time), delta)
+        if location in self._waiters.waits:
+            self._waiters.update(location, time, delta)
+            self._recheck = True
+        elif delta < 0:
+            self._recheck = True
 
     def update_iter(self, updates: Iterable[tuple[Pointstamp, int]]) -> None:
+        updates = updates if isinstance(updates, list) else list(updates)
         self._pending.extend(updates)
+        waiters, waits = self._waiters, self._waiters.waits
+        for (location, time), delta in updates:  # (`update`, inlined: every capability move comes here)
+            if location in waits:
+                waiters.update(location, time, delta)
+                self._recheck = True
+            elif delta < 0:
+                self._recheck = True
 
     def propagate(self) -> list[tuple[Location, Timestamp, int]]:
+        self.bus.poll()  # peers' news that arrived while this executor was busy
         if len(self._pending) > RECORD_EVERY:
             self._record()
+        elif self._recheck and self._urgent():
+            self.flush()
+            self.published = True
         self._changes.extend(self.view.propagate())  # the initial capabilities, the first time
         changes, self._changes = self._changes, []
         return changes
@@ -80,6 +115,13 @@ class BusCounts:
     def _record(self) -> None:
         if not self._pending.is_empty():
             self.bus.record(self._pending.drain())
+
+    def _urgent(self) -> bool:
+        """Does the buffer drop a pointstamp that holds back a waited-for time, without adding
+        one that holds it back too?"""
+        self._recheck = False
+        drops, adds = self._pending.split()
+        return bool(drops) and self._waiters.unblocked_by(drops, adds)
 
     def frontier(self, location: Location) -> Antichain:
         return self.view.frontier(location)

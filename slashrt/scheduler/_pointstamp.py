@@ -33,7 +33,8 @@ On several executors (`bus` given) every executor runs every step on its share o
 the counts are the cluster's (`BusCounts`): updates go to the progress bus, frontiers come
 from its view, and a peer's message that moves a frontier marks the tracker dirty and wakes
 the executor (`wake`), which settles it like a local event. The executor flushes the bus when
-it goes idle (`quiet`) and runs until every executor's work is done (`waiting`).
+it goes idle (`quiet`), or at once when its own notifications or windows wait for what it holds
+(`BusCounts`, `_waits`), and runs until every executor's work is done (`waiting`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from __future__ import annotations
 import collections
 
 import structlog
+import trio
 
 from slashrt._logging import level_name
 from slashrt._dataflow import EnterSpec, FeedbackSpec, LeaveSpec, OperatorSpec, SinkSpec, SourceSpec, UnionSpec, inputs_of
@@ -55,6 +57,7 @@ from slashrt.ops.window import WindowAggregate
 from slashrt.progress import IDENTITY, INGRESS, Builder, Location, Reachability, Timestamp, Tracker, move_capability
 from slashrt.progress.frontier import PROGRESS_MODES
 from slashrt.progress.timestamp import MIN_EPOCH
+from slashrt.progress.waiters import Waits
 from slashrt.scheduler._bus_counts import BusCounts
 
 __all__ = ["PointstampProgress", "MODES", "progress_graph", "resolve_mode"]
@@ -132,7 +135,7 @@ class PointstampProgress:
         index = {step_id: i for i, step_id in enumerate(self.steps)}
         self.graph = plan.graph if plan.graph is not None else progress_graph(flow)
         self.wake = lambda: None  # the executor's compute wakes up to settle a peer's news
-        self.tracker = Tracker(self.graph) if bus is None else BusCounts(bus, self._news)
+        self.tracker = Tracker(self.graph) if bus is None else BusCounts(bus, self._news, self._waits())
         self.bus = bus
         self.index = {id(node): i for i, node in enumerate(self.nodes)}
         self.now = Timestamp(MIN_EPOCH)
@@ -267,6 +270,11 @@ class PointstampProgress:
         finally:
             self._settling = False
             self.now = now
+        if self.bus is not None and self.tracker.published:
+            # a busy executor just told its peers what they wait for: let the channels' tasks
+            # run once (a tcp drive reads their answers only then; `propagate` polls them next)
+            self.tracker.published = False
+            await trio.lowlevel.checkpoint()
 
     def idle(self) -> bool:
         return not self.queue and self.tracker.is_idle()
@@ -287,6 +295,18 @@ class PointstampProgress:
         self.wake()
 
     # --- internals -------------------------------------------------------------------------
+    def _waits(self) -> Waits:
+        """Where pointstamps stand for someone waiting (`slashrt.progress.waiters`): operators'
+        notification requests (at every input, up to their time) and windows' capabilities
+        outside loops (at the input, before the window's end)."""
+        waits = {}
+        for i, node in enumerate(self.nodes):
+            if isinstance(node, OperatorNode):
+                waits[Location.output(i, 0)] = (tuple(Location.input(i, p) for p in range(node.inputs)), False)
+            elif isinstance(node, WindowAggregate) and self.graph.depths[Location.input(i, 0)] == 0:
+                waits[Location.output(i, 0)] = ((Location.input(i, 0),), True)
+        return waits
+
     async def _frontier_moved(self, node: Node, frontier) -> None:
         if isinstance(node, LoopWindow):  # per iteration: the frontier's times at its counters or below
             await node.on_frontier(frontier)
