@@ -30,7 +30,7 @@ from slashrt.scheduler import Executor, ExecutorStats, Input
 from slashrt.scheduler._pointstamp import PointstampProgress, resolve_mode
 from slashrt.transport import Receiver, RingSpec, open_inproc_channel
 
-__all__ = ["run", "run_async", "run_receivers", "execute", "RunResult", "ChannelFailed"]
+__all__ = ["run", "prepare_run", "run_async", "run_receivers", "execute", "RunResult", "ChannelFailed"]
 
 log = structlog.get_logger("slashrt.run")
 
@@ -128,6 +128,20 @@ def run(
     `on_report(report)` gets the pointstamp tracker's `report()` every `report_every` seconds;
     given a path instead, the report is kept in that JSON file, also after the run ended or
     failed (`slashrt frontiers PATH` shows it)."""
+    return trio.run(prepare_run(flow, inputs, executors=executors, transport=transport, mode=mode, **options))
+
+
+def prepare_run(
+    flow: Dataflow,
+    inputs: dict[str, np.ndarray],
+    *,
+    executors: int | list[str] = 1,
+    transport: str | None = None,
+    mode: str | None = None,
+    **options,
+):
+    """`run`'s checks, made now; returns the run itself as an async function of no arguments,
+    for a caller that runs it inside its own trio run (`slashrt run`, around it its signals)."""
     if not isinstance(flow, Dataflow):
         raise DataflowError(
             f"run() needs a Dataflow as its first argument, got {type(flow).__name__} {flow!r}: build one with "
@@ -141,12 +155,9 @@ def run(
     if not local:
         _check_cluster_progress(flow, options, mode)
     if local:
-        return trio.run(lambda: run_async(flow, inputs, **options))
-
-    return trio.run(
-        lambda: run_cluster_async(
-            flow, inputs, executors=executors, transport=transport or "shm", mode=mode or "slash", **options
-        )
+        return lambda: run_async(flow, inputs, **options)
+    return lambda: run_cluster_async(
+        flow, inputs, executors=executors, transport=transport or "shm", mode=mode or "slash", **options
     )
 
 
