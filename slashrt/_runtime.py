@@ -83,6 +83,9 @@ class RunResult:
     frontiers: dict[str, list] = attrs.field(factory=dict)
     # checkpoint_dir= given: per checkpoint its status, seconds, bytes, alignment / sync / async seconds
     checkpoints: list[dict] = attrs.field(factory=list)
+    # checkpoint_dir= given: the checkpoint the run resumed from, and the savepoint it stopped with (stop=)
+    resumed_from: int | None = None
+    savepoint: int | None = None
 
     @property
     def records(self) -> int:
@@ -225,6 +228,7 @@ async def run_async(
     checkpoint=None,
     checkpoint_dir=None,
     resume_from=None,
+    stop=None,
 ) -> RunResult:
     """Run `flow` inside the current trio run; see `run`.
 
@@ -238,10 +242,12 @@ async def run_async(
     `checkpoint_dir` (a directory or fsspec URL), barrier snapshots every `checkpoint` interval
     (seconds, a string like '500ms', a dict of `CheckpointConfig` options or one; None: only the
     final checkpoint); `resume_from` ("latest" or a checkpoint number) restores one first.
+    `stop` (a `slashrt.StopHandle`): its `request()` stops the run with a final savepoint; the
+    run returns then, with `savepoint` set, and a resume from it continues where it stopped.
     """
     plan = build_plan(flow)
     log.debug("kernels selected", **kernels.SELECTED)
-    checkpoints = _checkpointing(flow, plan, inputs, checkpoint, checkpoint_dir, resume_from)
+    checkpoints = _checkpointing(flow, plan, inputs, checkpoint, checkpoint_dir, resume_from, stop)
     executor_inputs, sources = local_inputs(
         plan, inputs, slot_size=slot_size, slots=slots, watermark_every=watermark_every, checkpoints=checkpoints
     )
@@ -251,16 +257,20 @@ async def run_async(
     )
 
 
-def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_dir, resume_from):
+def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_dir, resume_from, stop=None):
     """The run's `Checkpointing`, or None without a `checkpoint_dir`; refuses, in one sentence,
     what cannot be checkpointed (a source that cannot rewind, a user operator whose state it
     cannot take)."""
-    from slashrt.snapshot import SnapshotStore, runtime
+    from slashrt.snapshot import SnapshotStore, StopHandle, runtime
 
     if checkpoint_dir is None:
-        if checkpoint is not None or resume_from is not None:
-            raise OptionError("run(): checkpoint= and resume_from= need checkpoint_dir= (a directory or fsspec URL for the checkpoints)")
+        if checkpoint is not None or resume_from is not None or stop is not None:
+            raise OptionError(
+                "run(): checkpoint=, resume_from= and stop= need checkpoint_dir= (a directory or fsspec URL for the checkpoints)"
+            )
         return None
+    if stop is not None and not isinstance(stop, StopHandle):
+        raise OptionError(f"run(): stop= takes a slashrt.StopHandle, got {type(stop).__name__}")
     config, keep = runtime.checkpoint_config(checkpoint)
     from slashrt.ops.operator import undeclared_state
 
@@ -277,10 +287,13 @@ def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_di
             )
     check_rewindable(plan, inputs)
     store = SnapshotStore(checkpoint_dir, job=flow.name, keep=keep)
-    return runtime.Checkpointing(plan, config, store, runtime.load_restored(store, resume_from))
+    checkpoints = runtime.Checkpointing(plan, config, store, runtime.load_restored(store, resume_from), stop)
+    for step_id in plan.sources:  # a checkpoint of another dataflow: refused before any sink opens
+        checkpoints.position(step_id)
+    return checkpoints
 
 
-CHECKPOINT_OPTIONS = ("checkpoint", "checkpoint_dir", "resume_from")
+CHECKPOINT_OPTIONS = ("checkpoint", "checkpoint_dir", "resume_from", "stop")
 
 
 def check_rewindable(plan, inputs: dict, options: dict | None = None) -> None:
@@ -457,6 +470,8 @@ async def execute(
     result = RunResult(
         seconds, [executor.stats], {w.step_id: w.late_records for w in plan.windows()}, outputs, epochs, frontiers,
         [] if checkpoints is None else checkpoints.report(),
+        None if checkpoints is None or checkpoints.restored is None else checkpoints.restored.number,
+        None if checkpoints is None else checkpoints.savepoint,
     )
     log.info("run finished", flow=flow.name, seconds=round(seconds, 6), records=result.records)
     if executor.failed:
