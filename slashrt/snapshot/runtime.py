@@ -165,6 +165,8 @@ class Checkpointing:
             if getattr(node.sink, "transactional", False) and isinstance(node.sink, TwoPhaseCommit)
         ]
         self.sources = {step_id: SourceBarriers(step_id) for step_id in plan.sources}
+        # transactional sinks whose pending output only memory holds (a transactional Collect)
+        self._in_memory = {id(node.sink) for node in plan.sinks if node._pending_records() is not None}
         self._world: StopTheWorld | None = None  # mode "sync": the checkpoint stopping the world
         if config.mode == "sync":
             for source in self.sources.values():
@@ -260,11 +262,12 @@ class Checkpointing:
         with trio.CancelScope() as scope:
             task_status.started(scope)
             await self.stop.wait()
+            while self.config.mode == "sync" and (self.coordinator.pending or self._writing):
+                await self._changed.wait()  # stop-the-world: one checkpoint stops the world at a time
             n = self.coordinator.stop_with_savepoint().checkpoint
             self._kinds[n] = "savepoint"
             log.info("stopping with a savepoint", checkpoint=n)
-            for source in self.sources.values():
-                source.stop(n)
+            self._request(n, stop=True)
             while self.coordinator.state == "stopping" or n in self._writing:
                 await self._changed.wait()
             if self.coordinator.state == "stopped":
@@ -287,14 +290,15 @@ class Checkpointing:
                 log.debug("checkpoint triggered", checkpoint=record.checkpoint)
                 self._request(record.checkpoint)
 
-    def _request(self, n: int) -> None:
-        """Barrier n at every source (stop-the-world: each halts after sending it)."""
+    def _request(self, n: int, stop: bool = False) -> None:
+        """Barrier n at every source (stop-the-world: each halts after sending it; `stop`: each
+        stops after sending it)."""
         if self.config.mode == "sync":
             instances = [(step_id, EXECUTOR) for step_id in self.sources]
             self._world = StopTheWorld(n, instances, [("executor", EXECUTOR)], clock=time.perf_counter)
             self._resume = trio.Event()
         for source in self.sources.values():
-            source.request(n)
+            source.stop(n) if stop else source.request(n)
         if isinstance(self.aligner, LoopHead) and self.aligner.channels.ended == set(self.aligner.channels.inputs):
             self._after_end.append(n)  # no barrier comes: loops snapshot between two fed-back batches
 
@@ -381,6 +385,10 @@ class Checkpointing:
         started = time.perf_counter()
         for sink in self.sinks:
             sink.pre_commit(n)
+            if self._kinds.get(n) == "savepoint" and id(sink) in self._in_memory:
+                # the stopping run returns it now, so its snapshot holds nothing for a resume to
+                # publish again; were this process to die first, its memory would be gone anyway
+                sink.commit(n)
         states, sync = {}, {}
         for step_id, node in self.nodes.items():
             t0 = time.perf_counter()
