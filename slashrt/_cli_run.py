@@ -21,7 +21,7 @@ from pathlib import Path
 
 import trio
 
-from slashrt.errors import OptionError
+from slashrt.errors import OptionError, unwrap_groups
 
 __all__ = ["load_job", "run_job", "summary", "Interrupted"]
 
@@ -106,7 +106,7 @@ async def _supervised(job, stop) -> object:
     aborted = False
     result = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
+        async with unwrap_groups(), trio.open_nursery() as nursery:
 
             async def watch():
                 nonlocal aborted
