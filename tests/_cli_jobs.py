@@ -3,6 +3,8 @@
 `counts` (also `job`, the default name, and `PAIR`, the object form): a tumbling-window count
 per key over generated records into a Collect sink; the others are the mistakes a user makes."""
 
+import sys
+
 import numpy as np
 
 from slashrt import Dataflow, Schema, Tumbling, sinks
@@ -51,3 +53,21 @@ def needs_an_argument(n):
 
 def broken():
     raise ValueError("no data today")
+
+
+def paused():
+    """`counts` that pauses at its first batch: prints "at batch", waits for a line on stdin."""
+    _, inputs = counts()
+    flow = Dataflow("paused")
+    seen = []
+
+    def pause(batch):
+        if not seen:
+            seen.append(True)
+            print("at batch", flush=True)
+            sys.stdin.readline()
+        return np.ones(len(batch), bool)
+
+    flow.source("events", SCHEMA, time="t").filter(pause).window(Tumbling(ms=WINDOW_MS)).count(key="k").sink(
+        sinks.Collect(), name="out")
+    return flow, inputs

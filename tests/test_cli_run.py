@@ -6,6 +6,7 @@ tests/snapshot/test_cli_resume.py.)"""
 
 import json
 import os
+import signal
 import re
 import subprocess
 import sys
@@ -105,6 +106,34 @@ def test_resume_from_latest_without_a_checkpoint_runs_from_the_start_and_says_so
     assert done.returncode == 0, done.stderr
     assert "no complete checkpoint of job 'counts'" in done.stderr
     assert re.search(r"^resumed_from +None$", done.stdout, re.M), done.stdout
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_without_a_checkpoint_directory_a_signal_aborts_at_once(signum):
+    proc = subprocess.Popen([sys.executable, "-m", "slashrt", "run", f"{JOBS}:paused"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout.readline() == "at batch\n"
+        proc.send_signal(signum)
+        out, err = proc.communicate("\n", timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    assert proc.returncode == 130 and out == "" and one_error_line(err) == "slashrt: interrupted"
+
+
+def test_the_guide_shows_every_option_of_run():
+    from slashrt.cli import _parser
+
+    run = next(a for a in _parser()._actions if a.dest == "command").choices["run"]
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    synopsis = guide[guide.index("slashrt run FILE_OR_MODULE[:NAME]"):].split("run your job")[0]
+    for action in run._actions:
+        for flag in action.option_strings:
+            if flag.startswith("--") and flag not in ("--help", "--log-level"):
+                assert flag in synopsis, flag
 
 
 # -- mistakes: one line, exit 2 --------------------------------------------------------------------
