@@ -70,9 +70,9 @@ def test_the_human_summary_names_the_figures_and_the_outputs():
 
 @pytest.mark.parametrize(
     "options",
-    [["--executors", "2"], ["--executors", "2", "--transport", "tcp", "--mode", "uppar"], ["--transport", "shm"],
-     ["--executors", "2", "--slots", "8", "--slot-size", "2048"]],
-    ids=["2-shm-slash", "2-tcp-uppar", "1-shm-cluster", "2-small-rings"],
+    [["--executors", "2", "--slots", "8", "--slot-size", "2048"], ["--executors", "2", "--transport", "tcp", "--mode", "uppar"],
+     ["--transport", "shm", "--mode", "slash"]],
+    ids=["2-shm-small-rings", "2-tcp-uppar", "1-shm-slash-cluster"],
 )
 def test_a_job_runs_on_a_local_cluster_with_the_same_result(options):
     result = summary(JOBS, *options)

@@ -99,14 +99,14 @@ def reference(tmp_path_factory) -> dict[str, list[str]]:
 
 # each point is passed more often than its k in every run (3 sinks pre-commit and 8 parts are
 # written per checkpoint, and each run takes more than 5 checkpoints)
+# (test_checkpoint_run.py kills the Python child at every point of the protocol; here the
+# `slashrt run` process at the points that matter most for the resume, and at random ones)
 RANDOM = np.random.default_rng(4)
 KILLS = [
-    pytest.param(["pre_commit:4"], id="between-pre-commit-and-commit"),
-    pytest.param(["write_part:9"], id="during-async-write"),
     pytest.param(["complete:3"], id="after-manifest-before-commit"),
     pytest.param(["write_part:5", "pre_commit:2"], id="twice-in-a-row"),
     *(pytest.param([f"{point}:{RANDOM.integers(1, top)}"], id=f"seeded-{point}")
-      for point, top in [("pre_commit", 15), ("write_part", 30), ("complete", 5)]),
+      for point, top in [("pre_commit", 15), ("write_part", 30)]),
 ]
 
 
