@@ -281,7 +281,10 @@ class Checkpointing:
     async def _trigger(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         with trio.CancelScope() as scope:
             task_status.started(scope)
-            while (due := self.coordinator.next_due()) is not None:
+            while (due := self.coordinator.next_due()) is not None or self.coordinator.state == "stopping":
+                if due is None:  # a stop's savepoint pending: none starts; if it fails, the job goes on
+                    await self._changed.wait()
+                    continue
                 await trio.sleep_until(due)
                 record = self.coordinator.maybe_trigger()
                 if record is None:  # max_in_flight pending: wait for one to end

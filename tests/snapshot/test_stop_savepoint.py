@@ -6,11 +6,14 @@
   stop-the-world mode; stop points drawn at random, seeded, in records seen by the dataflow);
 - a stop asked before the run starts stops it at its first barrier;
 - a stop asked from another thread works (the handle is thread-safe);
+- a savepoint that aborts (forced) lets the job go on: the sources feed on, periodic checkpoints
+  start again, the run finishes with all its output;
 - the savepoint's manifest says it is one (kind "savepoint");
 - `stop=` without a checkpoint directory, or not a StopHandle, is refused in one sentence.
 """
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -136,3 +139,36 @@ def test_stop_needs_a_checkpoint_directory_and_a_handle(tmp_path):
         slashrt.run(flow, {"a": INPUTS["a"]}, checkpoint_dir=tmp_path, stop=threading.Event())
     with pytest.raises(DataflowError, match="one executor for now"):
         slashrt.run(flow, {"a": INPUTS["a"]}, executors=2, checkpoint_dir=tmp_path, stop=StopHandle())
+
+
+def test_a_failed_savepoint_lets_the_job_go_on(tmp_path, reference, monkeypatch):
+    from slashrt.snapshot import runtime
+
+    take = runtime.Checkpointing._take
+
+    def decline_the_savepoint(self, n, alignment, running=False):
+        if self._kinds.get(n) != "savepoint":
+            return take(self, n, alignment, running)
+        self._taken.add(n)
+        assert self.coordinator.decline(n, self._instances()[0], "forced by the test") is not None
+        self._signal()
+
+    monkeypatch.setattr(runtime.Checkpointing, "_take", decline_the_savepoint)
+    stop = StopHandle()
+
+    slow = [12]
+
+    def seen(n):  # the stop at 20,000 records of a; the 12 batches after it each last more than an interval
+        if n >= 20_000 and slow[0]:
+            stop.request()
+            slow[0] -= 1
+            time.sleep(0.004)
+
+    result, out = run(tmp_path, seen=seen, checkpoint=0.003, stop=stop)
+    assert result.savepoint is None and result.records == sum(SIZES.values())
+    ended = {c["checkpoint"]: c for c in result.checkpoints}
+    (failed,) = [n for n, c in ended.items() if c["savepoint"] and c["status"] == "aborted"]
+    assert "forced by the test" in ended[failed]["reason"]
+    after = [n for n, c in ended.items() if n > failed and c["status"] == "completed"]
+    assert len(after) >= 2, result.checkpoints  # periodic ones, then the final one
+    assert equal(rows(out), reference)
