@@ -141,6 +141,7 @@ def test_the_guide_shows_every_option_of_run():
 def checkpointed(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("checkpointed")
     assert main(["run", JOBS, "--checkpoint-dir", str(directory)]) == 0
+    (directory / "counts" / "chk-7").mkdir()  # a checkpoint whose run died before its manifest
     return directory
 
 
@@ -158,6 +159,7 @@ def checkpointed(tmp_path_factory) -> Path:
         (["run", JOBS, "--resume-from", "latest"], "--resume-from needs --checkpoint-dir"),
         (["run", JOBS, "--checkpoint-interval", "1s"], "--checkpoint-interval needs --checkpoint-dir"),
         (["run", JOBS, "--checkpoint-dir", "CHK", "--resume-from", "99"], "checkpoint 99 does not exist in "),
+        (["run", JOBS, "--checkpoint-dir", "CHK", "--resume-from", "7"], "checkpoint 7 has no manifest"),
         (["run", f"{JOBS}:other_dataflow", "--checkpoint-dir", "CHK", "--resume-from", "latest"],
          "written by another dataflow"),
         (["run", JOBS, "--checkpoint-dir", "CHK", "--executors", "2"], "checkpoints run on one executor for now"),
