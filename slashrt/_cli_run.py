@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import signal
 import sys
@@ -86,9 +87,13 @@ def load_job(target: str):
     job = getattr(module, name)
     if callable(job):
         try:
-            job = job()
+            inspect.signature(job).bind()
         except TypeError as exc:
-            raise OptionError(f"{spec}:{name}() failed: {exc} (a job function takes no arguments){_where(exc)}") from None
+            raise OptionError(f"{spec}:{name} cannot be called without arguments ({exc}): a job function takes none") from None
+        except ValueError:  # no signature to look at (a builtin): calling it says
+            pass
+        try:
+            job = job()
         except Exception as exc:
             raise OptionError(f"{spec}:{name}() raised {type(exc).__name__}: {exc}{_where(exc)}") from None
     if not (isinstance(job, tuple) and len(job) == 2 and isinstance(job[0], Dataflow) and isinstance(job[1], dict)):

@@ -153,7 +153,7 @@ def checkpointed(tmp_path_factory) -> Path:
         (["run", f"{JOBS}:missing"], "has no 'missing' (its functions and classes: "),
         (["run", f"{JOBS}:not-a-name"], "is not a Python name"),
         (["run", f"{JOBS}:not_a_job"], "gave int; a job is (flow, inputs)"),
-        (["run", f"{JOBS}:needs_an_argument"], "a job function takes no arguments"),
+        (["run", f"{JOBS}:needs_an_argument"], "cannot be called without arguments (missing a required argument: 'n'): a job function takes none"),
         (["run", f"{JOBS}:broken"], "raised ValueError: no data today (" + JOBS),
         (["run", f"{JOBS}:records"], "gave ndarray; a job is (flow, inputs)"),
         (["run", JOBS, "--resume-from", "latest"], "--resume-from needs --checkpoint-dir"),

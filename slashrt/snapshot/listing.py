@@ -67,8 +67,15 @@ def _checkpoint(store: SnapshotStore, n: int) -> dict:
         "bytes": sum(p.size for p in checkpoint.parts),
         "parts": len(checkpoint.parts),
         "executors": meta.get("executors"),
-        "sources": {step: position.get("fed") for step, position in meta.get("sources", {}).items()},
+        "sources": {step: _fed(positions) for step, positions in meta.get("sources", {}).items()},
     }
+
+
+def _fed(positions: dict) -> int | None:
+    """Records a source had fed at the checkpoint, over its executors (None: not recorded)."""
+    per_executor = {"0": positions} if "kind" in positions else positions  # before positions were per executor
+    fed = [position.get("fed") for position in per_executor.values()]
+    return sum(fed) if fed and all(isinstance(f, int) for f in fed) else None
 
 
 def render(listing: dict) -> str:

@@ -8,7 +8,7 @@ SIGKILLs it at that very point."""
 import os
 import sys
 
-from _checkpoint_child import SIZES, flow, records
+from _checkpoint_child import SIZES, flow, job_sinks, records
 
 
 def pause_at(target, name: str, k: int) -> None:
@@ -32,4 +32,4 @@ def job():
     for at in filter(None, os.environ.get("SLASHRT_TEST_AT", "").split(",")):
         point, _, k = at.partition(":")
         pause_at({"pre_commit": PartFiles, "write_part": SnapshotStore, "complete": SnapshotStore}[point], point, int(k))
-    return flow(os.environ["SLASHRT_TEST_OUT"]), {name: records(name) for name in SIZES}
+    return flow(job_sinks(os.environ["SLASHRT_TEST_OUT"], "arrays")), {name: records(name) for name in SIZES}

@@ -92,7 +92,7 @@ def test_stop_with_a_savepoint_then_resume_is_exactly_once(tmp_path, reference, 
     store = SnapshotStore(tmp_path, job="stopped")
     assert store.checkpoints()[-1] == stopped.savepoint
     saved = store.load(stopped.savepoint)
-    assert saved.meta["kind"] == "savepoint" and saved.meta["sources"]["stopped.a"]["fed"] >= point
+    assert saved.meta["kind"] == "savepoint" and saved.meta["sources"]["stopped.a"]["0"]["fed"] >= point
     resumed, second = run(tmp_path, seen=lambda n: None, checkpoint=config, resume_from=stopped.savepoint)
     assert resumed.resumed_from == stopped.savepoint and resumed.savepoint is None
     assert stopped.records + resumed.records == sum(SIZES.values())
