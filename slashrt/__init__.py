@@ -34,6 +34,7 @@ from slashrt.ops.operator import Context, Operator
 from slashrt.ops.window import Sliding, Tumbling
 from slashrt.progress.timestamp import Timestamp
 from slashrt.snapshot.state_format import State
+from slashrt.snapshot.stop import StopHandle
 from slashrt import sinks
 
 __version__ = "0.1.0"
@@ -56,6 +57,7 @@ __all__ = [
     "SlashError",
     "Sliding",
     "State",
+    "StopHandle",
     "Stream",
     "Timestamp",
     "Tumbling",

@@ -30,7 +30,7 @@ from slashrt.scheduler import Executor, ExecutorStats, Input
 from slashrt.scheduler._pointstamp import PointstampProgress, resolve_mode
 from slashrt.transport import Receiver, RingSpec, open_inproc_channel
 
-__all__ = ["run", "run_async", "run_receivers", "execute", "RunResult", "ChannelFailed"]
+__all__ = ["run", "prepare_run", "run_async", "run_receivers", "execute", "RunResult", "ChannelFailed"]
 
 log = structlog.get_logger("slashrt.run")
 
@@ -83,6 +83,9 @@ class RunResult:
     frontiers: dict[str, list] = attrs.field(factory=dict)
     # checkpoint_dir= given: per checkpoint its status, seconds, bytes, alignment / sync / async seconds
     checkpoints: list[dict] = attrs.field(factory=list)
+    # checkpoint_dir= given: the checkpoint the run resumed from, and the savepoint it stopped with (stop=)
+    resumed_from: int | None = None
+    savepoint: int | None = None
 
     @property
     def records(self) -> int:
@@ -128,6 +131,20 @@ def run(
     `on_report(report)` gets the pointstamp tracker's `report()` every `report_every` seconds;
     given a path instead, the report is kept in that JSON file, also after the run ended or
     failed (`slashrt frontiers PATH` shows it)."""
+    return trio.run(prepare_run(flow, inputs, executors=executors, transport=transport, mode=mode, **options))
+
+
+def prepare_run(
+    flow: Dataflow,
+    inputs: dict[str, np.ndarray],
+    *,
+    executors: int | list[str] = 1,
+    transport: str | None = None,
+    mode: str | None = None,
+    **options,
+):
+    """`run`'s checks, made now; returns the run itself as an async function of no arguments,
+    for a caller that runs it inside its own trio run (`slashrt run`, around it its signals)."""
     if not isinstance(flow, Dataflow):
         raise DataflowError(
             f"run() needs a Dataflow as its first argument, got {type(flow).__name__} {flow!r}: build one with "
@@ -141,12 +158,9 @@ def run(
     if not local:
         _check_cluster_progress(flow, options, mode)
     if local:
-        return trio.run(lambda: run_async(flow, inputs, **options))
-
-    return trio.run(
-        lambda: run_cluster_async(
-            flow, inputs, executors=executors, transport=transport or "shm", mode=mode or "slash", **options
-        )
+        return lambda: run_async(flow, inputs, **options)
+    return lambda: run_cluster_async(
+        flow, inputs, executors=executors, transport=transport or "shm", mode=mode or "slash", **options
     )
 
 
@@ -211,6 +225,7 @@ async def run_async(
     checkpoint=None,
     checkpoint_dir=None,
     resume_from=None,
+    stop=None,
 ) -> RunResult:
     """Run `flow` inside the current trio run; see `run`.
 
@@ -224,10 +239,12 @@ async def run_async(
     `checkpoint_dir` (a directory or fsspec URL), barrier snapshots every `checkpoint` interval
     (seconds, a string like '500ms', a dict of `CheckpointConfig` options or one; None: only the
     final checkpoint); `resume_from` ("latest" or a checkpoint number) restores one first.
+    `stop` (a `slashrt.StopHandle`): its `request()` stops the run with a final savepoint; the
+    run returns then, with `savepoint` set, and a resume from it continues where it stopped.
     """
     plan = build_plan(flow)
     log.debug("kernels selected", **kernels.SELECTED)
-    checkpoints = _checkpointing(flow, plan, inputs, checkpoint, checkpoint_dir, resume_from)
+    checkpoints = _checkpointing(flow, plan, inputs, checkpoint, checkpoint_dir, resume_from, stop)
     executor_inputs, sources = local_inputs(
         plan, inputs, slot_size=slot_size, slots=slots, watermark_every=watermark_every, checkpoints=checkpoints
     )
@@ -237,16 +254,20 @@ async def run_async(
     )
 
 
-def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_dir, resume_from):
+def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_dir, resume_from, stop=None):
     """The run's `Checkpointing`, or None without a `checkpoint_dir`; refuses, in one sentence,
     what cannot be checkpointed (a source that cannot rewind, a user operator whose state it
     cannot take)."""
-    from slashrt.snapshot import SnapshotStore, runtime
+    from slashrt.snapshot import SnapshotStore, StopHandle, runtime
 
     if checkpoint_dir is None:
-        if checkpoint is not None or resume_from is not None:
-            raise OptionError("run(): checkpoint= and resume_from= need checkpoint_dir= (a directory or fsspec URL for the checkpoints)")
+        if checkpoint is not None or resume_from is not None or stop is not None:
+            raise OptionError(
+                "run(): checkpoint=, resume_from= and stop= need checkpoint_dir= (a directory or fsspec URL for the checkpoints)"
+            )
         return None
+    if stop is not None and not isinstance(stop, StopHandle):
+        raise OptionError(f"run(): stop= takes a slashrt.StopHandle, got {type(stop).__name__}")
     config, keep = runtime.checkpoint_config(checkpoint)
     refuse_uncheckpointable(flow, plan, inputs)
     store = SnapshotStore(checkpoint_dir, job=flow.name, keep=keep)
@@ -256,7 +277,10 @@ def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_di
             f"run(): checkpoint {restored.number} was taken on {restored.meta['executors']} executors, whose windows "
             "are SSB partitions one executor does not keep: resume it with executors= that many, or more"
         )
-    return runtime.Checkpointing(plan, config, store, restored)
+    checkpoints = runtime.Checkpointing(plan, config, store, restored, stop=stop)
+    for step_id in plan.sources:  # a checkpoint of another dataflow: refused before any sink opens
+        checkpoints.position(step_id)
+    return checkpoints
 
 
 def refuse_uncheckpointable(flow: Dataflow, plan, inputs: dict) -> None:
@@ -273,7 +297,7 @@ def refuse_uncheckpointable(flow: Dataflow, plan, inputs: dict) -> None:
     check_rewindable(plan, inputs)
 
 
-CHECKPOINT_OPTIONS = ("checkpoint", "checkpoint_dir", "resume_from")
+CHECKPOINT_OPTIONS = ("checkpoint", "checkpoint_dir", "resume_from", "stop")
 
 
 def check_rewindable(plan, inputs: dict, options: dict | None = None) -> None:
@@ -450,6 +474,8 @@ async def execute(
     result = RunResult(
         seconds, [executor.stats], {w.step_id: w.late_records for w in plan.windows()}, outputs, epochs, frontiers,
         [] if checkpoints is None else checkpoints.report(),
+        None if checkpoints is None or checkpoints.restored is None else checkpoints.restored.number,
+        None if checkpoints is None else checkpoints.savepoint,
     )
     log.info("run finished", flow=flow.name, seconds=round(seconds, 6), records=result.records)
     if executor.failed:

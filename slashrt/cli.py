@@ -1,6 +1,8 @@
 """The `slashrt` command: the demo job, the benchmarks and the executor agent.
 
     slashrt demo                                YSB on a local cluster of 2 executor processes
+    slashrt run FILE_OR_MODULE[:NAME]           run your job (checkpoints, resume, stop with a savepoint)
+    slashrt checkpoints DIR [--job NAME]        the checkpoints in a checkpoint directory
     slashrt bench ysb|ro|cm|nexmark [--json]    benchmarks that verify their own results
         [--executors N --mode slash|uppar --zipf S]   ... on N executors (weak scaling)
     slashrt bench redis [--url URL] [--checkpoint-interval S] [--json]   YSB from a Redis stream to a Redis stream
@@ -25,6 +27,7 @@ import sys
 import numpy as np
 
 from slashrt._buffer import DEFAULT_SLOT_SIZE
+from slashrt._cli_run import Interrupted
 from slashrt._logging import ENV_VAR, LEVELS
 from slashrt.errors import SlashError
 from slashrt.progress.frontier import PROGRESS_MODES
@@ -150,6 +153,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_log_level(demo)
     _add_liveness_options(demo)
 
+    _add_run(sub)
     bench = sub.add_parser("bench", help="run a benchmark query and check it against a reference")
     queries = _subcommands(bench, "query")
 
@@ -265,6 +269,89 @@ def _parser() -> argparse.ArgumentParser:
     _add_log_level(spark_demo)
     _show_every_default(parser)
     return parser
+
+
+def _resume_from(text: str):
+    if text == "latest":
+        return text
+    try:
+        return _positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither 'latest' nor a checkpoint number") from None
+
+
+def _seconds(text: str) -> float:
+    from slashrt.snapshot.restart import parse_seconds
+
+    try:
+        return parse_seconds(text, "the interval", positive=True)
+    except SlashError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_run(sub) -> None:
+    run = sub.add_parser(
+        "run", help="run your job: FILE_OR_MODULE[:NAME] gives (flow, inputs); checkpoints, resume, stop with a savepoint",
+        description="NAME (default job) is a function of no arguments returning (flow, inputs), or that tuple. "
+        "With --checkpoint-dir, SIGINT (Ctrl-C) or SIGTERM stops the run with a final savepoint (a second one aborts).",
+    )
+    run.add_argument("job", metavar="FILE_OR_MODULE[:NAME]", help="a Python file or module, and the name in it")
+    run.add_argument("--executors", type=_positive_int, help="run on this many executor processes (a local cluster)")
+    run.add_argument("--transport", choices=["shm", "tcp", "verbs"], help="between executors (a local cluster; default shm)")
+    run.add_argument("--mode", choices=["slash", "uppar"], help="shared state backend or repartitioning (a local cluster; default slash)")
+    run.add_argument("--checkpoint-dir", metavar="DIR", help="take barrier snapshots into DIR (a directory or fsspec URL)")
+    run.add_argument("--checkpoint-interval", type=_seconds, metavar="S",
+                     help="seconds between checkpoints (or '500ms'); default: only the final one")
+    run.add_argument("--resume-from", type=_resume_from, metavar="latest|N",
+                     help="resume from the newest checkpoint that verifies (none: from the start), or checkpoint N")
+    run.add_argument("--slot-size", type=_positive_int, help=f"bytes per buffer slot (default {DEFAULT_SLOT_SIZE})")
+    run.add_argument("--slots", type=_positive_int, help="slots per channel ring (default 96)")
+    run.add_argument("--json", action="store_true", help="print one JSON object with the results")
+    _add_log_level(run)
+
+    chk = sub.add_parser("checkpoints", help="list a checkpoint directory: complete checkpoints, and why others are not")
+    chk.add_argument("directory", metavar="DIR", help="a run's --checkpoint-dir (or one job's directory in it)")
+    chk.add_argument("--job", help="only this job (the dataflow's name)")
+    chk.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_log_level(chk)
+
+
+def _run_user_job(args, given: set[str]) -> int:
+    """`slashrt run`: load the job, refuse what its options cannot do, run it, print its summary."""
+    from slashrt import _cli_run
+
+    for option in ("checkpoint_interval", "resume_from"):
+        if option in given and args.checkpoint_dir is None:
+            raise _Refused(f"{_flag(option)} needs --checkpoint-dir (where the checkpoints are)")
+    flow, inputs = _cli_run.load_job(args.job)
+    _check_transport(args.transport)
+    options = {k: v for k, v in (("slot_size", args.slot_size), ("slots", args.slots)) if v is not None}
+    if args.checkpoint_dir is not None:
+        options.update(checkpoint_dir=args.checkpoint_dir, checkpoint=args.checkpoint_interval,
+                       resume_from=args.resume_from)
+    result = _cli_run.run_job(flow, inputs, executors=args.executors or 1, transport=args.transport,
+                              mode=args.mode, options=options)
+    summary = _cli_run.summary(flow, result, args.executors or 1)
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    if args.resume_from is not None and summary["resumed_from"] is None:
+        print(f"slashrt: no complete checkpoint of job {flow.name!r} in {args.checkpoint_dir}: ran from the start",
+              file=sys.stderr)
+    _print_human({k: v for k, v in summary.items() if k != "outputs"} | {
+        f"rows {step}": rows for step, rows in summary["outputs"].items()})
+    if summary["stopped"]:
+        print(f"\nstopped with savepoint {summary['savepoint']}: the same command with --resume-from "
+              f"{summary['savepoint']} (or latest) continues where it stopped")
+    return 0
+
+
+def _checkpoints(args) -> int:
+    from slashrt.snapshot.listing import describe, render
+
+    listing = describe(args.directory, args.job)
+    print(json.dumps(listing) if args.json else render(listing))
+    return 0
 
 
 def _parsers(parser: argparse.ArgumentParser):
@@ -591,6 +678,10 @@ def main(argv: list[str] | None = None) -> int:
             return _demo(args)
         if args.command == "frontiers":
             return _frontiers(args)
+        if args.command == "run":
+            return _run_user_job(args, _given(argv))
+        if args.command == "checkpoints":
+            return _checkpoints(args)
         if args.command == "spark-demo":
             result = _spark_demo(args)
         else:
@@ -598,7 +689,7 @@ def main(argv: list[str] | None = None) -> int:
     except (SlashError, OSError, _Refused) as exc:
         print(f"slashrt: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # the run has stopped and removed its executors
+    except (KeyboardInterrupt, Interrupted):  # the run has stopped and removed its executors
         print("slashrt: interrupted", file=sys.stderr)
         return 130
     except ModuleNotFoundError as exc:

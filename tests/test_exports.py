@@ -12,7 +12,7 @@ def test_top_level_surface():
         [
             "Batch", "ChannelClosed", "ChannelFailed", "ConnectedStreams", "Context", "DataflowError", "Dataflow",
             "Loop", "MalformedBuffer", "Operator", "OperatorError", "RunResult", "Schema", "SchemaError",
-            "SlashError", "Sliding", "State", "Stream", "Timestamp", "Tumbling", "WindowedStream", "configure_logging",
+            "SlashError", "Sliding", "State", "StopHandle", "Stream", "Timestamp", "Tumbling", "WindowedStream", "configure_logging",
             "run", "run_async", "sinks",
         ]
     )

@@ -459,6 +459,8 @@ async def run_cluster_async(
                     await control.aclose()
             await _reap(procs, grace=5.0 if results is not None else 1.0)
     result = _combine(plan, results, seconds, [] if checkpoints is None else checkpoints.report())
+    if checkpoints is not None:
+        result.resumed_from = checkpoints.job["restore"]
     bound.info("cluster run finished", seconds=round(seconds, 6))
     return result
 

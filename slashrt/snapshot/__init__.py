@@ -11,10 +11,13 @@ One concept a module, each usable on its own and called by the checkpoint runtim
     restart        restart strategies: none, fixed delay, failure rate
     loops          the back-edge log of loops on one executor (the loop head's side, algorithm 2)
     runtime        the checkpoints of a run on one executor: barriers, alignment, writes, recovery
+    stop           StopHandle: how a user asks a run to stop with a savepoint
+    listing        what a checkpoint directory holds (`slashrt checkpoints`)
 """
 
 from slashrt.snapshot.commit import TwoPhaseCommit, recover
 from slashrt.snapshot.state_format import State, decode_state, encode_state, write_state
+from slashrt.snapshot.stop import StopHandle
 from slashrt.snapshot.storage import Checkpoint, Part, Skipped, SnapshotStore
 
 __all__ = [
@@ -23,6 +26,7 @@ __all__ = [
     "Skipped",
     "SnapshotStore",
     "State",
+    "StopHandle",
     "TwoPhaseCommit",
     "decode_state",
     "encode_state",

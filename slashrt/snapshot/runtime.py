@@ -9,7 +9,10 @@
     all acked: the manifest is written (source positions in its meta), sinks commit n
 
 When every input has ended, the run takes a final checkpoint, so a transactional sink publishes
-everything and a resume from it finds nothing left to do. `restore` (resume_from) restores every
+everything and a resume from it finds nothing left to do. Stop with a savepoint (`stop`, a
+`StopHandle`): the coordinator's `stop_with_savepoint` n goes to every source, which halts after
+sending barrier n; once n is written and its sinks committed, the run ends (the executor's run is
+cancelled: nothing came after the barrier) and `savepoint` is n; resuming from n continues there. `restore` (resume_from) restores every
 stateful node, and settles each 2PC sink (`commit.recover`); `positions` rewinds the sources.
 
 A dataflow with loops (`slashrt.snapshot.loops`): the executor aligns as a `LoopHead` over its
@@ -76,6 +79,8 @@ class SourceBarriers:
         self.step_id = step_id
         self.executor = executor
         self.halt = None  # stop-the-world: called after each barrier sent; feeding resumes when its event is set
+        self.stop_after: int | None = None  # stop with a savepoint: after this barrier, feed nothing more
+        self._going = trio.Event()  # set if that stop failed: feed on
         self.requested = 0
         self.sent = 0
         self._numbers: set[int] = set()  # requested, not sent: several in flight go out in order
@@ -105,6 +110,18 @@ class SourceBarriers:
             await feeder.sender.send_control(Control.BARRIER, n)
             if self.halt is not None:
                 await self.halt(self.step_id).wait()
+            if n == self.stop_after:
+                await self._going.wait()  # cancelled when the savepoint is committed
+
+    def stop(self, n: int) -> None:
+        """Stop with savepoint n: barrier n, then nothing more (unless `go_on`)."""
+        self.stop_after = n
+        self.request(n)
+
+    def go_on(self) -> None:
+        """The savepoint failed: the job keeps running."""
+        self.stop_after = None
+        self._going.set()
 
     def end(self, feeder) -> None:
         self.final = feeder.snapshot(self.step_id).meta
@@ -134,10 +151,13 @@ class Checkpointing:
     """The checkpoints of one executor's run (see the module doc): made before the run, with the
     checkpoint to resume from already loaded (`restored`)."""
 
-    def __init__(self, plan, config: CheckpointConfig, store: SnapshotStore, restored: Checkpoint | None,
+    def __init__(self, plan, config: CheckpointConfig, store: SnapshotStore, restored: Checkpoint | None, stop=None,
                  executor: int = EXECUTOR):
         self.executor = executor  # whose parts and source positions these are
         self.plan = plan
+        self.stop = stop  # a StopHandle, or None
+        self.savepoint: int | None = None  # the run stopped with this savepoint
+        self._kinds: dict[int, str] = {}  # savepoint and final checkpoints (in their manifest's meta)
         self.config = config
         self.store = store
         self.restored = restored
@@ -147,6 +167,8 @@ class Checkpointing:
             if getattr(node.sink, "transactional", False) and isinstance(node.sink, TwoPhaseCommit)
         ]
         self.sources = {step_id: SourceBarriers(step_id, executor) for step_id in plan.sources}
+        # transactional sinks whose pending output only memory holds (a transactional Collect)
+        self._in_memory = {id(node.sink) for node in plan.sinks if node._pending_records() is not None}
         self._world: StopTheWorld | None = None  # mode "sync": the checkpoint stopping the world
         if config.mode == "sync":
             for source in self.sources.values():
@@ -228,14 +250,44 @@ class Checkpointing:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             triggers = await nursery.start(self._trigger)
-            yield
+            with trio.CancelScope() as body:
+                stopping = await nursery.start(self._stop_when_asked, body) if self.stop is not None else None
+                yield
             triggers.cancel()
-            await self._finish()
+            if stopping is not None:
+                stopping.cancel()
+            if self.savepoint is None:
+                await self._finish()
+
+    async def _stop_when_asked(self, body: trio.CancelScope, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Stop with a savepoint when `stop` asks: the coordinator's final checkpoint at every source;
+        once it is written and committed, cancel the executor's run (`body`)."""
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            await self.stop.wait()
+            while self.config.mode == "sync" and (self.coordinator.pending or self._writing):
+                await self._changed.wait()  # stop-the-world: one checkpoint stops the world at a time
+            n = self.coordinator.stop_with_savepoint().checkpoint
+            self._kinds[n] = "savepoint"
+            log.info("stopping with a savepoint", checkpoint=n)
+            self._request(n, stop=True)
+            while self.coordinator.state == "stopping" or n in self._writing:
+                await self._changed.wait()
+            if self.coordinator.state == "stopped":
+                self.savepoint = n
+                body.cancel()
+                return
+            log.warning("stop with a savepoint failed", reason=self.coordinator.stop_failure)
+            for source in self.sources.values():
+                source.go_on()
 
     async def _trigger(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         with trio.CancelScope() as scope:
             task_status.started(scope)
-            while (due := self.coordinator.next_due()) is not None:
+            while (due := self.coordinator.next_due()) is not None or self.coordinator.state == "stopping":
+                if due is None:  # a stop's savepoint pending: none starts; if it fails, the job goes on
+                    await self._changed.wait()
+                    continue
                 await trio.sleep_until(due)
                 record = self.coordinator.maybe_trigger()
                 if record is None:  # max_in_flight pending: wait for one to end
@@ -244,14 +296,15 @@ class Checkpointing:
                 log.debug("checkpoint triggered", checkpoint=record.checkpoint)
                 self._request(record.checkpoint)
 
-    def _request(self, n: int) -> None:
-        """Barrier n at every source (stop-the-world: each halts after sending it)."""
+    def _request(self, n: int, stop: bool = False) -> None:
+        """Barrier n at every source (stop-the-world: each halts after sending it; `stop`: each
+        stops after sending it)."""
         if self.config.mode == "sync":
             instances = [(step_id, EXECUTOR) for step_id in self.sources]
             self._world = StopTheWorld(n, instances, [("executor", EXECUTOR)], clock=time.perf_counter)
             self._resume = trio.Event()
         for source in self.sources.values():
-            source.request(n)
+            source.stop(n) if stop else source.request(n)
         if isinstance(self.aligner, LoopHead) and self.aligner.channels.ended == set(self.aligner.channels.inputs):
             self._after_end.append(n)  # no barrier comes: loops snapshot between two fed-back batches
 
@@ -269,7 +322,10 @@ class Checkpointing:
                 self._take(n, AlignmentStats(n, time.perf_counter(), time.perf_counter()))
         while self._writing:
             await self._changed.wait()
+        if self.coordinator.state != "running":  # a stop's savepoint came with the end: it is the final one
+            return
         final = self.coordinator.trigger_savepoint().checkpoint
+        self._kinds[final] = "final"
         self._request(final)
         self._take(final, AlignmentStats(final, time.perf_counter(), time.perf_counter()))
         while self._writing:
@@ -342,6 +398,10 @@ class Checkpointing:
         started = time.perf_counter()
         for sink in self.sinks:
             sink.pre_commit(n)
+            if self._kinds.get(n) == "savepoint" and id(sink) in self._in_memory:
+                # the stopping run returns it now, so its snapshot holds nothing for a resume to
+                # publish again; were this process to die first, its memory would be gone anyway
+                sink.commit(n)
         states, sync = {}, {}
         for step_id, node in self.nodes.items():
             t0 = time.perf_counter()
@@ -382,7 +442,7 @@ class Checkpointing:
             if completed is None:  # aborted meanwhile (a newer barrier overtook it)
                 await trio.to_thread.run_sync(self.store.discard, n)
                 return
-            await self.store.acomplete(n, {"sources": positions, "executors": 1})
+            await self.store.acomplete(n, {"sources": positions, "executors": 1, "kind": self._kinds.get(n, "checkpoint")})
             for sink in self.sinks:
                 sink.commit(n)
         log.info("checkpoint completed", checkpoint=n, bytes=completed.bytes)

@@ -87,9 +87,10 @@ class Checkpoint:
 
 
 class SnapshotStore:
-    """The checkpoints of one job under `location` (a directory or an fsspec URL); see the module doc."""
+    """The checkpoints of one job under `location` (a directory or an fsspec URL); see the module doc.
+    `readonly`: only to look (`slashrt checkpoints`): makes no directory, removes nothing."""
 
-    def __init__(self, location, *, job: str = "job", keep: int = 3):
+    def __init__(self, location, *, job: str = "job", keep: int = 3, readonly: bool = False):
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise OptionError(f"SnapshotStore keep={keep!r}: keep at least 1 complete checkpoint (an int >= 1)")
         if not job or "/" in job or job in (".", ".."):
@@ -104,8 +105,9 @@ class SnapshotStore:
         self._written: dict[int, dict[tuple[str, int], Part]] = {}
         self._writing: dict[int, int] = {}  # checkpoint -> parts being written by this store now
         self._lock = threading.Lock()  # parts are written from worker threads
-        self.fs.makedirs(self.directory, exist_ok=True)
-        self._retain()
+        if not readonly:
+            self.fs.makedirs(self.directory, exist_ok=True)
+            self._retain()
 
     def __repr__(self) -> str:
         return f"SnapshotStore({self.location!r}, job={self.job!r}, keep={self.keep})"
@@ -237,6 +239,11 @@ class SnapshotStore:
         try:
             raw = self.fs.cat_file(path)
         except FileNotFoundError:
+            if not self.fs.exists(self.checkpoint_dir(n)):
+                complete = ", ".join(map(str, self.checkpoints())) or "none"
+                raise SnapshotError(
+                    f"checkpoint {n} does not exist in {self.directory} (its complete checkpoints: {complete})"
+                ) from None
             raise SnapshotCorrupt(f"checkpoint {n} has no manifest ({path}): it is incomplete") from None
         try:
             body = json.loads(raw)

@@ -1,0 +1,73 @@
+"""Jobs for `slashrt run` in tests/test_cli_run.py: `slashrt run tests/_cli_jobs.py:NAME`.
+
+`counts` (also `job`, the default name, and `PAIR`, the object form): a tumbling-window count
+per key over generated records into a Collect sink; the others are the mistakes a user makes."""
+
+import sys
+
+import numpy as np
+
+from slashrt import Dataflow, Schema, Tumbling, sinks
+
+SCHEMA = Schema({"t": "i8", "k": "i8"})
+EVENTS = 50_000
+KEYS = 7
+WINDOW_MS = 100
+
+
+def records() -> np.ndarray:
+    out = np.zeros(EVENTS, SCHEMA.dtype)
+    out["t"] = np.arange(EVENTS, dtype=np.int64) * 2_000 // EVENTS  # 2 s of event time: 20 windows
+    out["k"] = np.random.default_rng(3).integers(0, KEYS, EVENTS)
+    return out
+
+
+def expected_rows() -> int:
+    """Rows the count gives: one per (window, key) that has records."""
+    r = records()
+    return len(np.unique(r["t"] // WINDOW_MS * KEYS + r["k"]))
+
+
+def counts(source: str = "events"):
+    flow = Dataflow("counts")
+    flow.source(source, SCHEMA, time="t").window(Tumbling(ms=WINDOW_MS)).count(key="k").sink(sinks.Collect(), name="out")
+    return flow, {source: records()}
+
+
+job = counts
+PAIR = counts()
+
+
+def other_dataflow():
+    """A dataflow of the same name whose source is another one: a checkpoint of `counts` is not its."""
+    return counts("clicks")
+
+
+def not_a_job():
+    return 42
+
+
+def needs_an_argument(n):
+    return counts()
+
+
+def broken():
+    raise ValueError("no data today")
+
+
+def paused():
+    """`counts` that pauses at its first batch: prints "at batch", waits for a line on stdin."""
+    _, inputs = counts()
+    flow = Dataflow("paused")
+    seen = []
+
+    def pause(batch):
+        if not seen:
+            seen.append(True)
+            print("at batch", flush=True)
+            sys.stdin.readline()
+        return np.ones(len(batch), bool)
+
+    flow.source("events", SCHEMA, time="t").filter(pause).window(Tumbling(ms=WINDOW_MS)).count(key="k").sink(
+        sinks.Collect(), name="out")
+    return flow, inputs

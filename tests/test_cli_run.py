@@ -1,0 +1,213 @@
+"""`slashrt run` runs a user's job (tests/_cli_jobs.py) with every option on every path it claims
+(real subprocesses: one executor, local clusters over shm and tcp in both modes, checkpoints and
+resumes), and refuses every mistake in one line with exit status 2; `slashrt checkpoints` refuses
+a directory or job that is not there the same way. (Stop with a savepoint and coordinator loss:
+tests/snapshot/test_cli_resume.py.)"""
+
+import json
+import os
+import signal
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slashrt.cli import main
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+JOBS = str(TESTS / "_cli_jobs.py")
+sys.path.insert(0, str(TESTS))
+import _cli_jobs  # noqa: E402
+
+ROWS = _cli_jobs.expected_rows()
+
+
+@pytest.fixture(autouse=True)
+def _own_paths(monkeypatch):
+    """`slashrt run FILE` puts the file's directory on the path (and PYTHONPATH): not beyond a test."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+
+
+def slashrt(*args: str, env=None) -> subprocess.CompletedProcess:
+    """`slashrt ARGS` in a new process (killed if it outlives the timeout)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "slashrt", *args], capture_output=True, text=True, timeout=180,
+                          stdin=subprocess.DEVNULL, env=env)
+
+
+def summary(*args: str, **kw) -> dict:
+    done = slashrt("run", *args, "--json", **kw)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def one_error_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in text, text
+    return lines[0]
+
+
+# -- the paths -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("target", [f"{JOBS}:counts", JOBS, f"{JOBS}:PAIR", "_cli_jobs:counts"],
+                         ids=["function", "default-name", "object", "module"])
+def test_a_job_runs_on_one_executor_in_every_form(target):
+    result = summary(target, env={"PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)])})
+    assert result["job"] == "counts" and result["executors"] == 1 and result["records"] == _cli_jobs.EVENTS
+    assert result["outputs"] == {"counts.out": ROWS} and result["checkpoints"] == 0 and result["stopped"] is False
+
+
+def test_the_human_summary_names_the_figures_and_the_outputs():
+    done = slashrt("run", JOBS)
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(None, 1) for line in done.stdout.splitlines() if line.strip() and not line.startswith("rows"))
+    assert lines["job"].strip() == "counts" and lines["records"].strip() == f"{_cli_jobs.EVENTS:,}"
+    assert re.search(rf"^rows counts\.out +{ROWS}$", done.stdout, re.M), done.stdout
+
+
+@pytest.mark.parametrize(
+    "options",
+    [["--executors", "2", "--slots", "8", "--slot-size", "2048"], ["--executors", "2", "--transport", "tcp", "--mode", "uppar"],
+     ["--transport", "shm", "--mode", "slash"]],
+    ids=["2-shm-small-rings", "2-tcp-uppar", "1-shm-slash-cluster"],
+)
+def test_a_job_runs_on_a_local_cluster_with_the_same_result(options):
+    result = summary(JOBS, *options)
+    executors = int(options[options.index("--executors") + 1]) if "--executors" in options else 1
+    assert result["executors"] == executors and result["outputs"] == {"counts.out": ROWS}
+
+
+def test_small_rings_on_one_executor():
+    assert summary(JOBS, "--slots", "4", "--slot-size", "512")["outputs"] == {"counts.out": ROWS}
+
+
+def test_checkpoints_then_resume_from_latest_and_from_a_number(tmp_path):
+    first = summary(JOBS, "--checkpoint-dir", str(tmp_path), "--checkpoint-interval", "1ms", "--slots", "4",
+                    "--slot-size", "512")
+    assert first["checkpoints"] >= 2 and first["outputs"] == {"counts.out": ROWS}
+    final = first["latest_checkpoint"]
+    listed = json.loads(slashrt("checkpoints", str(tmp_path), "--json").stdout)
+    (job,) = listed["jobs"]
+    assert job["job"] == "counts" and job["checkpoints"][-1]["checkpoint"] == final
+    assert job["checkpoints"][-1]["kind"] == "final"
+    # the final checkpoint covers the whole input: a resume from it has nothing left to do
+    again = summary(JOBS, "--checkpoint-dir", str(tmp_path), "--resume-from", "latest")
+    assert again["resumed_from"] == final and again["records"] == 0
+    older = job["checkpoints"][-2]["checkpoint"]
+    from_number = summary(JOBS, "--checkpoint-dir", str(tmp_path), "--resume-from", str(older))
+    assert from_number["resumed_from"] == older and 0 < from_number["records"] < _cli_jobs.EVENTS
+
+
+@pytest.mark.parametrize("options", [("--executors", "2"), ("--transport", "tcp"), ("--executors", "2", "--mode", "uppar")],
+                         ids=["2-shm-slash", "1-tcp", "2-shm-uppar"])
+def test_checkpoints_on_a_local_cluster_then_resume(tmp_path, options):
+    first = summary(JOBS, *options, "--checkpoint-dir", str(tmp_path), "--checkpoint-interval", "1ms", "--slots", "4",
+                    "--slot-size", "512")
+    assert first["checkpoints"] >= 1 and first["outputs"] == {"counts.out": ROWS}
+    listed = json.loads(slashrt("checkpoints", str(tmp_path), "--json").stdout)
+    (job,) = listed["jobs"]
+    assert job["checkpoints"][-1]["checkpoint"] == first["latest_checkpoint"]
+    # the final checkpoint covers the whole input: a resume from it has nothing left to do
+    again = summary(JOBS, *options, "--checkpoint-dir", str(tmp_path), "--resume-from", "latest")
+    assert again["resumed_from"] == first["latest_checkpoint"] and again["records"] == 0
+
+
+def test_resume_from_latest_without_a_checkpoint_runs_from_the_start_and_says_so(tmp_path):
+    done = slashrt("run", JOBS, "--checkpoint-dir", str(tmp_path), "--resume-from", "latest")
+    assert done.returncode == 0, done.stderr
+    assert "no complete checkpoint of job 'counts'" in done.stderr
+    assert re.search(r"^resumed_from +None$", done.stdout, re.M), done.stdout
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_without_a_checkpoint_directory_a_signal_aborts_at_once(signum):
+    proc = subprocess.Popen([sys.executable, "-m", "slashrt", "run", f"{JOBS}:paused"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout.readline() == "at batch\n"
+        proc.send_signal(signum)
+        out, err = proc.communicate("\n", timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    assert proc.returncode == 130 and out == "" and one_error_line(err) == "slashrt: interrupted"
+
+
+def test_the_guide_shows_every_option_of_run():
+    from slashrt.cli import _parser
+
+    run = next(a for a in _parser()._actions if a.dest == "command").choices["run"]
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    synopsis = guide[guide.index("slashrt run FILE_OR_MODULE[:NAME]"):].split("run your job")[0]
+    for action in run._actions:
+        for flag in action.option_strings:
+            if flag.startswith("--") and flag not in ("--help", "--log-level"):
+                assert flag in synopsis, flag
+
+
+# -- mistakes: one line, exit 2 --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("checkpointed")
+    assert main(["run", JOBS, "--checkpoint-dir", str(directory)]) == 0
+    (directory / "counts" / "chk-7").mkdir()  # a checkpoint whose run died before its manifest
+    return directory
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "nowhere/job.py"], "job file nowhere/job.py does not exist"),
+        (["run", "no_such_module_here:job"], "no module named 'no_such_module_here'"),
+        (["run", f"{JOBS}:missing"], "has no 'missing' (its functions and classes: "),
+        (["run", f"{JOBS}:not-a-name"], "is not a Python name"),
+        (["run", f"{JOBS}:not_a_job"], "gave int; a job is (flow, inputs)"),
+        (["run", f"{JOBS}:needs_an_argument"], "cannot be called without arguments (missing a required argument: 'n'): a job function takes none"),
+        (["run", f"{JOBS}:broken"], "raised ValueError: no data today (" + JOBS),
+        (["run", f"{JOBS}:records"], "gave ndarray; a job is (flow, inputs)"),
+        (["run", JOBS, "--resume-from", "latest"], "--resume-from needs --checkpoint-dir"),
+        (["run", JOBS, "--checkpoint-interval", "1s"], "--checkpoint-interval needs --checkpoint-dir"),
+        (["run", JOBS, "--checkpoint-dir", "CHK", "--resume-from", "99"], "checkpoint 99 does not exist in "),
+        (["run", JOBS, "--checkpoint-dir", "CHK", "--resume-from", "7"], "checkpoint 7 has no manifest"),
+        (["run", f"{JOBS}:other_dataflow", "--checkpoint-dir", "CHK", "--resume-from", "latest"],
+         "written by another dataflow"),
+        (["run", JOBS, "--slot-size", "8"], "slot_size=8"),
+        (["checkpoints", "nowhere/at/all"], "nowhere/at/all is not a directory"),
+        (["checkpoints", "CHK", "--job", "orders"], "no checkpoints of job 'orders' in "),
+    ],
+)
+def test_a_mistake_is_one_line_and_exit_2(capsys, checkpointed, argv, message):
+    argv = [str(checkpointed) if a == "CHK" else a for a in argv]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    line = one_error_line(captured.err)
+    assert line.startswith("slashrt: error: ") and message in line, line
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", JOBS, "--checkpoint-interval", "soon"], "must be a duration > 0"),
+        (["run", JOBS, "--checkpoint-interval", "0"], "must be a duration > 0"),
+        (["run", JOBS, "--resume-from", "first"], "is neither 'latest' nor a checkpoint number"),
+        (["run", JOBS, "--executors", "0"], "must be positive"),
+        (["run", JOBS, "--mode", "fast"], "invalid choice"),
+    ],
+)
+def test_a_bad_option_value_is_refused_by_the_parser(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err.splitlines()[-1] and "Traceback" not in err
+
+
+def test_a_mistake_in_a_subprocess_is_one_line_too(tmp_path):
+    done = slashrt("run", f"{JOBS}:broken")
+    assert done.returncode == 2 and one_error_line(done.stderr).endswith(")") and done.stdout == ""
