@@ -86,19 +86,77 @@ class Iterations(Operator):
         await ctx.emit(batch)
 
 
-@pytest.mark.parametrize("slots", [(512, 4), (65536, 8)])
-def test_a_keyed_tumbling_window_in_a_loop_aggregates_each_iteration_apart(slots):
-    data = input_records(1)
-    flow = Dataflow("lw")
+def halving_loop(seen, name: str = "lw") -> tuple[Dataflow, sinks.Collect]:
+    """A keyed tumbling window in a loop: `seen` (an operator) gets every iteration's window
+    rows, which are fed back halved (`halved`) and leave the loop into the returned sink."""
+    flow = Dataflow(name)
     src = flow.source("src", REC, time="t")
-    log = []
     with flow.loop("halve", max_iterations=40) as loop:
         sums = loop.enter(src).window(Tumbling(ms=SIZE)).sum("v", key="k", name="win")
-        seen = sums.operator(Iterations(log), name="seen")
+        seen = sums.operator(seen, name="seen")
         loop.feed_back(seen.apply(feed_back_step(2), schema=SCHEMA, name="back"))
         done = loop.leave(seen)
     out = sinks.Collect()
     done.sink(out)
+    return flow, out
+
+
+def nested_loops(seen, name: str = "nest") -> tuple[Dataflow, sinks.Collect]:
+    """An inner loop halves the window sums; the outer loop feeds every inner result back at
+    a third. The window runs per (outer, inner) iteration; `seen` gets its rows."""
+    flow = Dataflow(name)
+    src = flow.source("src", REC, time="t")
+    with flow.loop("outer", max_iterations=20) as outer:
+        o_in = outer.enter(src)
+        with outer.loop("inner", max_iterations=20) as inner:
+            sums = inner.enter(o_in).window(Tumbling(ms=SIZE)).sum("v", key="k", name="win")
+            seen = sums.operator(seen, name="seen")
+            inner.feed_back(seen.apply(feed_back_step(2), schema=SCHEMA, name="halve"))
+            left = inner.leave(seen)
+        outer.feed_back(left.apply(feed_back_step(3), schema=SCHEMA, name="third"), into=o_in)
+        done = outer.leave(left)
+    out = sinks.Collect()
+    done.sink(out)
+    return flow, out
+
+
+def reference_nested(data: np.ndarray) -> dict[tuple[int, int], list]:
+    """Reference of `nested_loops`: outer iteration o enters the inner loop with its input; every
+    inner iteration's rows leave the inner loop, and the outer feedback is all of them at a third."""
+    want, current, o = {}, data, 0
+    while len(current):
+        per_inner = reference_loop(current, 2)
+        for i, rows in enumerate(per_inner):
+            want[(o, i)] = as_rows(rows)
+        current = halved(np.concatenate(per_inner), 3)
+        o += 1
+    return want
+
+
+def late_loop(offset: int, seen, late: sinks.Collect, name: str = "late") -> Dataflow:
+    """Iteration 0 counts per key; the rows of [0, 10) go round once more as records at event
+    time 10 + offset and time (10, <1>): at 9 behind their time, where [0, 10) of iteration 1
+    has fired (nothing below 10 can reach iteration 1), so they are late."""
+    flow = Dataflow(name)
+    src = flow.source("src", REC, time="t")
+
+    def back(batch):
+        rows = batch.to_numpy()
+        return records(rows["window_end"] + offset, rows["k"], rows["count"])
+
+    with flow.loop("l") as loop:
+        counts = loop.enter(src).window(Tumbling(ms=SIZE), late=late).count(key="k", name="win")
+        seen = counts.operator(seen, name="seen")
+        loop.feed_back(seen.filter(lambda b: b["window_start"] == 0).apply(back, schema=SCHEMA, name="back"))
+        loop.leave(seen).sink(sinks.Collect())
+    return flow
+
+
+@pytest.mark.parametrize("slots", [(512, 4), (65536, 8)])
+def test_a_keyed_tumbling_window_in_a_loop_aggregates_each_iteration_apart(slots):
+    data = input_records(1)
+    log = []
+    flow, out = halving_loop(Iterations(log))
     result = slashrt.run(flow, {"src": data}, slot_size=slots[0], slots=slots[1])
     want = reference_loop(data)
     assert len(want) > 4  # several iterations, whose windows overlap in event time
@@ -115,34 +173,12 @@ def test_a_keyed_tumbling_window_in_a_loop_aggregates_each_iteration_apart(slots
 
 
 def test_windows_in_loops_nested_two_deep():
-    """An inner loop halves the window sums; the outer loop feeds every inner result back at
-    a third. The window runs per (outer, inner) iteration."""
     data = input_records(2, 300)
-    flow = Dataflow("nest")
-    src = flow.source("src", REC, time="t")
     log = []
-    with flow.loop("outer", max_iterations=20) as outer:
-        o_in = outer.enter(src)
-        with outer.loop("inner", max_iterations=20) as inner:
-            sums = inner.enter(o_in).window(Tumbling(ms=SIZE)).sum("v", key="k", name="win")
-            seen = sums.operator(Iterations(log), name="seen")
-            inner.feed_back(seen.apply(feed_back_step(2), schema=SCHEMA, name="halve"))
-            left = inner.leave(seen)
-        outer.feed_back(left.apply(feed_back_step(3), schema=SCHEMA, name="third"), into=o_in)
-        done = outer.leave(left)
-    out = sinks.Collect()
-    done.sink(out)
+    flow, out = nested_loops(Iterations(log))
     result = slashrt.run(flow, {"src": data}, slot_size=512, slots=4)
-    # reference: outer iteration o enters the inner loop with its input; every inner iteration's
-    # rows leave the inner loop, and the outer feedback is all of them at a third
-    want, current, o = {}, data, 0
-    while len(current):
-        per_inner = reference_loop(current, 2)
-        for i, rows in enumerate(per_inner):
-            want[(o, i)] = as_rows(rows)
-        current = halved(np.concatenate(per_inner), 3)
-        o += 1
-    assert o >= 3 and max(i for _, i in want) >= 3
+    want = reference_nested(data)
+    assert max(o for o, _ in want) >= 2 and max(i for _, i in want) >= 3
     got = {}
     for time, rows in log:
         got.setdefault(time.counters, []).extend(map(tuple, rows.tolist()))
@@ -153,24 +189,10 @@ def test_windows_in_loops_nested_two_deep():
 
 @pytest.mark.parametrize("offset, late_rows", [(0, 0), (-1, 1)])
 def test_late_records_in_loops_are_judged_on_the_frontier(offset, late_rows):
-    """Iteration 0 counts the record at 5 in [0, 10) and feeds one back at time (10, <1>) with
-    event time 10 + offset. At 10 it lands in [10, 20) of iteration 1; at 9 it is behind its
-    time: [0, 10) of iteration 1 has fired (nothing below 10 can reach iteration 1), so it is
-    late, counted and in the late sink."""
-    flow = Dataflow("late")
-    src = flow.source("src", REC, time="t")
+    """One record at 5: iteration 0 counts it in [0, 10); fed back at 10 it lands in [10, 20)
+    of iteration 1, at 9 it is late, counted and in the late sink."""
     late, log = sinks.Collect(), []
-
-    def back(batch):
-        rows = batch.to_numpy()
-        return records(rows["window_end"] + offset, rows["k"], rows["count"])
-
-    with flow.loop("l") as loop:
-        counts = loop.enter(src).window(Tumbling(ms=SIZE), late=late).count(key="k", name="win")
-        seen = counts.operator(Iterations(log), name="seen")
-        loop.feed_back(seen.filter(lambda b: b["window_start"] == 0).apply(back, schema=SCHEMA, name="back"))
-        loop.leave(seen).sink(sinks.Collect())
-    result = slashrt.run(flow, {"src": records([5], [3], [1])})
+    result = slashrt.run(late_loop(offset, Iterations(log), late), {"src": records([5], [3], [1])})
     got = [(t, (int(r["window_start"]), int(r["count"]))) for t, rows in log for r in rows]
     want = [(Timestamp(10, (0,)), (0, 1))] + ([(Timestamp(20, (1,)), (10, 1))] if not late_rows else [])
     assert got == want
