@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 import slashrt
 from slashrt import Dataflow, Operator, Sliding, Timestamp, Tumbling, sinks
-from slashrt.errors import DataflowError
 
 REC = np.dtype([("t", "<i8"), ("k", "<i8"), ("v", "<i8")])
 SCHEMA = {"t": "i8", "k": "i8", "v": "i8"}
@@ -86,14 +85,15 @@ class Iterations(Operator):
         await ctx.emit(batch)
 
 
-def halving_loop(seen, name: str = "lw") -> tuple[Dataflow, sinks.Collect]:
-    """A keyed tumbling window in a loop: `seen` (an operator) gets every iteration's window
-    rows, which are fed back halved (`halved`) and leave the loop into the returned sink."""
+def halving_loop(seen, name: str = "lw", schema=None) -> tuple[Dataflow, sinks.Collect]:
+    """A keyed tumbling window in a loop: `seen` (an operator emitting `schema`, default the
+    window's rows) gets every iteration's window rows, which are fed back halved (`halved`) and
+    leave the loop into the returned sink."""
     flow = Dataflow(name)
     src = flow.source("src", REC, time="t")
     with flow.loop("halve", max_iterations=40) as loop:
         sums = loop.enter(src).window(Tumbling(ms=SIZE)).sum("v", key="k", name="win")
-        seen = sums.operator(seen, name="seen")
+        seen = sums.operator(seen, name="seen", schema=schema)
         loop.feed_back(seen.apply(feed_back_step(2), schema=SCHEMA, name="back"))
         done = loop.leave(seen)
     out = sinks.Collect()
@@ -101,7 +101,7 @@ def halving_loop(seen, name: str = "lw") -> tuple[Dataflow, sinks.Collect]:
     return flow, out
 
 
-def nested_loops(seen, name: str = "nest") -> tuple[Dataflow, sinks.Collect]:
+def nested_loops(seen, name: str = "nest", schema=None) -> tuple[Dataflow, sinks.Collect]:
     """An inner loop halves the window sums; the outer loop feeds every inner result back at
     a third. The window runs per (outer, inner) iteration; `seen` gets its rows."""
     flow = Dataflow(name)
@@ -110,7 +110,7 @@ def nested_loops(seen, name: str = "nest") -> tuple[Dataflow, sinks.Collect]:
         o_in = outer.enter(src)
         with outer.loop("inner", max_iterations=20) as inner:
             sums = inner.enter(o_in).window(Tumbling(ms=SIZE)).sum("v", key="k", name="win")
-            seen = sums.operator(seen, name="seen")
+            seen = sums.operator(seen, name="seen", schema=schema)
             inner.feed_back(seen.apply(feed_back_step(2), schema=SCHEMA, name="halve"))
             left = inner.leave(seen)
         outer.feed_back(left.apply(feed_back_step(3), schema=SCHEMA, name="third"), into=o_in)
@@ -133,7 +133,7 @@ def reference_nested(data: np.ndarray) -> dict[tuple[int, int], list]:
     return want
 
 
-def late_loop(offset: int, seen, late: sinks.Collect, name: str = "late") -> Dataflow:
+def late_loop(offset: int, seen, late: sinks.Collect, name: str = "late", schema=None) -> tuple[Dataflow, sinks.Collect]:
     """Iteration 0 counts per key; the rows of [0, 10) go round once more as records at event
     time 10 + offset and time (10, <1>): at 9 behind their time, where [0, 10) of iteration 1
     has fired (nothing below 10 can reach iteration 1), so they are late."""
@@ -146,10 +146,10 @@ def late_loop(offset: int, seen, late: sinks.Collect, name: str = "late") -> Dat
 
     with flow.loop("l") as loop:
         counts = loop.enter(src).window(Tumbling(ms=SIZE), late=late).count(key="k", name="win")
-        seen = counts.operator(seen, name="seen")
+        seen = counts.operator(seen, name="seen", schema=schema)
         loop.feed_back(seen.filter(lambda b: b["window_start"] == 0).apply(back, schema=SCHEMA, name="back"))
-        loop.leave(seen).sink(sinks.Collect())
-    return flow
+        loop.leave(seen).sink(out := sinks.Collect())
+    return flow, out
 
 
 @pytest.mark.parametrize("slots", [(512, 4), (65536, 8)])
@@ -192,7 +192,8 @@ def test_late_records_in_loops_are_judged_on_the_frontier(offset, late_rows):
     """One record at 5: iteration 0 counts it in [0, 10); fed back at 10 it lands in [10, 20)
     of iteration 1, at 9 it is late, counted and in the late sink."""
     late, log = sinks.Collect(), []
-    result = slashrt.run(late_loop(offset, Iterations(log), late), {"src": records([5], [3], [1])})
+    flow, _ = late_loop(offset, Iterations(log), late)
+    result = slashrt.run(flow, {"src": records([5], [3], [1])})
     got = [(t, (int(r["window_start"]), int(r["count"]))) for t, rows in log for r in rows]
     want = [(Timestamp(10, (0,)), (0, 1))] + ([(Timestamp(20, (1,)), (10, 1))] if not late_rows else [])
     assert got == want
@@ -228,17 +229,6 @@ def test_a_late_heavy_input_is_judged_at_iteration_zero_as_outside_loops(assigne
         got_late = np.sort(late.records.astype(LSCHEMA.dtype), order=["t", "k", "v"])
         assert np.array_equal(got_late, want_late) and len(want_late) > 100
         assert result.late_records["lh.sums"] == len(want_late)
-
-
-def test_windows_in_loops_are_refused_on_clusters_in_one_sentence():
-    flow = Dataflow("lc")
-    src = flow.source("src", REC, time="t")
-    with flow.loop("l") as loop:
-        sums = loop.enter(src).window(Tumbling(ms=SIZE)).sum("v", key="k", name="win")
-        loop.feed_back(sums.apply(feed_back_step(2), schema=SCHEMA, name="back"))
-        loop.leave(sums).sink(sinks.Collect())
-    with pytest.raises(DataflowError, match=r"windows \['lc.win'\] inside loops run on one executor only"):
-        slashrt.run(flow, {"src": input_records(3, 10)}, executors=2)
 
 
 # --- random graphs and event orders ---------------------------------------------------------

@@ -285,7 +285,7 @@ class PointstampProgress:
 
     # --- internals -------------------------------------------------------------------------
     async def _frontier_moved(self, node: Node, frontier) -> None:
-        if isinstance(node, LoopWindow):  # per iteration: the frontier's times at its counters or below
+        if isinstance(_window_of(node), LoopWindow):  # per iteration: the frontier's times at its counters or below
             await node.on_frontier(frontier)
             self._dirty = True
             return
