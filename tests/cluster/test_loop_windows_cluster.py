@@ -98,3 +98,27 @@ def test_windows_in_loops_nested_two_deep_on_two_executors():
     assert max(o for o, _ in want) >= 2 and max(i for _, i in want) >= 3
     assert per_iteration(out.records, 2) == want
     assert result.late_records == {"nest.win": 0}
+
+
+def test_a_window_in_a_loop_is_routed_with_its_loop_counters_unless_its_key_was_exchanged_just_before():
+    from slashrt._dataflow import Dataflow
+    from slashrt._plan import ClusterRole, build_plan
+    from slashrt.ops.loop_window import LoopWindow
+    from slashrt.ops.route import ExchangeNode, WindowRoute
+    from slashrt.ssb.partitions import Partitioning
+    from tests.test_loop_windows import REC, SCHEMA, feed_back_step
+
+    flow, _ = nested_loops(Tag(2, "sum_v"), schema=tagged(2, "sum_v"))
+    route = build_plan(flow, ClusterRole(1, Partitioning(16, 3), progress="pointstamp")).steps["nest.win"]
+    assert isinstance(route, WindowRoute) and isinstance(route.window, LoopWindow)
+    assert route.exchange_dtype.names == ("t", "k", "v", "__epoch", "__c0", "__c1")
+
+    flow = Dataflow("x")
+    with flow.loop("l", max_iterations=3) as loop:
+        sums = loop.enter(flow.source("src", REC, time="t")).exchange(key="k").window(slashrt.Tumbling(ms=SIZE))
+        sums = sums.sum("v", key="k", name="win")
+        loop.feed_back(sums.apply(feed_back_step(2), schema=SCHEMA))
+        loop.leave(sums).sink(sinks.Collect())
+    plan = build_plan(flow, ClusterRole(0, Partitioning(16, 2), progress="pointstamp"))
+    assert isinstance(plan.steps["x.win"], LoopWindow)  # the exchange before it routed its rows by k already
+    assert [type(n) for n in plan.exchanges()] == [ExchangeNode]
