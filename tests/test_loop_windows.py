@@ -15,6 +15,7 @@ from slashrt import Dataflow, Operator, Sliding, Timestamp, Tumbling, sinks
 REC = np.dtype([("t", "<i8"), ("k", "<i8"), ("v", "<i8")])
 SCHEMA = {"t": "i8", "k": "i8", "v": "i8"}
 SIZE = 10
+KEYS = 7
 
 
 def records(t, k, v) -> np.ndarray:
@@ -37,17 +38,17 @@ def window_sums(recs: np.ndarray) -> np.ndarray:
     return rows
 
 
-def halved(rows: np.ndarray, divisor: int) -> np.ndarray:
+def halved(rows: np.ndarray, divisor: int, shift: int = 0) -> np.ndarray:
     """Reference of the feedback: each row as a record at its window's end, v = sum // divisor,
-    kept while v > 0."""
-    back = records(rows["window_end"], rows["k"], rows["sum_v"] // divisor)
+    kept while v > 0, its key moved on by `shift` (round the KEYS)."""
+    back = records(rows["window_end"], (rows["k"] + shift) % KEYS, rows["sum_v"] // divisor)
     return back[back["v"] > 0]
 
 
-def feed_back_step(divisor: int):
+def feed_back_step(divisor: int, shift: int = 0):
     def step(batch):
         rows = batch.to_numpy()
-        return halved(rows, divisor)
+        return halved(rows, divisor, shift)
 
     return step
 
@@ -56,20 +57,20 @@ def as_rows(a: np.ndarray) -> list:
     return sorted(map(tuple, a.tolist()))
 
 
-def reference_loop(inputs: np.ndarray, divisor: int = 2) -> list[np.ndarray]:
+def reference_loop(inputs: np.ndarray, divisor: int = 2, shift: int = 0) -> list[np.ndarray]:
     """Per iteration, the window rows of the loop below (iterated by hand in numpy)."""
     out, current = [], inputs
     while len(current):
         rows = window_sums(current)
         out.append(rows)
-        current = halved(rows, divisor)
+        current = halved(rows, divisor, shift)
     return out
 
 
 def input_records(seed: int, n: int = 600) -> np.ndarray:
     rng = np.random.default_rng(seed)
     t = np.sort(rng.integers(0, 200, n))
-    return records(t, rng.integers(0, 7, n), rng.integers(1, 50, n))
+    return records(t, rng.integers(0, KEYS, n), rng.integers(1, 50, n))
 
 
 class Iterations(Operator):
@@ -85,25 +86,26 @@ class Iterations(Operator):
         await ctx.emit(batch)
 
 
-def halving_loop(seen, name: str = "lw", schema=None) -> tuple[Dataflow, sinks.Collect]:
+def halving_loop(seen, name: str = "lw", schema=None, shift: int = 0) -> tuple[Dataflow, sinks.Collect]:
     """A keyed tumbling window in a loop: `seen` (an operator emitting `schema`, default the
-    window's rows) gets every iteration's window rows, which are fed back halved (`halved`) and
-    leave the loop into the returned sink."""
+    window's rows) gets every iteration's window rows, which are fed back halved (`halved`, keys
+    moved on by `shift`) and leave the loop into the returned sink."""
     flow = Dataflow(name)
     src = flow.source("src", REC, time="t")
     with flow.loop("halve", max_iterations=40) as loop:
         sums = loop.enter(src).window(Tumbling(ms=SIZE)).sum("v", key="k", name="win")
         seen = sums.operator(seen, name="seen", schema=schema)
-        loop.feed_back(seen.apply(feed_back_step(2), schema=SCHEMA, name="back"))
+        loop.feed_back(seen.apply(feed_back_step(2, shift), schema=SCHEMA, name="back"))
         done = loop.leave(seen)
     out = sinks.Collect()
     done.sink(out)
     return flow, out
 
 
-def nested_loops(seen, name: str = "nest", schema=None) -> tuple[Dataflow, sinks.Collect]:
+def nested_loops(seen, name: str = "nest", schema=None, shift: int = 0) -> tuple[Dataflow, sinks.Collect]:
     """An inner loop halves the window sums; the outer loop feeds every inner result back at
-    a third. The window runs per (outer, inner) iteration; `seen` gets its rows."""
+    a third (keys moved on by `shift` both ways). The window runs per (outer, inner) iteration;
+    `seen` gets its rows."""
     flow = Dataflow(name)
     src = flow.source("src", REC, time="t")
     with flow.loop("outer", max_iterations=20) as outer:
@@ -111,24 +113,24 @@ def nested_loops(seen, name: str = "nest", schema=None) -> tuple[Dataflow, sinks
         with outer.loop("inner", max_iterations=20) as inner:
             sums = inner.enter(o_in).window(Tumbling(ms=SIZE)).sum("v", key="k", name="win")
             seen = sums.operator(seen, name="seen", schema=schema)
-            inner.feed_back(seen.apply(feed_back_step(2), schema=SCHEMA, name="halve"))
+            inner.feed_back(seen.apply(feed_back_step(2, shift), schema=SCHEMA, name="halve"))
             left = inner.leave(seen)
-        outer.feed_back(left.apply(feed_back_step(3), schema=SCHEMA, name="third"), into=o_in)
+        outer.feed_back(left.apply(feed_back_step(3, shift), schema=SCHEMA, name="third"), into=o_in)
         done = outer.leave(left)
     out = sinks.Collect()
     done.sink(out)
     return flow, out
 
 
-def reference_nested(data: np.ndarray) -> dict[tuple[int, int], list]:
+def reference_nested(data: np.ndarray, shift: int = 0) -> dict[tuple[int, int], list]:
     """Reference of `nested_loops`: outer iteration o enters the inner loop with its input; every
     inner iteration's rows leave the inner loop, and the outer feedback is all of them at a third."""
     want, current, o = {}, data, 0
     while len(current):
-        per_inner = reference_loop(current, 2)
+        per_inner = reference_loop(current, 2, shift)
         for i, rows in enumerate(per_inner):
             want[(o, i)] = as_rows(rows)
-        current = halved(np.concatenate(per_inner), 3)
+        current = halved(np.concatenate(per_inner), 3, shift)
         o += 1
     return want
 

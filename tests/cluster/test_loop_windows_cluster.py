@@ -2,7 +2,8 @@
 `LoopWindow` on its owner with its logical time (loop counters included), and every
 iteration fires on the distributed frontier. The loops and numpy reference of
 tests/test_loop_windows.py give exactly one executor's windows per iteration and late records,
-over shm and tcp with rings of four 256-byte slots that every channel wraps many times."""
+over shm and tcp with rings of four 256-byte slots that every channel wraps many times. The
+loops feed rows back under the next key, so every iteration's rows cross executors."""
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from tests.test_loop_windows import (
 )
 
 SLOTS = {"slot_size": 256, "slots": 4}
+SHIFT = 1  # the loops feed each row back under the next key: every iteration's rows change executors
 
 
 def tagged(depth: int, value: str) -> dict:
@@ -50,7 +52,7 @@ def per_iteration(rows: np.ndarray, depth: int) -> dict:
 
 
 def run_halving(data, **options):
-    flow, out = halving_loop(Tag(1, "sum_v"), schema=tagged(1, "sum_v"))
+    flow, out = halving_loop(Tag(1, "sum_v"), schema=tagged(1, "sum_v"), shift=SHIFT)
     result = slashrt.run(flow, {"src": data}, **SLOTS, **options)
     return per_iteration(out.records, 1), result
 
@@ -58,7 +60,7 @@ def run_halving(data, **options):
 @pytest.mark.parametrize(("executors", "transport"), [(2, "shm"), (3, "tcp")])
 def test_a_keyed_window_in_a_loop_on_executors_equals_one_executor(executors, transport):
     data = input_records(1, 6000)  # ~1000 slots of 256 bytes through the 4-slot rings
-    want = {(i,): as_rows(rows) for i, rows in enumerate(reference_loop(data))}
+    want = {(i,): as_rows(rows) for i, rows in enumerate(reference_loop(data, shift=SHIFT))}
     one, one_result = run_halving(data)
     many, many_result = run_halving(data, executors=executors, transport=transport)
     assert len(want) > 4 and one == want
@@ -91,9 +93,9 @@ def test_late_records_in_a_loop_on_executors_equal_one_executor(offset, late_row
 
 
 def test_windows_in_loops_nested_two_deep_on_two_executors():
-    data = input_records(2, 1500)
-    want = reference_nested(data)
-    flow, out = nested_loops(Tag(2, "sum_v"), schema=tagged(2, "sum_v"))
+    data = input_records(2, 5000)
+    want = reference_nested(data, SHIFT)
+    flow, out = nested_loops(Tag(2, "sum_v"), schema=tagged(2, "sum_v"), shift=SHIFT)
     result = slashrt.run(flow, {"src": data}, executors=2, transport="shm", **SLOTS)
     assert max(o for o, _ in want) >= 2 and max(i for _, i in want) >= 3
     assert per_iteration(out.records, 2) == want
