@@ -135,7 +135,9 @@ def reference_nested(data: np.ndarray, shift: int = 0) -> dict[tuple[int, int], 
     return want
 
 
-def late_loop(offset: int, seen, late: sinks.Collect, name: str = "late", schema=None) -> tuple[Dataflow, sinks.Collect]:
+def late_loop(
+    offset: int, seen, late: sinks.Collect, name: str = "late", schema=None
+) -> tuple[Dataflow, sinks.Collect]:
     """Iteration 0 counts per key; the rows of [0, 10) go round once more as records at event
     time 10 + offset and time (10, <1>): at 9 behind their time, where [0, 10) of iteration 1
     has fired (nothing below 10 can reach iteration 1), so they are late."""
