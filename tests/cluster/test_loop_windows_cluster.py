@@ -127,3 +127,46 @@ def test_a_window_in_a_loop_is_routed_with_its_loop_counters_unless_its_key_was_
     plan = build_plan(flow, ClusterRole(0, Partitioning(16, 2), progress="pointstamp"))
     assert isinstance(plan.steps["x.win"], LoopWindow)  # the exchange before it routed its rows by k already
     assert [type(n) for n in plan.exchanges()] == [ExchangeNode]
+
+
+def test_the_peer_message_that_makes_the_view_idle_still_reaches_the_route_which_ends_its_channels():
+    """Forced interleaving: executor 0's own input is done when a peer's message retires the
+    last pointstamp. The executor must settle that news (the route's input frontier is empty
+    now: it ends its channels, else the peer waits forever for their end) before it stops."""
+    import trio
+
+    from slashrt._plan import ClusterRole, build_plan
+    from slashrt.progress import Location, Timestamp, Tracker
+    from slashrt.progress.timestamp import MIN_EPOCH
+    from slashrt.scheduler._pointstamp import PointstampProgress
+    from slashrt.ssb.partitions import Partitioning
+
+    flow, _ = halving_loop(Tag(1, "sum_v"), schema=tagged(1, "sum_v"))
+    plan = build_plan(flow, ClusterRole(0, Partitioning(16, 2), progress="pointstamp"))
+
+    class Bus:  # the view as the progress bus keeps it; what this executor records is dropped
+        exchange = type("Exchange", (), {"view": Tracker(plan.graph)})()
+        on_frontier_change = None
+
+        def record(self, updates):
+            pass
+
+        def flush(self):
+            pass
+
+    bus = Bus()
+    source = Location.output(list(flow.steps).index("lw.src"), 0)
+    bus.exchange.view.update(source, Timestamp(MIN_EPOCH), 1)  # the peer's source, still reading
+    progress = PointstampProgress(plan, bus)
+    woken = []
+    progress.wake = lambda: woken.append(True)
+    route = plan.steps["lw.win"]
+    trio.run(progress.settle)
+    assert progress.waiting() and not route._ended
+    bus.exchange.view.update(source, Timestamp(MIN_EPOCH), -1)  # the peer's last message...
+    bus.on_frontier_change(bus.exchange.view.propagate())  # ...arrives: the view is idle now
+    assert woken and bus.exchange.view.is_idle() and not route._ended
+    assert progress.waiting()  # news to settle: the compute loop must not stop yet
+    assert progress.quiet()
+    trio.run(progress.settle)
+    assert route._ended and not progress.waiting()
