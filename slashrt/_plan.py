@@ -2,7 +2,8 @@
 
 In a multi-executor run (`ClusterRole` given) every keyed window becomes an *exchange*: an
 `SsbWindowAggregate` (mode "slash") or a `RouteByOwner` in front of a window (mode "uppar");
-in a graph flow a `WindowRoute` in front of a window (pointstamp progress, either mode).
+in a graph flow a `WindowRoute` in front of a window (pointstamp progress, either mode; inside
+a loop a `LoopWindow`, one window per iteration).
 Exchanges talk to the other executors through channels that the cluster runtime wires with
 `add_peer` and `inbound`.
 """
@@ -80,9 +81,11 @@ class ClusterRole:
 
     def graph_window(self, spec: WindowAggSpec, late: SinkNode | None, up) -> Node:
         """A keyed window of a graph flow: its rows go to their key's owner (`WindowRoute`),
-        whose plain window fires on the distributed pointstamp frontier; none where they
-        arrive routed by that key already (`exchange(key=)` of the window's key just before)."""
-        window = WindowAggregate(spec, late)
+        whose window (a plain one, or inside a loop a `LoopWindow`: one per iteration, the
+        rows' times with their loop counters travel with them) fires on the distributed
+        pointstamp frontier; no route where they arrive routed by that key already
+        (`exchange(key=)` of the window's key just before)."""
+        window = LoopWindow(spec, late) if spec.scope else WindowAggregate(spec, late)
         if self.partitioning.executors == 1 or (isinstance(up, ExchangeSpec) and up.key == spec.key):
             return window
         return WindowRoute(spec, window, index=self.index, partitioning=self.partitioning)
@@ -155,14 +158,14 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
             if spec.late is not None:
                 late = SinkNode(f"{spec.step_id}.late", spec.late, spec.late_dtype)
                 sinks.append(late)
-            if spec.scope:  # inside a loop: a window per iteration (clusters refuse it: check_cluster_flow)
-                node = LoopWindow(spec, late)
-            elif cluster is None:
-                node = WindowAggregate(spec, late)
-            elif flow.is_graph():  # pointstamp progress over the whole graph: no gates between executors
+            if cluster is not None and flow.is_graph():  # pointstamp progress over the whole graph: no gates
                 node = cluster.graph_window(spec, late, flow.steps.get(spec.up))
-            else:
+            elif cluster is not None:
                 node = cluster.window(spec, late)
+            elif spec.scope:  # inside a loop: a window per iteration
+                node = LoopWindow(spec, late)
+            else:
+                node = WindowAggregate(spec, late)
         elif isinstance(spec, SinkSpec):
             node = SinkNode(spec.step_id, spec.sink, spec.dtype)
             sinks.append(node)
@@ -202,7 +205,7 @@ def check_progress(progress: str) -> str:
 def check_cluster_flow(flow: Dataflow, progress: str | None = None) -> None:
     """What a multi-executor run needs beyond a local one, checked before any executor starts:
     a graph flow (union, connect, operators, loops) runs on distributed pointstamp progress
-    (its keyed windows route their rows by key, `ClusterRole.graph_window`); the type of every
+    (its keyed windows, inside loops too, route their rows by key, `ClusterRole.graph_window`); the type of every
     aggregated column is known (executors exchange it in fixed-size rows)."""
     if flow.is_graph():
         resolve_mode(flow, progress)  # progress="watermark" is refused, naming the graph's steps
@@ -211,12 +214,6 @@ def check_cluster_flow(flow: Dataflow, progress: str | None = None) -> None:
             raise DataflowError(
                 f"dataflow {flow.name!r}: exchange steps {untyped} ship records between executors, so every column's "
                 "type must be known when the dataflow is built (give apply/operator a schema=, with_column a dtype=)"
-            )
-        looped = [s.step_id for s in flow.steps.values() if isinstance(s, WindowAggSpec) and s.scope]
-        if looped:
-            raise DataflowError(
-                f"dataflow {flow.name!r}: windows {looped} inside loops run on one executor only; run it with "
-                "executors=1 or window the stream outside the loop"
             )
     for spec in flow.steps.values():
         if not isinstance(spec, WindowAggSpec) or spec.value_dtype is not None:

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 import slashrt
 from slashrt import Dataflow, Operator, Sliding, Timestamp, Tumbling, sinks
-from slashrt.errors import DataflowError
 
 REC = np.dtype([("t", "<i8"), ("k", "<i8"), ("v", "<i8")])
 SCHEMA = {"t": "i8", "k": "i8", "v": "i8"}
 SIZE = 10
+KEYS = 7
 
 
 def records(t, k, v) -> np.ndarray:
@@ -38,17 +38,17 @@ def window_sums(recs: np.ndarray) -> np.ndarray:
     return rows
 
 
-def halved(rows: np.ndarray, divisor: int) -> np.ndarray:
+def halved(rows: np.ndarray, divisor: int, shift: int = 0) -> np.ndarray:
     """Reference of the feedback: each row as a record at its window's end, v = sum // divisor,
-    kept while v > 0."""
-    back = records(rows["window_end"], rows["k"], rows["sum_v"] // divisor)
+    kept while v > 0, its key moved on by `shift` (round the KEYS)."""
+    back = records(rows["window_end"], (rows["k"] + shift) % KEYS, rows["sum_v"] // divisor)
     return back[back["v"] > 0]
 
 
-def feed_back_step(divisor: int):
+def feed_back_step(divisor: int, shift: int = 0):
     def step(batch):
         rows = batch.to_numpy()
-        return halved(rows, divisor)
+        return halved(rows, divisor, shift)
 
     return step
 
@@ -57,26 +57,26 @@ def as_rows(a: np.ndarray) -> list:
     return sorted(map(tuple, a.tolist()))
 
 
-def reference_loop(inputs: np.ndarray, divisor: int = 2) -> list[np.ndarray]:
+def reference_loop(inputs: np.ndarray, divisor: int = 2, shift: int = 0) -> list[np.ndarray]:
     """Per iteration, the window rows of the loop below (iterated by hand in numpy)."""
     out, current = [], inputs
     while len(current):
         rows = window_sums(current)
         out.append(rows)
-        current = halved(rows, divisor)
+        current = halved(rows, divisor, shift)
     return out
 
 
-def reference_nested(inputs: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
+def reference_nested(inputs: np.ndarray, shift: int = 0) -> dict[tuple[int, int], np.ndarray]:
     """Per (outer, inner) iteration, the window rows of the nested loops below: outer iteration
     o enters the inner loop with its input; every inner iteration's rows leave the inner loop,
     and the outer feedback is all of them at a third."""
     want, current, o = {}, inputs, 0
     while len(current):
-        per_inner = reference_loop(current, 2)
+        per_inner = reference_loop(current, 2, shift)
         for i, rows in enumerate(per_inner):
             want[(o, i)] = rows
-        current = halved(np.concatenate(per_inner), 3)
+        current = halved(np.concatenate(per_inner), 3, shift)
         o += 1
     return want
 
@@ -84,7 +84,7 @@ def reference_nested(inputs: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
 def input_records(seed: int, n: int = 600) -> np.ndarray:
     rng = np.random.default_rng(seed)
     t = np.sort(rng.integers(0, 200, n))
-    return records(t, rng.integers(0, 7, n), rng.integers(1, 50, n))
+    return records(t, rng.integers(0, KEYS, n), rng.integers(1, 50, n))
 
 
 class Iterations(Operator):
@@ -100,17 +100,18 @@ class Iterations(Operator):
         await ctx.emit(batch)
 
 
-def halving(src, log=None, *, nested: bool = False):
+def halving(src, seen=None, *, schema=None, shift: int = 0, nested: bool = False):
     """The loops of the tests below on `src`: a keyed tumbling window sums v per iteration (its
-    rows logged by an `Iterations` step with `log`) and feeds them back halved, until none is
-    left (`reference_loop`); `nested`: inside an outer loop that feeds every inner result back
-    at a third (`reference_nested`). The stream of every iteration's rows, left."""
+    rows passing the operator `seen` if given, which emits `schema`, default the rows) and feeds
+    them back halved (`halved`, keys moved on by `shift`) until none is left (`reference_loop`);
+    `nested`: inside an outer loop that feeds every inner result back at a third
+    (`reference_nested`). The stream of every iteration's rows, left."""
 
     def inner_loop(loop, entered):
         sums = loop.enter(entered).window(Tumbling(ms=SIZE)).sum("v", key="k", name="win")
-        seen = sums if log is None else sums.operator(Iterations(log), name="seen")
-        loop.feed_back(seen.apply(feed_back_step(2), schema=SCHEMA, name="halve"))
-        return loop.leave(seen)
+        rows = sums if seen is None else sums.operator(seen, name="seen", schema=schema)
+        loop.feed_back(rows.apply(feed_back_step(2, shift), schema=SCHEMA, name="halve"))
+        return loop.leave(rows)
 
     if not nested:
         with src.flow.loop("halve", max_iterations=40) as loop:
@@ -119,19 +120,51 @@ def halving(src, log=None, *, nested: bool = False):
         o_in = outer.enter(src)
         with outer.loop("inner", max_iterations=20) as inner:
             left = inner_loop(inner, o_in)
-        outer.feed_back(left.apply(feed_back_step(3), schema=SCHEMA, name="third"), into=o_in)
+        outer.feed_back(left.apply(feed_back_step(3, shift), schema=SCHEMA, name="third"), into=o_in)
         return outer.leave(left)
+
+
+def halving_loop(seen, name: str = "lw", schema=None, shift: int = 0) -> tuple[Dataflow, sinks.Collect]:
+    """`halving` in a flow of its own, its rows into the returned sink."""
+    flow = Dataflow(name)
+    out = sinks.Collect()
+    halving(flow.source("src", REC, time="t"), seen, schema=schema, shift=shift).sink(out)
+    return flow, out
+
+
+def nested_loops(seen, name: str = "nest", schema=None, shift: int = 0) -> tuple[Dataflow, sinks.Collect]:
+    """`halving` nested two deep in a flow of its own: the window runs per (outer, inner)
+    iteration; its rows into the returned sink."""
+    flow = Dataflow(name)
+    out = sinks.Collect()
+    halving(flow.source("src", REC, time="t"), seen, schema=schema, shift=shift, nested=True).sink(out)
+    return flow, out
+def late_loop(
+    offset: int, seen, late: sinks.Collect, name: str = "late", schema=None
+) -> tuple[Dataflow, sinks.Collect]:
+    """Iteration 0 counts per key; the rows of [0, 10) go round once more as records at event
+    time 10 + offset and time (10, <1>): at 9 behind their time, where [0, 10) of iteration 1
+    has fired (nothing below 10 can reach iteration 1), so they are late."""
+    flow = Dataflow(name)
+    src = flow.source("src", REC, time="t")
+
+    def back(batch):
+        rows = batch.to_numpy()
+        return records(rows["window_end"] + offset, rows["k"], rows["count"])
+
+    with flow.loop("l") as loop:
+        counts = loop.enter(src).window(Tumbling(ms=SIZE), late=late).count(key="k", name="win")
+        seen = counts.operator(seen, name="seen", schema=schema)
+        loop.feed_back(seen.filter(lambda b: b["window_start"] == 0).apply(back, schema=SCHEMA, name="back"))
+        loop.leave(seen).sink(out := sinks.Collect())
+    return flow, out
 
 
 @pytest.mark.parametrize("slots", [(512, 4), (65536, 8)])
 def test_a_keyed_tumbling_window_in_a_loop_aggregates_each_iteration_apart(slots):
     data = input_records(1)
-    flow = Dataflow("lw")
-    src = flow.source("src", REC, time="t")
     log = []
-    done = halving(src, log)
-    out = sinks.Collect()
-    done.sink(out)
+    flow, out = halving_loop(Iterations(log))
     result = slashrt.run(flow, {"src": data}, slot_size=slots[0], slots=slots[1])
     want = reference_loop(data)
     assert len(want) > 4  # several iterations, whose windows overlap in event time
@@ -148,15 +181,9 @@ def test_a_keyed_tumbling_window_in_a_loop_aggregates_each_iteration_apart(slots
 
 
 def test_windows_in_loops_nested_two_deep():
-    """An inner loop halves the window sums; the outer loop feeds every inner result back at
-    a third. The window runs per (outer, inner) iteration."""
     data = input_records(2, 300)
-    flow = Dataflow("nest")
-    src = flow.source("src", REC, time="t")
     log = []
-    done = halving(src, log, nested=True)
-    out = sinks.Collect()
-    done.sink(out)
+    flow, out = nested_loops(Iterations(log))
     result = slashrt.run(flow, {"src": data}, slot_size=512, slots=4)
     want = {c: as_rows(rows) for c, rows in reference_nested(data).items()}
     assert max(o for o, _ in want) >= 2 and max(i for _, i in want) >= 3
@@ -170,23 +197,10 @@ def test_windows_in_loops_nested_two_deep():
 
 @pytest.mark.parametrize("offset, late_rows", [(0, 0), (-1, 1)])
 def test_late_records_in_loops_are_judged_on_the_frontier(offset, late_rows):
-    """Iteration 0 counts the record at 5 in [0, 10) and feeds one back at time (10, <1>) with
-    event time 10 + offset. At 10 it lands in [10, 20) of iteration 1; at 9 it is behind its
-    time: [0, 10) of iteration 1 has fired (nothing below 10 can reach iteration 1), so it is
-    late, counted and in the late sink."""
-    flow = Dataflow("late")
-    src = flow.source("src", REC, time="t")
+    """One record at 5: iteration 0 counts it in [0, 10); fed back at 10 it lands in [10, 20)
+    of iteration 1, at 9 it is late, counted and in the late sink."""
     late, log = sinks.Collect(), []
-
-    def back(batch):
-        rows = batch.to_numpy()
-        return records(rows["window_end"] + offset, rows["k"], rows["count"])
-
-    with flow.loop("l") as loop:
-        counts = loop.enter(src).window(Tumbling(ms=SIZE), late=late).count(key="k", name="win")
-        seen = counts.operator(Iterations(log), name="seen")
-        loop.feed_back(seen.filter(lambda b: b["window_start"] == 0).apply(back, schema=SCHEMA, name="back"))
-        loop.leave(seen).sink(sinks.Collect())
+    flow, _ = late_loop(offset, Iterations(log), late)
     result = slashrt.run(flow, {"src": records([5], [3], [1])})
     got = [(t, (int(r["window_start"]), int(r["count"]))) for t, rows in log for r in rows]
     want = [(Timestamp(10, (0,)), (0, 1))] + ([(Timestamp(20, (1,)), (10, 1))] if not late_rows else [])
@@ -223,17 +237,6 @@ def test_a_late_heavy_input_is_judged_at_iteration_zero_as_outside_loops(assigne
         got_late = np.sort(late.records.astype(LSCHEMA.dtype), order=["t", "k", "v"])
         assert np.array_equal(got_late, want_late) and len(want_late) > 100
         assert result.late_records["lh.sums"] == len(want_late)
-
-
-def test_windows_in_loops_are_refused_on_clusters_in_one_sentence():
-    flow = Dataflow("lc")
-    src = flow.source("src", REC, time="t")
-    with flow.loop("l") as loop:
-        sums = loop.enter(src).window(Tumbling(ms=SIZE)).sum("v", key="k", name="win")
-        loop.feed_back(sums.apply(feed_back_step(2), schema=SCHEMA, name="back"))
-        loop.leave(sums).sink(sinks.Collect())
-    with pytest.raises(DataflowError, match=r"windows \['lc.win'\] inside loops run on one executor only"):
-        slashrt.run(flow, {"src": input_records(3, 10)}, executors=2)
 
 
 # --- random graphs and event orders ---------------------------------------------------------

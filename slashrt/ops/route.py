@@ -18,7 +18,9 @@ END_OF_STREAM, which ends the peers' inputs.
 `WindowRoute` is a graph flow's keyed window on several executors: the same exchange, keyed
 by the window's key and shipping only the columns the window reads, in front of a plain
 window on each key's owner, which fires on the frontier at its input (the records on their
-way hold it back) and judges lateness by the logical time each batch carries.
+way hold it back) and judges lateness by the logical time each batch carries. Inside a loop
+the window is a `LoopWindow` and the hidden columns carry the loop counters too, so the owner
+takes each row at its iteration and fires each iteration on its part of the frontier.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from slashrt._batch import Batch
 from slashrt._dataflow import ExchangeSpec, WindowAggSpec
 from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
+from slashrt.ops.loop_window import LoopWindow
 from slashrt.ops.uppar import routed_dtype
 from slashrt.ops.window import InFrontOfWindow
 from slashrt.progress import Timestamp
@@ -151,15 +154,19 @@ class WindowRoute(InFrontOfWindow, ExchangeNode):
 
     def __init__(self, spec: WindowAggSpec, window, *, index: int, partitioning: Partitioning):
         self.window = window  # it gets the columns the window reads (time, key, value)
+        # inside loops the rows' times carry a counter per loop (`__c0`...): the owner's
+        # LoopWindow takes them at their iteration
         super().__init__(
-            ExchangeSpec(spec.step_id, spec.up, spec.key, routed_dtype(spec), 0), index=index, partitioning=partitioning
+            ExchangeSpec(spec.step_id, spec.up, spec.key, routed_dtype(spec), len(spec.scope)),
+            index=index, partitioning=partitioning,
         )
 
-    async def on_frontier(self, epoch: int | None) -> None:
-        """The frontier at the window's input moved: it fires what it passed; once empty,
+    async def on_frontier(self, at) -> None:
+        """The frontier at the window's input moved (`at`: the least epoch it holds for a plain
+        window, the frontier itself for a LoopWindow): it fires what it passed; once empty,
         nothing can send more and the channels to the peers end."""
-        await self.window.on_frontier(epoch)
-        if epoch is None:
+        await self.window.on_frontier(at)
+        if at is None or (isinstance(self.window, LoopWindow) and not at):
             await self.on_end()
 
 

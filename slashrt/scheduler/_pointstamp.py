@@ -280,8 +280,10 @@ class PointstampProgress:
         return not self.queue and self.tracker.is_idle()
 
     def waiting(self) -> bool:
-        """Its own input is done, but may other executors' work still reach it?"""
-        return self.bus is not None and not self.tracker.is_idle()
+        """Its own input is done, but may other executors' work still reach it, or is there
+        news not settled yet? (The peer's message that makes the view idle also empties
+        frontiers: a route hears from it that nothing can send more, and ends its channels.)"""
+        return self.bus is not None and (self._dirty or not self.tracker.is_idle())
 
     def quiet(self) -> bool:
         """The executor has nothing to do: send what the bus holds back; True if there is
@@ -308,7 +310,7 @@ class PointstampProgress:
         return waits
 
     async def _frontier_moved(self, node: Node, frontier) -> None:
-        if isinstance(node, LoopWindow):  # per iteration: the frontier's times at its counters or below
+        if isinstance(_window_of(node), LoopWindow):  # per iteration: the frontier's times at its counters or below
             await node.on_frontier(frontier)
             self._dirty = True
             return
