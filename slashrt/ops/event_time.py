@@ -175,7 +175,7 @@ class SourceNode(Node):
         if self.every_batch:  # the batch's time: the watermark before its first record
             top = max(self.high, int(times[(0,) * times.ndim]))
             if self.before is not None and len(self.before):
-                top = max(top, int(self.before[min(first // self.block, len(self.before) - 1)]))
+                top = max(top, int(self.before[self.share.blocks(first)]))
             await self._announce(watermark_of(top, self.max_delay), always=True)
         if not self.grids:
             await self.emit(batch)  # no window: in-band watermarks are all there is to forward
