@@ -186,12 +186,14 @@ class WindowAggregate(Node):
     # -- events ------------------------------------------------------------------------------------
     async def push(self, batch: Batch) -> None:
         clock = self.clock
-        if clock is not None and self.counts_late and not clock.now.counters:
-            # pointstamp progress, outside loops: a record is late for the windows ending at or
-            # before the logical time of the batch carrying it (its source's watermark when it
-            # was read, or the end of the window that made it), whoever else still holds the
-            # frontier back (another source, another executor). Inside a loop the epoch is what
-            # a step gave its feedback; there lateness is its iteration's frontier alone.
+        if clock is not None and self.counts_late:
+            # pointstamp progress: a record is late for the windows ending at or before the
+            # epoch of the logical time of the batch carrying it (its source's watermark when it
+            # was read, or what the step before gave it: the end of the window that made it, a
+            # loop's feedback), whoever else still holds the frontier back (another source,
+            # another executor, an earlier iteration). Inside a loop that is the window of the
+            # batch's iteration. The frontier holds the batch's time, so no window fired past
+            # it: the rule is never early, and a function of the input alone.
             closed = self.promise(clock.now.epoch)
             if closed > self.fired_until:
                 await self._push_closed(batch, closed)
