@@ -39,9 +39,16 @@ def reference(records: np.ndarray, size: int, slide: int, max_delay: int):
     """Per record i, W_i = max(t_0..t_(i-1)) - max_delay; i updates its windows ending after
     W_i and is late when its earliest window ends at or before W_i. Returns the rows
     (start, key, count, sum) sorted, and the late records sorted."""
-    t, k, v = records["t"], records["k"], records["v"]
+    t = records["t"]
     before = np.concatenate(([np.iinfo(np.int64).min + max_delay], np.maximum.accumulate(t)[:-1]))
-    watermark = before - max_delay
+    return judged(records, before - max_delay, size, slide)
+
+
+def judged(records: np.ndarray, watermark: np.ndarray, size: int, slide: int):
+    """The rule with each record's watermark given: record i updates its windows ending after
+    watermark[i] and is late when its earliest window ends at or before it. The rows (start,
+    key, count, sum) sorted, and the late records sorted."""
+    t, k, v = records["t"], records["k"], records["v"]
     first_start = (t - size) // slide * slide + slide  # earliest window start holding t
     late = first_start + size <= watermark
     rows = []
@@ -50,6 +57,8 @@ def reference(records: np.ndarray, size: int, slide: int, max_delay: int):
         member = (start <= t) & (start + size > watermark)
         rows.append(np.stack([start[member], k[member], v[member]], axis=1))
     rows = np.concatenate(rows)
+    if not len(rows):
+        return np.zeros((0, 4), np.int64), np.sort(records[late], order=["t", "k", "v"])
     keys, inverse = np.unique(rows[:, :2], axis=0, return_inverse=True)
     inverse = inverse.ravel()
     counts = np.bincount(inverse)
