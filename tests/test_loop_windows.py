@@ -143,8 +143,8 @@ def late_loop(
     offset: int, seen, late: sinks.Collect, name: str = "late", schema=None
 ) -> tuple[Dataflow, sinks.Collect]:
     """Iteration 0 counts per key; the rows of [0, 10) go round once more as records at event
-    time 10 + offset and time (10, <1>): at 9 behind their time, where [0, 10) of iteration 1
-    has fired (nothing below 10 can reach iteration 1), so they are late."""
+    time 10 + offset and time (10, <1>): at 9 behind their time, whose epoch 10 closed [0, 10)
+    of iteration 1, so they are late."""
     flow = Dataflow(name)
     src = flow.source("src", REC, time="t")
 
