@@ -19,13 +19,17 @@ window holds a capability at ``(end of its earliest window still to fire, c)`` (
 is never below the frontier: a window that has not fired has a frontier time ``f <= (e - 1, c)``
 at its input. A step after the window inside the loop should give the records it feeds back an
 event time of at least e (e.g. `window_end`): a record whose event time lies below its
-epoch is behind the watermark and may find its window fired.
+epoch is behind the watermark, late for the windows ending there.
 
-Lateness is judged on the frontier as outside loops: a record is late exactly when its window
-at its iteration has fired (counted, sent to the `late` sink, never dropped silently). A new
-iteration's window starts where the frontier already stands (`fired_until` from ``E_c``), so it
-judges a record exactly as a window that had seen every frontier move. As outside loops, the
-value column's type at the step's first batch decides the accumulators' (every iteration's).
+Lateness is judged as outside loops, by the logical time ``(e, c)`` of the batch carrying a
+record (`WindowAggregate.push`, in iteration c's window): it is late for the windows ending at
+or before e (counted, sent to the `late` sink, never dropped silently) and still updates the
+later ones. While the batch is on its way the frontier holds a time at or below ``(e, c)``, so
+``E_c <= e``: no window that should take it has fired (never early), and which records are late
+is a function of the input and the loop body, not of batching, the frontier's pace or the
+executor count. A new iteration's window starts where the frontier already stands
+(`fired_until` from ``E_c``). As outside loops, the value column's type at the step's first
+batch decides the accumulators' (every iteration's).
 
 State (`snapshot()` / `restore()`, kind ``loop_window``, `slashrt.snapshot.operators`): every
 iteration's tables as two table sets whose ids lead with the iteration's counters
