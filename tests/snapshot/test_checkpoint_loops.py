@@ -170,11 +170,17 @@ def test_the_back_edge_log_holds_what_was_in_flight_and_is_replayed(tmp_path, re
 
 
 def test_a_loop_windows_checkpoint_holds_every_iteration_and_a_resume_from_it_is_exact(tmp_path, references):
-    crashed = child(tmp_path, "windows", "queued:120")  # in the middle of the loop's iterations
-    assert crashed.returncode == -signal.SIGKILL
-    latest = SnapshotStore(tmp_path / "chk", job="windows").latest()
-    (state,) = [s for s in latest.states.values() if s.meta["kind"] == "loop_window"]
-    iterations = state.arrays["iterations"]
+    # killed in the middle of the loop's iterations; on a loaded machine the newest complete
+    # checkpoint at that point held one iteration's windows in ~1 of 3 runs (checkpoint writes
+    # lag): the resumed run is killed again, further on, a few times at most
+    for _ in range(4):
+        crashed = child(tmp_path, "windows", "queued:120")
+        assert crashed.returncode == -signal.SIGKILL, (crashed.returncode, crashed.stderr[-2000:])
+        latest = SnapshotStore(tmp_path / "chk", job="windows").latest()
+        (state,) = [s for s in latest.states.values() if s.meta["kind"] == "loop_window"]
+        iterations = state.arrays["iterations"]
+        if len(iterations) >= 2:
+            break
     assert len(iterations) >= 2 and iterations.shape[1] == 1  # several iterations' windows, one loop deep
     assert len(state.arrays["slices.keys"]) > 0 and len(state.arrays["frontier"]) > 0
     resumed = child(tmp_path, "windows")
