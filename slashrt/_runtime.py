@@ -86,6 +86,10 @@ class RunResult:
     # checkpoint_dir= given: the checkpoint the run resumed from, and the savepoint it stopped with (stop=)
     resumed_from: int | None = None
     savepoint: int | None = None
+    # multi-executor runs with restart=: per recovery its cause (the failure's sentence), the
+    # seconds from the failure to processing again, of them restore_s (agents reading the
+    # state back), and the checkpoint resumed from
+    recoveries: list[dict] = attrs.field(factory=list)
 
     @property
     def records(self) -> int:
@@ -153,6 +157,8 @@ def prepare_run(
     local = executors == 1 and transport is None and mode is None
     from slashrt.cluster import run_cluster_async
 
+    if local and "restart" in options:
+        _refuse_local_restart(options.pop("restart"))
     _check_options(options, local, run_cluster_async)
     _check_rings(flow, options)
     if not local:
@@ -162,6 +168,18 @@ def prepare_run(
     return lambda: run_cluster_async(
         flow, inputs, executors=executors, transport=transport or "shm", mode=mode or "slash", **options
     )
+
+
+def _refuse_local_restart(restart) -> None:
+    """A run on one executor lives in this process: a death (SIGKILL) takes its coordinator
+    too, so nothing here could restart it. Refuse any strategy but 'none' in one sentence."""
+    from slashrt.snapshot.restart import NoRestart, parse_restart
+
+    if not isinstance(parse_restart(restart), NoRestart):
+        raise DataflowError(
+            "run(): restart= needs executors=N: a run on one executor lives in this process, which cannot restart "
+            "itself after it dies; rerun it with resume_from='latest' (slashrt run --resume-from latest) from a supervisor"
+        )
 
 
 def _keywords(fn) -> set[str]:
