@@ -190,7 +190,9 @@ def _check_options(options: dict, local: bool, run_cluster_async) -> None:
     """Refuse a keyword `run` does not know, listing those it does, before anything starts."""
     own = _keywords(run_async)
     # a cluster run takes run_async's tuning too (each executor runs one), and SSB routing
-    cluster = _keywords(run_cluster_async) - {"executors", "transport", "mode"} | own | {"ssb_routing"}
+    # (run_cluster_async's own keywords, and those of each attempt it makes)
+    keywords = _keywords(run_cluster_async) | _keywords(run_cluster_async.attempt)
+    cluster = keywords - {"executors", "transport", "mode", "marks"} | own | {"ssb_routing"}
     for name in options:
         if local and name in cluster - own:
             raise DataflowError(f"run(): {name}= is an option of multi-executor runs; give executors=N as well")

@@ -13,7 +13,8 @@ Two kinds of kills, all SIGKILL of a real agent process:
   written, its checkpoint not acknowledged), "pre_commit" (a sink pre-committed, the
   checkpoint not complete). Each entry `point:k` fires once in the job's life (a marker file
   under `SLASHRT_CHAOS_DIR` claims it; whichever executor reaches its k-th `point` first dies),
-  in order: two entries in a row kill the job twice before any checkpoint completes.
+  in order, each in an attempt (agents) started after the previous one fired: two entries
+  `pre_commit:1` in a row kill the job twice before any checkpoint completes.
 
 The sink is a transactional CSV directory (`ChaosCsv`): what a reader sees is what was
 committed. The JSON: kills, recoveries, correct, duplicates (rows committed more often than in
@@ -61,6 +62,7 @@ class ChaosCsv(CsvFile):
 
 _counts: collections.Counter = collections.Counter()  # per entry, this process's passes of its point
 _installed = False
+_BORN = time.time()  # an entry fires in a process started after the previous entry fired
 
 
 def _entries() -> list[tuple[str, int]]:
@@ -81,8 +83,8 @@ def _reached(point: str) -> None:
         marker = Path(directory, f"kill-{i}")
         if marker.exists():
             continue
-        if name != point:
-            return
+        if name != point or i and Path(directory, f"kill-{i - 1}").stat().st_mtime >= _BORN:
+            return  # (an attempt whose peer just fired the previous entry is dying: the next attempt's)
         _counts[i] += 1
         if _counts[i] >= k:
             try:

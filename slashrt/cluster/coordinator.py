@@ -381,6 +381,9 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, **options) -> R
         return result
 
 
+run_cluster_async.attempt = _run_attempt = None  # (set below: the keywords of one attempt, for run()'s checks)
+
+
 def _check_restartable(flow, options: dict) -> None:
     """Refuse, in one sentence before anything starts, a restart strategy a run cannot honour."""
     if options.get("checkpoint_dir") is None:
@@ -538,6 +541,9 @@ async def _run_attempt(
         result.resumed_from = checkpoints.job["restore"]
     bound.info("cluster run finished", seconds=round(seconds, 6))
     return result
+
+
+run_cluster_async.attempt = _run_attempt
 
 
 @trio.lowlevel.enable_ki_protection  # a second Ctrl-C does not leave agents behind
