@@ -2,7 +2,7 @@
 by its restart strategy, and whose committed output is checked against a failure-free run's.
 
     slashrt bench chaos [--kills N] [--query ysb|nexmark] [--executors N] [--transport shm|tcp]
-                        [--seed S] [--events N] [--json]
+                        [--seed S] [--events N] [--campaigns N] [--json]
 
 Two kinds of kills, all SIGKILL of a real agent process:
 - `kills` at random moments (seeded): a thread of this process picks one of the job's agents
@@ -156,7 +156,7 @@ def _killer(kills: int, executors: int, rng: random.Random, done: threading.Even
         if len(agents) < executors or not set(agents) - seen:  # not (re)started yet
             done.wait(0.02)
             continue
-        if done.wait(rng.uniform(0.3, 1.5)):
+        if done.wait(rng.uniform(0.5, 2.5)):
             return
         agents = _agents()
         if len(agents) < executors:  # a chosen-point kill came first
@@ -166,29 +166,32 @@ def _killer(kills: int, executors: int, rng: random.Random, done: threading.Even
         times.append(time.monotonic())
 
 
-def _flow(query: str, events: int, executors: int, sink):
+def _flow(query: str, events: int, executors: int, sink, campaigns: int = 1000):
     from slashrt.bench.checkpoint import _query
 
-    inputs, make_flow, _, _ = _query(query, events, executors)
+    inputs, make_flow, _, _ = _query(query, events, executors, campaigns)
     return make_flow(sink), inputs
 
 
 def bench(
-    *, kills: int = 5, query: str = "ysb", executors: int = 2, transport: str = "shm", seed: int = 0,
-    events: int = 1_000_000, interval: float = 0.05, chosen: str = CHOSEN, timeout: float = 600.0,
+    *, kills: int = 10, query: str = "ysb", executors: int = 2, transport: str = "shm", seed: int = 0,
+    events: int = 2_000_000, interval: float = 0.05, chosen: str = CHOSEN, campaigns: int = 1000,
 ) -> dict:
     fields: dict = {"query": query, "executors": executors, "transport": transport, "seed": seed, "events": events,
-                    "interval_s": interval, "chosen": chosen}
-    options = dict(executors=executors, transport=transport, checkpoint={"interval": interval, "keep": 3})
+                    "interval_s": interval, "chosen": chosen, "campaigns": campaigns if query == "ysb" else None}
+    # small rings (8 slots of 4 KiB) stretch the run to seconds: time for kills in the middle of it
+    options = dict(executors=executors, transport=transport, checkpoint={"interval": interval, "keep": 3}, slots=8,
+                   slot_size=4096)
     with tempfile.TemporaryDirectory(prefix="slashrt-chaos-") as directory:
-        flow, inputs = _flow(query, events, executors, ChaosCsv(f"{directory}/ref", transactional=True))
-        slashrt.run(flow, inputs, checkpoint_dir=f"{directory}/ref-chk", **options)
+        flow, inputs = _flow(query, events, executors, ChaosCsv(f"{directory}/ref", transactional=True), campaigns)
+        clean = slashrt.run(flow, inputs, checkpoint_dir=f"{directory}/ref-chk", **options)
+        fields["failure_free_s"] = round(clean.seconds, 3)
         reference = published(f"{directory}/ref")
 
         os.makedirs(f"{directory}/marks")
         planned = len(_entries_of(chosen))
         restart = f"fixed-delay:attempts={kills + planned + 2},delay=0"
-        flow, inputs = _flow(query, events, executors, ChaosCsv(f"{directory}/out", transactional=True))
+        flow, inputs = _flow(query, events, executors, ChaosCsv(f"{directory}/out", transactional=True), campaigns)
         done, times = threading.Event(), []
         killer = threading.Thread(target=_killer, args=(kills, executors, random.Random(seed), done, times), daemon=True)
         saved = {k: os.environ.get(k) for k in (KILLS_ENV, MARKS_ENV)}
@@ -215,6 +218,8 @@ def bench(
     since_kill = [r["failed_at"] + r["seconds"] - max(t for t in times if t <= r["failed_at"])
                   for r in recoveries if "seconds" in r and any(t <= r["failed_at"] for t in times)]
     fields.update(_seconds("kill_to_processing_s", since_kill))
+    completed = [c for c in result.checkpoints if c["status"] == "completed"]
+    fields["checkpoint_bytes"] = round(statistics.mean(c["bytes"] for c in completed)) if completed else 0
     fields["redis"] = False
     return fields
 

@@ -102,7 +102,7 @@ def test_failure_rate_gives_up_on_a_burst_in_one_sentence(tmp_path, monkeypatch)
 def test_seeded_random_kills_short_chaos_bench():
     fields = chaos.bench(kills=1, events=200_000, chosen="pre_commit:1", seed=3, interval=0.05)
     assert fields["correct"] and fields["duplicates"] == 0 and fields["missing"] == 0, fields
-    assert fields["chosen_kills"] == 1 and fields["kills"] == fields["recoveries"] >= 1, fields
+    assert fields["chosen_kills"] == 1 and 1 <= fields["recoveries"] <= fields["kills"], fields
     assert fields["recovery_s_max"] >= fields["recovery_s_p50"] > 0
 
 
