@@ -475,16 +475,16 @@ async def _run_attempt(
                     async with trio.open_nursery() as spawning:
                         for i in range(n):
                             spawning.start_soon(spawn, i)
-                for i, (host, port) in enumerate(addresses):
+                for i, (host, port) in enumerate(addresses):  # (an agent spawned here that fails now died)
                     try:
                         stream = await trio.open_tcp_stream(host, port)
                     except OSError as exc:
-                        raise ClusterError(f"cannot reach executor {i} at {host}:{port}: {exc}") from None
+                        raise ClusterError(f"cannot reach executor {i} at {host}:{port}: {exc}", retryable=local) from None
                     controls.append(stream)
                     try:
                         await client_handshake(stream, secret)
                     except ChannelClosed as exc:
-                        raise ClusterError(f"cannot authenticate executor {i} at {host}:{port}: {exc}") from None
+                        raise ClusterError(f"cannot authenticate executor {i} at {host}:{port}: {exc}", retryable=local) from None
                     links.append(Link(stream, interval=heartbeat_interval, timeout=heartbeat_timeout))
                     links[-1].start(nursery)
                 agents = _Agents(links, procs, None if checkpoints is None else checkpoints.handlers())
