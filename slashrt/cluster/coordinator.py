@@ -25,7 +25,9 @@ fails, disconnects, exits or stops answering before "done" fails the whole job w
 `ClusterError` naming it and saying how it died (`executor_death`); the coordinator then
 closes every control connection (agents stop their jobs) and kills and reaps the processes it
 spawned, as it does on Ctrl-C or a cancellation. Results are never partial: a job either
-returns every executor's output or raises.
+returns every executor's output or raises. With a restart strategy (`restart=`) and a
+checkpoint directory, a death is recovered instead: the job is deployed again and resumes
+from its last complete checkpoint (`run_cluster_async`, docs/architecture.md "The recovery loop").
 """
 
 from __future__ import annotations
