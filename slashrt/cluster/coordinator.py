@@ -186,6 +186,7 @@ class _Agents:
         self._fifos = [collections.deque() for _ in links]
         self._arrived = trio.Event()
         self._ended = [trio.Event() for _ in links]  # set when a spawned agent's process ended
+        self.ended_at: list[float] = []  # when agents' processes ended (time.monotonic), as they did
         self.on_report = None  # (index, message): executors' progress reports (`_reports`), not queued
 
     def start(self, nursery) -> None:
@@ -220,6 +221,7 @@ class _Agents:
 
     async def _exit(self, i: int, proc: trio.Process) -> None:
         code = await proc.wait()
+        self.ended_at.append(time.monotonic())
         self._ended[i].set()
         if code != 0:  # a clean exit follows "done"; a lost connection reports the rest
             await trio.sleep(self.LAST_WORDS_S)
@@ -356,7 +358,7 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, **options) -> R
         _check_restartable(flow, options)
     recoveries: list[dict] = []
     while True:
-        marks: dict = {}
+        marks: dict = {"fail_grace": 1.0 if isinstance(strategy, NoRestart) else 0.2}
         recovering = recoveries[-1] if recoveries else None  # the recovery this attempt makes
         try:
             result = await _run_attempt(flow, inputs, marks=marks, **dict(options))
@@ -371,13 +373,15 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, **options) -> R
                 raise ClusterError(f"gave up recovering ({strategy!r}): {decision.reason}; the last failure: {exc}") from None
             log.warning("restarting the job from its last complete checkpoint", flow=flow.name, cause=str(exc),
                         delay=decision.delay, attempt=len(recoveries) + 1)
-            recoveries.append({"cause": str(exc), "failed_at": failed_at})
+            died_at = min(marks.get("ended_at") or [failed_at])  # the first agent to end: the death, if seen
+            recoveries.append({"cause": str(exc), "failed_at": failed_at, "died_at": died_at,
+                               "detect_s": failed_at - died_at})
             await trio.sleep(decision.delay)
             options["resume_from"] = "latest"
             continue
         finally:
             if recovering is not None and "started" in marks:  # processing again: how long it took
-                recovering.update(seconds=marks["started"] - recovering["failed_at"],
+                recovering.update(seconds=marks["started"] - recovering["died_at"],
                                   restore_s=marks["ready"] - marks["job_sent"], checkpoint=marks["restore"])
         result.recoveries = recoveries
         return result
@@ -463,7 +467,8 @@ async def _run_attempt(
     procs: list[trio.Process | None] = [None] * n
     controls: list[trio.SocketStream] = []
     links: list[Link] = []
-    results = failure = None
+    results = failure = agents = None
+    marks = {} if marks is None else marks  # the recovery loop's notes: when each phase began, agents' ends
     bound = log.bind(flow=flow.name, executors=n, transport=transport, mode=mode)
     try:
         async with unwrap_groups(), trio.open_nursery() as nursery:
@@ -500,7 +505,6 @@ async def _run_attempt(
                                 heartbeat_interval, heartbeat_timeout)
                     for i in range(n)
                 )
-                marks = {} if marks is None else marks  # when each phase began (recovery times)
                 marks["job_sent"] = time.monotonic()
                 await agents.send_all("job", jobs)
                 directory = dict(enumerate(await agents.gather("addresses")))
@@ -537,7 +541,11 @@ async def _run_attempt(
             for control in controls:
                 with contextlib.suppress(Exception):
                     await control.aclose()
-            await _reap(procs, grace=5.0 if results is not None else 1.0)
+            # (a failed run's agents stop on their own within a moment; one about to be restarted
+            # needs nothing from them: its checkpoint holds their state)
+            await _reap(procs, grace=5.0 if results is not None else marks.get("fail_grace", 1.0))
+            if agents is not None:
+                marks["ended_at"] = agents.ended_at
     result = _combine(plan, results, seconds, [] if checkpoints is None else checkpoints.report())
     if checkpoints is not None:
         result.resumed_from = checkpoints.job["restore"]
