@@ -93,7 +93,7 @@ def test_fixed_delay_gives_up_after_its_attempts_in_one_sentence(tmp_path, monke
 
 def test_failure_rate_gives_up_on_a_burst_in_one_sentence(tmp_path, monkeypatch):
     with pytest.raises(SlashError, match=r"^gave up recovering \(FailureRate\(max_failures=1, interval=60, delay=0\)\): "
-                                         r"the job failed 2 times within 60 s; .*the last failure: executor \d was killed"):
+                                         r"the job failed 2 times within 60 s and .*; the last failure: executor \d was killed"):
         run(tmp_path, "a", "pre_commit:1;pre_commit:1", restart={"strategy": "failure-rate", "max_failures": 1,
                                                                  "interval": "1min", "delay": 0},
             monkeypatch=monkeypatch)
