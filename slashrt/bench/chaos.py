@@ -19,8 +19,10 @@ Two kinds of kills, all SIGKILL of a real agent process:
 The sink is a transactional CSV directory (`ChaosCsv`): what a reader sees is what was
 committed. The JSON: kills, recoveries, correct, duplicates (rows committed more often than in
 the failure-free run), missing (rows committed less often), recovery seconds (p50 / max) from
-each death (the killed agent's exit, as the coordinator saw it) to processing again, of them
-detect_s (death to the failure raised) and restore_s (the new agents reading the state back).
+each death (the killed agent's exit, as the coordinator saw it) to processing again, made of
+detect_s (death to the failure raised), respawn_s (reaping the old agents, the strategy's delay,
+new agent processes started and connected) and restore_s (job sent to every agent ready: the
+plan built, peers wired, the state read back).
 """
 
 from __future__ import annotations
@@ -215,7 +217,8 @@ def bench(
     )
     fields.update(_seconds("recovery_s", [r["seconds"] for r in recoveries if "seconds" in r]))
     fields.update(_seconds("restore_s", [r["restore_s"] for r in recoveries if "restore_s" in r]))
-    fields.update(_seconds("detect_s", [r["detect_s"] for r in recoveries if "seconds" in r]))
+    for name in ("detect_s", "respawn_s"):
+        fields.update(_seconds(name, [r[name] for r in recoveries if "seconds" in r]))
     completed = [c for c in result.checkpoints if c["status"] == "completed"]
     fields["checkpoint_bytes"] = round(statistics.mean(c["bytes"] for c in completed)) if completed else 0
     fields["redis"] = False

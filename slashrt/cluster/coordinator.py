@@ -382,6 +382,7 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, **options) -> R
         finally:
             if recovering is not None and "started" in marks:  # processing again: how long it took
                 recovering.update(seconds=marks["started"] - recovering["died_at"],
+                                  respawn_s=marks["job_sent"] - recovering["failed_at"],
                                   restore_s=marks["ready"] - marks["job_sent"], checkpoint=marks["restore"])
         result.recoveries = recoveries
         return result
