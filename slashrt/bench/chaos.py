@@ -6,7 +6,8 @@ by its restart strategy, and whose committed output is checked against a failure
 
 Two kinds of kills, all SIGKILL of a real agent process:
 - `kills` at random moments (seeded): a thread of this process picks one of the job's agents
-  at random once they have been up a random while, and kills it;
+  at random once they have been up a random while (0.5-2.5 s), and kills it; the job may end
+  before all of them (`random_kills` says how many were made);
 - kills at chosen points (`CHOSEN`), fired inside the agents by hooks this module installs in
   them when the environment variable `SLASHRT_CHAOS_KILLS` is set (it is set only here and in
   the tests): "align" (an operator started aligning a barrier), "async" (a state part was
@@ -212,7 +213,7 @@ def bench(
     missing = sum((reference - got).values())
     recoveries = result.recoveries
     fields.update(
-        kills=len(times) + fired, random_kills=len(times), chosen_kills=fired, recoveries=len(recoveries),
+        kills=len(times) + fired, random_kills_asked=kills, random_kills=len(times), chosen_kills=fired, recoveries=len(recoveries),
         rows=sum(reference.values()), correct=got == reference, duplicates=duplicates, missing=missing,
     )
     fields.update(_seconds("recovery_s", [r["seconds"] for r in recoveries if "seconds" in r]))
