@@ -7,7 +7,8 @@ by its restart strategy, and whose committed output is checked against a failure
 Two kinds of kills, all SIGKILL of a real agent process:
 - `kills` at random moments (seeded): a thread of this process picks one of the job's agents
   at random once they have been up a random while (0.5-2.5 s), and kills it; the job may end
-  before all of them (`random_kills` says how many were made);
+  before all of them (`random_kills` says how many were made), and one that lands once the
+  results are in (the agents exiting) needs no recovery;
 - kills at chosen points (`CHOSEN`), fired inside the agents by hooks this module installs in
   them when the environment variable `SLASHRT_CHAOS_KILLS` is set (it is set only here and in
   the tests): "align" (an operator started aligning a barrier), "async" (a state part was
