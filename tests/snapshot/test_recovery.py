@@ -155,3 +155,23 @@ def test_bench_chaos_on_the_command_line(capsys):
     # recoveries themselves are asserted by the tests above)
     assert fields["correct"] and fields["duplicates"] == fields["missing"] == 0, fields
     assert fields["recoveries"] <= fields["kills"] and fields["random_kills"] <= 1, fields
+
+
+def test_a_retryable_error_is_recovered_exactly_once(tmp_path, reference):
+    from slashrt.errors import RetryableError
+
+    marker = tmp_path / "raised"
+
+    def flaky(batch):  # fails once in the job's life, in the middle of the stream
+        if (batch["t"] > 5000).any() and not marker.exists():
+            marker.touch()
+            raise RetryableError("the service is briefly away")
+        return batch["t"] > -10**9
+
+    job = Dataflow("recovery")
+    job.source("r", _cluster_child.SCHEMA, time="t", max_delay=20).filter(flaky).window(Tumbling(ms=100)).sum(
+        "v", key="k", output="total").sink(ChaosCsv(tmp_path / "out", transactional=True), name="out")
+    result = bounded(job, {"r": DATA}, executors=2, checkpoint={"interval": 0.02, "keep": 2},
+                     checkpoint_dir=tmp_path / "chk", restart="fixed-delay:attempts=2,delay=0", **SMALL)
+    assert len(result.recoveries) == 1 and "the service is briefly away" in result.recoveries[0]["cause"]
+    assert published(tmp_path / "out") == reference
