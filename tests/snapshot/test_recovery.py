@@ -4,7 +4,8 @@ at seeded random moments; the committed output (a transactional CSV directory) e
 failure-free run's exactly; the restart strategies give up in one sentence naming themselves and
 the last failure; what cannot be restarted is refused before anything starts.
 
-Every run is bounded (`bounded`): a hang fails its test instead of blocking the suite."""
+Every run is bounded (`bounded`, 60 s): a hang (the known checkpoint-protocol deadlock in
+snapshot/cluster.py, being fixed apart) fails its test instead of blocking the suite."""
 
 import collections
 
@@ -26,7 +27,7 @@ SMALL = {"slots": 8, "slot_size": 1024, "partitions": 16}
 DATA = _cluster_child.records()
 
 
-def bounded(flow, inputs, seconds: float = 90, **options):
+def bounded(flow, inputs, seconds: float = 60, **options):
     """`slashrt.run`, failing (agents reaped) if it takes longer than `seconds`."""
     job = prepare_run(flow, inputs, **options)
 
