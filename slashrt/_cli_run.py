@@ -163,5 +163,6 @@ def summary(flow, result, executors: int) -> dict:
         "resumed_from": result.resumed_from,
         "stopped": result.savepoint is not None,
         "savepoint": result.savepoint,
+        "recoveries": len(result.recoveries),
     }
     return out

@@ -86,6 +86,10 @@ class RunResult:
     # checkpoint_dir= given: the checkpoint the run resumed from, and the savepoint it stopped with (stop=)
     resumed_from: int | None = None
     savepoint: int | None = None
+    # multi-executor runs with restart=: per recovery its cause (the failure's sentence), the
+    # seconds from the failure to processing again, of them restore_s (agents reading the
+    # state back), and the checkpoint resumed from
+    recoveries: list[dict] = attrs.field(factory=list)
 
     @property
     def records(self) -> int:
@@ -153,6 +157,8 @@ def prepare_run(
     local = executors == 1 and transport is None and mode is None
     from slashrt.cluster import run_cluster_async
 
+    if local and "restart" in options:
+        _refuse_local_restart(options.pop("restart"))
     _check_options(options, local, run_cluster_async)
     _check_rings(flow, options)
     if not local:
@@ -164,6 +170,18 @@ def prepare_run(
     )
 
 
+def _refuse_local_restart(restart) -> None:
+    """A run on one executor lives in this process: a death (SIGKILL) takes its coordinator
+    too, so nothing here could restart it. Refuse any strategy but 'none' in one sentence."""
+    from slashrt.snapshot.restart import NoRestart, parse_restart
+
+    if not isinstance(parse_restart(restart), NoRestart):
+        raise DataflowError(
+            "run(): restart= needs executors=N: a run on one executor lives in this process, which cannot restart "
+            "itself after it dies; rerun it with resume_from='latest' (slashrt run --resume-from latest) from a supervisor"
+        )
+
+
 def _keywords(fn) -> set[str]:
     return {p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY}
 
@@ -172,7 +190,9 @@ def _check_options(options: dict, local: bool, run_cluster_async) -> None:
     """Refuse a keyword `run` does not know, listing those it does, before anything starts."""
     own = _keywords(run_async)
     # a cluster run takes run_async's tuning too (each executor runs one), and SSB routing
-    cluster = _keywords(run_cluster_async) - {"executors", "transport", "mode"} | own | {"ssb_routing"}
+    # (run_cluster_async's own keywords, and those of each attempt it makes)
+    keywords = _keywords(run_cluster_async) | _keywords(run_cluster_async.attempt)
+    cluster = keywords - {"executors", "transport", "mode", "marks"} | own | {"ssb_routing"}
     for name in options:
         if local and name in cluster - own:
             raise DataflowError(f"run(): {name}= is an option of multi-executor runs; give executors=N as well")

@@ -8,6 +8,7 @@
     slashrt bench redis [--url URL] [--checkpoint-interval S] [--json]   YSB from a Redis stream to a Redis stream
     slashrt bench files [--checkpoint-interval S] [--json]   YSB from Parquet, CSV and .npy files (FileSource)
     slashrt bench checkpoint [--query ysb|nexmark] [--interval S] [--executors N] [--json]   what checkpoints cost
+    slashrt bench chaos [--kills N] [--query ysb|nexmark] [--executors N] [--transport shm|tcp] [--seed S] [--json]   exactly once under SIGKILLs
     slashrt bench report                        the scaling and skew sweeps, with plots
     slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
         [--executors K --transport shm|tcp]     ... labels partitioned over K executors
@@ -248,6 +249,19 @@ def _parser() -> argparse.ArgumentParser:
     chk.add_argument("--executors", type=_positive_int, default=1, help="executor processes (2 or more: a cluster, no stop-the-world baseline)")
     _add_runtime_options(chk)
 
+    chaos = queries.add_parser("chaos", help="SIGKILL executors of a checkpointed cluster job; check exactly-once output")
+    chaos.add_argument("--kills", type=_positive_int, default=5,
+                       help="random SIGKILLs (default 10, about a minute here; plus 5 at chosen points)")
+    chaos.add_argument("--query", dest="chaos_query", choices=["ysb", "nexmark"], default="ysb")
+    chaos.add_argument("--executors", type=int, default=2, help="executor processes (2 or more)")
+    chaos.add_argument("--transport", choices=["shm", "tcp"], default="shm")
+    chaos.add_argument("--seed", type=int, default=0, help="seeds the random kill moments and victims")
+    chaos.add_argument("--events", type=_positive_int, default=2_000_000)
+    chaos.add_argument("--campaigns", type=_positive_int, default=1000, help="YSB campaigns: the state's size (ysb only)")
+    chaos.add_argument("--redis", action="store_true", help="the Redis source and sink (refused: see docs/guide.md)")
+    chaos.add_argument("--json", action="store_true", help="print one JSON object with the results")
+    _add_log_level(chaos)
+
     _add_spark_benchmarks(queries)
 
     from slashrt.cluster.agent import add_arguments
@@ -289,6 +303,16 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _restart(text: str):
+    from slashrt.errors import OptionError
+    from slashrt.snapshot.restart import parse_restart
+
+    try:
+        return parse_restart(text)
+    except OptionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _add_run(sub) -> None:
     run = sub.add_parser(
         "run", help="run your job: FILE_OR_MODULE[:NAME] gives (flow, inputs); checkpoints, resume, stop with a savepoint",
@@ -304,6 +328,10 @@ def _add_run(sub) -> None:
                      help="seconds between checkpoints (or '500ms'); default: only the final one")
     run.add_argument("--resume-from", type=_resume_from, metavar="latest|N",
                      help="resume from the newest checkpoint that verifies (none: from the start), or checkpoint N")
+    run.add_argument("--restart", type=_restart, metavar="STRATEGY",
+                     help="with --executors N and --checkpoint-dir: after an executor dies, restart from the last "
+                     "complete checkpoint: 'fixed-delay:attempts=3,delay=1s', 'failure-rate:max-failures=3,"
+                     "interval=1min,delay=1s' or 'none' (one executor: rerun with --resume-from latest instead)")
     run.add_argument("--slot-size", type=_positive_int, help=f"bytes per buffer slot (default {DEFAULT_SLOT_SIZE})")
     run.add_argument("--slots", type=_positive_int, help="slots per channel ring (default 96)")
     run.add_argument("--json", action="store_true", help="print one JSON object with the results")
@@ -320,15 +348,21 @@ def _run_user_job(args, given: set[str]) -> int:
     """`slashrt run`: load the job, refuse what its options cannot do, run it, print its summary."""
     from slashrt import _cli_run
 
-    for option in ("checkpoint_interval", "resume_from"):
+    for option in ("checkpoint_interval", "resume_from", "restart"):
         if option in given and args.checkpoint_dir is None:
             raise _Refused(f"{_flag(option)} needs --checkpoint-dir (where the checkpoints are)")
+    local = (args.executors or 1) == 1 and args.transport is None and args.mode is None
+    if args.restart is not None and args.restart.name != "none" and local:
+        raise _Refused("--restart needs --executors N: a run on one executor lives in this process, which cannot "
+                       "restart itself after it dies; rerun it with --resume-from latest from a supervisor")
     flow, inputs = _cli_run.load_job(args.job)
     _check_transport(args.transport)
     options = {k: v for k, v in (("slot_size", args.slot_size), ("slots", args.slots)) if v is not None}
     if args.checkpoint_dir is not None:
         options.update(checkpoint_dir=args.checkpoint_dir, checkpoint=args.checkpoint_interval,
                        resume_from=args.resume_from)
+        if args.restart is not None and not local:
+            options["restart"] = args.restart
     result = _cli_run.run_job(flow, inputs, executors=args.executors or 1, transport=args.transport,
                               mode=args.mode, options=options)
     summary = _cli_run.summary(flow, result, args.executors or 1)
@@ -423,7 +457,7 @@ def _refuse(given: set[str], dests, why: str) -> None:
 def _bench_path(args, given: set[str]) -> str:
     """Which benchmark runs ("single", "cluster", "channel" or the query's own), refusing
     options that the chosen path would ignore."""
-    if args.query in ("report", "spark-convert", "cc", "progress", "checkpoint"):
+    if args.query in ("report", "spark-convert", "cc", "progress", "checkpoint", "chaos"):
         return args.query
     cluster = args.query == "nexmark" or any(d in given for d in _CLUSTER_OPTIONS)
     if args.query == "ro":
@@ -514,6 +548,19 @@ def _run_bench(args, given: set[str]) -> dict:
 
         return progress_bench.bench(executors=args.executors, transport=args.transport, epochs=args.epochs,
                                     events=args.events)
+    if path == "chaos":
+        if args.executors < 2:
+            raise _Refused(f"--executors {args.executors}: a run on one executor cannot restart itself after a SIGKILL; "
+                           "give --executors 2 or more")
+        if args.redis:
+            raise _Refused("--redis: the Redis source feeds one executor only for now, and one executor cannot restart "
+                           "itself after a SIGKILL (its kill tests resume with resume_from='latest': tests/connectors)")
+        if args.chaos_query != "ysb" and "campaigns" in given:
+            raise _Refused("--campaigns applies to --query ysb (NEXMark Q7 has no campaigns)")
+        from slashrt.bench import chaos
+
+        return chaos.bench(kills=args.kills, query=args.chaos_query, executors=args.executors, transport=args.transport,
+                           seed=args.seed, events=args.events, campaigns=args.campaigns)
     if path == "checkpoint":
         from slashrt.bench import checkpoint
 

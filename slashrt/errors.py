@@ -60,6 +60,12 @@ class ConnectorError(SlashError):
     holds data the connector cannot read; names the system (its URL) and the item."""
 
 
+class RetryableError(SlashError):
+    """Raised by a user function for a transient failure (a service briefly away): on a cluster
+    with a restart strategy (`run(..., restart=)`) the job restarts from its last complete
+    checkpoint instead of failing; any other exception is a bug in the job and fails it."""
+
+
 class OperatorError(SlashError):
     """A user operator raised or returned something it must not; names the step."""
 

@@ -34,6 +34,19 @@ def counts(source: str = "events"):
     return flow, {source: records()}
 
 
+def csv_counts():
+    """`counts` into a transactional CSV directory ($CLI_JOBS_OUT) whose executors carry the
+    chaos bench's kill hooks (`slashrt.bench.chaos`): what `--restart` recovers."""
+    import os
+
+    from slashrt.bench.chaos import ChaosCsv
+
+    flow = Dataflow("csv-counts")
+    flow.source("events", SCHEMA, time="t").window(Tumbling(ms=WINDOW_MS)).count(key="k").sink(
+        ChaosCsv(os.environ["CLI_JOBS_OUT"], transactional=True), name="out")
+    return flow, {"events": records()}
+
+
 job = counts
 PAIR = counts()
 

@@ -115,6 +115,26 @@ def test_checkpoints_on_a_local_cluster_then_resume(tmp_path, options):
     assert again["resumed_from"] == first["latest_checkpoint"] and again["records"] == 0
 
 
+@pytest.mark.parametrize("options", [(), ("--executors", "2", "--transport", "tcp")], ids=["one-executor", "2-tcp"])
+def test_restart_none_is_honoured_on_every_path(tmp_path, options):
+    done = summary(JOBS, *options, "--checkpoint-dir", str(tmp_path), "--restart", "none")
+    assert done["recoveries"] == 0 and done["outputs"] == {"counts.out": ROWS}
+
+
+def test_restart_recovers_a_sigkilled_executor_on_a_local_cluster(tmp_path):
+    from slashrt.bench.chaos import published
+
+    (tmp_path / "marks").mkdir()
+    env = {"CLI_JOBS_OUT": str(tmp_path / "out"), "SLASHRT_CHAOS_KILLS": "pre_commit:2",
+           "SLASHRT_CHAOS_DIR": str(tmp_path / "marks")}
+    done = summary(f"{JOBS}:csv_counts", "--executors", "2", "--checkpoint-dir", str(tmp_path / "chk"),
+                   "--checkpoint-interval", "5ms", "--slots", "4", "--slot-size", "512",
+                   "--restart", "fixed-delay:attempts=2,delay=10ms", env=env)
+    assert done["recoveries"] == 1 and (tmp_path / "marks" / "kill-0").exists()
+    rows = published(tmp_path / "out")
+    assert max(rows.values()) == 1 and len(rows) == ROWS  # every row once: nothing lost, nothing twice
+
+
 def test_resume_from_latest_without_a_checkpoint_runs_from_the_start_and_says_so(tmp_path):
     done = slashrt("run", JOBS, "--checkpoint-dir", str(tmp_path), "--resume-from", "latest")
     assert done.returncode == 0, done.stderr
@@ -177,6 +197,12 @@ def checkpointed(tmp_path_factory) -> Path:
         (["run", f"{JOBS}:other_dataflow", "--checkpoint-dir", "CHK", "--resume-from", "latest"],
          "written by another dataflow"),
         (["run", JOBS, "--slot-size", "8"], "slot_size=8"),
+        (["run", JOBS, "--restart", "fixed-delay"], "--restart needs --checkpoint-dir"),
+        (["run", JOBS, "--checkpoint-dir", "CHK", "--restart", "fixed-delay:attempts=2"],
+         "--restart needs --executors N: a run on one executor lives in this process"),
+        (["bench", "chaos", "--executors", "1"], "--executors 1: a run on one executor cannot restart itself"),
+        (["bench", "chaos", "--redis"], "--redis: the Redis source feeds one executor only for now"),
+        (["bench", "chaos", "--query", "nexmark", "--campaigns", "10"], "--campaigns applies to --query ysb"),
         (["checkpoints", "nowhere/at/all"], "nowhere/at/all is not a directory"),
         (["checkpoints", "CHK", "--job", "orders"], "no checkpoints of job 'orders' in "),
     ],
@@ -198,6 +224,8 @@ def test_a_mistake_is_one_line_and_exit_2(capsys, checkpointed, argv, message):
         (["run", JOBS, "--resume-from", "first"], "is neither 'latest' nor a checkpoint number"),
         (["run", JOBS, "--executors", "0"], "must be positive"),
         (["run", JOBS, "--mode", "fast"], "invalid choice"),
+        (["run", JOBS, "--restart", "sometimes"], "restart strategy must be one of none, fixed-delay, failure-rate"),
+        (["run", JOBS, "--restart", "fixed-delay:attempts=-1"], "attempts must be a whole number >= 0"),
     ],
 )
 def test_a_bad_option_value_is_refused_by_the_parser(capsys, argv, message):

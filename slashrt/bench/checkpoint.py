@@ -26,7 +26,7 @@ MODES = ("none", "abs", "sync")
 KEEP = 10_000  # every checkpoint of the measured run stays, to read its state's size
 
 
-def _query(query: str, events: int, executors: int):
+def _query(query: str, events: int, executors: int, campaigns: int = 1000):
     """(records by source, flow builder for a sink, result of collected records, reference). On
     a cluster, each executor generates its share (`PerExecutor`): nothing is shipped to it."""
     if executors > 1:
@@ -35,7 +35,7 @@ def _query(query: str, events: int, executors: int):
         from slashrt.bench.scaling import QUERIES, _make
         from slashrt.cluster import PerExecutor
 
-        q, params = QUERIES[query], {"campaigns": 1000} if query == "ysb" else {}
+        q, params = QUERIES[query], {"campaigns": campaigns} if query == "ysb" else {}
         make = PerExecutor(functools.partial(_make, query, -(-events // executors), 0.0, params), deterministic=True)
         records = lambda: np.concatenate([make.make(i, executors) for i in range(executors)])  # noqa: E731
         return ({q.source: make}, functools.partial(q.flow, **params), q.to_result,

@@ -25,7 +25,9 @@ fails, disconnects, exits or stops answering before "done" fails the whole job w
 `ClusterError` naming it and saying how it died (`executor_death`); the coordinator then
 closes every control connection (agents stop their jobs) and kills and reaps the processes it
 spawned, as it does on Ctrl-C or a cancellation. Results are never partial: a job either
-returns every executor's output or raises.
+returns every executor's output or raises. With a restart strategy (`restart=`) and a
+checkpoint directory, a death is recovered instead: the job is deployed again and resumes
+from its last complete checkpoint (`run_cluster_async`, docs/architecture.md "The recovery loop").
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from slashrt.ops.sinks import Callback, Collect
 from slashrt.ops.sources import validate_input
 from slashrt.ops.ssb_window import DEFAULT_EPOCH_BYTES, check_routing
 from slashrt.snapshot.cluster import cluster_checkpoints
+from slashrt.snapshot.restart import GiveUp, NoRestart, parse_restart
 from slashrt.ssb.partitions import DEFAULT_PARTITIONS, Partitioning
 from slashrt.transport._auth import client_handshake, generate_secret, load_secret
 from slashrt.transport._registry import NETWORK_TRANSPORTS
@@ -69,7 +72,14 @@ LISTEN_TIMEOUT = 30.0
 
 
 class ClusterError(SlashError):
-    """An executor failed, vanished or could not be started; the job has no result."""
+    """An executor failed, vanished or could not be started; the job has no result.
+    `retryable`: the cause was an executor's death (killed, exited, silent, its connection
+    lost) or an operator's `RetryableError`, which a restart strategy may recover from; a
+    failure in the job itself (a bug in a user function) is not."""
+
+    def __init__(self, message: str, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
 
 
 def _parse_address(text: str) -> tuple[str, int]:
@@ -113,10 +123,10 @@ async def _spawn_agent(secret: bytes, index: int, procs: list, silent_s: float, 
             chunk = await proc.stdout.receive_some(256)
             if not chunk:
                 code = await proc.wait()
-                raise ClusterError(f"{executor_death(index, code=code)} before listening")
+                raise ClusterError(f"{executor_death(index, code=code)} before listening", retryable=True)
             line += chunk
     if not line.endswith(b"\n"):
-        raise ClusterError(f"{executor_death(index, silent_s=silent_s)} before listening")
+        raise ClusterError(f"{executor_death(index, silent_s=silent_s)} before listening", retryable=True)
     words = line.decode(errors="replace").split()
     if words[:2] != ["slashrt-agent", "listening"] or len(words) != 4:
         raise ClusterError(f"executor {index} said {line!r} instead of its address")
@@ -176,6 +186,7 @@ class _Agents:
         self._fifos = [collections.deque() for _ in links]
         self._arrived = trio.Event()
         self._ended = [trio.Event() for _ in links]  # set when a spawned agent's process ended
+        self.ended_at: list[float] = []  # when agents' processes ended (time.monotonic), as they did
         self.on_report = None  # (index, message): executors' progress reports (`_reports`), not queued
 
     def start(self, nursery) -> None:
@@ -210,6 +221,7 @@ class _Agents:
 
     async def _exit(self, i: int, proc: trio.Process) -> None:
         code = await proc.wait()
+        self.ended_at.append(time.monotonic())
         self._ended[i].set()
         if code != 0:  # a clean exit follows "done"; a lost connection reports the rest
             await trio.sleep(self.LAST_WORDS_S)
@@ -242,6 +254,7 @@ class _Agents:
             with trio.move_on_after(self.LAST_WORDS_S):
                 await self._ended[i].wait()
         message = self._describe(i, what, payload, kind)
+        retryable = what in ("lost", "exited", "silent") or "RetryableError" in str(payload)
         if what == "failed":
             await trio.sleep(2 * self.LAST_WORDS_S)
             # an executor that reported its own failure and then exited did not die
@@ -254,9 +267,11 @@ class _Agents:
             causes = [text for w, p, text in others if w == "failed" and not _broken_channel(str(p))]
             if deaths:
                 message = f"{deaths[0]} (then {message})"
+                retryable = True
             elif causes and _broken_channel(message):
                 message = causes[0]  # the same sentence whichever executor's report came first
-        raise ClusterError(message)
+                retryable = "RetryableError" in message
+        raise ClusterError(message, retryable)
 
     def poke(self) -> None:
         """Wake `settle`: what it waits for may have changed."""
@@ -330,7 +345,71 @@ def _combine(plan, results: list[RunResult], seconds: float, checkpoints=()) -> 
     return RunResult(seconds, [s for r in results for s in r.stats], late, outputs, epochs, frontiers, list(checkpoints))
 
 
-async def run_cluster_async(
+async def run_cluster_async(flow, inputs: dict, *, restart=None, **options) -> RunResult:
+    """Run `flow` on N executors (`_run_attempt` says how) and, with a `restart` strategy
+    (`slashrt.snapshot.restart.parse_restart`: "fixed-delay:attempts=3,delay=1s",
+    "failure-rate:...", "none" or a strategy object) and a `checkpoint_dir`, recover from what
+    `ClusterError.retryable` says can be recovered: wait the strategy's delay, spawn the agents
+    again and resume from the last complete checkpoint (`docs/architecture.md`, "The recovery
+    loop"). A failure in the job itself fails at once; a strategy that gives up fails with one
+    sentence naming it and the last failure. `RunResult.recoveries` lists each recovery."""
+    strategy = parse_restart(restart)
+    if not isinstance(strategy, NoRestart):
+        _check_restartable(flow, options)
+    recoveries: list[dict] = []
+    while True:
+        marks: dict = {"fail_grace": 1.0 if isinstance(strategy, NoRestart) else 0.2}
+        recovering = recoveries[-1] if recoveries else None  # the recovery this attempt makes
+        try:
+            result = await _run_attempt(flow, inputs, marks=marks, **dict(options))
+        except ClusterError as exc:
+            failed_at = time.monotonic()
+            if isinstance(strategy, NoRestart) or not exc.retryable and "started" not in marks:
+                raise  # (a job that cannot start is not a failure to restart from)
+            if not exc.retryable:
+                raise ClusterError(f"{exc}: a failure in the job itself, which a restart would repeat; not restarted") from None
+            decision = strategy.on_failure(failed_at)
+            if isinstance(decision, GiveUp):
+                raise ClusterError(f"gave up recovering ({strategy!r}): {decision.reason}; the last failure: {exc}") from None
+            log.warning("restarting the job from its last complete checkpoint", flow=flow.name, cause=str(exc),
+                        delay=decision.delay, attempt=len(recoveries) + 1)
+            died_at = min(marks.get("ended_at") or [failed_at])  # the first agent to end: the death, if seen
+            recoveries.append({"cause": str(exc), "failed_at": failed_at, "died_at": died_at,
+                               "detect_s": failed_at - died_at})
+            await trio.sleep(decision.delay)
+            options["resume_from"] = "latest"
+            continue
+        finally:
+            if recovering is not None and "started" in marks:  # processing again: how long it took
+                recovering.update(seconds=marks["started"] - recovering["died_at"],
+                                  respawn_s=marks["job_sent"] - recovering["failed_at"],
+                                  restore_s=marks["ready"] - marks["job_sent"], checkpoint=marks["restore"])
+        result.recoveries = recoveries
+        return result
+
+
+run_cluster_async.attempt = _run_attempt = None  # (set below: the keywords of one attempt, for run()'s checks)
+
+
+def _check_restartable(flow, options: dict) -> None:
+    """Refuse, in one sentence before anything starts, a restart strategy a run cannot honour."""
+    if options.get("checkpoint_dir") is None:
+        raise DataflowError("run(): restart= restarts from the last complete checkpoint: give checkpoint_dir= as well")
+    if not isinstance(options.get("executors", 2), int):
+        raise DataflowError(
+            "run(): restart= respawns the agents this coordinator started; agents at addresses are restarted by "
+            "whoever started them: rerun with resume_from='latest' instead"
+        )
+    for step_id, step in flow.steps.items():
+        sink = getattr(step, "sink", None)
+        if isinstance(sink, (Collect, Callback)):
+            raise DataflowError(
+                f"run(): restart=: sink {step_id!r} ({type(sink).__name__}) keeps what an executor committed in that "
+                "executor's memory, which its death loses: use a transactional file or Redis sink with restart="
+            )
+
+
+async def _run_attempt(
     flow,
     inputs: dict,
     *,
@@ -343,9 +422,10 @@ async def run_cluster_async(
     on_ready=None,
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+    marks: dict | None = None,
     **options,
 ) -> RunResult:
-    """Run `flow` on N executors: `executors` is a count (local processes spawned here) or a
+    """Run `flow` on N executors once: `executors` is a count (local processes spawned here) or a
     list of agents' "HOST:PORT" addresses (agents started with `slashrt executor`).
     `progress` (an option) chooses what the exchanges' gates fire windows on: "watermark"
     (Slash's vector clock of executor watermarks, the default) or "pointstamp" (the same
@@ -388,7 +468,8 @@ async def run_cluster_async(
     procs: list[trio.Process | None] = [None] * n
     controls: list[trio.SocketStream] = []
     links: list[Link] = []
-    results = failure = None
+    results = failure = agents = None
+    marks = {} if marks is None else marks  # the recovery loop's notes: when each phase began, agents' ends
     bound = log.bind(flow=flow.name, executors=n, transport=transport, mode=mode)
     try:
         async with unwrap_groups(), trio.open_nursery() as nursery:
@@ -402,16 +483,16 @@ async def run_cluster_async(
                     async with trio.open_nursery() as spawning:
                         for i in range(n):
                             spawning.start_soon(spawn, i)
-                for i, (host, port) in enumerate(addresses):
+                for i, (host, port) in enumerate(addresses):  # (an agent spawned here that fails now died)
                     try:
                         stream = await trio.open_tcp_stream(host, port)
                     except OSError as exc:
-                        raise ClusterError(f"cannot reach executor {i} at {host}:{port}: {exc}") from None
+                        raise ClusterError(f"cannot reach executor {i} at {host}:{port}: {exc}", retryable=local) from None
                     controls.append(stream)
                     try:
                         await client_handshake(stream, secret)
                     except ChannelClosed as exc:
-                        raise ClusterError(f"cannot authenticate executor {i} at {host}:{port}: {exc}") from None
+                        raise ClusterError(f"cannot authenticate executor {i} at {host}:{port}: {exc}", retryable=local) from None
                     links.append(Link(stream, interval=heartbeat_interval, timeout=heartbeat_timeout))
                     links[-1].start(nursery)
                 agents = _Agents(links, procs, None if checkpoints is None else checkpoints.handlers())
@@ -425,15 +506,19 @@ async def run_cluster_async(
                                 heartbeat_interval, heartbeat_timeout)
                     for i in range(n)
                 )
+                marks["job_sent"] = time.monotonic()
                 await agents.send_all("job", jobs)
                 directory = dict(enumerate(await agents.gather("addresses")))
                 await agents.send_all("peers", [directory] * n)
                 readies = await agents.gather("ready")
+                marks["ready"] = time.monotonic()
+                marks["restore"] = None if checkpoints is None else checkpoints.job["restore"]
             bound.info("cluster ready")
             if on_ready is not None:
                 on_ready({name: [(r or {})[name] for r in readies] for name in (readies[0] or {})})
             started = time.perf_counter()
             await agents.send_all("start", [None] * n)
+            marks["started"] = time.monotonic()
             if checkpoints is not None:  # periodic checkpoints until every executor drained, then the final one
                 triggers = await nursery.start(checkpoints.triggers, agents)
                 await agents.gather("drained")
@@ -457,12 +542,19 @@ async def run_cluster_async(
             for control in controls:
                 with contextlib.suppress(Exception):
                     await control.aclose()
-            await _reap(procs, grace=5.0 if results is not None else 1.0)
+            # (a failed run's agents stop on their own within a moment; one about to be restarted
+            # needs nothing from them: its checkpoint holds their state)
+            await _reap(procs, grace=5.0 if results is not None else marks.get("fail_grace", 1.0))
+            if agents is not None:
+                marks["ended_at"] = agents.ended_at
     result = _combine(plan, results, seconds, [] if checkpoints is None else checkpoints.report())
     if checkpoints is not None:
         result.resumed_from = checkpoints.job["restore"]
     bound.info("cluster run finished", seconds=round(seconds, 6))
     return result
+
+
+run_cluster_async.attempt = _run_attempt
 
 
 @trio.lowlevel.enable_ki_protection  # a second Ctrl-C does not leave agents behind

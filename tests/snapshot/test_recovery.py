@@ -1,0 +1,178 @@
+"""Automatic recovery on clusters (`run(..., restart=)`, the coordinator's recovery loop): real
+agent processes SIGKILLed at chosen points (the chaos bench's hooks, `slashrt.bench.chaos`) and
+at seeded random moments; the committed output (a transactional CSV directory) equals the
+failure-free run's exactly; the restart strategies give up in one sentence naming themselves and
+the last failure; what cannot be restarted is refused before anything starts.
+
+Every run is bounded (`bounded`, 60 s): a hang (the known checkpoint-protocol deadlock in
+snapshot/cluster.py, being fixed apart) fails its test instead of blocking the suite."""
+
+import collections
+
+import numpy as np
+import pytest
+import trio
+
+import slashrt
+from slashrt import Dataflow, Tumbling
+from slashrt._runtime import prepare_run
+from slashrt.bench import chaos
+from slashrt.bench.chaos import ChaosCsv, published
+from slashrt.errors import SlashError
+from slashrt.ops.sinks import Collect
+
+from tests.snapshot import _cluster_child
+
+SMALL = {"slots": 8, "slot_size": 1024, "partitions": 16}
+DATA = _cluster_child.records()
+
+
+def bounded(flow, inputs, seconds: float = 60, **options):
+    """`slashrt.run`, failing (agents reaped) if it takes longer than `seconds`."""
+    job = prepare_run(flow, inputs, **options)
+
+    async def run():
+        with trio.fail_after(seconds):
+            return await job()
+
+    return trio.run(run)
+
+
+def flow(directory) -> Dataflow:
+    job = Dataflow("recovery")
+    job.source("r", _cluster_child.SCHEMA, time="t", max_delay=20).window(Tumbling(ms=100)).sum(
+        "v", key="k", output="total").sink(ChaosCsv(directory, transactional=True), name="out")
+    return job
+
+
+def run(tmp_path, name: str, kills: str = "", restart="fixed-delay:attempts=5,delay=0", mode="slash",
+        transport="shm", monkeypatch=None):
+    if kills:
+        (tmp_path / f"{name}-marks").mkdir()
+        monkeypatch.setenv(chaos.KILLS_ENV, kills)
+        monkeypatch.setenv(chaos.MARKS_ENV, str(tmp_path / f"{name}-marks"))
+    return bounded(flow(tmp_path / name), {"r": DATA}, executors=2, mode=mode, transport=transport,
+                   checkpoint={"interval": 0.02, "keep": 2}, checkpoint_dir=tmp_path / f"{name}-chk", restart=restart,
+                   **SMALL)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> collections.Counter:
+    directory = tmp_path_factory.mktemp("reference")
+    result = run(directory, "out")
+    assert result.recoveries == []
+    rows = published(directory / "out")
+    assert sum(rows.values()) > 1000 and max(rows.values()) == 1
+    return rows
+
+
+@pytest.mark.parametrize("mode,transport,kills", [
+    pytest.param("slash", "shm", "align:2;async:3;pre_commit:2", id="slash-shm-alignment-async-write-pre-commit"),
+    pytest.param("uppar", "tcp", "pre_commit:2;pre_commit:1", id="uppar-tcp-twice-in-a-row"),
+])
+def test_kills_at_chosen_points_recover_to_exactly_the_failure_free_output(tmp_path, monkeypatch, reference, mode,
+                                                                           transport, kills):
+    result = run(tmp_path, "out", kills, mode=mode, transport=transport, monkeypatch=monkeypatch)
+    planned = len(kills.split(";"))
+    assert len(list((tmp_path / "out-marks").iterdir())) == planned  # every chosen kill fired
+    assert len(result.recoveries) == planned
+    assert all("killed by signal 9 (SIGKILL)" in r["cause"] for r in result.recoveries), result.recoveries
+    assert all(r["seconds"] >= r["restore_s"] > 0 for r in result.recoveries)
+    assert published(tmp_path / "out") == reference
+
+
+def test_fixed_delay_gives_up_after_its_attempts_in_one_sentence(tmp_path, monkeypatch):
+    with pytest.raises(SlashError) as failed:
+        run(tmp_path, "out", "pre_commit:1;pre_commit:1", restart="fixed-delay:attempts=1,delay=0",
+            monkeypatch=monkeypatch)
+    message = str(failed.value)
+    assert message.startswith("gave up recovering (FixedDelay(attempts=1, delay=0)): the job failed 2 times")
+    assert message.endswith("the last failure: executor 0 was killed by signal 9 (SIGKILL)") or \
+        message.endswith("the last failure: executor 1 was killed by signal 9 (SIGKILL)"), message
+    assert "\n" not in message
+
+
+def test_failure_rate_gives_up_on_a_burst_in_one_sentence(tmp_path, monkeypatch):
+    with pytest.raises(SlashError, match=r"^gave up recovering \(FailureRate\(max_failures=1, interval=60, delay=0\)\): "
+                                         r"the job failed 2 times within 60 s and .*; the last failure: executor \d was killed"):
+        run(tmp_path, "a", "pre_commit:1;pre_commit:1", restart={"strategy": "failure-rate", "max_failures": 1,
+                                                                 "interval": "1min", "delay": 0},
+            monkeypatch=monkeypatch)
+
+
+def test_seeded_random_kills_short_chaos_bench():
+    fields = chaos.bench(kills=1, events=200_000, chosen="pre_commit:1", seed=3, interval=0.05)
+    assert fields["correct"] and fields["duplicates"] == 0 and fields["missing"] == 0, fields
+    assert fields["chosen_kills"] == 1 and 1 <= fields["recoveries"] <= fields["kills"], fields
+    assert fields["recovery_s_max"] >= fields["recovery_s_p50"] > 0
+
+
+def test_a_bug_in_the_job_is_not_restarted(tmp_path):
+    def broken(batch):
+        if (batch["t"] > 5000).any():
+            raise ValueError("bad record")
+        return batch["t"] >= 0
+
+    job = Dataflow("recovery")
+    job.source("r", _cluster_child.SCHEMA, time="t", max_delay=20).filter(broken).window(Tumbling(ms=100)).sum(
+        "v", key="k", output="total").sink(ChaosCsv(tmp_path / "out", transactional=True), name="out")
+    with pytest.raises(SlashError, match="bad record.*a failure in the job itself, which a restart would repeat; not restarted"):
+        bounded(job, {"r": DATA}, executors=2, checkpoint=0.02, checkpoint_dir=tmp_path / "chk",
+                restart="fixed-delay:attempts=3,delay=0", **SMALL)
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"restart": "fixed-delay:attempts=1"}, "restart= needs executors=N: a run on one executor lives in this process"),
+    ({"executors": 2, "restart": "fixed-delay"}, "restart= restarts from the last complete checkpoint: give checkpoint_dir="),
+    ({"executors": ["127.0.0.1:1", "127.0.0.1:2"], "restart": "fixed-delay", "checkpoint_dir": "X"},
+     "agents at addresses are restarted by whoever started them"),
+    ({"executors": 2, "restart": "sometimes", "checkpoint_dir": "X"}, "restart strategy must be one of none"),
+])
+def test_what_cannot_be_restarted_is_refused_before_anything_starts(tmp_path, options, message):
+    options = {k: (str(tmp_path) if v == "X" else v) for k, v in options.items()}
+    with pytest.raises(SlashError, match=message):
+        slashrt.run(flow(tmp_path / "out"), {"r": DATA[:1000]}, **options)
+    with pytest.raises(SlashError, match="sink 'recovery.out' \\(Collect\\) keeps what an executor committed"):
+        job = Dataflow("recovery")
+        job.source("r", _cluster_child.SCHEMA, time="t").sink(Collect(), name="out")
+        slashrt.run(job, {"r": DATA[:1000]}, executors=2, checkpoint_dir=tmp_path, restart="fixed-delay")
+
+
+def test_restart_none_on_one_executor_runs_as_without_it(tmp_path):
+    result = slashrt.run(flow(tmp_path / "out"), {"r": DATA[:5000]}, checkpoint_dir=tmp_path / "chk", restart="none")
+    assert result.recoveries == [] and sum(published(tmp_path / "out").values()) > 0
+
+
+def test_bench_chaos_on_the_command_line(capsys):
+    import json
+
+    from slashrt.cli import main
+
+    assert main(["bench", "chaos", "--kills", "1", "--events", "200000", "--executors", "3", "--transport", "tcp",
+                 "--seed", "2", "--campaigns", "500", "--json"]) == 0
+    fields = json.loads(capsys.readouterr().out)
+    assert (fields["executors"], fields["transport"], fields["campaigns"], fields["seed"]) == (3, "tcp", 500, 2)
+    # (a kill may land once the results are in, as the agents exit: nothing to recover then;
+    # recoveries themselves are asserted by the tests above)
+    assert fields["correct"] and fields["duplicates"] == fields["missing"] == 0, fields
+    assert fields["recoveries"] <= fields["kills"] and fields["random_kills"] <= 1, fields
+
+
+def test_a_retryable_error_is_recovered_exactly_once(tmp_path, reference):
+    from slashrt.errors import RetryableError
+
+    marker = tmp_path / "raised"
+
+    def flaky(batch):  # fails once in the job's life, in the middle of the stream
+        if (batch["t"] > 5000).any() and not marker.exists():
+            marker.touch()
+            raise RetryableError("the service is briefly away")
+        return batch["t"] > -10**9
+
+    job = Dataflow("recovery")
+    job.source("r", _cluster_child.SCHEMA, time="t", max_delay=20).filter(flaky).window(Tumbling(ms=100)).sum(
+        "v", key="k", output="total").sink(ChaosCsv(tmp_path / "out", transactional=True), name="out")
+    result = bounded(job, {"r": DATA}, executors=2, checkpoint={"interval": 0.02, "keep": 2},
+                     checkpoint_dir=tmp_path / "chk", restart="fixed-delay:attempts=2,delay=0", **SMALL)
+    assert len(result.recoveries) == 1 and "the service is briefly away" in result.recoveries[0]["cause"]
+    assert published(tmp_path / "out") == reference
