@@ -203,7 +203,11 @@ class ClusterCheckpoints:
                         await self._changed.wait()
                     continue
                 log.debug("checkpoint triggered", checkpoint=record.checkpoint)
-                await agents.send_all("checkpoint", [record.checkpoint] * self.executors)
+                # pending now, so every agent must be asked for it: the run loop cancels the
+                # triggers once every executor drained, and a request that reached some agents
+                # only would leave `final` waiting for acks that never come
+                with trio.CancelScope(shield=True):
+                    await agents.send_all("checkpoint", [record.checkpoint] * self.executors)
 
     def _expiry(self) -> float:
         started = [c.triggered for c in self.coordinator.pending.values()]
