@@ -4,14 +4,19 @@ Fake agents (no processes) record what the coordinator's side sends, and the tes
 each send returns; trio's MockClock drives the periodic triggers. The law: a checkpoint the
 coordinator counts as pending was requested of every agent, whatever cancels the triggers (the
 run loop cancels them as soon as every executor drained): otherwise `final` waits forever for
-acks of a checkpoint some agent never heard of.
+acks of a checkpoint some agent never heard of. An agent (`AgentCheckpointing`, driven with fake
+executor, link and exchange) whose sources ended may see a peer's barrier n before the
+coordinator's request n: it takes n then, with its sources' ends as their positions, exactly once.
 """
+
+from types import SimpleNamespace
 
 import trio
 import trio.testing
 
-from slashrt.snapshot.cluster import ClusterCheckpoints
+from slashrt.snapshot.cluster import AgentCheckpointing, ClusterCheckpoints
 from slashrt.snapshot.coordinator import CheckpointConfig
+from slashrt.snapshot.state_format import State
 from slashrt.snapshot.storage import SnapshotStore
 
 
@@ -50,3 +55,69 @@ def test_triggers_cancelled_midway_through_a_request_still_ask_every_agent(tmp_p
     pending = sorted(cluster.coordinator.pending)
     assert pending == [1]
     assert agents.got == [[("checkpoint", 1)], [("checkpoint", 1)]]  # both will ack it: `final` can end
+
+
+class Link:
+    def __init__(self):
+        self.sent = []
+        self.changed = trio.Event()
+
+    async def send(self, kind, payload=None):
+        self.sent.append((kind, payload))
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_for(self, kind):
+        while not any(k == kind for k, _ in self.sent):
+            await self.changed.wait()
+
+
+class Exchange:
+    def __init__(self):
+        self.forwarded = []
+
+    async def forward_barrier(self, n):
+        self.forwarded.append(n)
+
+
+class Executor:
+    inputs = []
+
+    def block(self, inp):
+        raise AssertionError("nothing is left to block: the source ended")
+
+    def unblock_all(self):
+        pass
+
+
+def test_a_peer_barrier_before_the_request_is_taken_once_with_the_ended_sources_positions(tmp_path):
+    plan = SimpleNamespace(nodes=lambda: [], sinks=[], sources=["r"], graph=None)
+    link, exchange, executor = Link(), Exchange(), Executor()
+    feeder = SimpleNamespace(snapshot=lambda step_id: State({}, {"fed": 10}))
+
+    async def main():
+        agent = AgentCheckpointing(
+            plan, CheckpointConfig(), SnapshotStore(tmp_path, job="j"), None, index=0, link=link,
+            exchanges=[exchange], peer_inputs=["x.from1"],
+        )
+        async with trio.open_nursery() as nursery:
+
+            async def coordinator():  # its request for 1 comes late, after the agent drained
+                await link.wait_for("drained")
+                agent.on_message("checkpoint", 1)
+                agent.on_message("finish", None)
+
+            nursery.start_soon(coordinator)
+            async with agent.running():
+                agent.sources["r"].end(feeder)  # the source fed its last record: its end is recorded
+                await agent.on_end(executor, SimpleNamespace(name="r"))
+                # the peer got request 1 first: its barrier arrives here before ours
+                await agent.on_barrier(executor, SimpleNamespace(name="x.from1"), 1)
+                await agent.on_end(executor, SimpleNamespace(name="x.from1"))
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    acks = [payload for kind, payload in link.sent if kind == "ack"]
+    assert [n for n, *_ in acks] == [1]
+    assert acks[0][3] == {"r": {"0": {"fed": 10}}}  # the source's end is its position in checkpoint 1
+    assert exchange.forwarded == [1]
+    assert sorted(kind for kind, _ in link.sent) == ["ack", "drained"]
