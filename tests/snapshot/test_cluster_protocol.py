@@ -7,6 +7,8 @@ run loop cancels them as soon as every executor drained): otherwise `final` wait
 acks of a checkpoint some agent never heard of. An agent (`AgentCheckpointing`, driven with fake
 executor, link and exchange) whose sources ended may see a peer's barrier n before the
 coordinator's request n: it takes n then, with its sources' ends as their positions, exactly once.
+An alignment aborted by a newer barrier releases every input it blocked, even when the newer one
+blocks another input at once.
 """
 
 from types import SimpleNamespace
@@ -81,18 +83,28 @@ class Exchange:
 
 
 class Executor:
-    inputs = []
+    """The executor's blocking as `Checkpointing._block` drives it."""
+
+    def __init__(self, *names):
+        self.inputs = [SimpleNamespace(name=name, blocked=None) for name in names]
 
     def block(self, inp):
-        raise AssertionError("nothing is left to block: the source ended")
+        inp.blocked = trio.Event()
+
+    def unblock(self, inp):
+        inp.blocked = None
 
     def unblock_all(self):
-        pass
+        for inp in self.inputs:
+            self.unblock(inp)
+
+    def held(self):
+        return {inp.name for inp in self.inputs if inp.blocked is not None}
 
 
 def test_a_peer_barrier_before_the_request_is_taken_once_with_the_ended_sources_positions(tmp_path):
     plan = SimpleNamespace(nodes=lambda: [], sinks=[], sources=["r"], graph=None)
-    link, exchange, executor = Link(), Exchange(), Executor()
+    link, exchange, executor = Link(), Exchange(), Executor()  # nothing left to block: no inputs
     feeder = SimpleNamespace(snapshot=lambda step_id: State({}, {"fed": 10}))
 
     async def main():
@@ -121,3 +133,27 @@ def test_a_peer_barrier_before_the_request_is_taken_once_with_the_ended_sources_
     assert acks[0][3] == {"r": {"0": {"fed": 10}}}  # the source's end is its position in checkpoint 1
     assert exchange.forwarded == [1]
     assert sorted(kind for kind, _ in link.sent) == ["ack", "drained"]
+
+
+def test_an_aborted_alignment_releases_its_inputs_when_the_next_one_blocks_another(tmp_path):
+    link, exchange = Link(), Exchange()
+    executor = Executor("r", "x.from1", "x.from2")
+
+    async def main():
+        agent = AgentCheckpointing(
+            plan=SimpleNamespace(nodes=lambda: [], sinks=[], sources=["r"], graph=None), config=CheckpointConfig(),
+            store=SnapshotStore(tmp_path, job="j"), restored=None, index=0, link=link, exchanges=[exchange],
+            peer_inputs=["x.from1", "x.from2"],
+        )
+        async with trio.open_nursery() as nursery:
+            agent._nursery = nursery
+            agent.on_message("checkpoint", 1)
+            agent.on_message("checkpoint", 2)
+            await agent.on_barrier(executor, SimpleNamespace(name="r"), 1)
+            assert executor.held() == {"r"} and exchange.forwarded == [1]  # stage 1: sent on to the peers
+            # executor 1 skipped 1 (it aborted it): 1 cannot complete here, 2 starts with x.from1 held
+            await agent.on_barrier(executor, SimpleNamespace(name="x.from1"), 2)
+            assert executor.held() == {"x.from1"}  # r is free to deliver barrier 2
+        assert link.sent[0][0] == "decline" and link.sent[0][1][0] == 1
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
