@@ -251,14 +251,18 @@ class Executor:
         """Stop consuming `inp` until `unblock_all` (it delivered a barrier the others have not)."""
         inp.blocked = trio.Event()
 
+    def unblock(self, inp: Input) -> None:
+        """Consume `inp` again; what waited of it goes first, in its order."""
+        if inp.blocked is None:
+            return
+        lane = self._lanes[inp.lane]
+        lane.ready.extendleft((inp, buf) for buf in reversed(inp.held))
+        inp.held.clear()
+        inp.blocked.set()
+        inp.blocked = None
+        lane.lot.unpark_all()
+
     def unblock_all(self) -> None:
-        """Consume every input again; what waited of each goes first, in its order."""
+        """Consume every input again."""
         for inp in self.inputs:
-            if inp.blocked is None:
-                continue
-            lane = self._lanes[inp.lane]
-            lane.ready.extendleft((inp, buf) for buf in reversed(inp.held))
-            inp.held.clear()
-            inp.blocked.set()
-            inp.blocked = None
-            lane.lot.unpark_all()
+            self.unblock(inp)

@@ -85,6 +85,8 @@ class AgentCheckpointing(Checkpointing):
     # -- the coordinator's messages ----------------------------------------------------------------
     def on_message(self, kind: str, n) -> None:
         if kind == "checkpoint":
+            if n in self._requested:  # a peer's barrier came first and it was taken then (`_obey`)
+                return
             self._requested.add(n)
             self._request(n)
             if self._drained:  # nothing in flight any more: take it at once
@@ -126,6 +128,12 @@ class AgentCheckpointing(Checkpointing):
             await self._forward(n)
         for outcome in outcomes:
             if isinstance(outcome, Snapshot):
+                if outcome.checkpoint not in self._requested:
+                    # the peers' barriers overtook the coordinator's request, and this executor's
+                    # sources all ended (else they would still owe barrier n): what they fed is
+                    # whole before n, so their end is their position in n, recorded here
+                    self._requested.add(outcome.checkpoint)
+                    self._request(outcome.checkpoint)
                 await self._forward(outcome.checkpoint)
         await super()._obey(executor, outcomes)
 
@@ -203,7 +211,11 @@ class ClusterCheckpoints:
                         await self._changed.wait()
                     continue
                 log.debug("checkpoint triggered", checkpoint=record.checkpoint)
-                await agents.send_all("checkpoint", [record.checkpoint] * self.executors)
+                # pending now, so every agent must be asked for it: the run loop cancels the
+                # triggers once every executor drained, and a request that reached some agents
+                # only would leave `final` waiting for acks that never come
+                with trio.CancelScope(shield=True):
+                    await agents.send_all("checkpoint", [record.checkpoint] * self.executors)
 
     def _expiry(self) -> float:
         started = [c.triggered for c in self.coordinator.pending.values()]

@@ -361,14 +361,16 @@ class Checkpointing:
             self._signal()
 
     def _block(self, executor) -> None:
-        """Block the inputs the aligner holds behind a barrier; none held: consume every one."""
+        """Block exactly the inputs the aligner holds behind a barrier: an abort releases the
+        inputs of the aborted alignment even when the next one holds another input at once (one
+        left blocked would never deliver the barrier the new alignment waits for)."""
         blocked = self.aligner.channels.blocked
-        if blocked:
-            for inp in executor.inputs:
-                if inp.name in blocked and inp.blocked is None:
+        for inp in executor.inputs:
+            if inp.name in blocked:
+                if inp.blocked is None:
                     executor.block(inp)
-        else:
-            executor.unblock_all()
+            elif inp.blocked is not None:
+                executor.unblock(inp)
 
     async def _stop_the_world(self, n: int, alignment: AlignmentStats) -> None:
         """The synchronous baseline: every source halted after barrier n, everything before it is
