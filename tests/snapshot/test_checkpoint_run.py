@@ -168,7 +168,7 @@ def source_records(n: int, key: int, *, seed: int, disorder: int = 0) -> np.ndar
 def test_every_checkpoint_holds_exactly_what_each_source_fed_before_its_barrier(tmp_path):
     # one window for the whole stream, a count per source: the state is how many records of
     # each source went in; input "b" is 8x longer, so its barrier often comes long after a's
-    inputs = {"a": source_records(60_000, 0, seed=1), "b": source_records(480_000, 1, seed=2)}
+    inputs = {"a": source_records(240_000, 0, seed=1), "b": source_records(1_920_000, 1, seed=2)}
     flow = Dataflow("align")
     a, b = (flow.source(name, SCHEMA, time="t") for name in inputs)
     a.union(b).window(Tumbling(ms=10**9)).count(key="k").sink(sinks.Collect(transactional=True), name="out")
@@ -188,7 +188,7 @@ def test_every_checkpoint_holds_exactly_what_each_source_fed_before_its_barrier(
             assert counted.tolist() == [fed["a"], fed["b"]], (n, numbers, fed, result.checkpoints)
         both_running += 0 < fed["a"] < len(inputs["a"]) and 0 < fed["b"] < len(inputs["b"])
     assert both_running >= 1 and len(numbers) >= 3, (numbers, result.checkpoints)
-    assert sorted(result["align.out"]["count"].tolist()) in ([60_000, 480_000],)
+    assert sorted(result["align.out"]["count"].tolist()) == [len(inputs["a"]), len(inputs["b"])]
 
 
 def test_checkpoints_change_no_result_with_windows_late_records_and_a_union(tmp_path):
@@ -323,7 +323,7 @@ def test_bench_checkpoint_measures_the_three_modes_and_checks_them(capsys):
     for field in ("records_per_s_none", "records_per_s_abs", "records_per_s_sync", "abs_over_none", "sync_over_none"):
         assert result[field] > 0
     # on a cluster: barrier snapshots only (no stop-the-world baseline), each executor generating its share
-    args = ["bench", "checkpoint", "--executors", "2", "--events", "600000", "--interval", "0.01", "--repeat", "1"]
+    args = ["bench", "checkpoint", "--executors", "2", "--events", "6000000", "--interval", "0.002", "--repeat", "1"]
     assert main([*args, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["correct"] is True and result["executors"] == 2 and result["checkpoints_abs"] >= 1
