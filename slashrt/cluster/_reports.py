@@ -61,7 +61,7 @@ class ClusterReports:
         self.latest: list[tuple | None] = [None] * executors
         self._news = False
 
-    def receive(self, index: int, message) -> None:
+    async def receive(self, index: int, message) -> None:
         self.latest[index] = tuple(message)
         self._news = True
 

@@ -187,7 +187,6 @@ class _Agents:
         self._arrived = trio.Event()
         self._ended = [trio.Event() for _ in links]  # set when a spawned agent's process ended
         self.ended_at: list[float] = []  # when agents' processes ended (time.monotonic), as they did
-        self.on_report = None  # (index, message): executors' progress reports (`_reports`), not queued
 
     def start(self, nursery) -> None:
         for i, link in enumerate(self.links):
@@ -209,9 +208,6 @@ class _Agents:
             except ChannelClosed as exc:
                 self._put(i, "lost", str(exc))
                 return
-            if kind == "report" and self.on_report is not None:
-                self.on_report(i, payload)
-                continue
             if kind in self.handlers:
                 await self.handlers[kind](i, payload)
                 continue
@@ -388,9 +384,6 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, **options) -> R
         return result
 
 
-run_cluster_async.attempt = _run_attempt = None  # (set below: the keywords of one attempt, for run()'s checks)
-
-
 def _check_restartable(flow, options: dict) -> None:
     """Refuse, in one sentence before anything starts, a restart strategy a run cannot honour."""
     if options.get("checkpoint_dir") is None:
@@ -495,11 +488,12 @@ async def _run_attempt(
                         raise ClusterError(f"cannot authenticate executor {i} at {host}:{port}: {exc}", retryable=local) from None
                     links.append(Link(stream, interval=heartbeat_interval, timeout=heartbeat_timeout))
                     links[-1].start(nursery)
-                agents = _Agents(links, procs, None if checkpoints is None else checkpoints.handlers())
-                agents.start(nursery)
-                if reports is not None:
-                    agents.on_report = reports.receive
+                handlers = {} if checkpoints is None else checkpoints.handlers()
+                if reports is not None:  # executors' progress reports, handled as they come, never queued
+                    handlers["report"] = reports.receive
                     nursery.start_soon(reports.run)
+                agents = _Agents(links, procs, handlers)
+                agents.start(nursery)
                 jobs = (
                     job_message(Job(flow, i, n, shares[i], transport, mode, partitions, epoch_bytes, addresses[i][0], options,
                                     None if checkpoints is None else checkpoints.job),

@@ -52,7 +52,6 @@ class AgentCheckpointing(Checkpointing):
 
     def __init__(self, plan, config, store, restored, *, index: int, link, exchanges, peer_inputs):
         super().__init__(plan, config, store, restored, executor=index)
-        self.index = index
         self.link = link
         self.exchanges = list(exchanges)
         self.local = list(plan.sources)
@@ -94,7 +93,7 @@ class AgentCheckpointing(Checkpointing):
         elif kind == "commit":
             for sink in self.sinks:
                 sink.commit(n)
-            log.debug("checkpoint committed", checkpoint=n, executor=self.index)
+            log.debug("checkpoint committed", checkpoint=n, executor=self.executor)
         elif kind == "finish":
             self._released.set()
 
@@ -151,11 +150,11 @@ class AgentCheckpointing(Checkpointing):
         try:
             for step_id, state in states.items():
                 t0 = time.perf_counter()
-                part = await self.store.awrite_part(n, step_id, self.index, state.arrays, state.meta)
+                part = await self.store.awrite_part(n, step_id, self.executor, state.arrays, state.meta)
                 stats[step_id] = AckStats(alignment_s, sync[step_id], time.perf_counter() - t0, part.size)
                 parts.append(part)
         except (OSError, SlashError) as exc:  # e.g. an older checkpoint removed by retention meanwhile
-            await self.link.send("decline", (n, f"executor {self.index} could not write its state: {exc}"))
+            await self.link.send("decline", (n, f"executor {self.executor} could not write its state: {exc}"))
             return
         if not states:
             stats[NO_STATE] = AckStats(alignment_s)
