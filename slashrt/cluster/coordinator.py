@@ -164,6 +164,19 @@ def executor_death(i: int, *, code: int | None = None, silent_s: float | None = 
     return f"executor {i} lost its control connection: {reason}"
 
 
+async def _unreachable(i: int, procs: list, message: str) -> ClusterError:
+    """The error for an executor the driver could not reach or authenticate: for an agent
+    spawned here that died meanwhile (killed as it started listening), how it died, since
+    that is the cause; otherwise `message`. Retryable exactly when the agent was ours."""
+    proc = procs[i]
+    if proc is not None:
+        with trio.move_on_after(_Agents.LAST_WORDS_S):
+            await proc.wait()
+        if proc.returncode is not None:
+            return ClusterError(f"{executor_death(i, code=proc.returncode)} before the driver reached it", retryable=True)
+    return ClusterError(message, retryable=proc is not None)
+
+
 def _broken_channel(report: str) -> bool:
     """A failure that is only the consequence of another's: a channel its peer aborted
     (ChannelFailed) or closed (ChannelClosed) when that peer failed."""
@@ -480,12 +493,12 @@ async def _run_attempt(
                     try:
                         stream = await trio.open_tcp_stream(host, port)
                     except OSError as exc:
-                        raise ClusterError(f"cannot reach executor {i} at {host}:{port}: {exc}", retryable=local) from None
+                        raise await _unreachable(i, procs, f"cannot reach executor {i} at {host}:{port}: {exc}") from None
                     controls.append(stream)
                     try:
                         await client_handshake(stream, secret)
                     except ChannelClosed as exc:
-                        raise ClusterError(f"cannot authenticate executor {i} at {host}:{port}: {exc}", retryable=local) from None
+                        raise await _unreachable(i, procs, f"cannot authenticate executor {i} at {host}:{port}: {exc}") from None
                     links.append(Link(stream, interval=heartbeat_interval, timeout=heartbeat_timeout))
                     links[-1].start(nursery)
                 handlers = {} if checkpoints is None else checkpoints.handlers()

@@ -139,6 +139,27 @@ def test_a_killed_executor_fails_the_job_within_5_s_saying_how_it_died(tmp_path,
     assert "Traceback" not in capfd.readouterr().err  # the surviving executor 0 logs one line at most
 
 
+@pytest.mark.parametrize("index", [0, 1])
+def test_an_agent_killed_after_listening_before_the_driver_reached_it_is_named_as_killed(index, monkeypatch):
+    """Forced interleaving: executor `index` is SIGKILLed right after it printed its address and
+    before the driver connects (a kill that random trials hit now and then). The error says how
+    it died, as for a death at any other moment, not that a port refused a connection."""
+    from slashrt.cluster import coordinator
+
+    spawn = coordinator._spawn_agent
+
+    async def spawn_then_kill(secret, i, procs, silent_s, relay):
+        address = await spawn(secret, i, procs, silent_s, relay)
+        if i == index:
+            procs[i].kill()
+        return address
+
+    monkeypatch.setattr(coordinator, "_spawn_agent", spawn_then_kill)
+    with pytest.raises(ClusterError, match=rf"^executor {index} was killed by signal 9 \(SIGKILL\) before the driver reached it") as err:
+        slashrt.run(_job("unused", signal.SIGKILL), {"r": PerExecutor(_make)}, executors=2)
+    assert err.value.retryable
+
+
 def test_an_agent_stops_its_job_when_the_coordinator_stops_answering():
     """A coordinator that handshakes, sends a job and then says nothing (as a frozen one would):
     the agent fails the job at the heartbeat timeout and exits (before the job, it answers
