@@ -58,7 +58,7 @@ from slashrt.ops.ssb_window import DEFAULT_EPOCH_BYTES, check_routing
 from slashrt.snapshot.cluster import cluster_checkpoints
 from slashrt.snapshot.restart import GiveUp, NoRestart, parse_restart
 from slashrt.ssb.partitions import DEFAULT_PARTITIONS, Partitioning
-from slashrt.transport._auth import client_handshake, generate_secret, load_secret
+from slashrt.transport._auth import HANDSHAKE_TIMEOUT, HandshakeTimeout, client_handshake, generate_secret, load_secret
 from slashrt.transport._registry import NETWORK_TRANSPORTS
 
 __all__ = ["run_cluster_async", "ClusterError", "START_TIMEOUT"]
@@ -495,8 +495,10 @@ async def _run_attempt(
                     except OSError as exc:
                         raise await _unreachable(i, procs, f"cannot reach executor {i} at {host}:{port}: {exc}") from None
                     controls.append(stream)
-                    try:
-                        await client_handshake(stream, secret)
+                    try:  # (an agent silent for the heartbeat timeout is frozen here too)
+                        await client_handshake(stream, secret, timeout=min(HANDSHAKE_TIMEOUT, heartbeat_timeout))
+                    except HandshakeTimeout as exc:
+                        raise ClusterError(f"{executor_death(i, silent_s=exc.timeout)} during the handshake", retryable=local) from None
                     except ChannelClosed as exc:
                         raise await _unreachable(i, procs, f"cannot authenticate executor {i} at {host}:{port}: {exc}") from None
                     links.append(Link(stream, interval=heartbeat_interval, timeout=heartbeat_timeout))

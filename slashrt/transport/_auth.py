@@ -43,6 +43,14 @@ class AuthenticationFailed(ChannelClosed):
     """The peer did not prove the cluster secret (or did not finish the handshake)."""
 
 
+class HandshakeTimeout(AuthenticationFailed):
+    """The peer said nothing more for `timeout` seconds during the handshake (frozen or gone)."""
+
+    def __init__(self, message: str, timeout: float):
+        super().__init__(message)
+        self.timeout = timeout
+
+
 def generate_secret() -> bytes:
     return secrets.token_bytes(32)
 
@@ -98,7 +106,7 @@ def _handshake_errors(timeout: float, who: str):
         with trio.fail_after(timeout):
             yield
     except trio.TooSlowError:
-        raise AuthenticationFailed(f"{who} did not finish the handshake within {timeout} s") from None
+        raise HandshakeTimeout(f"{who} did not finish the handshake within {timeout} s", timeout) from None
     except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
         raise AuthenticationFailed(f"connection lost during the handshake: {exc}") from None
     except AuthenticationFailed:

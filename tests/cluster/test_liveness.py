@@ -139,25 +139,38 @@ def test_a_killed_executor_fails_the_job_within_5_s_saying_how_it_died(tmp_path,
     assert "Traceback" not in capfd.readouterr().err  # the surviving executor 0 logs one line at most
 
 
-@pytest.mark.parametrize("index", [0, 1])
-def test_an_agent_killed_after_listening_before_the_driver_reached_it_is_named_as_killed(index, monkeypatch):
-    """Forced interleaving: executor `index` is SIGKILLed right after it printed its address and
-    before the driver connects (a kill that random trials hit now and then). The error says how
-    it died, as for a death at any other moment, not that a port refused a connection."""
+@pytest.mark.parametrize("index, signum, said", [
+    (0, signal.SIGKILL, r"^executor 0 was killed by signal 9 \(SIGKILL\) before the driver reached it"),
+    (1, signal.SIGKILL, r"^executor 1 was killed by signal 9 \(SIGKILL\) before the driver reached it"),
+    (1, signal.SIGSTOP, r"^executor 1 stopped answering for 1.5 s during the handshake"),
+])
+def test_an_agent_killed_or_stopped_after_listening_before_the_driver_reached_it_is_named_so(index, signum, said, monkeypatch):
+    """Forced interleaving: executor `index` is SIGKILLed (or SIGSTOPped) right after it printed
+    its address, before the driver connects (a moment random trials hit now and then). The
+    error says how it died, as at any other moment, not that a port refused a connection or a
+    handshake timed out; it is retryable (the agent was the driver's own)."""
     from slashrt.cluster import coordinator
 
     spawn = coordinator._spawn_agent
+    stopped = []
 
-    async def spawn_then_kill(secret, i, procs, silent_s, relay):
+    async def spawn_then_signal(secret, i, procs, silent_s, relay):
         address = await spawn(secret, i, procs, silent_s, relay)
         if i == index:
-            procs[i].kill()
+            procs[i].send_signal(signum)
+            stopped.append(procs[i])
         return address
 
-    monkeypatch.setattr(coordinator, "_spawn_agent", spawn_then_kill)
-    with pytest.raises(ClusterError, match=rf"^executor {index} was killed by signal 9 \(SIGKILL\) before the driver reached it") as err:
-        slashrt.run(_job("unused", signal.SIGKILL), {"r": PerExecutor(_make)}, executors=2)
-    assert err.value.retryable
+    monkeypatch.setattr(coordinator, "_spawn_agent", spawn_then_signal)
+    try:
+        with pytest.raises(ClusterError, match=said) as err:
+            slashrt.run(_job("unused", signal.SIGKILL), {"r": PerExecutor(_make)}, executors=2,
+                        heartbeat_interval=0.25, heartbeat_timeout=1.5)
+        assert err.value.retryable
+    finally:
+        for proc in stopped:  # (reaped by the run; a stopped one must not outlive a failed assertion)
+            if proc.returncode is None:
+                proc.kill()
 
 
 def test_an_agent_stops_its_job_when_the_coordinator_stops_answering():
