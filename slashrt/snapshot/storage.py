@@ -14,7 +14,8 @@ so a reader still never sees half a manifest (only the leftover temporary, remov
 
 Retention (after each `complete` and on open): the last `keep` complete checkpoints stay; an
 incomplete checkpoint older than the newest complete one is removed, unless this store is writing
-it. `latest()` falls back past a checkpoint whose part is missing, truncated or corrupt, logs
+it (a part or its manifest) now; removing one that another process still writes into is left
+to a later pass. `latest()` falls back past a checkpoint whose part is missing, truncated or corrupt, logs
 what it skipped and why, and keeps it in `skipped`.
 
 Writes block on I/O; from trio, `await store.awrite_part(...)` runs them in a worker thread so the
@@ -23,6 +24,7 @@ event loop keeps running.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import json
@@ -142,9 +144,7 @@ class SnapshotStore:
     def write_part(self, n: int, step: str, executor: int, arrays, meta=None) -> Part:
         """Write the state of `step` on `executor` as part of checkpoint n; returns its `Part`
         (give it to `complete` when another process completes the checkpoint)."""
-        with self._lock:
-            self._writing[n] = self._writing.get(n, 0) + 1
-        try:
+        with self._busy(n):
             directory = self.checkpoint_dir(n)
             self.fs.makedirs(directory, exist_ok=True)
             name = self.part_name(step, executor)
@@ -156,6 +156,15 @@ class SnapshotStore:
             with self._lock:
                 self._written.setdefault(n, {})[(step, executor)] = part
             return part
+
+    @contextlib.contextmanager
+    def _busy(self, n: int):
+        """Checkpoint n is being written (a part, or its manifest) by this store: retention,
+        here or in another thread (another checkpoint completing meanwhile), leaves it."""
+        with self._lock:
+            self._writing[n] = self._writing.get(n, 0) + 1
+        try:
+            yield
         finally:
             with self._lock:
                 self._writing[n] -= 1
@@ -170,6 +179,12 @@ class SnapshotStore:
         """Make checkpoint n complete: write its manifest, listing the parts this store wrote and
         `parts` (from other processes), with the caller's `meta` (source positions, executor
         count, ...); then apply retention. Returns the manifest's path."""
+        with self._busy(n):
+            final = self._write_manifest(n, meta, parts)
+        self._retain()
+        return final
+
+    def _write_manifest(self, n: int, meta: dict | None, parts) -> str:
         with self._lock:
             listed = dict(self._written.get(n, {}))
         for part in parts:
@@ -206,7 +221,6 @@ class SnapshotStore:
         with self._lock:
             self._written.pop(n, None)
         log.debug("snapshot.complete", job=self.job, checkpoint=n, parts=len(listed))
-        self._retain()
         return final
 
     async def acomplete(self, n: int, meta: dict | None = None, parts=()) -> str:
@@ -228,7 +242,10 @@ class SnapshotStore:
             drop -= set(self._writing)
         for n in sorted(drop):
             log.debug("snapshot.remove", job=self.job, checkpoint=n, complete=n in complete)
-            self.discard(n)
+            try:
+                self.discard(n)
+            except OSError as exc:  # another process still writes a part of it (a subsumed checkpoint's):
+                log.debug("snapshot.remove.later", job=self.job, checkpoint=n, reason=str(exc))  # a later pass
 
     # -- reading
 

@@ -58,15 +58,21 @@ def collected(sink: Collect) -> np.ndarray:
     return np.sort(sink.records, order=list(sink.records.dtype.names))
 
 
-@pytest.mark.parametrize("mode,transport", [("slash", "shm"), ("uppar", "tcp")])
-def test_a_checkpointed_cluster_run_equals_the_unchecked_run(tmp_path, mode, transport):
+@pytest.mark.parametrize("mode,transport,checkpoint", [
+    ("slash", "shm", 0.01),
+    ("uppar", "tcp", 0.01),
+    # several in flight, completing while older ones' parts are still written, and keep=1
+    # removing them: retention never fails a run nor removes one being completed
+    ("slash", "shm", {"interval": 0.001, "max_in_flight": 4, "keep": 1}),
+])
+def test_a_checkpointed_cluster_run_equals_the_unchecked_run(tmp_path, mode, transport, checkpoint):
     data = _cluster_child.records()
     plain = (Collect(), Collect())
     slashrt.run(window_flow(*plain), {"r": data})
     out, late = Collect(transactional=True), Collect(transactional=True)
     result = slashrt.run(
         window_flow(out, late), {"r": data}, executors=2, mode=mode, transport=transport,
-        checkpoint=0.01, checkpoint_dir=tmp_path, **SMALL_RINGS,
+        checkpoint=checkpoint, checkpoint_dir=tmp_path, **SMALL_RINGS,
     )
     assert np.array_equal(collected(out), collected(plain[0]))
     assert np.array_equal(collected(late), collected(plain[1]))

@@ -353,3 +353,61 @@ def test_retention_never_removes_a_checkpoint_being_written(store):
     assert len(first + rest) > 1 << 20
     _write_checkpoint(store, 4)  # now written and never completed: removed
     assert not os.path.exists(store.checkpoint_dir(2))
+
+
+def test_a_checkpoint_being_completed_is_not_removed_by_a_newer_ones_retention(tmp_path, monkeypatch):
+    """Forced interleaving: checkpoint 2's manifest is being written (in a worker thread, as the
+    cluster coordinator completes checkpoints) when checkpoint 3 completes: 3's retention leaves 2,
+    which then completes too."""
+    store = SnapshotStore(tmp_path, job="j", keep=3)
+    other = SnapshotStore(tmp_path, job="j", keep=3)  # the executors' parts, written elsewhere
+    parts = {n: [other.write_part(n, "op", e, _state(n, e)) for e in range(2)] for n in (2, 3)}
+    entered, release = threading.Event(), threading.Event()
+    write_manifest = store._write_manifest
+
+    def held(n, meta, given):
+        if n == 2:
+            entered.set()
+            release.wait(10)
+        return write_manifest(n, meta, given)
+
+    monkeypatch.setattr(store, "_write_manifest", held)
+    failed = []
+    completing = threading.Thread(target=lambda: failed.extend(_raises(store.complete, 2, {}, parts[2])))
+    completing.start()
+    try:
+        assert entered.wait(10)
+        store.complete(3, {}, parts[3])
+        assert os.path.exists(store.checkpoint_dir(2))
+    finally:
+        release.set()
+        completing.join()
+    assert failed == [] and store.checkpoints() == [2, 3]
+
+
+def _raises(fn, *args) -> list:
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001 - reported by the test's assertion
+        return [exc]
+    return []
+
+
+def test_retention_leaves_for_later_a_checkpoint_another_process_still_writes_into(tmp_path, monkeypatch, caplog):
+    """Removing a stale checkpoint fails when another process writes a late part into it (an
+    executor's part of a subsumed checkpoint): the completion that triggered the retention still
+    succeeds, and a later retention removes it."""
+    store = SnapshotStore(tmp_path, job="j", keep=3)
+    _write_checkpoint(store, 1)
+    SnapshotStore(tmp_path, job="j").write_part(2, "op", 0, {"x": np.arange(3)})  # subsumed, written elsewhere
+    rm = store.fs.rm
+
+    def busy_directory(path, recursive=False):
+        raise OSError(39, "Directory not empty", path)
+
+    monkeypatch.setattr(store.fs, "rm", busy_directory)
+    _write_checkpoint(store, 3)
+    assert store.checkpoints() == [1, 3] and os.path.exists(store.checkpoint_dir(2))
+    monkeypatch.setattr(store.fs, "rm", rm)
+    _write_checkpoint(store, 4)
+    assert sorted(os.listdir(tmp_path / "j")) == ["chk-1", "chk-3", "chk-4"]
