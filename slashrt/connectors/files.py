@@ -220,6 +220,9 @@ class FileSource:
 
     def _resume_hint(self, delivered: int) -> str:
         file, offset = self._position
+        if self.executors > 1:  # a position of one executor's share: checkpoints rewind each by itself
+            return (f"executor {self.executor} of {self.executors} had delivered {delivered} records (up to record "
+                    f"{offset} of file {file}): run it with checkpoint_dir= to resume every executor where it was")
         return (f"the {delivered} records before it were delivered (up to record {offset} of file {file}): "
                 f"resume_from({tuple(self._position)}) reads on from there")
 

@@ -209,6 +209,9 @@ class RedisStream:
         self.delivered += count
 
     def _resume_hint(self, delivered: int) -> str:
+        if self.executors > 1:  # a position of one executor's share: checkpoints rewind each by itself
+            return (f"executor {self.executor} of {self.executors} had delivered {delivered} records (up to stream id "
+                    f"{self._position}): run it with checkpoint_dir= to resume every executor where it was")
         return (f"the {delivered} records before it were delivered (up to stream id {self._position}): "
                 f"resume_from({self._position!r}) reads on from there")
 

@@ -18,7 +18,7 @@ from slashrt.bench import chaos
 from slashrt.bench.chaos import ChaosCsv, published
 from slashrt.connectors import FileSource, RedisStream, RedisStreamSink, read_stream, write_stream
 from slashrt.connectors.redis_streams import owner
-from slashrt.errors import SnapshotError
+from slashrt.errors import SlashError, SnapshotError
 
 SCHEMA = Schema({"t": "<i8", "k": "<i8", "v": "<i8"})
 RING = {"slots": 4, "slot_size": 1024}  # 42 records a slot: the data goes round each ring hundreds of times
@@ -163,3 +163,14 @@ def test_bench_chaos_with_redis_on_the_command_line(capsys):
     # every chosen point fired (alignment, async write, between pre-commit and commit, twice in a row)
     assert fields["chosen_kills"] == len(chaos.CHOSEN.split(";")) <= fields["recoveries"] <= fields["kills"], fields
     assert fields["correct"] and fields["duplicates"] == fields["missing"] == 0 and fields["rows"] > 0, fields
+
+
+def test_a_bad_file_on_one_executor_fails_the_run_naming_that_executors_share(tmp_path):
+    (tmp_path / "in").mkdir()
+    np.save(tmp_path / "in" / "part-0.npy", records(1000))
+    lines = ["t,k,v", *(f"{t},1,1" for t in range(500)), "oops,1,1"]
+    (tmp_path / "in" / "part-1.csv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(SlashError, match=r"part-1.csv'?, line 502 \(record 500\).*; executor 1 of 2 had delivered 500 "
+                                         r"records \(up to record 500 of file 1\): run it with checkpoint_dir= to "
+                                         r"resume every executor where it was"):
+        slashrt.run(passthrough("w", sinks.Collect()), {"events": FileSource(tmp_path / "in")}, executors=2, **RING)
