@@ -174,3 +174,54 @@ def test_a_bad_file_on_one_executor_fails_the_run_naming_that_executors_share(tm
                                          r"records \(up to record 500 of file 1\): run it with checkpoint_dir= to "
                                          r"resume every executor where it was"):
         slashrt.run(passthrough("w", sinks.Collect()), {"events": FileSource(tmp_path / "in")}, executors=2, **RING)
+
+
+def counting(name: str) -> tuple[Dataflow, sinks.Collect]:
+    """One window over the whole stream counting per key: its state is what went in."""
+    flow = Dataflow(name)
+    out = sinks.Collect(transactional=True)
+    flow.source("events", SCHEMA, time="t").window(Tumbling(ms=10**9)).count(key="k").sink(out, name="out")
+    return flow, out
+
+
+def checkpoints_in_the_middle(make, options: dict, n: int) -> list[int]:
+    """Run checkpointed every 2 ms; every checkpoint has a position per executor, each sharing
+    among 2; returns those taken while both executors were in the middle of their input."""
+    from slashrt.snapshot import SnapshotStore
+
+    flow, _ = counting("c")
+    slashrt.run(flow, {"events": make()}, checkpoint={"interval": 0.002, "keep": 1000}, **options)
+    store = SnapshotStore(options["checkpoint_dir"], job="c", keep=1000)
+    middle = []
+    for m in store.checkpoints()[:-1]:
+        positions = store.load(m, executor=None).meta["sources"]["c.events"]
+        assert sorted(positions) == ["0", "1"] and {p["cursor"]["executors"] for p in positions.values()} == {2}
+        if 0 < sum(p["fed"] for p in positions.values()) < n and len({str(p["cursor"]) for p in positions.values()}) == 2:
+            middle.append(m)
+    return middle
+
+
+@pytest.mark.parametrize("kind", ["files", "redis"])
+def test_a_resume_on_as_many_executors_rewinds_each_to_its_own_position(request, tmp_path, kind):
+    data = records(200_000)  # long enough for checkpoints in the middle, also on a loaded machine
+    if kind == "files":
+        write_files(tmp_path / "in", data)
+        make = lambda: FileSource(tmp_path / "in", batch_records=500)  # noqa: E731
+    else:
+        url = request.getfixturevalue("redis").url
+        write_stream(url, "events", data, entry_bytes=24 * 40)
+        make = lambda: RedisStream(url, "events", count=16)  # noqa: E731
+    # a checkpoint taken while both executors were reading: periodic ones on a loaded machine
+    # may all fall at the ends, so the run goes again (into a fresh directory) until one does
+    for attempt in range(5):
+        options = dict(executors=2, checkpoint_dir=tmp_path / f"chk{attempt}", **RING)
+        middle = checkpoints_in_the_middle(make, options, len(data))
+        if middle:
+            break
+    assert middle, "no checkpoint in the middle of the input in 5 runs"
+    flow, out = counting("c")
+    result = slashrt.run(flow, {"events": make()}, checkpoint={"keep": 1000}, resume_from=middle[len(middle) // 2],
+                         **options)
+    assert result.resumed_from == middle[len(middle) // 2]
+    got = np.sort(out.records, order="k")  # every record counted once, under its key
+    assert got["k"].tolist() == list(range(13)) and got["count"].tolist() == np.bincount(data["k"]).tolist()
