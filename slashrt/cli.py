@@ -8,7 +8,7 @@
     slashrt bench redis [--url URL] [--checkpoint-interval S] [--json]   YSB from a Redis stream to a Redis stream
     slashrt bench files [--checkpoint-interval S] [--json]   YSB from Parquet, CSV and .npy files (FileSource)
     slashrt bench checkpoint [--query ysb|nexmark] [--interval S] [--executors N] [--json]   what checkpoints cost
-    slashrt bench chaos [--kills N] [--query ysb|nexmark] [--executors N] [--transport shm|tcp] [--seed S] [--json]   exactly once under SIGKILLs
+    slashrt bench chaos [--kills N] [--query ysb|nexmark] [--executors N] [--transport shm|tcp] [--seed S] [--redis] [--json]   exactly once under SIGKILLs
     slashrt bench report                        the scaling and skew sweeps, with plots
     slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
         [--executors K --transport shm|tcp]     ... labels partitioned over K executors
@@ -258,7 +258,8 @@ def _parser() -> argparse.ArgumentParser:
     chaos.add_argument("--seed", type=int, default=0, help="seeds the random kill moments and victims")
     chaos.add_argument("--events", type=_positive_int, default=2_000_000)
     chaos.add_argument("--campaigns", type=_positive_int, default=1000, help="YSB campaigns: the state's size (ysb only)")
-    chaos.add_argument("--redis", action="store_true", help="the Redis source and sink (refused: see docs/guide.md)")
+    chaos.add_argument("--redis", action="store_true", help="read the events from a Redis stream shared among the executors and write to a transactional "
+                       "Redis stream, on a throw-away redis-server")
     chaos.add_argument("--json", action="store_true", help="print one JSON object with the results")
     _add_log_level(chaos)
 
@@ -553,14 +554,13 @@ def _run_bench(args, given: set[str]) -> dict:
             raise _Refused(f"--executors {args.executors}: a run on one executor cannot restart itself after a SIGKILL; "
                            "give --executors 2 or more")
         if args.redis:
-            raise _Refused("--redis: the Redis source feeds one executor only for now, and one executor cannot restart "
-                           "itself after a SIGKILL (its kill tests resume with resume_from='latest': tests/connectors)")
+            _require(("redis",), "redis", "`slashrt bench chaos --redis`")
         if args.chaos_query != "ysb" and "campaigns" in given:
             raise _Refused("--campaigns applies to --query ysb (NEXMark Q7 has no campaigns)")
         from slashrt.bench import chaos
 
         return chaos.bench(kills=args.kills, query=args.chaos_query, executors=args.executors, transport=args.transport,
-                           seed=args.seed, events=args.events, campaigns=args.campaigns)
+                           seed=args.seed, events=args.events, campaigns=args.campaigns, redis=args.redis)
     if path == "checkpoint":
         from slashrt.bench import checkpoint
 

@@ -201,7 +201,7 @@ def checkpointed(tmp_path_factory) -> Path:
         (["run", JOBS, "--checkpoint-dir", "CHK", "--restart", "fixed-delay:attempts=2"],
          "--restart needs --executors N: a run on one executor lives in this process"),
         (["bench", "chaos", "--executors", "1"], "--executors 1: a run on one executor cannot restart itself"),
-        (["bench", "chaos", "--redis"], "--redis: the Redis source feeds one executor only for now"),
+        (["bench", "chaos", "--redis", "--executors", "1"], "--executors 1: a run on one executor cannot restart itself"),
         (["bench", "chaos", "--query", "nexmark", "--campaigns", "10"], "--campaigns applies to --query ysb"),
         (["checkpoints", "nowhere/at/all"], "nowhere/at/all is not a directory"),
         (["checkpoints", "CHK", "--job", "orders"], "no checkpoints of job 'orders' in "),

@@ -2,7 +2,7 @@
 by its restart strategy, and whose committed output is checked against a failure-free run's.
 
     slashrt bench chaos [--kills N] [--query ysb|nexmark] [--executors N] [--transport shm|tcp]
-                        [--seed S] [--events N] [--campaigns N] [--json]
+                        [--seed S] [--events N] [--campaigns N] [--redis] [--json]
 
 Two kinds of kills, all SIGKILL of a real agent process:
 - `kills` at random moments (seeded): a thread of this process picks one of the job's agents
@@ -19,7 +19,10 @@ Two kinds of kills, all SIGKILL of a real agent process:
   `pre_commit:1` in a row kill the job twice before any checkpoint completes.
 
 The sink is a transactional CSV directory (`ChaosCsv`): what a reader sees is what was
-committed. The JSON: kills, recoveries, correct, duplicates (rows committed more often than in
+committed. With `redis` the input is a Redis stream (`RedisStream`, its entries shared among
+the executors) holding the query's events in event-time order, and the sink a transactional
+Redis stream (`ChaosRedis`), on a throw-away redis-server (or the one at `url`, under fresh
+keys removed after): both ends of a broker under the same kills. The JSON: kills, recoveries, correct, duplicates (rows committed more often than in
 the failure-free run), missing (rows committed less often), recovery seconds (p50 / max) from
 each death (the killed agent's exit, as the coordinator saw it) to processing again, made of
 detect_s (death to the failure raised), respawn_s (reaping the old agents, the strategy's delay,
@@ -30,6 +33,7 @@ plan built, peers wired, the state read back).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import os
 import random
@@ -41,9 +45,10 @@ import time
 from pathlib import Path
 
 import slashrt
+from slashrt.connectors.redis_sink import RedisStreamSink
 from slashrt.ops.sinks import CsvFile
 
-__all__ = ["bench", "ChaosCsv", "CHOSEN", "published"]
+__all__ = ["bench", "ChaosCsv", "ChaosRedis", "CHOSEN", "published", "committed"]
 
 KILLS_ENV, MARKS_ENV = "SLASHRT_CHAOS_KILLS", "SLASHRT_CHAOS_DIR"
 POINTS = ("align", "async", "pre_commit")
@@ -51,9 +56,9 @@ POINTS = ("align", "async", "pre_commit")
 CHOSEN = "align:2;async:3;pre_commit:2;pre_commit:1;pre_commit:1"
 
 
-class ChaosCsv(CsvFile):
-    """A transactional CSV sink whose executors carry the chosen-point kill hooks (installed in
-    the agent process when it builds its sink, if `SLASHRT_CHAOS_KILLS` is set)."""
+class _Hooked:
+    """A transactional sink whose executors carry the chosen-point kill hooks (installed in the
+    agent process when it builds its sink, if `SLASHRT_CHAOS_KILLS` is set)."""
 
     def for_executor(self, index: int):
         _install_hooks()
@@ -62,6 +67,14 @@ class ChaosCsv(CsvFile):
     def pre_commit(self, checkpoint: int) -> None:
         super().pre_commit(checkpoint)
         _reached("pre_commit")
+
+
+class ChaosCsv(_Hooked, CsvFile):
+    """A transactional CSV directory with the kill hooks."""
+
+
+class ChaosRedis(_Hooked, RedisStreamSink):
+    """A transactional Redis stream sink with the kill hooks."""
 
 
 _counts: collections.Counter = collections.Counter()  # per entry, this process's passes of its point
@@ -135,6 +148,18 @@ def published(directory) -> collections.Counter:
     return rows
 
 
+def committed(url: str, key: str, dtype) -> collections.Counter:
+    """The records a reader of the Redis stream `key` sees (what was committed), counted by
+    their bytes (one np.unique over the records, not a loop over them)."""
+    import numpy as np
+
+    from slashrt.connectors import read_stream
+
+    records = read_stream(url, key, dtype)
+    rows, counts = np.unique(records.view(np.dtype((np.void, records.dtype.itemsize))), return_counts=True)
+    return collections.Counter(dict(zip((r.tobytes() for r in rows), counts.tolist())))
+
+
 def _agents() -> list[int]:
     """The pids of this process's agent children (`slashrt.cluster.agent`), alive."""
     me, pids = os.getpid(), []
@@ -177,39 +202,119 @@ def _flow(query: str, events: int, executors: int, sink, campaigns: int = 1000):
     return make_flow(sink), inputs
 
 
+class _Files:
+    """The CSV ends: the query's generated input, each run's output a transactional directory."""
+
+    def __init__(self, query: str, events: int, executors: int, campaigns: int, directory: str):
+        self.query, self.events, self.executors, self.campaigns, self.directory = query, events, executors, campaigns, directory
+
+    def run(self, name: str, **options):
+        flow, inputs = _flow(self.query, self.events, self.executors, ChaosCsv(f"{self.directory}/{name}",
+                                                                               transactional=True), self.campaigns)
+        return slashrt.run(flow, inputs, **options)
+
+    def output(self, name: str) -> collections.Counter:
+        return published(f"{self.directory}/{name}")
+
+
+class _Redis(_Files):
+    """The Redis ends: the query's input written once into a stream (in event-time order), read
+    by a `RedisStream` shared among the executors; each run's output a transactional stream."""
+
+    def __init__(self, url: str, *args):
+        import uuid
+
+        import numpy as np
+
+        from slashrt._plan import build_plan
+        from slashrt.connectors import write_stream
+
+        super().__init__(*args)
+        self.url, self.prefix = url, f"slashrt-chaos-{uuid.uuid4().hex[:8]}"  # nothing of a user's server is touched
+        flow, inputs = _flow(self.query, self.events, self.executors, slashrt.sinks.Collect(), self.campaigns)
+        (name, make), = inputs.items()
+        records = np.concatenate([make.make(i, self.executors) for i in range(self.executors)])
+        time = next(iter(build_plan(flow).sources.values())).time
+        if time is not None:  # in event-time order, as a log of events would be
+            records = records[np.argsort(records[time], kind="stable")]
+        self.source = name
+        write_stream(url, f"{self.prefix}:events", records)
+        self.dtype = None
+
+    def run(self, name: str, **options):
+        from slashrt.connectors import RedisStream
+
+        sink = ChaosRedis(self.url, f"{self.prefix}:{name}", transactional=True)
+        flow, _ = _flow(self.query, self.events, self.executors, sink, self.campaigns)
+        result = slashrt.run(flow, {self.source: RedisStream(self.url, f"{self.prefix}:events")}, **options)
+        self.dtype = sink.record_dtype
+        return result
+
+    def output(self, name: str) -> collections.Counter:
+        return committed(self.url, f"{self.prefix}:{name}", self.dtype)
+
+    def remove(self) -> None:
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        try:
+            stale = list(client.scan_iter(match=f"{self.prefix}:*"))
+            if stale:
+                client.delete(*stale)
+        finally:
+            client.close()
+
+
 def bench(
     *, kills: int = 10, query: str = "ysb", executors: int = 2, transport: str = "shm", seed: int = 0,
     events: int = 2_000_000, interval: float = 0.05, chosen: str = CHOSEN, campaigns: int = 1000,
+    redis: bool = False, url: str | None = None,
 ) -> dict:
+    """Run the chaos trial (see the module doc); `redis`: with the Redis source and sink, on the
+    server at `url` or a throw-away redis-server."""
+    if not redis:
+        with tempfile.TemporaryDirectory(prefix="slashrt-chaos-") as directory:
+            ends = _Files(query, events, executors, campaigns, directory)
+            return _trial(ends, directory, kills, query, executors, transport, seed, events, interval, chosen, campaigns)
+    from slashrt.testing import redis_server
+
+    with contextlib.ExitStack() as stack:
+        if url is None:
+            url = stack.enter_context(redis_server()).url
+        directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="slashrt-chaos-"))
+        ends = _Redis(url, query, events, executors, campaigns, directory)
+        stack.callback(ends.remove)
+        return _trial(ends, directory, kills, query, executors, transport, seed, events, interval, chosen, campaigns)
+
+
+def _trial(ends, directory: str, kills: int, query: str, executors: int, transport: str, seed: int, events: int,
+           interval: float, chosen: str, campaigns: int) -> dict:
     fields: dict = {"query": query, "executors": executors, "transport": transport, "seed": seed, "events": events,
                     "interval_s": interval, "chosen": chosen, "campaigns": campaigns if query == "ysb" else None}
     # small rings (8 slots of 4 KiB) stretch the run to seconds: time for kills in the middle of it
     options = dict(executors=executors, transport=transport, checkpoint={"interval": interval, "keep": 3}, slots=8,
                    slot_size=4096)
-    with tempfile.TemporaryDirectory(prefix="slashrt-chaos-") as directory:
-        flow, inputs = _flow(query, events, executors, ChaosCsv(f"{directory}/ref", transactional=True), campaigns)
-        clean = slashrt.run(flow, inputs, checkpoint_dir=f"{directory}/ref-chk", **options)
-        fields["failure_free_s"] = round(clean.seconds, 3)
-        reference = published(f"{directory}/ref")
+    clean = ends.run("ref", checkpoint_dir=f"{directory}/ref-chk", **options)
+    fields["failure_free_s"] = round(clean.seconds, 3)
+    reference = ends.output("ref")
 
-        os.makedirs(f"{directory}/marks")
-        planned = len(_entries_of(chosen))
-        restart = f"fixed-delay:attempts={kills + planned + 2},delay=0"
-        flow, inputs = _flow(query, events, executors, ChaosCsv(f"{directory}/out", transactional=True), campaigns)
-        done, times = threading.Event(), []
-        killer = threading.Thread(target=_killer, args=(kills, executors, random.Random(seed), done, times), daemon=True)
-        saved = {k: os.environ.get(k) for k in (KILLS_ENV, MARKS_ENV)}
-        os.environ.update({KILLS_ENV: chosen, MARKS_ENV: f"{directory}/marks"})
-        killer.start()
-        try:
-            result = slashrt.run(flow, inputs, checkpoint_dir=f"{directory}/chk", restart=restart, **options)
-        finally:
-            done.set()
-            killer.join()
-            for k, v in saved.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-        fired = len(os.listdir(f"{directory}/marks"))
-        got = published(f"{directory}/out")
+    os.makedirs(f"{directory}/marks")
+    planned = len(_entries_of(chosen))
+    restart = f"fixed-delay:attempts={kills + planned + 2},delay=0"
+    done, times = threading.Event(), []
+    killer = threading.Thread(target=_killer, args=(kills, executors, random.Random(seed), done, times), daemon=True)
+    saved = {k: os.environ.get(k) for k in (KILLS_ENV, MARKS_ENV)}
+    os.environ.update({KILLS_ENV: chosen, MARKS_ENV: f"{directory}/marks"})
+    killer.start()
+    try:
+        result = ends.run("out", checkpoint_dir=f"{directory}/chk", restart=restart, **options)
+    finally:
+        done.set()
+        killer.join()
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    fired = len(os.listdir(f"{directory}/marks"))
+    got = ends.output("out")
     duplicates = sum(((got - reference) & got).values())
     missing = sum((reference - got).values())
     recoveries = result.recoveries
@@ -223,7 +328,7 @@ def bench(
         fields.update(_seconds(name, [r[name] for r in recoveries if "seconds" in r]))
     completed = [c for c in result.checkpoints if c["status"] == "completed"]
     fields["checkpoint_bytes"] = round(statistics.mean(c["bytes"] for c in completed)) if completed else 0
-    fields["redis"] = False
+    fields["redis"] = isinstance(ends, _Redis)
     return fields
 
 

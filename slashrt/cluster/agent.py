@@ -191,7 +191,9 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                 x = exchanges[step_id]
                 executor_inputs.append(Input(f"{step_id}.from{src}", receiver, x.inbound(src), x.exchange_dtype, lane=getattr(x, "lane", 1)))
             bound.info("executor ready", exchanges=list(exchanges),
-                       records={k: len(v) for k, v in inputs.items() if k not in targets}, ingest=sorted(targets))
+                       records={k: len(v) for k, v in inputs.items() if k not in targets and hasattr(v, "__len__")},
+                       connectors={k: repr(v) for k, v in inputs.items() if callable(getattr(v, "feed", None))},
+                       ingest=sorted(targets))
             await control.send("ready", targets)
             await control.receive("start")
 

@@ -320,10 +320,14 @@ def _shares(plan, inputs: dict, executors: int) -> list[dict]:
     shares: list[dict] = [{} for _ in range(executors)]
     for step_id, spec, value in _per_source(plan, inputs, "input"):
         name = step_id.split(".", 1)[1]
-        if callable(getattr(value, "feed", None)):  # a connector source (slashrt.connectors)
-            raise DataflowError(f"source {name!r}: {value!r} feeds one executor only for now; run with executors=1")
-        own = isinstance(value, (PerExecutor, Ingest))  # each executor makes (or opens) its own
-        parts = [value] * executors if own else split_input(validate_input(step_id, spec.schema, value), spec.time, executors)
+        if callable(getattr(value, "feed", None)):  # a connector source (slashrt.connectors): its readers
+            if not callable(getattr(value, "for_executor", None)):
+                raise DataflowError(f"source {name!r}: {value!r} feeds one executor only; run with executors=1")
+            parts = [value.for_executor(i, executors) for i in range(executors)]
+        elif isinstance(value, (PerExecutor, Ingest)):  # each executor makes (or opens) its own
+            parts = [value] * executors
+        else:
+            parts = split_input(validate_input(step_id, spec.schema, value), spec.time, executors)
         for i in range(executors):
             shares[i][name] = parts[i]
     return shares

@@ -8,6 +8,10 @@ takes part in checkpointed runs: its feeder records its position at each of the 
 `barriers`, and `resume` (that position, from the restored checkpoint) rewinds it
 (`_feed.feed_reads`). A connector sink is a sink object (open / write / close, see
 `slashrt.sinks`), with a two-phase commit per checkpoint where it offers exactly-once.
+On several executors the cluster coordinator asks a source for one reader per executor,
+`for_executor(index, executors)`, each reading the part a stable rule over the number of
+executors gives it (a FileSource's files, a RedisStream's entries) and recording its own
+position; a source without that method is refused on several executors.
 
 - `RedisStream`, `RedisStreamSink`: Redis Streams, records packed a batch an entry;
   `write_stream`, `end_stream`, `read_stream` put an array into a stream and read it back.

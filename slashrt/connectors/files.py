@@ -17,10 +17,20 @@ delivered; a run starts from it and moves it as records enter the channel, and
 CSV skips lines). A checkpointed run records the position at its barriers, with the number of
 files listed and a checksum of their names, and a resume rewinds to it over those files
 (`_cursor`, `_rewind`).
+
+On N executors the unit of assignment is the file: file k of the listing (name order, made
+once, when the source is made, in the caller's process) is read by executor k mod N, whole
+(`for_executor`). The rule depends only on the listing and N, so a restart or a resume on N
+executors gives every executor the same files and rewinds each to its own recorded position
+(a position's `file` stays an index into the whole listing); each executor's watermark is
+made from what it read. A file is the unit (as a Kafka partition is Flink's) because a
+position inside a CSV file is a line count, not a byte offset another reader could seek to;
+many files (at least one per executor) spread the work, one file is read by executor 0 alone.
 """
 
 from __future__ import annotations
 
+import copy
 import csv
 import glob
 import re
@@ -109,7 +119,9 @@ class FileSource:
     `FileSource(path, start=old.position)` when they sort after the others). Columns are
     found by the schema's field names (others are ignored). `start` (a `FilePosition`, or
     (file, offset)) skips what was delivered before. In a checkpointed run its position is
-    recorded at every barrier and a resume rewinds to it. One executor only, for now.
+    recorded at every barrier and a resume rewinds to it. On several executors file k is
+    read by executor k mod N (`for_executor`); the object's own `position` then stays put
+    (each executor's is in the checkpoints).
     """
 
     def __init__(self, path, *, format: str | None = None, start=None, batch_records: int = 65_536):
@@ -123,12 +135,22 @@ class FileSource:
         self._files = list_files(path, format)
         self._listing = _listing(self._files)  # what a checkpointed position indexes
         self._position = FilePosition(0, 0)
+        self.executor, self.executors = 0, 1  # this reader reads files k with k % executors == executor
         if start is not None:
             self.resume_from(start)
         self.delivered = 0  # records put into the channel by the runs so far
 
     def __repr__(self) -> str:
-        return f"FileSource({self.path!r}, {len(self._files)} files, position={tuple(self._position)})"
+        share = f", executor {self.executor} of {self.executors}" if self.executors > 1 else ""
+        return f"FileSource({self.path!r}, {len(self._files)} files, position={tuple(self._position)}{share})"
+
+    def for_executor(self, index: int, executors: int) -> FileSource:
+        """Executor `index`'s reader in a run on `executors`: the files k with k % executors ==
+        index, from this source's position on (the same listing: positions index it)."""
+        share = copy.copy(self)
+        share.executor, share.executors = int(index), int(executors)
+        share.delivered = 0
+        return share
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -172,12 +194,17 @@ class FileSource:
         """The position as a checkpoint records it, with the listing it indexes (how many files,
         and a checksum of their names)."""
         return {"file": self._position.file, "offset": self._position.offset, "files": len(self._files),
-                "listing": self._listing}
+                "listing": self._listing, "executors": self.executors}
 
     def _rewind(self, cursor: dict) -> None:
         """Back to a recorded cursor, over the files listed then: files added since (sorting
         after them) are left for a next source, as the checkpointed run never saw them."""
         count = cursor["files"]
+        if cursor.get("executors", 1) != self.executors:  # (the coordinator refuses it before: one sentence there)
+            raise ConnectorError(
+                f"FileSource {self.path!r}: the checkpoint shared its files among {cursor.get('executors', 1)} "
+                f"executor(s), this run among {self.executors}: resume it on as many executors"
+            )
         if count > len(self._files) or _listing(self._files[:count]) != cursor["listing"]:
             raise ConnectorError(
                 f"FileSource {self.path!r}: the checkpoint was taken over {count} files, which are not the first {count} "
@@ -193,6 +220,9 @@ class FileSource:
 
     def _resume_hint(self, delivered: int) -> str:
         file, offset = self._position
+        if self.executors > 1:  # a position of one executor's share: checkpoints rewind each by itself
+            return (f"executor {self.executor} of {self.executors} had delivered {delivered} records (up to record "
+                    f"{offset} of file {file}): run it with checkpoint_dir= to resume every executor where it was")
         return (f"the {delivered} records before it were delivered (up to record {offset} of file {file}): "
                 f"resume_from({tuple(self._position)}) reads on from there")
 
@@ -210,6 +240,8 @@ class FileSource:
 
     def _batches(self, schema: Schema, start: FilePosition) -> Iterator[tuple[np.ndarray, FilePosition]]:
         for index in range(start.file, len(self._files)):
+            if index % self.executors != self.executor:  # another executor's file
+                continue
             path, kind = self._files[index]
             offset = start.offset if index == start.file else 0
             for records in _READERS[kind](path, schema, offset, self.batch_records, index):

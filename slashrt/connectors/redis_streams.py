@@ -7,11 +7,25 @@ channel, and feeds their records through `slashrt.connectors._feed.feed_reads` (
 watermarks in band). Its `position` is the id of the last entry whose records
 are in the channel; `resume_from(id)` makes the next run read the entries after `id`. A
 checkpointed run records it (and a bounded read's end) at every barrier and rewinds to it.
+
+On N executors the stream is shared by a stable rule over its entries: executor i keeps the
+entries whose id's CRC-32 is i mod N (`owner`), and every executor sees the end entry
+(`for_executor`). Each executor reads the whole stream (one XRANGE or XREAD per `count`
+entries, others' entries dropped before decoding) and records its own position, the id of the
+last entry it read, its own or not: rewinding executor i to it reads again exactly the
+entries of i after it, whatever the others did; each executor's watermark is made from the
+records it kept. A rule over ids, not consumer groups (XREADGROUP): which consumer gets an
+entry there depends on timing, so a rewound executor would not get the same entries again.
+Ids, not entry numbers: an id does not change when older entries are trimmed. The cost: every
+executor transfers every entry (N times the reads of one). The start ('$') and a bounded
+read's end are fixed once, in the caller's process, so every executor reads the same range.
 """
 
 from __future__ import annotations
 
+import copy
 import re
+import zlib
 from typing import NamedTuple
 
 import numpy as np
@@ -71,6 +85,11 @@ def _order(stream_id: str) -> tuple[int, int]:
     return int(ms), int(seq)
 
 
+def owner(entry_id: bytes, executors: int) -> int:
+    """The executor (of `executors`) that reads the entry `entry_id` of a shared stream."""
+    return zlib.crc32(entry_id) % executors
+
+
 class RedisStream:
     """Input of a source: the records packed in the Redis stream `stream_key` at `url`.
 
@@ -82,7 +101,9 @@ class RedisStream:
     arrives (`end_stream`; it ends a bounded read too); a stream that does not exist yet is
     waited for. Each read takes up to `count` entries. An entry written with another schema, or malformed, fails the run
     naming its id; so does a server that goes away, after the records read before it were
-    delivered. One executor only, for now.
+    delivered. On several executors the entries are shared among them by their ids (`owner`,
+    `for_executor`); the object's own `position` then stays put (each executor's is in the
+    checkpoints).
     """
 
     def __init__(self, url: str, stream_key: str, *, start: str = "0-0", block_ms: int = 500,
@@ -105,9 +126,34 @@ class RedisStream:
         self._entries: int | None = None  # entries ever added up to the position (None: not known)
         self._rewound = False  # at a checkpoint's position: entries deleted after it are missing input
         self.delivered = 0  # records put into the channel by the runs so far
+        self.executor, self.executors = 0, 1  # this reader keeps the entries `owner` gives `executor`
+        self._fixed_end: str | None = None  # a shared bounded read's end, fixed for every executor
+        self._range: tuple[str, str | None] | None = None  # (start, end) fixed for a run on several executors
+
+    def __getstate__(self) -> dict:  # to executor processes: the URL, not a client (locks, sockets)
+        return {k: v for k, v in self.__dict__.items() if k != "_client"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._client = connect(self.url, read_timeout=self.block_ms / 1000 + 30.0)
+
+    def for_executor(self, index: int, executors: int) -> RedisStream:
+        """Executor `index`'s reader in a run on `executors`: the entries `owner` gives it,
+        from this source's position on. The start ('$' resolved) and a bounded read's end are
+        fixed at the first call, here, so that every executor (and every restart) reads the same
+        range; a stream that is not there, or not a stream, is refused now."""
+        if self._range is None:
+            self._range = self._begin()
+            self._client.connection_pool.disconnect()  # (the readers connect in their own processes)
+        share = copy.copy(self)
+        share.executor, share.executors = int(index), int(executors)
+        share._position, share._fixed_end = self._range
+        share.delivered = 0
+        return share
 
     def __repr__(self) -> str:
-        return f"RedisStream({shown(self.url)!r}, {self.stream_key!r}, position={self._position!r})"
+        share = f", executor {self.executor} of {self.executors}" if self.executors > 1 else ""
+        return f"RedisStream({shown(self.url)!r}, {self.stream_key!r}, position={self._position!r}{share})"
 
     @property
     def position(self) -> str:
@@ -128,7 +174,7 @@ class RedisStream:
         The input hook of `slashrt._runtime.local_inputs`."""
         decoder = EntryDecoder(self.url, self.stream_key, spec.schema.dtype, f"source {spec.step_id!r}")
         # a run of its own: the end as of its start, and on after an end entry read before (unless rewound)
-        self._end, self._ended, self._rewound, self._entries = None, False, False, None
+        self._end, self._ended, self._rewound, self._entries = self._fixed_end, False, False, None
         try:
             await feed_reads(sender, spec, watermark_every=watermark_every, read=lambda reads: self._read(reads, decoder),
                              advance=self._advance, resume_hint=self._resume_hint, cursor=self._cursor,
@@ -141,10 +187,16 @@ class RedisStream:
         """The position as a checkpoint records it: the last id fed, a bounded read's end,
         whether the stream's end entry was read (a resume then reads nothing more), and how many
         entries were ever added up to the last id (to tell a stream trimmed past it)."""
-        return {"after": self._position, "end": self._end, "ended": self._ended, "entries": self._entries}
+        return {"after": self._position, "end": self._end, "ended": self._ended, "entries": self._entries,
+                "executors": self.executors}
 
     def _rewind(self, cursor: dict) -> None:
         """Back to a recorded cursor; a bounded read ends where the checkpointed run's would have."""
+        if cursor.get("executors", 1) != self.executors:  # (the coordinator refuses it before: one sentence there)
+            raise ConnectorError(
+                f"stream {self.stream_key!r}: the checkpoint shared its entries among {cursor.get('executors', 1)} "
+                f"executor(s), this run among {self.executors}: resume it on as many executors"
+            )
         self.resume_from(cursor["after"])
         self._end, self._ended, self._rewound = cursor["end"], cursor["ended"], True
         self._entries = cursor.get("entries")
@@ -157,6 +209,9 @@ class RedisStream:
         self.delivered += count
 
     def _resume_hint(self, delivered: int) -> str:
+        if self.executors > 1:  # a position of one executor's share: checkpoints rewind each by itself
+            return (f"executor {self.executor} of {self.executors} had delivered {delivered} records (up to stream id "
+                    f"{self._position}): run it with checkpoint_dir= to resume every executor where it was")
         return (f"the {delivered} records before it were delivered (up to stream id {self._position}): "
                 f"resume_from({self._position!r}) reads on from there")
 
@@ -245,7 +300,12 @@ class RedisStream:
             else:
                 got = self._client.xread({key: cursor}, count=self.count, block=self.block_ms)
                 entries = got[0][1] if got else []
-        records, last, ended, error = decoder.decode(entries)
+        mine = entries
+        if self.executors > 1:  # per entry (a batch of records each): the others' are not decoded
+            mine = [e for e in entries if END_FIELD in e[1] or owner(e[0], self.executors) == self.executor]
+        records, last, ended, error = decoder.decode(mine)
+        if error is None and not ended and entries:  # read up to the last entry, its own or another's
+            last = entries[-1][0]
         used = 0 if last is None else next(i for i, (entry_id, _) in enumerate(entries, 1) if entry_id == last)
         return records, last, ended, error, used
 

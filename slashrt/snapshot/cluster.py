@@ -341,6 +341,11 @@ def _rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> d
         raise SnapshotError(f"{refuse} it has {partitions.pop()} SSB partitions; give partitions= the same number")
     shares = {}
     for step_id, spec, value in _per_source(plan, inputs, "input"):
+        if callable(getattr(value, "for_executor", None)) and callable(getattr(value, "feed", None)):
+            raise SnapshotError(
+                f"{refuse} source {step_id!r} reads {type(value).__name__}, whose input is assigned to executors by a "
+                f"rule over their number (slashrt.connectors); resume it with executors={was}"
+            )
         if not isinstance(value, np.ndarray):
             raise SnapshotError(
                 f"{refuse} source {step_id!r} makes its own stream per executor; only in-memory arrays are shared out anew"

@@ -243,13 +243,6 @@ def test_options_are_checked_when_made(tmp_path):
             FileSource(tmp_path, start=bad)
 
 
-def test_more_than_one_executor_is_refused_in_one_sentence(tmp_path):
-    write_files(tmp_path, "npy", [[5]])
-    with pytest.raises(DataflowError, match=r"^source 'events': FileSource\(\S+, 1 files, position=\(0, 0\)\) feeds one "
-                                            r"executor only for now; run with executors=1$"):
-        slashrt.run(passthrough(sinks.Collect()), {"events": FileSource(tmp_path)}, executors=2)
-
-
 def fails_after_delivering(tmp_path, match, *, error=ConnectorError, **options):
     """Run over tmp_path; the run must fail with `match` after delivering records: returns
     (delivered records, the source)."""

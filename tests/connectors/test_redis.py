@@ -169,11 +169,6 @@ def test_an_empty_stream_is_an_empty_input_a_missing_one_an_error(redis):
         slashrt.run(passthrough(sinks.Collect()), {"events": RedisStream(redis.url, "nope")})
 
 
-def test_more_than_one_executor_is_refused_in_one_sentence(redis):
-    with pytest.raises(DataflowError, match=r"source 'events': RedisStream.*one executor only.*executors=1"):
-        slashrt.run(passthrough(sinks.Collect()), {"events": RedisStream(redis.url, "s")}, executors=2)
-
-
 # -- bad input: one sentence each ------------------------------------------------------------------
 def test_without_redis_server_the_helper_says_how_to_install_it(monkeypatch, tmp_path):
     from slashrt.testing import redis_server
