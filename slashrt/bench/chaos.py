@@ -13,7 +13,9 @@ Two kinds of kills, all SIGKILL of a real agent process:
   them when the environment variable `SLASHRT_CHAOS_KILLS` is set (it is set only here and in
   the tests): "align" (an operator started aligning a barrier), "async" (a state part was
   written, its checkpoint not acknowledged), "pre_commit" (a sink pre-committed, the
-  checkpoint not complete). Each entry `point:k` fires once in the job's life (a marker file
+  checkpoint not complete); with an in-memory sink (`ChaosCollect`, `ChaosCallback`) also
+  "commit" (a checkpoint committed, its records not yet sent to the coordinator) and "sent"
+  (committed records sent, `slashrt.snapshot.collected`). Each entry `point:k` fires once in the job's life (a marker file
   under `SLASHRT_CHAOS_DIR` claims it; whichever executor reaches its k-th `point` first dies),
   in order, each in an attempt (agents) started after the previous one fired: two entries
   `pre_commit:1` in a row kill the job twice before any checkpoint completes.
@@ -41,12 +43,12 @@ import time
 from pathlib import Path
 
 import slashrt
-from slashrt.ops.sinks import CsvFile
+from slashrt.ops.sinks import Callback, Collect, CsvFile
 
-__all__ = ["bench", "ChaosCsv", "CHOSEN", "published"]
+__all__ = ["bench", "ChaosCsv", "ChaosCollect", "ChaosCallback", "CHOSEN", "published"]
 
 KILLS_ENV, MARKS_ENV = "SLASHRT_CHAOS_KILLS", "SLASHRT_CHAOS_DIR"
-POINTS = ("align", "async", "pre_commit")
+POINTS = ("align", "async", "pre_commit", "commit", "sent")
 # during alignment, during the asynchronous write, between pre-commit and commit, twice in a row
 CHOSEN = "align:2;async:3;pre_commit:2;pre_commit:1;pre_commit:1"
 
@@ -62,6 +64,31 @@ class ChaosCsv(CsvFile):
     def pre_commit(self, checkpoint: int) -> None:
         super().pre_commit(checkpoint)
         _reached("pre_commit")
+
+
+class ChaosCollect(Collect):
+    """A Collect whose executors carry the kill hooks (installed in the agent process when it
+    unpickles the sink, if `SLASHRT_CHAOS_KILLS` is set)."""
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        _install_hooks()
+
+    def pre_commit(self, checkpoint: int) -> None:
+        super().pre_commit(checkpoint)
+        _reached("pre_commit")
+
+    def commit(self, checkpoint: int) -> None:
+        super().commit(checkpoint)
+        _reached("commit")
+
+
+class ChaosCallback(Callback):
+    """A Callback whose executors collect into a `ChaosCollect`."""
+
+    def for_executor(self, index: int, *, transactional: bool = False) -> Collect:
+        _install_hooks()
+        return ChaosCollect(transactional=transactional)
 
 
 _counts: collections.Counter = collections.Counter()  # per entry, this process's passes of its point
@@ -100,12 +127,13 @@ def _reached(point: str) -> None:
 
 
 def _install_hooks() -> None:
-    """Wrap, in this agent process, the moments "align" and "async" pass (once per process)."""
+    """Wrap, in this agent process, the moments "align", "async" and "sent" pass (once per process)."""
     global _installed
     if _installed or not os.environ.get(KILLS_ENV):
         return
     _installed = True
     from slashrt.snapshot import alignment
+    from slashrt.snapshot.cluster import AgentCheckpointing
     from slashrt.snapshot.storage import SnapshotStore
 
     barrier, write_part = alignment._Idle.barrier, SnapshotStore.write_part
@@ -124,6 +152,16 @@ def _install_hooks() -> None:
         return part
 
     alignment._Idle.barrier, SnapshotStore.write_part = aligning, writing
+    send = AgentCheckpointing._send
+
+    @functools.wraps(send)
+    async def sending(self, kind, payload=None):
+        records = len(self.outbox)
+        await send(self, kind, payload)
+        if records:
+            _reached("sent")
+
+    AgentCheckpointing._send = sending
 
 
 def published(directory) -> collections.Counter:
