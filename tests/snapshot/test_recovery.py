@@ -132,7 +132,7 @@ def test_what_cannot_be_restarted_is_refused_before_anything_starts(tmp_path, op
     options = {k: (str(tmp_path) if v == "X" else v) for k, v in options.items()}
     with pytest.raises(SlashError, match=message):
         slashrt.run(flow(tmp_path / "out"), {"r": DATA[:1000]}, **options)
-    with pytest.raises(SlashError, match="sink 'recovery.out' \\(Collect\\) keeps what an executor committed"):
+    with pytest.raises(SlashError, match="sink 'recovery.out' is a Collect without transactional=True"):
         job = Dataflow("recovery")
         job.source("r", _cluster_child.SCHEMA, time="t").sink(Collect(), name="out")
         slashrt.run(job, {"r": DATA[:1000]}, executors=2, checkpoint_dir=tmp_path, restart="fixed-delay")
