@@ -2,7 +2,7 @@
 by its restart strategy, and whose committed output is checked against a failure-free run's.
 
     slashrt bench chaos [--kills N] [--query ysb|nexmark] [--executors N] [--transport shm|tcp]
-                        [--seed S] [--events N] [--campaigns N] [--json]
+                        [--sink csv|collect] [--seed S] [--events N] [--campaigns N] [--json]
 
 Two kinds of kills, all SIGKILL of a real agent process:
 - `kills` at random moments (seeded): a thread of this process picks one of the job's agents
@@ -21,7 +21,9 @@ Two kinds of kills, all SIGKILL of a real agent process:
   `pre_commit:1` in a row kill the job twice before any checkpoint completes.
 
 The sink is a transactional CSV directory (`ChaosCsv`): what a reader sees is what was
-committed. The JSON: kills, recoveries, correct, duplicates (rows committed more often than in
+committed; or with `--sink collect` a transactional Collect (`ChaosCollect`): what the run
+returns, which its executors sent the coordinator as they committed it (`CHOSEN_COLLECT`: also
+after a commit before its records were sent, and after they were sent). The JSON: kills, recoveries, correct, duplicates (rows committed more often than in
 the failure-free run), missing (rows committed less often), recovery seconds (p50 / max) from
 each death (the killed agent's exit, as the coordinator saw it) to processing again, made of
 detect_s (death to the failure raised), respawn_s (reaping the old agents, the strategy's delay,
@@ -51,6 +53,10 @@ KILLS_ENV, MARKS_ENV = "SLASHRT_CHAOS_KILLS", "SLASHRT_CHAOS_DIR"
 POINTS = ("align", "async", "pre_commit", "commit", "sent")
 # during alignment, during the asynchronous write, between pre-commit and commit, twice in a row
 CHOSEN = "align:2;async:3;pre_commit:2;pre_commit:1;pre_commit:1"
+# with a Collect: alignment, asynchronous write, between pre-commit and commit, after a commit
+# before its records were sent, then after sending them (twice in a row)
+CHOSEN_COLLECT = "align:2;async:3;pre_commit:2;commit:1;sent:1"
+SINKS = ("csv", "collect")
 
 
 class ChaosCsv(CsvFile):
@@ -208,6 +214,17 @@ def _killer(kills: int, executors: int, rng: random.Random, done: threading.Even
         times.append(time.monotonic())
 
 
+def _sink(kind: str, directory: str):
+    return ChaosCsv(directory, transactional=True) if kind == "csv" else ChaosCollect(transactional=True)
+
+
+def _committed(kind: str, sink, directory: str) -> collections.Counter:
+    """The rows `sink` committed, counted: the CSV directory's published parts, or a Collect's records."""
+    if kind == "csv":
+        return published(directory)
+    return collections.Counter(map(tuple, sink.records.tolist()))
+
+
 def _flow(query: str, events: int, executors: int, sink, campaigns: int = 1000):
     from slashrt.bench.checkpoint import _query
 
@@ -217,23 +234,30 @@ def _flow(query: str, events: int, executors: int, sink, campaigns: int = 1000):
 
 def bench(
     *, kills: int = 10, query: str = "ysb", executors: int = 2, transport: str = "shm", seed: int = 0,
-    events: int = 2_000_000, interval: float = 0.05, chosen: str = CHOSEN, campaigns: int = 1000,
+    events: int = 2_000_000, interval: float = 0.05, chosen: str | None = None, campaigns: int = 1000,
+    sink: str = "csv",
 ) -> dict:
+    if sink not in SINKS:
+        raise ValueError(f"sink must be one of {', '.join(SINKS)}, got {sink!r}")
+    chosen = (CHOSEN if sink == "csv" else CHOSEN_COLLECT) if chosen is None else chosen
     fields: dict = {"query": query, "executors": executors, "transport": transport, "seed": seed, "events": events,
-                    "interval_s": interval, "chosen": chosen, "campaigns": campaigns if query == "ysb" else None}
+                    "interval_s": interval, "chosen": chosen, "campaigns": campaigns if query == "ysb" else None,
+                    "sink": sink}
     # small rings (8 slots of 4 KiB) stretch the run to seconds: time for kills in the middle of it
     options = dict(executors=executors, transport=transport, checkpoint={"interval": interval, "keep": 3}, slots=8,
                    slot_size=4096)
     with tempfile.TemporaryDirectory(prefix="slashrt-chaos-") as directory:
-        flow, inputs = _flow(query, events, executors, ChaosCsv(f"{directory}/ref", transactional=True), campaigns)
+        out = _sink(sink, f"{directory}/ref")
+        flow, inputs = _flow(query, events, executors, out, campaigns)
         clean = slashrt.run(flow, inputs, checkpoint_dir=f"{directory}/ref-chk", **options)
         fields["failure_free_s"] = round(clean.seconds, 3)
-        reference = published(f"{directory}/ref")
+        reference = _committed(sink, out, f"{directory}/ref")
 
         os.makedirs(f"{directory}/marks")
         planned = len(_entries_of(chosen))
         restart = f"fixed-delay:attempts={kills + planned + 2},delay=0"
-        flow, inputs = _flow(query, events, executors, ChaosCsv(f"{directory}/out", transactional=True), campaigns)
+        out = _sink(sink, f"{directory}/out")
+        flow, inputs = _flow(query, events, executors, out, campaigns)
         done, times = threading.Event(), []
         killer = threading.Thread(target=_killer, args=(kills, executors, random.Random(seed), done, times), daemon=True)
         saved = {k: os.environ.get(k) for k in (KILLS_ENV, MARKS_ENV)}
@@ -247,7 +271,7 @@ def bench(
             for k, v in saved.items():
                 os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
         fired = len(os.listdir(f"{directory}/marks"))
-        got = published(f"{directory}/out")
+        got = _committed(sink, out, f"{directory}/out")
     duplicates = sum(((got - reference) & got).values())
     missing = sum((reference - got).values())
     recoveries = result.recoveries
