@@ -8,7 +8,7 @@
     slashrt bench redis [--url URL] [--checkpoint-interval S] [--json]   YSB from a Redis stream to a Redis stream
     slashrt bench files [--checkpoint-interval S] [--json]   YSB from Parquet, CSV and .npy files (FileSource)
     slashrt bench checkpoint [--query ysb|nexmark] [--interval S] [--executors N] [--json]   what checkpoints cost
-    slashrt bench chaos [--kills N] [--query ysb|nexmark] [--executors N] [--transport shm|tcp] [--seed S] [--redis] [--json]   exactly once under SIGKILLs
+    slashrt bench chaos [--kills N] [--query ysb|nexmark] [--executors N] [--transport shm|tcp] [--sink csv|collect] [--seed S] [--redis] [--json]   exactly once under SIGKILLs
     slashrt bench report                        the scaling and skew sweeps, with plots
     slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
         [--executors K --transport shm|tcp]     ... labels partitioned over K executors
@@ -255,6 +255,8 @@ def _parser() -> argparse.ArgumentParser:
     chaos.add_argument("--query", dest="chaos_query", choices=["ysb", "nexmark"], default="ysb")
     chaos.add_argument("--executors", type=int, default=2, help="executor processes (2 or more)")
     chaos.add_argument("--transport", choices=["shm", "tcp"], default="shm")
+    chaos.add_argument("--sink", choices=["csv", "collect"], default="csv",
+                       help="the job's sink: a transactional CSV directory, or a transactional Collect")
     chaos.add_argument("--seed", type=int, default=0, help="seeds the random kill moments and victims")
     chaos.add_argument("--events", type=_positive_int, default=2_000_000)
     chaos.add_argument("--campaigns", type=_positive_int, default=1000, help="YSB campaigns: the state's size (ysb only)")
@@ -555,12 +557,15 @@ def _run_bench(args, given: set[str]) -> dict:
                            "give --executors 2 or more")
         if args.redis:
             _require(("redis",), "redis", "`slashrt bench chaos --redis`")
+            if "sink" in given:
+                raise _Refused("--sink: the --redis trial writes to a transactional Redis stream; --sink chooses the "
+                               "sink of the other trials")
         if args.chaos_query != "ysb" and "campaigns" in given:
             raise _Refused("--campaigns applies to --query ysb (NEXMark Q7 has no campaigns)")
         from slashrt.bench import chaos
 
         return chaos.bench(kills=args.kills, query=args.chaos_query, executors=args.executors, transport=args.transport,
-                           seed=args.seed, events=args.events, campaigns=args.campaigns, redis=args.redis)
+                           seed=args.seed, events=args.events, campaigns=args.campaigns, redis=args.redis, sink=args.sink)
     if path == "checkpoint":
         from slashrt.bench import checkpoint
 

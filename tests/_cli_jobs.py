@@ -47,6 +47,17 @@ def csv_counts():
     return flow, {"events": records()}
 
 
+def collect_counts():
+    """`counts` into a transactional Collect whose executors carry the chaos bench's kill hooks:
+    what `--restart` recovers for in-memory sinks."""
+    from slashrt.bench.chaos import ChaosCollect
+
+    flow = Dataflow("collect-counts")
+    flow.source("events", SCHEMA, time="t").window(Tumbling(ms=WINDOW_MS)).count(key="k").sink(
+        ChaosCollect(transactional=True), name="out")
+    return flow, {"events": records()}
+
+
 job = counts
 PAIR = counts()
 

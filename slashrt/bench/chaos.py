@@ -2,7 +2,7 @@
 by its restart strategy, and whose committed output is checked against a failure-free run's.
 
     slashrt bench chaos [--kills N] [--query ysb|nexmark] [--executors N] [--transport shm|tcp]
-                        [--seed S] [--events N] [--campaigns N] [--redis] [--json]
+                        [--sink csv|collect] [--seed S] [--events N] [--campaigns N] [--redis] [--json]
 
 Two kinds of kills, all SIGKILL of a real agent process:
 - `kills` at random moments (seeded): a thread of this process picks one of the job's agents
@@ -13,13 +13,17 @@ Two kinds of kills, all SIGKILL of a real agent process:
   them when the environment variable `SLASHRT_CHAOS_KILLS` is set (it is set only here and in
   the tests): "align" (an operator started aligning a barrier), "async" (a state part was
   written, its checkpoint not acknowledged), "pre_commit" (a sink pre-committed, the
-  checkpoint not complete). Each entry `point:k` fires once in the job's life (a marker file
+  checkpoint not complete); with an in-memory sink (`ChaosCollect`, `ChaosCallback`) also
+  "commit" (a checkpoint committed, its records not yet sent to the coordinator) and "sent"
+  (committed records sent, `slashrt.snapshot.collected`). Each entry `point:k` fires once in the job's life (a marker file
   under `SLASHRT_CHAOS_DIR` claims it; whichever executor reaches its k-th `point` first dies),
   in order, each in an attempt (agents) started after the previous one fired: two entries
   `pre_commit:1` in a row kill the job twice before any checkpoint completes.
 
 The sink is a transactional CSV directory (`ChaosCsv`): what a reader sees is what was
-committed. With `redis` the input is a Redis stream (`RedisStream`, its entries shared among
+committed; or with `--sink collect` a transactional Collect (`ChaosCollect`): what the run
+returns, which its executors sent the coordinator as they committed it (`CHOSEN_COLLECT`: also
+after a commit before its records were sent, and after they were sent). With `redis` the input is a Redis stream (`RedisStream`, its entries shared among
 the executors) holding the query's events in event-time order, and the sink a transactional
 Redis stream (`ChaosRedis`), on a throw-away redis-server (or the one at `url`, under fresh
 keys removed after): both ends of a broker under the same kills. The JSON: kills, recoveries, correct, duplicates (rows committed more often than in
@@ -46,14 +50,18 @@ from pathlib import Path
 
 import slashrt
 from slashrt.connectors.redis_sink import RedisStreamSink
-from slashrt.ops.sinks import CsvFile
+from slashrt.ops.sinks import Callback, Collect, CsvFile
 
-__all__ = ["bench", "ChaosCsv", "ChaosRedis", "CHOSEN", "published", "committed"]
+__all__ = ["bench", "ChaosCsv", "ChaosRedis", "ChaosCollect", "ChaosCallback", "CHOSEN", "published", "committed"]
 
 KILLS_ENV, MARKS_ENV = "SLASHRT_CHAOS_KILLS", "SLASHRT_CHAOS_DIR"
-POINTS = ("align", "async", "pre_commit")
+POINTS = ("align", "async", "pre_commit", "commit", "sent")
 # during alignment, during the asynchronous write, between pre-commit and commit, twice in a row
 CHOSEN = "align:2;async:3;pre_commit:2;pre_commit:1;pre_commit:1"
+# with a Collect: alignment, asynchronous write, between pre-commit and commit, after a commit
+# before its records were sent, then after sending them (twice in a row)
+CHOSEN_COLLECT = "align:2;async:3;pre_commit:2;commit:1;sent:1"
+SINKS = ("csv", "collect")
 
 
 class _Hooked:
@@ -75,6 +83,31 @@ class ChaosCsv(_Hooked, CsvFile):
 
 class ChaosRedis(_Hooked, RedisStreamSink):
     """A transactional Redis stream sink with the kill hooks."""
+
+
+class ChaosCollect(Collect):
+    """A Collect whose executors carry the kill hooks (installed in the agent process when it
+    unpickles the sink, if `SLASHRT_CHAOS_KILLS` is set)."""
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        _install_hooks()
+
+    def pre_commit(self, checkpoint: int) -> None:
+        super().pre_commit(checkpoint)
+        _reached("pre_commit")
+
+    def commit(self, checkpoint: int) -> None:
+        super().commit(checkpoint)
+        _reached("commit")
+
+
+class ChaosCallback(Callback):
+    """A Callback whose executors collect into a `ChaosCollect`."""
+
+    def for_executor(self, index: int, *, transactional: bool = False) -> Collect:
+        _install_hooks()
+        return ChaosCollect(transactional=transactional)
 
 
 _counts: collections.Counter = collections.Counter()  # per entry, this process's passes of its point
@@ -113,12 +146,13 @@ def _reached(point: str) -> None:
 
 
 def _install_hooks() -> None:
-    """Wrap, in this agent process, the moments "align" and "async" pass (once per process)."""
+    """Wrap, in this agent process, the moments "align", "async" and "sent" pass (once per process)."""
     global _installed
     if _installed or not os.environ.get(KILLS_ENV):
         return
     _installed = True
     from slashrt.snapshot import alignment
+    from slashrt.snapshot.cluster import AgentCheckpointing
     from slashrt.snapshot.storage import SnapshotStore
 
     barrier, write_part = alignment._Idle.barrier, SnapshotStore.write_part
@@ -137,6 +171,16 @@ def _install_hooks() -> None:
         return part
 
     alignment._Idle.barrier, SnapshotStore.write_part = aligning, writing
+    send = AgentCheckpointing._send
+
+    @functools.wraps(send)
+    async def sending(self, kind, payload=None):
+        records = len(self.outbox)
+        await send(self, kind, payload)
+        if records:
+            _reached("sent")
+
+    AgentCheckpointing._send = sending
 
 
 def published(directory) -> collections.Counter:
@@ -207,6 +251,7 @@ class _Files:
 
     def __init__(self, query: str, events: int, executors: int, campaigns: int, directory: str):
         self.query, self.events, self.executors, self.campaigns, self.directory = query, events, executors, campaigns, directory
+        self.sinks: dict = {}
 
     def run(self, name: str, **options):
         flow, inputs = _flow(self.query, self.events, self.executors, ChaosCsv(f"{self.directory}/{name}",
@@ -215,6 +260,19 @@ class _Files:
 
     def output(self, name: str) -> collections.Counter:
         return published(f"{self.directory}/{name}")
+
+
+class _Collected(_Files):
+    """The Collect end: the query's generated input, each run's output a transactional
+    `ChaosCollect` (what the run returns: what its executors committed and sent the coordinator)."""
+
+    def run(self, name: str, **options):
+        sink = self.sinks[name] = ChaosCollect(transactional=True)
+        flow, inputs = _flow(self.query, self.events, self.executors, sink, self.campaigns)
+        return slashrt.run(flow, inputs, **options)
+
+    def output(self, name: str) -> collections.Counter:
+        return collections.Counter(map(tuple, self.sinks[name].records.tolist()))
 
 
 class _Redis(_Files):
@@ -267,14 +325,19 @@ class _Redis(_Files):
 
 def bench(
     *, kills: int = 10, query: str = "ysb", executors: int = 2, transport: str = "shm", seed: int = 0,
-    events: int = 2_000_000, interval: float = 0.05, chosen: str = CHOSEN, campaigns: int = 1000,
-    redis: bool = False, url: str | None = None,
+    events: int = 2_000_000, interval: float = 0.05, chosen: str | None = None, campaigns: int = 1000,
+    redis: bool = False, url: str | None = None, sink: str = "csv",
 ) -> dict:
     """Run the chaos trial (see the module doc); `redis`: with the Redis source and sink, on the
-    server at `url` or a throw-away redis-server."""
+    server at `url` or a throw-away redis-server; `sink`: "csv" or "collect" (without `redis`)."""
+    if sink not in SINKS:
+        raise ValueError(f"sink must be one of {', '.join(SINKS)}, got {sink!r}")
+    if redis and sink != "csv":
+        raise ValueError("redis: the Redis trial has a Redis sink; sink= chooses the sink of the other trials")
+    chosen = (CHOSEN_COLLECT if sink == "collect" else CHOSEN) if chosen is None else chosen
     if not redis:
         with tempfile.TemporaryDirectory(prefix="slashrt-chaos-") as directory:
-            ends = _Files(query, events, executors, campaigns, directory)
+            ends = (_Collected if sink == "collect" else _Files)(query, events, executors, campaigns, directory)
             return _trial(ends, directory, kills, query, executors, transport, seed, events, interval, chosen, campaigns)
     from slashrt.testing import redis_server
 
@@ -329,6 +392,7 @@ def _trial(ends, directory: str, kills: int, query: str, executors: int, transpo
     completed = [c for c in result.checkpoints if c["status"] == "completed"]
     fields["checkpoint_bytes"] = round(statistics.mean(c["bytes"] for c in completed)) if completed else 0
     fields["redis"] = isinstance(ends, _Redis)
+    fields["sink"] = "redis" if isinstance(ends, _Redis) else "collect" if isinstance(ends, _Collected) else "csv"
     return fields
 
 

@@ -45,6 +45,7 @@ from slashrt.cluster._reports import AGENT_MARKER, AgentReporter
 from slashrt.cluster._job import Ingest, Job, PerExecutor
 from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent
 from slashrt.errors import ChannelClosed, OperatorError, unwrap_groups
+from slashrt.ops.sinks import Callback
 from slashrt.scheduler import Input
 from slashrt.scheduler._bus_counts import initial_capabilities
 from slashrt.snapshot.cluster import agent_checkpointing
@@ -68,11 +69,14 @@ class CoordinatorGone(ChannelClosed):
     during a job."""
 
 
-def _executor_sinks(plan, index: int) -> None:
-    """File sinks write one file per executor (part files), not one file from many processes."""
+def _executor_sinks(plan, index: int, checkpointed: bool) -> None:
+    """File sinks write one file per executor (part files), not one file from many processes;
+    a Callback collects here, transactionally in a checkpointed run (what is committed goes to
+    the coordinator, `slashrt.snapshot.collected`)."""
     for node in plan.sinks:
-        part = getattr(node.sink, "for_executor", None)
-        if part is not None:
+        if isinstance(node.sink, Callback):
+            node.sink = node.sink.for_executor(index, transactional=checkpointed)
+        elif (part := getattr(node.sink, "for_executor", None)) is not None:
             node.sink = part(index)
 
 
@@ -105,7 +109,7 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
         job.index, Partitioning(job.partitions, job.executors), job.mode, job.epoch_bytes, routing, progress
     )
     plan = build_plan(job.flow, role)
-    _executor_sinks(plan, job.index)
+    _executor_sinks(plan, job.index, job.checkpoint is not None)
     exchanges = {x.step_id: x for x in plan.exchanges()}
     peers = [e for e in range(job.executors) if e != job.index]
     slot_size = opts.pop("slot_size", DEFAULT_SLOT_SIZE)

@@ -56,6 +56,7 @@ from slashrt.ops.sinks import Callback, Collect
 from slashrt.ops.sources import validate_input
 from slashrt.ops.ssb_window import DEFAULT_EPOCH_BYTES, check_routing
 from slashrt.snapshot.cluster import cluster_checkpoints
+from slashrt.snapshot.collected import COMMITTED, Committed
 from slashrt.snapshot.restart import GiveUp, NoRestart, parse_restart
 from slashrt.ssb.partitions import DEFAULT_PARTITIONS, Partitioning
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, HandshakeTimeout, client_handshake, generate_secret, load_secret
@@ -333,19 +334,25 @@ def _shares(plan, inputs: dict, executors: int) -> list[dict]:
     return shares
 
 
-def _combine(plan, results: list[RunResult], seconds: float, checkpoints=()) -> RunResult:
+def _combine(plan, results: list[RunResult], seconds: float, checkpoints=(), committed: Committed | None = None) -> RunResult:
+    """The run's result out of every executor's; the records of in-memory sinks per executor
+    from its "done" message, or in a checkpointed run, of transactional ones, as committed."""
     outputs = {}
     for node in plan.sinks:
+        if not isinstance(node.sink, (Collect, Callback)):
+            continue
+        parts = [r.outputs.get(node.step_id) for r in results]
+        if committed is not None and getattr(node.sink, "transactional", True):  # a Callback: collected so
+            parts = committed.parts(node.step_id, len(results))
         if isinstance(node.sink, Collect):  # the user's own Collect: fill it as a local run would
             node.sink.open()
-            for r in results:
-                part = r.outputs.get(node.step_id)
-                if part is not None:  # a transactional one's: committed on its executor
+            for part in parts:
+                if part is not None:  # a transactional one's: committed
                     (node.sink.publish if node.sink.transactional else node.sink.write)(part)
             node.sink.close()
             outputs[node.step_id] = node.sink.records
         elif isinstance(node.sink, Callback):  # it collected on each executor (for_executor)
-            node.sink.deliver(node.step_id, [r.outputs.get(node.step_id) for r in results])
+            node.sink.deliver(node.step_id, parts)
     late = {}
     for r in results:
         for step, n in r.late_records.items():
@@ -370,11 +377,12 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, **options) -> R
     if not isinstance(strategy, NoRestart):
         _check_restartable(flow, options)
     recoveries: list[dict] = []
+    committed = Committed()  # what in-memory sinks committed, kept across attempts
     while True:
         marks: dict = {"fail_grace": 1.0 if isinstance(strategy, NoRestart) else 0.2}
         recovering = recoveries[-1] if recoveries else None  # the recovery this attempt makes
         try:
-            result = await _run_attempt(flow, inputs, marks=marks, **dict(options))
+            result = await _run_attempt(flow, inputs, marks=marks, committed=committed, **dict(options))
         except ClusterError as exc:
             failed_at = time.monotonic()
             if isinstance(strategy, NoRestart) or not exc.retryable and "started" not in marks:
@@ -412,10 +420,10 @@ def _check_restartable(flow, options: dict) -> None:
         )
     for step_id, step in flow.steps.items():
         sink = getattr(step, "sink", None)
-        if isinstance(sink, (Collect, Callback)):
+        if isinstance(sink, Collect) and not sink.transactional:
             raise DataflowError(
-                f"run(): restart=: sink {step_id!r} ({type(sink).__name__}) keeps what an executor committed in that "
-                "executor's memory, which its death loses: use a transactional file or Redis sink with restart="
+                f"run(): restart=: sink {step_id!r} is a Collect without transactional=True, which would return again "
+                "what a recovery replays: make it Collect(transactional=True)"
             )
 
 
@@ -433,6 +441,7 @@ async def _run_attempt(
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
     marks: dict | None = None,
+    committed: Committed | None = None,
     **options,
 ) -> RunResult:
     """Run `flow` on N executors once: `executors` is a count (local processes spawned here) or a
@@ -444,7 +453,8 @@ async def _run_attempt(
     before the run starts; `Ingest` inputs need it (it is how their producers find them).
     The coordinator and every agent send each other a heartbeat every `heartbeat_interval`
     seconds; an executor silent for `heartbeat_timeout` seconds fails the job (and an agent
-    whose coordinator is silent that long stops its job)."""
+    whose coordinator is silent that long stops its job). `committed` keeps what in-memory
+    sinks committed (across the attempts of a recovery loop)."""
     plan = build_plan(flow)
     check_cluster_flow(flow, options.get("progress"))
     if mode not in MODES:
@@ -469,6 +479,9 @@ async def _run_attempt(
     role = ClusterRole(0, Partitioning(partitions, n), mode, epoch_bytes, options.get("ssb_routing", "auto"),
                        options.get("progress", "watermark"))
     checkpoints = cluster_checkpoints(flow, plan, build_plan(flow, role), inputs, n, options)
+    if checkpoints is not None:  # what was committed after the checkpoint resumed from is produced again
+        committed = Committed() if committed is None else committed
+        committed.restored(checkpoints.job["restore"])
     for name, parts in ({} if checkpoints is None else checkpoints.shares).items():  # a rescaled resume's
         for i in range(n):
             shares[i][name] = parts[i]
@@ -507,7 +520,7 @@ async def _run_attempt(
                         raise await _unreachable(i, procs, f"cannot authenticate executor {i} at {host}:{port}: {exc}") from None
                     links.append(Link(stream, interval=heartbeat_interval, timeout=heartbeat_timeout))
                     links[-1].start(nursery)
-                handlers = {} if checkpoints is None else checkpoints.handlers()
+                handlers = {} if checkpoints is None else {**checkpoints.handlers(), COMMITTED: committed.receive}
                 if reports is not None:  # executors' progress reports, handled as they come, never queued
                     handlers["report"] = reports.receive
                     nursery.start_soon(reports.run)
@@ -560,7 +573,8 @@ async def _run_attempt(
             await _reap(procs, grace=5.0 if results is not None else marks.get("fail_grace", 1.0))
             if agents is not None:
                 marks["ended_at"] = agents.ended_at
-    result = _combine(plan, results, seconds, [] if checkpoints is None else checkpoints.report())
+    result = _combine(plan, results, seconds, [] if checkpoints is None else checkpoints.report(),
+                      None if checkpoints is None else committed)
     if checkpoints is not None:
         result.resumed_from = checkpoints.job["restore"]
     bound.info("cluster run finished", seconds=round(seconds, 6))

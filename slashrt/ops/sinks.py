@@ -37,7 +37,9 @@ class Collect:
 
     Batches are kept as they come and joined into one array when `records` is first read,
     so collecting costs one copy at most (none for batches the runtime made for the sink).
-    With `transactional=True`, records show in `records` only once committed (two-phase commit)."""
+    With `transactional=True`, records show in `records` only once committed (two-phase commit);
+    on an executor of a cluster run, committed records go to the coordinator instead
+    (`hand_commits_to`), which fills the user's Collect with them."""
 
     default_name = "collect"
 
@@ -48,6 +50,7 @@ class Collect:
         self._records: np.ndarray | None = None
         self._expected: np.dtype | None = None  # the dtype of the stream, from the plan
         self._opened = False  # a run delivered to it (else: no result at all, not an empty one)
+        self._hand = None  # fn(checkpoint, batches) taking committed records instead of `records`
         self.step_id: str | None = None
 
     def bind(self, step_id: str) -> None:
@@ -68,6 +71,11 @@ class Collect:
         owned = records if records.flags.owndata else records.copy()
         (self._transactions.add if self.transactional else self._parts.append)(owned)
 
+    def hand_commits_to(self, hand) -> None:
+        """From now on, each commit calls `hand(checkpoint, batches)` per committed checkpoint
+        (in checkpoint order) instead of keeping its records (an agent sends them on)."""
+        self._hand = hand
+
     def publish(self, records: np.ndarray) -> None:
         """Records committed elsewhere (by an executor of a cluster run): shown at once."""
         self._parts.append(records)
@@ -77,7 +85,8 @@ class Collect:
         self._transactions.pre_commit(checkpoint)
 
     def commit(self, checkpoint: int) -> None:
-        self._parts.extend(self._transactions.commit(checkpoint))
+        for n, batches in self._transactions.commit(checkpoint).items():
+            self._hand(n, batches) if self._hand is not None else self._parts.extend(batches)
 
     def abort(self, checkpoint: int) -> None:
         self._transactions.abort(checkpoint)
@@ -107,15 +116,16 @@ class Callback:
 
     In a multi-executor run `fn` runs in your process, not the executors': each executor
     collects what reaches its sink (`for_executor`), and the coordinator calls `fn` once per
-    executor with those records (`deliver`)."""
+    executor with those records (`deliver`). A checkpointed one collects transactionally: `fn`
+    gets exactly the committed records, so a recovery neither loses nor repeats any."""
 
     default_name = "callback"
 
     def __init__(self, fn: Callable[[np.ndarray], object]):
         self.fn = fn
 
-    def for_executor(self, index: int) -> Collect:
-        return Collect()
+    def for_executor(self, index: int, *, transactional: bool = False) -> Collect:
+        return Collect(transactional=transactional)
 
     def deliver(self, step_id: str, parts) -> None:
         """Call `fn` with each executor's records (in executor order; none for an executor

@@ -11,6 +11,8 @@
       all acked: manifest (every executor's
       positions, the executor count)
       "commit" n  ───────────────────────────>     2PC sinks commit n
+                           <───────────────────    "committed" (in-memory sinks' records:
+                                                   `slashrt.snapshot.collected`)
                            <───────────────────    "drained" (every input ended)
       every agent drained: final checkpoint F
       "checkpoint" F, then "commit" F, "finish" ─> taken at once (nothing is in flight)
@@ -34,6 +36,7 @@ import trio
 
 from slashrt.errors import OptionError, SlashError, SnapshotError
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Snapshot
+from slashrt.snapshot.collected import COMMITTED, Outbox
 from slashrt.snapshot.commit import recover
 from slashrt.snapshot.coordinator import AckStats, CheckpointCoordinator
 from slashrt.snapshot.runtime import Checkpointing, source_position
@@ -60,6 +63,7 @@ class AgentCheckpointing(Checkpointing):
         self._requested: set[int] = set()
         self._drained = False
         self._released = trio.Event()  # "finish": the final checkpoint is committed
+        self.outbox = Outbox(plan)  # committed records of in-memory sinks, for the coordinator
 
     rescaled: dict | None = None  # resuming a checkpoint of another executor count: the states reassigned here
 
@@ -93,6 +97,8 @@ class AgentCheckpointing(Checkpointing):
         elif kind == "commit":
             for sink in self.sinks:
                 sink.commit(n)
+            if self._nursery is not None:  # (else the next message takes them)
+                self._nursery.start_soon(self._send, None, None)
             log.debug("checkpoint committed", checkpoint=n, executor=self.executor)
         elif kind == "finish":
             self._released.set()
@@ -114,7 +120,7 @@ class AgentCheckpointing(Checkpointing):
         self._drained = True
         for n in sorted(self._requested - self._taken):
             self._take_now(n)
-        await self.link.send("drained")
+        await self._send("drained")
         await self._released.wait()
         while self._writing:
             await self._changed.wait()
@@ -143,7 +149,17 @@ class AgentCheckpointing(Checkpointing):
                 await exchange.forward_barrier(n)
 
     def _decline(self, outcome: Abort) -> None:
-        self._nursery.start_soon(self.link.send, "decline", (outcome.checkpoint, outcome.reason))
+        self._nursery.start_soon(self._send, "decline", (outcome.checkpoint, outcome.reason))
+
+    async def _send(self, kind: str | None, payload=None) -> None:
+        """Send a message (None: none) to the coordinator, after the records committed before
+        it: an ack of checkpoint r never overtakes a commit made before snapshot r (the
+        link is FIFO; `slashrt.snapshot.collected`)."""
+        committed = self.outbox.take()
+        if committed:
+            await self.link.send(COMMITTED, committed)
+        if kind is not None:
+            await self.link.send(kind, payload)
 
     async def _write_parts(self, n: int, states: dict, sync: dict, positions: dict, alignment_s: float) -> None:
         stats, parts = {}, []
@@ -154,11 +170,11 @@ class AgentCheckpointing(Checkpointing):
                 stats[step_id] = AckStats(alignment_s, sync[step_id], time.perf_counter() - t0, part.size)
                 parts.append(part)
         except (OSError, SlashError) as exc:  # e.g. an older checkpoint removed by retention meanwhile
-            await self.link.send("decline", (n, f"executor {self.executor} could not write its state: {exc}"))
+            await self._send("decline", (n, f"executor {self.executor} could not write its state: {exc}"))
             return
         if not states:
             stats[NO_STATE] = AckStats(alignment_s)
-        await self.link.send("ack", (n, stats, parts, positions))
+        await self._send("ack", (n, stats, parts, positions))
 
 
 class ClusterCheckpoints:

@@ -144,12 +144,10 @@ class PendingRecords:
             self._pending.setdefault(n, []).extend(self._open)
             self._open = []
 
-    def commit(self, n: int) -> list[np.ndarray]:
-        """The record batches to publish now, in checkpoint order (none when repeated)."""
-        out = []
-        for c in sorted(c for c in self._pending if c <= n):
-            out.extend(self._pending.pop(c))
-        return out
+    def commit(self, n: int) -> dict[int, list[np.ndarray]]:
+        """The record batches to publish now, per checkpoint in checkpoint order (none when
+        repeated): checkpoint n's and every earlier pending one's."""
+        return {c: self._pending.pop(c) for c in sorted(c for c in self._pending if c <= n)}
 
     def abort(self, n: int) -> None:
         self._pending.pop(n, None)

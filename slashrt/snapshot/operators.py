@@ -159,8 +159,10 @@ def unpack_groups(prefix: str, arrays: dict[str, np.ndarray], columns, *, times:
 
 def stateful_nodes(plan) -> dict:
     """Step id -> node, for every node of the plan that has state (the shape above, and its
-    `STATE_KIND` and `STATE_VERSION`)."""
-    return {node.step_id: node for node in plan.nodes() if hasattr(node, "STATE_KIND")}
+    `STATE_KIND` and `STATE_VERSION`); sinks too that no path from a source reaches (a window's
+    sink for late records), whose pending transactions are state as well."""
+    nodes = [*plan.nodes(), *plan.sinks]
+    return {node.step_id: node for node in nodes if hasattr(node, "STATE_KIND")}
 
 
 def snapshot_plan(plan) -> dict[str, State]:

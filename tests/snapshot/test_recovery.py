@@ -132,7 +132,7 @@ def test_what_cannot_be_restarted_is_refused_before_anything_starts(tmp_path, op
     options = {k: (str(tmp_path) if v == "X" else v) for k, v in options.items()}
     with pytest.raises(SlashError, match=message):
         slashrt.run(flow(tmp_path / "out"), {"r": DATA[:1000]}, **options)
-    with pytest.raises(SlashError, match="sink 'recovery.out' \\(Collect\\) keeps what an executor committed"):
+    with pytest.raises(SlashError, match="sink 'recovery.out' is a Collect without transactional=True"):
         job = Dataflow("recovery")
         job.source("r", _cluster_child.SCHEMA, time="t").sink(Collect(), name="out")
         slashrt.run(job, {"r": DATA[:1000]}, executors=2, checkpoint_dir=tmp_path, restart="fixed-delay")
@@ -151,11 +151,25 @@ def test_bench_chaos_on_the_command_line(capsys):
     assert main(["bench", "chaos", "--kills", "1", "--events", "200000", "--executors", "3", "--transport", "tcp",
                  "--seed", "2", "--campaigns", "500", "--json"]) == 0
     fields = json.loads(capsys.readouterr().out)
-    assert (fields["executors"], fields["transport"], fields["campaigns"], fields["seed"]) == (3, "tcp", 500, 2)
+    assert (fields["executors"], fields["transport"], fields["campaigns"], fields["seed"], fields["sink"]) == \
+        (3, "tcp", 500, 2, "csv")
     # (a kill may land once the results are in, as the agents exit: nothing to recover then;
     # recoveries themselves are asserted by the tests above)
     assert fields["correct"] and fields["duplicates"] == fields["missing"] == 0, fields
     assert fields["recoveries"] <= fields["kills"] and fields["random_kills"] <= 1, fields
+
+
+def test_bench_chaos_into_a_collect_on_the_command_line(capsys):
+    import json
+
+    from slashrt.cli import main
+
+    assert main(["bench", "chaos", "--sink", "collect", "--kills", "1", "--events", "200000", "--seed", "4",
+                 "--json"]) == 0
+    fields = json.loads(capsys.readouterr().out)
+    assert (fields["sink"], fields["executors"], fields["chosen"]) == ("collect", 2, chaos.CHOSEN_COLLECT)
+    assert fields["chosen_kills"] == 5 and fields["recoveries"] >= 5, fields
+    assert fields["correct"] and fields["duplicates"] == fields["missing"] == 0 and fields["rows"] > 0, fields
 
 
 def test_a_retryable_error_is_recovered_exactly_once(tmp_path, reference):
