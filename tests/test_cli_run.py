@@ -216,6 +216,7 @@ def checkpointed(tmp_path_factory) -> Path:
         (["bench", "chaos", "--executors", "1"], "--executors 1: a run on one executor cannot restart itself"),
         (["bench", "chaos", "--redis", "--executors", "1"], "--executors 1: a run on one executor cannot restart itself"),
         (["bench", "chaos", "--query", "nexmark", "--campaigns", "10"], "--campaigns applies to --query ysb"),
+        (["bench", "chaos", "--redis", "--sink", "collect"], "--sink: the --redis trial writes to a transactional Redis"),
         (["checkpoints", "nowhere/at/all"], "nowhere/at/all is not a directory"),
         (["checkpoints", "CHK", "--job", "orders"], "no checkpoints of job 'orders' in "),
     ],
