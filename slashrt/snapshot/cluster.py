@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import time
 
-import numpy as np
 import structlog
 import trio
 
@@ -37,7 +36,6 @@ from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Sn
 from slashrt.snapshot.coordinator import AckStats, CheckpointCoordinator
 from slashrt.snapshot.rescale import reassigned, rescale
 from slashrt.snapshot.runtime import Checkpointing
-from slashrt.snapshot.state_format import State
 
 __all__ = ["AgentCheckpointing", "ClusterCheckpoints"]
 

@@ -16,7 +16,11 @@ from slashrt.errors import SnapshotError
 from slashrt.snapshot.runtime import source_position
 from slashrt.snapshot.state_format import State
 
-__all__ = ["rescale", "reshare", "reassigned"]
+__all__ = ["rescale", "reshare", "reassigned", "as_partitioned", "RESCALABLE"]
+
+# the state kinds a rescaled resume reassigns: windows by key partition, sinks' pending
+# transactions to a successor; sources start afresh on their new shares
+RESCALABLE = {"ssb_window", "window", "route_by_owner", "sink", "source", "array_source"}
 
 
 def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> dict:
@@ -24,29 +28,46 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> di
     settle the sinks of old executors that have no successor, and return every array source's
     new shares ({source name: [share per executor]})."""
     from slashrt._runtime import _per_source
+    from slashrt.cluster._job import PerExecutor
     from slashrt.snapshot.commit import recover
     from slashrt.snapshot.operators import stateful_nodes
 
     was, n = restored.meta.get("executors", 1), restored.number
     refuse = f"run(): checkpoint {n} was taken on {was} executor(s) and cannot resume on {executors}:"
-    if not restored.meta.get("cluster"):
+    for step_id, node in stateful_nodes(role_plan).items():
+        if node.STATE_KIND not in RESCALABLE:
+            raise SnapshotError(
+                f"{refuse} step {step_id!r} keeps {node.STATE_KIND} state, which is not cut by key partition; resume "
+                f"it with executors={was}"
+            )
+    steps = set(stateful_nodes(role_plan))
+    steps |= {f"{step}.route" for step in steps}  # an UpPar router's state goes with its window's
+    unknown = sorted({step for step, _ in restored.states} - steps)
+    if unknown:
         raise SnapshotError(
-            f"{refuse} one executor keeps its windows whole, not as SSB partitions to reassign; resume it on one executor"
+            f"{refuse} it holds state of step {unknown[0]!r}, which this dataflow does not have: resume it with the "
+            "dataflow that wrote it"
         )
-    kinds = {node.STATE_KIND for node in stateful_nodes(role_plan).values()}
-    if "route_by_owner" in kinds or "window" in kinds:
-        raise SnapshotError(f"{refuse} only SSB state (mode 'slash') is reassigned by partition; resume it with executors={was}")
-    ssb = [s for (step, e), s in restored.states.items() if s.meta.get("kind") == "ssb_window"]
-    partitions = {s.meta["partitions"] for s in ssb} or {None}
-    if role_plan.exchanges() and partitions != {role_plan.exchanges()[0].partitioning.partitions}:
-        raise SnapshotError(f"{refuse} it has {partitions.pop()} SSB partitions; give partitions= the same number")
     shares = {}
     for step_id, spec, value in _per_source(plan, inputs, "input"):
+        if isinstance(value, PerExecutor):
+            raise SnapshotError(
+                f"{refuse} source {step_id!r} is a PerExecutor, whose stream make(index, executors) is another input "
+                f"on another executor count (no position in the old streams says what is left of the new ones); resume "
+                f"it with executors={was}, or give the input as an array"
+            )
         if not isinstance(value, np.ndarray):
             raise SnapshotError(
-                f"{refuse} source {step_id!r} makes its own stream per executor; only in-memory arrays are shared out anew"
+                f"{refuse} source {step_id!r} reads a {type(value).__name__}, and only in-memory arrays are shared out "
+                f"anew; resume it with executors={was}"
             )
-        fed = [source_position(restored.meta, step_id, i)["fed"] for i in range(was)]
+        positions = [source_position(restored.meta, step_id, i) for i in range(was)]
+        if any(p is None or "fed" not in p for p in positions):
+            raise SnapshotError(
+                f"{refuse} it holds no position of source {step_id!r} on each of its executors: it was written by "
+                "another dataflow; resume it with the dataflow that wrote it"
+            )
+        fed = [p["fed"] for p in positions]
         shares[step_id.split(".", 1)[1]] = reshare(value, spec.time, was, fed, executors)
     for node in plan.sinks:  # output of old executors without a successor: committed up to n, the rest dropped
         for i in range(executors, was):
@@ -89,29 +110,126 @@ def reshare(records: np.ndarray, time: str | None, old: int, fed: list[int], exe
 
 def reassigned(checkpoint, plan, index: int, executors: int, partitions: int) -> dict:
     """Executor `index`'s states (step id -> State) out of `checkpoint`, taken on another number
-    of executors: SSB partitions reassigned to their new leaders (`merge_partitions`), sinks'
-    pending transactions of old executors index, index + executors, ... joined; sources start
-    afresh on their new shares (`reshare`)."""
+    of executors (or on one): the window state of every key partition executor `index` now leads
+    (`merge_partitions` over every old executor's state cut by partition), as the kind of window
+    this run has (SSB, a whole window, an UpPar owner's window and its router); sinks' pending
+    transactions of old executors index, index + executors, ... joined; sources start afresh on
+    their new shares (`reshare`)."""
     from slashrt.ssb.partitions import Partitioning
-    from slashrt.snapshot.operators import merge_partitions, split_partitions, stateful_nodes
+    from slashrt.snapshot.operators import stateful_nodes
 
-    old = checkpoint.meta["executors"]
-    before, after = Partitioning(partitions, old), Partitioning(partitions, executors)
-    led = set(after.led_by(index).tolist())
+    old = checkpoint.meta.get("executors", 1)
+    after = Partitioning(partitions, executors)
+    merged: dict[str, State] = {}  # window step -> its SSB state on executor `index`
+
+    def window(step_id: str) -> State:
+        if step_id not in merged:
+            merged[step_id] = _merged_window(checkpoint, step_id, old, after, index)
+        return merged[step_id]
+
     states = {}
     for step_id, node in stateful_nodes(plan).items():
         kind = node.STATE_KIND
         if kind == "ssb_window":
-            parts = [
-                part for i in range(old)
-                for p, part in split_partitions(checkpoint.state(step_id, i), before).items() if p in led
-            ]
-            states[step_id] = merge_partitions(parts, after, index)
+            states[step_id] = window(step_id)
+        elif kind == "window":
+            states[step_id] = as_window(window(step_id))
+        elif kind == "route_by_owner":
+            states[step_id] = as_route(window(node.window.step_id), step_id)
         elif kind == "sink":
-            mine = [checkpoint.state(step_id, i) for i in range(index, old, executors)]
+            mine = [_state(checkpoint, step_id, i) for i in range(index, old, executors)]
             if mine:
                 states[step_id] = _joined_sink_states(mine)
     return states
+
+
+def _state(checkpoint, step_id: str, executor: int) -> State:
+    state = checkpoint.states.get((step_id, executor))
+    if state is None:
+        raise SnapshotError(
+            f"checkpoint {checkpoint.number} holds no state of step {step_id!r} on executor {executor}: it was "
+            "written by another dataflow (or the dataflow changed); resume it with the dataflow that wrote it"
+        )
+    return state
+
+
+def _merged_window(checkpoint, step_id: str, old: int, after, index: int) -> State:
+    """Executor `index`'s SSB state under `after`: every old executor's window state of `step_id`
+    (`as_partitioned`) cut by the partition of each key under `after`, the partitions `index`
+    leads merged."""
+    from slashrt.snapshot.operators import merge_partitions, split_partitions
+
+    led = set(after.led_by(index).tolist())
+    parts = []
+    for i in range(old):
+        route = checkpoint.states.get((f"{step_id}.route", i))  # an UpPar owner's router
+        state = as_partitioned(_state(checkpoint, step_id, i), route, old, i)
+        parts += [part for p, part in split_partitions(state, after).items() if p in led]
+    return merge_partitions(parts, after, index)
+
+
+def as_partitioned(state: State, route: State | None = None, executors: int = 1, index: int = 0) -> State:
+    """Executor `index`'s window state as an SSB state (`merge_partitions` takes it): an SSB
+    state as it is; a whole window (one executor's) or an UpPar owner's window (with its
+    router's state `route`) as leader state without fragments, its records judged up to the
+    router's `fired_until` (a whole window's own: it judged and fired at once)."""
+    from slashrt.ops.ssb_window import SSB_STATE, SSB_STATE_VERSION
+    from slashrt.snapshot.operators import check, tagged
+
+    kind = state.meta.get("kind") if isinstance(state.meta, dict) else None
+    if kind == SSB_STATE:
+        return state
+    step = state.meta.get("step", "?") if kind else "?"
+    meta = check(state, step, "window", 1)
+    window = {k: meta[k] for k in ("size", "slide", "slice_len", "aggregate", "value_dtype")}
+    if route is not None:
+        route_meta = check(route, route.meta.get("step", "?"), "route_by_owner", 1)
+        judged, frontier = route_meta["fired_until"], list(route_meta["frontier"])
+    else:  # fired up to F, which is a window end: as a watermark its promise is F again
+        judged, frontier = meta["fired_until"], [meta["fired_until"]] * executors
+    arrays = {**{f"leader.{k}": v for k, v in state.arrays.items()}, **_no_tables(state.arrays)}
+    return tagged(
+        SSB_STATE, SSB_STATE_VERSION, arrays, step=step, **window, next_start=None, fired_until=judged,
+        late_records=meta["late_records"], leader={**window, "next_start": meta["next_start"],
+        "fired_until": meta["fired_until"], "late_records": 0},
+        partitions=1, executors=executors, index=index, epoch=0, helper_epoch=[0] * executors, frontier=frontier,
+        watermark=frontier[index], shipped_promise=judged, direct=False, epoch_counters=[0] * 6,
+    )
+
+
+def _no_tables(arrays: dict) -> dict:
+    """Empty fragment table sets (`slices`, `tails`) of the layout of `arrays`' tables."""
+    out = {}
+    for prefix in ("slices", "tails"):
+        ids = arrays[f"{prefix}.ids"]
+        out.update({f"{prefix}.ids": ids[:0], f"{prefix}.bounds": np.zeros(1, np.int64),
+                    f"{prefix}.overflowed": np.zeros(0, bool),
+                    **{f"{prefix}.{c}": arrays[f"{prefix}.{c}"][:0] for c in ("keys", "counts", "vals")}})
+    return out
+
+
+def as_window(state: State) -> State:
+    """A whole window's state (one executor, or an UpPar owner) out of an SSB state that
+    `merge_partitions` made: the leader state's tables and firing, the late count."""
+    from slashrt.snapshot.operators import tagged
+
+    meta, leader = state.meta, state.meta["leader"]
+    arrays = {k[len("leader."):]: v for k, v in state.arrays.items() if k.startswith("leader.")}
+    return tagged(
+        "window", 1, arrays, step=meta["step"], **{k: leader[k] for k in ("size", "slide", "slice_len", "aggregate",
+        "value_dtype", "next_start", "fired_until")}, late_records=meta["late_records"],
+    )
+
+
+def as_route(state: State, step_id: str) -> State:
+    """An UpPar router's state out of its window's SSB state (`merge_partitions` made it): the
+    new executor judges its records up to where the old ones all had, and its window's gate
+    holds the least watermark any old executor had sent."""
+    from slashrt.snapshot.operators import tagged
+
+    meta = state.meta
+    return tagged("route_by_owner", 1, {}, step=step_id, fired_until=meta["fired_until"],
+                  executors=meta["executors"], frontier=list(meta["frontier"]))
 
 
 def _joined_sink_states(states: list[State]) -> State:
