@@ -34,7 +34,7 @@ import trio
 from slashrt.errors import OptionError, SlashError, SnapshotError
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Snapshot
 from slashrt.snapshot.coordinator import AckStats, CheckpointCoordinator
-from slashrt.snapshot.rescale import reassigned, rescale
+from slashrt.snapshot.rescale import reassigned, rescale, reshaped
 from slashrt.snapshot.runtime import Checkpointing
 
 __all__ = ["AgentCheckpointing", "ClusterCheckpoints"]
@@ -290,7 +290,7 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     cluster.job = {"config": config, "location": location, "keep": keep,
                    "restore": None if restored is None else restored.number, "rescale": False}
     cluster.shares = {}
-    if restored is not None and restored.meta.get("executors", 1) != executors:
+    if restored is not None and reshaped(restored, role_plan, executors):
         cluster.shares = rescale(flow, plan, role_plan, inputs, restored, executors)
         cluster.job["rescale"] = True
     return cluster

@@ -16,15 +16,29 @@ from slashrt.errors import SnapshotError
 from slashrt.snapshot.runtime import source_position
 from slashrt.snapshot.state_format import State
 
-__all__ = ["rescale", "reshare", "reassigned", "as_partitioned", "RESCALABLE"]
+__all__ = ["rescale", "reshaped", "reshare", "reassigned", "as_partitioned", "RESCALABLE"]
 
 # the state kinds a rescaled resume reassigns: windows by key partition, sinks' pending
 # transactions to a successor; sources start afresh on their new shares
 RESCALABLE = {"ssb_window", "window", "route_by_owner", "sink", "source", "array_source"}
 
 
+def reshaped(restored, plan, executors: int) -> bool:
+    """Whether checkpoint `restored` was taken on another number of executors than `executors`,
+    or with other kinds of window state than `plan` keeps (another mode: SSB or UpPar)."""
+    from slashrt.snapshot.operators import stateful_nodes
+
+    if restored.meta.get("executors", 1) != executors:
+        return True
+    nodes = stateful_nodes(plan)
+    return any(
+        step not in nodes or state.meta.get("kind") != nodes[step].STATE_KIND
+        for (step, _), state in restored.states.items() if isinstance(state.meta, dict)
+    )
+
+
 def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> dict:
-    """Resume `restored` on another number of executors: refuse what cannot be (one sentence),
+    """Resume `restored` on another number of executors (or in another mode): refuse what cannot be (one sentence),
     settle the sinks of old executors that have no successor, and return every array source's
     new shares ({source name: [share per executor]})."""
     from slashrt._runtime import _per_source
