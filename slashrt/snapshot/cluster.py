@@ -34,7 +34,7 @@ import trio
 from slashrt.errors import OptionError, SlashError, SnapshotError
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Snapshot
 from slashrt.snapshot.coordinator import AckStats, CheckpointCoordinator
-from slashrt.snapshot.rescale import reassigned, rescale, reshaped
+from slashrt.snapshot.rescale import reassigned, rescale, reshaped, resumed_inputs
 from slashrt.snapshot.runtime import Checkpointing
 
 __all__ = ["AgentCheckpointing", "ClusterCheckpoints"]
@@ -158,6 +158,7 @@ class ClusterCheckpoints:
         self._acks: dict[int, dict] = {}  # checkpoint -> {"parts": [...], "positions": {executor: ...}}
         self._completing = 0  # manifests being written and commits being sent
         self._changed = trio.Event()
+        self.reshared: list = []  # the rescalings the sources' shares come from (`rescale.resumed_inputs`)
 
     def handlers(self) -> dict:
         return {"ack": self._on_ack, "decline": self._on_decline}
@@ -227,6 +228,8 @@ class ClusterCheckpoints:
         for m in [m for m in self._acks if m <= n]:
             del self._acks[m]
         meta = {"executors": self.executors, "cluster": True, "sources": got["positions"]}
+        if self.reshared:  # what the sources' positions are positions in
+            meta["reshared"] = self.reshared
         self._completing += 1  # complete in the coordinator's eyes, not yet in the store's nor committed
         try:
             await self.store.acomplete(n, meta, got["parts"])
@@ -289,10 +292,12 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     restored = load_restored(store, resume_from, executor=None)  # every part verified: a corrupt one falls back
     cluster.job = {"config": config, "location": location, "keep": keep,
                    "restore": None if restored is None else restored.number, "rescale": False}
-    cluster.shares = {}
+    cluster.shares, cluster.reshared = {}, []  # (a run resumed from a rescaled run's checkpoint makes its shares again)
     if restored is not None and reshaped(restored, role_plan, executors):
-        cluster.shares = rescale(flow, plan, role_plan, inputs, restored, executors)
+        cluster.shares, cluster.reshared = rescale(flow, plan, role_plan, inputs, restored, executors)
         cluster.job["rescale"] = True
+    elif restored is not None:
+        cluster.shares, cluster.reshared = resumed_inputs(plan, inputs, restored.meta.get("reshared", []), executors)
     return cluster
 
 

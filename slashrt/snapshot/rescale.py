@@ -16,7 +16,7 @@ from slashrt.errors import SnapshotError
 from slashrt.snapshot.runtime import source_position
 from slashrt.snapshot.state_format import State
 
-__all__ = ["rescale", "reshaped", "reshare", "reassigned", "as_partitioned", "RESCALABLE"]
+__all__ = ["rescale", "reshaped", "resumed_inputs", "reshare", "reassigned", "as_partitioned", "RESCALABLE"]
 
 # the state kinds a rescaled resume reassigns: windows by key partition, sinks' pending
 # transactions to a successor; sources start afresh on their new shares
@@ -37,10 +37,10 @@ def reshaped(restored, plan, executors: int) -> bool:
     )
 
 
-def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> dict:
-    """Resume `restored` on another number of executors (or in another mode): refuse what cannot be (one sentence),
-    settle the sinks of old executors that have no successor, and return every array source's
-    new shares ({source name: [share per executor]})."""
+def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tuple[dict, list]:
+    """Resume `restored` on another number of executors (or in another mode): refuse what cannot
+    be (one sentence), settle the sinks of old executors that have no successor, and return
+    every array source's new shares with the run's rescalings (`resumed_inputs`)."""
     from slashrt._runtime import _per_source
     from slashrt.cluster._job import PerExecutor
     from slashrt.snapshot.commit import recover
@@ -62,8 +62,8 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> di
             f"{refuse} it holds state of step {unknown[0]!r}, which this dataflow does not have: resume it with the "
             "dataflow that wrote it"
         )
-    shares = {}
-    for step_id, spec, value in _per_source(plan, inputs, "input"):
+    fed = {}
+    for step_id, _spec, value in _per_source(plan, inputs, "input"):
         if isinstance(value, PerExecutor):
             raise SnapshotError(
                 f"{refuse} source {step_id!r} is a PerExecutor, whose stream make(index, executors) is another input "
@@ -81,45 +81,85 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> di
                 f"{refuse} it holds no position of source {step_id!r} on each of its executors: it was written by "
                 "another dataflow; resume it with the dataflow that wrote it"
             )
-        fed = [p["fed"] for p in positions]
-        shares[step_id.split(".", 1)[1]] = reshare(value, spec.time, was, fed, executors)
+        fed[step_id] = [p["fed"] for p in positions]
     for node in plan.sinks:  # output of old executors without a successor: committed up to n, the rest dropped
         for i in range(executors, was):
             part = getattr(node.sink, "for_executor", None)
             if part is not None and getattr(node.sink, "transactional", False):
                 recover(part(i), n)
-    return shares
+    return resumed_inputs(plan, inputs, [*restored.meta.get("reshared", []), {"executors": was, "fed": fed}], executors)
 
 
-def reshare(records: np.ndarray, time: str | None, old: int, fed: list[int], executors: int) -> list:
-    """Every new executor's share of what no old executor had fed: old executor i had fed the
-    first `fed[i]` records of its share (`_job.share`); the rest, in the input's order, is shared
-    out in contiguous runs, each carrying the largest event time of the whole input before it
-    (`Share` with irregular blocks), so lateness is judged as in a run without the rescaling."""
+def resumed_inputs(plan, inputs: dict, stages: list, executors: int) -> tuple[dict, list]:
+    """Every array source's shares on `executors` after the rescalings `stages` (a checkpoint's
+    meta "reshared", oldest first: {"executors": old count, "fed": {source step: fed per old
+    executor}}), as ({source name: [share per executor]}, stages); none without rescalings (the
+    input is split as always). Its checkpoints keep `stages`, so that resuming one (on this
+    count or another) makes the same shares again."""
+    from slashrt._runtime import _per_source
+
+    if not stages:
+        return {}, []
+    shares = {}
+    for step_id, spec, value in _per_source(plan, inputs, "input"):
+        if not isinstance(value, np.ndarray) or any(step_id not in stage["fed"] for stage in stages):
+            raise SnapshotError(
+                f"run(): the checkpoint was taken by a run resumed on another executor count, which read source "
+                f"{step_id!r} as shares of an array, and it is given {type(value).__name__} now: give it the same array"
+            )
+        steps = [(stage["executors"], stage["fed"][step_id]) for stage in stages]
+        shares[step_id.split(".", 1)[1]] = reshare(value, spec.time, steps, executors)
+    return shares, stages
+
+
+def reshare(records: np.ndarray, time: str | None, stages: list, executors: int) -> list:
+    """Every executor's share of `records` after the rescalings `stages` ([(old executors, fed
+    per old executor)], oldest first): at each, old executor i had fed the first `fed[i]`
+    records of its share (at the first stage `_job.share`); the rest, in the input's order, is
+    dealt out in contiguous runs (`_deal`) to the next stage's executors, at the last to
+    `executors`. Each run carries the largest event time of the whole input before it (`Share`
+    with irregular blocks), so lateness is judged as in a run without the rescaling. A run
+    resumed from a rescaled run's checkpoint (on any count) makes its shares again this way."""
     from slashrt.cluster._job import SPLIT_BLOCK, share
     from slashrt.ops.event_time import NO_TIME, Share
 
     rows = np.arange(len(records))
-    left = np.sort(np.concatenate([share(rows, i, old)[fed[i]:] for i in range(old)]))
-    # contiguous runs of what is left, cut at SPLIT_BLOCK, dealt round robin to the new executors
-    breaks = np.flatnonzero(np.diff(left) != 1) + 1
-    starts = np.unique(np.concatenate([[0], breaks, np.arange(0, len(left), SPLIT_BLOCK)])) if len(left) else left
-    bounds = np.append(starts, len(left)).astype(np.int64)
+    held = [share(rows, i, stages[0][0]) for i in range(stages[0][0])]
+    for k, (old, fed) in enumerate(stages):
+        if len(held) != old or len(fed) != old:
+            raise SnapshotError(
+                f"the checkpoint's record of its rescalings is inconsistent (stage {k}: {old} executors, {len(held)} "
+                "shares): it was not written by this slashrt; resume it with the executor count it was taken on"
+            )
+        left = np.sort(np.concatenate([held[i][fed[i]:] for i in range(old)]))
+        dealt = _deal(left, stages[k + 1][0] if k + 1 < len(stages) else executors, SPLIT_BLOCK)
+        held = [taken for taken, _ in dealt]
     if time is None:
-        before = np.full(len(starts), NO_TIME, np.int64)
-    else:
-        prefix = np.maximum.accumulate(records[time].astype(np.int64)) if len(records) else rows
-        first = left[starts] if len(left) else left
-        before = np.where(first > 0, prefix[np.maximum(first - 1, 0)], NO_TIME).astype(np.int64)
+        return [records[taken] for taken, _ in dealt]
+    prefix = np.maximum.accumulate(records[time].astype(np.int64)) if len(records) else rows
     shares = []
+    for taken, offsets in dealt:
+        first = taken[offsets]  # each run's first row of the whole input
+        before = np.where(first > 0, prefix[np.maximum(first - 1, 0)], NO_TIME).astype(np.int64)
+        shares.append(Share(records[taken], before, SPLIT_BLOCK, offsets))
+    return shares
+
+
+def _deal(left: np.ndarray, executors: int, block: int) -> list:
+    """`left` (sorted row numbers) cut into contiguous runs (at gaps, and every `block` rows),
+    dealt round robin: per executor (its rows, where each of its runs begins in them)."""
+    breaks = np.flatnonzero(np.diff(left) != 1) + 1
+    starts = np.unique(np.concatenate([[0], breaks, np.arange(0, len(left), block)])) if len(left) else left
+    bounds = np.append(starts, len(left)).astype(np.int64)
+    dealt = []
     for j in range(executors):
         runs = np.arange(j, len(starts), executors)
         pieces = [left[bounds[r] : bounds[r + 1]] for r in runs]
         taken = np.concatenate(pieces) if pieces else left[:0]
         lengths = np.array([len(p) for p in pieces], np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(pieces) else lengths
-        shares.append(Share(records[taken], before[runs], SPLIT_BLOCK, offsets) if time is not None else records[taken])
-    return shares
+        dealt.append((taken, offsets))
+    return dealt
 
 
 def reassigned(checkpoint, plan, index: int, executors: int, partitions: int) -> dict:

@@ -194,6 +194,7 @@ class Checkpointing:
         # resuming a checkpoint of another executor count: this executor's states, reassigned
         # (`slashrt.snapshot.rescale.reassigned`); sources start afresh on their new shares
         self.rescaled: dict | None = None
+        self.reshared: list = []  # the rescalings the sources' shares come from (`rescale.resumed_inputs`)
 
     # -- recovery --------------------------------------------------------------------------------
     def position(self, step_id: str) -> State | None:
@@ -462,7 +463,10 @@ class Checkpointing:
             if completed is None:  # aborted meanwhile (a newer barrier overtook it)
                 await trio.to_thread.run_sync(self.store.discard, n)
                 return
-            await self.store.acomplete(n, {"sources": positions, "executors": 1, "kind": self._kinds.get(n, "checkpoint")})
+            meta = {"sources": positions, "executors": 1, "kind": self._kinds.get(n, "checkpoint")}
+            if self.reshared:  # what the sources' positions are positions in
+                meta["reshared"] = self.reshared
+            await self.store.acomplete(n, meta)
             for sink in self.sinks:
                 sink.commit(n)
         log.info("checkpoint completed", checkpoint=n, bytes=completed.bytes)
