@@ -7,7 +7,8 @@ publishes, and what numpy computes.
   1 -> 3 -> 2 -> 1 -> 2 -> 3 in mode uppar, 3 uppar -> 2 slash -> 1; each stage resumes from a
   checkpoint in the middle of the previous stage's run, as a crash right after that checkpoint
   committed leaves it (later checkpoints and output gone), the last stage of each chain through
-  `slashrt run FILE --resume-from latest --executors M`; a late-heavy input (about half of it late
+  `slashrt run FILE --resume-from latest --executors M` (on 256 SSB partitions where the
+  checkpoint has 16: keys are cut by their partition of the new run); a late-heavy input (about half of it late
   for some window) into a tumbling and a sliding window (tails of partly late records);
 - split then merge gives the state back (property test over random window states with tails);
 - what cannot be rescaled is refused in one sentence before anything runs.
@@ -63,7 +64,7 @@ def cli_options(on) -> list[str]:
     if on == "local":
         return ["--executors", "1"]
     executors, mode, transport = on
-    return ["--executors", str(executors), "--mode", mode, "--transport", transport, "--partitions", "16"]
+    return ["--executors", str(executors), "--mode", mode, "--transport", transport]  # (256 partitions: not 16)
 
 
 def fed(store: SnapshotStore, n: int) -> int:
