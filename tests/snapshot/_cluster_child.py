@@ -28,13 +28,14 @@ SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
 N = 100_000
 
 
-def records() -> np.ndarray:
-    """The input, the same in every process."""
-    rng = np.random.default_rng(7)
-    out = np.zeros(N, SCHEMA.dtype)
-    out["t"] = np.arange(N, dtype=np.int64) * 10_000 // N - rng.integers(0, 40, N)
-    out["k"] = rng.permutation(N) % 3001 * 7 - 5000
-    out["v"] = rng.integers(-1000, 1000, N)
+def records(n: int = N, *, seed: int = 7, span: int = 10_000, disorder: int = 40, keys: int = 3001) -> np.ndarray:
+    """The input, the same in every process: `n` records over event times 0..`span`, each up to
+    `disorder` behind, over `keys` keys."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros(n, SCHEMA.dtype)
+    out["t"] = np.arange(n, dtype=np.int64) * span // n - rng.integers(0, disorder, n)
+    out["k"] = rng.permutation(n) % keys * 7 - 5000
+    out["v"] = rng.integers(-1000, 1000, n)
     return out
 
 

@@ -7,10 +7,12 @@ import os
 
 import numpy as np
 
-from slashrt import Dataflow, Schema, Sliding, Tumbling
+from slashrt import Dataflow, Sliding, Tumbling
 from slashrt.ops.sinks import CsvFile
 
-SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
+from tests.snapshot import _cluster_child
+
+SCHEMA = _cluster_child.SCHEMA
 N = 30_000
 MAX_DELAY = 20
 WINDOWS = {"t": (100, 100), "s": (200, 50)}  # sink suffix -> (size, slide)
@@ -19,12 +21,7 @@ OUTPUTS = tuple(f"{kind}_{w}" for w in WINDOWS for kind in ("out", "late"))
 
 def records() -> np.ndarray:
     """Out of order far beyond MAX_DELAY: a large part of it is late for some window."""
-    rng = np.random.default_rng(11)
-    out = np.zeros(N, SCHEMA.dtype)
-    out["t"] = np.arange(N, dtype=np.int64) * 3_000 // N - rng.integers(0, 160, N)
-    out["k"] = rng.permutation(N) % 2003 * 5 - 3000
-    out["v"] = rng.integers(-1000, 1000, N)
-    return out
+    return _cluster_child.records(N, seed=11, span=3_000, disorder=160, keys=2003)
 
 
 def flow(directory) -> Dataflow:
