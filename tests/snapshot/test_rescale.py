@@ -130,6 +130,9 @@ def test_resumed_on_other_executor_counts_from_mid_run_checkpoints_publishes_one
         if k + 1 < len(chain):
             result = stage(directory, on, resume=k > 0)
             assert result.resumed_from == resumed
+            # the late counts carried over: the whole input's, counted once
+            assert result.late_records == {"rescale.sum_window_1": len(expected["late_t"]),
+                                           "rescale.sum_window_2": len(expected["late_s"])}
         else:  # the last stage from the command line
             summary = cli_stage(directory, on)
             assert summary["resumed_from"] == resumed and summary["executors"] == count(on)
