@@ -39,6 +39,13 @@ def job():
     return flow(os.environ["SLASHRT_TEST_OUT"]), {"r": records()}
 
 
+def per_executor_job():
+    """The job with its input made by each executor (`PerExecutor`): not rescalable."""
+    from slashrt.cluster import PerExecutor
+
+    return flow(os.environ["SLASHRT_TEST_OUT"]), {"r": PerExecutor(lambda i, n: records()[i::n], deterministic=True)}
+
+
 def expected() -> dict[str, list[str]]:
     """The published rows of every sink (as `published` reads them), by numpy: a record is late
     for a window ending at or before the end of the last window complete at its watermark

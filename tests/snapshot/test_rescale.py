@@ -18,6 +18,7 @@ publishes, and what numpy computes.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from hypothesis import strategies as st
 
 import slashrt
 from slashrt import Sliding, Tumbling
+from slashrt.cli import main
 from slashrt.cluster import PerExecutor
 from slashrt.errors import SlashError
 from slashrt.ops.window import WindowAggregate
@@ -223,14 +225,21 @@ def spread_all(states: list, partitions: int) -> list:
 
 
 # -- refusals -------------------------------------------------------------------------------------------------
-def test_what_cannot_be_rescaled_is_refused_in_one_sentence(tmp_path):
+def test_what_cannot_be_rescaled_is_refused_in_one_sentence(tmp_path, monkeypatch, capsys):
     records = job.records()[:5000]
     slashrt.run(job.flow(tmp_path / "out"), {"r": records}, checkpoint_dir=tmp_path / "chk", **RINGS)
     per_executor = PerExecutor(lambda i, n: records[i::n], deterministic=True)
-    with pytest.raises(SlashError, match=r"source 'rescale\.r' is a PerExecutor, whose stream make\(index, executors\) "
-                                         r"is another input on another executor count .* resume it with executors=1"):
+    refused = (r"source 'rescale\.r' is a PerExecutor, whose stream make\(index, executors\) is another input on another "
+               r"executor count .* resume it with executors=1, or give the input as an array")
+    with pytest.raises(SlashError, match=refused):
         slashrt.run(job.flow(tmp_path / "out"), {"r": per_executor}, executors=2, checkpoint_dir=tmp_path / "chk",
                     resume_from="latest", partitions=16, **RINGS)
+    # the command line: one line, exit 2, nothing run
+    monkeypatch.setenv("SLASHRT_TEST_OUT", str(tmp_path / "out"))
+    code = main(["run", f"{JOB}:per_executor_job", "--checkpoint-dir", str(tmp_path / "chk"), "--resume-from", "latest",
+                 "--executors", "2"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and re.search(refused, err), err
     other = slashrt.Dataflow("rescale")
     other.source("r", job.SCHEMA, time="t").window(Tumbling(ms=10)).count(key="k").sink(slashrt.sinks.Collect())
     with pytest.raises(SlashError, match=r"holds state of step '[^']+', which this dataflow does not have: resume "
