@@ -23,7 +23,7 @@ from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._dataflow import Dataflow
 from slashrt._frontier_report import ReportFile
 from slashrt._plan import build_plan, check_cluster_flow
-from slashrt.errors import DataflowError, OptionError, SlashError, SnapshotError, unwrap_groups
+from slashrt.errors import DataflowError, OptionError, SlashError, unwrap_groups
 from slashrt.ops.event_time import Share
 from slashrt.ops.sources import feed_array, validate_input
 from slashrt.scheduler import Executor, ExecutorStats, Input
@@ -265,6 +265,8 @@ async def run_async(
     plan = build_plan(flow)
     log.debug("kernels selected", **kernels.SELECTED)
     checkpoints = _checkpointing(flow, plan, inputs, checkpoint, checkpoint_dir, resume_from, stop)
+    if checkpoints is not None and checkpoints.shares:  # a rescaled resume: what is left of each array
+        inputs = {**inputs, **{name: parts[0] for name, parts in checkpoints.shares.items()}}
     executor_inputs, sources = local_inputs(
         plan, inputs, slot_size=slot_size, slots=slots, watermark_every=watermark_every, checkpoints=checkpoints
     )
@@ -291,13 +293,18 @@ def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_di
     config, keep = runtime.checkpoint_config(checkpoint)
     refuse_uncheckpointable(flow, plan, inputs)
     store = SnapshotStore(checkpoint_dir, job=flow.name, keep=keep)
-    restored = runtime.load_restored(store, resume_from)
-    if restored is not None and restored.meta.get("executors", 1) != 1:
-        raise SnapshotError(
-            f"run(): checkpoint {restored.number} was taken on {restored.meta['executors']} executors, whose windows "
-            "are SSB partitions one executor does not keep: resume it with executors= that many, or more"
-        )
+    restored = runtime.load_restored(store, resume_from, executor=None)  # (one executor's: its parts are all)
     checkpoints = runtime.Checkpointing(plan, config, store, restored, stop=stop)
+    checkpoints.shares = {}
+    if restored is not None:
+        from slashrt.snapshot.rescale import reassigned, rescale, resumed_inputs
+        from slashrt.ssb.partitions import DEFAULT_PARTITIONS
+
+        if restored.meta.get("executors", 1) != 1:  # taken on several: reassigned to one
+            checkpoints.shares, checkpoints.reshared = rescale(flow, plan, plan, inputs, restored, 1)
+            checkpoints.rescaled = reassigned(restored, plan, 0, 1, DEFAULT_PARTITIONS)
+        else:  # a rescaled run's checkpoint: the same shares again
+            checkpoints.shares, checkpoints.reshared = resumed_inputs(plan, inputs, restored.meta.get("reshared", []), 1)
     for step_id in plan.sources:  # a checkpoint of another dataflow: refused before any sink opens
         checkpoints.position(step_id)
     return checkpoints

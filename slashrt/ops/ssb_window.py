@@ -416,7 +416,7 @@ class SsbWindowAggregate(WindowAggregate):
             raise SnapshotError(
                 f"step {self.step_id!r}: the state is of {meta['executors']} executors over {meta['partitions']} "
                 f"partitions, this run has {self.partitioning.executors} over {self.partitioning.partitions}: cut it "
-                "by partition and reassign (slashrt.snapshot.operators.split_partitions, merge_partitions)"
+                "by partition and reassign (slashrt.snapshot.rescale.reassigned)"
             )
         self._restore_window(state.arrays, meta)
         self.merged._restore_window(state.arrays, meta["leader"], "leader.")

@@ -148,7 +148,7 @@ class RouteByOwner(InFrontOfWindow, Node):
         if meta["executors"] != self.partitioning.executors:
             raise SnapshotError(
                 f"step {self.step_id!r}: the state is of {meta['executors']} executors, this run has "
-                f"{self.partitioning.executors}: UpPar state is not reassigned; resume with {meta['executors']}"
+                f"{self.partitioning.executors}: reassign it by key partition first (slashrt.snapshot.rescale.reassigned)"
             )
         self.fired_until = meta["fired_until"]
         frontier = make_frontier(self._progress, self.partitioning.executors)

@@ -30,17 +30,15 @@ from __future__ import annotations
 import contextlib
 import time
 
-import numpy as np
 import structlog
 import trio
 
 from slashrt.errors import OptionError, SlashError, SnapshotError
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Snapshot
 from slashrt.snapshot.collected import COMMITTED, Outbox
-from slashrt.snapshot.commit import recover
 from slashrt.snapshot.coordinator import AckStats, CheckpointCoordinator
-from slashrt.snapshot.runtime import Checkpointing, source_position
-from slashrt.snapshot.state_format import State
+from slashrt.snapshot.rescale import reassigned, rescale, reshaped, resumed_inputs
+from slashrt.snapshot.runtime import Checkpointing
 
 __all__ = ["AgentCheckpointing", "ClusterCheckpoints"]
 
@@ -64,26 +62,6 @@ class AgentCheckpointing(Checkpointing):
         self._drained = False
         self._released = trio.Event()  # "finish": the final checkpoint is committed
         self.outbox = Outbox(plan)  # committed records of in-memory sinks, for the coordinator
-
-    rescaled: dict | None = None  # resuming a checkpoint of another executor count: the states reassigned here
-
-    def restore(self, progress=None) -> None:
-        if self.rescaled is None:
-            return super().restore(progress)
-        from slashrt.snapshot.operators import check
-
-        for step_id, node in self.nodes.items():  # sources start afresh on their new shares
-            if step_id in self.rescaled:
-                check(self.rescaled[step_id], step_id, node.STATE_KIND, node.STATE_VERSION)
-                node.restore(self.rescaled[step_id])
-        for sink in self.sinks:
-            recover(sink, self.restored.number)
-        log.info("checkpoint restored", checkpoint=self.restored.number, rescaled_from=self.restored.meta["executors"])
-
-    def position(self, step_id: str) -> State | None:
-        if self.rescaled is not None:  # sources start afresh on their new shares
-            return None
-        return super().position(step_id)
 
     # -- the coordinator's messages ----------------------------------------------------------------
     def on_message(self, kind: str, n) -> None:
@@ -196,6 +174,7 @@ class ClusterCheckpoints:
         self._acks: dict[int, dict] = {}  # checkpoint -> {"parts": [...], "positions": {executor: ...}}
         self._completing = 0  # manifests being written and commits being sent
         self._changed = trio.Event()
+        self.reshared: list = []  # the rescalings the sources' shares come from (`rescale.resumed_inputs`)
 
     def handlers(self) -> dict:
         return {"ack": self._on_ack, "decline": self._on_decline}
@@ -265,6 +244,8 @@ class ClusterCheckpoints:
         for m in [m for m in self._acks if m <= n]:
             del self._acks[m]
         meta = {"executors": self.executors, "cluster": True, "sources": got["positions"]}
+        if self.reshared:  # what the sources' positions are positions in
+            meta["reshared"] = self.reshared
         self._completing += 1  # complete in the coordinator's eyes, not yet in the store's nor committed
         try:
             await self.store.acomplete(n, meta, got["parts"])
@@ -327,53 +308,13 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     restored = load_restored(store, resume_from, executor=None)  # every part verified: a corrupt one falls back
     cluster.job = {"config": config, "location": location, "keep": keep,
                    "restore": None if restored is None else restored.number, "rescale": False}
-    cluster.shares = {}
-    if restored is not None and restored.meta.get("executors", 1) != executors:
-        cluster.shares = _rescale(flow, plan, role_plan, inputs, restored, executors)
+    cluster.shares, cluster.reshared = {}, []  # (a run resumed from a rescaled run's checkpoint makes its shares again)
+    if restored is not None and reshaped(restored, role_plan, executors):
+        cluster.shares, cluster.reshared = rescale(flow, plan, role_plan, inputs, restored, executors)
         cluster.job["rescale"] = True
+    elif restored is not None:
+        cluster.shares, cluster.reshared = resumed_inputs(plan, inputs, restored.meta.get("reshared", []), executors)
     return cluster
-
-
-def _rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> dict:
-    """Resume `restored` on another number of executors: refuse what cannot be (one sentence),
-    settle the sinks of old executors that have no successor, and return every array source's
-    new shares ({source name: [share per executor]})."""
-    from slashrt._runtime import _per_source
-    from slashrt.snapshot.commit import recover
-    from slashrt.snapshot.operators import stateful_nodes
-
-    was, n = restored.meta.get("executors", 1), restored.number
-    refuse = f"run(): checkpoint {n} was taken on {was} executor(s) and cannot resume on {executors}:"
-    if not restored.meta.get("cluster"):
-        raise SnapshotError(
-            f"{refuse} one executor keeps its windows whole, not as SSB partitions to reassign; resume it on one executor"
-        )
-    kinds = {node.STATE_KIND for node in stateful_nodes(role_plan).values()}
-    if "route_by_owner" in kinds or "window" in kinds:
-        raise SnapshotError(f"{refuse} only SSB state (mode 'slash') is reassigned by partition; resume it with executors={was}")
-    ssb = [s for (step, e), s in restored.states.items() if s.meta.get("kind") == "ssb_window"]
-    partitions = {s.meta["partitions"] for s in ssb} or {None}
-    if role_plan.exchanges() and partitions != {role_plan.exchanges()[0].partitioning.partitions}:
-        raise SnapshotError(f"{refuse} it has {partitions.pop()} SSB partitions; give partitions= the same number")
-    shares = {}
-    for step_id, spec, value in _per_source(plan, inputs, "input"):
-        if callable(getattr(value, "for_executor", None)) and callable(getattr(value, "feed", None)):
-            raise SnapshotError(
-                f"{refuse} source {step_id!r} reads {type(value).__name__}, whose input is assigned to executors by a "
-                f"rule over their number (slashrt.connectors); resume it with executors={was}"
-            )
-        if not isinstance(value, np.ndarray):
-            raise SnapshotError(
-                f"{refuse} source {step_id!r} makes its own stream per executor; only in-memory arrays are shared out anew"
-            )
-        fed = [source_position(restored.meta, step_id, i)["fed"] for i in range(was)]
-        shares[step_id.split(".", 1)[1]] = reshare(value, spec.time, was, fed, executors)
-    for node in plan.sinks:  # output of old executors without a successor: committed up to n, the rest dropped
-        for i in range(executors, was):
-            part = getattr(node.sink, "for_executor", None)
-            if part is not None and getattr(node.sink, "transactional", False):
-                recover(part(i), n)
-    return shares
 
 
 async def agent_checkpointing(job, plan, *, link, exchanges, peer_inputs) -> AgentCheckpointing:
@@ -393,77 +334,3 @@ async def agent_checkpointing(job, plan, *, link, exchanges, peer_inputs) -> Age
     if settings["rescale"]:
         checkpoints.rescaled = reassigned(restored, plan, job.index, job.executors, job.partitions)
     return checkpoints
-
-
-# -- rescaling: resuming a cluster checkpoint on another number of executors -----------------------
-def reshare(records: np.ndarray, time: str | None, old: int, fed: list[int], executors: int) -> list:
-    """Every new executor's share of what no old executor had fed: old executor i had fed the
-    first `fed[i]` records of its share (`_job.share`); the rest, in the input's order, is shared
-    out in contiguous runs, each carrying the largest event time of the whole input before it
-    (`Share` with irregular blocks), so lateness is judged as in a run without the rescaling."""
-    from slashrt.cluster._job import SPLIT_BLOCK, share
-    from slashrt.ops.event_time import NO_TIME, Share
-
-    rows = np.arange(len(records))
-    left = np.sort(np.concatenate([share(rows, i, old)[fed[i]:] for i in range(old)]))
-    # contiguous runs of what is left, cut at SPLIT_BLOCK, dealt round robin to the new executors
-    breaks = np.flatnonzero(np.diff(left) != 1) + 1
-    starts = np.unique(np.concatenate([[0], breaks, np.arange(0, len(left), SPLIT_BLOCK)])) if len(left) else left
-    bounds = np.append(starts, len(left)).astype(np.int64)
-    if time is None:
-        before = np.full(len(starts), NO_TIME, np.int64)
-    else:
-        prefix = np.maximum.accumulate(records[time].astype(np.int64)) if len(records) else rows
-        first = left[starts] if len(left) else left
-        before = np.where(first > 0, prefix[np.maximum(first - 1, 0)], NO_TIME).astype(np.int64)
-    shares = []
-    for j in range(executors):
-        runs = np.arange(j, len(starts), executors)
-        pieces = [left[bounds[r] : bounds[r + 1]] for r in runs]
-        taken = np.concatenate(pieces) if pieces else left[:0]
-        lengths = np.array([len(p) for p in pieces], np.int64)
-        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(pieces) else lengths
-        shares.append(Share(records[taken], before[runs], SPLIT_BLOCK, offsets) if time is not None else records[taken])
-    return shares
-
-
-def reassigned(checkpoint, plan, index: int, executors: int, partitions: int) -> dict:
-    """Executor `index`'s states (step id -> State) out of `checkpoint`, taken on another number
-    of executors: SSB partitions reassigned to their new leaders (`merge_partitions`), sinks'
-    pending transactions of old executors index, index + executors, ... joined; sources start
-    afresh on their new shares (`reshare`)."""
-    from slashrt.ssb.partitions import Partitioning
-    from slashrt.snapshot.operators import merge_partitions, split_partitions, stateful_nodes
-
-    old = checkpoint.meta["executors"]
-    before, after = Partitioning(partitions, old), Partitioning(partitions, executors)
-    led = set(after.led_by(index).tolist())
-    states = {}
-    for step_id, node in stateful_nodes(plan).items():
-        kind = node.STATE_KIND
-        if kind == "ssb_window":
-            parts = [
-                part for i in range(old)
-                for p, part in split_partitions(checkpoint.state(step_id, i), before).items() if p in led
-            ]
-            states[step_id] = merge_partitions(parts, after, index)
-        elif kind == "sink":
-            mine = [checkpoint.state(step_id, i) for i in range(index, old, executors)]
-            if mine:
-                states[step_id] = _joined_sink_states(mine)
-    return states
-
-
-def _joined_sink_states(states: list[State]) -> State:
-    pending = sorted({n for s in states for n in s.meta["pending"]})
-    if not any("pending.records" in s.arrays for s in states):
-        return State({}, {**states[0].meta, "pending": pending})
-    by_n: dict[int, list] = {n: [] for n in pending}
-    for s in states:
-        records, bounds = s.arrays.get("pending.records"), s.arrays.get("pending.bounds")
-        for i, n in enumerate(s.meta["pending"]):
-            if records is not None:
-                by_n[n].append(records[bounds[i] : bounds[i + 1]])
-    parts = [np.concatenate(by_n[n]) for n in pending if by_n[n]]
-    arrays = {"pending.records": np.concatenate(parts), "pending.bounds": np.cumsum([0, *map(len, parts)]).astype(np.int64)}
-    return State(arrays, {**states[0].meta, "pending": [n for n in pending if by_n[n]]})

@@ -280,7 +280,8 @@ def merge_partitions(parts: list[State], partitioning, index: int) -> State:
         "watermark": min(m["watermark"] for m in metas),
         "shipped_promise": min(m["shipped_promise"] for m in metas),
         "fired_until": min(m["fired_until"] for m in metas),
-        "late_records": sum(m["late_records"] for m in metas) if index == 0 else 0,
+        # each old executor's late count once (its meta is in every partition cut from it)
+        "late_records": sum({m["index"]: m["late_records"] for m in metas}.values()) if index == 0 else 0,
         "next_start": None,
         "direct": False,
         "epoch_counters": [0] * len(first["epoch_counters"]),

@@ -35,7 +35,7 @@ from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Lo
 from slashrt.snapshot.commit import TwoPhaseCommit, recover
 from slashrt.snapshot.coordinator import AckStats, CheckpointConfig, CheckpointCoordinator, StopTheWorld
 from slashrt.snapshot.loops import LOG_KIND, BackEdgeLog, loop_feedbacks
-from slashrt.snapshot.operators import restore_plan, stateful_nodes
+from slashrt.snapshot.operators import check, restore_plan, stateful_nodes
 from slashrt.snapshot.state_format import State
 from slashrt.snapshot.storage import Checkpoint, SnapshotStore
 
@@ -191,11 +191,15 @@ class Checkpointing:
         self._nursery: trio.Nursery | None = None
         self._replay: list = []  # restored back-edge logs, delivered by `replay`
         self._after_end: list[int] = []  # checkpoints triggered once every input had ended (loops still run)
+        # resuming a checkpoint of another executor count: this executor's states, reassigned
+        # (`slashrt.snapshot.rescale.reassigned`); sources start afresh on their new shares
+        self.rescaled: dict | None = None
+        self.reshared: list = []  # the rescalings the sources' shares come from (`rescale.resumed_inputs`)
 
     # -- recovery --------------------------------------------------------------------------------
     def position(self, step_id: str) -> State | None:
         """Where source `step_id` on this executor resumes (a feeder state), or None: from its start."""
-        if self.restored is None:
+        if self.restored is None or self.rescaled is not None:
             return None
         executor = self.executor
         position = source_position(self.restored.meta, step_id, executor)
@@ -219,6 +223,9 @@ class Checkpointing:
         number = None
         if self.loops is not None:
             self.loops.attach(progress)
+        if self.rescaled is not None:
+            self._restore_rescaled(progress)
+            return
         if self.restored is not None:
             number = self.restored.number
             states = {step: state for (step, _), state in self.restored.states.items()}
@@ -235,6 +242,18 @@ class Checkpointing:
             log.info("checkpoint restored", checkpoint=number)
         for sink in self.sinks:
             recover(sink, number)
+
+    def _restore_rescaled(self, progress) -> None:
+        number = self.restored.number
+        for step_id, node in self.nodes.items():  # sources start afresh on their new shares
+            if step_id in self.rescaled:
+                check(self.rescaled[step_id], step_id, node.STATE_KIND, node.STATE_VERSION)
+                node.restore(self.rescaled[step_id])
+        if progress is not None:
+            progress.recount()
+        for sink in self.sinks:
+            recover(sink, number)
+        log.info("checkpoint restored", checkpoint=number, rescaled_from=self.restored.meta.get("executors", 1))
 
     async def replay(self) -> None:
         """After `restore`, before any new input: the batches the back edges of loops held."""
@@ -444,7 +463,10 @@ class Checkpointing:
             if completed is None:  # aborted meanwhile (a newer barrier overtook it)
                 await trio.to_thread.run_sync(self.store.discard, n)
                 return
-            await self.store.acomplete(n, {"sources": positions, "executors": 1, "kind": self._kinds.get(n, "checkpoint")})
+            meta = {"sources": positions, "executors": 1, "kind": self._kinds.get(n, "checkpoint")}
+            if self.reshared:  # what the sources' positions are positions in
+                meta["reshared"] = self.reshared
+            await self.store.acomplete(n, meta)
             for sink in self.sinks:
                 sink.commit(n)
         log.info("checkpoint completed", checkpoint=n, bytes=completed.bytes)

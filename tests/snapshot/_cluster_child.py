@@ -3,6 +3,8 @@ SIGKILL itself.
 
     python _cluster_child.py <directory> <mode> <transport> <executors> <kill>
 
+(<executors> "local": one executor in this process, <mode> and <transport> unused.)
+
 The job: one source out of order beyond its bound (some records are late) into a tumbling-window
 sum per key, on <executors> agent processes exchanging over <transport> rings of 4 slots (every
 channel wraps many times) in <mode> ("slash" or "uppar"); the sums and the late records each into
@@ -20,6 +22,7 @@ import sys
 import numpy as np
 import trio
 
+import slashrt
 from slashrt import Dataflow, Schema, Tumbling
 from slashrt.cluster import ClusterError, run_cluster_async
 from slashrt.ops.sinks import CsvFile
@@ -28,13 +31,14 @@ SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
 N = 100_000
 
 
-def records() -> np.ndarray:
-    """The input, the same in every process."""
-    rng = np.random.default_rng(7)
-    out = np.zeros(N, SCHEMA.dtype)
-    out["t"] = np.arange(N, dtype=np.int64) * 10_000 // N - rng.integers(0, 40, N)
-    out["k"] = rng.permutation(N) % 3001 * 7 - 5000
-    out["v"] = rng.integers(-1000, 1000, N)
+def records(n: int = N, *, seed: int = 7, span: int = 10_000, disorder: int = 40, keys: int = 3001) -> np.ndarray:
+    """The input, the same in every process: `n` records over event times 0..`span`, each up to
+    `disorder` behind, over `keys` keys."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros(n, SCHEMA.dtype)
+    out["t"] = np.arange(n, dtype=np.int64) * span // n - rng.integers(0, disorder, n)
+    out["k"] = rng.permutation(n) % keys * 7 - 5000
+    out["v"] = rng.integers(-1000, 1000, n)
     return out
 
 
@@ -78,11 +82,15 @@ def main(directory: str, mode: str, transport: str, executors: str, kill: str) -
     if kill != "none":
         point, k, executor = kill.split(":")
         KillingCsv.KILL = (point, int(k), int(executor))
+    checkpoints = dict(checkpoint={"interval": 0.02, "keep": 2}, checkpoint_dir=f"{directory}/chk", resume_from="latest")
+    if executors == "local":  # one executor, in this process (it cannot kill itself: its sinks have no index)
+        slashrt.run(flow(directory), {"r": records()}, slots=8, slot_size=1024, **checkpoints)
+        print("done", flush=True)
+        return
     try:
         result = trio.run(lambda: run_cluster_async(
             flow(directory), {"r": records()}, executors=int(executors), transport=transport, mode=mode,
-            partitions=16, checkpoint={"interval": 0.02, "keep": 2}, checkpoint_dir=f"{directory}/chk",
-            resume_from="latest", slots=8, slot_size=1024, exchange_slots=4,
+            partitions=16, slots=8, slot_size=1024, exchange_slots=4, **checkpoints,
         ))
     except ClusterError as exc:
         print(f"failed: {exc}", flush=True)

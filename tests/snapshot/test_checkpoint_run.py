@@ -346,7 +346,7 @@ def test_positions_are_kept_per_source_and_executor():
     legacy = {"sources": {"j.a": {"kind": "array_source", "fed": 7}}}  # one executor's, before executors were keys
     assert source_position(legacy, "j.a", 0)["fed"] == 7
     def on(executor):
-        return SimpleNamespace(restored=SimpleNamespace(meta=meta, number=4), executor=executor)
+        return SimpleNamespace(restored=SimpleNamespace(meta=meta, number=4), executor=executor, rescaled=None)
 
     assert Checkpointing.position(on(1), "j.a").meta["fed"] == 1
     with pytest.raises(SnapshotError, match="positions of source 'j.a' for executors 0, 1, not 2: resume it on as many"):

@@ -1,0 +1,306 @@
+"""Rescaling: resuming a checkpoint on another number of executors.
+
+SSB partitions are the unit of state (as Flink's key groups are): each old executor's window
+state is cut by the partition of each key (`split_partitions`) and each new executor merges the
+partitions it now leads (`merge_partitions`). Array sources start afresh on new shares of what
+no old executor had fed (`reshare`), lateness judged as in a run without the rescaling; the
+transactional sinks' pending transactions go to a successor (`reassigned`), or are settled
+(`rescale`) where an old executor has none.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from slashrt.errors import SnapshotError
+from slashrt.snapshot.runtime import source_position
+from slashrt.snapshot.state_format import State
+
+__all__ = ["rescale", "reshaped", "resumed_inputs", "reshare", "reassigned", "as_partitioned", "RESCALABLE"]
+
+# the state kinds a rescaled resume reassigns: windows by key partition, sinks' pending
+# transactions to a successor; sources start afresh on their new shares
+RESCALABLE = {"ssb_window", "window", "route_by_owner", "sink", "source", "array_source"}
+
+
+def reshaped(restored, plan, executors: int) -> bool:
+    """Whether checkpoint `restored` was taken on another number of executors than `executors`,
+    or with other kinds of window state than `plan` keeps (another mode: SSB or UpPar)."""
+    from slashrt.snapshot.operators import stateful_nodes
+
+    if restored.meta.get("executors", 1) != executors:
+        return True
+    nodes = stateful_nodes(plan)
+    return any(
+        step not in nodes or state.meta.get("kind") != nodes[step].STATE_KIND
+        for (step, _), state in restored.states.items() if isinstance(state.meta, dict)
+    )
+
+
+def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tuple[dict, list]:
+    """Resume `restored` on another number of executors (or in another mode): refuse what cannot
+    be (one sentence), settle the sinks of old executors that have no successor, and return
+    every array source's new shares with the run's rescalings (`resumed_inputs`)."""
+    from slashrt._runtime import _per_source
+    from slashrt.cluster._job import PerExecutor
+    from slashrt.snapshot.commit import recover
+    from slashrt.snapshot.operators import stateful_nodes
+
+    was, n = restored.meta.get("executors", 1), restored.number
+    refuse = f"run(): checkpoint {n} was taken on {was} executor(s) and cannot resume on {executors}:"
+    for step_id, node in stateful_nodes(role_plan).items():
+        if node.STATE_KIND not in RESCALABLE:
+            raise SnapshotError(
+                f"{refuse} step {step_id!r} keeps {node.STATE_KIND} state, which is not cut by key partition; resume "
+                f"it with executors={was}"
+            )
+    steps = set(stateful_nodes(role_plan))
+    steps |= {f"{step}.route" for step in steps}  # an UpPar router's state goes with its window's
+    unknown = sorted({step for step, _ in restored.states} - steps)
+    if unknown:
+        raise SnapshotError(
+            f"{refuse} it holds state of step {unknown[0]!r}, which this dataflow does not have: resume it with the "
+            "dataflow that wrote it"
+        )
+    fed = {}
+    for step_id, _spec, value in _per_source(plan, inputs, "input"):
+        if isinstance(value, PerExecutor):
+            raise SnapshotError(
+                f"{refuse} source {step_id!r} is a PerExecutor, whose stream make(index, executors) is another input "
+                f"on another executor count (no position in the old streams says what is left of the new ones); resume "
+                f"it with executors={was}, or give the input as an array"
+            )
+        if callable(getattr(value, "for_executor", None)) and callable(getattr(value, "feed", None)):
+            raise SnapshotError(
+                f"{refuse} source {step_id!r} reads {type(value).__name__}, whose input is assigned to executors by a "
+                f"rule over their number (slashrt.connectors); resume it with executors={was}"
+            )
+        if not isinstance(value, np.ndarray):
+            raise SnapshotError(
+                f"{refuse} source {step_id!r} reads a {type(value).__name__}, and only in-memory arrays are shared out "
+                f"anew; resume it with executors={was}"
+            )
+        positions = [source_position(restored.meta, step_id, i) for i in range(was)]
+        if any(p is None or "fed" not in p for p in positions):
+            raise SnapshotError(
+                f"{refuse} it holds no position of source {step_id!r} on each of its executors: it was written by "
+                "another dataflow; resume it with the dataflow that wrote it"
+            )
+        fed[step_id] = [p["fed"] for p in positions]
+    for node in plan.sinks:  # output of old executors without a successor: committed up to n, the rest dropped
+        for i in range(executors, was):
+            part = getattr(node.sink, "for_executor", None)
+            if part is not None and getattr(node.sink, "transactional", False):
+                recover(part(i), n)
+    return resumed_inputs(plan, inputs, [*restored.meta.get("reshared", []), {"executors": was, "fed": fed}], executors)
+
+
+def resumed_inputs(plan, inputs: dict, stages: list, executors: int) -> tuple[dict, list]:
+    """Every array source's shares on `executors` after the rescalings `stages` (a checkpoint's
+    meta "reshared", oldest first: {"executors": old count, "fed": {source step: fed per old
+    executor}}), as ({source name: [share per executor]}, stages); none without rescalings (the
+    input is split as always). Its checkpoints keep `stages`, so that resuming one (on this
+    count or another) makes the same shares again."""
+    from slashrt._runtime import _per_source
+
+    if not stages:
+        return {}, []
+    shares = {}
+    for step_id, spec, value in _per_source(plan, inputs, "input"):
+        if not isinstance(value, np.ndarray) or any(step_id not in stage["fed"] for stage in stages):
+            raise SnapshotError(
+                f"run(): the checkpoint was taken by a run resumed on another executor count, which read source "
+                f"{step_id!r} as shares of an array, and it is given {type(value).__name__} now: give it the same array"
+            )
+        steps = [(stage["executors"], stage["fed"][step_id]) for stage in stages]
+        shares[step_id.split(".", 1)[1]] = reshare(value, spec.time, steps, executors)
+    return shares, stages
+
+
+def reshare(records: np.ndarray, time: str | None, stages: list, executors: int) -> list:
+    """Every executor's share of `records` after the rescalings `stages` ([(old executors, fed
+    per old executor)], oldest first): at each, old executor i had fed the first `fed[i]`
+    records of its share (at the first stage `_job.share`); the rest, in the input's order, is
+    dealt out in contiguous runs (`_deal`) to the next stage's executors, at the last to
+    `executors`. Each run carries the largest event time of the whole input before it (`Share`
+    with irregular blocks), so lateness is judged as in a run without the rescaling. A run
+    resumed from a rescaled run's checkpoint (on any count) makes its shares again this way."""
+    from slashrt.cluster._job import SPLIT_BLOCK, share
+    from slashrt.ops.event_time import NO_TIME, Share
+
+    rows = np.arange(len(records))
+    held = [share(rows, i, stages[0][0]) for i in range(stages[0][0])]
+    for k, (old, fed) in enumerate(stages):
+        if len(held) != old or len(fed) != old:
+            raise SnapshotError(
+                f"the checkpoint's record of its rescalings is inconsistent (stage {k}: {old} executors, {len(held)} "
+                "shares): it was not written by this slashrt; resume it with the executor count it was taken on"
+            )
+        left = np.sort(np.concatenate([held[i][fed[i]:] for i in range(old)]))
+        dealt = _deal(left, stages[k + 1][0] if k + 1 < len(stages) else executors, SPLIT_BLOCK)
+        held = [taken for taken, _ in dealt]
+    if time is None:
+        return [records[taken] for taken, _ in dealt]
+    prefix = np.maximum.accumulate(records[time].astype(np.int64)) if len(records) else rows
+    shares = []
+    for taken, offsets in dealt:
+        first = taken[offsets]  # each run's first row of the whole input
+        before = np.where(first > 0, prefix[np.maximum(first - 1, 0)], NO_TIME).astype(np.int64)
+        shares.append(Share(records[taken], before, SPLIT_BLOCK, offsets))
+    return shares
+
+
+def _deal(left: np.ndarray, executors: int, block: int) -> list:
+    """`left` (sorted row numbers) cut into contiguous runs (at gaps, and every `block` rows),
+    dealt round robin: per executor (its rows, where each of its runs begins in them)."""
+    breaks = np.flatnonzero(np.diff(left) != 1) + 1
+    starts = np.unique(np.concatenate([[0], breaks, np.arange(0, len(left), block)])) if len(left) else left
+    bounds = np.append(starts, len(left)).astype(np.int64)
+    dealt = []
+    for j in range(executors):
+        runs = np.arange(j, len(starts), executors)
+        pieces = [left[bounds[r] : bounds[r + 1]] for r in runs]
+        taken = np.concatenate(pieces) if pieces else left[:0]
+        lengths = np.array([len(p) for p in pieces], np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(pieces) else lengths
+        dealt.append((taken, offsets))
+    return dealt
+
+
+def reassigned(checkpoint, plan, index: int, executors: int, partitions: int) -> dict:
+    """Executor `index`'s states (step id -> State) out of `checkpoint`, taken on another number
+    of executors (or on one): the window state of every key partition executor `index` now leads
+    (`merge_partitions` over every old executor's state cut by partition), as the kind of window
+    this run has (SSB, a whole window, an UpPar owner's window and its router); sinks' pending
+    transactions of old executors index, index + executors, ... joined; sources start afresh on
+    their new shares (`reshare`)."""
+    from slashrt.ssb.partitions import Partitioning
+    from slashrt.snapshot.operators import stateful_nodes
+
+    old = checkpoint.meta.get("executors", 1)
+    after = Partitioning(partitions, executors)
+    merged: dict[str, State] = {}  # window step -> its SSB state on executor `index`
+
+    def window(step_id: str) -> State:
+        if step_id not in merged:
+            merged[step_id] = _merged_window(checkpoint, step_id, old, after, index)
+        return merged[step_id]
+
+    states = {}
+    for step_id, node in stateful_nodes(plan).items():
+        kind = node.STATE_KIND
+        if kind == "ssb_window":
+            states[step_id] = window(step_id)
+        elif kind == "window":
+            states[step_id] = as_window(window(step_id))
+        elif kind == "route_by_owner":
+            states[step_id] = as_route(window(node.window.step_id), step_id)
+        elif kind == "sink":
+            mine = [_state(checkpoint, step_id, i) for i in range(index, old, executors)]
+            if mine:
+                states[step_id] = _joined_sink_states(mine)
+    return states
+
+
+def _state(checkpoint, step_id: str, executor: int) -> State:
+    state = checkpoint.states.get((step_id, executor))
+    if state is None:
+        raise SnapshotError(
+            f"checkpoint {checkpoint.number} holds no state of step {step_id!r} on executor {executor}: it was "
+            "written by another dataflow (or the dataflow changed); resume it with the dataflow that wrote it"
+        )
+    return state
+
+
+def _merged_window(checkpoint, step_id: str, old: int, after, index: int) -> State:
+    """Executor `index`'s SSB state under `after`: every old executor's window state of `step_id`
+    (`as_partitioned`) cut by the partition of each key under `after`, the partitions `index`
+    leads merged."""
+    from slashrt.snapshot.operators import merge_partitions, split_partitions
+
+    led = set(after.led_by(index).tolist())
+    parts = []
+    for i in range(old):
+        route = checkpoint.states.get((f"{step_id}.route", i))  # an UpPar owner's router
+        state = as_partitioned(_state(checkpoint, step_id, i), route, old, i)
+        parts += [part for p, part in split_partitions(state, after).items() if p in led]
+    return merge_partitions(parts, after, index)
+
+
+def as_partitioned(state: State, route: State | None = None, executors: int = 1, index: int = 0) -> State:
+    """Executor `index`'s window state as an SSB state (`merge_partitions` takes it): an SSB
+    state as it is; a whole window (one executor's) or an UpPar owner's window (with its
+    router's state `route`) as leader state without fragments, its records judged up to the
+    router's `fired_until` (a whole window's own: it judged and fired at once)."""
+    from slashrt.ops.ssb_window import SSB_STATE, SSB_STATE_VERSION
+    from slashrt.snapshot.operators import check, tagged
+
+    kind = state.meta.get("kind") if isinstance(state.meta, dict) else None
+    if kind == SSB_STATE:
+        return state
+    step = state.meta.get("step", "?") if kind else "?"
+    meta = check(state, step, "window", 1)
+    window = {k: meta[k] for k in ("size", "slide", "slice_len", "aggregate", "value_dtype")}
+    if route is not None:
+        route_meta = check(route, route.meta.get("step", "?"), "route_by_owner", 1)
+        judged, frontier = route_meta["fired_until"], list(route_meta["frontier"])
+    else:  # fired up to F, which is a window end: as a watermark its promise is F again
+        judged, frontier = meta["fired_until"], [meta["fired_until"]] * executors
+    arrays = {**{f"leader.{k}": v for k, v in state.arrays.items()}, **_no_tables(state.arrays)}
+    return tagged(
+        SSB_STATE, SSB_STATE_VERSION, arrays, step=step, **window, next_start=None, fired_until=judged,
+        late_records=meta["late_records"], leader={**window, "next_start": meta["next_start"],
+        "fired_until": meta["fired_until"], "late_records": 0},
+        partitions=1, executors=executors, index=index, epoch=0, helper_epoch=[0] * executors, frontier=frontier,
+        watermark=frontier[index], shipped_promise=judged, direct=False, epoch_counters=[0] * 6,
+    )
+
+
+def _no_tables(arrays: dict) -> dict:
+    """Empty fragment table sets (`slices`, `tails`) of the layout of `arrays`' tables."""
+    out = {}
+    for prefix in ("slices", "tails"):
+        ids = arrays[f"{prefix}.ids"]
+        out.update({f"{prefix}.ids": ids[:0], f"{prefix}.bounds": np.zeros(1, np.int64),
+                    f"{prefix}.overflowed": np.zeros(0, bool),
+                    **{f"{prefix}.{c}": arrays[f"{prefix}.{c}"][:0] for c in ("keys", "counts", "vals")}})
+    return out
+
+
+def as_window(state: State) -> State:
+    """A whole window's state (one executor, or an UpPar owner) out of an SSB state that
+    `merge_partitions` made: the leader state's tables and firing, the late count."""
+    from slashrt.snapshot.operators import tagged
+
+    meta, leader = state.meta, state.meta["leader"]
+    arrays = {k[len("leader."):]: v for k, v in state.arrays.items() if k.startswith("leader.")}
+    return tagged(
+        "window", 1, arrays, step=meta["step"], **{k: leader[k] for k in ("size", "slide", "slice_len", "aggregate",
+        "value_dtype", "next_start", "fired_until")}, late_records=meta["late_records"],
+    )
+
+
+def as_route(state: State, step_id: str) -> State:
+    """An UpPar router's state out of its window's SSB state (`merge_partitions` made it): the
+    new executor judges its records up to where the old ones all had, and its window's gate
+    holds the least watermark any old executor had sent."""
+    from slashrt.snapshot.operators import tagged
+
+    meta = state.meta
+    return tagged("route_by_owner", 1, {}, step=step_id, fired_until=meta["fired_until"],
+                  executors=meta["executors"], frontier=list(meta["frontier"]))
+
+
+def _joined_sink_states(states: list[State]) -> State:
+    pending = sorted({n for s in states for n in s.meta["pending"]})
+    if not any("pending.records" in s.arrays for s in states):
+        return State({}, {**states[0].meta, "pending": pending})
+    by_n: dict[int, list] = {n: [] for n in pending}
+    for s in states:
+        records, bounds = s.arrays.get("pending.records"), s.arrays.get("pending.bounds")
+        for i, n in enumerate(s.meta["pending"]):
+            if records is not None:
+                by_n[n].append(records[bounds[i] : bounds[i + 1]])
+    parts = [np.concatenate(by_n[n]) for n in pending if by_n[n]]
+    arrays = {"pending.records": np.concatenate(parts), "pending.bounds": np.cumsum([0, *map(len, parts)]).astype(np.int64)}
+    return State(arrays, {**states[0].meta, "pending": [n for n in pending if by_n[n]]})
