@@ -26,7 +26,7 @@ from slashrt.ops.sinks import Collect
 
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
 RING = {"slots": 4, "slot_size": 1024}
-SIZES = [3000, 0, 7000, 1, 2500] * 6  # records per chunk: empty ones too
+SIZES = [3000, 0, 7000, 1, 2500] * 3  # records per chunk: empty ones too
 
 
 def chunk(index: int, executor: int, n: int) -> np.ndarray:
