@@ -364,7 +364,7 @@ def local_inputs(
     input is already a channel `Receiver` (an ingest endpoint's, say) reads from it directly;
     one whose input has an async `feed(sender, spec, *, watermark_every, resume, barriers)` (a
     connector, see `slashrt.connectors`) gets the channel and fills it itself; a `PerExecutor`
-    function makes its array here. With `checkpoints`, every source resumes from its
+    function makes its array here (or its chunks, fed as the run goes: `slashrt.ops.chunks`). With `checkpoints`, every source resumes from its
     checkpointed position and carries the checkpoints' barriers."""
     from slashrt.cluster._job import PerExecutor  # the cluster package imports this module
 
@@ -376,7 +376,7 @@ def local_inputs(
             executor_inputs.append(Input(step_id, records, plan.roots[step_id], spec.schema.dtype))
             continue
         if isinstance(records, PerExecutor):  # one executor: it makes the whole stream (a resume: again)
-            records = records.make(0, 1)
+            records = records.open(step_id, 0, 1)
         if isinstance(records, Share):  # an executor's share of an array: it keeps the input's order
             plan.roots[step_id].carry(records)
             records = records.records

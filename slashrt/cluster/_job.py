@@ -27,18 +27,28 @@ SPLIT_BLOCK = 4096  # records per block when splitting an array across executors
 
 @attrs.frozen
 class PerExecutor:
-    """An input each executor makes for itself: `make(index, executors)` returns its stream
-    (a structured array), e.g. generated data or the executor's own files. It runs in the
-    executor's process before the job starts, so it is not part of the measured run (on one
-    executor: `make(0, 1)`, in the caller's process).
+    """An input each executor makes for itself: `make(index, executors)` returns its stream,
+    e.g. generated data or the executor's own files (on one executor: `make(0, 1)`, in the
+    caller's process). Either one structured array, made in the executor's process before the
+    job starts (so not part of the measured run), or an iterable of them (chunks: a generator,
+    a list, an object making chunk i on demand), made lazily while the run goes, each when the
+    feed needs it, so a long or unbounded stream runs in bounded memory (`slashrt.ops.chunks`).
 
     `deterministic=True` declares that `make` returns the same records whenever it is called
     with the same arguments (seeded generators, files that do not change): a checkpointed run
-    then rewinds it by calling it again and skipping what its checkpoint had fed. A
-    checkpointed run refuses a PerExecutor without it."""
+    then rewinds it by calling it again and skipping what its checkpoint had fed (whole chunks
+    without making them where `make` returns a sequence). A checkpointed run refuses a
+    PerExecutor without it."""
 
-    make: Callable[[int, int], np.ndarray]
+    make: Callable[[int, int], object]
     deterministic: bool = attrs.field(default=False, kw_only=True)
+
+    def open(self, source: str, index: int, executors: int):
+        """Executor `index`'s input for `source`: the array `make` returned, or its chunks as a
+        `ChunkStream` that makes them as the run feeds them."""
+        from slashrt.ops.chunks import per_executor_input
+
+        return per_executor_input(source, self.make(index, executors))
 
 
 @attrs.frozen

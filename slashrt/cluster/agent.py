@@ -9,7 +9,7 @@ it listens, and for each job:
 1. builds its plan: every keyed window is an exchange (SSB or UpPar, see `slashrt._plan`);
 2. opens a data listener per (exchange, peer), reports the addresses, gets everyone's back;
 3. connects a channel to every peer per exchange and accepts every peer's, then makes its
-   own input (its share of arrays, or a `PerExecutor` generator) and reports ready; an
+   own input (its share of arrays, or a `PerExecutor`'s array or chunks) and reports ready; an
    `Ingest` input opens an ingest endpoint instead (slashrt.spark), whose `IngestTarget` the
    "ready" message carries ({source: target}; empty without such inputs);
 4. on "start", runs one executor: its sources in lane 0, the peers' channels in lane 1, the
@@ -33,6 +33,7 @@ import sys
 import traceback
 
 import cloudpickle
+import numpy as np
 import structlog
 import trio
 
@@ -173,7 +174,7 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                 inputs, targets = {}, {}
                 for name, value in job.inputs.items():
                     if isinstance(value, PerExecutor):  # in a thread: heartbeats go on meanwhile
-                        inputs[name] = await trio.to_thread.run_sync(value.make, job.index, job.executors)
+                        inputs[name] = await trio.to_thread.run_sync(value.open, f"{job.flow.name}.{name}", job.index, job.executors)
                     elif isinstance(value, Ingest):
                         endpoint = await stack.enter_async_context(
                             _ingest_endpoint(job, name, value, secret, slots=slots, slot_size=slot_size)
@@ -195,7 +196,8 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                 x = exchanges[step_id]
                 executor_inputs.append(Input(f"{step_id}.from{src}", receiver, x.inbound(src), x.exchange_dtype, lane=getattr(x, "lane", 1)))
             bound.info("executor ready", exchanges=list(exchanges),
-                       records={k: len(v) for k, v in inputs.items() if k not in targets and hasattr(v, "__len__")},
+                       records={k: len(v) if hasattr(v, "__len__") else "chunks" for k, v in inputs.items()
+                                if k not in targets and not callable(getattr(v, "feed", None))},
                        connectors={k: repr(v) for k, v in inputs.items() if callable(getattr(v, "feed", None))},
                        ingest=sorted(targets))
             await control.send("ready", targets)

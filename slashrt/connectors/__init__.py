@@ -6,7 +6,7 @@ source (`spec`, a SourceSpec) and runs it beside the executor; it fills the chan
 (`slashrt.ops.sources.ChannelFeeder`) and closes it at its end. One that sets ``rewinds = True``
 takes part in checkpointed runs: its feeder records its position at each of the checkpoints'
 `barriers`, and `resume` (that position, from the restored checkpoint) rewinds it
-(`_feed.feed_reads`). A connector sink is a sink object (open / write / close, see
+(`slashrt.ops.reads.feed_reads`). A connector sink is a sink object (open / write / close, see
 `slashrt.sinks`), with a two-phase commit per checkpoint where it offers exactly-once.
 On several executors the cluster coordinator asks a source for one reader per executor,
 `for_executor(index, executors)`, each reading the part a stable rule over the number of

@@ -2,7 +2,7 @@
 
 The files are listed once, when the source is made, and read in order of their names
 (numbers in names by value: part-2 before part-10), each batch by batch in a worker thread,
-one batch ahead of the channel (`_feed.feed_reads`: full slots, watermarks in band):
+one batch ahead of the channel (`slashrt.ops.reads.feed_reads`: full slots, watermarks in band):
 
     .parquet   pyarrow, a row group at a time, `batch_records` rows a batch
     .csv       pyarrow's streaming reader, every column read as text and parsed by the
@@ -46,7 +46,7 @@ import trio
 
 from slashrt._schema import Schema
 from slashrt.connectors._columns import BadValue, to_records, unconvertible
-from slashrt.connectors._feed import feed_reads
+from slashrt.ops.reads import feed_reads
 from slashrt.errors import ConnectorError, OptionError, SchemaError, SlashError
 
 __all__ = ["FilePosition", "FileSource"]

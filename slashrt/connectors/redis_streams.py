@@ -3,7 +3,7 @@ of packed records (`write_stream`, `end_stream`, `read_stream`).
 
 The source reads entries (see `slashrt.connectors._redis` for their format) in a worker
 thread, one XRANGE or XREAD of up to `count` entries at a time, one read ahead of the
-channel, and feeds their records through `slashrt.connectors._feed.feed_reads` (full slots,
+channel, and feeds their records through `slashrt.ops.reads.feed_reads` (full slots,
 watermarks in band). Its `position` is the id of the last entry whose records
 are in the channel; `resume_from(id)` makes the next run read the entries after `id`. A
 checkpointed run records it (and a bounded read's end) at every barrier and rewinds to it.
@@ -45,7 +45,7 @@ from slashrt.connectors._redis import (
     shown,
     stream_schema,
 )
-from slashrt.connectors._feed import feed_reads
+from slashrt.ops.reads import feed_reads
 from slashrt.errors import ConnectorError, OptionError, SlashError
 
 __all__ = ["RedisStream", "write_stream", "end_stream", "read_stream"]

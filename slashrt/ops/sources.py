@@ -32,14 +32,16 @@ from slashrt.transport import Sender
 __all__ = ["ChannelFeeder", "feed_array", "validate_input", "another_input"]
 
 
-def validate_input(step_id: str, schema: Schema, records) -> np.ndarray:
+def validate_input(step_id: str, schema: Schema, records, what: str | None = None) -> np.ndarray:
     """Check an input array against its source's schema; return it as a contiguous array of the
-    schema's layout (reordered or byte-swapped once here if it must be: `Schema.conform`)."""
+    schema's layout (reordered or byte-swapped once here if it must be: `Schema.conform`).
+    `what` names it in errors (default: the input for source `step_id`)."""
+    what = what or f"input for source {step_id!r}"
     if not isinstance(records, np.ndarray):
-        raise TypeError(f"input for source {step_id!r} must be a numpy structured array, got {type(records).__name__}")
+        raise TypeError(f"{what} must be a numpy structured array, got {type(records).__name__}")
     if records.ndim != 1:
-        raise SchemaError(f"input for source {step_id!r} must be 1-D, has shape {records.shape}")
-    return schema.conform(records, f"input for source {step_id!r}")
+        raise SchemaError(f"{what} must be 1-D, has shape {records.shape}")
+    return schema.conform(records, what)
 
 
 async def feed_array(
@@ -76,8 +78,8 @@ async def feed_array(
 def another_input(step_id) -> SnapshotError:
     """A position recorded of another kind of input than the one resuming from it."""
     return SnapshotError(
-        f"source {step_id!r}: the checkpoint's position was taken of another kind of input (an array, a FileSource, "
-        "a RedisStream): resume with the input the checkpointed run had"
+        f"source {step_id!r}: the checkpoint's position was taken of another kind of input (an array, chunks of a "
+        "PerExecutor, a FileSource, a RedisStream): resume with the input the checkpointed run had"
     )
 
 

@@ -190,3 +190,35 @@ def test_a_retryable_error_is_recovered_exactly_once(tmp_path, reference):
                      checkpoint_dir=tmp_path / "chk", restart="fixed-delay:attempts=2,delay=0", **SMALL)
     assert len(result.recoveries) == 1 and "the service is briefly away" in result.recoveries[0]["cause"]
     assert published(tmp_path / "out") == reference
+
+
+def _stream(index: int, executors: int):
+    """Executor `index`'s own stream: every `executors`-th record of DATA."""
+    return DATA[index::executors]
+
+
+def _chunked_stream(index: int, executors: int):
+    """The same stream as a generator of chunks, made as the run feeds them."""
+    records = _stream(index, executors)
+    for start in range(0, len(records), 6000):
+        yield records[start:start + 6000].copy()
+
+
+def test_kills_with_a_chunked_deterministic_source_recover_to_exactly_the_failure_free_output(tmp_path, monkeypatch):
+    from slashrt.cluster import PerExecutor
+
+    def go(name, make, kills=""):
+        if kills:
+            (tmp_path / "marks").mkdir()
+            monkeypatch.setenv(chaos.KILLS_ENV, kills)
+            monkeypatch.setenv(chaos.MARKS_ENV, str(tmp_path / "marks"))
+        return bounded(flow(tmp_path / name), {"r": PerExecutor(make, deterministic=True)}, executors=2,
+                       checkpoint={"interval": 0.02, "keep": 2}, checkpoint_dir=tmp_path / f"{name}-chk",
+                       restart="fixed-delay:attempts=5,delay=0", **SMALL)
+
+    assert go("whole", _stream).recoveries == []
+    result = go("chunked", _chunked_stream, "pre_commit:3")  # a restart rewinds into the stream's middle chunks
+    assert len(list((tmp_path / "marks").iterdir())) == 1 and len(result.recoveries) == 1, result.recoveries
+    assert all("killed by signal 9 (SIGKILL)" in r["cause"] for r in result.recoveries), result.recoveries
+    reference = published(tmp_path / "whole")
+    assert sum(reference.values()) > 1000 and published(tmp_path / "chunked") == reference

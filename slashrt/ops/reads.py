@@ -1,4 +1,5 @@
-"""Feeding a connector source's reads into its channel: the loop the Redis and file sources share.
+"""Feeding a source whose records come in reads into its channel: the loop the Redis and file
+sources (`slashrt.connectors`) and chunked `PerExecutor` inputs (`slashrt.ops.chunks`) share.
 
 A reader task reads ahead in a worker thread and sends, through a memory channel of one (one
 read ahead: bounded), either `(records, position after them)` or the `SlashError` that ended
