@@ -8,7 +8,7 @@
     slashrt bench redis [--url URL] [--checkpoint-interval S] [--json]   YSB from a Redis stream to a Redis stream
     slashrt bench files [--checkpoint-interval S] [--json]   YSB from Parquet, CSV and .npy files (FileSource)
     slashrt bench checkpoint [--query ysb|nexmark] [--interval S] [--executors N] [--json]   what checkpoints cost
-    slashrt bench chaos [--kills N] [--query ysb|nexmark] [--executors N] [--transport shm|tcp] [--sink csv|collect] [--seed S] [--redis] [--json]   exactly once under SIGKILLs
+    slashrt bench chaos [--kills N] [--query ysb|nexmark] [--executors N] [--transport shm|tcp] [--sink csv|collect] [--interval S] [--seed S] [--redis] [--json]   exactly once under SIGKILLs
     slashrt bench report                        the scaling and skew sweeps, with plots
     slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
         [--executors K --transport shm|tcp]     ... labels partitioned over K executors
@@ -250,7 +250,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_runtime_options(chk)
 
     chaos = queries.add_parser("chaos", help="SIGKILL executors of a checkpointed cluster job; check exactly-once output")
-    chaos.add_argument("--kills", type=_positive_int, default=5,
+    chaos.add_argument("--kills", type=_positive_int, default=10,
                        help="random SIGKILLs (default 10, about a minute here; plus 5 at chosen points)")
     chaos.add_argument("--query", dest="chaos_query", choices=["ysb", "nexmark"], default="ysb")
     chaos.add_argument("--executors", type=int, default=2, help="executor processes (2 or more)")
@@ -259,6 +259,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="the job's sink: a transactional CSV directory, or a transactional Collect")
     chaos.add_argument("--seed", type=int, default=0, help="seeds the random kill moments and victims")
     chaos.add_argument("--events", type=_positive_int, default=2_000_000)
+    chaos.add_argument("--interval", type=_positive_float, default=0.05,
+                       help="seconds between checkpoints (the chosen kill points need several per run)")
     chaos.add_argument("--campaigns", type=_positive_int, default=1000, help="YSB campaigns: the state's size (ysb only)")
     chaos.add_argument("--redis", action="store_true", help="read the events from a Redis stream shared among the executors and write to a transactional "
                        "Redis stream, on a throw-away redis-server")
@@ -565,7 +567,8 @@ def _run_bench(args, given: set[str]) -> dict:
         from slashrt.bench import chaos
 
         return chaos.bench(kills=args.kills, query=args.chaos_query, executors=args.executors, transport=args.transport,
-                           seed=args.seed, events=args.events, campaigns=args.campaigns, redis=args.redis, sink=args.sink)
+                           seed=args.seed, events=args.events, campaigns=args.campaigns, redis=args.redis, sink=args.sink,
+                           interval=args.interval)
     if path == "checkpoint":
         from slashrt.bench import checkpoint
 

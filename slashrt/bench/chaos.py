@@ -242,7 +242,9 @@ def _killer(kills: int, executors: int, rng: random.Random, done: threading.Even
 def _flow(query: str, events: int, executors: int, sink, campaigns: int = 1000):
     from slashrt.bench.checkpoint import _query
 
-    inputs, make_flow, _, _ = _query(query, events, executors, campaigns)
+    # whole random shares: their runs on small rings last seconds (time for kills), and an
+    # input with keys and windows drawn at random checks more rows than tiled chunks would
+    inputs, make_flow, _, _ = _query(query, events, executors, campaigns, chunked=False)
     return make_flow(sink), inputs
 
 

@@ -31,19 +31,26 @@ MODES = ("none", "abs", "sync")
 KEEP = 10_000  # every checkpoint of the measured run stays, to read its state's size
 
 
-def _query(query: str, events: int, executors: int, campaigns: int = 1000):
+def _query(query: str, events: int, executors: int, campaigns: int = 1000, chunked: bool = True):
     """(records by source, flow builder for a sink, result of collected records, reference). On
     a cluster, each executor makes its share chunk by chunk while the run goes
     (`slashrt.bench.long_stream`: nothing shipped, memory bounded whatever `events`), and the
-    reference is computed from the chunks' bases, exactly."""
+    reference is computed from the chunks' bases, exactly; or, not `chunked`, each executor
+    generates its share whole before the run (`slashrt.bench.scaling`: random events, whose
+    windows and campaigns vary more than tiled chunks')."""
     if executors > 1:
         import functools
 
-        from slashrt.bench.scaling import QUERIES
+        from slashrt.bench.scaling import QUERIES, _make
         from slashrt.cluster import PerExecutor
 
         q, params = QUERIES[query], {"campaigns": campaigns} if query == "ysb" else {}
         each = -(-events // executors)
+        if not chunked:
+            make = PerExecutor(functools.partial(_make, query, each, 0.0, params), deterministic=True)
+            records = lambda: np.concatenate([make.make(i, executors) for i in range(executors)])  # noqa: E731
+            return ({q.source: make}, functools.partial(q.flow, **params), q.to_result,
+                    lambda: q.reference(records(), **params))
         make = PerExecutor(functools.partial(long_stream.make, query, each, params), deterministic=True)
         return ({q.source: make}, functools.partial(q.flow, **params), q.to_result,
                 lambda: long_stream.reference(query, each, executors, params))

@@ -158,10 +158,12 @@ def test_a_killed_executor_reading_files_restarts_and_commits_every_record_once(
 def test_bench_chaos_with_redis_on_the_command_line(capsys):
     from slashrt.cli import main
 
+    # checkpoints every 5 ms: the chosen points need several per attempt, also on an idle
+    # machine, where the whole run lasts a tenth of a second
     assert main(["bench", "chaos", "--redis", "--kills", "1", "--events", "200000", "--executors", "2",
-                 "--seed", "1", "--json"]) == 0
+                 "--seed", "1", "--interval", "0.005", "--json"]) == 0
     fields = json.loads(capsys.readouterr().out)
-    assert fields["redis"] is True and fields["executors"] == 2
+    assert fields["redis"] is True and fields["executors"] == 2 and fields["interval_s"] == 0.005
     # every chosen point fired (alignment, async write, between pre-commit and commit, twice in a row)
     assert fields["chosen_kills"] == len(chaos.CHOSEN.split(";")) <= fields["recoveries"] <= fields["kills"], fields
     assert fields["correct"] and fields["duplicates"] == fields["missing"] == 0 and fields["rows"] > 0, fields

@@ -164,10 +164,12 @@ def test_bench_chaos_into_a_collect_on_the_command_line(capsys):
 
     from slashrt.cli import main
 
+    # checkpoints every 5 ms: the chosen points need several per attempt, also on an idle machine
     assert main(["bench", "chaos", "--sink", "collect", "--kills", "1", "--events", "200000", "--seed", "4",
-                 "--json"]) == 0
+                 "--interval", "0.005", "--json"]) == 0
     fields = json.loads(capsys.readouterr().out)
-    assert (fields["sink"], fields["executors"], fields["chosen"]) == ("collect", 2, chaos.CHOSEN_COLLECT)
+    assert (fields["sink"], fields["executors"], fields["chosen"], fields["interval_s"]) == \
+        ("collect", 2, chaos.CHOSEN_COLLECT, 0.005)
     assert fields["chosen_kills"] == 5 and fields["recoveries"] >= 5, fields
     assert fields["correct"] and fields["duplicates"] == fields["missing"] == 0 and fields["rows"] > 0, fields
 
