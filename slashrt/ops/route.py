@@ -13,7 +13,8 @@ Records to ship wait in a queue per peer that a background task drains (no backp
 compute: a graph flow's exchange channels are read by the same compute coroutine that sends,
 so waiting for a peer's credits there could deadlock two executors sending to each other).
 When the step's input frontier is empty (nothing anywhere can send more), the queues end with
-END_OF_STREAM, which ends the peers' inputs.
+END_OF_STREAM, which ends the peers' inputs. A checkpoint's barrier goes into every queue behind
+the records before it (`forward_barrier`, `slashrt.snapshot.cluster`) and out in band.
 
 `WindowRoute` is a graph flow's keyed window on several executors: the same exchange, keyed
 by the window's key and shipping only the columns the window reads, in front of a plain
@@ -31,6 +32,7 @@ import numpy as np
 import trio
 
 from slashrt._batch import Batch
+from slashrt._buffer import Control
 from slashrt._dataflow import ExchangeSpec, WindowAggSpec
 from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
@@ -118,13 +120,28 @@ class ExchangeNode(Node):
         for lot in self._lots.values():
             lot.unpark_all()
 
+    def forward_barrier(self, n: int) -> None:
+        """Checkpoint barrier n to every peer, behind every record queued for it so far (an
+        ended exchange's peers count it delivered: their input ended)."""
+        if self._ended:
+            return
+        for peer, queue in self._queues.items():
+            queue.append(n)
+            self._lots[peer].unpark_all()
+
     async def _ship(self, peer: int) -> None:
         queue, lot, sender = self._queues[peer], self._lots[peer], self.senders[peer]
         while True:
             while queue:
-                # what queued meanwhile goes as one (fuller slots, fewer batches at the peer)
-                rows = queue.popleft() if len(queue) == 1 else np.concatenate([queue.popleft() for _ in range(len(queue))])
-                await sender.send_records(rows)
+                # what queued meanwhile goes as one (fuller slots, fewer batches at the peer),
+                # up to a checkpoint barrier (an int), which goes in band after it
+                rows = []
+                while queue and not isinstance(queue[0], int):
+                    rows.append(queue.popleft())
+                if rows:
+                    await sender.send_records(rows[0] if len(rows) == 1 else np.concatenate(rows))
+                elif queue:  # (rows may have queued while the send above waited)
+                    await sender.send_control(Control.BARRIER, queue.popleft())
             if self._ended:
                 await sender.aclose()
                 return

@@ -277,6 +277,7 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     and before any agent starts, what clusters cannot checkpoint."""
     from slashrt._runtime import refuse_uncheckpointable
     from slashrt.errors import DataflowError
+    from slashrt.snapshot.loops import loop_feedbacks
     from slashrt.snapshot.operators import stateful_nodes
     from slashrt.snapshot.runtime import checkpoint_config, load_restored
     from slashrt.snapshot.storage import SnapshotStore
@@ -293,13 +294,15 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
         return None
     config, keep = checkpoint_config(checkpoint)
     refuse_uncheckpointable(flow, plan, inputs)
-    if role_plan.graph is not None:
+    feedbacks = loop_feedbacks(role_plan)
+    if feedbacks:
         raise DataflowError(
-            f"run(): dataflow {flow.name!r} runs on distributed pointstamp progress across executors, which checkpoints "
-            "do not cover yet: run it without checkpoint_dir= or on one executor"
+            f"run(): the loops of dataflow {flow.name!r} (feedback {', '.join(sorted(feedbacks))}) feed records back "
+            "across executors, which checkpoints on several executors do not cover yet: run it without "
+            "checkpoint_dir= or on one executor"
         )
     exchanges = role_plan.exchanges()
-    for x in exchanges:
+    for x in exchanges if role_plan.graph is None else ():  # a graph flow aligns exchange by exchange
         behind = [y.step_id for y in x.walk() if y is not x and y in exchanges]
         if behind:
             raise DataflowError(
@@ -328,6 +331,11 @@ def _rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> d
 
     was, n = restored.meta.get("executors", 1), restored.number
     refuse = f"run(): checkpoint {n} was taken on {was} executor(s) and cannot resume on {executors}:"
+    if role_plan.graph is not None:
+        raise SnapshotError(
+            f"{refuse} the state of a graph flow's operators and windows is not reassigned by key; resume it with "
+            f"executors={was}"
+        )
     if not restored.meta.get("cluster"):
         raise SnapshotError(
             f"{refuse} one executor keeps its windows whole, not as SSB partitions to reassign; resume it on one executor"
@@ -365,7 +373,10 @@ async def agent_checkpointing(job, plan, *, link, exchanges, peer_inputs) -> Age
     restored = None
     if settings["restore"] is not None:  # rescaling: every executor's parts, to take its partitions
         restored = await store.aload(settings["restore"], executor=None if settings["rescale"] else job.index)
-    checkpoints = AgentCheckpointing(
+    from slashrt.snapshot.cluster_graph import GraphAgentCheckpointing
+
+    kind = AgentCheckpointing if plan.graph is None else GraphAgentCheckpointing
+    checkpoints = kind(
         plan, settings["config"], store, restored, index=job.index, link=link, exchanges=exchanges,
         peer_inputs=peer_inputs,
     )

@@ -1,0 +1,119 @@
+"""Checkpoints of a graph flow on several executors (distributed pointstamp progress): an agent's side.
+
+A graph flow's exchanges (`exchange(key=)`, the `WindowRoute` of a keyed window) may be chained
+(an exchange fed by what another exchange delivered), so alignment goes one exchange at a time,
+in the order the data flows, instead of the two stages of `AgentCheckpointing`:
+
+    exchange X forwards barrier n to its peers (into each ship queue, behind the rows queued)
+    once every input upstream of X delivered n (blocked behind it) or ended: this executor's
+    sources, and the peers' channels of every exchange that feeds X;
+    the executor snapshots once every input delivered n (the sources and every peer channel).
+
+Nothing computed from an input after its barrier reaches an exchange that forwarded n (the
+input is blocked until the snapshot), and what the peers' channels bring before their barriers
+only flows downstream of their exchange, which forwards n only after them: the graph is
+acyclic, so no executor waits for its own barrier and alignment cannot deadlock.
+
+What fires on the frontier (windows, notifications, an exchange's end) is not fed by an input
+but by progress, which moves at any moment: from the first barrier forwarded to the snapshot the
+tracker holds every delivery (`PointstampProgress.hold_deliveries`), so a window fires either before the
+barrier went out (its output before the barrier, its state fired) or after the snapshot.
+
+Progress at the cut: every record shipped before a barrier was received, and counted -n, before
+the receiver's snapshot, so no count of records in flight belongs to a checkpoint; a restored run
+starts from the initial view (every source instance at the least time) and each executor
+recounts what its restored nodes hold (`PointstampProgress.recount`: sources' capabilities at
+their restored watermarks, notification requests, windows' capabilities), in one batch.
+"""
+
+from __future__ import annotations
+
+from slashrt.snapshot.alignment import Abort, Snapshot
+from slashrt.snapshot.cluster import AgentCheckpointing
+from slashrt.snapshot.runtime import Checkpointing
+
+__all__ = ["GraphAgentCheckpointing", "upstream_inputs"]
+
+
+def upstream_inputs(exchanges, local: list[str], peer_inputs) -> dict[str, list[str]]:
+    """Exchange step id -> the inputs whose data can reach it: the executor's sources, and the
+    peer channels (`<step>.from<executor>`) of every other exchange it lies downstream of."""
+    inbound = {x.step_id: [i for i in peer_inputs if i.rpartition(".from")[0] == x.step_id] for x in exchanges}
+    return {
+        x.step_id: list(local) + [
+            i for y in exchanges if y is not x and any(z is x for z in y.walk()) for i in inbound[y.step_id]
+        ]
+        for x in exchanges
+    }
+
+
+class GraphAgentCheckpointing(AgentCheckpointing):
+    """`AgentCheckpointing` for a graph flow (see the module doc)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.upstream = upstream_inputs(self.exchanges, self.local, self.aligner.channels.inputs[len(self.local):])
+        self._sent = {x.step_id: 0 for x in self.exchanges}  # the newest barrier each exchange forwarded
+        self.progress = None
+        self._holding: int | None = None  # forwarded, not yet snapshotted: the tracker holds deliveries
+
+    def restore(self, progress=None) -> None:
+        self.progress = progress
+        super().restore(progress)
+
+    def on_message(self, kind: str, n) -> None:
+        super().on_message(kind, n)
+        if kind == "checkpoint":
+            self._advance()  # sources that ended before n was asked for deliver it now
+
+    async def _obey(self, executor, outcomes) -> None:
+        for outcome in outcomes:
+            if isinstance(outcome, Snapshot):
+                if outcome.checkpoint not in self._requested:  # a peer's barrier overtook the request
+                    self._requested.add(outcome.checkpoint)
+                    self._request(outcome.checkpoint)
+                self._send(outcome.checkpoint, self.exchanges)
+        self._advance()
+        await Checkpointing._obey(self, executor, outcomes)
+
+    def _advance(self) -> None:
+        """Forward each barrier on each exchange whose upstream inputs all delivered it; take
+        at once what nothing can deliver any more (every input ended)."""
+        channels = self.aligner.channels
+        pending = sorted(self._requested - self._taken)
+        aligning = self.aligner.aligning
+        if aligning is not None and aligning not in pending:
+            pending.append(aligning)
+        for n in pending:
+            ready = [
+                x for x in self.exchanges if self._sent[x.step_id] < n and all(
+                    i in channels.ended or (aligning == n and i in channels.blocked) for i in self.upstream[x.step_id]
+                )
+            ]
+            self._send(n, ready)
+        if channels.ended == set(channels.inputs):
+            for n in sorted(self._requested - self._taken):
+                self._send(n, self.exchanges)
+                self._take_now(n)
+
+    def _send(self, n: int, exchanges) -> None:
+        for x in exchanges:
+            if self._sent[x.step_id] < n:
+                self._sent[x.step_id] = n
+                x.forward_barrier(n)
+                if n not in self._taken and self.progress is not None:
+                    self.progress.hold_deliveries()
+                    self._holding = max(n, self._holding or 0)
+
+    def _take(self, n, alignment, running: bool = False) -> None:
+        super()._take(n, alignment, running)
+        self._release(n)
+
+    def _decline(self, outcome: Abort) -> None:
+        super()._decline(outcome)
+        self._release(outcome.checkpoint)
+
+    def _release(self, n: int) -> None:
+        if self._holding is not None and n >= self._holding:
+            self._holding = None
+            self.progress.resume_deliveries()
