@@ -289,7 +289,7 @@ async def _run_job_on(stream: trio.SocketStream, message: dict, secret: bytes) -
                 else:  # it ended the job itself (it says why); nothing to add on the user's terminal
                     log.info("the coordinator ended the job", executor=index, reason=str(exc))
             else:
-                log.error("job failed", executor=index, error=_describe(exc), tb=traceback.format_exc())  # TMPDEBUG
+                log.error("job failed", executor=index, error=_describe(exc))
                 with contextlib.suppress(Exception):
                     await link.send("failed", f"{_describe(exc)} (on executor {index})")
             return False

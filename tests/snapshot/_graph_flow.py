@@ -13,7 +13,7 @@ SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
 OUT_SCHEMA = Schema({"t": "i8", "k": "i8", "g": "i8", "s": "i8", "seen": "i8"})
 OUT = OUT_SCHEMA.dtype
 SINKS = ("sums", "windows", "both")
-N = 8_000  # per source: ~750 slots of 256 bytes through each ring of 4
+N = 4_000  # per source: ~400 slots of 256 bytes, each ring (4 slots) wraps ~100 times
 
 
 class PerTimeSums(Operator):
