@@ -277,6 +277,7 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     and before any agent starts, what clusters cannot checkpoint."""
     from slashrt._runtime import refuse_uncheckpointable
     from slashrt.errors import DataflowError
+    from slashrt.snapshot.cluster_graph import outbox_steps
     from slashrt.snapshot.loops import loop_feedbacks
     from slashrt.snapshot.operators import stateful_nodes
     from slashrt.snapshot.runtime import checkpoint_config, load_restored
@@ -294,13 +295,9 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
         return None
     config, keep = checkpoint_config(checkpoint)
     refuse_uncheckpointable(flow, plan, inputs)
-    feedbacks = loop_feedbacks(role_plan)
-    if feedbacks:
-        raise DataflowError(
-            f"run(): the loops of dataflow {flow.name!r} (feedback {', '.join(sorted(feedbacks))}) feed records back "
-            "across executors, which checkpoints on several executors do not cover yet: run it without "
-            "checkpoint_dir= or on one executor"
-        )
+    steps = list(stateful_nodes(role_plan))
+    if loop_feedbacks(role_plan):  # the feedback queues' logs and the exchanges' outboxes (`cluster_graph`)
+        steps += list(loop_feedbacks(role_plan)) + outbox_steps(role_plan)
     exchanges = role_plan.exchanges()
     for x in exchanges if role_plan.graph is None else ():  # a graph flow aligns exchange by exchange
         behind = [y.step_id for y in x.walk() if y is not x and y in exchanges]
@@ -310,7 +307,7 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
                 "of chained exchanges are not there yet; run it without checkpoint_dir= or on one executor"
             )
     store = SnapshotStore(location, job=flow.name, keep=keep)
-    cluster = ClusterCheckpoints(store, config, stateful_nodes(role_plan), executors)
+    cluster = ClusterCheckpoints(store, config, steps, executors)
     restored = load_restored(store, resume_from, executor=None)  # every part verified: a corrupt one falls back
     cluster.job = {"config": config, "location": location, "keep": keep,
                    "restore": None if restored is None else restored.number, "rescale": False}

@@ -30,9 +30,37 @@ from __future__ import annotations
 
 from slashrt.snapshot.alignment import Abort, Snapshot
 from slashrt.snapshot.cluster import AgentCheckpointing
+from slashrt.snapshot.operators import check, tagged
 from slashrt.snapshot.runtime import Checkpointing
+from slashrt.snapshot.state_format import State
 
-__all__ = ["GraphAgentCheckpointing", "upstream_inputs"]
+__all__ = ["GraphAgentCheckpointing", "outbox_steps", "upstream_inputs"]
+
+OUTBOX = ".outbox"  # an exchange's outbox part: <exchange step id>.outbox
+
+
+def outbox_steps(plan) -> list[str]:
+    """The outbox parts a checkpoint of a graph flow with loops holds per executor: one per exchange."""
+    return [x.step_id + OUTBOX for x in plan.exchanges()]
+
+
+class Outbox:
+    """An exchange's rows shipped after its barrier and before the executor's snapshot (loops
+    only): records in flight at the cut, which the receiver's snapshot does not hold."""
+
+    STATE_KIND, STATE_VERSION = "exchange_outbox", 1
+
+    def __init__(self, exchange):
+        self.exchange = exchange
+        self.step_id = exchange.step_id + OUTBOX
+
+    def snapshot(self) -> State:
+        owners, rows = self.exchange.take_outbox()
+        return tagged(self.STATE_KIND, self.STATE_VERSION, {"owners": owners, "rows": rows}, step=self.step_id)
+
+    def restore(self, state: State) -> None:
+        check(state, self.step_id, self.STATE_KIND, self.STATE_VERSION)
+        self.exchange.reship(state.arrays["owners"], state.arrays["rows"])
 
 
 def upstream_inputs(exchanges, local: list[str], peer_inputs) -> dict[str, list[str]]:
@@ -56,10 +84,19 @@ class GraphAgentCheckpointing(AgentCheckpointing):
         self._sent = {x.step_id: 0 for x in self.exchanges}  # the newest barrier each exchange forwarded
         self.progress = None
         self._holding: int | None = None  # forwarded, not yet snapshotted: the tracker holds deliveries
+        if self.loops is not None:  # records in flight at the cut: the feedback queues and the outboxes
+            self.outboxes = {box.step_id: box for box in map(Outbox, self.exchanges)}
+            self.nodes.update(self.outboxes)
 
     def restore(self, progress=None) -> None:
+        """The nodes, then (loops) the outboxes shipped again and counted in flight, before the
+        feedback queues' log is replayed (`replay`): one batch of counts with the recount."""
         self.progress = progress
+        states = {} if self.restored is None else self.restored.states
+        outboxes = {key: states.pop(key) for key in list(states) if key[0].endswith(OUTBOX)}
         super().restore(progress)
+        for (step_id, _), state in outboxes.items():
+            self.outboxes[step_id].restore(state)
 
     def on_message(self, kind: str, n) -> None:
         super().on_message(kind, n)
@@ -100,13 +137,15 @@ class GraphAgentCheckpointing(AgentCheckpointing):
         for x in exchanges:
             if self._sent[x.step_id] < n:
                 self._sent[x.step_id] = n
-                x.forward_barrier(n)
+                x.forward_barrier(n, log=self.loops is not None)
                 if n not in self._taken and self.progress is not None:
                     self.progress.hold_deliveries()
                     self._holding = max(n, self._holding or 0)
 
     def _take(self, n, alignment, running: bool = False) -> None:
-        super()._take(n, alignment, running)
+        # loops: the log of the feedback queues is what they hold now (deliveries are held
+        # since the barriers went out, and the cut is this executor's, not a barrier's round)
+        super()._take(n, alignment, running=False)
         self._release(n)
 
     def _decline(self, outcome: Abort) -> None:
