@@ -87,3 +87,31 @@ def inputs() -> dict:
         data["v"] = rng.integers(-50, 50, N)
         out[name] = data
     return out
+
+
+ROUNDS = 4
+
+
+def hop_flow(directory) -> Dataflow:
+    """A loop whose every round sends each record to the executor owning its key (k + round):
+    what comes back round the feedback is shipped again at once (the outbox of a checkpoint)."""
+    job = Dataflow("hop-ckpt")
+    source = job.source("a", SCHEMA, time="t")
+    with job.loop("rounds") as loop:
+        entered = loop.enter(source.with_column("n", lambda b: np.zeros(len(b), np.int64), dtype="<i8", name="zero"))
+        step = entered.exchange(key="k", name="hop").apply(_next_round, name="next", schema=HOP)
+        loop.feed_back(step.filter(lambda b: b["n"] < ROUNDS, name="again"))
+        left = loop.leave(step.filter(lambda b: b["n"] >= ROUNDS, name="done"))
+    left.sink(ChaosCsv(f"{directory}/hopped", transactional=True), name="hopped")
+    return job
+
+
+HOP = Schema({"t": "i8", "k": "i8", "v": "i8", "n": "i8"})
+
+
+def _next_round(batch):
+    out = batch.to_numpy(HOP.dtype).copy()
+    out["n"] += 1
+    out["k"] += 7919  # another owner next round
+    out["v"] = out["v"] * 3 + out["n"]
+    return out

@@ -10,20 +10,27 @@ transactional CSV sinks.
 - exactly once under fire: an agent SIGKILLed at chosen points (during alignment, during the
   asynchronous write, between pre-commit and commit); automatic recovery (`restart=`), or a
   failed run resumed with `resume_from="latest"`, publishes exactly the failure-free output;
-- what is not covered (loops on several executors, another executor count) is refused in one
-  sentence before any agent starts.
+- loops (the ABS seed's algorithm 2 on a cluster): connected components killed while an epoch
+  iterates recover to scipy's labels; a loop shipping every round across executors recovers
+  exactly once (its checkpoints hold the feedback queues' log and the exchanges' outboxes);
+- another executor count is refused in one sentence before any agent starts.
 """
 
 import collections
 
+import numpy as np
 import pytest
 
 import slashrt
 from slashrt.bench import chaos
-from slashrt.bench.chaos import published
+from slashrt.bench.chaos import ChaosCsv, published
+from slashrt.cluster import PerExecutor
 from slashrt.errors import SlashError
 from slashrt.snapshot import SnapshotStore
 
+from slashrt.examples.cc_partitioned import MESSAGES, cc_partitioned_flow, labels_after
+
+from tests.cluster import test_cc_partitioned as cc
 from tests.snapshot import _graph_flow
 
 RINGS = {"slot_size": 256, "slots": 4}
@@ -55,8 +62,8 @@ def mid_job(checkpoint) -> bool:
     )
 
 
-@pytest.mark.parametrize("executors,transport", [(2, "shm"), (3, "tcp")])
-def test_a_checkpointed_graph_flow_on_a_cluster_equals_one_executor(tmp_path, reference, executors, transport):
+def test_a_checkpointed_graph_flow_on_a_cluster_equals_one_executor(tmp_path, reference):
+    executors, transport = 2, "shm"  # (3 executors over tcp: the resume test below)
     result = slashrt.run(
         _graph_flow.flow(tmp_path / "out"), _graph_flow.inputs(), executors=executors, transport=transport,
         checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", **RINGS,
@@ -68,10 +75,10 @@ def test_a_checkpointed_graph_flow_on_a_cluster_equals_one_executor(tmp_path, re
     completed = [c for c in result.checkpoints if c["status"] == "completed"]
     assert {c["acks"] for c in completed} == {executors * len(steps)}
     assert any(mid_job(store.load(n)) for n in store.checkpoints())
-    if executors == 2:  # its state is not reassigned by key: another executor count is refused before any agent starts
-        with pytest.raises(SlashError, match="graph flow's operators and windows is not reassigned by key; resume it with executors=2"):
-            slashrt.run(_graph_flow.flow(tmp_path / "out"), _graph_flow.inputs(), executors=3,
-                        checkpoint_dir=tmp_path / "chk", resume_from="latest", **RINGS)
+    # its state is not reassigned by key: another executor count is refused before any agent starts
+    with pytest.raises(SlashError, match="graph flow's operators and windows is not reassigned by key; resume it with executors=2"):
+        slashrt.run(_graph_flow.flow(tmp_path / "out"), _graph_flow.inputs(), executors=3,
+                    checkpoint_dir=tmp_path / "chk", resume_from="latest", **RINGS)
 
 
 def chaos_env(monkeypatch, tmp_path, kills: str):
@@ -111,18 +118,50 @@ def test_a_killed_run_resumed_from_latest_on_tcp_publishes_exactly_the_failure_f
     assert outputs(tmp_path / "out") == reference
 
 
-def test_loops_on_several_executors_are_refused_before_any_agent_starts(tmp_path):
-    import numpy as np
+def cc_rows(directory) -> np.ndarray:
+    rows = [tuple(int(x) for x in line.split(",")) for line, count in published(directory).items() for _ in range(count)]
+    return np.array(rows, MESSAGES)
 
-    from slashrt import Dataflow, sinks
 
-    flow = Dataflow("looped")
-    source = flow.source("a", _graph_flow.SCHEMA, time="t")
-    with flow.loop("rounds") as loop:
-        step = loop.enter(source).exchange(key="k", name="hop").with_column("v", lambda b: b["v"] + 1, dtype="<i8")
-        loop.feed_back(step.filter(lambda b: b["v"] < 3, name="again"))
-        loop.leave(step.filter(lambda b: b["v"] >= 3, name="done")).sink(sinks.Collect(transactional=True), name="out")
-    data = np.zeros(10, _graph_flow.SCHEMA.dtype)
-    with pytest.raises(SlashError, match=r"^run\(\): the loops of dataflow 'looped' \(feedback looped.rounds_feedback_\d+\) feed records "
-                                         "back across executors, which checkpoints on several executors do not cover yet"):
-        slashrt.run(flow, {"a": data}, executors=2, checkpoint_dir=tmp_path)
+def test_connected_components_killed_mid_epoch_recover_to_scipy_labels(tmp_path, monkeypatch):
+    """The loop's rounds cross executors (proposals by node owner): a SIGKILL while epochs
+    iterate (between pre-commit and commit of the second checkpoint), recovered from a checkpoint
+    holding the rounds in flight (notifications still requested); after every epoch the labels
+    equal scipy's, and no change is published twice."""
+    chaos_env(monkeypatch, tmp_path, "pre_commit:2")
+    inputs = {"edges": PerExecutor(cc.share, deterministic=True),
+              "proposals": PerExecutor(lambda i, n: np.empty(0, MESSAGES), deterministic=True)}
+    result = slashrt.run(
+        cc_partitioned_flow(ChaosCsv(tmp_path / "out", transactional=True)), inputs, executors=2, transport="shm",
+        checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", restart="fixed-delay:attempts=5,delay=0", **RINGS,
+    )
+    assert len(result.recoveries) == 1 == len(list((tmp_path / "marks").iterdir()))
+    store = SnapshotStore(tmp_path / "chk", job="ccp", keep=1000)
+    restored = [store.load(r["checkpoint"]) for r in result.recoveries if r["checkpoint"] is not None]
+    assert any(len(state.arrays["requested"]) for c in restored for (step, _), state in c.states.items()
+               if step == "ccp.propagate")  # an epoch's rounds were in flight
+    assert max(published(tmp_path / "out").values()) == 1  # nothing twice
+    changes = cc_rows(tmp_path / "out")
+    for epoch, labels in zip(range(cc.EPOCHS), labels_after(changes, cc.NODES, range(cc.EPOCHS))):
+        np.testing.assert_array_equal(labels, cc.scipy_labels(epoch), err_msg=f"after epoch {epoch}")
+
+
+def test_a_loop_shipping_every_round_across_executors_recovers_exactly_once_on_tcp(tmp_path, monkeypatch):
+    """Every round re-ships what the feedback brought back: rows shipped after an exchange's
+    barrier and before the snapshot are the checkpoint's outbox, shipped again on restore."""
+    inputs = {"a": _graph_flow.inputs()["a"]}
+    slashrt.run(_graph_flow.hop_flow(tmp_path / "ref"), inputs, checkpoint_dir=tmp_path / "ref-chk")
+    chaos_env(monkeypatch, tmp_path, "pre_commit:3")
+    result = slashrt.run(
+        _graph_flow.hop_flow(tmp_path / "out"), inputs, executors=3, transport="tcp", checkpoint=CHECKPOINTS,
+        checkpoint_dir=tmp_path / "chk", restart="fixed-delay:attempts=5,delay=0", **RINGS,
+    )
+    assert len(result.recoveries) == 1
+    reference = published(tmp_path / "ref" / "hopped")
+    assert sum(reference.values()) == _graph_flow.N and published(tmp_path / "out" / "hopped") == reference
+    store = SnapshotStore(tmp_path / "chk", job="hop-ckpt", keep=1000)
+    in_flight = [
+        step for n in store.checkpoints() for (step, _), state in store.load(n).states.items()
+        if len(state.arrays.get("rows", ())) or len(state.arrays.get("records", ()))
+    ]
+    assert any(step.endswith(".outbox") for step in in_flight) and any("feedback" in step for step in in_flight)
