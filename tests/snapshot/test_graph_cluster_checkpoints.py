@@ -8,11 +8,12 @@ transactional CSV sinks.
 - a checkpointed run equals one executor's run, its checkpoints in the middle of the stream
   acked by every (step, executor);
 - exactly once under fire: an agent SIGKILLed at chosen points (during alignment, during the
-  asynchronous write, between pre-commit and commit); automatic recovery (`restart=`), or a
-  failed run resumed with `resume_from="latest"`, publishes exactly the failure-free output;
+  asynchronous write, between pre-commit and commit); automatic recovery (`restart=`)
+  publishes exactly the failure-free output;
 - loops (the ABS seed's algorithm 2 on a cluster): connected components killed while an epoch
-  iterates recover to scipy's labels; a loop shipping every round across executors recovers
-  exactly once (its checkpoints hold the feedback queues' log and the exchanges' outboxes);
+  iterates recover to scipy's labels; a loop shipping every round across executors, killed and
+  resumed with `resume_from="latest"`, is exactly once (its checkpoints hold the feedback
+  queues' log and the exchanges' outboxes);
 - another executor count is refused in one sentence before any agent starts.
 """
 
@@ -63,7 +64,7 @@ def mid_job(checkpoint) -> bool:
 
 
 def test_a_checkpointed_graph_flow_on_a_cluster_equals_one_executor(tmp_path, reference):
-    executors, transport = 2, "shm"  # (3 executors over tcp: the resume test below)
+    executors, transport = 3, "tcp"  # (2 executors over shm: the restart test below)
     result = slashrt.run(
         _graph_flow.flow(tmp_path / "out"), _graph_flow.inputs(), executors=executors, transport=transport,
         checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", **RINGS,
@@ -76,8 +77,8 @@ def test_a_checkpointed_graph_flow_on_a_cluster_equals_one_executor(tmp_path, re
     assert {c["acks"] for c in completed} == {executors * len(steps)}
     assert any(mid_job(store.load(n)) for n in store.checkpoints())
     # its state is not reassigned by key: another executor count is refused before any agent starts
-    with pytest.raises(SlashError, match="graph flow's operators and windows is not reassigned by key; resume it with executors=2"):
-        slashrt.run(_graph_flow.flow(tmp_path / "out"), _graph_flow.inputs(), executors=3,
+    with pytest.raises(SlashError, match="graph flow's operators and windows is not reassigned by key; resume it with executors=3"):
+        slashrt.run(_graph_flow.flow(tmp_path / "out"), _graph_flow.inputs(), executors=2,
                     checkpoint_dir=tmp_path / "chk", resume_from="latest", **RINGS)
 
 
@@ -99,22 +100,6 @@ def test_sigkills_recovered_by_restart_publish_exactly_the_failure_free_output(t
     store = SnapshotStore(tmp_path / "chk", job="graph-ckpt", keep=1000)
     restored = [r["checkpoint"] for r in result.recoveries if r["checkpoint"] is not None]
     assert any(fed(store.load(n).meta) > 0 and mid_job(store.load(n)) for n in restored)  # resumed mid-job
-    assert outputs(tmp_path / "out") == reference
-
-
-def test_a_killed_run_resumed_from_latest_on_tcp_publishes_exactly_the_failure_free_output(tmp_path, monkeypatch, reference):
-    chaos_env(monkeypatch, tmp_path, "pre_commit:7")  # three sinks: in the third checkpoint
-    options = dict(executors=3, transport="tcp", checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", **RINGS)
-    with pytest.raises(SlashError, match=r"executor \d was killed by signal 9 \(SIGKILL\)"):
-        slashrt.run(_graph_flow.flow(tmp_path / "out"), _graph_flow.inputs(), **options)
-    store = SnapshotStore(tmp_path / "chk", job="graph-ckpt", keep=1000)
-    latest = store.latest()
-    assert fed(latest.meta) > 0 and mid_job(latest)  # resumed from the middle of the job: its output only partly published
-    assert sum(sum(rows.values()) for rows in outputs(tmp_path / "out").values()) < sum(
-        sum(rows.values()) for rows in reference.values())
-    monkeypatch.delenv(chaos.KILLS_ENV)
-    result = slashrt.run(_graph_flow.flow(tmp_path / "out"), _graph_flow.inputs(), resume_from="latest", **options)
-    assert result.resumed_from == latest.number
     assert outputs(tmp_path / "out") == reference
 
 
@@ -146,20 +131,25 @@ def test_connected_components_killed_mid_epoch_recover_to_scipy_labels(tmp_path,
         np.testing.assert_array_equal(labels, cc.scipy_labels(epoch), err_msg=f"after epoch {epoch}")
 
 
-def test_a_loop_shipping_every_round_across_executors_recovers_exactly_once_on_tcp(tmp_path, monkeypatch):
+def test_a_loop_shipping_every_round_killed_on_tcp_and_resumed_from_latest_is_exactly_once(tmp_path, monkeypatch):
     """Every round re-ships what the feedback brought back: rows shipped after an exchange's
-    barrier and before the snapshot are the checkpoint's outbox, shipped again on restore."""
+    barrier and before the snapshot are the checkpoint's outbox, shipped again on restore. The
+    killed run fails (no restart=); a new run with resume_from="latest" finishes it."""
     inputs = {"a": _graph_flow.inputs()["a"]}
     slashrt.run(_graph_flow.hop_flow(tmp_path / "ref"), inputs, checkpoint_dir=tmp_path / "ref-chk")
-    chaos_env(monkeypatch, tmp_path, "pre_commit:3")
-    result = slashrt.run(
-        _graph_flow.hop_flow(tmp_path / "out"), inputs, executors=3, transport="tcp", checkpoint=CHECKPOINTS,
-        checkpoint_dir=tmp_path / "chk", restart="fixed-delay:attempts=5,delay=0", **RINGS,
-    )
-    assert len(result.recoveries) == 1
     reference = published(tmp_path / "ref" / "hopped")
-    assert sum(reference.values()) == _graph_flow.N and published(tmp_path / "out" / "hopped") == reference
+    assert sum(reference.values()) == _graph_flow.N
+    chaos_env(monkeypatch, tmp_path, "pre_commit:3")
+    options = dict(executors=3, transport="tcp", checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", **RINGS)
+    with pytest.raises(SlashError, match=r"executor \d was killed by signal 9 \(SIGKILL\)"):
+        slashrt.run(_graph_flow.hop_flow(tmp_path / "out"), inputs, **options)
+    assert sum(published(tmp_path / "out" / "hopped").values()) < _graph_flow.N  # killed mid-job
     store = SnapshotStore(tmp_path / "chk", job="hop-ckpt", keep=1000)
+    latest = store.latest()
+    monkeypatch.delenv(chaos.KILLS_ENV)
+    result = slashrt.run(_graph_flow.hop_flow(tmp_path / "out"), inputs, resume_from="latest", **options)
+    assert result.resumed_from == latest.number
+    assert published(tmp_path / "out" / "hopped") == reference
     in_flight = [
         step for n in store.checkpoints() for (step, _), state in store.load(n).states.items()
         if len(state.arrays.get("rows", ())) or len(state.arrays.get("records", ()))
