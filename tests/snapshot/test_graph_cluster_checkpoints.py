@@ -14,6 +14,7 @@ transactional CSV sinks.
   iterates recover to scipy's labels; a loop shipping every round across executors, killed and
   resumed with `resume_from="latest"`, is exactly once (its checkpoints hold the feedback
   queues' log and the exchanges' outboxes);
+- windows inside a loop (a `LoopWindow` behind its route) recover exactly once;
 - another executor count is refused in one sentence before any agent starts.
 """
 
@@ -155,3 +156,30 @@ def test_a_loop_shipping_every_round_killed_on_tcp_and_resumed_from_latest_is_ex
         if len(state.arrays.get("rows", ())) or len(state.arrays.get("records", ()))
     ]
     assert any(step.endswith(".outbox") for step in in_flight) and any("feedback" in step for step in in_flight)
+
+
+def test_windows_inside_a_loop_on_a_cluster_recover_exactly_once(tmp_path, monkeypatch):
+    """A keyed window inside a loop (a `LoopWindow` behind its route: every iteration's rows
+    cross executors): a SIGKILL between pre-commit and commit, recovered; the committed windows
+    of every iteration equal one executor's."""
+    from slashrt import Dataflow
+    from tests.cluster.test_loop_windows_cluster import Tag, tagged
+    from tests.test_loop_windows import REC, halving, input_records
+
+    class Tagging(Tag):
+        stateless = True  # (its attributes are configuration)
+
+    def flow(directory) -> Dataflow:
+        job = Dataflow("lw-ckpt")
+        halving(job.source("src", REC, time="t"), Tagging(1, "sum_v"), schema=tagged(1, "sum_v"), shift=1).sink(
+            ChaosCsv(directory, transactional=True), name="out")
+        return job
+
+    data = {"src": input_records(3, 3000)}
+    slashrt.run(flow(tmp_path / "ref"), data, checkpoint_dir=tmp_path / "ref-chk")
+    chaos_env(monkeypatch, tmp_path, "pre_commit:2")
+    result = slashrt.run(flow(tmp_path / "out"), data, executors=2, transport="shm", checkpoint=CHECKPOINTS,
+                         checkpoint_dir=tmp_path / "chk", restart="fixed-delay:attempts=3,delay=0", **RINGS)
+    assert len(result.recoveries) == 1 and result.recoveries[0]["checkpoint"] is not None
+    reference = published(tmp_path / "ref")
+    assert sum(reference.values()) > 1000 and published(tmp_path / "out") == reference
