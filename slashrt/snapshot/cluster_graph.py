@@ -84,6 +84,7 @@ class GraphAgentCheckpointing(AgentCheckpointing):
         self._sent = {x.step_id: 0 for x in self.exchanges}  # the newest barrier each exchange forwarded
         self.progress = None
         self._holding: int | None = None  # forwarded, not yet snapshotted: the tracker holds deliveries
+        self._due = False  # a request came: `_advance` at the executor's next turn
         if self.loops is not None:  # records in flight at the cut: the feedback queues and the outboxes
             self.outboxes = {box.step_id: box for box in map(Outbox, self.exchanges)}
             self.nodes.update(self.outboxes)
@@ -100,8 +101,18 @@ class GraphAgentCheckpointing(AgentCheckpointing):
 
     def on_message(self, kind: str, n) -> None:
         super().on_message(kind, n)
-        if kind == "checkpoint":
-            self._advance()  # sources that ended before n was asked for deliver it now
+        if kind == "checkpoint" and self.progress is not None:
+            # inputs that ended before n was asked for deliver it at once; but forwarding here,
+            # in the control link's task, could cut a window's firing in two: the executor does
+            # it between two batches (`between`), woken for it
+            self._due = True
+            self.progress.wake()
+
+    def between(self) -> None:
+        if self._due:
+            self._due = False
+            self._advance()
+        super().between()
 
     async def _obey(self, executor, outcomes) -> None:
         for outcome in outcomes:
