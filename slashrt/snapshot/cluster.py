@@ -21,6 +21,8 @@ once they all delivered barrier n (their data behind it waits in their rings) ba
 on the exchange channels; the receiving half snapshots when the peers' barriers arrived too.
 An executor does not wait for its own barrier to come back, so alignment cannot deadlock, and
 what a peer sent before its barrier is in the leader's snapshot, nothing sent after it is.
+Graph flows (distributed pointstamp progress, chained exchanges, loops) align exchange by
+exchange instead: `slashrt.snapshot.cluster_graph`.
 """
 
 from __future__ import annotations
