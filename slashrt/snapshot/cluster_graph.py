@@ -127,11 +127,10 @@ class GraphAgentCheckpointing(AgentCheckpointing):
     def _advance(self) -> None:
         """Forward each barrier on each exchange whose upstream inputs all delivered it; take
         at once what nothing can deliver any more (every input ended)."""
-        channels = self.aligner.channels
-        pending = sorted(self._requested - self._taken)
-        aligning = self.aligner.aligning
-        if aligning is not None and aligning not in pending:
-            pending.append(aligning)
+        channels, aligning, latest = self.aligner.channels, self.aligner.aligning, self.aligner.latest
+        # what may still be aligned here: not taken, not aborted (a checkpoint at or below the
+        # newest one started here is done with, unless it is the one aligning)
+        pending = sorted({n for n in self._requested - self._taken if n > latest} | {aligning} - {None})
         for n in pending:
             ready = [
                 x for x in self.exchanges if self._sent[x.step_id] < n and all(
@@ -140,7 +139,7 @@ class GraphAgentCheckpointing(AgentCheckpointing):
             ]
             self._send(n, ready)
         if channels.ended == set(channels.inputs):
-            for n in sorted(self._requested - self._taken):
+            for n in pending:
                 self._send(n, self.exchanges)
                 self._take_now(n)
 
