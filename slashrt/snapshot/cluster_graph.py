@@ -11,19 +11,27 @@ in the order the data flows, instead of the two stages of `AgentCheckpointing`:
 
 Nothing computed from an input after its barrier reaches an exchange that forwarded n (the
 input is blocked until the snapshot), and what the peers' channels bring before their barriers
-only flows downstream of their exchange, which forwards n only after them: the graph is
-acyclic, so no executor waits for its own barrier and alignment cannot deadlock.
+only flows downstream of their exchange, which forwards n only after them: without its back
+edges the graph is acyclic, so no executor waits for its own barrier and alignment cannot deadlock.
 
 What fires on the frontier (windows, notifications, an exchange's end) is not fed by an input
 but by progress, which moves at any moment: from the first barrier forwarded to the snapshot the
-tracker holds every delivery (`PointstampProgress.hold_deliveries`), so a window fires either before the
-barrier went out (its output before the barrier, its state fired) or after the snapshot.
+tracker holds every delivery (`PointstampProgress.hold_deliveries`), so a window fires
+either before the barrier went out (its output before the barrier, its state fired) or after the snapshot.
 
 Progress at the cut: every record shipped before a barrier was received, and counted -n, before
 the receiver's snapshot, so no count of records in flight belongs to a checkpoint; a restored run
 starts from the initial view (every source instance at the least time) and each executor
 recounts what its restored nodes hold (`PointstampProgress.recount`: sources' capabilities at
 their restored watermarks, notification requests, windows' capabilities), in one batch.
+
+Loops (the ABS seed's algorithm 2, the executor as the unit): the back edges are each
+executor's feedback queue, which the forwarding rule does not follow (a walk stops at a
+feedback). Between an exchange's forward and the snapshot, what the unblocked inputs and the
+feedback queue send through it crosses after the barrier yet was computed before the snapshot:
+the exchange logs it (`Outbox`, a part per exchange), and the snapshot also takes what the
+feedback queues hold (`BackEdgeLog.take`). A restore ships the outboxes again, counted in
+flight with the recount, then replays the feedback log before any new input.
 """
 
 from __future__ import annotations
