@@ -65,7 +65,7 @@ def mid_job(checkpoint) -> bool:
 
 
 def test_a_checkpointed_graph_flow_on_a_cluster_equals_one_executor(tmp_path, reference):
-    executors, transport = 3, "tcp"  # (2 executors over shm: the restart test below)
+    executors, transport = 2, "shm"  # (3 executors over tcp: the restart test below)
     result = slashrt.run(
         _graph_flow.flow(tmp_path / "out"), _graph_flow.inputs(), executors=executors, transport=transport,
         checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", **RINGS,
@@ -78,8 +78,8 @@ def test_a_checkpointed_graph_flow_on_a_cluster_equals_one_executor(tmp_path, re
     assert {c["acks"] for c in completed} == {executors * len(steps)}
     assert any(mid_job(store.load(n)) for n in store.checkpoints())
     # its state is not reassigned by key: another executor count is refused before any agent starts
-    with pytest.raises(SlashError, match="graph flow's operators and windows is not reassigned by key; resume it with executors=3"):
-        slashrt.run(_graph_flow.flow(tmp_path / "out"), _graph_flow.inputs(), executors=2,
+    with pytest.raises(SlashError, match="graph flow's operators and windows is not reassigned by key; resume it with executors=2"):
+        slashrt.run(_graph_flow.flow(tmp_path / "out"), _graph_flow.inputs(), executors=3,
                     checkpoint_dir=tmp_path / "chk", resume_from="latest", **RINGS)
 
 
@@ -93,7 +93,7 @@ def test_sigkills_recovered_by_restart_publish_exactly_the_failure_free_output(t
     kills = "align:2;async:4;pre_commit:7"  # during alignment, during the async write, between pre-commit and commit
     chaos_env(monkeypatch, tmp_path, kills)
     result = slashrt.run(
-        _graph_flow.flow(tmp_path / "out"), _graph_flow.inputs(), executors=2, transport="shm",
+        _graph_flow.flow(tmp_path / "out"), _graph_flow.inputs(), executors=3, transport="tcp",
         checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", restart="fixed-delay:attempts=5,delay=0", **RINGS,
     )
     assert len(list((tmp_path / "marks").iterdir())) == 3 == len(result.recoveries)
