@@ -13,7 +13,8 @@ Records to ship wait in a queue per peer that a background task drains (no backp
 compute: a graph flow's exchange channels are read by the same compute coroutine that sends,
 so waiting for a peer's credits there could deadlock two executors sending to each other).
 When the step's input frontier is empty (nothing anywhere can send more), the queues end with
-END_OF_STREAM, which ends the peers' inputs.
+END_OF_STREAM, which ends the peers' inputs. A checkpoint's barrier goes into every queue behind
+the records before it (`forward_barrier`, `slashrt.snapshot.cluster`) and out in band.
 
 `WindowRoute` is a graph flow's keyed window on several executors: the same exchange, keyed
 by the window's key and shipping only the columns the window reads, in front of a plain
@@ -31,6 +32,7 @@ import numpy as np
 import trio
 
 from slashrt._batch import Batch
+from slashrt._buffer import Control
 from slashrt._dataflow import ExchangeSpec, WindowAggSpec
 from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
@@ -57,6 +59,7 @@ class ExchangeNode(Node):
         self._queues: dict[int, collections.deque] = {}
         self._lots: dict[int, trio.lowlevel.ParkingLot] = {}
         self._ended = False
+        self.outbox: list | None = None  # (owner, rows) shipped since the last barrier, while a checkpoint logs them
         self._times = ["__epoch", *(f"__c{i}" for i in range(spec.depth))]
         if self.partitioning is not None and spec.dtype is None:
             raise DataflowError(
@@ -105,6 +108,8 @@ class ExchangeNode(Node):
                 rows[f"__c{i}"] = counter
             clock.in_flight(self, now, len(rows))
             self._queues[owner].append(rows)
+            if self.outbox is not None:
+                self.outbox.append((owner, rows))
             self._lots[owner].unpark_all()
         if mine is not None:
             await self.emit(batch if len(mine) == len(batch) else batch.select(np.sort(mine)))
@@ -118,13 +123,49 @@ class ExchangeNode(Node):
         for lot in self._lots.values():
             lot.unpark_all()
 
+    def forward_barrier(self, n: int, log: bool = False) -> None:
+        """Checkpoint barrier n to every peer, behind every record queued for it so far (an
+        ended exchange's peers count it delivered: their input ended). `log`: keep what ships
+        after it in `outbox` until `take_outbox` (loops: records in flight at the snapshot)."""
+        if self._ended:
+            return
+        for peer, queue in self._queues.items():
+            queue.append(n)
+            self._lots[peer].unpark_all()
+        if log:
+            self.outbox = []
+
+    def take_outbox(self) -> tuple[np.ndarray, np.ndarray]:
+        """(owners, rows) shipped since the last barrier, and stop logging."""
+        logged, self.outbox = self.outbox or [], None
+        owners = np.concatenate([np.full(len(rows), owner, np.int64) for owner, rows in logged]) if logged else np.zeros(0, np.int64)
+        rows = np.concatenate([rows for _, rows in logged]) if logged else np.zeros(0, self.exchange_dtype)
+        return owners, rows
+
+    def reship(self, owners: np.ndarray, rows: np.ndarray) -> None:
+        """After a restore: ship again what a checkpoint's outbox holds, counted in flight at each row's time."""
+        times = np.stack([rows[n] for n in self._times], axis=1)
+        keys, inverse = np.unique(times, axis=0, return_inverse=True)
+        inverse = inverse.ravel()
+        for i, key in enumerate(keys):
+            self.clock.in_flight(self, Timestamp(int(key[0]), tuple(int(c) for c in key[1:])), int((inverse == i).sum()))
+        for owner in np.unique(owners).tolist():
+            self._queues[owner].append(rows[owners == owner])
+            self._lots[owner].unpark_all()
+
     async def _ship(self, peer: int) -> None:
         queue, lot, sender = self._queues[peer], self._lots[peer], self.senders[peer]
         while True:
             while queue:
-                # what queued meanwhile goes as one (fuller slots, fewer batches at the peer)
-                rows = queue.popleft() if len(queue) == 1 else np.concatenate([queue.popleft() for _ in range(len(queue))])
-                await sender.send_records(rows)
+                # what queued meanwhile goes as one (fuller slots, fewer batches at the peer),
+                # up to a checkpoint barrier (an int), which goes in band after it
+                rows = []
+                while queue and not isinstance(queue[0], int):
+                    rows.append(queue.popleft())
+                if rows:
+                    await sender.send_records(rows[0] if len(rows) == 1 else np.concatenate(rows))
+                elif queue:  # (rows may have queued while the send above waited)
+                    await sender.send_control(Control.BARRIER, queue.popleft())
             if self._ended:
                 await sender.aclose()
                 return

@@ -185,10 +185,11 @@ class Executor:
         if progress is not None:
             progress.wake = lane.lot.unpark_all  # a peer executor's progress news
         handled = 0
+        checkpoints = self.checkpoints
         while lane.open > 0 or queue or (progress is not None and progress.waiting()):
+            if checkpoints is not None:  # between two batches: what a checkpoint may do only here
+                checkpoints.between()
             if queue and (not ready or handled % 2):  # fed-back batches alternate with input
-                if self.checkpoints is not None:  # loops still running after their inputs ended
-                    self.checkpoints.between()
                 t0 = time.perf_counter()
                 await progress.run_queued()
                 stats.compute_s += time.perf_counter() - t0

@@ -27,7 +27,8 @@ Checkpoints: after the nodes' state was restored, `recount()` counts what they h
 windows' capabilities, per iteration inside loops); a
 loop head's barrier travels the feedback queue behind the batches queued before it
 (`enqueue_barrier`), and `back_edges` (`slashrt.snapshot.loops.BackEdgeLog`) sees every
-batch and barrier the queue delivers.
+batch and barrier the queue delivers. On several executors a checkpoint holds every delivery (`hold_deliveries`)
+from forwarding its barrier to peers until its snapshot (`slashrt.snapshot.cluster`).
 
 On several executors (`bus` given) every executor runs every step on its share of the input;
 the counts are the cluster's (`BusCounts`): updates go to the progress bus, frontiers come
@@ -148,6 +149,8 @@ class PointstampProgress:
         self._dirty = False
         self._settling = False
         self._stale: set[int] = set()  # operators whose due notifications may have changed
+        self._held = False  # `hold_deliveries`: frontier changes wait in `_deferred` until resumed
+        self._deferred: set[int] = set()
         self._debug = level_name() == "debug"  # a debug line per frontier change costs a loop iteration's time
         for i, (step_id, node) in enumerate(zip(self.steps, self.nodes)):
             node.clock = self
@@ -259,8 +262,12 @@ class PointstampProgress:
             while self._dirty:
                 self._dirty = False
                 self._refresh_holds()
-                moved = sorted({loc.node for loc, _, _ in self.tracker.propagate() if loc.kind == "in"})
+                moved = {loc.node for loc, _, _ in self.tracker.propagate() if loc.kind == "in"}
                 self._stale.update(moved)
+                if self._held:  # a checkpoint's barrier went to peers: nothing fires before its snapshot
+                    self._deferred.update(moved)
+                    continue
+                moved, self._deferred = sorted(moved | self._deferred), set()
                 for i in moved:
                     if self._debug:
                         log.debug("frontier moved", step=self.steps[i], frontiers=self._input_frontiers(i))
@@ -275,6 +282,18 @@ class PointstampProgress:
             # run once (a tcp drive reads their answers only then; `propagate` polls them next)
             self.tracker.published = False
             await trio.lowlevel.checkpoint()
+
+    def hold_deliveries(self) -> None:
+        """Deliver no frontier change (no window fires, no notification, no end) until
+        `resume_deliveries`: counts go on. A cluster checkpoint holds them between forwarding its barrier
+        to peers and its snapshot, so what fires lands in one consistent side of the cut."""
+        self._held = True
+
+    def resume_deliveries(self) -> None:
+        self._held = False
+        if self._deferred or self._stale:
+            self._dirty = True
+            self.wake()
 
     def idle(self) -> bool:
         return not self.queue and self.tracker.is_idle()

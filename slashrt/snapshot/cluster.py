@@ -23,6 +23,8 @@ once they all delivered barrier n (their data behind it waits in their rings) ba
 on the exchange channels; the receiving half snapshots when the peers' barriers arrived too.
 An executor does not wait for its own barrier to come back, so alignment cannot deadlock, and
 what a peer sent before its barrier is in the leader's snapshot, nothing sent after it is.
+Graph flows (distributed pointstamp progress, chained exchanges, loops) align exchange by
+exchange instead: `slashrt.snapshot.cluster_graph`.
 """
 
 from __future__ import annotations
@@ -274,6 +276,8 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     and before any agent starts, what clusters cannot checkpoint."""
     from slashrt._runtime import refuse_uncheckpointable
     from slashrt.errors import DataflowError
+    from slashrt.snapshot.cluster_graph import outbox_steps
+    from slashrt.snapshot.loops import loop_feedbacks
     from slashrt.snapshot.operators import stateful_nodes
     from slashrt.snapshot.runtime import checkpoint_config, load_restored
     from slashrt.snapshot.storage import SnapshotStore
@@ -290,13 +294,11 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
         return None
     config, keep = checkpoint_config(checkpoint)
     refuse_uncheckpointable(flow, plan, inputs)
-    if role_plan.graph is not None:
-        raise DataflowError(
-            f"run(): dataflow {flow.name!r} runs on distributed pointstamp progress across executors, which checkpoints "
-            "do not cover yet: run it without checkpoint_dir= or on one executor"
-        )
+    steps = list(stateful_nodes(role_plan))
+    if loop_feedbacks(role_plan):  # the feedback queues' logs and the exchanges' outboxes (`cluster_graph`)
+        steps += list(loop_feedbacks(role_plan)) + outbox_steps(role_plan)
     exchanges = role_plan.exchanges()
-    for x in exchanges:
+    for x in exchanges if role_plan.graph is None else ():  # a graph flow aligns exchange by exchange
         behind = [y.step_id for y in x.walk() if y is not x and y in exchanges]
         if behind:
             raise DataflowError(
@@ -304,7 +306,7 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
                 "of chained exchanges are not there yet; run it without checkpoint_dir= or on one executor"
             )
     store = SnapshotStore(location, job=flow.name, keep=keep)
-    cluster = ClusterCheckpoints(store, config, stateful_nodes(role_plan), executors)
+    cluster = ClusterCheckpoints(store, config, steps, executors)
     restored = load_restored(store, resume_from, executor=None)  # every part verified: a corrupt one falls back
     cluster.job = {"config": config, "location": location, "keep": keep,
                    "restore": None if restored is None else restored.number, "rescale": False}
@@ -327,7 +329,10 @@ async def agent_checkpointing(job, plan, *, link, exchanges, peer_inputs) -> Age
     restored = None
     if settings["restore"] is not None:  # rescaling: every executor's parts, to take its partitions
         restored = await store.aload(settings["restore"], executor=None if settings["rescale"] else job.index)
-    checkpoints = AgentCheckpointing(
+    from slashrt.snapshot.cluster_graph import GraphAgentCheckpointing
+
+    kind = AgentCheckpointing if plan.graph is None else GraphAgentCheckpointing
+    checkpoints = kind(
         plan, settings["config"], store, restored, index=job.index, link=link, exchanges=exchanges,
         peer_inputs=peer_inputs,
     )

@@ -48,6 +48,11 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
 
     was, n = restored.meta.get("executors", 1), restored.number
     refuse = f"run(): checkpoint {n} was taken on {was} executor(s) and cannot resume on {executors}:"
+    if role_plan.graph is not None:
+        raise SnapshotError(
+            f"{refuse} the state of a graph flow's operators and windows is not reassigned by key; resume it with "
+            f"executors={was}"
+        )
     for step_id, node in stateful_nodes(role_plan).items():
         if node.STATE_KIND not in RESCALABLE:
             raise SnapshotError(

@@ -358,8 +358,9 @@ class Checkpointing:
         await self._obey(executor, self.aligner.end(inp.name))
 
     def between(self) -> None:
-        """The executor is between two fed-back batches: checkpoints triggered after every
-        input ended snapshot now (the loops log their back edges as after a barrier)."""
+        """The executor is between two batches (the compute loop calls it every turn): checkpoints
+        triggered after every input ended snapshot now (the loops log their back edges as after
+        a barrier)."""
         while self._after_end:
             for outcome in self.aligner.trigger(self._after_end.pop(0)):
                 if isinstance(outcome, Snapshot) and outcome.checkpoint not in self._taken:

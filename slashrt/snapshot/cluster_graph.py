@@ -1,0 +1,176 @@
+"""Checkpoints of a graph flow on several executors (distributed pointstamp progress): an agent's side.
+
+A graph flow's exchanges (`exchange(key=)`, the `WindowRoute` of a keyed window) may be chained
+(an exchange fed by what another exchange delivered), so alignment goes one exchange at a time,
+in the order the data flows, instead of the two stages of `AgentCheckpointing`:
+
+    exchange X forwards barrier n to its peers (into each ship queue, behind the rows queued)
+    once every input upstream of X delivered n (blocked behind it) or ended: this executor's
+    sources, and the peers' channels of every exchange that feeds X;
+    the executor snapshots once every input delivered n (the sources and every peer channel).
+
+Nothing computed from an input after its barrier reaches an exchange that forwarded n (the
+input is blocked until the snapshot), and what the peers' channels bring before their barriers
+only flows downstream of their exchange, which forwards n only after them: without its back
+edges the graph is acyclic, so no executor waits for its own barrier and alignment cannot deadlock.
+
+What fires on the frontier (windows, notifications, an exchange's end) is not fed by an input
+but by progress, which moves at any moment: from the first barrier forwarded to the snapshot the
+tracker holds every delivery (`PointstampProgress.hold_deliveries`), so a window fires
+either before the barrier went out (its output before the barrier, its state fired) or after the snapshot.
+
+Progress at the cut: every record shipped before a barrier was received, and counted -n, before
+the receiver's snapshot, so no count of records in flight belongs to a checkpoint; a restored run
+starts from the initial view (every source instance at the least time) and each executor
+recounts what its restored nodes hold (`PointstampProgress.recount`: sources' capabilities at
+their restored watermarks, notification requests, windows' capabilities), in one batch.
+
+Loops (the ABS seed's algorithm 2, the executor as the unit): the back edges are each
+executor's feedback queue, which the forwarding rule does not follow (a walk stops at a
+feedback). Between an exchange's forward and the snapshot, what the unblocked inputs and the
+feedback queue send through it crosses after the barrier yet was computed before the snapshot:
+the exchange logs it (`Outbox`, a part per exchange), and the snapshot also takes what the
+feedback queues hold (`BackEdgeLog.take`). A restore ships the outboxes again, counted in
+flight with the recount, then replays the feedback log before any new input.
+"""
+
+from __future__ import annotations
+
+from slashrt.snapshot.alignment import Abort, Snapshot
+from slashrt.snapshot.cluster import AgentCheckpointing
+from slashrt.snapshot.operators import check, tagged
+from slashrt.snapshot.runtime import Checkpointing
+from slashrt.snapshot.state_format import State
+
+__all__ = ["GraphAgentCheckpointing", "outbox_steps", "upstream_inputs"]
+
+OUTBOX = ".outbox"  # an exchange's outbox part: <exchange step id>.outbox
+
+
+def outbox_steps(plan) -> list[str]:
+    """The outbox parts a checkpoint of a graph flow with loops holds per executor: one per exchange."""
+    return [x.step_id + OUTBOX for x in plan.exchanges()]
+
+
+class Outbox:
+    """An exchange's rows shipped after its barrier and before the executor's snapshot (loops
+    only): records in flight at the cut, which the receiver's snapshot does not hold."""
+
+    STATE_KIND, STATE_VERSION = "exchange_outbox", 1
+
+    def __init__(self, exchange):
+        self.exchange = exchange
+        self.step_id = exchange.step_id + OUTBOX
+
+    def snapshot(self) -> State:
+        owners, rows = self.exchange.take_outbox()
+        return tagged(self.STATE_KIND, self.STATE_VERSION, {"owners": owners, "rows": rows}, step=self.step_id)
+
+    def restore(self, state: State) -> None:
+        check(state, self.step_id, self.STATE_KIND, self.STATE_VERSION)
+        self.exchange.reship(state.arrays["owners"], state.arrays["rows"])
+
+
+def upstream_inputs(exchanges, local: list[str], peer_inputs) -> dict[str, list[str]]:
+    """Exchange step id -> the inputs whose data can reach it: the executor's sources, and the
+    peer channels (`<step>.from<executor>`) of every other exchange it lies downstream of."""
+    inbound = {x.step_id: [i for i in peer_inputs if i.rpartition(".from")[0] == x.step_id] for x in exchanges}
+    return {
+        x.step_id: list(local) + [
+            i for y in exchanges if y is not x and any(z is x for z in y.walk()) for i in inbound[y.step_id]
+        ]
+        for x in exchanges
+    }
+
+
+class GraphAgentCheckpointing(AgentCheckpointing):
+    """`AgentCheckpointing` for a graph flow (see the module doc)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.upstream = upstream_inputs(self.exchanges, self.local, self.aligner.channels.inputs[len(self.local):])
+        self._sent = {x.step_id: 0 for x in self.exchanges}  # the newest barrier each exchange forwarded
+        self.progress = None
+        self._holding: int | None = None  # forwarded, not yet snapshotted: the tracker holds deliveries
+        self._due = False  # a request came: `_advance` at the executor's next turn
+        if self.loops is not None:  # records in flight at the cut: the feedback queues and the outboxes
+            self.outboxes = {box.step_id: box for box in map(Outbox, self.exchanges)}
+            self.nodes.update(self.outboxes)
+
+    def restore(self, progress=None) -> None:
+        """The nodes, then (loops) the outboxes shipped again and counted in flight, before the
+        feedback queues' log is replayed (`replay`): one batch of counts with the recount."""
+        self.progress = progress
+        states = {} if self.restored is None else self.restored.states
+        outboxes = {key: states.pop(key) for key in list(states) if key[0].endswith(OUTBOX)}
+        super().restore(progress)
+        for (step_id, _), state in outboxes.items():
+            self.outboxes[step_id].restore(state)
+
+    def on_message(self, kind: str, n) -> None:
+        super().on_message(kind, n)
+        if kind == "checkpoint" and self.progress is not None:
+            # inputs that ended before n was asked for deliver it at once; but forwarding here,
+            # in the control link's task, could cut a window's firing in two: the executor does
+            # it between two batches (`between`), woken for it
+            self._due = True
+            self.progress.wake()
+
+    def between(self) -> None:
+        if self._due:
+            self._due = False
+            self._advance()
+        super().between()
+
+    async def _obey(self, executor, outcomes) -> None:
+        for outcome in outcomes:
+            if isinstance(outcome, Snapshot):
+                if outcome.checkpoint not in self._requested:  # a peer's barrier overtook the request
+                    self._requested.add(outcome.checkpoint)
+                    self._request(outcome.checkpoint)
+                self._send(outcome.checkpoint, self.exchanges)
+        self._advance()
+        await Checkpointing._obey(self, executor, outcomes)
+
+    def _advance(self) -> None:
+        """Forward each barrier on each exchange whose upstream inputs all delivered it; take
+        at once what nothing can deliver any more (every input ended)."""
+        channels, aligning, latest = self.aligner.channels, self.aligner.aligning, self.aligner.latest
+        # what may still be aligned here: not taken, not aborted (a checkpoint at or below the
+        # newest one started here is done with, unless it is the one aligning)
+        pending = sorted({n for n in self._requested - self._taken if n > latest} | {aligning} - {None})
+        for n in pending:
+            ready = [
+                x for x in self.exchanges if self._sent[x.step_id] < n and all(
+                    i in channels.ended or (aligning == n and i in channels.blocked) for i in self.upstream[x.step_id]
+                )
+            ]
+            self._send(n, ready)
+        if channels.ended == set(channels.inputs):
+            for n in pending:
+                self._send(n, self.exchanges)
+                self._take_now(n)
+
+    def _send(self, n: int, exchanges) -> None:
+        for x in exchanges:
+            if self._sent[x.step_id] < n:
+                self._sent[x.step_id] = n
+                x.forward_barrier(n, log=self.loops is not None)
+                if n not in self._taken and self.progress is not None:
+                    self.progress.hold_deliveries()
+                    self._holding = max(n, self._holding or 0)
+
+    def _take(self, n, alignment, running: bool = False) -> None:
+        # loops: the log of the feedback queues is what they hold now (deliveries are held
+        # since the barriers went out, and the cut is this executor's, not a barrier's round)
+        super()._take(n, alignment, running=False)
+        self._release(n)
+
+    def _decline(self, outcome: Abort) -> None:
+        super()._decline(outcome)
+        self._release(outcome.checkpoint)
+
+    def _release(self, n: int) -> None:
+        if self._holding is not None and n >= self._holding:
+            self._holding = None
+            self.progress.resume_deliveries()

@@ -1,0 +1,117 @@
+"""The acyclic graph flow the graph-on-cluster checkpoint tests run (tests/snapshot/test_graph_cluster_checkpoints.py):
+two sources, union, an exchange by key into a stateful user operator (its state: rows held per time,
+a count per key), a keyed window on another key behind it (a `WindowRoute`: an exchange chained
+after an exchange), connect(...).apply, each into a transactional CSV directory (`ChaosCsv`, so
+`SLASHRT_CHAOS_KILLS` can SIGKILL an agent at a chosen point)."""
+
+import numpy as np
+
+from slashrt import Dataflow, Operator, Schema, State, Tumbling
+from slashrt.bench.chaos import ChaosCsv
+
+SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
+OUT_SCHEMA = Schema({"t": "i8", "k": "i8", "g": "i8", "s": "i8", "seen": "i8"})
+OUT = OUT_SCHEMA.dtype
+SINKS = ("sums", "windows", "both")
+N = 4_000  # per source: ~400 slots of 256 bytes, each ring (4 slots) wraps ~100 times
+
+
+class PerTimeSums(Operator):
+    """Per time, once it is complete: each key's sum at that time and how many records of the
+    key it has seen so far (deterministic: notifications come in time order)."""
+
+    def __init__(self):
+        self.held: dict = {}
+        self.seen: dict[int, int] = {}
+
+    async def on_batch(self, ctx, port, batch):
+        self.held.setdefault(ctx.time, []).append(batch.to_numpy(SCHEMA.dtype).copy())
+        ctx.notify_at(ctx.time)
+
+    async def on_notify(self, ctx, time):
+        rows = np.concatenate(self.held.pop(time))
+        keys, inverse = np.unique(rows["k"], return_inverse=True)
+        out = np.zeros(len(keys), OUT)
+        out["t"], out["k"], out["g"] = time.epoch, keys, keys % 7
+        out["s"] = np.bincount(inverse, rows["v"], len(keys)).astype(np.int64)
+        counts = np.bincount(inverse, minlength=len(keys))
+        for i, k in enumerate(keys.tolist()):  # (a test operator: a few hundred keys per time)
+            self.seen[k] = self.seen.get(k, 0) + int(counts[i])
+            out["seen"][i] = self.seen[k]
+        await ctx.emit(out)
+
+    def snapshot(self) -> State:
+        times = sorted(self.held, key=lambda t: t.epoch)
+        held = [np.concatenate(self.held[t]) for t in times]
+        return State(
+            {"held": np.concatenate(held) if held else np.zeros(0, SCHEMA.dtype),
+             "bounds": np.cumsum([0, *map(len, held)]).astype(np.int64),
+             "keys": np.array(list(self.seen), np.int64), "counts": np.array(list(self.seen.values()), np.int64)},
+            {"times": [t.epoch for t in times]},
+        )
+
+    def restore(self, state: State) -> None:
+        from slashrt.progress import Timestamp
+
+        bounds = state.arrays["bounds"].tolist()
+        self.held = {
+            Timestamp(e): [np.array(state.arrays["held"][a:b])] for e, a, b in zip(state.meta["times"], bounds, bounds[1:])
+        }
+        self.seen = dict(zip(state.arrays["keys"].tolist(), state.arrays["counts"].tolist()))
+
+
+def tag(batch, port):
+    out = batch.to_numpy(SCHEMA.dtype).copy()
+    out["v"] = out["v"] * 10 + port
+    return out
+
+
+def flow(directory, transactional: bool = True) -> Dataflow:
+    job = Dataflow("graph-ckpt")
+    a, b = job.source("a", SCHEMA, time="t"), job.source("b", SCHEMA, time="t")
+    sums = a.union(b).exchange(key="k", name="by_k").operator(PerTimeSums(), name="per_time", schema=OUT_SCHEMA)
+    sums.sink(ChaosCsv(f"{directory}/sums", transactional=transactional), name="sums")
+    sums.window(Tumbling(20)).sum("s", key="g", name="by_g").sink(
+        ChaosCsv(f"{directory}/windows", transactional=transactional), name="windows")
+    a.connect(b).apply(tag, name="tag", schema=SCHEMA).sink(ChaosCsv(f"{directory}/both", transactional=transactional), name="both")
+    return job
+
+
+def inputs() -> dict:
+    rng = np.random.default_rng(11)
+    out = {}
+    for i, name in enumerate("ab"):
+        data = np.zeros(N, SCHEMA.dtype)
+        data["t"] = np.sort(rng.integers(0, 300, N))
+        data["k"] = rng.integers(0, 400, N) + 1000 * i
+        data["v"] = rng.integers(-50, 50, N)
+        out[name] = data
+    return out
+
+
+ROUNDS = 4
+
+
+def hop_flow(directory) -> Dataflow:
+    """A loop whose every round sends each record to the executor owning its key (k + round):
+    what comes back round the feedback is shipped again at once (the outbox of a checkpoint)."""
+    job = Dataflow("hop-ckpt")
+    source = job.source("a", SCHEMA, time="t")
+    with job.loop("rounds") as loop:
+        entered = loop.enter(source.with_column("n", lambda b: np.zeros(len(b), np.int64), dtype="<i8", name="zero"))
+        step = entered.exchange(key="k", name="hop").apply(_next_round, name="next", schema=HOP)
+        loop.feed_back(step.filter(lambda b: b["n"] < ROUNDS, name="again"))
+        left = loop.leave(step.filter(lambda b: b["n"] >= ROUNDS, name="done"))
+    left.sink(ChaosCsv(f"{directory}/hopped", transactional=True), name="hopped")
+    return job
+
+
+HOP = Schema({"t": "i8", "k": "i8", "v": "i8", "n": "i8"})
+
+
+def _next_round(batch):
+    out = batch.to_numpy(HOP.dtype).copy()
+    out["n"] += 1
+    out["k"] += 7919  # another owner next round
+    out["v"] = out["v"] * 3 + out["n"]
+    return out
