@@ -128,7 +128,7 @@ class GraphAgentCheckpointing(AgentCheckpointing):
                 if outcome.checkpoint not in self._requested:  # a peer's barrier overtook the request
                     self._requested.add(outcome.checkpoint)
                     self._request(outcome.checkpoint)
-                self._send(outcome.checkpoint, self.exchanges)
+                self._send_barrier(outcome.checkpoint, self.exchanges)
         self._advance()
         await Checkpointing._obey(self, executor, outcomes)
 
@@ -145,13 +145,13 @@ class GraphAgentCheckpointing(AgentCheckpointing):
                     i in channels.ended or (aligning == n and i in channels.blocked) for i in self.upstream[x.step_id]
                 )
             ]
-            self._send(n, ready)
+            self._send_barrier(n, ready)
         if channels.ended == set(channels.inputs):
             for n in pending:
-                self._send(n, self.exchanges)
+                self._send_barrier(n, self.exchanges)
                 self._take_now(n)
 
-    def _send(self, n: int, exchanges) -> None:
+    def _send_barrier(self, n: int, exchanges) -> None:
         for x in exchanges:
             if self._sent[x.step_id] < n:
                 self._sent[x.step_id] = n
