@@ -281,15 +281,16 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     from slashrt.snapshot.runtime import checkpoint_config, load_restored
     from slashrt.snapshot.storage import SnapshotStore
 
+    from slashrt.snapshot.stop import check_checkpoint_options
+
     checkpoint, location, resume_from = (options.pop(k, None) for k in ("checkpoint", "checkpoint_dir", "resume_from"))
     if options.pop("stop", None) is not None:
         raise DataflowError(
             "run(): stop=: stopping with a savepoint runs on one executor for now; on a cluster, end the run and "
             "resume it with resume_from='latest'"
         )
+    check_checkpoint_options(location, checkpoint, resume_from, None)
     if location is None:
-        if checkpoint is not None or resume_from is not None:
-            raise OptionError("run(): checkpoint= and resume_from= need checkpoint_dir= (a directory or fsspec URL for the checkpoints)")
         return None
     config, keep = checkpoint_config(checkpoint)
     refuse_uncheckpointable(flow, plan, inputs)
