@@ -527,10 +527,7 @@ async def _run_attempt(
             await agents.send_all("start", [None] * n)
             marks["started"] = time.monotonic()
             if checkpoints is not None:  # periodic checkpoints until every executor drained, then the final one
-                triggers = await nursery.start(checkpoints.triggers, agents)
-                await agents.gather("drained")
-                triggers.cancel()
-                await checkpoints.final(agents)
+                await checkpoints.drive(agents)
             # the run ends when every executor has finished; collecting results is delivery
             await agents.gather("finished")
             seconds = time.perf_counter() - started

@@ -179,10 +179,23 @@ class ClusterCheckpoints:
         self.agents = None
         self._acks: dict[int, dict] = {}  # checkpoint -> {"parts": [...], "positions": {executor: ...}}
         self._completing = 0  # manifests being written and commits being sent
+        self._drained: set[int] = set()  # executors whose inputs all ended
         self._changed = trio.Event()
 
     def handlers(self) -> dict:
-        return {"ack": self._on_ack, "decline": self._on_decline}
+        return {"ack": self._on_ack, "decline": self._on_decline, "drained": self._on_drained}
+
+    async def drive(self, agents) -> None:
+        """While the run goes on: periodic checkpoints until every executor drained, then the final one."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.triggers, agents)
+            await agents.settle(lambda: len(self._drained) == self.executors)
+            nursery.cancel_scope.cancel()
+        await self.final(agents)
+
+    async def _on_drained(self, executor: int, payload) -> None:
+        self._drained.add(executor)
+        self._signal()
 
     def _signal(self) -> None:
         self._changed.set()
