@@ -526,11 +526,13 @@ async def _run_attempt(
             started = time.perf_counter()
             await agents.send_all("start", [None] * n)
             marks["started"] = time.monotonic()
-            if checkpoints is not None:  # periodic checkpoints until every executor drained, then the final one
+            if checkpoints is not None:  # periodic checkpoints until every executor drained (or a stop's savepoint)
                 await checkpoints.drive(agents)
             # the run ends when every executor has finished; collecting results is delivery
             await agents.gather("finished")
             seconds = time.perf_counter() - started
+            if checkpoints is not None and checkpoints.stopped:  # every executor stopped: they may close channels now
+                await agents.send_all("release", [None] * n)
             results = await agents.gather("done")
             nursery.cancel_scope.cancel()
     except trio.TooSlowError:
@@ -553,7 +555,7 @@ async def _run_attempt(
                 marks["ended_at"] = agents.ended_at
     result = _combine(plan, results, seconds, [] if checkpoints is None else checkpoints.report())
     if checkpoints is not None:
-        result.resumed_from = checkpoints.job["restore"]
+        result.resumed_from, result.savepoint = checkpoints.job["restore"], checkpoints.savepoint
     bound.info("cluster run finished", seconds=round(seconds, 6))
     return result
 
