@@ -14,6 +14,7 @@
       "start"  (the clock starts)    ───>   run the executor
                                      <───   "finished" (the clock stops), then
                                             "done" (RunResult) or "failed" (why)
+      (checkpoints, and a stop with a savepoint, in between: `slashrt.snapshot.cluster`)
 
 `Ingest` inputs are fed from outside while the job runs: `on_ready` receives
 {source: [IngestTarget of executor 0, 1, ...]} before "start", and the caller ingests into

@@ -15,6 +15,12 @@
       every agent drained: final checkpoint F
       "checkpoint" F, then "commit" F, "finish" ─> taken at once (nothing is in flight)
 
+Stop with a savepoint (`stop`, a StopHandle, asked before every agent drained): "savepoint" n
+(the sources feed nothing after barrier n), acks, manifest, "commit" n, then "stop" n: each
+agent cancels its executor's run (no end of stream: open windows stay in n), stops driving its
+channels and says "finished"; once all did, "release" lets them close the channels (docs/
+architecture.md, "Stop with a savepoint on a cluster"). If n aborts, "go_on": the sources feed on.
+
 Alignment is two-staged because every executor is upstream and downstream of every other: the
 sending half of an exchange (fragments, routing) is fed by the executor's own sources only, so
 once they all delivered barrier n (their data behind it waits in their rings) barrier n goes out
