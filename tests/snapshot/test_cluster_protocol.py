@@ -8,7 +8,10 @@ acks of a checkpoint some agent never heard of. An agent (`AgentCheckpointing`, 
 executor, link and exchange) whose sources ended may see a peer's barrier n before the
 coordinator's request n: it takes n then, with its sources' ends as their positions, exactly once.
 An alignment aborted by a newer barrier releases every input it blocked, even when the newer one
-blocks another input at once.
+blocks another input at once. A stop with a savepoint (`drive`, scripted agents): the savepoint is
+committed before the agents are told to stop, and no final checkpoint follows; one still pending
+when every executor drained is the final checkpoint (the agents finish, nobody is stopped); one
+that aborts lets the sources go on and periodic checkpoints start again.
 """
 
 from types import SimpleNamespace
@@ -16,8 +19,9 @@ from types import SimpleNamespace
 import trio
 import trio.testing
 
+from slashrt import StopHandle
 from slashrt.snapshot.cluster import AgentCheckpointing, ClusterCheckpoints
-from slashrt.snapshot.coordinator import CheckpointConfig
+from slashrt.snapshot.coordinator import AckStats, CheckpointConfig
 from slashrt.snapshot.state_format import State
 from slashrt.snapshot.storage import SnapshotStore
 
@@ -157,3 +161,96 @@ def test_an_aborted_alignment_releases_its_inputs_when_the_next_one_blocks_anoth
         assert link.sent[0][0] == "decline" and link.sent[0][1][0] == 1
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+# -- stop with a savepoint: the coordinator's side (`ClusterCheckpoints.drive`) ----------------------
+class AnsweringAgents:
+    """`_Agents` as `drive` uses it: every message is recorded, and `answer(kind, n, nursery)`
+    (a test's script) plays what the agents do back, through the coordinator's handlers."""
+
+    def __init__(self, answer, nursery):
+        self.answer, self.nursery, self.got = answer, nursery, []
+        self._poked = trio.Event()
+
+    async def send_all(self, kind, payloads):
+        self.got.append((kind, payloads[0]))
+        await self.answer(kind, payloads[0], self.nursery)
+
+    def poke(self):
+        self._poked.set()
+
+    async def settle(self, done):
+        while not done():
+            self._poked = trio.Event()
+            await self._poked.wait()
+
+
+def drive(tmp_path, answer, interval=None, clock=None):
+    """A 2-executor coordinator's side whose stop was asked before the run: what it sent."""
+    stop = StopHandle()
+    stop.request()  # the savepoint is the first checkpoint
+    cluster = ClusterCheckpoints(SnapshotStore(tmp_path, job="j"), CheckpointConfig(interval=interval), ["s"], 2, stop=stop)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            agents = AnsweringAgents(lambda kind, n, nursery: answer(cluster, kind, n, nursery), nursery)
+            await cluster.drive(agents)
+        return agents.got
+
+    return cluster, trio.run(main, clock=clock)
+
+
+async def ack_all(cluster, n):
+    """Both agents write their part of step "s" and ack n."""
+    for executor in range(2):
+        part = cluster.store.write_part(n, "s", executor, {}, {})
+        await cluster._on_ack(executor, (n, {"s": AckStats()}, [part], {"j.r": {str(executor): {"fed": 5}}}))
+
+
+async def drain_all(cluster):
+    for executor in range(2):
+        await cluster._on_drained(executor, None)
+
+
+def test_a_stop_ends_with_the_savepoint_committed_then_stop_sent_and_no_final_checkpoint(tmp_path):
+    async def answer(cluster, kind, n, nursery):
+        if kind == "savepoint":
+            nursery.start_soon(ack_all, cluster, n)
+
+    cluster, got = drive(tmp_path, answer)
+    assert got == [("savepoint", 1), ("commit", 1), ("stop", 1)]  # committed before the agents stop
+    assert cluster.savepoint == 1 and cluster.stopped
+    assert SnapshotStore(tmp_path, job="j").load(1).meta["kind"] == "savepoint"
+
+
+def test_a_savepoint_pending_when_every_executor_drained_is_the_final_checkpoint(tmp_path):
+    async def answer(cluster, kind, n, nursery):
+        if kind == "savepoint":  # both agents drain before they ack: the savepoint comes with the end
+
+            async def drained_then_acked():
+                await drain_all(cluster)
+                await trio.testing.wait_all_tasks_blocked()  # `drive` went on to `final` meanwhile
+                await ack_all(cluster, n)
+
+            nursery.start_soon(drained_then_acked)
+
+    cluster, got = drive(tmp_path, answer)
+    # no other final checkpoint and no "stop": the agents finish as at any end
+    assert got == [("savepoint", 1), ("commit", 1), ("finish", None)]
+    assert cluster.savepoint == 1 and not cluster.stopped
+
+
+def test_an_aborted_savepoint_lets_the_sources_go_on_and_periodic_checkpoints_start_again(tmp_path):
+    async def answer(cluster, kind, n, nursery):
+        if kind == "savepoint":
+            await cluster._on_decline(0, (n, "forced by the test"))
+        elif kind == "checkpoint" and n == 2:  # the next periodic one, after which every executor drains
+            nursery.start_soon(ack_all, cluster, n)
+            await drain_all(cluster)
+        elif kind == "checkpoint":  # the final one
+            nursery.start_soon(ack_all, cluster, n)
+
+    cluster, got = drive(tmp_path, answer, interval=1.0, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert got[:3] == [("savepoint", 1), ("go_on", None), ("checkpoint", 2)] and got[-1] == ("finish", None)
+    assert cluster.savepoint is None and not cluster.stopped
+    assert "forced by the test" in cluster.coordinator.history[0].reason
