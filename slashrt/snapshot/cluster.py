@@ -353,9 +353,8 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     from slashrt.errors import DataflowError
     from slashrt.snapshot.operators import stateful_nodes
     from slashrt.snapshot.runtime import checkpoint_config, load_restored
-    from slashrt.snapshot.storage import SnapshotStore
-
     from slashrt.snapshot.stop import check_checkpoint_options
+    from slashrt.snapshot.storage import SnapshotStore
 
     checkpoint, location, resume_from = (options.pop(k, None) for k in ("checkpoint", "checkpoint_dir", "resume_from"))
     stop = options.pop("stop", None)
