@@ -5,7 +5,8 @@ protocol (after the k-th checkpoint's manifest, or before the run starts, or onc
 drained); agents exchange over rings of 4 and 8 slots (every ring wraps many times):
 
 - the run stops with savepoint n (kind "savepoint", taken in the middle of the stream) and returns
-  it; resuming from "latest", on as many executors or (SSB) on another number, continues there:
+  it; the first operator of all executors together saw exactly the records the savepoint's
+  source positions cover, none beyond (the cut); resuming from "latest", on as many executors or (SSB) on another number, continues there:
   the committed output of both runs together equals one uninterrupted run's (2 executors over
   shm, 3 over tcp; SSB and UpPar);
 - a stop asked before the run starts stops it at its first barrier; one asked once every executor
@@ -18,7 +19,9 @@ Agents are reaped by the coordinator on every path (a failed assertion happens a
 returned; a run that raises reaps before raising).
 """
 
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,13 +45,16 @@ RINGS = {"slots": 8, "slot_size": 1024, "partitions": 16, "exchange_slots": 4}
 class Paced:
     """A pass-through filter that slows each executor's stream down after its first `after`
     records (each of the next `batches` batches takes `seconds` more), so that a stop asked
-    early reaches the sources in the middle of the stream however loaded the machine is."""
+    early reaches the sources in the middle of the stream however loaded the machine is. With
+    `tally` (a directory), each executor process keeps there how many records it has seen."""
 
-    def __init__(self, after: int = 0, seconds: float = 0.0, batches: int = 10**9):
-        self.after, self.seconds, self.batches, self.seen = after, seconds, batches, 0
+    def __init__(self, after: int = 0, seconds: float = 0.0, batches: int = 10**9, tally=None):
+        self.after, self.seconds, self.batches, self.seen, self.tally = after, seconds, batches, 0, tally
 
     def __call__(self, batch):
         self.seen += len(batch)
+        if self.tally is not None:
+            (Path(self.tally) / f"seen-{os.getpid()}").write_text(str(self.seen))
         if self.seconds and self.seen > self.after and self.batches > 0:
             self.batches -= 1
             time.sleep(self.seconds)
@@ -118,7 +124,7 @@ CASES = [  # resumed on as many executors, or (SSB: partitions reassigned) on an
     pytest.param(2, "shm", "slash", 1, (3, "tcp"), id="2-shm-slash-resumed-on-3-tcp"),
     pytest.param(3, "tcp", "uppar", 1, (3, "tcp"), id="3-tcp-uppar-resumed-on-3-tcp"),
 ]
-SLOW = Paced(after=8_000, seconds=0.004)  # the stopped runs' tail: ~1,000 batches of 4 ms each
+SLOW = dict(after=8_000, seconds=0.004)  # the stopped runs' tail: ~1,000 batches of 4 ms each
 
 
 @pytest.mark.parametrize("executors, transport, mode, k, resume_on", CASES)
@@ -127,11 +133,18 @@ def test_a_cluster_stopped_with_a_savepoint_resumes_exactly_where_it_stopped(
 ):
     stop = StopHandle()
     stop_after_manifest(monkeypatch, stop, k)
-    stopped, first = run(tmp_path, executors, transport, mode, pace=SLOW, checkpoint=0.005, stop=stop)
+    tally = tmp_path / "tally"
+    tally.mkdir()
+    stopped, first = run(tmp_path, executors, transport, mode, pace=Paced(**SLOW, tally=tally), checkpoint=0.005,
+                         stop=stop)
     ended = {c["checkpoint"]: c for c in stopped.checkpoints}
     assert stopped.savepoint is not None and ended[stopped.savepoint]["status"] == "completed"
     assert max(ended) == stopped.savepoint  # no checkpoint after it, no final one
-    assert 0 < savepoint_fed(tmp_path, stopped.savepoint, executors) < N  # stopped in the middle of the stream
+    fed = savepoint_fed(tmp_path, stopped.savepoint, executors)
+    assert 0 < fed < N  # stopped in the middle of the stream
+    # the cut: the first operator of every executor saw exactly what the sources had fed before
+    # the savepoint's barriers, not one record beyond
+    assert sum(int(f.read_text()) for f in tally.iterdir()) == fed
     monkeypatch.undo()
     resumed, second = run(tmp_path, resume_on[0], resume_on[1], mode, checkpoint=0.005, resume_from="latest")
     assert resumed.resumed_from == stopped.savepoint and resumed.savepoint is None
