@@ -227,7 +227,8 @@ def test_sigterm_stops_a_cluster_with_a_savepoint_and_a_resume_on_another_transp
     with slashrt_run(tmp_path, "--executors", "2", job=CLUSTER_JOB, env={"SLASHRT_TEST_SIGNAL": "10000:SIGTERM"}) as proc:
         code, out, err = finish(proc)
     assert code == 0, err[-3000:]
-    assert "SIGTERM: stopping with a savepoint" in err and "Traceback" not in err and "warning" not in err, err
+    assert "SIGTERM: stopping with a savepoint" in err and "Traceback" not in err, err
+    assert "channel lost its" not in err, err  # no executor took the others' stop for a failure
     savepoint = int(out.split("stopped with savepoint ")[1].split(":")[0])
     last = cluster_checkpoints(tmp_path, capsys)[-1]
     assert (last["checkpoint"], last["status"], last["kind"], last["executors"]) == (savepoint, "complete", "savepoint", 2)
