@@ -97,3 +97,32 @@ async def test_a_second_drive_of_an_owned_end_joins_the_running_one(medium):
                 await sender.send_records(np.arange(3 * SPEC.ring_bytes // 8, dtype="<i8"))
                 await sender.aclose()
             assert len(got[0]) == 3 * SPEC.ring_bytes // 8
+
+
+@pytest.mark.parametrize("medium", ["shm", "tcp"])
+async def test_ends_no_longer_driven_do_not_notice_their_peer_closing(medium):
+    # a cluster stopped with a savepoint: every owner stops driving before any closes its ends
+    # (a driven shm receiver would fail and warn here; tcp notices a close only when polled)
+    secret = generate_secret()
+    with trio.fail_after(30):
+        async with open_channels() as receiving, open_listener(medium, SPEC, secret) as listener:
+            async with open_channels() as sending:
+                accepted = []
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(lambda: _append(accepted, receiving.accept(listener)))
+                    sender = await sending.connect(medium, listener.address, SPEC, secret)
+                (receiver,) = accepted
+                await sender.send_records(np.arange(10, dtype="<i8"))
+                await _take_some(receiver)
+                receiving.stop_driving()
+                sending.stop_driving()
+            assert sender.closed  # aborted on leaving its owner, never ended
+            await trio.testing.wait_all_tasks_blocked()
+            assert receiver.error is None and not receiver.finished  # nobody noticed: nothing failed
+
+
+async def _take_some(receiver) -> None:
+    """Poll what arrived (the peer's close, once all is polled, would fail a driven receiver)."""
+    await receiver.wait_readable()
+    while receiver.poll() is not None:
+        receiver.release()
