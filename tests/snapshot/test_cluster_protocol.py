@@ -11,7 +11,8 @@ An alignment aborted by a newer barrier releases every input it blocked, even wh
 blocks another input at once. A stop with a savepoint (`drive`, scripted agents): the savepoint is
 committed before the agents are told to stop, and no final checkpoint follows; one still pending
 when every executor drained is the final checkpoint (the agents finish, nobody is stopped); one
-that aborts lets the sources go on and periodic checkpoints start again.
+that aborts lets the sources go on and periodic checkpoints start again. An agent that drained
+before the stop takes the savepoint at once and its run ends on "stop", as the others' do.
 """
 
 from types import SimpleNamespace
@@ -254,3 +255,41 @@ def test_an_aborted_savepoint_lets_the_sources_go_on_and_periodic_checkpoints_st
     assert got[:3] == [("savepoint", 1), ("go_on", None), ("checkpoint", 2)] and got[-1] == ("finish", None)
     assert cluster.savepoint is None and not cluster.stopped
     assert "forced by the test" in cluster.coordinator.history[0].reason
+
+
+def test_an_agent_that_drained_takes_the_savepoint_at_once_and_ends_on_stop(tmp_path):
+    # its share ended before the others': it waits for the coordinator in `_finish` when the stop comes
+    plan = SimpleNamespace(nodes=lambda: [], sinks=[], sources=["r"], graph=None)
+    link, exchange, executor = Link(), Exchange(), Executor()
+    feeder = SimpleNamespace(snapshot=lambda step_id: State({}, {"fed": 10}))
+
+    async def main():
+        agent = AgentCheckpointing(
+            plan, CheckpointConfig(), SnapshotStore(tmp_path, job="j"), None, index=0, link=link,
+            exchanges=[exchange], peer_inputs=["x.from1"],
+        )
+        async with trio.open_nursery() as nursery:
+
+            async def coordinator():
+                await link.wait_for("drained")
+                agent.on_message("savepoint", 1)
+                await link.wait_for("ack")
+                agent.on_message("commit", 1)
+                agent.on_message("stop", 1)
+
+            nursery.start_soon(coordinator)
+            async with agent.running():
+                agent.sources["r"].end(feeder)
+                await agent.on_end(executor, SimpleNamespace(name="r"))
+                await agent.on_end(executor, SimpleNamespace(name="x.from1"))
+        return agent
+
+    async def bounded():
+        with trio.fail_after(10):  # mock time: a run that never ends fails at once
+            return await main()
+
+    agent = trio.run(bounded, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert agent.savepoint == 1  # its run returns stopped, as the others' do (then all wait for "release")
+    acks = [payload for kind, payload in link.sent if kind == "ack"]
+    assert [n for n, *_ in acks] == [1] and acks[0][3] == {"r": {"0": {"fed": 10}}}
+    assert [kind for kind, _ in link.sent] == ["drained", "ack"]  # no final checkpoint of its own
