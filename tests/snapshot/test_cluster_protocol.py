@@ -107,16 +107,21 @@ class Executor:
         return {inp.name for inp in self.inputs if inp.blocked is not None}
 
 
-def test_a_peer_barrier_before_the_request_is_taken_once_with_the_ended_sources_positions(tmp_path):
+ENDED = SimpleNamespace(snapshot=lambda step_id: State({}, {"fed": 10}))  # a feeder that fed its 10 records
+
+
+def one_source_agent(tmp_path, link, exchange) -> AgentCheckpointing:
+    """Executor 0's side, with source "r" and a channel from executor 1 ("x.from1")."""
     plan = SimpleNamespace(nodes=lambda: [], sinks=[], sources=["r"], graph=None)
+    return AgentCheckpointing(plan, CheckpointConfig(), SnapshotStore(tmp_path, job="j"), None, index=0, link=link,
+                              exchanges=[exchange], peer_inputs=["x.from1"])
+
+
+def test_a_peer_barrier_before_the_request_is_taken_once_with_the_ended_sources_positions(tmp_path):
     link, exchange, executor = Link(), Exchange(), Executor()  # nothing left to block: no inputs
-    feeder = SimpleNamespace(snapshot=lambda step_id: State({}, {"fed": 10}))
 
     async def main():
-        agent = AgentCheckpointing(
-            plan, CheckpointConfig(), SnapshotStore(tmp_path, job="j"), None, index=0, link=link,
-            exchanges=[exchange], peer_inputs=["x.from1"],
-        )
+        agent = one_source_agent(tmp_path, link, exchange)
         async with trio.open_nursery() as nursery:
 
             async def coordinator():  # its request for 1 comes late, after the agent drained
@@ -126,7 +131,7 @@ def test_a_peer_barrier_before_the_request_is_taken_once_with_the_ended_sources_
 
             nursery.start_soon(coordinator)
             async with agent.running():
-                agent.sources["r"].end(feeder)  # the source fed its last record: its end is recorded
+                agent.sources["r"].end(ENDED)  # the source fed its last record: its end is recorded
                 await agent.on_end(executor, SimpleNamespace(name="r"))
                 # the peer got request 1 first: its barrier arrives here before ours
                 await agent.on_barrier(executor, SimpleNamespace(name="x.from1"), 1)
@@ -259,15 +264,10 @@ def test_an_aborted_savepoint_lets_the_sources_go_on_and_periodic_checkpoints_st
 
 def test_an_agent_that_drained_takes_the_savepoint_at_once_and_ends_on_stop(tmp_path):
     # its share ended before the others': it waits for the coordinator in `_finish` when the stop comes
-    plan = SimpleNamespace(nodes=lambda: [], sinks=[], sources=["r"], graph=None)
     link, exchange, executor = Link(), Exchange(), Executor()
-    feeder = SimpleNamespace(snapshot=lambda step_id: State({}, {"fed": 10}))
 
     async def main():
-        agent = AgentCheckpointing(
-            plan, CheckpointConfig(), SnapshotStore(tmp_path, job="j"), None, index=0, link=link,
-            exchanges=[exchange], peer_inputs=["x.from1"],
-        )
+        agent = one_source_agent(tmp_path, link, exchange)
         async with trio.open_nursery() as nursery:
 
             async def coordinator():
@@ -279,7 +279,7 @@ def test_an_agent_that_drained_takes_the_savepoint_at_once_and_ends_on_stop(tmp_
 
             nursery.start_soon(coordinator)
             async with agent.running():
-                agent.sources["r"].end(feeder)
+                agent.sources["r"].end(ENDED)
                 await agent.on_end(executor, SimpleNamespace(name="r"))
                 await agent.on_end(executor, SimpleNamespace(name="x.from1"))
         return agent
