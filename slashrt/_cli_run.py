@@ -6,7 +6,8 @@ and in it NAME: a function of no arguments returning `(flow, inputs)` (a `slashr
 and the dict of its inputs that `slashrt.run` takes), or such a tuple itself.
 
 Signals (with a checkpoint directory): the first SIGINT or SIGTERM stops the run with a final
-savepoint (`slashrt.StopHandle`); a second one aborts at once. Without one, the first aborts.
+savepoint (`slashrt.StopHandle`), on one executor or a cluster (whose coordinator is this
+process); a second one aborts at once. Without one, the first aborts.
 """
 
 from __future__ import annotations
@@ -138,9 +139,7 @@ def run_job(flow, inputs, *, executors, transport, mode, options: dict):
     from slashrt._runtime import prepare_run
     from slashrt.snapshot.stop import StopHandle
 
-    # stop with a savepoint runs on one executor; on a cluster a signal aborts (resume from the latest checkpoint)
-    local = executors == 1 and transport is None and mode is None
-    stop = StopHandle() if options.get("checkpoint_dir") is not None and local else None
+    stop = StopHandle() if options.get("checkpoint_dir") is not None else None
     if stop is not None:
         options = {**options, "stop": stop}
     job = prepare_run(flow, inputs, executors=executors, transport=transport, mode=mode, **options)

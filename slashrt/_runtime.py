@@ -280,16 +280,12 @@ def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_di
     """The run's `Checkpointing`, or None without a `checkpoint_dir`; refuses, in one sentence,
     what cannot be checkpointed (a source that cannot rewind, a user operator whose state it
     cannot take)."""
-    from slashrt.snapshot import SnapshotStore, StopHandle, runtime
+    from slashrt.snapshot import SnapshotStore, runtime
+    from slashrt.snapshot.stop import check_checkpoint_options
 
+    check_checkpoint_options(checkpoint_dir, checkpoint, resume_from, stop)
     if checkpoint_dir is None:
-        if checkpoint is not None or resume_from is not None or stop is not None:
-            raise OptionError(
-                "run(): checkpoint=, resume_from= and stop= need checkpoint_dir= (a directory or fsspec URL for the checkpoints)"
-            )
         return None
-    if stop is not None and not isinstance(stop, StopHandle):
-        raise OptionError(f"run(): stop= takes a slashrt.StopHandle, got {type(stop).__name__}")
     config, keep = runtime.checkpoint_config(checkpoint)
     refuse_uncheckpointable(flow, plan, inputs)
     store = SnapshotStore(checkpoint_dir, job=flow.name, keep=keep)

@@ -81,7 +81,7 @@ def _executor_sinks(plan, index: int, checkpointed: bool) -> None:
             node.sink = part(index)
 
 
-CHECKPOINT_MESSAGES = ("checkpoint", "commit", "finish")  # `slashrt.snapshot.cluster`
+CHECKPOINT_MESSAGES = ("checkpoint", "commit", "finish", "savepoint", "stop", "go_on")  # `slashrt.snapshot.cluster`
 
 
 async def _watch_coordinator(link: Link, checkpoints=None) -> None:
@@ -216,6 +216,8 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                             job.flow, plan, executor_inputs, start=sources, index=job.index, progress_bus=bus,
                             on_report=reporter, checkpoints=checkpoints, **opts,
                         )
+                        if result.savepoint is not None:  # stopped: what the shippers held went before its barrier
+                            nursery.cancel_scope.cancel()
                 finally:  # the last report (finished, or failed and why) goes before the outcome
                     if reporter is not None and reporter.latest is not None:
                         with trio.CancelScope(shield=True), contextlib.suppress(ChannelClosed):
@@ -223,7 +225,13 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                 watch.cancel_scope.cancel()
             if bus is not None:
                 result.stats[0].progress_bytes, result.stats[0].progress_messages = bus.stats.bytes, bus.stats.messages
+            if result.savepoint is not None:
+                # stopped with a savepoint: its channels close (aborted: no stream ended) once every
+                # executor stopped driving its own, so no peer takes the close for a failure
+                channels.stop_driving()
             await control.send("finished")
+            if result.savepoint is not None:
+                await control.receive("release")
     await control.send("done", result)
 
 

@@ -14,6 +14,7 @@
       "start"  (the clock starts)    ───>   run the executor
                                      <───   "finished" (the clock stops), then
                                             "done" (RunResult) or "failed" (why)
+      (checkpoints, and a stop with a savepoint, in between: `slashrt.snapshot.cluster`)
 
 `Ingest` inputs are fed from outside while the job runs: `on_ready` receives
 {source: [IngestTarget of executor 0, 1, ...]} before "start", and the caller ingests into
@@ -545,14 +546,13 @@ async def _run_attempt(
             started = time.perf_counter()
             await agents.send_all("start", [None] * n)
             marks["started"] = time.monotonic()
-            if checkpoints is not None:  # periodic checkpoints until every executor drained, then the final one
-                triggers = await nursery.start(checkpoints.triggers, agents)
-                await agents.gather("drained")
-                triggers.cancel()
-                await checkpoints.final(agents)
+            if checkpoints is not None:  # periodic checkpoints until every executor drained (or a stop's savepoint)
+                await checkpoints.drive(agents)
             # the run ends when every executor has finished; collecting results is delivery
             await agents.gather("finished")
             seconds = time.perf_counter() - started
+            if checkpoints is not None and checkpoints.stopped:  # every executor stopped: they may close channels now
+                await agents.send_all("release", [None] * n)
             results = await agents.gather("done")
             nursery.cancel_scope.cancel()
     except trio.TooSlowError:
@@ -576,7 +576,7 @@ async def _run_attempt(
     result = _combine(plan, results, seconds, [] if checkpoints is None else checkpoints.report(),
                       None if checkpoints is None else committed)
     if checkpoints is not None:
-        result.resumed_from = checkpoints.job["restore"]
+        result.resumed_from, result.savepoint = checkpoints.job["restore"], checkpoints.savepoint
     bound.info("cluster run finished", seconds=round(seconds, 6))
     return result
 

@@ -17,6 +17,12 @@
       every agent drained: final checkpoint F
       "checkpoint" F, then "commit" F, "finish" ─> taken at once (nothing is in flight)
 
+Stop with a savepoint (`stop`, a StopHandle, asked before every agent drained): "savepoint" n
+(the sources feed nothing after barrier n), acks, manifest, "commit" n, then "stop" n: each
+agent cancels its executor's run (no end of stream: open windows stay in n), stops driving its
+channels and says "finished"; once all did, "release" lets them close the channels (docs/
+architecture.md, "Stop with a savepoint on a cluster"). If n aborts, "go_on": the sources feed on.
+
 Alignment is two-staged because every executor is upstream and downstream of every other: the
 sending half of an exchange (fragments, routing) is fed by the executor's own sources only, so
 once they all delivered barrier n (their data behind it waits in their rings) barrier n goes out
@@ -62,18 +68,28 @@ class AgentCheckpointing(Checkpointing):
         self._forwarded = 0  # the newest barrier sent on the exchange channels
         self._requested: set[int] = set()
         self._drained = False
-        self._released = trio.Event()  # "finish": the final checkpoint is committed
+        self._released = trio.Event()  # "finish" (the final checkpoint is committed) or "stop"
+        self._body = trio.CancelScope()  # the executor's run (`running`), which "stop" cancels
         self.outbox = Outbox(plan)  # committed records of in-memory sinks, for the coordinator
 
     # -- the coordinator's messages ----------------------------------------------------------------
     def on_message(self, kind: str, n) -> None:
-        if kind == "checkpoint":
+        if kind in ("checkpoint", "savepoint"):  # a savepoint stops: its sources feed nothing after its barrier
             if n in self._requested:  # a peer's barrier came first and it was taken then (`_obey`)
                 return
             self._requested.add(n)
-            self._request(n)
+            if kind == "savepoint":  # an in-memory transactional sink commits it at once (`_take`), as on one executor
+                self._kinds[n] = "savepoint"
+            self._request(n, stop=kind == "savepoint")
             if self._drained:  # nothing in flight any more: take it at once
                 self._take_now(n)
+        elif kind == "stop":  # savepoint n is committed: the run ends here (nothing came after its barrier)
+            self.savepoint = n
+            self._body.cancel()
+            self._released.set()
+        elif kind == "go_on":  # the savepoint aborted: the job keeps running
+            for source in self.sources.values():
+                source.go_on()
         elif kind == "commit":
             for sink in self.sinks:
                 sink.commit(n)
@@ -91,8 +107,10 @@ class AgentCheckpointing(Checkpointing):
     async def running(self):
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            yield
-            await self._finish()
+            with trio.CancelScope() as self._body:
+                yield
+            if self.savepoint is None:
+                await self._finish()
 
     async def _finish(self) -> None:
         """Every input ended: take what was requested and not aligned (ended inputs deliver every
@@ -161,7 +179,7 @@ class ClusterCheckpoints:
     """The cluster coordinator's side: a `CheckpointCoordinator` over every (stateful step,
     executor), periodic triggers, the manifest once every instance acked, and the commits."""
 
-    def __init__(self, store, config, steps, executors: int):
+    def __init__(self, store, config, steps, executors: int, stop=None):
         if config.mode != "abs":
             raise OptionError(
                 f"run(): checkpoint mode {config.mode!r} stops the world on one executor only; clusters take barrier "
@@ -171,15 +189,59 @@ class ClusterCheckpoints:
         self.executors = executors
         self.steps = sorted(steps) or [NO_STATE]
         self.config = config
+        self.stop = stop  # a StopHandle, or None
+        self.savepoint: int | None = None  # the run stopped with this savepoint
+        self.stopped = False  # the agents were told to stop (each then waits for "release" to close its channels)
+        self._kinds: dict[int, str] = {}  # savepoint and final checkpoints (in their manifest's meta)
         self.coordinator: CheckpointCoordinator | None = None  # made when the run starts (`triggers`)
         self.agents = None
         self._acks: dict[int, dict] = {}  # checkpoint -> {"parts": [...], "positions": {executor: ...}}
         self._completing = 0  # manifests being written and commits being sent
+        self._drained: set[int] = set()  # executors whose inputs all ended
         self._changed = trio.Event()
         self.reshared: list = []  # the rescalings the sources' shares come from (`rescale.resumed_inputs`)
 
     def handlers(self) -> dict:
-        return {"ack": self._on_ack, "decline": self._on_decline}
+        return {"ack": self._on_ack, "decline": self._on_decline, "drained": self._on_drained}
+
+    async def drive(self, agents) -> None:
+        """While the run goes on: periodic checkpoints until every executor drained, then the
+        final one; or, when `stop` asks first, a savepoint that stops every executor."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.triggers, agents)
+            if self.stop is not None:
+                nursery.start_soon(self._stop_when_asked, agents)
+            await agents.settle(lambda: len(self._drained) == self.executors or self.stopped)
+            nursery.cancel_scope.cancel()
+        if not self.stopped:
+            await self.final(agents)
+
+    async def _stop_when_asked(self, agents) -> None:
+        """Stop with a savepoint when `stop` asks: savepoint n at every agent's sources, which feed
+        nothing after its barrier; once n is complete and its commit sent, "stop" every agent
+        (each ends its executor's run there). If n aborts, the sources feed on ("go_on")."""
+        await self.stop.wait()
+        with trio.CancelScope(shield=True):  # asked of every agent or none, as a trigger
+            n = self.coordinator.stop_with_savepoint().checkpoint
+            self._kinds[n] = "savepoint"
+            log.info("stopping with a savepoint", checkpoint=n)
+            await agents.send_all("savepoint", [n] * self.executors)
+        while self.coordinator.state == "stopping" or self._completing:  # (its commit is sent once not completing)
+            with trio.move_on_at(self._expiry()):
+                await self._changed.wait()
+            self._expire()
+        with trio.CancelScope(shield=True):
+            if self.coordinator.state == "stopped":
+                self.savepoint, self.stopped = n, True  # before "stop": the agents answer it with "finished"
+                await agents.send_all("stop", [n] * self.executors)
+                self._signal()
+                return
+            log.warning("stop with a savepoint failed", reason=self.coordinator.stop_failure)
+            await agents.send_all("go_on", [None] * self.executors)
+
+    async def _on_drained(self, executor: int, payload) -> None:
+        self._drained.add(executor)
+        self._signal()
 
     def _signal(self) -> None:
         self._changed.set()
@@ -196,11 +258,12 @@ class ClusterCheckpoints:
         )
         with trio.CancelScope() as scope:
             task_status.started(scope)
-            while (due := coordinator.next_due()) is not None:
+            while (due := coordinator.next_due()) is not None or coordinator.state == "stopping":
+                if due is None:  # a stop's savepoint is pending: none starts; if it aborts, the job goes on
+                    await self._changed.wait()
+                    continue
                 await trio.sleep_until(min(due, self._expiry()))
-                for record in coordinator.expire():
-                    log.warning("checkpoint aborted", checkpoint=record.checkpoint, reason=record.reason)
-                    self._signal()
+                self._expire()
                 record = coordinator.maybe_trigger()
                 if record is None:  # max_in_flight pending (or not due yet): wait for one to end
                     with trio.move_on_at(self._expiry()):
@@ -213,21 +276,31 @@ class ClusterCheckpoints:
                 with trio.CancelScope(shield=True):
                     await agents.send_all("checkpoint", [record.checkpoint] * self.executors)
 
+    def _expire(self) -> None:
+        for record in self.coordinator.expire():
+            log.warning("checkpoint aborted", checkpoint=record.checkpoint, reason=record.reason)
+            self._signal()
+
     def _expiry(self) -> float:
         started = [c.triggered for c in self.coordinator.pending.values()]
         return min(started) + self.coordinator.config.timeout if started else float("inf")
 
     async def final(self, agents) -> None:
         """Every executor drained: the checkpoints in flight end (each agent takes what it was
-        asked for), then the final one is taken, committed, and the agents finish."""
+        asked for), then the final one is taken, committed, and the agents finish. A stop's
+        savepoint that completed with the end is the final one."""
         self.agents = agents
         await agents.settle(lambda: not self.coordinator.pending and not self._completing)
-        final = self.coordinator.trigger_savepoint().checkpoint
-        await agents.send_all("checkpoint", [final] * self.executors)
-        await agents.settle(lambda: final not in self.coordinator.pending and not self._completing)
-        record = self.coordinator.history[-1]
-        if record.checkpoint != final or record.status != "completed":
-            raise SnapshotError(f"the final checkpoint {final} of the run was {record.status}: {record.reason}")
+        if self.coordinator.state == "stopped":
+            self.savepoint = self.coordinator.savepoint.checkpoint
+        else:
+            final = self.coordinator.trigger_savepoint().checkpoint
+            self._kinds[final] = "final"
+            await agents.send_all("checkpoint", [final] * self.executors)
+            await agents.settle(lambda: final not in self.coordinator.pending and not self._completing)
+            record = self.coordinator.history[-1]
+            if record.checkpoint != final or record.status != "completed":
+                raise SnapshotError(f"the final checkpoint {final} of the run was {record.status}: {record.reason}")
         await agents.send_all("finish", [None] * self.executors)
 
     async def _on_ack(self, executor: int, payload) -> None:
@@ -245,7 +318,8 @@ class ClusterCheckpoints:
             return
         for m in [m for m in self._acks if m <= n]:
             del self._acks[m]
-        meta = {"executors": self.executors, "cluster": True, "sources": got["positions"]}
+        meta = {"executors": self.executors, "cluster": True, "sources": got["positions"],
+                "kind": self._kinds.get(n, "checkpoint")}
         if self.reshared:  # what the sources' positions are positions in
             meta["reshared"] = self.reshared
         self._completing += 1  # complete in the coordinator's eyes, not yet in the store's nor committed
@@ -280,17 +354,13 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     from slashrt.snapshot.loops import loop_feedbacks
     from slashrt.snapshot.operators import stateful_nodes
     from slashrt.snapshot.runtime import checkpoint_config, load_restored
+    from slashrt.snapshot.stop import check_checkpoint_options
     from slashrt.snapshot.storage import SnapshotStore
 
     checkpoint, location, resume_from = (options.pop(k, None) for k in ("checkpoint", "checkpoint_dir", "resume_from"))
-    if options.pop("stop", None) is not None:
-        raise DataflowError(
-            "run(): stop=: stopping with a savepoint runs on one executor for now; on a cluster, end the run and "
-            "resume it with resume_from='latest'"
-        )
+    stop = options.pop("stop", None)
+    check_checkpoint_options(location, checkpoint, resume_from, stop)
     if location is None:
-        if checkpoint is not None or resume_from is not None:
-            raise OptionError("run(): checkpoint= and resume_from= need checkpoint_dir= (a directory or fsspec URL for the checkpoints)")
         return None
     config, keep = checkpoint_config(checkpoint)
     refuse_uncheckpointable(flow, plan, inputs)
@@ -306,7 +376,7 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
                 "of chained exchanges are not there yet; run it without checkpoint_dir= or on one executor"
             )
     store = SnapshotStore(location, job=flow.name, keep=keep)
-    cluster = ClusterCheckpoints(store, config, steps, executors)
+    cluster = ClusterCheckpoints(store, config, steps, executors, stop=stop)
     restored = load_restored(store, resume_from, executor=None)  # every part verified: a corrupt one falls back
     cluster.job = {"config": config, "location": location, "keep": keep,
                    "restore": None if restored is None else restored.number, "rescale": False}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import trio
 
-__all__ = ["StopHandle"]
+__all__ = ["StopHandle", "check_checkpoint_options"]
 
 
 class StopHandle:
@@ -49,3 +49,16 @@ class StopHandle:
             await self._event.wait()
         finally:
             self._event = self._token = None
+
+
+def check_checkpoint_options(checkpoint_dir, checkpoint, resume_from, stop) -> None:
+    """`run()`'s checkpoint options, on one executor or several: refuse, in one sentence, any of
+    them without a `checkpoint_dir`, and a `stop` that is not a StopHandle."""
+    from slashrt.errors import OptionError
+
+    if checkpoint_dir is None and (checkpoint is not None or resume_from is not None or stop is not None):
+        raise OptionError(
+            "run(): checkpoint=, resume_from= and stop= need checkpoint_dir= (a directory or fsspec URL for the checkpoints)"
+        )
+    if stop is not None and not isinstance(stop, StopHandle):
+        raise OptionError(f"run(): stop= takes a slashrt.StopHandle, got {type(stop).__name__}")

@@ -73,11 +73,6 @@ async def open_listener(name: str, spec: RingSpec, secret: bytes, **where) -> As
         yield Listener(name, backend_listener)
 
 
-async def _drive(end: Sender | Receiver, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    task_status.started()
-    await end.drive()
-
-
 class Channels:
     """The channels one owner opened; every end is driven in the owner's nursery (`open_channels`)."""
 
@@ -87,9 +82,19 @@ class Channels:
         # ends still to close when the owner is done (an end closed and dropped earlier, e.g. an
         # ingest endpoint's finished connection, leaves the set with its last reference)
         self._ends: weakref.WeakSet = weakref.WeakSet()
+        self._drives: set[trio.CancelScope] = set()  # one per end being driven
+
+    async def _drive(self, end: Sender | Receiver, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scope:
+            self._drives.add(scope)
+            task_status.started()
+            try:
+                await end.drive()
+            finally:
+                self._drives.discard(scope)
 
     async def _own(self, end):
-        await self._nursery.start(_drive, end, name=f"drive:{type(end).__name__}")
+        await self._nursery.start(self._drive, end, name=f"drive:{type(end).__name__}")
         self._ends.add(end)
         return end
 
@@ -126,6 +131,13 @@ class Channels:
     async def connect(self, name: str, address, spec: RingSpec, secret: bytes, **options) -> Sender:
         """A driven sender connected to a listener of medium `name` at `address`."""
         return await self._own(await _backend(name)[1](address, spec, secret, **options))
+
+    def stop_driving(self) -> None:
+        """Stop driving every end, leaving them open: their peers may close theirs now unnoticed
+        (nothing is logged nor failed). For owners that agreed with every peer that the streams
+        stop here (a cluster stopped with a savepoint); the ends are closed when the owner is done."""
+        for scope in list(self._drives):
+            scope.cancel()
 
     async def _close(self) -> None:
         with trio.CancelScope(shield=True):  # also when the owner is being cancelled

@@ -33,3 +33,50 @@ def job():
         point, _, k = at.partition(":")
         pause_at({"pre_commit": PartFiles, "write_part": SnapshotStore, "complete": SnapshotStore}[point], point, int(k))
     return flow(job_sinks(os.environ["SLASHRT_TEST_OUT"], "arrays")), {name: records(name) for name in SIZES}
+
+
+class SignalAt:
+    """A pass-through filter: the first executor of a cluster to have seen `k` records sends
+    `signals` to the coordinator (its parent process), once for the whole job (`marker`, a file
+    made exclusively); from then on every batch of every executor takes 4 ms more, so the stop
+    reaches the sources in the middle of the stream however loaded the machine is."""
+
+    def __init__(self, k: int | None, signals: list, marker: str):
+        self.k, self.signals, self.marker, self.seen = k, signals, marker, 0
+
+    def __call__(self, batch):
+        import signal
+        import time
+
+        import numpy as np
+
+        self.seen += len(batch)
+        if self.k is not None and self.seen >= self.k:
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass
+            else:
+                for name in self.signals:
+                    os.kill(os.getppid(), getattr(signal, name))
+            time.sleep(0.004)
+        return np.ones(len(batch), bool)
+
+
+def cluster():
+    """`_cluster_child`'s job (a window sum per key with late records, transactional CSV sinks
+    `out` and `late` under $SLASHRT_TEST_OUT) for `slashrt run --executors N`, through a
+    `SignalAt` filter: $SLASHRT_TEST_SIGNAL "<k>:<SIGNAL>[+<SIGNAL>...]" (none: it only passes)."""
+    from _cluster_child import SCHEMA, records
+
+    from slashrt import Dataflow, Tumbling
+    from slashrt.ops.sinks import CsvFile
+
+    directory = os.environ["SLASHRT_TEST_OUT"]
+    k, _, names = os.environ.get("SLASHRT_TEST_SIGNAL", "").partition(":")
+    flow = Dataflow("cluster-stop")
+    source = flow.source("r", SCHEMA, time="t", max_delay=20)
+    source = source.filter(SignalAt(int(k) if k else None, names.split("+"), f"{directory}/signalled"), name="signal")
+    late, out = (CsvFile(f"{directory}/{name}", transactional=True) for name in ("late", "out"))
+    source.window(Tumbling(ms=100), late=late).sum("v", key="k", output="total").sink(out)
+    return flow, {"r": records()}

@@ -36,12 +36,13 @@ OUTPUTS = ("out_a", "late_a", "out_bc")
 
 
 @contextlib.contextmanager
-def slashrt_run(directory: Path, *options: str, at: str = ""):
+def slashrt_run(directory: Path, *options: str, at: str = "", job: str = JOB, env: dict | None = None):
     """`slashrt run` of the job writing under `directory` (checkpoints in directory/chk), paused
-    at `at`; killed when the block ends, however it ends, and after 120 s in any case."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SLASHRT_TEST_OUT": str(directory), "SLASHRT_TEST_AT": at}
+    at `at`; killed when the block ends, however it ends, and after 120 s in any case (a cluster's
+    coordinator reaps its agents when killed by a signal; agents exit when it is gone)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SLASHRT_TEST_OUT": str(directory), "SLASHRT_TEST_AT": at, **(env or {})}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "slashrt", "run", JOB, "--checkpoint-dir", str(directory / "chk"),
+        [sys.executable, "-m", "slashrt", "run", job, "--checkpoint-dir", str(directory / "chk"),
          "--checkpoint-interval", "5ms", "--slots", "8", "--slot-size", "2048", *options],
         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -79,10 +80,10 @@ def resume(directory: Path, frm: str = "latest") -> dict:
     return json.loads(out)
 
 
-def published(directory: Path) -> dict[str, list[str]]:
+def published(directory: Path, outputs=OUTPUTS) -> dict[str, list[str]]:
     """Every sink's committed rows (what a reader of its directory sees), sorted."""
     return {name: sorted(line for part in (directory / name).glob("part-*.csv")
-                         for line in part.read_text().splitlines()[1:]) for name in OUTPUTS}
+                         for line in part.read_text().splitlines()[1:]) for name in outputs}
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +189,66 @@ def test_checkpoints_lists_complete_incomplete_and_corrupt_ones(tmp_path, capsys
         assert f"chk-{n:<6} complete  checkpoint " in text and "records fed: chaos.a " in text
     # listing changed nothing: every checkpoint directory is still there
     assert sorted(int(p.name[4:]) for p in (chk / "chaos").glob("chk-*")) == sorted(status)
+
+
+# -- a cluster: `slashrt run --executors N`, signalled by an operator of one of its agents ----------
+CLUSTER_JOB = f"{JOB}:cluster"
+
+
+@pytest.fixture(scope="module")
+def cluster_reference(tmp_path_factory) -> dict[str, list[str]]:
+    """The cluster job's committed output, run uninterrupted on one executor in this process."""
+    import importlib
+    import slashrt
+
+    directory = tmp_path_factory.mktemp("cluster-reference")
+    sys.path.insert(0, str(HERE))
+    try:
+        os.environ["SLASHRT_TEST_OUT"] = str(directory)
+        flow, inputs = importlib.import_module("_cli_job").cluster()
+        slashrt.run(flow, inputs, checkpoint_dir=directory / "chk")
+    finally:
+        sys.path.remove(str(HERE))
+        del os.environ["SLASHRT_TEST_OUT"]
+    rows = published(directory, ("out", "late"))
+    assert rows["out"] and len(rows["late"]) > 1000
+    return rows
+
+
+def cluster_checkpoints(directory: Path, capsys) -> list[dict]:
+    assert main(["checkpoints", str(directory / "chk"), "--json"]) == 0
+    (job,) = json.loads(capsys.readouterr().out)["jobs"]
+    return job["checkpoints"]
+
+
+def test_sigterm_stops_a_cluster_with_a_savepoint_and_a_resume_on_another_transport_continues(
+    tmp_path, cluster_reference, capsys
+):
+    with slashrt_run(tmp_path, "--executors", "2", job=CLUSTER_JOB, env={"SLASHRT_TEST_SIGNAL": "10000:SIGTERM"}) as proc:
+        code, out, err = finish(proc)
+    assert code == 0, err[-3000:]
+    assert "SIGTERM: stopping with a savepoint" in err and "Traceback" not in err, err
+    assert "channel lost its" not in err, err  # no executor took the others' stop for a failure
+    savepoint = int(out.split("stopped with savepoint ")[1].split(":")[0])
+    last = cluster_checkpoints(tmp_path, capsys)[-1]
+    assert (last["checkpoint"], last["status"], last["kind"], last["executors"]) == (savepoint, "complete", "savepoint", 2)
+    assert 0 < sum(last["sources"].values()) < 100_000  # the stop came in the middle of the stream
+    with slashrt_run(tmp_path, "--executors", "2", "--transport", "tcp", "--resume-from", "latest", "--json",
+                     job=CLUSTER_JOB) as proc:
+        code, out, err = finish(proc)
+    assert code == 0, err[-3000:]
+    assert json.loads(out)["resumed_from"] == savepoint
+    assert published(tmp_path, ("out", "late")) == cluster_reference
+
+
+def test_a_second_signal_aborts_a_cluster_and_a_resume_is_still_exactly_once(tmp_path, cluster_reference):
+    env = {"SLASHRT_TEST_SIGNAL": "10000:SIGTERM+SIGINT"}  # both at once: a stop, then an abort
+    with slashrt_run(tmp_path, "--executors", "3", "--transport", "tcp", job=CLUSTER_JOB, env=env) as proc:
+        code, out, err = finish(proc)
+    assert code == 130 and out == "", (code, out, err[-3000:])
+    assert err.splitlines()[-1] == "slashrt: interrupted"
+    with slashrt_run(tmp_path, "--executors", "3", "--transport", "tcp", "--resume-from", "latest", "--json",
+                     job=CLUSTER_JOB) as proc:
+        code, out, err = finish(proc)
+    assert code == 0, err[-3000:]
+    assert published(tmp_path, ("out", "late")) == cluster_reference

@@ -8,7 +8,11 @@ acks of a checkpoint some agent never heard of. An agent (`AgentCheckpointing`, 
 executor, link and exchange) whose sources ended may see a peer's barrier n before the
 coordinator's request n: it takes n then, with its sources' ends as their positions, exactly once.
 An alignment aborted by a newer barrier releases every input it blocked, even when the newer one
-blocks another input at once.
+blocks another input at once. A stop with a savepoint (`drive`, scripted agents): the savepoint is
+committed before the agents are told to stop, and no final checkpoint follows; one still pending
+when every executor drained is the final checkpoint (the agents finish, nobody is stopped); one
+that aborts lets the sources go on and periodic checkpoints start again. An agent that drained
+before the stop takes the savepoint at once and its run ends on "stop", as the others' do.
 """
 
 from types import SimpleNamespace
@@ -16,8 +20,9 @@ from types import SimpleNamespace
 import trio
 import trio.testing
 
+from slashrt import StopHandle
 from slashrt.snapshot.cluster import AgentCheckpointing, ClusterCheckpoints
-from slashrt.snapshot.coordinator import CheckpointConfig
+from slashrt.snapshot.coordinator import AckStats, CheckpointConfig
 from slashrt.snapshot.state_format import State
 from slashrt.snapshot.storage import SnapshotStore
 
@@ -102,16 +107,21 @@ class Executor:
         return {inp.name for inp in self.inputs if inp.blocked is not None}
 
 
-def test_a_peer_barrier_before_the_request_is_taken_once_with_the_ended_sources_positions(tmp_path):
+ENDED = SimpleNamespace(snapshot=lambda step_id: State({}, {"fed": 10}))  # a feeder that fed its 10 records
+
+
+def one_source_agent(tmp_path, link, exchange) -> AgentCheckpointing:
+    """Executor 0's side, with source "r" and a channel from executor 1 ("x.from1")."""
     plan = SimpleNamespace(nodes=lambda: [], sinks=[], sources=["r"], graph=None)
+    return AgentCheckpointing(plan, CheckpointConfig(), SnapshotStore(tmp_path, job="j"), None, index=0, link=link,
+                              exchanges=[exchange], peer_inputs=["x.from1"])
+
+
+def test_a_peer_barrier_before_the_request_is_taken_once_with_the_ended_sources_positions(tmp_path):
     link, exchange, executor = Link(), Exchange(), Executor()  # nothing left to block: no inputs
-    feeder = SimpleNamespace(snapshot=lambda step_id: State({}, {"fed": 10}))
 
     async def main():
-        agent = AgentCheckpointing(
-            plan, CheckpointConfig(), SnapshotStore(tmp_path, job="j"), None, index=0, link=link,
-            exchanges=[exchange], peer_inputs=["x.from1"],
-        )
+        agent = one_source_agent(tmp_path, link, exchange)
         async with trio.open_nursery() as nursery:
 
             async def coordinator():  # its request for 1 comes late, after the agent drained
@@ -121,7 +131,7 @@ def test_a_peer_barrier_before_the_request_is_taken_once_with_the_ended_sources_
 
             nursery.start_soon(coordinator)
             async with agent.running():
-                agent.sources["r"].end(feeder)  # the source fed its last record: its end is recorded
+                agent.sources["r"].end(ENDED)  # the source fed its last record: its end is recorded
                 await agent.on_end(executor, SimpleNamespace(name="r"))
                 # the peer got request 1 first: its barrier arrives here before ours
                 await agent.on_barrier(executor, SimpleNamespace(name="x.from1"), 1)
@@ -157,3 +167,129 @@ def test_an_aborted_alignment_releases_its_inputs_when_the_next_one_blocks_anoth
         assert link.sent[0][0] == "decline" and link.sent[0][1][0] == 1
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+# -- stop with a savepoint: the coordinator's side (`ClusterCheckpoints.drive`) ----------------------
+class AnsweringAgents:
+    """`_Agents` as `drive` uses it: every message is recorded, and `answer(kind, n, nursery)`
+    (a test's script) plays what the agents do back, through the coordinator's handlers."""
+
+    def __init__(self, answer, nursery):
+        self.answer, self.nursery, self.got = answer, nursery, []
+        self._poked = trio.Event()
+
+    async def send_all(self, kind, payloads):
+        self.got.append((kind, payloads[0]))
+        await self.answer(kind, payloads[0], self.nursery)
+
+    def poke(self):
+        self._poked.set()
+
+    async def settle(self, done):
+        while not done():
+            self._poked = trio.Event()
+            await self._poked.wait()
+
+
+def drive(tmp_path, answer, interval=None, clock=None):
+    """A 2-executor coordinator's side whose stop was asked before the run: what it sent."""
+    stop = StopHandle()
+    stop.request()  # the savepoint is the first checkpoint
+    cluster = ClusterCheckpoints(SnapshotStore(tmp_path, job="j"), CheckpointConfig(interval=interval), ["s"], 2, stop=stop)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            agents = AnsweringAgents(lambda kind, n, nursery: answer(cluster, kind, n, nursery), nursery)
+            await cluster.drive(agents)
+        return agents.got
+
+    return cluster, trio.run(main, clock=clock)
+
+
+async def ack_all(cluster, n):
+    """Both agents write their part of step "s" and ack n."""
+    for executor in range(2):
+        part = cluster.store.write_part(n, "s", executor, {}, {})
+        await cluster._on_ack(executor, (n, {"s": AckStats()}, [part], {"j.r": {str(executor): {"fed": 5}}}))
+
+
+async def drain_all(cluster):
+    for executor in range(2):
+        await cluster._on_drained(executor, None)
+
+
+def test_a_stop_ends_with_the_savepoint_committed_then_stop_sent_and_no_final_checkpoint(tmp_path):
+    async def answer(cluster, kind, n, nursery):
+        if kind == "savepoint":
+            nursery.start_soon(ack_all, cluster, n)
+
+    cluster, got = drive(tmp_path, answer)
+    assert got == [("savepoint", 1), ("commit", 1), ("stop", 1)]  # committed before the agents stop
+    assert cluster.savepoint == 1 and cluster.stopped
+    assert SnapshotStore(tmp_path, job="j").load(1).meta["kind"] == "savepoint"
+
+
+def test_a_savepoint_pending_when_every_executor_drained_is_the_final_checkpoint(tmp_path):
+    async def answer(cluster, kind, n, nursery):
+        if kind == "savepoint":  # both agents drain before they ack: the savepoint comes with the end
+
+            async def drained_then_acked():
+                await drain_all(cluster)
+                await trio.testing.wait_all_tasks_blocked()  # `drive` went on to `final` meanwhile
+                await ack_all(cluster, n)
+
+            nursery.start_soon(drained_then_acked)
+
+    cluster, got = drive(tmp_path, answer)
+    # no other final checkpoint and no "stop": the agents finish as at any end
+    assert got == [("savepoint", 1), ("commit", 1), ("finish", None)]
+    assert cluster.savepoint == 1 and not cluster.stopped
+
+
+def test_an_aborted_savepoint_lets_the_sources_go_on_and_periodic_checkpoints_start_again(tmp_path):
+    async def answer(cluster, kind, n, nursery):
+        if kind == "savepoint":
+            await cluster._on_decline(0, (n, "forced by the test"))
+        elif kind == "checkpoint" and n == 2:  # the next periodic one, after which every executor drains
+            nursery.start_soon(ack_all, cluster, n)
+            await drain_all(cluster)
+        elif kind == "checkpoint":  # the final one
+            nursery.start_soon(ack_all, cluster, n)
+
+    cluster, got = drive(tmp_path, answer, interval=1.0, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert got[:3] == [("savepoint", 1), ("go_on", None), ("checkpoint", 2)] and got[-1] == ("finish", None)
+    assert cluster.savepoint is None and not cluster.stopped
+    assert "forced by the test" in cluster.coordinator.history[0].reason
+
+
+def test_an_agent_that_drained_takes_the_savepoint_at_once_and_ends_on_stop(tmp_path):
+    # its share ended before the others': it waits for the coordinator in `_finish` when the stop comes
+    link, exchange, executor = Link(), Exchange(), Executor()
+
+    async def main():
+        agent = one_source_agent(tmp_path, link, exchange)
+        async with trio.open_nursery() as nursery:
+
+            async def coordinator():
+                await link.wait_for("drained")
+                agent.on_message("savepoint", 1)
+                await link.wait_for("ack")
+                agent.on_message("commit", 1)
+                agent.on_message("stop", 1)
+
+            nursery.start_soon(coordinator)
+            async with agent.running():
+                agent.sources["r"].end(ENDED)
+                await agent.on_end(executor, SimpleNamespace(name="r"))
+                await agent.on_end(executor, SimpleNamespace(name="x.from1"))
+        return agent
+
+    async def bounded():
+        with trio.fail_after(10):  # mock time: a run that never ends fails at once
+            return await main()
+
+    agent = trio.run(bounded, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert agent.savepoint == 1  # its run returns stopped, as the others' do (then all wait for "release")
+    acks = [payload for kind, payload in link.sent if kind == "ack"]
+    assert [n for n, *_ in acks] == [1] and acks[0][3] == {"r": {"0": {"fed": 10}}}
+    assert [kind for kind, _ in link.sent] == ["drained", "ack"]  # no final checkpoint of its own

@@ -10,6 +10,7 @@
   start again, the run finishes with all its output;
 - the savepoint's manifest says it is one (kind "savepoint");
 - `stop=` without a checkpoint directory, or not a StopHandle, is refused in one sentence.
+(On clusters: test_cluster_stop.py.)
 """
 
 import threading
@@ -20,7 +21,7 @@ import pytest
 
 import slashrt
 from slashrt import Dataflow, Schema, StopHandle, Tumbling, sinks
-from slashrt.errors import DataflowError, OptionError
+from slashrt.errors import OptionError
 from slashrt.snapshot import SnapshotStore
 
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
@@ -137,8 +138,6 @@ def test_stop_needs_a_checkpoint_directory_and_a_handle(tmp_path):
         slashrt.run(flow, {"a": INPUTS["a"]}, stop=StopHandle())
     with pytest.raises(OptionError, match="stop= takes a slashrt.StopHandle, got Event"):
         slashrt.run(flow, {"a": INPUTS["a"]}, checkpoint_dir=tmp_path, stop=threading.Event())
-    with pytest.raises(DataflowError, match="one executor for now"):
-        slashrt.run(flow, {"a": INPUTS["a"]}, executors=2, checkpoint_dir=tmp_path, stop=StopHandle())
 
 
 def test_a_failed_savepoint_lets_the_job_go_on(tmp_path, reference, monkeypatch):
