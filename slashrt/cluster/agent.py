@@ -12,7 +12,8 @@ it listens, and for each job:
    own input (its share of arrays, or a `PerExecutor` generator) and reports ready; an
    `Ingest` input opens an ingest endpoint instead (slashrt.spark), whose `IngestTarget` the
    "ready" message carries ({source: target}; empty without such inputs);
-4. on "start", runs one executor: its sources in lane 0, the peers' channels in lane 1, the
+4. on "start", runs one executor: its sources in lane 0, the peers' channels of each exchange
+   in the lane of its stage (1, or 2 for a window fed by another's results, ...: `_plan`), the
    exchanges' shippers beside it; sends the `RunResult` back, or the failure.
 
 The control connection carries heartbeats both ways (`slashrt.cluster._liveness`): if the
@@ -189,7 +190,7 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                 )
             for (step_id, src), receiver in sorted(receivers.items()):
                 x = exchanges[step_id]
-                executor_inputs.append(Input(f"{step_id}.from{src}", receiver, x.inbound(src), x.exchange_dtype, lane=getattr(x, "lane", 1)))
+                executor_inputs.append(Input(f"{step_id}.from{src}", receiver, x.inbound(src), x.exchange_dtype, lane=x.lane))
             bound.info("executor ready", exchanges=list(exchanges),
                        records={k: len(v) for k, v in inputs.items() if k not in targets}, ingest=sorted(targets))
             await control.send("ready", targets)

@@ -174,6 +174,8 @@ class Shipper:
 class SsbWindowAggregate(WindowAggregate):
     """A keyed window aggregate whose state is shared across executors through the SSB."""
 
+    lane = 1  # the executor's lane merging the deltas peers ship here: its stage (`_plan`)
+
     def __init__(
         self,
         spec: WindowAggSpec,

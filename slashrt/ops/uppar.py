@@ -49,6 +49,8 @@ def routed_dtype(spec: WindowAggSpec) -> np.dtype:
 class RouteByOwner(InFrontOfWindow, Node):
     """Stands where the window is in the local pipeline: routes rows to their owners."""
 
+    lane = 1  # the executor's lane computing the rows peers route here: its stage (`_plan`)
+
     def __init__(
         self, spec: WindowAggSpec, window: WindowAggregate, *, index: int, partitioning: Partitioning,
         progress: str = "watermark",
