@@ -182,7 +182,7 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                 if job.checkpoint is not None:
                     checkpoints = await agent_checkpointing(
                         job, plan, link=control, exchanges=exchanges.values(),
-                        peer_inputs=[f"{step_id}.from{src}" for step_id in exchanges for src in peers],
+                        peer_inputs={f"{step_id}.from{src}": x.lane for step_id, x in exchanges.items() for src in peers},
                     )
                 executor_inputs, sources = local_inputs(
                     plan, inputs, slot_size=slot_size, slots=slots, watermark_every=watermark_every,

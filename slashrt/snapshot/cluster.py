@@ -50,13 +50,20 @@ class AgentCheckpointing(Checkpointing):
     """The checkpoints of one agent's executor in a cluster run (see the module doc): requests,
     commits and the end come over the control `link`; acks go back over it."""
 
-    def __init__(self, plan, config, store, restored, *, index: int, link, exchanges, peer_inputs):
+    def __init__(self, plan, config, store, restored, *, index: int, link, exchanges, peer_inputs: dict):
+        """`exchanges`: the plan's exchanges, each with its stage (`lane`); `peer_inputs`: the
+        names of the channels arriving from peers, each with the stage it feeds."""
         super().__init__(plan, config, store, restored, executor=index)
         self.link = link
-        self.exchanges = list(exchanges)
-        self.local = list(plan.sources)
-        self.aligner = BarrierAligner(self.local + list(peer_inputs), clock=time.perf_counter)
-        self._forwarded = 0  # the newest barrier sent on the exchange channels
+        self.stages: dict[int, list] = {}  # stage -> its exchanges, whose sending halves forward barriers
+        for exchange in exchanges:
+            self.stages.setdefault(exchange.lane, []).append(exchange)
+        lanes = [(source, 0) for source in plan.sources] + list(peer_inputs.items())
+        # what feeds stage k's sending half: the inputs of the lanes before k
+        self.upstream = {k: [name for name, lane in lanes if lane < k] for k in sorted(self.stages)}
+        self.aligner = BarrierAligner([name for name, _ in lanes], clock=time.perf_counter)
+        self._forwarded = dict.fromkeys(self.upstream, 0)  # stage -> the newest barrier it claimed to send
+        self._sending = trio.Lock()  # forwards go out one at a time, in the order they were claimed
         self._requested: set[int] = set()
         self._drained = False
         self._released = trio.Event()  # "finish": the final checkpoint is committed
@@ -119,12 +126,9 @@ class AgentCheckpointing(Checkpointing):
         while self._writing:
             await self._changed.wait()
 
-    # -- alignment: the sending half, then the receiving half ---------------------------------------
+    # -- alignment: stage by stage, the sending halves, then the snapshot ---------------------------
     async def _obey(self, executor, outcomes) -> None:
-        channels = self.aligner.channels
-        n = self.aligner.aligning
-        if n is not None and all(s in channels.blocked or s in channels.ended for s in self.local):
-            await self._forward(n)
+        due = []  # (stage, checkpoint) to forward, claimed here in order
         for outcome in outcomes:
             if isinstance(outcome, Snapshot):
                 if outcome.checkpoint not in self._requested:
@@ -133,14 +137,27 @@ class AgentCheckpointing(Checkpointing):
                     # whole before n, so their end is their position in n, recorded here
                     self._requested.add(outcome.checkpoint)
                     self._request(outcome.checkpoint)
-                await self._forward(outcome.checkpoint)
+                due += self._claim(outcome.checkpoint, self.upstream)
+        n = self.aligner.aligning
+        if n is not None:
+            channels = self.aligner.channels
+            ready = [k for k, inputs in self.upstream.items() if all(i in channels.blocked or i in channels.ended for i in inputs)]
+            due += self._claim(n, ready)
+        if due or any(isinstance(outcome, Snapshot) for outcome in outcomes):
+            # in claim order; a snapshot waits here for every forward claimed before it, so no
+            # input is released (and nothing computed after a barrier is sent) ahead of a barrier
+            async with self._sending:
+                for stage, checkpoint in due:
+                    for exchange in self.stages[stage]:
+                        await exchange.forward_barrier(checkpoint)
         await super()._obey(executor, outcomes)
 
-    async def _forward(self, n: int) -> None:
-        if n > self._forwarded:
-            self._forwarded = n
-            for exchange in self.exchanges:
-                await exchange.forward_barrier(n)
+    def _claim(self, n: int, stages) -> list[tuple[int, int]]:
+        """The stages among `stages` that have not forwarded barrier n yet, now claimed for it."""
+        due = [(k, n) for k in stages if self._forwarded[k] < n]
+        for k, _ in due:
+            self._forwarded[k] = n
+        return due
 
     def _decline(self, outcome: Abort) -> None:
         self._nursery.start_soon(self.link.send, "decline", (outcome.checkpoint, outcome.reason))
@@ -298,14 +315,6 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
             f"run(): dataflow {flow.name!r} runs on distributed pointstamp progress across executors, which checkpoints "
             "do not cover yet: run it without checkpoint_dir= or on one executor"
         )
-    exchanges = role_plan.exchanges()
-    for x in exchanges:
-        behind = [y.step_id for y in x.walk() if y is not x and y in exchanges]
-        if behind:
-            raise DataflowError(
-                f"run(): step {behind[0]!r} exchanges what step {x.step_id!r} computed from its exchange: checkpoints "
-                "of chained exchanges are not there yet; run it without checkpoint_dir= or on one executor"
-            )
     store = SnapshotStore(location, job=flow.name, keep=keep)
     cluster = ClusterCheckpoints(store, config, stateful_nodes(role_plan), executors)
     restored = load_restored(store, resume_from, executor=None)  # every part verified: a corrupt one falls back
@@ -335,6 +344,12 @@ def _rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> d
     kinds = {node.STATE_KIND for node in stateful_nodes(role_plan).values()}
     if "route_by_owner" in kinds or "window" in kinds:
         raise SnapshotError(f"{refuse} only SSB state (mode 'slash') is reassigned by partition; resume it with executors={was}")
+    chained = [x.step_id for x in role_plan.exchanges() if x.lane > 1]
+    if chained:
+        raise SnapshotError(
+            f"{refuse} step {chained[0]!r} is fed by another exchange's results, and reassigning the partitions of "
+            f"chained exchanges is not there yet; resume it with executors={was}"
+        )
     ssb = [s for (step, e), s in restored.states.items() if s.meta.get("kind") == "ssb_window"]
     partitions = {s.meta["partitions"] for s in ssb} or {None}
     if role_plan.exchanges() and partitions != {role_plan.exchanges()[0].partitioning.partitions}:

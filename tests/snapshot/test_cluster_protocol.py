@@ -75,7 +75,8 @@ class Link:
 
 
 class Exchange:
-    def __init__(self):
+    def __init__(self, lane=1):
+        self.lane = lane  # its stage
         self.forwarded = []
 
     async def forward_barrier(self, n):
@@ -110,7 +111,7 @@ def test_a_peer_barrier_before_the_request_is_taken_once_with_the_ended_sources_
     async def main():
         agent = AgentCheckpointing(
             plan, CheckpointConfig(), SnapshotStore(tmp_path, job="j"), None, index=0, link=link,
-            exchanges=[exchange], peer_inputs=["x.from1"],
+            exchanges=[exchange], peer_inputs={"x.from1": 1},
         )
         async with trio.open_nursery() as nursery:
 
@@ -143,7 +144,7 @@ def test_an_aborted_alignment_releases_its_inputs_when_the_next_one_blocks_anoth
         agent = AgentCheckpointing(
             plan=SimpleNamespace(nodes=lambda: [], sinks=[], sources=["r"], graph=None), config=CheckpointConfig(),
             store=SnapshotStore(tmp_path, job="j"), restored=None, index=0, link=link, exchanges=[exchange],
-            peer_inputs=["x.from1", "x.from2"],
+            peer_inputs={"x.from1": 1, "x.from2": 1},
         )
         async with trio.open_nursery() as nursery:
             agent._nursery = nursery
