@@ -4,8 +4,9 @@
       CheckpointCoordinator over every             sources: record position, barrier n in band
       (stateful step, executor)
       "checkpoint" n  ───────────────────────>     align n over lane 0 (its sources): forward
-                                                   barrier n on every outgoing exchange channel;
-                                                   align n over lane 1 (the peers' channels) too:
+                                                   barrier n on stage 1's exchange channels;
+                                                   over lanes 0..k-1: on stage k's; over every
+                                                   lane (the peers' channels of every stage):
                                                    pre-commit sinks, copy state (sync), write parts
                            <───────────────────    "ack" (n, stats, parts, source positions)   (async)
       all acked: manifest (every executor's
@@ -15,12 +16,13 @@
       every agent drained: final checkpoint F
       "checkpoint" F, then "commit" F, "finish" ─> taken at once (nothing is in flight)
 
-Alignment is two-staged because every executor is upstream and downstream of every other: the
-sending half of an exchange (fragments, routing) is fed by the executor's own sources only, so
-once they all delivered barrier n (their data behind it waits in their rings) barrier n goes out
-on the exchange channels; the receiving half snapshots when the peers' barriers arrived too.
+Alignment goes stage by stage because every executor is upstream and downstream of every other:
+lane k of an executor computes what peers send to its stage-k exchanges (`slashrt._plan`), and
+the sending half of a stage-k exchange (fragments, routing) is fed by lanes 0..k-1 only, so once
+they all delivered barrier n (their data behind it waits in their rings) barrier n goes out on
+stage k's channels; the snapshot is taken when every lane delivered n, after every forward.
 An executor does not wait for its own barrier to come back, so alignment cannot deadlock, and
-what a peer sent before its barrier is in the leader's snapshot, nothing sent after it is.
+what a peer sent before its barrier is in the receiver's snapshot, nothing sent after it is.
 """
 
 from __future__ import annotations
