@@ -66,6 +66,7 @@ class AgentCheckpointing(Checkpointing):
         self.aligner = BarrierAligner([name for name, _ in lanes], clock=time.perf_counter)
         self._forwarded = dict.fromkeys(self.upstream, 0)  # stage -> the newest barrier it claimed to send
         self._sending = trio.Lock()  # forwards go out one at a time, in the order they were claimed
+        self._unsent = 0  # forwards claimed, not yet sent
         self._requested: set[int] = set()
         self._drained = False
         self._released = trio.Event()  # "finish": the final checkpoint is committed
@@ -145,21 +146,31 @@ class AgentCheckpointing(Checkpointing):
             channels = self.aligner.channels
             ready = [k for k, inputs in self.upstream.items() if all(i in channels.blocked or i in channels.ended for i in inputs)]
             due += self._claim(n, ready)
-        if due or any(isinstance(outcome, Snapshot) for outcome in outcomes):
-            # in claim order; a snapshot waits here for every forward claimed before it, so no
-            # input is released (and nothing computed after a barrier is sent) ahead of a barrier
-            async with self._sending:
+        if due:
+            async with self._sending:  # in claim order
                 for stage, checkpoint in due:
                     for exchange in self.stages[stage]:
                         await exchange.forward_barrier(checkpoint)
-        await super()._obey(executor, outcomes)
+                    self._unsent -= 1
+        await super()._obey(executor, outcomes)  # a snapshot is taken now; `_block` releases the inputs
 
     def _claim(self, n: int, stages) -> list[tuple[int, int]]:
         """The stages among `stages` that have not forwarded barrier n yet, now claimed for it."""
         due = [(k, n) for k in stages if self._forwarded[k] < n]
         for k, _ in due:
             self._forwarded[k] = n
+        self._unsent += len(due)
         return due
+
+    def _block(self, executor) -> None:
+        """After a snapshot every input is past its barrier: while a forward is still on its way
+        (a peer's credits), hold them all, else a released lane would send what follows barrier
+        n ahead of it on that channel; the task sending the last one releases them."""
+        if not (self._unsent and self.aligner.aligning is None):
+            return super()._block(executor)
+        for inp in executor.inputs:
+            if inp.blocked is None and not getattr(inp, "ended", False):
+                executor.block(inp)
 
     def _decline(self, outcome: Abort) -> None:
         self._nursery.start_soon(self.link.send, "decline", (outcome.checkpoint, outcome.reason))

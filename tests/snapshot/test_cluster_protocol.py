@@ -220,10 +220,11 @@ def test_each_stage_forwards_once_every_lane_before_it_delivered_the_barrier(tmp
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-def test_a_snapshot_waits_for_the_barriers_still_being_forwarded(tmp_path):
+def test_inputs_stay_held_after_a_snapshot_until_every_barrier_is_forwarded(tmp_path):
     # the sources' lane forwards stage 2's barrier and waits for a peer's credits; meanwhile the
-    # last peer barrier completes the alignment in another lane: the snapshot (and the release of
-    # every input, after which that lane would send what follows the barrier) waits for the forward
+    # last peer barrier completes the alignment in another lane: the snapshot is taken at once
+    # (nothing runs after a barrier yet), but every input stays held until the forward is out,
+    # else a released lane would send what follows barrier 1 ahead of it
     log = []
     x, y = Gated(1, log), Gated(2, log)
     x.release.set()
@@ -238,13 +239,12 @@ def test_a_snapshot_waits_for_the_barriers_still_being_forwarded(tmp_path):
             nursery.start_soon(source_barrier, agent, executor, 1)  # lane 0
             await trio.testing.wait_all_tasks_blocked()
             assert log == [("forwarded", 1, 1)]  # stage 2's forward hangs on the peer's credits
-            nursery.start_soon(agent.on_barrier, executor, SimpleNamespace(name="y.from1"), 1)  # lane 2
-            await trio.testing.wait_all_tasks_blocked()
-            # no snapshot, and x.from1 stays held (r's and y.from1's lanes are inside their barriers)
-            assert log == [("forwarded", 1, 1)] and executor.held() == {"x.from1"}
+            await agent.on_barrier(executor, SimpleNamespace(name="y.from1"), 1)  # lane 2
+            assert log == [("forwarded", 1, 1), ("snapshot", 1)]
+            assert executor.held() == {"r", "x.from1", "y.from1"}
             y.release.set()
             await trio.testing.wait_all_tasks_blocked()
-            assert log == [("forwarded", 1, 1), ("forwarded", 2, 1), ("snapshot", 1)]
-            assert executor.held() == set()
+            assert log == [("forwarded", 1, 1), ("snapshot", 1), ("forwarded", 2, 1)]
+            assert executor.held() == set()  # released by the task that sent the last forward
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
