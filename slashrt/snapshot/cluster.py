@@ -357,12 +357,6 @@ def _rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> d
     kinds = {node.STATE_KIND for node in stateful_nodes(role_plan).values()}
     if "route_by_owner" in kinds or "window" in kinds:
         raise SnapshotError(f"{refuse} only SSB state (mode 'slash') is reassigned by partition; resume it with executors={was}")
-    chained = [x.step_id for x in role_plan.exchanges() if x.lane > 1]
-    if chained:
-        raise SnapshotError(
-            f"{refuse} step {chained[0]!r} is fed by another exchange's results, and reassigning the partitions of "
-            f"chained exchanges is not there yet; resume it with executors={was}"
-        )
     ssb = [s for (step, e), s in restored.states.items() if s.meta.get("kind") == "ssb_window"]
     partitions = {s.meta["partitions"] for s in ssb} or {None}
     if role_plan.exchanges() and partitions != {role_plan.exchanges()[0].partitioning.partitions}:

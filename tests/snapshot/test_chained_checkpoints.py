@@ -8,8 +8,9 @@ alignment stage by stage): a count per key and window, then a sum of those count
   their barriers are exactly the counts left in stage 1's windows plus the counts summed in
   stage 2's (nothing in flight, nothing twice), also while SSB epochs of both stages are open;
   resuming from such a checkpoint in the middle gives the reference;
-- SIGKILL of an agent at chosen points (the chaos hooks), recovered by `restart=`: the committed
-  output (transactional CSV) is the failure-free one; resuming on another executor count is refused.
+- SIGKILL of an agent at chosen points (the chaos hooks), recovered by `restart=`, or resumed on
+  another number of executors (SSB partitions of both stages reassigned): the committed output
+  (transactional CSV) is the failure-free one.
 """
 
 import collections
@@ -17,7 +18,6 @@ import collections
 import numpy as np
 import pytest
 
-import slashrt
 from slashrt import Dataflow, Schema, Tumbling
 from slashrt.bench import chaos
 from slashrt.bench.chaos import ChaosCsv, published
@@ -122,23 +122,20 @@ def test_every_chained_checkpoint_is_a_consistent_cut_through_both_stages_and_re
         assert in_flight
     # resume from one of them: stage 2 fires at the end only, so the resumed run gives everything
     n = (in_flight or middle)[0]
-    with pytest.raises(SlashError, match="chained exchanges is not there yet"):  # partitions not reassigned (yet)
-        bounded(two_stages("cut", Collect(), 200, 10**9), {"r": data}, checkpoint={"keep": 1000},
-                checkpoint_dir=tmp_path, resume_from=n, **{**options, "executors": 3})
     out = Collect()
     bounded(two_stages("cut", out, 200, 10**9), {"r": data}, checkpoint={"keep": 1000}, checkpoint_dir=tmp_path,
             resume_from=n, **options)
     np.testing.assert_array_equal(np.sort(out.records), reference(data, 200, 10**9))
 
 
-def chaos_run(tmp_path, monkeypatch, kills: str, **options):
+def chaos_run(tmp_path, monkeypatch, kills: str, restart="fixed-delay:attempts=5,delay=0", **options):
     """The two stages into a transactional CSV directory, with SIGKILLs at the chosen points."""
-    (tmp_path / "marks").mkdir()
+    (tmp_path / "marks").mkdir(exist_ok=True)
     monkeypatch.setenv(chaos.KILLS_ENV, kills)
     monkeypatch.setenv(chaos.MARKS_ENV, str(tmp_path / "marks"))
     return bounded(two_stages("chaos", ChaosCsv(tmp_path / "out", transactional=True)), {"r": records(5 * N)},
-                   checkpoint={"interval": 0.005, "keep": 2}, checkpoint_dir=tmp_path / "chk",
-                   restart="fixed-delay:attempts=5,delay=0", epoch_bytes=4096, **options, **SMALL)
+                   checkpoint={"interval": 0.005, "keep": 2}, checkpoint_dir=tmp_path / "chk", restart=restart,
+                   epoch_bytes=4096, **options, **SMALL)
 
 
 @pytest.fixture(scope="module")
@@ -160,3 +157,21 @@ def test_sigkill_and_restart_commit_exactly_the_failure_free_output(tmp_path, mo
     assert len(result.recoveries) == planned
     assert all("killed by signal 9 (SIGKILL)" in r["cause"] for r in result.recoveries), result.recoveries
     assert published(tmp_path / "out") == committed  # nothing lost, nothing twice
+
+
+def test_a_chained_pipeline_killed_on_2_executors_resumes_on_3_with_exactly_the_failure_free_output(
+        tmp_path, monkeypatch, committed):
+    # SSB partitions of both stages are reassigned to the new leaders; stage 2 fires mid-run
+    with pytest.raises(SlashError, match="SIGKILL"):
+        chaos_run(tmp_path, monkeypatch, "pre_commit:4", "none", mode="slash", transport="shm", executors=2)
+    store = SnapshotStore(tmp_path / "chk", job="chaos")
+    latest = store.latest()
+    assert latest.meta["executors"] == 2
+    assert 0 < sum(p["fed"] for p in latest.meta["sources"]["chaos.r"].values()) < 5 * N  # mid-run
+    monkeypatch.delenv(chaos.KILLS_ENV)
+    result = bounded(two_stages("chaos", ChaosCsv(tmp_path / "out", transactional=True)), {"r": records(5 * N)},
+                     checkpoint={"keep": 2}, checkpoint_dir=tmp_path / "chk", resume_from="latest", mode="slash",
+                     transport="tcp", executors=3, epoch_bytes=4096, **SMALL)
+    assert result.resumed_from == latest.number
+    assert published(tmp_path / "out") == committed
+    assert store.load(store.checkpoints()[-1]).meta["executors"] == 3
