@@ -20,7 +20,8 @@ Alignment goes stage by stage because every executor is upstream and downstream 
 lane k of an executor computes what peers send to its stage-k exchanges (`slashrt._plan`), and
 the sending half of a stage-k exchange (fragments, routing) is fed by lanes 0..k-1 only, so once
 they all delivered barrier n (their data behind it waits in their rings) barrier n goes out on
-stage k's channels; the snapshot is taken when every lane delivered n, after every forward.
+stage k's channels; the snapshot is taken when every lane delivered n, and the inputs are
+released once every forward is out.
 An executor does not wait for its own barrier to come back, so alignment cannot deadlock, and
 what a peer sent before its barrier is in the receiver's snapshot, nothing sent after it is.
 """
