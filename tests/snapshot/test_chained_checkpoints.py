@@ -82,6 +82,28 @@ def test_a_checkpointed_chained_pipeline_equals_the_unchecked_run_and_numpy(tmp_
     assert {c["acks"] for c in completed} == {executors * len(steps)}  # both stages of every executor acked
 
 
+def test_three_stages_align_as_two_do(tmp_path):
+    # the sums per g feed a third window keyed by g % 3: lanes 0..2 feed stage 3, no case per depth
+    data = records()
+    job = Dataflow("three")
+    counts = job.source("r", SCHEMA, time="t").window(Tumbling(ms=100)).count(key="k", output="n")
+    totals = counts.with_column("g", lambda b: b["k"] % G, dtype="i8").window(Tumbling(ms=500)).sum(
+        "n", key="g", output="total")
+    out = Collect(transactional=True)
+    totals.with_column("h", lambda b: b["g"] % 3, dtype="i8").window(Tumbling(ms=1000)).sum(
+        "total", key="h", output="grand").sink(out)
+    result = bounded(job, {"r": data}, executors=3, mode="uppar", transport="tcp", checkpoint=0.005,
+                     checkpoint_dir=tmp_path, **SMALL)
+    second = reference(data)
+    groups, at = np.unique(np.stack([second["window_end"] // 1000, second["g"] % 3], axis=1), axis=0,
+                           return_inverse=True)
+    expected = np.zeros(len(groups), out.records.dtype)
+    expected["window_start"], expected["window_end"] = groups[:, 0] * 1000, (groups[:, 0] + 1) * 1000
+    expected["h"], expected["grand"] = groups[:, 1], np.bincount(at.ravel(), weights=second["total"])
+    np.testing.assert_array_equal(np.sort(out.records), np.sort(expected))
+    assert sum(c["status"] == "completed" for c in result.checkpoints) >= 2
+
+
 def held(checkpoint, step: str, column: str) -> int:
     """What the windows of `step` hold in `checkpoint` on every executor (fragments, leader
     state and tails; an UpPar owner's window is a step of its own, named by `step` too)."""
