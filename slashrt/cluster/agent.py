@@ -182,7 +182,7 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                 if job.checkpoint is not None:
                     checkpoints = await agent_checkpointing(
                         job, plan, link=control, exchanges=exchanges.values(),
-                        peer_inputs={f"{step_id}.from{src}": x.lane for step_id, x in exchanges.items() for src in peers},
+                        peer_inputs={f"{step_id}.from{src}": getattr(x, "lane", 1) for step_id, x in exchanges.items() for src in peers},
                     )
                 executor_inputs, sources = local_inputs(
                     plan, inputs, slot_size=slot_size, slots=slots, watermark_every=watermark_every,
@@ -190,7 +190,7 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                 )
             for (step_id, src), receiver in sorted(receivers.items()):
                 x = exchanges[step_id]
-                executor_inputs.append(Input(f"{step_id}.from{src}", receiver, x.inbound(src), x.exchange_dtype, lane=x.lane))
+                executor_inputs.append(Input(f"{step_id}.from{src}", receiver, x.inbound(src), x.exchange_dtype, lane=getattr(x, "lane", 1)))
             bound.info("executor ready", exchanges=list(exchanges),
                        records={k: len(v) for k, v in inputs.items() if k not in targets}, ingest=sorted(targets))
             await control.send("ready", targets)

@@ -53,19 +53,23 @@ class AgentCheckpointing(Checkpointing):
     """The checkpoints of one agent's executor in a cluster run (see the module doc): requests,
     commits and the end come over the control `link`; acks go back over it."""
 
-    def __init__(self, plan, config, store, restored, *, index: int, link, exchanges, peer_inputs: dict):
+    def __init__(self, plan, config, store, restored, *, index: int, link, exchanges, peer_inputs):
         """`exchanges`: the plan's exchanges, each with its stage (`lane`); `peer_inputs`: the
-        names of the channels arriving from peers, each with the stage it feeds."""
+        names of the channels arriving from peers, each with the stage it feeds ({name: stage};
+        a list: all of stage 1)."""
         super().__init__(plan, config, store, restored, executor=index)
         self.link = link
+        self.exchanges = list(exchanges)
+        self.local = list(plan.sources)
+        if not isinstance(peer_inputs, dict):
+            peer_inputs = dict.fromkeys(peer_inputs, 1)
         self.stages: dict[int, list] = {}  # stage -> its exchanges, whose sending halves forward barriers
-        for exchange in exchanges:
-            self.stages.setdefault(exchange.lane, []).append(exchange)
-        lanes = [(source, 0) for source in plan.sources] + list(peer_inputs.items())
-        # what feeds stage k's sending half: the inputs of the lanes before k
-        self.upstream = {k: [name for name, lane in lanes if lane < k] for k in sorted(self.stages)}
-        self.aligner = BarrierAligner([name for name, _ in lanes], clock=time.perf_counter)
-        self._forwarded = dict.fromkeys(self.upstream, 0)  # stage -> the newest barrier it claimed to send
+        for exchange in self.exchanges:
+            self.stages.setdefault(getattr(exchange, "lane", 1), []).append(exchange)
+        # what feeds stage k's sending half: the sources and the peers' channels of the stages before k
+        self.feeding = {k: self.local + [i for i, lane in peer_inputs.items() if lane < k] for k in sorted(self.stages)}
+        self.aligner = BarrierAligner(self.local + list(peer_inputs), clock=time.perf_counter)
+        self._forwarded = dict.fromkeys(self.feeding, 0)  # stage -> the newest barrier it claimed to send
         self._sending = trio.Lock()  # forwards go out one at a time, in the order they were claimed
         self._unsent = 0  # forwards claimed, not yet sent
         self._requested: set[int] = set()
@@ -141,11 +145,11 @@ class AgentCheckpointing(Checkpointing):
                     # whole before n, so their end is their position in n, recorded here
                     self._requested.add(outcome.checkpoint)
                     self._request(outcome.checkpoint)
-                due += self._claim(outcome.checkpoint, self.upstream)
+                due += self._claim(outcome.checkpoint, self.feeding)
         n = self.aligner.aligning
         if n is not None:
             channels = self.aligner.channels
-            ready = [k for k, inputs in self.upstream.items() if all(i in channels.blocked or i in channels.ended for i in inputs)]
+            ready = [k for k, inputs in self.feeding.items() if all(i in channels.blocked or i in channels.ended for i in inputs)]
             due += self._claim(n, ready)
         if due:
             async with self._sending:  # in claim order

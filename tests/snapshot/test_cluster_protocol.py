@@ -113,7 +113,7 @@ def test_a_peer_barrier_before_the_request_is_taken_once_with_the_ended_sources_
     async def main():
         agent = AgentCheckpointing(
             plan, CheckpointConfig(), SnapshotStore(tmp_path, job="j"), None, index=0, link=link,
-            exchanges=[exchange], peer_inputs={"x.from1": 1},
+            exchanges=[exchange], peer_inputs=["x.from1"],
         )
         async with trio.open_nursery() as nursery:
 
@@ -146,7 +146,7 @@ def test_an_aborted_alignment_releases_its_inputs_when_the_next_one_blocks_anoth
         agent = AgentCheckpointing(
             plan=SimpleNamespace(nodes=lambda: [], sinks=[], sources=["r"], graph=None), config=CheckpointConfig(),
             store=SnapshotStore(tmp_path, job="j"), restored=None, index=0, link=link, exchanges=[exchange],
-            peer_inputs={"x.from1": 1, "x.from2": 1},
+            peer_inputs=["x.from1", "x.from2"],
         )
         async with trio.open_nursery() as nursery:
             agent._nursery = nursery
