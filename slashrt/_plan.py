@@ -5,7 +5,9 @@ In a multi-executor run (`ClusterRole` given) every keyed window becomes an *exc
 in a graph flow a `WindowRoute` in front of a window (pointstamp progress, either mode; inside
 a loop a `LoopWindow`, one window per iteration).
 Exchanges talk to the other executors through channels that the cluster runtime wires with
-`add_peer` and `inbound`.
+`add_peer` and `inbound`. In a tree flow an exchange's *stage* is how many exchanges its records
+crossed to reach it, itself included (a window fed by another's results is stage 2); the
+channels arriving at a stage-k exchange are computed by lane k of the executor (`lane`).
 """
 
 from __future__ import annotations
@@ -124,6 +126,23 @@ class Plan:
         ]
 
 
+def _number_stages(roots: dict[str, Node]) -> None:
+    """Give each exchange of a tree flow its stage as its `lane`: what its peers send it is
+    computed by a lane of its own, so a lane waits for peers' credits only on channels that a
+    later lane consumes (lane k sends on stage k+1's channels), never in a cycle: exchanges fed
+    by exchanges cannot deadlock through their rings however small they are."""
+
+    def walk(node: Node, stage: int) -> None:
+        if isinstance(node, (SsbWindowAggregate, RouteByOwner)):
+            stage += 1
+            node.lane = stage
+        for child in node.children:
+            walk(child, stage)
+
+    for root in roots.values():
+        walk(root, 0)
+
+
 def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
     sources = {s.step_id: s for s in flow.sources()}
     if not sources:
@@ -191,6 +210,8 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
     roots = {step_id: steps[step_id] for step_id in sources}
     for root in roots.values():
         root.watch()
+    if graph is None:
+        _number_stages(roots)
     if not sinks:
         raise DataflowError(f"dataflow {flow.name!r} has no sink: nothing would see its results")
     return Plan(roots, sources, sinks, flow, steps, graph)

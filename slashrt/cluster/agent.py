@@ -12,7 +12,8 @@ it listens, and for each job:
    own input (its share of arrays, or a `PerExecutor`'s array or chunks) and reports ready; an
    `Ingest` input opens an ingest endpoint instead (slashrt.spark), whose `IngestTarget` the
    "ready" message carries ({source: target}; empty without such inputs);
-4. on "start", runs one executor: its sources in lane 0, the peers' channels in lane 1, the
+4. on "start", runs one executor: its sources in lane 0, the peers' channels of each exchange
+   in the lane of its stage (1, or 2 for a window fed by another's results, ...: `_plan`), the
    exchanges' shippers beside it; sends the `RunResult` back, or the failure.
 
 The control connection carries heartbeats both ways (`slashrt.cluster._liveness`): if the
@@ -186,7 +187,7 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                 if job.checkpoint is not None:
                     checkpoints = await agent_checkpointing(
                         job, plan, link=control, exchanges=exchanges.values(),
-                        peer_inputs=[f"{step_id}.from{src}" for step_id in exchanges for src in peers],
+                        peer_inputs={f"{step_id}.from{src}": getattr(x, "lane", 1) for step_id, x in exchanges.items() for src in peers},
                     )
                 executor_inputs, sources = local_inputs(
                     plan, inputs, slot_size=slot_size, slots=slots, watermark_every=watermark_every,

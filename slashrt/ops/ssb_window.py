@@ -174,6 +174,8 @@ class Shipper:
 class SsbWindowAggregate(WindowAggregate):
     """A keyed window aggregate whose state is shared across executors through the SSB."""
 
+    lane = 1  # the executor's lane merging the deltas peers ship here: its stage (`_plan`)
+
     def __init__(
         self,
         spec: WindowAggSpec,
@@ -233,9 +235,10 @@ class SsbWindowAggregate(WindowAggregate):
 
     async def forward_barrier(self, n: int) -> None:
         """Checkpoint barrier n on every outgoing channel, behind every delta queued so far: taken
-        between two batches of the local stream, so every epoch's shipment is whole before it
-        (`_end_epoch` runs within one batch of the local stream, which is blocked behind its
-        barrier meanwhile) or whole after it; direct routing's rows are one record each."""
+        once every lane feeding this stage handled its barriers (between two of its batches), so
+        every epoch's shipment is whole before it (`_end_epoch` runs within one batch of such a
+        lane, which is blocked behind its barrier meanwhile) or whole after it; direct routing's
+        rows are one record each."""
         for shipper in self.shippers.values():
             shipper.barrier(n)
 

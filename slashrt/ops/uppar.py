@@ -3,7 +3,7 @@
 Where the dataflow has a keyed window, each executor routes the rows the window needs (time,
 key, value) by the owner of the key's partition (the same `Partitioning` the SSB uses):
 its own rows go straight into its local window, the others through a transport channel to
-their owner, whose window takes them from an `Inbound` pipeline in the exchange lane. Every
+their owner, whose window takes them from an `Inbound` pipeline in its stage's lane. Every
 executor's watermark travels in band with its rows; the window sees the minimum over all of
 them (a `FrontierGate`) and ends when every executor's stream has ended. This is the strawman
 the Slash paper measures against, built on the same channels so that the comparison is fair:
@@ -48,6 +48,8 @@ def routed_dtype(spec: WindowAggSpec) -> np.dtype:
 
 class RouteByOwner(InFrontOfWindow, Node):
     """Stands where the window is in the local pipeline: routes rows to their owners."""
+
+    lane = 1  # the executor's lane computing the rows peers route here: its stage (`_plan`)
 
     def __init__(
         self, spec: WindowAggSpec, window: WindowAggregate, *, index: int, partitioning: Partitioning,

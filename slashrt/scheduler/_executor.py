@@ -23,7 +23,9 @@ instead of once per 64 KiB.
 Inputs belong to lanes, one compute coroutine each (usually one lane). A multi-executor run puts
 the channels arriving from other executors in a lane of their own: a pipeline that waits for a
 peer's credits then never stops this executor from consuming what its peers send it, which is
-what returns their credits (two executors repartitioning into each other cannot deadlock).
+what returns their credits (two executors repartitioning into each other cannot deadlock);
+an exchange fed by another exchange's results has its peers' channels in the next lane, so
+lane k only ever waits for the credits of lane k+1 elsewhere.
 A graph flow's exchanges (`ops/route.py`) stay in lane 0, with the one tracker: they ship from
 background tasks instead, so compute never waits for a peer's credits.
 

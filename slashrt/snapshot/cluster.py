@@ -4,8 +4,9 @@
       CheckpointCoordinator over every             sources: record position, barrier n in band
       (stateful step, executor)
       "checkpoint" n  ───────────────────────>     align n over lane 0 (its sources): forward
-                                                   barrier n on every outgoing exchange channel;
-                                                   align n over lane 1 (the peers' channels) too:
+                                                   barrier n on stage 1's exchange channels;
+                                                   over lanes 0..k-1: on stage k's; over every
+                                                   lane (the peers' channels of every stage):
                                                    pre-commit sinks, copy state (sync), write parts
                            <───────────────────    "ack" (n, stats, parts, source positions)   (async)
       all acked: manifest (every executor's
@@ -23,14 +24,16 @@ agent cancels its executor's run (no end of stream: open windows stay in n), sto
 channels and says "finished"; once all did, "release" lets them close the channels (docs/
 architecture.md, "Stop with a savepoint on a cluster"). If n aborts, "go_on": the sources feed on.
 
-Alignment is two-staged because every executor is upstream and downstream of every other: the
-sending half of an exchange (fragments, routing) is fed by the executor's own sources only, so
-once they all delivered barrier n (their data behind it waits in their rings) barrier n goes out
-on the exchange channels; the receiving half snapshots when the peers' barriers arrived too.
+Alignment goes stage by stage because every executor is upstream and downstream of every other:
+lane k of an executor computes what peers send to its stage-k exchanges (`slashrt._plan`), and
+the sending half of a stage-k exchange (fragments, routing) is fed by lanes 0..k-1 only, so once
+they all delivered barrier n (their data behind it waits in their rings) barrier n goes out on
+stage k's channels; the snapshot is taken when every lane delivered n, and the inputs are
+released once every forward is out.
 An executor does not wait for its own barrier to come back, so alignment cannot deadlock, and
-what a peer sent before its barrier is in the leader's snapshot, nothing sent after it is.
-Graph flows (distributed pointstamp progress, chained exchanges, loops) align exchange by
-exchange instead: `slashrt.snapshot.cluster_graph`.
+what a peer sent before its barrier is in the receiver's snapshot, nothing sent after it is.
+Graph flows (distributed pointstamp progress, loops) align exchange by exchange instead:
+`slashrt.snapshot.cluster_graph`.
 """
 
 from __future__ import annotations
@@ -60,12 +63,24 @@ class AgentCheckpointing(Checkpointing):
     commits and the end come over the control `link`; acks go back over it."""
 
     def __init__(self, plan, config, store, restored, *, index: int, link, exchanges, peer_inputs):
+        """`exchanges`: the plan's exchanges, each with its stage (`lane`); `peer_inputs`: the
+        names of the channels arriving from peers, each with the stage it feeds ({name: stage};
+        a list: all of stage 1)."""
         super().__init__(plan, config, store, restored, executor=index)
         self.link = link
         self.exchanges = list(exchanges)
         self.local = list(plan.sources)
+        if not isinstance(peer_inputs, dict):
+            peer_inputs = dict.fromkeys(peer_inputs, 1)
+        self.stages: dict[int, list] = {}  # stage -> its exchanges, whose sending halves forward barriers
+        for exchange in self.exchanges:
+            self.stages.setdefault(getattr(exchange, "lane", 1), []).append(exchange)
+        # what feeds stage k's sending half: the sources and the peers' channels of the stages before k
+        self.feeding = {k: self.local + [i for i, lane in peer_inputs.items() if lane < k] for k in sorted(self.stages)}
         self.aligner = BarrierAligner(self.local + list(peer_inputs), clock=time.perf_counter)
-        self._forwarded = 0  # the newest barrier sent on the exchange channels
+        self._forwarded = dict.fromkeys(self.feeding, 0)  # stage -> the newest barrier it claimed to send
+        self._sending = trio.Lock()  # forwards go out one at a time, in the order they were claimed
+        self._unsent = 0  # forwards claimed, not yet sent
         self._requested: set[int] = set()
         self._drained = False
         self._released = trio.Event()  # "finish" (the final checkpoint is committed) or "stop"
@@ -123,12 +138,9 @@ class AgentCheckpointing(Checkpointing):
         while self._writing:
             await self._changed.wait()
 
-    # -- alignment: the sending half, then the receiving half ---------------------------------------
+    # -- alignment: stage by stage, the sending halves, then the snapshot ---------------------------
     async def _obey(self, executor, outcomes) -> None:
-        channels = self.aligner.channels
-        n = self.aligner.aligning
-        if n is not None and all(s in channels.blocked or s in channels.ended for s in self.local):
-            await self._forward(n)
+        due = []  # (stage, checkpoint) to forward, claimed here in order
         for outcome in outcomes:
             if isinstance(outcome, Snapshot):
                 if outcome.checkpoint not in self._requested:
@@ -137,14 +149,37 @@ class AgentCheckpointing(Checkpointing):
                     # whole before n, so their end is their position in n, recorded here
                     self._requested.add(outcome.checkpoint)
                     self._request(outcome.checkpoint)
-                await self._forward(outcome.checkpoint)
-        await super()._obey(executor, outcomes)
+                due += self._claim(outcome.checkpoint, self.feeding)
+        n = self.aligner.aligning
+        if n is not None:
+            channels = self.aligner.channels
+            ready = [k for k, inputs in self.feeding.items() if all(i in channels.blocked or i in channels.ended for i in inputs)]
+            due += self._claim(n, ready)
+        if due:
+            async with self._sending:  # in claim order
+                for stage, checkpoint in due:
+                    for exchange in self.stages[stage]:
+                        await exchange.forward_barrier(checkpoint)
+                    self._unsent -= 1
+        await super()._obey(executor, outcomes)  # a snapshot is taken now; `_block` releases the inputs
 
-    async def _forward(self, n: int) -> None:
-        if n > self._forwarded:
-            self._forwarded = n
-            for exchange in self.exchanges:
-                await exchange.forward_barrier(n)
+    def _claim(self, n: int, stages) -> list[tuple[int, int]]:
+        """The stages among `stages` that have not forwarded barrier n yet, now claimed for it."""
+        due = [(k, n) for k in stages if self._forwarded[k] < n]
+        for k, _ in due:
+            self._forwarded[k] = n
+        self._unsent += len(due)
+        return due
+
+    def _block(self, executor) -> None:
+        """After a snapshot every input is past its barrier: while a forward is still on its way
+        (a peer's credits), hold them all, else a released lane would send what follows barrier
+        n ahead of it on that channel; the task sending the last one releases them."""
+        if not (self._unsent and self.aligner.aligning is None):
+            return super()._block(executor)
+        for inp in executor.inputs:
+            if inp.blocked is None and not getattr(inp, "ended", False):
+                executor.block(inp)
 
     def _decline(self, outcome: Abort) -> None:
         self._nursery.start_soon(self._send, "decline", (outcome.checkpoint, outcome.reason))
@@ -367,14 +402,6 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     steps = list(stateful_nodes(role_plan))
     if loop_feedbacks(role_plan):  # the feedback queues' logs and the exchanges' outboxes (`cluster_graph`)
         steps += list(loop_feedbacks(role_plan)) + outbox_steps(role_plan)
-    exchanges = role_plan.exchanges()
-    for x in exchanges if role_plan.graph is None else ():  # a graph flow aligns exchange by exchange
-        behind = [y.step_id for y in x.walk() if y is not x and y in exchanges]
-        if behind:
-            raise DataflowError(
-                f"run(): step {behind[0]!r} exchanges what step {x.step_id!r} computed from its exchange: checkpoints "
-                "of chained exchanges are not there yet; run it without checkpoint_dir= or on one executor"
-            )
     store = SnapshotStore(location, job=flow.name, keep=keep)
     cluster = ClusterCheckpoints(store, config, steps, executors, stop=stop)
     restored = load_restored(store, resume_from, executor=None)  # every part verified: a corrupt one falls back
