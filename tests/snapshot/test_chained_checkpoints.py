@@ -156,7 +156,10 @@ def chaos_run(tmp_path, monkeypatch, kills: str, restart="fixed-delay:attempts=5
     monkeypatch.setenv(chaos.KILLS_ENV, kills)
     monkeypatch.setenv(chaos.MARKS_ENV, str(tmp_path / "marks"))
     return bounded(two_stages("chaos", ChaosCsv(tmp_path / "out", transactional=True)), {"r": records(5 * N)},
-                   checkpoint={"interval": 0.005, "keep": 2}, checkpoint_dir=tmp_path / "chk", restart=restart,
+                   # several in flight: a slow fsync (a loaded disk) does not hold back the next
+                   # checkpoints, so the chosen points come while the sources still feed
+                   checkpoint={"interval": 0.005, "keep": 2, "max_in_flight": 3}, checkpoint_dir=tmp_path / "chk",
+                   restart=restart,
                    epoch_bytes=4096, **options, **SMALL)
 
 
