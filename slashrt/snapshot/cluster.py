@@ -24,6 +24,11 @@ agent cancels its executor's run (no end of stream: open windows stay in n), sto
 channels and says "finished"; once all did, "release" lets them close the channels (docs/
 architecture.md, "Stop with a savepoint on a cluster"). If n aborts, "go_on": the sources feed on.
 
+Stop-the-world (mode "sync", tree flows): every checkpoint halts the sources as a savepoint does
+(`SourceBarriers.stop`: nothing fed after barrier n); each executor, once aligned (everything fed
+before the halt, through every exchange, processed), snapshots and writes while its loop waits,
+then acks; once all acked (drained everywhere), manifest, "commit" n, and only then "go_on" n.
+
 Alignment goes stage by stage because every executor is upstream and downstream of every other:
 lane k of an executor computes what peers send to its stage-k exchanges (`slashrt._plan`), and
 the sending half of a stage-k exchange (fragments, routing) is fed by lanes 0..k-1 only, so once
