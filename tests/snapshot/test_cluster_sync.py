@@ -3,11 +3,11 @@ wrap many times: every executor's sources halt after barrier n, every executor d
 fed (across exchanges and SSB epochs), snapshots and writes, the coordinator completes and commits
 n, and only then ("go_on" n) the sources feed on.
 
-- sync runs (SSB over shm on 2 executors, UpPar over tcp on 3; one exchange, and two chained)
-  give what the unchecked run gives;
+- sync runs (SSB over shm on 2 executors, UpPar over tcp on 3; two exchanges chained) give the
+  numpy reference, as the unchecked run does;
 - no source feeds while a sync checkpoint is in progress: every batch a source fed after barrier
-  n is processed only once n's manifest exists, on every executor, and every checkpoint's state
-  holds exactly what the sources fed before it;
+  n is processed only once n's manifest exists, on every executor (the same check fails in mode
+  "abs"), and every checkpoint's state holds exactly what the sources fed before it;
 - SIGKILL during a sync checkpoint (its write; between pre-commit and commit), then
   `restart=`: the committed output is the failure-free one;
 - graph flows are refused in one sentence.
