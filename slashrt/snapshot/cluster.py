@@ -24,6 +24,11 @@ agent cancels its executor's run (no end of stream: open windows stay in n), sto
 channels and says "finished"; once all did, "release" lets them close the channels (docs/
 architecture.md, "Stop with a savepoint on a cluster"). If n aborts, "go_on": the sources feed on.
 
+Stop-the-world (mode "sync", tree flows): every checkpoint halts the sources as a savepoint does
+(`SourceBarriers.stop`: nothing fed after barrier n); each executor, once aligned (everything fed
+before the halt, through every exchange, processed), snapshots and writes while its loop waits,
+then acks; once all acked (drained everywhere), manifest, "commit" n, and only then "go_on" n.
+
 Alignment goes stage by stage because every executor is upstream and downstream of every other:
 lane k of an executor computes what peers send to its stage-k exchanges (`slashrt._plan`), and
 the sending half of a stage-k exchange (fragments, routing) is fed by lanes 0..k-1 only, so once
@@ -102,9 +107,9 @@ class AgentCheckpointing(Checkpointing):
             self.savepoint = n
             self._body.cancel()
             self._released.set()
-        elif kind == "go_on":  # the savepoint aborted: the job keeps running
+        elif kind == "go_on":  # stop-the-world checkpoint n is committed or aborted (None: the savepoint aborted)
             for source in self.sources.values():
-                source.go_on()
+                source.go_on(n)
         elif kind == "commit":
             for sink in self.sinks:
                 sink.commit(n)
@@ -181,6 +186,10 @@ class AgentCheckpointing(Checkpointing):
             if inp.blocked is None and not getattr(inp, "ended", False):
                 executor.block(inp)
 
+    def _resume(self, n: int, world) -> None:
+        """Stop-the-world: this executor's part of n is written and acked; its sources feed on
+        when the coordinator says "go_on" n, once every executor's part is in and n committed."""
+
     def _decline(self, outcome: Abort) -> None:
         self._nursery.start_soon(self._send, "decline", (outcome.checkpoint, outcome.reason))
 
@@ -215,11 +224,6 @@ class ClusterCheckpoints:
     executor), periodic triggers, the manifest once every instance acked, and the commits."""
 
     def __init__(self, store, config, steps, executors: int, stop=None):
-        if config.mode != "abs":
-            raise OptionError(
-                f"run(): checkpoint mode {config.mode!r} stops the world on one executor only; clusters take barrier "
-                "snapshots (mode 'abs')"
-            )
         self.store = store
         self.executors = executors
         self.steps = sorted(steps) or [NO_STATE]
@@ -256,6 +260,8 @@ class ClusterCheckpoints:
         nothing after its barrier; once n is complete and its commit sent, "stop" every agent
         (each ends its executor's run there). If n aborts, the sources feed on ("go_on")."""
         await self.stop.wait()
+        while self.config.mode == "sync" and (self.coordinator.pending or self._completing):
+            await self._changed.wait()  # stop-the-world: one checkpoint halts the sources at a time
         with trio.CancelScope(shield=True):  # asked of every agent or none, as a trigger
             n = self.coordinator.stop_with_savepoint().checkpoint
             self._kinds[n] = "savepoint"
@@ -264,7 +270,7 @@ class ClusterCheckpoints:
         while self.coordinator.state == "stopping" or self._completing:  # (its commit is sent once not completing)
             with trio.move_on_at(self._expiry()):
                 await self._changed.wait()
-            self._expire()
+            await self._expire()
         with trio.CancelScope(shield=True):
             if self.coordinator.state == "stopped":
                 self.savepoint, self.stopped = n, True  # before "stop": the agents answer it with "finished"
@@ -298,7 +304,7 @@ class ClusterCheckpoints:
                     await self._changed.wait()
                     continue
                 await trio.sleep_until(min(due, self._expiry()))
-                self._expire()
+                await self._expire()
                 record = coordinator.maybe_trigger()
                 if record is None:  # max_in_flight pending (or not due yet): wait for one to end
                     with trio.move_on_at(self._expiry()):
@@ -311,10 +317,18 @@ class ClusterCheckpoints:
                 with trio.CancelScope(shield=True):
                     await agents.send_all("checkpoint", [record.checkpoint] * self.executors)
 
-    def _expire(self) -> None:
+    async def _expire(self) -> None:
         for record in self.coordinator.expire():
             log.warning("checkpoint aborted", checkpoint=record.checkpoint, reason=record.reason)
+            await self._go_on(record.checkpoint)
             self._signal()
+
+    async def _go_on(self, n: int) -> None:
+        """Stop-the-world (mode "sync"): checkpoint n is committed or aborted, so every agent's
+        sources, halted after barrier n, feed on (after "commit" n on the same FIFO links)."""
+        if self.config.mode == "sync" and self._kinds.get(n) is None:  # a savepoint's and the final one's stay
+            with trio.CancelScope(shield=True):  # every agent or none
+                await self.agents.send_all("go_on", [n] * self.executors)
 
     def _expiry(self) -> float:
         started = [c.triggered for c in self.coordinator.pending.values()]
@@ -362,6 +376,7 @@ class ClusterCheckpoints:
             await self.store.acomplete(n, meta, got["parts"])
             log.info("checkpoint completed", checkpoint=n, bytes=completed.bytes)
             await self.agents.send_all("commit", [n] * self.executors)
+            await self._go_on(n)
         finally:
             self._completing -= 1
             self._signal()
@@ -372,6 +387,7 @@ class ClusterCheckpoints:
         if record is not None:
             log.warning("checkpoint aborted", checkpoint=n, reason=record.reason)
             self._acks.pop(n, None)
+            await self._go_on(n)
             self._signal()
 
     def report(self) -> list[dict]:
@@ -398,6 +414,11 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     if location is None:
         return None
     config, keep = checkpoint_config(checkpoint)
+    if config.mode == "sync" and role_plan.graph is not None:
+        raise OptionError(
+            f"run(): checkpoint mode 'sync' stops the world of tree flows on a cluster; {flow.name!r} is a graph flow "
+            "(pointstamp progress, loops): checkpoint it with barrier snapshots (mode 'abs')"
+        )
     refuse_uncheckpointable(flow, plan, inputs)
     steps = list(stateful_nodes(role_plan))
     if loop_feedbacks(role_plan):  # the feedback queues' logs and the exchanges' outboxes (`cluster_graph`)

@@ -78,9 +78,9 @@ class SourceBarriers:
     def __init__(self, step_id: str, executor: int = EXECUTOR):
         self.step_id = step_id
         self.executor = executor
-        self.halt = None  # stop-the-world: called after each barrier sent; feeding resumes when its event is set
-        self.stop_after: int | None = None  # stop with a savepoint: after this barrier, feed nothing more
-        self._going = trio.Event()  # set if that stop failed: feed on
+        # barriers after which the source feeds nothing until `go_on` (a savepoint, whose stop
+        # cancels the run; a stop-the-world checkpoint, resumed once it is committed)
+        self._held: dict[int, trio.Event] = {}
         self.requested = 0
         self.sent = 0
         self._numbers: set[int] = set()  # requested, not sent: several in flight go out in order
@@ -98,8 +98,6 @@ class SourceBarriers:
             self._numbers.clear()
             self.positions[n] = self.final
             self.sent = n
-            if self.halt is not None:
-                self.halt(self.step_id)
 
     async def emit(self, feeder) -> None:
         while self.due:
@@ -108,20 +106,24 @@ class SourceBarriers:
             self.positions[n] = feeder.snapshot(self.step_id).meta
             self.sent = n
             await feeder.sender.send_control(Control.BARRIER, n)
-            if self.halt is not None:
-                await self.halt(self.step_id).wait()
-            if n == self.stop_after:
-                await self._going.wait()  # cancelled when the savepoint is committed
+            if n in self._held:  # (a savepoint's wait is cancelled once it is committed)
+                await self._held[n].wait()
+                del self._held[n]
 
     def stop(self, n: int) -> None:
-        """Stop with savepoint n: barrier n, then nothing more (unless `go_on`)."""
-        self.stop_after = n
+        """Halt at barrier n: send it, then nothing more until `go_on` (a savepoint; a
+        stop-the-world checkpoint)."""
+        self._held[n] = trio.Event()
         self.request(n)
 
-    def go_on(self) -> None:
-        """The savepoint failed: the job keeps running."""
-        self.stop_after = None
-        self._going.set()
+    def go_on(self, n: int | None = None) -> None:
+        """Feed on after barrier n (None: any): the stop-the-world checkpoint n is committed, or
+        the savepoint failed. A later barrier's halt stays."""
+        for m, going in list(self._held.items()):
+            if n is None or m == n:
+                going.set()
+                if m > self.sent or self.final is not None:  # not reached (or never will be): nothing waits on it
+                    del self._held[m]
 
     def end(self, feeder) -> None:
         self.final = feeder.snapshot(self.step_id).meta
@@ -170,9 +172,6 @@ class Checkpointing:
         # transactional sinks whose pending output only memory holds (a transactional Collect)
         self._in_memory = {id(node.sink) for node in plan.sinks if node._pending_records() is not None}
         self._world: StopTheWorld | None = None  # mode "sync": the checkpoint stopping the world
-        if config.mode == "sync":
-            for source in self.sources.values():
-                source.halt = self._halted
         feedbacks = loop_feedbacks(plan)
         self.loops = BackEdgeLog(feedbacks, list(plan.sources), time.perf_counter) if feedbacks else None
         steps = list(self.nodes) + (self.loops.steps if self.loops else []) or ["executor"]
@@ -316,22 +315,16 @@ class Checkpointing:
                 self._request(record.checkpoint)
 
     def _request(self, n: int, stop: bool = False) -> None:
-        """Barrier n at every source (stop-the-world: each halts after sending it; `stop`: each
-        stops after sending it)."""
+        """Barrier n at every source (`stop`, and always in stop-the-world: each halts after
+        sending it, until `go_on`)."""
         if self.config.mode == "sync":
-            instances = [(step_id, EXECUTOR) for step_id in self.sources]
-            self._world = StopTheWorld(n, instances, [("executor", EXECUTOR)], clock=time.perf_counter)
-            self._resume = trio.Event()
+            instances = [(step_id, self.executor) for step_id in self.sources]
+            self._world = StopTheWorld(n, instances, [("executor", self.executor)], clock=time.perf_counter)
+            stop = True
         for source in self.sources.values():
             source.stop(n) if stop else source.request(n)
         if isinstance(self.aligner, LoopHead) and self.aligner.channels.ended == set(self.aligner.channels.inputs):
             self._after_end.append(n)  # no barrier comes: loops snapshot between two fed-back batches
-
-    def _halted(self, step_id: str):
-        """Stop-the-world: a source sent its barrier; it waits for what this returns to feed on."""
-        if self._world is not None and self._world.phase == "halt":
-            self._world.halted((step_id, EXECUTOR))
-        return self._resume
 
     async def _finish(self) -> None:
         """Every input ended: a checkpoint requested after the executor saw every end gets no
@@ -393,19 +386,26 @@ class Checkpointing:
                 executor.unblock(inp)
 
     async def _stop_the_world(self, n: int, alignment: AlignmentStats) -> None:
-        """The synchronous baseline: every source halted after barrier n, everything before it is
-        computed (drained); snapshot, write and commit while nothing runs, then resume the sources."""
-        world, resume = self._world, self._resume  # a next checkpoint may start once n is acked
-        while world.phase == "halt":  # a source may still be on its way to the barrier
-            await trio.lowlevel.checkpoint()
-        world.drained(("executor", EXECUTOR))
-        self._take(n, alignment)
-        while n in self._writing:
-            await self._changed.wait()
-        world.snapshotted(("executor", EXECUTOR))
-        resume.set()
+        """The synchronous baseline: every source halted after barrier n (each sent it, so the
+        aligner gave its snapshot, and feeds nothing after it: `SourceBarriers.stop`), everything
+        before it is computed (drained); snapshot and write while nothing runs, then `_resume`."""
+        world = self._world  # a next checkpoint may start once n is acked
         for step_id in self.sources:
-            world.resumed((step_id, EXECUTOR))
+            world.halted((step_id, self.executor))
+        world.drained(("executor", self.executor))
+        self._take(n, alignment)
+        while n in self._writing:  # written and acked: on one executor, complete and committed too
+            await self._changed.wait()
+        world.snapshotted(("executor", self.executor))
+        self._resume(n, world)
+
+    def _resume(self, n: int, world: StopTheWorld) -> None:
+        """Checkpoint n is committed: the sources feed on (a savepoint's stay halted: the run ends there)."""
+        if self._kinds.get(n) == "savepoint":
+            return
+        for step_id, source in self.sources.items():
+            source.go_on(n)
+            world.resumed((step_id, self.executor))
 
     def _instances(self):
         return sorted(self.coordinator.instances)

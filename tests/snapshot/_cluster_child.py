@@ -1,7 +1,7 @@
 """A checkpointed cluster job that resumes from its checkpoint directory; one of its agents may
 SIGKILL itself.
 
-    python _cluster_child.py <directory> <mode> <transport> <executors> <kill>
+    python _cluster_child.py <directory> <mode> <transport> <executors> <kill> [<checkpoint mode>]
 
 (<executors> "local": one executor in this process, <mode> and <transport> unused.)
 
@@ -9,7 +9,7 @@ The job: one source out of order beyond its bound (some records are late) into a
 sum per key, on <executors> agent processes exchanging over <transport> rings of 4 slots (every
 channel wraps many times) in <mode> ("slash" or "uppar"); the sums and the late records each into
 a transactional CSV sink under <directory> (out, late); checkpoints every 20 ms into
-<directory>/chk; `resume_from="latest"`. <kill> is "none", or "<point>:<k>:<executor>": that
+<directory>/chk (<checkpoint mode>: "abs", the default, or "sync"); `resume_from="latest"`. <kill> is "none", or "<point>:<k>:<executor>": that
 executor SIGKILLs itself the k-th time its sink reaches <point>: "pre_commit" (output
 pre-committed, its state not yet written or acked) or "commit" (entering the commit: the
 checkpoint's manifest is written, this executor's output not yet published).
@@ -78,11 +78,11 @@ def flow(directory: str) -> Dataflow:
     return job
 
 
-def main(directory: str, mode: str, transport: str, executors: str, kill: str) -> None:
+def main(directory: str, mode: str, transport: str, executors: str, kill: str, checkpoint_mode: str = "abs") -> None:
     if kill != "none":
         point, k, executor = kill.split(":")
         KillingCsv.KILL = (point, int(k), int(executor))
-    checkpoints = dict(checkpoint={"interval": 0.02, "keep": 2}, checkpoint_dir=f"{directory}/chk", resume_from="latest")
+    checkpoints = dict(checkpoint={"interval": 0.02, "keep": 2, "mode": checkpoint_mode}, checkpoint_dir=f"{directory}/chk", resume_from="latest")
     if executors == "local":  # one executor, in this process (it cannot kill itself: its sinks have no index)
         slashrt.run(flow(directory), {"r": records()}, slots=8, slot_size=1024, **checkpoints)
         print("done", flush=True)

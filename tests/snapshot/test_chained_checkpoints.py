@@ -150,24 +150,29 @@ def test_every_chained_checkpoint_is_a_consistent_cut_through_both_stages_and_re
     np.testing.assert_array_equal(np.sort(out.records), reference(data, 200, 10**9))
 
 
-def chaos_run(tmp_path, monkeypatch, kills: str, restart="fixed-delay:attempts=5,delay=0", **options):
-    """The two stages into a transactional CSV directory, with SIGKILLs at the chosen points."""
+def chaos_run(tmp_path, monkeypatch, kills: str, restart="fixed-delay:attempts=5,delay=0", n: int = 5 * N,
+              checkpoint=None, **options):
+    """The two stages over `records(n)` into a transactional CSV directory, with SIGKILLs at the
+    chosen points."""
     (tmp_path / "marks").mkdir(exist_ok=True)
     monkeypatch.setenv(chaos.KILLS_ENV, kills)
     monkeypatch.setenv(chaos.MARKS_ENV, str(tmp_path / "marks"))
-    return bounded(two_stages("chaos", ChaosCsv(tmp_path / "out", transactional=True)), {"r": records(5 * N)},
-                   # several in flight: a slow fsync (a loaded disk) does not hold back the next
-                   # checkpoints, so the chosen points come while the sources still feed
-                   checkpoint={"interval": 0.005, "keep": 2, "max_in_flight": 3}, checkpoint_dir=tmp_path / "chk",
-                   restart=restart,
-                   epoch_bytes=4096, **options, **SMALL)
+    return bounded(two_stages("chaos", ChaosCsv(tmp_path / "out", transactional=True)), {"r": records(n)},
+                   # (several in flight: a slow fsync on a loaded disk does not hold back the next checkpoints,
+                   # so the chosen points come while the sources still feed)
+                   checkpoint=checkpoint or {"interval": 0.005, "keep": 2, "max_in_flight": 3},
+                   checkpoint_dir=tmp_path / "chk",
+                   restart=restart, epoch_bytes=4096, **options, **SMALL)
+
+
+def csv_lines(n: int) -> collections.Counter:
+    """The failure-free output of `records(n)` as CSV lines (the reference, as the sink writes it)."""
+    return collections.Counter(",".join(str(v) for v in row) for row in reference(records(n)).tolist())
 
 
 @pytest.fixture(scope="module")
 def committed() -> collections.Counter:
-    """The failure-free output as CSV lines (the reference, as the sink writes it)."""
-    rows = reference(records(5 * N))
-    return collections.Counter(",".join(str(v) for v in row) for row in rows.tolist())
+    return csv_lines(5 * N)
 
 
 @pytest.mark.parametrize("mode,transport,executors,kills", [

@@ -155,12 +155,3 @@ def test_resuming_on_another_number_of_executors_gives_the_failure_free_output(
     assert resumed.returncode == 0 and "done" in resumed.stdout, resumed.stderr[-2000:]
     assert published(tmp_path) == reference
     assert store.load(store.checkpoints()[-1]).meta["executors"] == (1 if after == "local" else after)
-
-
-def test_a_checkpoint_is_not_resumed_where_it_cannot_be(tmp_path):
-    data = _cluster_child.records()[:20_000]
-    slashrt.run(window_flow(Collect(), Collect()), {"r": data}, executors=2, checkpoint_dir=tmp_path, **SMALL_RINGS)
-    with pytest.raises(SlashError, match="mode 'abs'"):
-        slashrt.run(window_flow(Collect(), Collect()), {"r": data}, executors=2, checkpoint={"mode": "sync"},
-                    checkpoint_dir=tmp_path, **SMALL_RINGS)
-    # (resuming on another executor count, from or to one executor, in either mode: test_rescale.py)
