@@ -145,22 +145,26 @@ def test_a_failed_savepoint_lets_the_job_go_on(tmp_path, reference, monkeypatch)
 
     take = runtime.Checkpointing._take
 
+    declined = []
+
     def decline_the_savepoint(self, n, alignment, running=False):
         if self._kinds.get(n) != "savepoint":
             return take(self, n, alignment, running)
         self._taken.add(n)
         assert self.coordinator.decline(n, self._instances()[0], "forced by the test") is not None
+        declined.append(n)
         self._signal()
 
     monkeypatch.setattr(runtime.Checkpointing, "_take", decline_the_savepoint)
     stop = StopHandle()
+    store = SnapshotStore(tmp_path, job="stopped", readonly=True)
 
-    slow = [12]
-
-    def seen(n):  # the stop at 20,000 records of a; the 12 batches after it each last more than an interval
-        if n >= 20_000 and slow[0]:
+    def seen(n):
+        """The stop at 20,000 records of a; from there each batch lasts more than an interval
+        until a periodic checkpoint after the declined savepoint is complete (however long its
+        write takes on a loaded disk), so the input cannot end before one is."""
+        if n >= 20_000 and not (declined and any(m > declined[0] for m in store.checkpoints())):
             stop.request()
-            slow[0] -= 1
             time.sleep(0.004)
 
     result, out = run(tmp_path, seen=seen, checkpoint=0.003, stop=stop)
