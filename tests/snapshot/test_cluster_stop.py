@@ -19,9 +19,6 @@ Agents are reaped by the coordinator on every path (a failed assertion happens a
 returned; a run that raises reaps before raising).
 """
 
-import os
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,28 +34,10 @@ from slashrt.snapshot import cluster as cluster_snapshots
 from slashrt.snapshot import storage
 
 from tests.snapshot import _cluster_child
+from tests.snapshot._paced import Paced
 
 N = _cluster_child.N
 RINGS = {"slots": 8, "slot_size": 1024, "partitions": 16, "exchange_slots": 4}
-
-
-class Paced:
-    """A pass-through filter that slows each executor's stream down after its first `after`
-    records (each of the next `batches` batches takes `seconds` more), so that a stop asked
-    early reaches the sources in the middle of the stream however loaded the machine is. With
-    `tally` (a directory), each executor process keeps there how many records it has seen."""
-
-    def __init__(self, after: int = 0, seconds: float = 0.0, batches: int = 10**9, tally=None):
-        self.after, self.seconds, self.batches, self.seen, self.tally = after, seconds, batches, 0, tally
-
-    def __call__(self, batch):
-        self.seen += len(batch)
-        if self.tally is not None:
-            (Path(self.tally) / f"seen-{os.getpid()}").write_text(str(self.seen))
-        if self.seconds and self.seen > self.after and self.batches > 0:
-            self.batches -= 1
-            time.sleep(self.seconds)
-        return np.ones(len(batch), bool)
 
 
 def window_flow(out: Collect, late: Collect, pace: Paced = Paced()) -> Dataflow:
