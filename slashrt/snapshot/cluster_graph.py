@@ -109,7 +109,7 @@ class GraphAgentCheckpointing(AgentCheckpointing):
 
     def on_message(self, kind: str, n) -> None:
         super().on_message(kind, n)
-        if kind == "checkpoint" and self.progress is not None:
+        if kind in ("checkpoint", "savepoint") and self.progress is not None:
             # inputs that ended before n was asked for deliver it at once; but forwarding here,
             # in the control link's task, could cut a window's firing in two: the executor does
             # it between two batches (`between`), woken for it

@@ -66,9 +66,12 @@ def tag(batch, port):
     return out
 
 
-def flow(directory, transactional: bool = True) -> Dataflow:
+def flow(directory, transactional: bool = True, pace=None) -> Dataflow:
+    """`pace`: a pass-through filter behind source a (`tests.snapshot._paced.Paced`), or none."""
     job = Dataflow("graph-ckpt")
     a, b = job.source("a", SCHEMA, time="t"), job.source("b", SCHEMA, time="t")
+    if pace is not None:
+        a = a.filter(pace, name="paced")
     sums = a.union(b).exchange(key="k", name="by_k").operator(PerTimeSums(), name="per_time", schema=OUT_SCHEMA)
     sums.sink(ChaosCsv(f"{directory}/sums", transactional=transactional), name="sums")
     sums.window(Tumbling(20)).sum("s", key="g", name="by_g").sink(
@@ -92,13 +95,16 @@ def inputs() -> dict:
 ROUNDS = 4
 
 
-def hop_flow(directory) -> Dataflow:
+def hop_flow(directory, pace=None) -> Dataflow:
     """A loop whose every round sends each record to the executor owning its key (k + round):
-    what comes back round the feedback is shipped again at once (the outbox of a checkpoint)."""
+    what comes back round the feedback is shipped again at once (the outbox of a checkpoint).
+    `pace`: a pass-through filter every round passes through, or none."""
     job = Dataflow("hop-ckpt")
     source = job.source("a", SCHEMA, time="t")
     with job.loop("rounds") as loop:
         entered = loop.enter(source.with_column("n", lambda b: np.zeros(len(b), np.int64), dtype="<i8", name="zero"))
+        if pace is not None:
+            entered = entered.filter(pace, name="paced")
         step = entered.exchange(key="k", name="hop").apply(_next_round, name="next", schema=HOP)
         loop.feed_back(step.filter(lambda b: b["n"] < ROUNDS, name="again"))
         left = loop.leave(step.filter(lambda b: b["n"] >= ROUNDS, name="done"))

@@ -1,0 +1,111 @@
+"""Stop with a savepoint of graph flows on clusters (`GraphAgentCheckpointing`), in real agent
+processes over rings of four 256-byte slots that every channel wraps many times.
+
+- the acyclic graph flow of tests/snapshot/_graph_flow.py (union, exchange by key into a user
+  operator with notifications, a keyed window behind a second exchange, connect().apply),
+  stopped after its k-th complete checkpoint (2 executors over shm, 3 over tcp): the savepoint
+  is taken mid-job and holds what had not fired (no drain: the user operator's requested
+  notifications stay in it), and resuming from "latest" on as many executors publishes, with
+  what the stopped run committed, exactly one uninterrupted run's output;
+- a loop that ships every round across executors, stopped while its rounds iterate, resumed:
+  exactly once (the savepoint holds the feedback queues' log and the exchanges' outboxes);
+- a tree flow killed (SIGKILL) before the stop is asked and recovered by `restart=`: the
+  recovered run stops with a savepoint, and resuming it is exactly once.
+"""
+
+import collections
+
+import numpy as np
+import pytest
+import trio
+
+import slashrt
+from slashrt import StopHandle
+from slashrt.bench import chaos
+from slashrt.bench.chaos import published
+from slashrt.cluster import run_cluster_async
+from slashrt.ops.sinks import Collect
+from slashrt.snapshot import SnapshotStore, storage
+
+from tests.snapshot import _cluster_child, _graph_flow
+from tests.snapshot._paced import Paced
+from tests.snapshot.test_cluster_stop import equal, rows, stop_after_manifest, window_flow
+from tests.snapshot.test_graph_cluster_checkpoints import RINGS, chaos_env, fed, mid_job, outputs
+
+CHECKPOINTS = {"interval": 0.01, "keep": 1000}
+SLOW = dict(after=1_000, seconds=0.004)  # after its first 1,000 records, each executor's batches take 4 ms more
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, collections.Counter]:
+    directory = tmp_path_factory.mktemp("reference")
+    slashrt.run(_graph_flow.flow(directory / "out"), _graph_flow.inputs(), checkpoint_dir=directory / "chk")
+    return outputs(directory / "out")
+
+
+def stopped_savepoint(result, directory, job: str):
+    ended = {c["checkpoint"]: c for c in result.checkpoints}
+    assert result.savepoint is not None and ended[result.savepoint]["status"] == "completed"
+    assert max(ended) == result.savepoint  # no checkpoint after it, no final one
+    saved = SnapshotStore(directory, job=job, keep=1000).load(result.savepoint)
+    assert saved.meta["kind"] == "savepoint"
+    return saved
+
+
+@pytest.mark.parametrize("executors, transport, k", [(2, "shm", 2), (3, "tcp", 3)])
+def test_a_graph_flow_stopped_with_a_savepoint_resumes_exactly_once(tmp_path, monkeypatch, reference, executors,
+                                                                     transport, k):
+    stop = StopHandle()
+    stop_after_manifest(monkeypatch, stop, k)
+    options = dict(executors=executors, transport=transport, checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk",
+                   **RINGS)
+    stopped = slashrt.run(_graph_flow.flow(tmp_path / "out", pace=Paced(**SLOW)), _graph_flow.inputs(), stop=stop,
+                          **options)
+    saved = stopped_savepoint(stopped, tmp_path / "chk", "graph-ckpt")
+    assert saved.meta["executors"] == executors and mid_job(saved)
+    assert fed(saved.meta) < 2 * _graph_flow.N  # stopped before the sources' end
+    assert outputs(tmp_path / "out") != reference  # (not drained: the rest comes with the resume)
+    monkeypatch.undo()
+    resumed = slashrt.run(_graph_flow.flow(tmp_path / "out", pace=Paced()), _graph_flow.inputs(),
+                          resume_from="latest", **options)
+    assert resumed.resumed_from == stopped.savepoint and resumed.savepoint is None
+    assert outputs(tmp_path / "out") == reference
+
+
+def stop_once_fed(monkeypatch, stop: StopHandle, records: int) -> None:
+    """Ask `stop` once the coordinator wrote a manifest whose sources had fed `records` (all of them)."""
+    complete = storage.SnapshotStore.acomplete
+
+    async def acomplete(self, n, meta, *args, **kwargs):
+        result = await complete(self, n, meta, *args, **kwargs)
+        if fed(meta) == records:
+            stop.request()
+        return result
+
+    monkeypatch.setattr(storage.SnapshotStore, "acomplete", acomplete)
+
+
+def test_a_loop_stopped_while_its_rounds_iterate_resumes_exactly_once(tmp_path, monkeypatch):
+    """Every round re-ships what the feedback brought back, slowly (`Paced` inside the loop): the
+    stop is asked once a checkpoint found every source at its end, so the savepoint's barriers
+    come from ended sources (forwarded between two batches, not by a barrier arriving) while
+    the rounds go on; what the rounds held is in the savepoint, and the resume finishes them."""
+    records = 1_500  # (every round crosses executors: each 1 KB ring still wraps ~20 times)
+    inputs = {"a": _graph_flow.inputs()["a"][:records]}
+    slashrt.run(_graph_flow.hop_flow(tmp_path / "ref"), inputs, checkpoint_dir=tmp_path / "ref-chk")
+    reference = published(tmp_path / "ref" / "hopped")
+    stop = StopHandle()
+    stop_once_fed(monkeypatch, stop, records)
+    options = dict(executors=3, transport="tcp", checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", **RINGS)
+    stopped = slashrt.run(_graph_flow.hop_flow(tmp_path / "out", pace=Paced(after=300, seconds=0.004)), inputs,
+                          stop=stop, **options)
+    saved = stopped_savepoint(stopped, tmp_path / "chk", "hop-ckpt")
+    assert fed(saved.meta) == records
+    in_flight = [step for (step, _), state in saved.states.items()
+                 if len(state.arrays.get("rows", ())) or len(state.arrays.get("records", ()))]
+    assert in_flight  # the rounds' records in flight: the feedback queues' log, the outboxes
+    assert sum(published(tmp_path / "out" / "hopped").values()) < records
+    monkeypatch.undo()
+    resumed = slashrt.run(_graph_flow.hop_flow(tmp_path / "out", pace=Paced()), inputs, resume_from="latest", **options)
+    assert resumed.resumed_from == stopped.savepoint
+    assert published(tmp_path / "out" / "hopped") == reference
