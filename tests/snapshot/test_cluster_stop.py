@@ -19,19 +19,21 @@ Agents are reaped by the coordinator on every path (a failed assertion happens a
 returned; a run that raises reaps before raising).
 """
 
-
 import numpy as np
 import pytest
 import trio
 
 import slashrt
 from slashrt import Dataflow, StopHandle, Tumbling
+from slashrt.bench import chaos
+from slashrt.bench.chaos import ChaosCollect
 from slashrt.cluster import run_cluster_async
 from slashrt.errors import OptionError
 from slashrt.ops.sinks import Collect
 from slashrt.snapshot import SnapshotStore
 from slashrt.snapshot import cluster as cluster_snapshots
 from slashrt.snapshot import storage
+from slashrt.snapshot.restart import FixedDelay
 
 from tests.snapshot import _cluster_child
 from tests.snapshot._paced import Paced
@@ -47,9 +49,9 @@ def window_flow(out: Collect, late: Collect, pace: Paced = Paced()) -> Dataflow:
     return job
 
 
-def run(directory, executors: int, transport: str = "shm", mode: str = "slash", pace=Paced(), **options):
-    """The job on a cluster, its sinks transactional Collects: (result, committed rows per sink)."""
-    out, late = Collect(transactional=True), Collect(transactional=True)
+def run(directory, executors: int, transport: str = "shm", mode: str = "slash", pace=Paced(), sink=Collect, **options):
+    """The job on a cluster, its sinks transactional Collects (`sink`): (result, committed rows per sink)."""
+    out, late = sink(transactional=True), sink(transactional=True)
 
     async def main():
         with trio.fail_after(90):  # a hang fails the test, and the coordinator reaps its agents
@@ -179,6 +181,40 @@ def test_a_failed_savepoint_lets_the_cluster_go_on(tmp_path, monkeypatch, refere
     assert "forced by the test" in ended[failed]["reason"]
     assert ended[max(ended)]["status"] == "completed" and max(ended) > failed  # the final one, at least
     assert equal(rows(out), reference)
+
+
+class StopWhenRecovering(FixedDelay):
+    """Restarts at once; asks `stop` at the first failure (the kill came before the stop)."""
+
+    def __init__(self, stop: StopHandle):
+        super().__init__(attempts=2, delay=0)
+        self.stop = stop
+
+    def on_failure(self, now: float):
+        self.stop.request()
+        return super().on_failure(now)
+
+
+def test_a_stop_asked_while_a_killed_cluster_recovers_stops_the_recovered_run_at_its_first_barrier(
+    tmp_path, monkeypatch, reference
+):
+    """An agent SIGKILLed between pre-commit and commit of the second checkpoint; the stop is asked
+    as the restart strategy decides to recover: the recovered run restores the last complete
+    checkpoint and stops at its first barrier; resuming that savepoint is exactly once."""
+    (tmp_path / "marks").mkdir()
+    monkeypatch.setenv(chaos.KILLS_ENV, "pre_commit:2")
+    monkeypatch.setenv(chaos.MARKS_ENV, str(tmp_path / "marks"))
+    stop = StopHandle()
+    stopped, first = run(tmp_path, 2, pace=Paced(**SLOW), sink=ChaosCollect, checkpoint=0.005, stop=stop,
+                         restart=StopWhenRecovering(stop))
+    (recovery,) = stopped.recoveries
+    assert "killed by signal 9 (SIGKILL)" in recovery["cause"] and stopped.resumed_from == recovery["checkpoint"]
+    assert stopped.savepoint is not None and [c["checkpoint"] for c in stopped.checkpoints] == [stopped.savepoint]
+    assert savepoint_fed(tmp_path, stopped.savepoint, 2) < N
+    monkeypatch.delenv(chaos.KILLS_ENV)
+    resumed, second = run(tmp_path, 2, "shm", resume_from="latest")
+    assert resumed.resumed_from == stopped.savepoint and resumed.savepoint is None
+    assert equal(rows(first, second), reference)
 
 
 def test_stop_on_a_cluster_needs_a_checkpoint_directory_and_a_handle(tmp_path):
