@@ -8,24 +8,30 @@ processes over rings of four 256-byte slots that every channel wraps many times.
   notifications stay in it), and resuming from "latest" on as many executors publishes, with
   what the stopped run committed, exactly one uninterrupted run's output;
 - a loop that ships every round across executors, stopped while its rounds iterate, resumed:
-  exactly once (the savepoint holds the feedback queues' log and the exchanges' outboxes).
+  exactly once (the savepoint holds the feedback queues' log and the exchanges' outboxes);
+- connected components (notifications per epoch inside the loop) stopped while an epoch's rounds
+  are in flight: after the resume, every epoch's labels equal scipy's, nothing published twice.
 
 (Stop with `restart=`, a kill before the stop: tests/snapshot/test_cluster_stop.py.)
 """
 
 import collections
 
+import numpy as np
 import pytest
 
 import slashrt
 from slashrt import StopHandle
-from slashrt.bench.chaos import published
+from slashrt.bench.chaos import ChaosCsv, published
+from slashrt.cluster import PerExecutor
+from slashrt.examples.cc_partitioned import MESSAGES, cc_partitioned_flow, labels_after
 from slashrt.snapshot import SnapshotStore, storage
 
+from tests.cluster import test_cc_partitioned as cc
 from tests.snapshot import _graph_flow
 from tests.snapshot._paced import Paced
 from tests.snapshot.test_cluster_stop import stop_after_manifest
-from tests.snapshot.test_graph_cluster_checkpoints import RINGS, fed, outputs
+from tests.snapshot.test_graph_cluster_checkpoints import RINGS, cc_rows, fed, outputs
 
 CHECKPOINTS = {"interval": 0.01, "keep": 1000}
 SLOW = dict(after=1_000, seconds=0.004)  # after its first 1,000 records, each executor's batches take 4 ms more
@@ -107,3 +113,38 @@ def test_a_loop_stopped_while_its_rounds_iterate_resumes_exactly_once(tmp_path, 
     resumed = slashrt.run(_graph_flow.hop_flow(tmp_path / "out", pace=Paced()), inputs, resume_from="latest", **options)
     assert resumed.resumed_from == stopped.savepoint
     assert published(tmp_path / "out" / "hopped") == reference
+
+
+def test_connected_components_stopped_mid_epoch_resume_to_scipy_labels(tmp_path, monkeypatch):
+    """The loop's rounds cross executors (proposals by node owner), with notifications per epoch:
+    the stop is asked once a checkpoint caught an epoch's rounds in flight (its notifications still
+    requested); after the resume every epoch's labels equal scipy's, and no change is published twice."""
+    def in_epoch(checkpoint) -> bool:  # an epoch's rounds in flight: its notifications still requested
+        return any(len(state.arrays["requested"]) for (step, _), state in checkpoint.states.items()
+                   if step == "ccp.propagate")
+
+    stop = StopHandle()
+    complete = storage.SnapshotStore.acomplete
+
+    async def acomplete(self, n, meta, *args, **kwargs):
+        result = await complete(self, n, meta, *args, **kwargs)
+        if in_epoch(self.load(n)):
+            stop.request()
+        return result
+
+    monkeypatch.setattr(storage.SnapshotStore, "acomplete", acomplete)
+    inputs = {"edges": PerExecutor(cc.share, deterministic=True),
+              "proposals": PerExecutor(lambda i, n: np.empty(0, MESSAGES), deterministic=True)}
+    options = dict(executors=2, transport="shm", checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", **RINGS)
+    stopped = slashrt.run(cc_partitioned_flow(ChaosCsv(tmp_path / "out", transactional=True)), inputs, stop=stop,
+                          **options)
+    saved = stopped_savepoint(stopped, tmp_path / "chk", "ccp")
+    assert in_epoch(saved)
+    monkeypatch.undo()
+    resumed = slashrt.run(cc_partitioned_flow(ChaosCsv(tmp_path / "out", transactional=True)), inputs,
+                          resume_from="latest", **options)
+    assert resumed.resumed_from == stopped.savepoint
+    assert max(published(tmp_path / "out").values()) == 1  # nothing twice
+    changes = cc_rows(tmp_path / "out")
+    for epoch, labels in zip(range(cc.EPOCHS), labels_after(changes, cc.NODES, range(cc.EPOCHS))):
+        np.testing.assert_array_equal(labels, cc.scipy_labels(epoch), err_msg=f"after epoch {epoch}")
