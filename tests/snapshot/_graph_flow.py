@@ -9,6 +9,9 @@ import numpy as np
 from slashrt import Dataflow, Operator, Schema, State, Tumbling
 from slashrt.bench.chaos import ChaosCsv
 
+from tests.cluster.test_loop_windows_cluster import Tag, tagged
+from tests.test_loop_windows import REC, halving, input_records
+
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
 OUT_SCHEMA = Schema({"t": "i8", "k": "i8", "g": "i8", "s": "i8", "seen": "i8"})
 OUT = OUT_SCHEMA.dtype
@@ -121,3 +124,26 @@ def _next_round(batch):
     out["k"] += 7919  # another owner next round
     out["v"] = out["v"] * 3 + out["n"]
     return out
+
+
+
+class _Tagging(Tag):
+    """The loop-window tests' `Tag`, stateless (its attributes are configuration)."""
+
+    stateless = True
+
+
+def loop_window_flow(directory, pace=None) -> Dataflow:
+    """A keyed window inside a loop (a `LoopWindow` behind its route: every iteration's rows cross
+    executors) into a transactional CSV directory; `pace`: a pass-through filter behind the source."""
+    job = Dataflow("lw-ckpt")
+    source = job.source("src", REC, time="t")
+    if pace is not None:
+        source = source.filter(pace, name="paced")
+    halving(source, _Tagging(1, "sum_v"), schema=tagged(1, "sum_v"), shift=1).sink(
+        ChaosCsv(directory, transactional=True), name="out")
+    return job
+
+
+def loop_window_inputs() -> dict:
+    return {"src": input_records(3, 3000)}

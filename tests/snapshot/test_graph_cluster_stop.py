@@ -10,7 +10,8 @@ processes over rings of four 256-byte slots that every channel wraps many times.
 - a loop that ships every round across executors, stopped while its rounds iterate, resumed:
   exactly once (the savepoint holds the feedback queues' log and the exchanges' outboxes);
 - connected components (notifications per epoch inside the loop) stopped while an epoch's rounds
-  are in flight: after the resume, every epoch's labels equal scipy's, nothing published twice.
+  are in flight: after the resume, every epoch's labels equal scipy's, nothing published twice;
+- a keyed window inside a loop (`LoopWindow`) stopped with windows open: exactly once.
 
 (Stop with `restart=`, a kill before the stop: tests/snapshot/test_cluster_stop.py.)
 """
@@ -148,3 +149,24 @@ def test_connected_components_stopped_mid_epoch_resume_to_scipy_labels(tmp_path,
     changes = cc_rows(tmp_path / "out")
     for epoch, labels in zip(range(cc.EPOCHS), labels_after(changes, cc.NODES, range(cc.EPOCHS))):
         np.testing.assert_array_equal(labels, cc.scipy_labels(epoch), err_msg=f"after epoch {epoch}")
+
+
+def test_windows_inside_a_loop_stopped_resume_exactly_once(tmp_path, monkeypatch):
+    """A keyed window inside a loop (a `LoopWindow` behind its route: every iteration's rows cross
+    executors), stopped after its second checkpoint with windows still open: the committed windows
+    of every iteration, over both runs, equal one executor's."""
+    flow, data = _graph_flow.loop_window_flow, _graph_flow.loop_window_inputs()
+    slashrt.run(flow(tmp_path / "ref"), data, checkpoint_dir=tmp_path / "ref-chk")
+    stop = StopHandle()
+    stop_after_manifest(monkeypatch, stop, 2)
+    options = dict(executors=2, transport="shm", checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", **RINGS)
+    stopped = slashrt.run(flow(tmp_path / "out", Paced(after=1_000, seconds=0.004)), data, stop=stop, **options)
+    saved = stopped_savepoint(stopped, tmp_path / "chk", "lw-ckpt")
+    assert fed(saved.meta) < len(data["src"])
+    assert sum(len(state.arrays["slices.keys"]) for (step, _), state in saved.states.items() if step == "lw-ckpt.win")
+    assert published(tmp_path / "out") != published(tmp_path / "ref")  # (the rest comes with the resume)
+    monkeypatch.undo()
+    resumed = slashrt.run(flow(tmp_path / "out", Paced()), data, resume_from="latest", **options)
+    assert resumed.resumed_from == stopped.savepoint
+    reference = published(tmp_path / "ref")
+    assert sum(reference.values()) > 1000 and published(tmp_path / "out") == reference
