@@ -2,7 +2,9 @@
 two sources, union, an exchange by key into a stateful user operator (its state: rows held per time,
 a count per key), a keyed window on another key behind it (a `WindowRoute`: an exchange chained
 after an exchange), connect(...).apply, each into a transactional CSV directory (`ChaosCsv`, so
-`SLASHRT_CHAOS_KILLS` can SIGKILL an agent at a chosen point)."""
+`SLASHRT_CHAOS_KILLS` can SIGKILL an agent at a chosen point); and two loops: `hop_flow` (every
+round re-ships to another executor) and `loop_window_flow` (a keyed window inside a loop). Also
+stopped with savepoints (tests/snapshot/test_graph_cluster_stop.py)."""
 
 import numpy as np
 
@@ -124,7 +126,6 @@ def _next_round(batch):
     out["k"] += 7919  # another owner next round
     out["v"] = out["v"] * 3 + out["n"]
     return out
-
 
 
 class _Tagging(Tag):

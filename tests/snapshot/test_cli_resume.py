@@ -9,7 +9,8 @@ checkpoint protocol and says so; the test then acts on the `slashrt run` process
   failure-free run's exactly;
 - SIGTERM, or SIGINT (Ctrl-C): the run stops with a final savepoint and reports it (exit 0);
   resuming from it continues exactly where it stopped; a second SIGINT aborts at once (exit
-  130), and a resume from the latest checkpoint is still exactly once;
+  130), and a resume from the latest checkpoint is still exactly once; on a cluster
+  (`--executors N`) signalled by an operator of an agent, for a tree flow and a graph flow;
 - `slashrt checkpoints` lists what the directory holds: the savepoint as such, an incomplete
   checkpoint and a corrupt one with why.
 """
