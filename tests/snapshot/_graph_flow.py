@@ -103,15 +103,14 @@ ROUNDS = 4
 def hop_flow(directory, pace=None) -> Dataflow:
     """A loop whose every round sends each record to the executor owning its key (k + round):
     what comes back round the feedback is shipped again at once (the outbox of a checkpoint).
-    `pace`: a pass-through filter every round passes through, or none."""
+    `pace`: a pass-through filter on the feedback edge (the rounds after the first), or none."""
     job = Dataflow("hop-ckpt")
     source = job.source("a", SCHEMA, time="t")
     with job.loop("rounds") as loop:
         entered = loop.enter(source.with_column("n", lambda b: np.zeros(len(b), np.int64), dtype="<i8", name="zero"))
-        if pace is not None:
-            entered = entered.filter(pace, name="paced")
         step = entered.exchange(key="k", name="hop").apply(_next_round, name="next", schema=HOP)
-        loop.feed_back(step.filter(lambda b: b["n"] < ROUNDS, name="again"))
+        again = step.filter(lambda b: b["n"] < ROUNDS, name="again")
+        loop.feed_back(again if pace is None else again.filter(pace, name="paced"))
         left = loop.leave(step.filter(lambda b: b["n"] >= ROUNDS, name="done"))
     left.sink(ChaosCsv(f"{directory}/hopped", transactional=True), name="hopped")
     return job
