@@ -41,7 +41,7 @@ from tests.snapshot.test_cluster_stop import stop_after_manifest
 from tests.snapshot.test_graph_cluster_checkpoints import RINGS, cc_rows, fed, outputs
 
 CHECKPOINTS = {"interval": 0.01, "keep": 1000}
-SLOW = dict(after=1_000, seconds=0.004)  # after its first 1,000 records, each executor's batches take 4 ms more
+SLOW = dict(after=300, seconds=0.004)  # after its first 300 records, each executor's batches take 4 ms more
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,7 @@ def test_windows_inside_a_loop_stopped_resume_exactly_once(tmp_path, monkeypatch
     stop = StopHandle()
     stop_after_manifest(monkeypatch, stop, 2)
     options = dict(executors=2, transport="shm", checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", **RINGS)
-    stopped = slashrt.run(flow(tmp_path / "out", Paced(after=1_000, seconds=0.004)), data, stop=stop, **options)
+    stopped = slashrt.run(flow(tmp_path / "out", Paced(**SLOW)), data, stop=stop, **options)
     saved = stopped_savepoint(stopped, tmp_path / "chk", "lw-ckpt")
     assert fed(saved.meta) < len(data["src"])
     assert sum(len(state.arrays["slices.keys"]) for (step, _), state in saved.states.items() if step == "lw-ckpt.win")
