@@ -32,6 +32,12 @@ feedback queue send through it crosses after the barrier yet was computed before
 the exchange logs it (`Outbox`, a part per exchange), and the snapshot also takes what the
 feedback queues hold (`BackEdgeLog.take`). A restore ships the outboxes again, counted in
 flight with the recount, then replays the feedback log before any new input.
+
+Stop with a savepoint: "savepoint" n is aligned as any checkpoint (its sources feed nothing
+after barrier n, and, like a "checkpoint" request, it wakes the executor to forward at once what
+ended sources owe). Nothing drains: notifications, open windows and the loops' log and outboxes
+stay in n; what fires or iterates after the snapshot, until "stop", goes into n + 1, which a
+resume aborts.
 """
 
 from __future__ import annotations
@@ -109,7 +115,7 @@ class GraphAgentCheckpointing(AgentCheckpointing):
 
     def on_message(self, kind: str, n) -> None:
         super().on_message(kind, n)
-        if kind == "checkpoint" and self.progress is not None:
+        if kind in ("checkpoint", "savepoint") and self.progress is not None:
             # inputs that ended before n was asked for deliver it at once; but forwarding here,
             # in the control link's task, could cut a window's firing in two: the executor does
             # it between two batches (`between`), woken for it

@@ -80,3 +80,16 @@ def cluster():
     late, out = (CsvFile(f"{directory}/{name}", transactional=True) for name in ("late", "out"))
     source.window(Tumbling(ms=100), late=late).sum("v", key="k", output="total").sink(out)
     return flow, {"r": records()}
+
+
+def graph():
+    """The acyclic graph flow of `_graph_flow` (union, an exchange by key into a user operator with
+    notifications, a keyed window behind a second exchange, connect().apply; transactional CSV
+    sinks under $SLASHRT_TEST_OUT) for `slashrt run --executors N`, source a through a
+    `SignalAt` filter ($SLASHRT_TEST_SIGNAL as for `cluster`)."""
+    from tests.snapshot import _graph_flow
+
+    directory = os.environ["SLASHRT_TEST_OUT"]
+    k, _, names = os.environ.get("SLASHRT_TEST_SIGNAL", "").partition(":")
+    pace = SignalAt(int(k) if k else None, names.split("+"), f"{directory}/signalled")
+    return _graph_flow.flow(directory, pace=pace), _graph_flow.inputs()

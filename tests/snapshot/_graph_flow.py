@@ -2,12 +2,17 @@
 two sources, union, an exchange by key into a stateful user operator (its state: rows held per time,
 a count per key), a keyed window on another key behind it (a `WindowRoute`: an exchange chained
 after an exchange), connect(...).apply, each into a transactional CSV directory (`ChaosCsv`, so
-`SLASHRT_CHAOS_KILLS` can SIGKILL an agent at a chosen point)."""
+`SLASHRT_CHAOS_KILLS` can SIGKILL an agent at a chosen point); and two loops: `hop_flow` (every
+round re-ships to another executor) and `loop_window_flow` (a keyed window inside a loop). Also
+stopped with savepoints (tests/snapshot/test_graph_cluster_stop.py)."""
 
 import numpy as np
 
 from slashrt import Dataflow, Operator, Schema, State, Tumbling
 from slashrt.bench.chaos import ChaosCsv
+
+from tests.cluster.test_loop_windows_cluster import Tag, tagged
+from tests.test_loop_windows import REC, halving, input_records
 
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
 OUT_SCHEMA = Schema({"t": "i8", "k": "i8", "g": "i8", "s": "i8", "seen": "i8"})
@@ -66,9 +71,12 @@ def tag(batch, port):
     return out
 
 
-def flow(directory, transactional: bool = True) -> Dataflow:
+def flow(directory, transactional: bool = True, pace=None) -> Dataflow:
+    """`pace`: a pass-through filter behind source a (`tests.snapshot._paced.Paced`), or none."""
     job = Dataflow("graph-ckpt")
     a, b = job.source("a", SCHEMA, time="t"), job.source("b", SCHEMA, time="t")
+    if pace is not None:
+        a = a.filter(pace, name="paced")
     sums = a.union(b).exchange(key="k", name="by_k").operator(PerTimeSums(), name="per_time", schema=OUT_SCHEMA)
     sums.sink(ChaosCsv(f"{directory}/sums", transactional=transactional), name="sums")
     sums.window(Tumbling(20)).sum("s", key="g", name="by_g").sink(
@@ -92,15 +100,17 @@ def inputs() -> dict:
 ROUNDS = 4
 
 
-def hop_flow(directory) -> Dataflow:
+def hop_flow(directory, pace=None) -> Dataflow:
     """A loop whose every round sends each record to the executor owning its key (k + round):
-    what comes back round the feedback is shipped again at once (the outbox of a checkpoint)."""
+    what comes back round the feedback is shipped again at once (the outbox of a checkpoint).
+    `pace`: a pass-through filter on the feedback edge (the rounds after the first), or none."""
     job = Dataflow("hop-ckpt")
     source = job.source("a", SCHEMA, time="t")
     with job.loop("rounds") as loop:
         entered = loop.enter(source.with_column("n", lambda b: np.zeros(len(b), np.int64), dtype="<i8", name="zero"))
         step = entered.exchange(key="k", name="hop").apply(_next_round, name="next", schema=HOP)
-        loop.feed_back(step.filter(lambda b: b["n"] < ROUNDS, name="again"))
+        again = step.filter(lambda b: b["n"] < ROUNDS, name="again")
+        loop.feed_back(again if pace is None else again.filter(pace, name="paced"))
         left = loop.leave(step.filter(lambda b: b["n"] >= ROUNDS, name="done"))
     left.sink(ChaosCsv(f"{directory}/hopped", transactional=True), name="hopped")
     return job
@@ -115,3 +125,25 @@ def _next_round(batch):
     out["k"] += 7919  # another owner next round
     out["v"] = out["v"] * 3 + out["n"]
     return out
+
+
+class _Tagging(Tag):
+    """The loop-window tests' `Tag`, stateless (its attributes are configuration)."""
+
+    stateless = True
+
+
+def loop_window_flow(directory, pace=None) -> Dataflow:
+    """A keyed window inside a loop (a `LoopWindow` behind its route: every iteration's rows cross
+    executors) into a transactional CSV directory; `pace`: a pass-through filter behind the source."""
+    job = Dataflow("lw-ckpt")
+    source = job.source("src", REC, time="t")
+    if pace is not None:
+        source = source.filter(pace, name="paced")
+    halving(source, _Tagging(1, "sum_v"), schema=tagged(1, "sum_v"), shift=1).sink(
+        ChaosCsv(directory, transactional=True), name="out")
+    return job
+
+
+def loop_window_inputs() -> dict:
+    return {"src": input_records(3, 3000)}

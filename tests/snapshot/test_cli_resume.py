@@ -9,7 +9,8 @@ checkpoint protocol and says so; the test then acts on the `slashrt run` process
   failure-free run's exactly;
 - SIGTERM, or SIGINT (Ctrl-C): the run stops with a final savepoint and reports it (exit 0);
   resuming from it continues exactly where it stopped; a second SIGINT aborts at once (exit
-  130), and a resume from the latest checkpoint is still exactly once;
+  130), and a resume from the latest checkpoint is still exactly once; on a cluster
+  (`--executors N`) signalled by an operator of an agent, for a tree flow and a graph flow;
 - `slashrt checkpoints` lists what the directory holds: the savepoint as such, an incomplete
   checkpoint and a corrupt one with why.
 """
@@ -252,3 +253,30 @@ def test_a_second_signal_aborts_a_cluster_and_a_resume_is_still_exactly_once(tmp
         code, out, err = finish(proc)
     assert code == 0, err[-3000:]
     assert published(tmp_path, ("out", "late")) == cluster_reference
+
+
+def test_sigterm_stops_a_graph_flow_on_a_cluster_and_a_resume_continues_exactly_once(tmp_path, capsys):
+    """The acyclic graph flow (`_cli_job.graph`) on 2 executors over shm, rings of four 256-byte
+    slots: an operator's SIGTERM stops it with a savepoint mid-job; the resume publishes, with
+    what the stopped run committed, one uninterrupted run's output."""
+    import slashrt
+    from tests.snapshot import _graph_flow
+
+    slashrt.run(_graph_flow.flow(tmp_path / "ref"), _graph_flow.inputs(), checkpoint_dir=tmp_path / "ref-chk")
+    reference = published(tmp_path / "ref", _graph_flow.SINKS)
+    options = ("--executors", "2", "--slots", "4", "--slot-size", "256")
+    with slashrt_run(tmp_path, *options, job=f"{JOB}:graph", env={"SLASHRT_TEST_SIGNAL": "500:SIGTERM"}) as proc:
+        code, out, err = finish(proc)
+    assert code == 0, err[-3000:]
+    assert "SIGTERM: stopping with a savepoint" in err and "Traceback" not in err, err
+    savepoint = int(out.split("stopped with savepoint ")[1].split(":")[0])
+    last = cluster_checkpoints(tmp_path, capsys)[-1]
+    assert (last["checkpoint"], last["kind"], last["executors"]) == (savepoint, "savepoint", 2)
+    assert sum(last["sources"].values()) < 2 * _graph_flow.N  # mid-job
+    assert published(tmp_path, _graph_flow.SINKS) != reference
+    with slashrt_run(tmp_path, *options, "--resume-from", "latest", "--json", job=f"{JOB}:graph") as proc:
+        code, out, err = finish(proc)
+    assert code == 0, err[-3000:]
+    assert json.loads(out)["resumed_from"] == savepoint
+    assert published(tmp_path, _graph_flow.SINKS) == reference
+

@@ -19,46 +19,27 @@ Agents are reaped by the coordinator on every path (a failed assertion happens a
 returned; a run that raises reaps before raising).
 """
 
-import os
-import time
-from pathlib import Path
-
 import numpy as np
 import pytest
 import trio
 
 import slashrt
 from slashrt import Dataflow, StopHandle, Tumbling
+from slashrt.bench import chaos
+from slashrt.bench.chaos import ChaosCollect
 from slashrt.cluster import run_cluster_async
 from slashrt.errors import OptionError
 from slashrt.ops.sinks import Collect
 from slashrt.snapshot import SnapshotStore
 from slashrt.snapshot import cluster as cluster_snapshots
 from slashrt.snapshot import storage
+from slashrt.snapshot.restart import FixedDelay
 
 from tests.snapshot import _cluster_child
+from tests.snapshot._paced import Paced
 
 N = _cluster_child.N
 RINGS = {"slots": 8, "slot_size": 1024, "partitions": 16, "exchange_slots": 4}
-
-
-class Paced:
-    """A pass-through filter that slows each executor's stream down after its first `after`
-    records (each of the next `batches` batches takes `seconds` more), so that a stop asked
-    early reaches the sources in the middle of the stream however loaded the machine is. With
-    `tally` (a directory), each executor process keeps there how many records it has seen."""
-
-    def __init__(self, after: int = 0, seconds: float = 0.0, batches: int = 10**9, tally=None):
-        self.after, self.seconds, self.batches, self.seen, self.tally = after, seconds, batches, 0, tally
-
-    def __call__(self, batch):
-        self.seen += len(batch)
-        if self.tally is not None:
-            (Path(self.tally) / f"seen-{os.getpid()}").write_text(str(self.seen))
-        if self.seconds and self.seen > self.after and self.batches > 0:
-            self.batches -= 1
-            time.sleep(self.seconds)
-        return np.ones(len(batch), bool)
 
 
 def window_flow(out: Collect, late: Collect, pace: Paced = Paced()) -> Dataflow:
@@ -68,9 +49,9 @@ def window_flow(out: Collect, late: Collect, pace: Paced = Paced()) -> Dataflow:
     return job
 
 
-def run(directory, executors: int, transport: str = "shm", mode: str = "slash", pace=Paced(), **options):
-    """The job on a cluster, its sinks transactional Collects: (result, committed rows per sink)."""
-    out, late = Collect(transactional=True), Collect(transactional=True)
+def run(directory, executors: int, transport: str = "shm", mode: str = "slash", pace=Paced(), sink=Collect, **options):
+    """The job on a cluster, its sinks transactional Collects (`sink`): (result, committed rows per sink)."""
+    out, late = sink(transactional=True), sink(transactional=True)
 
     async def main():
         with trio.fail_after(90):  # a hang fails the test, and the coordinator reaps its agents
@@ -200,6 +181,40 @@ def test_a_failed_savepoint_lets_the_cluster_go_on(tmp_path, monkeypatch, refere
     assert "forced by the test" in ended[failed]["reason"]
     assert ended[max(ended)]["status"] == "completed" and max(ended) > failed  # the final one, at least
     assert equal(rows(out), reference)
+
+
+class StopWhenRecovering(FixedDelay):
+    """Restarts at once; asks `stop` at the first failure (the kill came before the stop)."""
+
+    def __init__(self, stop: StopHandle):
+        super().__init__(attempts=2, delay=0)
+        self.stop = stop
+
+    def on_failure(self, now: float):
+        self.stop.request()
+        return super().on_failure(now)
+
+
+def test_a_stop_asked_while_a_killed_cluster_recovers_stops_the_recovered_run_at_its_first_barrier(
+    tmp_path, monkeypatch, reference
+):
+    """An agent SIGKILLed between pre-commit and commit of the second checkpoint; the stop is asked
+    as the restart strategy decides to recover: the recovered run restores the last complete
+    checkpoint and stops at its first barrier; resuming that savepoint is exactly once."""
+    (tmp_path / "marks").mkdir()
+    monkeypatch.setenv(chaos.KILLS_ENV, "pre_commit:2")
+    monkeypatch.setenv(chaos.MARKS_ENV, str(tmp_path / "marks"))
+    stop = StopHandle()
+    stopped, first = run(tmp_path, 2, pace=Paced(**SLOW), sink=ChaosCollect, checkpoint=0.005, stop=stop,
+                         restart=StopWhenRecovering(stop))
+    (recovery,) = stopped.recoveries
+    assert "killed by signal 9 (SIGKILL)" in recovery["cause"] and stopped.resumed_from == recovery["checkpoint"]
+    assert stopped.savepoint is not None and [c["checkpoint"] for c in stopped.checkpoints] == [stopped.savepoint]
+    assert savepoint_fed(tmp_path, stopped.savepoint, 2) < N
+    monkeypatch.delenv(chaos.KILLS_ENV)
+    resumed, second = run(tmp_path, 2, "shm", resume_from="latest")
+    assert resumed.resumed_from == stopped.savepoint and resumed.savepoint is None
+    assert equal(rows(first, second), reference)
 
 
 def test_stop_on_a_cluster_needs_a_checkpoint_directory_and_a_handle(tmp_path):

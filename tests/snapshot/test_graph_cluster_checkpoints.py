@@ -162,20 +162,7 @@ def test_windows_inside_a_loop_on_a_cluster_recover_exactly_once(tmp_path, monke
     """A keyed window inside a loop (a `LoopWindow` behind its route: every iteration's rows
     cross executors): a SIGKILL between pre-commit and commit, recovered; the committed windows
     of every iteration equal one executor's."""
-    from slashrt import Dataflow
-    from tests.cluster.test_loop_windows_cluster import Tag, tagged
-    from tests.test_loop_windows import REC, halving, input_records
-
-    class Tagging(Tag):
-        stateless = True  # (its attributes are configuration)
-
-    def flow(directory) -> Dataflow:
-        job = Dataflow("lw-ckpt")
-        halving(job.source("src", REC, time="t"), Tagging(1, "sum_v"), schema=tagged(1, "sum_v"), shift=1).sink(
-            ChaosCsv(directory, transactional=True), name="out")
-        return job
-
-    data = {"src": input_records(3, 3000)}
+    flow, data = _graph_flow.loop_window_flow, _graph_flow.loop_window_inputs()
     slashrt.run(flow(tmp_path / "ref"), data, checkpoint_dir=tmp_path / "ref-chk")
     chaos_env(monkeypatch, tmp_path, "pre_commit:2")
     result = slashrt.run(flow(tmp_path / "out"), data, executors=2, transport="shm", checkpoint=CHECKPOINTS,

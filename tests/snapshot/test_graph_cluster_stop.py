@@ -1,0 +1,186 @@
+"""Stop with a savepoint of graph flows on clusters (`GraphAgentCheckpointing`), in real agent
+processes over rings of four 256-byte slots that every channel wraps many times.
+
+- the acyclic graph flow of tests/snapshot/_graph_flow.py (union, exchange by key into a user
+  operator with notifications, a keyed window behind a second exchange, connect().apply),
+  stopped after its k-th complete checkpoint (2 executors over shm, 3 over tcp): the savepoint
+  is taken mid-job and holds what had not fired (no drain: the user operator's requested
+  notifications stay in it), and resuming from "latest" on as many executors publishes, with
+  what the stopped run committed, exactly one uninterrupted run's output;
+- a loop that ships every round across executors (3 over tcp), stopped while its rounds
+  iterate, resumed: exactly once (the savepoint holds the feedback queues' log and the
+  exchanges' outboxes);
+- connected components (notifications per epoch inside the loop) stopped while an epoch's rounds
+  are in flight, its sources ended: after the resume, every epoch's labels equal scipy's,
+  nothing published twice;
+- a keyed window inside a loop (`LoopWindow`) stopped with windows open: exactly once.
+
+(Stop with `restart=`, a kill before the stop: tests/snapshot/test_cluster_stop.py.)
+"""
+
+import collections
+
+import numpy as np
+import pytest
+
+import slashrt
+from slashrt import StopHandle
+from slashrt.bench.chaos import ChaosCsv, published
+from slashrt.cluster import PerExecutor
+from slashrt.examples.cc_partitioned import MESSAGES, cc_partitioned_flow, labels_after
+from slashrt.snapshot import SnapshotStore, storage
+from slashrt.snapshot.alignment import BarrierAligner
+from slashrt.snapshot.cluster_graph import GraphAgentCheckpointing
+from slashrt.snapshot.coordinator import CheckpointConfig
+from slashrt.snapshot.runtime import SourceBarriers
+
+from tests.cluster import test_cc_partitioned as cc
+from tests.snapshot import _graph_flow
+from tests.snapshot._paced import Paced
+from tests.snapshot.test_cluster_stop import stop_after_manifest
+from tests.snapshot.test_graph_cluster_checkpoints import RINGS, cc_rows, fed, outputs
+
+CHECKPOINTS = {"interval": 0.01, "keep": 1000}
+SLOW = dict(after=300, seconds=0.004)  # after its first 300 records, each executor's batches take 4 ms more
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, collections.Counter]:
+    directory = tmp_path_factory.mktemp("reference")
+    slashrt.run(_graph_flow.flow(directory / "out"), _graph_flow.inputs(), checkpoint_dir=directory / "chk")
+    return outputs(directory / "out")
+
+
+def stopped_savepoint(result, directory, job: str):
+    ended = {c["checkpoint"]: c for c in result.checkpoints}
+    assert result.savepoint is not None and ended[result.savepoint]["status"] == "completed"
+    assert max(ended) == result.savepoint  # no checkpoint after it, no final one
+    saved = SnapshotStore(directory, job=job, keep=1000).load(result.savepoint)
+    assert saved.meta["kind"] == "savepoint"
+    return saved
+
+
+@pytest.mark.parametrize("executors, transport, k", [(2, "shm", 2), (3, "tcp", 3)])
+def test_a_graph_flow_stopped_with_a_savepoint_resumes_exactly_once(tmp_path, monkeypatch, reference, executors,
+                                                                     transport, k):
+    stop = StopHandle()
+    stop_after_manifest(monkeypatch, stop, k)
+    options = dict(executors=executors, transport=transport, checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk",
+                   **RINGS)
+    stopped = slashrt.run(_graph_flow.flow(tmp_path / "out", pace=Paced(**SLOW)), _graph_flow.inputs(), stop=stop,
+                          **options)
+    saved = stopped_savepoint(stopped, tmp_path / "chk", "graph-ckpt")
+    assert saved.meta["executors"] == executors
+    assert fed(saved.meta) < 2 * _graph_flow.N  # stopped before the sources' end
+    # no drain: the notifications the user operator waits for, and its rows, stay in the savepoint
+    per_time = [state for (step, _), state in saved.states.items() if step == "graph-ckpt.per_time"]
+    assert sum(len(s.arrays["requested"]) for s in per_time) and sum(len(s.arrays["user.held"]) for s in per_time)
+    assert outputs(tmp_path / "out") != reference  # (not drained: the rest comes with the resume)
+    monkeypatch.undo()
+    resumed = slashrt.run(_graph_flow.flow(tmp_path / "out", pace=Paced()), _graph_flow.inputs(),
+                          resume_from="latest", **options)
+    assert resumed.resumed_from == stopped.savepoint and resumed.savepoint is None
+    assert outputs(tmp_path / "out") == reference
+
+
+def test_a_loop_stopped_while_its_rounds_iterate_resumes_exactly_once(tmp_path, monkeypatch):
+    """Every round re-ships what the feedback brought back, slowly (`Paced` on the feedback edge):
+    stopped after its second checkpoint while the rounds go on, the savepoint holds what was going
+    round (the feedback queues' log, the exchanges' outboxes), and the resume finishes them."""
+    records = 1_500  # (every round crosses executors: each 1 KB ring still wraps ~20 times)
+    inputs = {"a": _graph_flow.inputs()["a"][:records]}
+    slashrt.run(_graph_flow.hop_flow(tmp_path / "ref"), inputs, checkpoint_dir=tmp_path / "ref-chk")
+    reference = published(tmp_path / "ref" / "hopped")
+    stop = StopHandle()
+    stop_after_manifest(monkeypatch, stop, 2)
+    options = dict(executors=3, transport="tcp", checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", **RINGS)
+    stopped = slashrt.run(_graph_flow.hop_flow(tmp_path / "out", pace=Paced(seconds=0.004)), inputs,
+                          stop=stop, **options)
+    saved = stopped_savepoint(stopped, tmp_path / "chk", "hop-ckpt")
+    in_flight = [step for (step, _), state in saved.states.items()
+                 if len(state.arrays.get("rows", ())) or len(state.arrays.get("records", ()))]
+    assert in_flight  # the rounds' records in flight: the feedback queues' log, the outboxes
+    assert sum(published(tmp_path / "out" / "hopped").values()) < records
+    monkeypatch.undo()
+    resumed = slashrt.run(_graph_flow.hop_flow(tmp_path / "out", pace=Paced()), inputs, resume_from="latest", **options)
+    assert resumed.resumed_from == stopped.savepoint
+    assert published(tmp_path / "out" / "hopped") == reference
+
+
+def test_connected_components_stopped_mid_epoch_resume_to_scipy_labels(tmp_path, monkeypatch):
+    """The loop's rounds cross executors (proposals by node owner), with notifications per epoch:
+    the stop is asked once a checkpoint caught an epoch's rounds in flight (its notifications still
+    requested; its sources have ended by then, so the savepoint's barriers are forwarded between
+    two batches: `test_a_savepoint_request_wakes_the_executor_to_forward_its_barriers`). After the
+    resume every epoch's labels equal scipy's, and no change is published twice."""
+    def in_epoch(checkpoint) -> bool:  # an epoch's rounds in flight: its notifications still requested
+        return any(len(state.arrays["requested"]) for (step, _), state in checkpoint.states.items()
+                   if step == "ccp.propagate")
+
+    stop = StopHandle()
+    complete = storage.SnapshotStore.acomplete
+
+    async def acomplete(self, n, meta, *args, **kwargs):
+        result = await complete(self, n, meta, *args, **kwargs)
+        if in_epoch(self.load(n)):
+            stop.request()
+        return result
+
+    monkeypatch.setattr(storage.SnapshotStore, "acomplete", acomplete)
+    inputs = {"edges": PerExecutor(cc.share, deterministic=True),
+              "proposals": PerExecutor(lambda i, n: np.empty(0, MESSAGES), deterministic=True)}
+    options = dict(executors=2, transport="shm", checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", **RINGS)
+    stopped = slashrt.run(cc_partitioned_flow(ChaosCsv(tmp_path / "out", transactional=True)), inputs, stop=stop,
+                          **options)
+    stopped_savepoint(stopped, tmp_path / "chk", "ccp")
+    monkeypatch.undo()
+    resumed = slashrt.run(cc_partitioned_flow(ChaosCsv(tmp_path / "out", transactional=True)), inputs,
+                          resume_from="latest", **options)
+    assert resumed.resumed_from == stopped.savepoint
+    assert max(published(tmp_path / "out").values()) == 1  # nothing twice
+    changes = cc_rows(tmp_path / "out")
+    for epoch, labels in zip(range(cc.EPOCHS), labels_after(changes, cc.NODES, range(cc.EPOCHS))):
+        np.testing.assert_array_equal(labels, cc.scipy_labels(epoch), err_msg=f"after epoch {epoch}")
+
+
+def test_windows_inside_a_loop_stopped_resume_exactly_once(tmp_path, monkeypatch):
+    """A keyed window inside a loop (a `LoopWindow` behind its route: every iteration's rows cross
+    executors), stopped after its second checkpoint with windows still open: the committed windows
+    of every iteration, over both runs, equal one executor's."""
+    flow, data = _graph_flow.loop_window_flow, _graph_flow.loop_window_inputs()
+    slashrt.run(flow(tmp_path / "ref"), data, checkpoint_dir=tmp_path / "ref-chk")
+    stop = StopHandle()
+    stop_after_manifest(monkeypatch, stop, 2)
+    options = dict(executors=2, transport="shm", checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", **RINGS)
+    stopped = slashrt.run(flow(tmp_path / "out", Paced(**SLOW)), data, stop=stop, **options)
+    saved = stopped_savepoint(stopped, tmp_path / "chk", "lw-ckpt")
+    assert fed(saved.meta) < len(data["src"])
+    assert sum(len(state.arrays["slices.keys"]) for (step, _), state in saved.states.items() if step == "lw-ckpt.win")
+    assert published(tmp_path / "out") != published(tmp_path / "ref")  # (the rest comes with the resume)
+    monkeypatch.undo()
+    resumed = slashrt.run(flow(tmp_path / "out", Paced()), data, resume_from="latest", **options)
+    assert resumed.resumed_from == stopped.savepoint
+    reference = published(tmp_path / "ref")
+    assert sum(reference.values()) > 1000 and published(tmp_path / "out") == reference
+
+
+def test_a_savepoint_request_wakes_the_executor_to_forward_its_barriers():
+    """An executor whose sources ended gets no barrier from them: a request must wake it to
+    forward at its next turn (`between`), a savepoint's as a checkpoint's, else the savepoint
+    waits for every input to end (a drain, not a stop). The agent's side alone, no processes."""
+
+    class Tracker:
+        woken = 0
+
+        def wake(self):
+            self.woken += 1
+
+    agent = object.__new__(GraphAgentCheckpointing)  # (only what on_message reads)
+    agent._requested, agent._kinds, agent._drained, agent._due = set(), {}, False, False
+    agent.config, agent.progress = CheckpointConfig(), Tracker()
+    agent.sources = {"s": SourceBarriers("s")}
+    agent.aligner = BarrierAligner(["s"], clock=lambda: 0.0)
+    agent.on_message("savepoint", 7)
+    assert agent._due and agent.progress.woken == 1
+    assert agent.sources["s"].stop_after == 7 and agent._kinds[7] == "savepoint"
+
