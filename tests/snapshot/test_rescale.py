@@ -80,9 +80,12 @@ def crash_after_a_mid_run_checkpoint(directory: Path, resumed: int | None) -> tu
     leaves: the output published up to it (in a new directory) and the checkpoints up to it."""
     store = SnapshotStore(directory / "chk", job="rescale", keep=1000)
     mine = [n for n in store.checkpoints() if resumed is None or n > resumed]
-    assert len(mine) >= 2, mine
-    mid = mine[len(mine) // 2 - 1]
-    assert 0 < fed(store, mid) < fed(store, mine[-1])  # the run went on after it
+    end = fed(store, mine[-1])
+    # taken while the sources still fed (the run went on after it); an early one, so that
+    # later stages of a chain still have input to checkpoint in the middle of
+    during = [n for n in mine[:-1] if 0 < fed(store, n) < end]
+    assert during, [(n, fed(store, n)) for n in mine]
+    mid = during[len(during) // 4]
     after = directory.parent / f"{directory.name}+"
     for name in job.OUTPUTS:
         (after / name).mkdir(parents=True)
