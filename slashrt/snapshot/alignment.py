@@ -285,13 +285,7 @@ class LoopHead:
 
     def barrier(self, input: Input, n: int) -> list[Outcome | LogComplete]:
         if input not in self.back:
-            outcomes: list[Outcome | LogComplete] = []
-            for outcome in self.aligner.barrier(input, n):
-                outcomes.append(outcome)
-                if isinstance(outcome, Snapshot):
-                    self._open[outcome.checkpoint] = (set(self.back) - self._ended_back, [])
-                    outcomes += self._close_returned(outcome.checkpoint)
-            return outcomes
+            return self._opening(self.aligner.barrier(input, n))
         self._check_back(input, n)
         self._last_back[input] = n
         if n not in self._open:
@@ -312,8 +306,7 @@ class LoopHead:
             return []
         self.aligner._state = _Idle(n)
         now = self.aligner.clock()
-        self._open[n] = (set(self.back) - self._ended_back, [])
-        return [Snapshot(n, AlignmentStats(n, now, now)), *self._close_returned(n)]
+        return self._opening([Snapshot(n, AlignmentStats(n, now, now))])
 
     def record(self, input: Input, batch: object) -> None:
         """`batch` arrived on `input`; logged if it is a back edge that a log waits on. The log
@@ -323,8 +316,8 @@ class LoopHead:
                 log.append((input, batch))
 
     def end(self, input: Input) -> list[Outcome | LogComplete]:
-        if input not in self.back:
-            return list(self.aligner.end(input))
+        if input not in self.back:  # the last open regular input ending completes an alignment too
+            return self._opening(self.aligner.end(input))
         self._check_back(input, None)
         self._ended_back.add(input)
         outcomes: list[Outcome | LogComplete] = []
@@ -345,6 +338,16 @@ class LoopHead:
     def logging(self) -> list[int]:
         """Checkpoints whose back-edge log is still open."""
         return sorted(self._open)
+
+    def _opening(self, outcomes: list[Outcome]) -> list[Outcome | LogComplete]:
+        """The aligner's answer to a regular input's event, each `Snapshot(n)` opening n's log."""
+        answer: list[Outcome | LogComplete] = []
+        for outcome in outcomes:
+            answer.append(outcome)
+            if isinstance(outcome, Snapshot):
+                self._open[outcome.checkpoint] = (set(self.back) - self._ended_back, [])
+                answer += self._close_returned(outcome.checkpoint)
+        return answer
 
     def _close_returned(self, n: int) -> list[LogComplete]:
         waiting, log = self._open[n]

@@ -84,6 +84,16 @@ class BackEdgeLog:
         entries = [(f.step_id, (batch, t)) for f, batch, t, location in queued if location is not None]
         self._close(LoopLog(n, tuple(entries)))
 
+    def ended(self) -> None:
+        """The executor's run ended, so its feedback queue is empty and every barrier came back:
+        a log still open would keep its checkpoint's write waiting for ever, so say so instead."""
+        open_logs = sorted(n for n, closed in self._closed.items() if not closed.is_set())
+        if open_logs:
+            raise SnapshotError(
+                f"checkpoints {open_logs}: the run ended but their barriers never came back round the loops "
+                f"(open in the loop head: {self.head.logging}); this is a slashrt bug, please report it"
+            )
+
     def record(self, step_id: str, batch, time) -> None:
         self.head.record(step_id, (batch, time))
 

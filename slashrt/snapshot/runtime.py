@@ -329,6 +329,8 @@ class Checkpointing:
     async def _finish(self) -> None:
         """Every input ended: a checkpoint requested after the executor saw every end gets no
         barrier (ended inputs deliver every barrier); take those now, then the final one."""
+        if self.loops is not None:
+            self.loops.ended()
         for n in sorted(self.coordinator.pending):
             if n not in self._taken:
                 self._take(n, AlignmentStats(n, time.perf_counter(), time.perf_counter()))

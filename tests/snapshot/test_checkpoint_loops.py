@@ -377,3 +377,28 @@ def test_a_checkpoint_of_other_loops_is_refused_in_one_sentence(tmp_path):
         slashrt.run(circulate("other"), inputs, checkpoint_dir=tmp_path, resume_from="latest")
     with pytest.raises(SnapshotError, match="holds back-edge logs of loops .* but this dataflow has no loop"):
         slashrt.run(circulate("", with_loop=False), inputs, checkpoint_dir=tmp_path, resume_from="latest")
+
+
+def test_a_log_whose_barrier_never_came_back_fails_the_run_instead_of_hanging_it():
+    """Once the executor's run ended its feedback queue is empty: a log still open there (a
+    barrier the loop head never counted) is an error naming the checkpoint, not a write
+    waiting for ever."""
+    from slashrt.snapshot.loops import BackEdgeLog
+
+    class Queue:  # the feedback queue's one call `open` makes
+        def __init__(self):
+            self.barriers = []
+
+        def enqueue_barrier(self, feedback, n):
+            self.barriers.append((feedback, n))
+
+    log = BackEdgeLog({"fb": "feedback node"}, ["src"])
+    log.progress = queue = Queue()
+    log.ended()  # nothing open: fine
+    log.open(1)
+    assert queue.barriers == [("feedback node", 1)]
+    with pytest.raises(SnapshotError, match=r"checkpoints \[1\]: the run ended but their barriers never came back"):
+        log.ended()
+    [snapshot] = log.head.barrier("src", 1)  # barrier 1 aligned, then back round the loop
+    log.returned("fb", 1)
+    log.ended()
