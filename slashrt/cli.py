@@ -13,6 +13,7 @@
     slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
         [--executors K --transport shm|tcp]     ... labels partitioned over K executors
     slashrt bench progress [--executors K]      notify latency, loop round trip, progress traffic
+        [--transport shm|tcp --epoch-gap-us G]  ... an epoch every G us instead of full speed
     slashrt frontiers REPORT [--json]           where a pointstamp run stands (run(..., on_report=REPORT))
     slashrt executor [--listen HOST:PORT]       an executor agent for multi-host runs
     slashrt spark-demo [--events N] [--json]    Spark generates YSB, ingests into a 2-executor cluster
@@ -238,6 +239,9 @@ def _parser() -> argparse.ArgumentParser:
     prog.add_argument("--executors", type=_positive_int, default=2, help="executor processes (at least 2)")
     prog.add_argument("--transport", choices=["shm", "tcp"], default="shm", help="medium between the executors")
     prog.add_argument("--epochs", type=_positive_int, default=200, help="epochs of the notification run")
+    prog.add_argument("--epoch-gap-us", type=_non_negative_float, default=0.0,
+                      help="microseconds between two epochs of each executor's source in the notification run "
+                           "(0: full speed)")
     prog.add_argument("--events", type=_positive_int, default=600_000, help="YSB events of the traffic run (all executors)")
     prog.add_argument("--json", action="store_true", help="print one JSON object with the results")
     _add_log_level(prog)
@@ -552,7 +556,7 @@ def _run_bench(args, given: set[str]) -> dict:
         from slashrt.bench import progress as progress_bench
 
         return progress_bench.bench(executors=args.executors, transport=args.transport, epochs=args.epochs,
-                                    events=args.events)
+                                    events=args.events, epoch_gap_us=args.epoch_gap_us)
     if path == "chaos":
         if args.executors < 2:
             raise _Refused(f"--executors {args.executors}: a run on one executor cannot restart itself after a SIGKILL; "

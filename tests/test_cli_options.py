@@ -356,13 +356,14 @@ def test_an_unknown_progress_mode_is_one_line_and_exit_2():
     assert "invalid choice: 'lamport'" in done.stderr and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize(("executors", "transport"), [("2", "shm"), ("3", "tcp")])
-def test_bench_progress_measures_and_checks_itself(capsys, executors, transport):
+@pytest.mark.parametrize(("executors", "transport", "gap"), [("2", "shm", "0"), ("3", "tcp", "0"), ("2", "tcp", "500"), ("3", "shm", "500")])
+def test_bench_progress_measures_and_checks_itself(capsys, executors, transport, gap):
     argv = ["bench", "progress", "--executors", executors, "--transport", transport, "--epochs", "6",
-            "--events", "30000", "--json"]
+            "--events", "30000", "--epoch-gap-us", gap, "--json"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["correct"] is True and out["executors"] == int(executors) and out["transport"] == transport
+    assert out["epoch_gap_us"] == float(gap)
     for key in ("notify_latency_us_p50", "notify_latency_us_p99", "loop_round_trip_us_p50"):
         assert out[key] > 0, key
     assert 0 < out["progress_bytes_per_data_byte"] < 0.01 and out["progress_messages_per_epoch"] > 0
@@ -371,7 +372,8 @@ def test_bench_progress_measures_and_checks_itself(capsys, executors, transport)
 @pytest.mark.parametrize(
     "args,message",
     [(["--executors", "1"], "--executors 1: `bench progress` measures progress between executors"),
-     (["--transport", "pigeon"], "invalid choice: 'pigeon'"), (["--epochs", "0"], "'0' must be positive")],
+     (["--transport", "pigeon"], "invalid choice: 'pigeon'"), (["--epochs", "0"], "'0' must be positive"),
+     (["--epoch-gap-us", "-5"], "'-5' must be >= 0")],
 )
 def test_bench_progress_bad_arguments_exit_2(capsys, args, message):
     try:

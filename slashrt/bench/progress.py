@@ -1,7 +1,7 @@
 """Distributed pointstamp progress end to end: notification latency, a loop's round trip and
 progress traffic, on real executor processes (`slashrt bench progress`).
 
-    slashrt bench progress [--executors K] [--transport shm|tcp] [--epochs E] --json
+    slashrt bench progress [--executors K] [--transport shm|tcp] [--epochs E] [--epoch-gap-us G] --json
 
 Three runs of graph flows on K executors (every executor gets the same generated stream, so
 every executor sees every epoch); user operators stamp their events with CLOCK_MONOTONIC (one
@@ -11,7 +11,9 @@ through the sinks:
 - notify latency: source -> Stamp (notify_at every batch's time). For epoch t, from the moment
   the last executor consumed its last record of t (its last batch at t; its source's capability
   leaves t with the next record) to the moment the last executor ran `on_notify(t)`
-  (`notify_latency_us_p50/p99`);
+  (`notify_latency_us_p50/p99`). The sources feed at full speed, or an epoch every
+  `--epoch-gap-us` (executors idle between epochs: the protocol's latency without the
+  processor's time slices when executors outnumber cores);
 - loop round trip (on 2 executors whatever K): one epoch, a record per executor, source ->
   loop(enter -> Round -> feedback while n < ROUNDS) -> leave. Round holds each time's batch until notified and sends it round again
   with n + 1: from the last executor's `on_notify((e, i))` to the last one's `on_notify((e, i + 1))`,
@@ -122,18 +124,38 @@ def _epochs(epochs: int, per_epoch: int):
     return make
 
 
+def _paced_epochs(epochs: int, per_epoch: int, gap_us: float):
+    """The same stream as `_epochs`, made chunk by chunk with `gap_us` between chunks (a
+    `PerExecutor` chunk stream: its worker thread sleeps, the executor does not). Chunk k holds
+    epoch k's records after its first and the first record of epoch k + 1, so each chunk closes
+    its epoch (the source's capability leaves k within the chunk, as at full speed) and the
+    executors are idle between epochs."""
+    whole = _epochs(epochs, per_epoch)
+
+    def make(index: int, executors: int):
+        a = whole(index, executors)
+        for start in range(0, len(a), per_epoch):
+            time.sleep(gap_us / 1e6)
+            yield a[start + (start > 0): start + per_epoch + 1]
+
+    return make
+
+
 def _percentile_us(ns: np.ndarray, q: float) -> float:
     return round(float(np.percentile(ns, q)) / 1e3, 1) if len(ns) else float("nan")
 
 
 def notify_latency(
-    executors: int | list[str], transport: str, epochs: int, per_epoch: int = 64, **options
+    executors: int | list[str], transport: str, epochs: int, per_epoch: int = 64, gap_us: float = 0, **options
 ) -> tuple[np.ndarray, bool]:
     """`executors`: a count (local processes) or agents' "HOST:PORT" addresses (`options`:
-    e.g. their cluster `secret`)."""
+    e.g. their cluster `secret`). `gap_us` > 0: each executor's source feeds an epoch every
+    `gap_us` (`_paced_epochs`) instead of at full speed, so the figure is the protocol's and not
+    the processor's when there are more executors than cores."""
     flow = Dataflow("notify")
     flow.source("src", REC, time="t").operator(Stamp(), name="stamp", schema=STAMP).sink(sinks.Collect(), name="out")
-    result = slashrt.run(flow, {"src": PerExecutor(_epochs(epochs, per_epoch))}, executors=executors,
+    make = _paced_epochs(epochs, per_epoch, gap_us) if gap_us > 0 else _epochs(epochs, per_epoch)
+    result = slashrt.run(flow, {"src": PerExecutor(make)}, executors=executors,
                          transport=transport, slot_size=per_epoch * REC.itemsize, slots=8, **options)
     rows = result.outputs["notify.out"]
     batches, notes = rows[rows["kind"] == BATCH], rows[rows["kind"] == NOTIFY]
@@ -199,14 +221,17 @@ def progress_traffic(executors: int, transport: str, events: int) -> tuple[dict,
     }, correct
 
 
-def bench(*, executors: int = 2, transport: str = "shm", epochs: int = 200, events: int = 600_000) -> dict:
-    latencies, ok_notify = notify_latency(executors, transport, epochs)
+def bench(
+    *, executors: int = 2, transport: str = "shm", epochs: int = 200, events: int = 600_000, epoch_gap_us: float = 0
+) -> dict:
+    latencies, ok_notify = notify_latency(executors, transport, epochs, gap_us=epoch_gap_us)
     trips, ok_loop = loop_round_trip(transport)
     traffic, ok_ysb = progress_traffic(executors, transport, events)
     return {
         "executors": executors,
         "transport": transport,
         "epochs": epochs,
+        "epoch_gap_us": epoch_gap_us,
         "notify_latency_us_p50": _percentile_us(latencies, 50),
         "notify_latency_us_p99": _percentile_us(latencies, 99),
         "loop_round_trip_us_p50": _percentile_us(trips, 50),

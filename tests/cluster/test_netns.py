@@ -177,13 +177,14 @@ def test_graph_flow_with_exchange_on_three_hosts_equals_one_executor_and_notifie
     one = slashrt.run(exchange_flow(), {"a": data}, slot_size=256, slots=4)
     for sink in ("x.per_key_out", "x.hopped"):
         assert sorted(many.outputs[sink].tolist()) == sorted(one.outputs[sink].tolist())
-    procs = _start_agents(names, addresses, secret)
-    try:
-        latencies, correct = progress.notify_latency(agents, "tcp", 200, secret=secret)
-        for proc in procs:
-            assert proc.wait(timeout=30) == 0
-    finally:
-        _stop(procs)
-    assert correct
-    print(f"notify latency on 3 hosts over tcp: p50 {np.percentile(latencies, 50) / 1e3:.1f} us, "
-          f"p99 {np.percentile(latencies, 99) / 1e3:.1f} us")
+    for gap_us in (0, 1000):  # sources at full speed, then an epoch a millisecond (3 executors, 2 cores)
+        procs = _start_agents(names, addresses, secret)
+        try:
+            latencies, correct = progress.notify_latency(agents, "tcp", 200, gap_us=gap_us, secret=secret)
+            for proc in procs:
+                assert proc.wait(timeout=30) == 0
+        finally:
+            _stop(procs)
+        assert correct
+        print(f"notify latency on 3 hosts over tcp, epoch gap {gap_us} us: p50 {np.percentile(latencies, 50) / 1e3:.1f} us, "
+              f"p99 {np.percentile(latencies, 99) / 1e3:.1f} us")
