@@ -99,13 +99,20 @@ def test_nested_loops_two_deep():
     assert record_time  # (kept simple: the times above are the loop counters of each pass)
 
 
-def test_max_iterations_reached_fails_naming_loop_epoch_and_bound():
+def spin_flow(bound: int, spinning=lambda batch: batch["n"] >= 0) -> Dataflow:
+    """A loop that feeds back the `spinning` records forever (n counts their iterations), and
+    lets the others leave: it fails once a spinning record reaches the bound."""
     flow = Dataflow("spin")
     src = flow.source("src", REC, time="t")
-    with flow.loop("forever", max_iterations=7) as loop:
+    with flow.loop("forever", max_iterations=bound) as loop:
         x = loop.enter(src).apply(plus_one("n"), name="inc")
-        loop.feed_back(x)
-        loop.leave(x).sink(sinks.Collect())
+        loop.feed_back(x.filter(spinning, name="again"))
+        loop.leave(x.filter(lambda b: ~spinning(b), name="done")).sink(sinks.Collect(), name="out")
+    return flow
+
+
+def test_max_iterations_reached_fails_naming_loop_epoch_and_bound():
+    flow = spin_flow(7)
     with pytest.raises(OperatorError, match=r"loop 'spin.forever' reached its bound of max_iterations=7 at epoch 42"):
         slashrt.run(flow, {"src": records([1], [42])})
 

@@ -131,11 +131,32 @@ def run_one(op, times=(0, 1, 2)):
     return slashrt.run(flow, {"src": records(list(times))})
 
 
-def test_emit_below_the_time_held_names_the_operator():
-    class EmitPast(Operator):
-        async def on_batch(self, ctx, port, batch):
-            await ctx.emit(batch, time=Timestamp(ctx.time.epoch - 1))
+class EmitPast(Operator):
+    """Emits a batch one epoch below its time once a record with v >= `from_v` came (an error);
+    the batches before pass on."""
 
+    def __init__(self, from_v: int = 0):
+        self.from_v = from_v
+
+    async def on_batch(self, ctx, port, batch):
+        wrong = (batch["v"] >= self.from_v).any()
+        await ctx.emit(batch, time=Timestamp(ctx.time.epoch - 1) if wrong else ctx.time)
+
+
+class NotifyPast(Operator):
+    """Asks for a notification three epochs below its time once a record with v >= `from_v`
+    came (an error); the batches before pass on."""
+
+    def __init__(self, from_v: int = 0):
+        self.from_v = from_v
+
+    async def on_batch(self, ctx, port, batch):
+        if (batch["v"] >= self.from_v).any():
+            ctx.notify_at(Timestamp(ctx.time.epoch - 3))
+        await ctx.emit(batch)
+
+
+def test_emit_below_the_time_held_names_the_operator():
     with pytest.raises(OperatorError, match=r"step 'e.bad': emit at time \(-1\), below the time it holds \(0\)"):
         run_one(EmitPast())
 
@@ -153,10 +174,6 @@ def test_emit_in_on_notify_below_the_notified_time_names_the_operator():
 
 
 def test_notify_in_the_past_names_the_operator():
-    class NotifyPast(Operator):
-        async def on_batch(self, ctx, port, batch):
-            ctx.notify_at(Timestamp(ctx.time.epoch - 3))
-
     with pytest.raises(OperatorError, match=r"step 'e.bad': notify_at at time \(-3\), below the time it holds"):
         run_one(NotifyPast())
 

@@ -22,6 +22,7 @@ from slashrt.cluster import ClusterError, PerExecutor, run_cluster_async
 from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent
 from slashrt.errors import DataflowError
 from slashrt.ops.sinks import Collect
+from tests.cluster._processes import children
 
 SCHEMA = Schema([("ts", "<i8"), ("key", "<i8"), ("value", "<i8")])
 AGENT = b"slashrt.cluster.agent"
@@ -216,20 +217,6 @@ def test_an_agent_stops_its_job_when_the_coordinator_stops_answering():
 
 # -- no process left behind ------------------------------------------------------------------------
 
-def _children() -> set[int]:
-    """This process's child processes, zombies included."""
-    me, found = str(os.getpid()), set()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[1] == me:
-                        found.add(int(pid))
-            except OSError:
-                pass
-    return found
-
-
 def _slow(batch):
     time.sleep(0.01)
     return batch
@@ -250,14 +237,14 @@ def test_a_cancelled_run_leaves_no_process_behind_even_during_spawn(seed):
     spawned): once run_cluster_async returns, every agent it started is gone and reaped."""
     rng = random.Random(seed)
     delay = rng.uniform(0, 0.6) if seed % 3 == 0 else rng.uniform(0, 3)
-    before = _children()
+    before = children()
 
     async def cancelled():
         with trio.move_on_after(delay):
             await run_cluster_async(_slow_job(), {"r": PerExecutor(_make)}, executors=2)
 
     trio.run(cancelled)
-    assert _children() - before == set(), f"left behind after a cancel at {delay:.2f} s"
+    assert children() - before == set(), f"left behind after a cancel at {delay:.2f} s"
 
 
 DRIVER = """
@@ -266,6 +253,7 @@ import slashrt.cluster.coordinator
 from slashrt import Dataflow, Schema, Tumbling
 from slashrt.cluster import PerExecutor
 from slashrt.ops.sinks import Collect
+from tests.cluster._processes import children
 
 S = Schema([("ts", "<i8"), ("key", "<i8")])
 
