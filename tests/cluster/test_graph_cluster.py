@@ -1,7 +1,11 @@
 """Graph flows (union, connect, user operators, loops) on several executors in real processes:
 the results equal one executor's, notifications are never early on any executor (checked on
-the machine's one monotonic clock) and never lost, an operator's error fails the job naming it."""
+the machine's one monotonic clock) and never lost; an operator's error fails the job naming
+it, and so do the errors of progress (an emit below the time held, a notification in the
+past, a loop reaching its bound), in one sentence, leaving no executor process behind."""
 
+import os
+import re
 import time
 
 import numpy as np
@@ -10,6 +14,9 @@ import pytest
 import slashrt
 from slashrt import Dataflow, Operator, sinks
 from slashrt.cluster import ClusterError
+from tests.cluster._processes import children
+from tests.test_loops import spin_flow
+from tests.test_notify import EmitPast, NotifyPast
 
 REC = np.dtype([("v", "<i8"), ("n", "<i8"), ("t", "<i8")])
 LOG = np.dtype([("kind", "<i8"), ("epoch", "<i8"), ("ns", "<i8")])  # kind 0: a batch, 1: a notification
@@ -181,3 +188,51 @@ def test_exchange_by_key_on_executors_equals_one_executor(executors, transport):
     # records crossed executors K times inside the loop, none lost
     hopped = many.outputs["x.hopped"]
     assert sorted(hopped.tolist()) == sorted(one.outputs["x.hopped"].tolist()) and len(hopped) == N
+
+
+# -- the errors of progress (the one-executor flows of tests/test_notify.py and test_loops.py) ----
+
+def last_record_poisons(kind: str) -> Dataflow:
+    """A flow that goes wrong only at the last record (v = N - 1, epoch 299), after ~280
+    rings' worth of data went through: an operator emitting below the time it holds, one
+    asking for a notification at a time already passed, or a loop whose record keeps going
+    round until it reaches its bound of 3 iterations."""
+    if kind == "loop":
+        return spin_flow(3, spinning=lambda b: b["v"] == N - 1)
+    flow = Dataflow("e")
+    op = EmitPast(from_v=N - 1) if kind == "emit" else NotifyPast(from_v=N - 1)
+    flow.source("src", REC, time="t").operator(op, name="bad").sink(sinks.Collect(), name="out")
+    return flow
+
+
+PROGRESS_ERRORS = {
+    "emit": r"step 'e\.bad': emit at time \(\d+\), below the time it holds \(\d+\): an operator may only act at "
+            r"its current time or later",
+    "notify": r"step 'e\.bad': notify_at at time \(\d+\), below the time it holds \(\d+\): an operator may only act "
+              r"at its current time or later",
+    "loop": r"step 'spin\.forever_feedback_\d+': loop 'spin\.forever' reached its bound of max_iterations=3 at epoch "
+            r"299 \(time \(299, <3>\)\) and still feeds back 1 records; raise the bound or make the loop converge",
+}
+
+
+def _shm_entries() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.mark.parametrize("kind", sorted(PROGRESS_ERRORS))
+@pytest.mark.parametrize(("executors", "transport"), [(2, "shm"), (3, "tcp")])
+def test_a_progress_error_fails_the_cluster_in_one_sentence_and_leaves_nothing_behind(kind, executors, transport, capfd):
+    data = np.zeros(N, REC)
+    data["v"], data["t"] = np.arange(N), np.arange(N) // 40
+    before, shm_before = children(), _shm_entries()
+    with pytest.raises(ClusterError) as failed:
+        slashrt.run(last_record_poisons(kind), {"src": data}, executors=executors, transport=transport, slot_size=256,
+                    slots=4)
+    message = str(failed.value)
+    # one sentence: the step, what went wrong, the executor; the peers' broken channels are no cause
+    assert re.fullmatch(PROGRESS_ERRORS[kind] + rf" \(on executor [0-{executors - 1}]\)", message), message
+    assert "\n" not in message and "Traceback" not in message and "ChannelClosed" not in message
+    assert not failed.value.retryable  # a bug in the job, not an executor's death
+    assert "Traceback" not in capfd.readouterr().err  # the agents log their failure in one line each
+    assert children() - before == set(), "an executor process was left behind"
+    assert _shm_entries() - shm_before == set()
