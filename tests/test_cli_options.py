@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from slashrt.bench import ysb
+from slashrt.bench import cc, ysb
 from slashrt.cli import _parser, main
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide.md"
@@ -120,6 +120,37 @@ def test_bench_cc_bad_arguments_exit_2(capsys, args, message):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "cc", *args])
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def table_rows(text: str) -> dict[str, str]:
+    """A benchmark's table without --json: one `key  value` line per result field."""
+    return dict(line.split(None, 1) for line in text.splitlines())
+
+
+def _components(edges: int, graph: str, seed: int) -> int:
+    data = cc.generate(edges, 1, graph=graph, nodes=edges, seed=seed)
+    return int(np.count_nonzero(cc.scipy_labels(data["src"], data["dst"], edges) == np.arange(edges)))
+
+
+def test_bench_cc_graph_and_seed_are_honoured_on_several_executors(capsys):
+    assert main(["bench", "cc", "--edges", "3000", "--epochs", "2", "--executors", "2", "--graph", "powerlaw",
+                 "--seed", "5", "--repeat", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["correct"] is True and out["example"] == "cc_partitioned" and out["executors"] == 2
+    assert out["graph"] == "powerlaw" and out["seed"] == 5
+    # the components of seed 5's power-law graph: the default seed or graph would give others
+    assert out["components"] == _components(3000, "powerlaw", 5)
+    assert out["components"] != _components(3000, "powerlaw", 0)
+    assert out["components"] != _components(3000, "uniform", 5)
+
+
+@pytest.mark.parametrize("executors", [[], ["--executors", "2"]], ids=["one", "two"])
+def test_bench_cc_without_json_prints_a_table(capsys, executors):
+    assert main(["bench", "cc", "--edges", "2000", "--repeat", "1", *executors]) == 0
+    rows = table_rows(capsys.readouterr().out)
+    assert rows["correct"] == "True" and rows["edges"] == "2,000" and rows["executors"] == ("2" if executors else "1")
+    assert rows["components"] == f"{_components(2000, 'uniform', 0):,}"
+    assert ("example" in rows) == bool(executors)  # several executors: the partitioned example
 
 
 def test_bench_report_zipf_list_is_checked(capsys):
@@ -367,6 +398,15 @@ def test_bench_progress_measures_and_checks_itself(capsys, executors, transport,
     for key in ("notify_latency_us_p50", "notify_latency_us_p99", "loop_round_trip_us_p50"):
         assert out[key] > 0, key
     assert 0 < out["progress_bytes_per_data_byte"] < 0.01 and out["progress_messages_per_epoch"] > 0
+
+
+def test_bench_progress_without_json_prints_a_table(capsys):
+    assert main(["bench", "progress", "--epochs", "6", "--events", "30000"]) == 0
+    rows = table_rows(capsys.readouterr().out)
+    assert rows["correct"] == "True" and rows["executors"] == "2" and rows["transport"] == "shm"
+    assert rows["epochs"] == "6" and rows["ysb_events"] == "30,000"
+    for key in ("notify_latency_us_p50", "notify_latency_us_p99", "loop_round_trip_us_p50"):
+        assert float(rows[key].replace(",", "")) > 0, key
 
 
 @pytest.mark.parametrize(

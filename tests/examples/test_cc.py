@@ -148,10 +148,3 @@ def test_bench_cc_on_several_executors_runs_the_partitioned_example_against_one(
     assert result["correct"] is True and result["example"] == "cc_partitioned"
     assert result["executors"] == int(executors) and result["transport"] == transport and result["epochs"] == 2
     assert result["incremental_seconds"] > 0 and result["one_executor_seconds"] > 0
-
-
-def test_bench_cc_without_json_prints_a_table():
-    proc = run_cli("bench", "cc", "--edges", "2000", "--repeat", "1")
-    assert proc.returncode == 0, proc.stderr
-    rows = dict(line.split(None, 1) for line in proc.stdout.splitlines())
-    assert rows["correct"] == "True" and rows["edges"] == "2,000"
