@@ -1,13 +1,18 @@
 """Dataflow graphs on one executor: union, connect, user operators, fan-in and fan-out, the
-progress modes (pointstamp and watermark give identical results on tree flows) and the report."""
+progress modes (pointstamp and watermark give identical results on tree flows), the report and
+the debug lines (a frontier moved; an idle executor's open frontiers and what holds them)."""
 
 import json
 
 import numpy as np
 import pytest
+import structlog
+import trio
+import trio.testing
 
 import slashrt
 from slashrt import Dataflow, Operator, Timestamp, Tumbling, sinks
+from slashrt._buffer import Control
 from slashrt.bench import nexmark, ysb
 from slashrt.errors import DataflowError, SchemaError, SlashError
 
@@ -299,6 +304,60 @@ def test_frontier_changes_are_logged_at_debug_level(capsys):
         slashrt.configure_logging("warning")
     err = capsys.readouterr().err
     assert "frontier moved" in err and "lg.both" in err
+
+
+class NotifyEach(Operator):
+    """Asks to be notified at each batch's time, and passes the batch on."""
+
+    async def on_batch(self, ctx, port, batch):
+        ctx.notify_at(ctx.time)
+        await ctx.emit(batch)
+
+
+IDLE = "idle, frontiers held"
+
+
+@pytest.mark.parametrize("level", ["debug", "warning"])
+async def test_an_idle_executor_logs_what_holds_each_open_frontier_at_debug_level_only(level):
+    """The source's input comes from a channel the test writes: once what was sent is done
+    the executor has nothing to do and parks (deterministic: every task is blocked then)."""
+    from slashrt._runtime import run_async
+    from slashrt.transport import RingSpec, open_inproc_channel
+
+    flow = Dataflow("idle")
+    flow.source("a", REC, time="t").operator(NotifyEach(), name="note").sink(sinks.Collect(), name="out")
+    tx, rx = open_inproc_channel(RingSpec(slots=4, slot_size=256, record_size=REC.itemsize))
+    slashrt.configure_logging(level)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            done = []
+
+            async def run():
+                done.append(await run_async(flow, {"a": rx}))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run)
+                await tx.send_control(Control.WATERMARK, 3)  # the batches after it are at time 3
+                await tx.send_records(records(range(40), [3] * 40))
+                await trio.testing.wait_all_tasks_blocked()
+                parked = [e for e in logs if e["event"] == IDLE]
+                await tx.aclose()
+    finally:
+        slashrt.configure_logging("warning")
+    assert all(f == [] for f in done[0].frontiers.values()) and len(done[0].outputs["idle.out"]) == 40
+    if level == "warning":
+        assert parked == [] and not any(e["event"] == IDLE for e in logs)  # not even computed
+        return
+    source = {"at": "idle.a.out0", "time": [3], "what": "capability of source idle.a (its watermark)"}
+    note = {"at": "idle.note.out0", "time": [3], "what": "notification requested by idle.note"}
+    # the last line before the end: each input's frontier at the watermark, and what holds it
+    assert parked[-1]["executor"] == 0 and parked[-1]["log_level"] == "debug"
+    assert parked[-1]["inputs"] == {
+        "idle.note.in0": {"frontier": [[3]], "held_by": [source]},
+        "idle.out.in0": {"frontier": [[3]], "held_by": [source, note]},
+    }
+    assert all(e["inputs"] != f["inputs"] for e, f in zip(parked, parked[1:]))  # once per change
+    assert not any(e["event"] == IDLE for e in logs[logs.index(parked[-1]) + 1:])  # the end holds nothing
 
 
 def test_a_stream_unioned_with_itself_arrives_twice_and_async_connect_functions_work():

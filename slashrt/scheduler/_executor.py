@@ -203,6 +203,8 @@ class Executor:
                 if progress is not None and progress.quiet():
                     await progress.settle()
                 else:
+                    if progress is not None and progress.debug and (holds := progress.idle_holds()) is not None:
+                        self.log.debug("idle, frontiers held", inputs=holds)  # where is it stuck
                     await lane.lot.park()
                 continue
             inp, buf = ready.popleft()

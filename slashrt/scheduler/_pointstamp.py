@@ -151,7 +151,10 @@ class PointstampProgress:
         self._stale: set[int] = set()  # operators whose due notifications may have changed
         self._held = False  # `hold_deliveries`: frontier changes wait in `_deferred` until resumed
         self._deferred: set[int] = set()
-        self._debug = level_name() == "debug"  # a debug line per frontier change costs a loop iteration's time
+        # debug lines (a frontier change, an idle executor's holds) cost a loop iteration's time:
+        # computed only at debug level
+        self.debug = level_name() == "debug"
+        self._idle_holds: dict | None = None  # what `idle_holds` last returned
         for i, (step_id, node) in enumerate(zip(self.steps, self.nodes)):
             node.clock = self
             spec = flow.steps[step_id]
@@ -269,7 +272,7 @@ class PointstampProgress:
                     continue
                 moved, self._deferred = sorted(moved | self._deferred), set()
                 for i in moved:
-                    if self._debug:
+                    if self.debug:
                         log.debug("frontier moved", step=self.steps[i], frontiers=self._input_frontiers(i))
                     if i in self._listeners:
                         await self._frontier_moved(self.nodes[i], self.tracker.frontier(Location.input(i, 0)))
@@ -427,6 +430,21 @@ class PointstampProgress:
         if _window_of(node) is not None:
             return f"capability of window {step} (a window still to fire)"
         return f"capability of step {step}"
+
+    def idle_holds(self) -> dict | None:
+        """The executor has nothing to do and parks (call it at debug level only: it builds a
+        `report`): every input whose frontier is not at the end -> its frontier and the
+        pointstamps holding it back, if that changed since the executor last parked, else
+        None (a job waiting for its input parks often, held by the same pointstamps)."""
+        report = self.report()
+        holds = {
+            name: {"frontier": report["frontiers"][name], "held_by": holding}
+            for name, holding in report["holding"].items()
+        }
+        if holds == self._idle_holds:
+            return None
+        self._idle_holds = holds
+        return holds or None
 
     def stuck(self) -> SlashError:
         return SlashError(f"pointstamp progress: the run ended with work outstanding: {self.report()['pointstamps']}")

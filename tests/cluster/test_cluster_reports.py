@@ -1,12 +1,15 @@
 """Where is it stuck, on several executors: every executor's pointstamp report reaches the
 coordinator while the job runs and when it ends or fails (`run(..., on_report=fn | PATH)`),
-`RunResult.frontiers` covers every input, and `slashrt frontiers PATH` reads a cluster's report.
+`RunResult.frontiers` covers every input, `slashrt frontiers PATH` reads a cluster's report,
+and at debug level an executor that parks logs what holds each of its open frontiers.
 
 An executor holds its job still (inside an operator, its loop free) until the report shows
 it held: the run can only finish once a report saw it stuck, so no sleep decides anything."""
 
+import ast
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,8 +21,9 @@ import trio
 
 import slashrt
 from slashrt import Dataflow, Operator, sinks
-from slashrt.cluster import ClusterError
+from slashrt.cluster import ClusterError, PerExecutor
 from slashrt.errors import DataflowError, unwrap_groups
+from tests.test_graph import NotifyEach
 
 REC = np.dtype([("v", "<i8"), ("t", "<i8")])
 N = 6_000
@@ -164,3 +168,38 @@ def test_reports_of_tree_flows_on_clusters_are_refused():
     flow.source("a", REC, time="t").sink(sinks.Collect())
     with pytest.raises(DataflowError, match=r"on_report= reports pointstamp progress over a dataflow graph"):
         slashrt.run(flow, {"a": data()}, executors=2, on_report=print)
+
+
+def _second_executor_only(index: int, executors: int) -> np.ndarray:
+    return data() if index == 1 else data()[:0]
+
+
+def _idle_lines(err: str) -> list[tuple[int, dict]]:
+    """The "idle, frontiers held" debug lines the executor processes printed: (executor, inputs)."""
+    found = []
+    for line in re.sub(r"\x1b\[[0-9;]*m", "", err).splitlines():
+        if (m := re.search(r"\[debug\s*\] idle, frontiers held\s+executor=(\d+) inputs=(\{.*\})$", line)):
+            found.append((int(m[1]), ast.literal_eval(m[2])))
+    return found
+
+
+def test_idle_executors_log_what_holds_each_open_frontier_at_debug_level(capfd):
+    """Executor 0 has no input: it can only finish once executor 1's progress reaches it, and
+    waits for that parked, so it logs (at least once) what holds its view's frontiers."""
+    flow = Dataflow("idle2")
+    flow.source("a", REC, time="t").operator(NotifyEach(), name="note").sink(sinks.Collect(), name="out")
+    slashrt.configure_logging("debug")  # the executor processes get the level of this one
+    try:
+        result = slashrt.run(flow, {"a": PerExecutor(_second_executor_only)}, executors=2, slot_size=256, slots=4)
+    finally:
+        slashrt.configure_logging("warning")
+    assert len(result.outputs["idle2.out"]) == N
+    lines = _idle_lines(capfd.readouterr().err)
+    assert any(executor == 0 for executor, _ in lines), "executor 0 never logged why it waited"
+    whats = {"capability of source idle2.a (its watermark)", "notification requested by idle2.note"}
+    for executor, inputs in lines:
+        assert executor in (0, 1) and inputs and set(inputs) <= {"idle2.note.in0", "idle2.out.in0"}
+        for stuck in inputs.values():
+            assert stuck["frontier"] and stuck["held_by"]  # open, and what holds it named
+            assert {h["what"] for h in stuck["held_by"]} <= whats
+            assert {h["at"] for h in stuck["held_by"]} <= {"idle2.a.out0", "idle2.note.out0"}
