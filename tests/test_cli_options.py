@@ -1,6 +1,7 @@
 """The `slashrt` command honours every option on every path it claims, or refuses it in one
 line with exit code 2; bad files, addresses and environments get one clear line too."""
 
+import argparse
 import contextlib
 import csv
 import json
@@ -360,6 +361,41 @@ def test_guide_and_cli_agree_on_what_demo_runs():
     assert f"a local cluster of {executors} executor processes" in install_demo
     assert "one local executor" not in guide
 
+
+
+def _commands(parser, prefix=()):
+    """Every command of `parser`, as its words ("bench", "cc"), with its parser."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, (*prefix, name))
+            return
+    yield prefix, parser
+
+
+def test_the_guides_command_list_names_every_command_and_its_options():
+    """The list under "## The command line": each command heads an entry (or is one of
+    `a|b|...` in a shared one) whose lines name every option it takes (--log-level: below)."""
+    guide = GUIDE.read_text()
+    block = guide.split("## The command line\n\n```\n", 1)[1].split("```", 1)[0]
+    entries = []  # (command words, or several commands' last words, text)
+    for line in block.splitlines():
+        if line.startswith("slashrt "):
+            entries.append([line])
+        else:
+            entries[-1].append(line)
+    for words, parser in _commands(_parser()):
+        text = " ".join(
+            " ".join(lines) for lines in entries
+            if (head := lines[0].split()[1:len(words) + 1])[:-1] == list(words[:-1]) and words[-1] in head[-1].split("|")
+        )
+        assert text, f"slashrt {' '.join(words)} is missing from the guide's command list"
+        for action in parser._actions:
+            if action.help == argparse.SUPPRESS:
+                continue  # internal (an agent started by its parent)
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag not in ("--help", "--log-level"):
+                    assert re.search(rf"{flag}\b", text), f"slashrt {' '.join(words)} {flag}: not in the guide's list"
 
 # --- --progress: what windows fire on where executors meet -------------------------------------
 

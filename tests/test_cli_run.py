@@ -169,18 +169,6 @@ def test_without_a_checkpoint_directory_a_signal_aborts_at_once(signum):
     assert proc.returncode == 130 and out == "" and one_error_line(err) == "slashrt: interrupted"
 
 
-def test_the_guide_shows_every_option_of_run():
-    from slashrt.cli import _parser
-
-    run = next(a for a in _parser()._actions if a.dest == "command").choices["run"]
-    guide = (ROOT / "docs" / "guide.md").read_text()
-    synopsis = guide[guide.index("slashrt run FILE_OR_MODULE[:NAME]"):].split("run your job")[0]
-    for action in run._actions:
-        for flag in action.option_strings:
-            if flag.startswith("--") and flag not in ("--help", "--log-level"):
-                assert flag in synopsis, flag
-
-
 # -- mistakes: one line, exit 2 --------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def checkpointed(tmp_path_factory) -> Path:
