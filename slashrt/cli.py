@@ -17,6 +17,9 @@
     slashrt frontiers REPORT [--json]           where a pointstamp run stands (run(..., on_report=REPORT))
     slashrt executor [--listen HOST:PORT]       an executor agent for multi-host runs
     slashrt spark-demo [--events N] [--json]    Spark generates YSB, ingests into a 2-executor cluster
+
+Every option of every command: `slashrt COMMAND --help`, and docs/guide.md, "The command line"
+(tests/test_cli_options.py checks that list against this parser).
 """
 
 from __future__ import annotations
