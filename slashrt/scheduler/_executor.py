@@ -34,7 +34,8 @@ batches loops feed back (`PointstampProgress.queue`), alternating with channel i
 settles the tracker after every item; it finishes when every input ended and the queue is
 empty, and then nothing may be outstanding. On several executors it also settles what peers'
 progress messages changed, flushes the progress bus before it sleeps, and finishes only when
-no executor has work outstanding (`PointstampProgress.waiting`).
+no executor has work outstanding (`PointstampProgress.waiting`). At debug level it logs,
+before it parks, what holds each frontier not at the end (`PointstampProgress.idle_holds`).
 
 A channel that delivers a malformed buffer is closed and reported; the other channels and
 their pipelines go on. An exception from an operator fails the executor (trio cancels every
