@@ -11,6 +11,11 @@ coordinator (`slashrt.cluster._reports`), which keeps one report of the same sha
 (`combine`): each input's frontier as far back as any executor sees it (the minimal elements
 of all their frontiers), every executor's pointstamps and holds, each naming the executors
 whose view holds it, and per executor its own report and state under "executors".
+
+A tree flow on several executors reports its gates in the same shape
+(`slashrt._gate_report`): the inputs are its keyed windows' ("step.in0"), and a pointstamp or
+hold is an executor's watermark there, "at": "executor J" (its "what" names the source, or the
+window before, whose watermark it is). A time of no watermark yet (MIN_EPOCH) shows as -inf.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 
 from slashrt.errors import SlashError
 from slashrt.progress import Timestamp
+from slashrt.progress.timestamp import MIN_EPOCH
 from slashrt.progress.antichain import Antichain
 
 __all__ = ["ReportFile", "read_report", "describe", "combine", "lower_envelope"]
@@ -106,7 +112,8 @@ def _timestamp(t: list[int]) -> Timestamp:
 
 
 def _time(t: list[int]) -> str:
-    return f"({t[0]})" if len(t) == 1 else f"({t[0]}, <{', '.join(map(str, t[1:]))}>)"
+    epoch = "-inf" if t[0] == MIN_EPOCH else t[0]  # no watermark yet
+    return f"({epoch})" if len(t) == 1 else f"({epoch}, <{', '.join(map(str, t[1:]))}>)"
 
 
 def describe(report: dict) -> str:
