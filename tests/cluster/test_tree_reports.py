@@ -78,9 +78,9 @@ def check_stuck(stuck: dict, executors: int, what: str) -> None:
     (hold,) = stuck["holding"][WINDOW]
     assert hold["what"] == what and hold["executors"]  # named by the views of the executors holding it
     at = stuck["frontiers"][WINDOW][0][0]
-    # every executor but 1 ended its stream at the gate: only executor 1's watermark is outstanding
-    assert {p["at"] for p in stuck["pointstamps"]} == {"executor 1"}
-    assert all(p["time"][0] >= at for p in stuck["pointstamps"])
+    # every view has executor 1's watermark at the frontier, every other one's above it (or ended)
+    assert any(p["at"] == "executor 1" for p in stuck["pointstamps"])
+    assert all(p["time"][0] == at if p["at"] == "executor 1" else p["time"][0] > at for p in stuck["pointstamps"])
     assert [e["executor"] for e in stuck["executors"]] == list(range(executors))
     json.dumps(stuck)
 
