@@ -1,4 +1,4 @@
-"""Where is it stuck: a pointstamp run's report kept in a JSON file, and read back for people.
+"""Where is it stuck: a run's progress report kept in a JSON file, and read back for people.
 
 `run(..., progress="pointstamp", on_report="job.json")` replaces the file atomically (a
 temporary file renamed over it) every `report_every` seconds while the job runs, and once more
@@ -60,7 +60,9 @@ def read_report(path: str | os.PathLike) -> dict:
     try:
         report = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise SlashError(f"{path}: no such report (write one with run(..., on_report={str(path)!r}))") from None
+        raise SlashError(
+            f"{path}: no such report (write one with run(..., on_report={str(path)!r}) or slashrt run --report {path})"
+        ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SlashError(f"{path}: not a progress report ({type(exc).__name__}: {exc})") from None
     if not isinstance(report, dict) or any(k not in report for k in KEYS):

@@ -137,8 +137,9 @@ def run(
     or "watermark" (watermarks travel down each source's pipeline); by default pointstamp for
     flows that need it, else watermark. Both give the same results on flows both can run.
     `on_report(report)` gets the pointstamp tracker's `report()` every `report_every` seconds
-    (a tree flow on several executors: its gates', `slashrt._gate_report`); given a path instead, the report is kept in that JSON file, also after the run ended or
-    failed (`slashrt frontiers PATH` shows it)."""
+    (a tree flow on several executors: its gates', `slashrt._gate_report`); given a path
+    instead, the report is kept in that JSON file, also after the run ended or failed
+    (`slashrt frontiers PATH` shows it)."""
     return trio.run(prepare_run(flow, inputs, executors=executors, transport=transport, mode=mode, **options))
 
 

@@ -279,9 +279,11 @@ def _parser() -> argparse.ArgumentParser:
     add_arguments(sub.add_parser("executor", help="run an executor agent that coordinators deploy jobs on"))
 
     frontiers = sub.add_parser(
-        "frontiers", help="show a pointstamp run's report: every input's frontier and what holds it back"
+        "frontiers", help="show a run's progress report: every input's frontier and what holds it back"
     )
-    frontiers.add_argument("report", help="the JSON file a run keeps with run(..., on_report=PATH)")
+    frontiers.add_argument(
+        "report", help="the JSON file a run keeps with run(..., on_report=PATH) or slashrt run --report PATH"
+    )
     frontiers.add_argument("--json", action="store_true", help="print the report as JSON")
     _add_log_level(frontiers)
 

@@ -104,7 +104,8 @@ def test_a_function_sees_the_window_held_by_the_executor_whose_source_waits(tmp_
     stuck = next(r for r in reports if held(r, low, high))
     check_stuck(stuck, 2, "watermark of source st.a")
     shown = "(-inf)" if low == NO_TIME else f"({stuck['frontiers'][WINDOW][0][0]})"
-    assert f"held by watermark of source st.a at executor 1 {shown}" in describe({"flow": "st", "state": "running", **stuck})
+    text = describe({"flow": "st", "state": "running", **stuck})
+    assert f"held by watermark of source st.a at executor 1 {shown}" in text
     assert result.frontiers == {WINDOW: []}
 
 
@@ -155,7 +156,8 @@ def test_a_report_file_of_3_executors_over_tcp_shows_the_holder_and_then_the_end
 
 
 @pytest.mark.parametrize("build, executors, why", [
-    (lambda f: f.source("a", SCHEMA, time="t").sink(sinks.Collect()), 2, r"on 2 executor\(s\) it has none \(it has no keyed window\)"),
+    (lambda f: f.source("a", SCHEMA, time="t").sink(sinks.Collect()), 2,
+     r"on 2 executor\(s\) it has none \(it has no keyed window\)"),
     (lambda f: f.source("a", SCHEMA, time="t").window(Tumbling(ms=100)).count(key="k").sink(sinks.Collect()), 1,
      r"on 1 executor\(s\) it has none: "),
 ])
