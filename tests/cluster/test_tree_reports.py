@@ -1,7 +1,9 @@
 """Where is it stuck, for a tree flow on several executors (`slashrt._gate_report`): a keyed
 window's gate fires on every executor's watermark, so a report taken while one executor's source
 is held back shows the window input's frontier at that executor's watermark and names it as the
-holder; at the end every frontier is complete, in `RunResult.frontiers` and in the report file.
+holder; at the end every frontier is complete, in `RunResult.frontiers` and in the report file;
+a run that fails leaves its report with the failure. A tree flow without a gate to report is
+refused in one sentence, and gate moves are logged at debug level.
 
 Executor 1's chunk stream (`PerExecutor`) makes its second chunk only once the file `marker`
 exists, and the marker is touched by whoever reads the reports (the coordinator's process) when
@@ -19,6 +21,7 @@ import pytest
 import trio
 
 import slashrt
+import slashrt.cluster
 from slashrt import Dataflow, Schema, Tumbling, sinks
 from slashrt._frontier_report import describe
 from slashrt.cluster import PerExecutor
@@ -153,6 +156,30 @@ def test_a_report_file_of_3_executors_over_tcp_shows_the_holder_and_then_the_end
     assert final["state"] == "finished" and final["frontiers"] == {WINDOW: []} and final["holding"] == {}
     assert [e["state"] for e in final["executors"]] == ["finished"] * 3
     assert "complete" in _cli("frontiers", str(path)).stdout
+
+
+def failing_stream(report: str, index: int, executors: int):
+    """Executor 1 fails once the report file shows the window waiting for it."""
+    yield chunk(index, 0)
+    if index == 1:
+        deadline = time.monotonic() + WAIT_S
+        while not (Path(report).exists() and held(json.loads(Path(report).read_text()))):
+            if time.monotonic() > deadline:
+                raise TimeoutError("no report showed executor 1 holding the window back")
+            time.sleep(0.01)
+        raise OSError("the disk with executor 1's second chunk is gone")
+    yield chunk(index, 1)
+
+
+def test_a_failed_run_leaves_the_report_with_the_failure_and_the_holder(tmp_path):
+    path = tmp_path / "job.json"
+    with pytest.raises(slashrt.cluster.ClusterError, match="disk with executor 1's second chunk is gone"):
+        slashrt.run(counted_flow(), {"a": PerExecutor(functools.partial(failing_stream, str(path)))}, executors=2,
+                    transport="shm", on_report=path, report_every=0.02, **RING)
+    final = json.loads(path.read_text())
+    assert final["state"] == "failed" and "second chunk is gone" in final["error"]
+    assert [e["state"] for e in final["executors"]][1] == "failed"
+    assert held(final)  # what the executors saw before the failure: the window waited for executor 1
 
 
 @pytest.mark.parametrize("build, executors, why", [
