@@ -203,3 +203,40 @@ def test_gate_frontier_moves_are_logged_at_debug_level(capsys):
         slashrt.configure_logging("warning")
     moves = [line for line in capsys.readouterr().err.splitlines() if "gate frontier moved" in line]
     assert moves and all("st.count_window_1" in line and "lowest=" in line for line in moves), moves[:3]
+
+
+@pytest.mark.parametrize("mode, progress, word", [("slash", "watermark", "watermark of"),
+                                                  ("uppar", "pointstamp", "capability of")])
+def test_the_gates_report_is_the_least_watermark_and_every_executor_at_it(mode, progress, word):
+    """Read from a plan's gates (no run): chained windows, ties, no watermark yet, ended streams."""
+    from slashrt._gate_report import gate_progress
+    from slashrt._plan import ClusterRole, build_plan
+    from slashrt.progress.frontier import END_TIME
+    from slashrt.ssb.partitions import Partitioning
+
+    flow = Dataflow("st")
+    flow.source("a", SCHEMA, time="t").window(Tumbling(ms=100)).count(key="k").window(Tumbling(ms=1000)).count(
+        key="k").sink(sinks.Collect(), name="out")
+    gates = gate_progress(build_plan(flow, ClusterRole(1, Partitioning(8, 3), mode, progress=progress)))
+    first, second = (x.gate.frontier for _, x, _ in gates.gates)
+    for j, t in enumerate([300, 200, 200]):
+        first.advance(j, t)
+    second.advance(0, END_TIME)
+    second.advance(2, 0)  # executor 1: no watermark yet there
+    report = gates.report()
+    json.dumps(report)
+    assert report["frontiers"] == {WINDOW: [[200]], "st.count_window_2.in0": [[NO_TIME]]}
+    assert report["holding"] == {
+        WINDOW: [{"at": f"executor {j}", "time": [200], "what": f"{word} source st.a"
+                  + (" (its watermark)" if progress == "pointstamp" else "")} for j in (1, 2)],
+        "st.count_window_2.in0": [{"at": "executor 1", "time": [NO_TIME], "what": f"{word} window st.count_window_1"
+                                   + (" (its watermark)" if progress == "pointstamp" else "")}],
+    }
+    assert sorted((p["at"], p["time"][0]) for p in report["pointstamps"]) == [
+        ("executor 0", 300), ("executor 1", NO_TIME), ("executor 1", 200), ("executor 2", 0), ("executor 2", 200)]
+    for j in range(3):
+        first.advance(j, END_TIME)
+        second.advance(j, END_TIME)
+    assert gates.report()["frontiers"] == {WINDOW: [], "st.count_window_2.in0": []}
+    assert gates.report()["holding"] == {} and gates.report()["pointstamps"] == []
+    assert gates.frontiers() == {WINDOW: [], "st.count_window_2.in0": []}
