@@ -1,4 +1,4 @@
-"""Where is it stuck: a pointstamp run's report kept in a JSON file, and read back for people.
+"""Where is it stuck: a run's progress report kept in a JSON file, and read back for people.
 
 `run(..., progress="pointstamp", on_report="job.json")` replaces the file atomically (a
 temporary file renamed over it) every `report_every` seconds while the job runs, and once more
@@ -11,6 +11,11 @@ coordinator (`slashrt.cluster._reports`), which keeps one report of the same sha
 (`combine`): each input's frontier as far back as any executor sees it (the minimal elements
 of all their frontiers), every executor's pointstamps and holds, each naming the executors
 whose view holds it, and per executor its own report and state under "executors".
+
+A tree flow on several executors reports its gates in the same shape
+(`slashrt._gate_report`): the inputs are its keyed windows' ("step.in0"), and a pointstamp or
+hold is an executor's watermark there, "at": "executor J" (its "what" names the source, or the
+window before, whose watermark it is). A time of no watermark yet (MIN_EPOCH) shows as -inf.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 
 from slashrt.errors import SlashError
 from slashrt.progress import Timestamp
+from slashrt.progress.timestamp import MIN_EPOCH
 from slashrt.progress.antichain import Antichain
 
 __all__ = ["ReportFile", "read_report", "describe", "combine", "lower_envelope"]
@@ -54,7 +60,9 @@ def read_report(path: str | os.PathLike) -> dict:
     try:
         report = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise SlashError(f"{path}: no such report (write one with run(..., on_report={str(path)!r}))") from None
+        raise SlashError(
+            f"{path}: no such report (write one with run(..., on_report={str(path)!r}) or slashrt run --report {path})"
+        ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SlashError(f"{path}: not a progress report ({type(exc).__name__}: {exc})") from None
     if not isinstance(report, dict) or any(k not in report for k in KEYS):
@@ -106,7 +114,8 @@ def _timestamp(t: list[int]) -> Timestamp:
 
 
 def _time(t: list[int]) -> str:
-    return f"({t[0]})" if len(t) == 1 else f"({t[0]}, <{', '.join(map(str, t[1:]))}>)"
+    epoch = "-inf" if t[0] == MIN_EPOCH else t[0]  # no watermark yet
+    return f"({epoch})" if len(t) == 1 else f"({epoch}, <{', '.join(map(str, t[1:]))}>)"
 
 
 def describe(report: dict) -> str:

@@ -22,6 +22,7 @@ from slashrt import _kernels as kernels
 from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._dataflow import Dataflow
 from slashrt._frontier_report import ReportFile
+from slashrt._gate_report import gate_progress
 from slashrt._plan import build_plan, check_cluster_flow
 from slashrt.errors import DataflowError, OptionError, SlashError, unwrap_groups
 from slashrt.ops.event_time import Share
@@ -79,7 +80,8 @@ class RunResult:
     outputs: collections.abc.Mapping  # Collect sink step id -> collected records (see Collect.records)
     # multi-executor runs: SSB window step id -> per executor, the EpochStats of each epoch
     epochs: dict[str, list] = attrs.field(factory=dict)
-    # pointstamp progress: every step input ("step.in0") -> its frontier at the end (Timestamps)
+    # pointstamp progress: every step input ("step.in0") -> its frontier at the end (Timestamps);
+    # a tree flow on several executors: every keyed window's input, where executors' watermarks meet
     frontiers: dict[str, list] = attrs.field(factory=dict)
     # checkpoint_dir= given: per checkpoint its status, seconds, bytes, alignment / sync / async seconds
     checkpoints: list[dict] = attrs.field(factory=list)
@@ -105,7 +107,9 @@ async def _report_records(executor: Executor, on_records) -> None:
         on_records(executor.stats.records)
 
 
-async def _report_pointstamps(progress: PointstampProgress, on_report, every: float) -> None:
+async def _report_progress(progress, on_report, every: float) -> None:
+    """`on_report(progress.report())` every `every` seconds: a `PointstampProgress`'s, or a
+    tree flow's gates' (`GateProgress`)."""
     while True:
         await trio.sleep(every)
         on_report(progress.report())
@@ -132,9 +136,10 @@ def run(
     of pointstamps over the dataflow graph; union, connect, user operators and loops need it)
     or "watermark" (watermarks travel down each source's pipeline); by default pointstamp for
     flows that need it, else watermark. Both give the same results on flows both can run.
-    `on_report(report)` gets the pointstamp tracker's `report()` every `report_every` seconds;
-    given a path instead, the report is kept in that JSON file, also after the run ended or
-    failed (`slashrt frontiers PATH` shows it)."""
+    `on_report(report)` gets the pointstamp tracker's `report()` every `report_every` seconds
+    (a tree flow on several executors: its gates', `slashrt._gate_report`); given a path
+    instead, the report is kept in that JSON file, also after the run ended or failed
+    (`slashrt frontiers PATH` shows it)."""
     return trio.run(prepare_run(flow, inputs, executors=executors, transport=transport, mode=mode, **options))
 
 
@@ -450,9 +455,12 @@ async def execute(
     `checkpoints` (`slashrt.snapshot.runtime.Checkpointing`) restores and checkpoints the run."""
     pointstamp = resolve_mode(flow, progress) == "pointstamp"
     tracker = PointstampProgress(plan, progress_bus) if pointstamp else None
+    # where is it stuck: the tracker's counts, or (a tree flow on several executors) the gates
+    # where the executors' watermarks meet its keyed windows
+    progress_view = tracker if tracker is not None else gate_progress(plan)
     if isinstance(on_report, (str, os.PathLike)):
         on_report = ReportFile(on_report, flow.name)
-    if on_report is not None and tracker is None:
+    if on_report is not None and progress_view is None:
         raise DataflowError("run(): on_report= reports pointstamp progress; give progress='pointstamp' too")
     if not report_every > 0:
         raise DataflowError(f"run(): report_every must be a positive number of seconds, got {report_every!r}")
@@ -473,7 +481,7 @@ async def execute(
             if on_records is not None:
                 nursery.start_soon(_report_records, executor, on_records)
             if on_report is not None:
-                nursery.start_soon(_report_pointstamps, tracker, on_report, report_every)
+                nursery.start_soon(_report_progress, progress_view, on_report, report_every)
             async with checkpoints.running() if checkpoints is not None else contextlib.nullcontext():
                 await executor.run()
             if on_records is not None:
@@ -482,18 +490,18 @@ async def execute(
             nursery.cancel_scope.cancel()
     except BaseException as exc:
         if getattr(on_report, "reports_end", False):
-            on_report(tracker.report(), "failed", str(exc) or type(exc).__name__)
+            on_report(progress_view.report(), "failed", str(exc) or type(exc).__name__)
         raise
     else:
         if getattr(on_report, "reports_end", False):
-            on_report(tracker.report(), "failed" if executor.failed else "finished")
+            on_report(progress_view.report(), "failed" if executor.failed else "finished")
     finally:
         for sink in plan.sinks:
             sink.close()
     seconds = time.perf_counter() - started
     outputs = _CollectedOutputs({s.step_id: s.sink for s in plan.sinks if hasattr(s.sink, "records")})
     epochs = {w.step_id: [w.epochs] for w in plan.windows() if hasattr(w, "epochs")}
-    frontiers = {} if tracker is None else tracker.frontiers()
+    frontiers = {} if progress_view is None else progress_view.frontiers()
     result = RunResult(
         seconds, [executor.stats], {w.step_id: w.late_records for w in plan.windows()}, outputs, epochs, frontiers,
         [] if checkpoints is None else checkpoints.report(),

@@ -1,7 +1,8 @@
 """The `slashrt` command: the demo job, the benchmarks and the executor agent.
 
     slashrt demo                                YSB on a local cluster of 2 executor processes
-    slashrt run FILE_OR_MODULE[:NAME]           run your job (checkpoints, resume, stop with a savepoint)
+    slashrt run FILE_OR_MODULE[:NAME]           run your job (checkpoints, resume, stop with a savepoint,
+        [--report PATH --report-every S]        ... where it stands, kept in PATH for `slashrt frontiers`)
     slashrt checkpoints DIR [--job NAME]        the checkpoints in a checkpoint directory
     slashrt bench ysb|ro|cm|nexmark [--json]    benchmarks that verify their own results
         [--executors N --mode slash|uppar --zipf S]   ... on N executors (weak scaling)
@@ -14,7 +15,7 @@
         [--executors K --transport shm|tcp]     ... labels partitioned over K executors
     slashrt bench progress [--executors K]      notify latency, loop round trip, progress traffic
         [--transport shm|tcp --epoch-gap-us G]  ... an epoch every G us instead of full speed
-    slashrt frontiers REPORT [--json]           where a pointstamp run stands (run(..., on_report=REPORT))
+    slashrt frontiers REPORT [--json]           where a run stands (run(..., on_report=REPORT), run --report)
     slashrt executor [--listen HOST:PORT]       an executor agent for multi-host runs
     slashrt spark-demo [--events N] [--json]    Spark generates YSB, ingests into a 2-executor cluster
 
@@ -281,9 +282,11 @@ def _parser() -> argparse.ArgumentParser:
     add_arguments(sub.add_parser("executor", help="run an executor agent that coordinators deploy jobs on"))
 
     frontiers = sub.add_parser(
-        "frontiers", help="show a pointstamp run's report: every input's frontier and what holds it back"
+        "frontiers", help="show a run's progress report: every input's frontier and what holds it back"
     )
-    frontiers.add_argument("report", help="the JSON file a run keeps with run(..., on_report=PATH)")
+    frontiers.add_argument(
+        "report", help="the JSON file a run keeps with run(..., on_report=PATH) or slashrt run --report PATH"
+    )
     frontiers.add_argument("--json", action="store_true", help="print the report as JSON")
     _add_log_level(frontiers)
 
@@ -344,6 +347,14 @@ def _add_run(sub) -> None:
                      help="with --executors N and --checkpoint-dir: after an executor dies, restart from the last "
                      "complete checkpoint: 'fixed-delay:attempts=3,delay=1s', 'failure-rate:max-failures=3,"
                      "interval=1min,delay=1s' or 'none' (one executor: rerun with --resume-from latest instead)")
+    run.add_argument("--progress", choices=list(PROGRESS_MODES),
+                     help="how windows learn a time is complete: watermarks (default for tree flows) or pointstamp "
+                     "progress (graph flows always; a tree flow on one executor needs it for --report)")
+    run.add_argument("--report", metavar="PATH",
+                     help="keep where the job stands in this JSON file while it runs and after: every window's or "
+                     "operator input's frontier and what holds it back (show it with `slashrt frontiers PATH`)")
+    run.add_argument("--report-every", type=_seconds, metavar="S",
+                     help="with --report: seconds between reports (or '100ms'; default 0.5)")
     run.add_argument("--slot-size", type=_positive_int, help=f"bytes per buffer slot (default {DEFAULT_SLOT_SIZE})")
     run.add_argument("--slots", type=_positive_int, help="slots per channel ring (default 96)")
     run.add_argument("--json", action="store_true", help="print one JSON object with the results")
@@ -367,9 +378,14 @@ def _run_user_job(args, given: set[str]) -> int:
     if args.restart is not None and args.restart.name != "none" and local:
         raise _Refused("--restart needs --executors N: a run on one executor lives in this process, which cannot "
                        "restart itself after it dies; rerun it with --resume-from latest from a supervisor")
+    _check_report(args, given)
     flow, inputs = _cli_run.load_job(args.job)
     _check_transport(args.transport)
-    options = {k: v for k, v in (("slot_size", args.slot_size), ("slots", args.slots)) if v is not None}
+    if args.report is not None and local and not flow.is_graph() and args.progress != "pointstamp":
+        raise _Refused(f"--report on one executor reports pointstamp progress, and tree flow {flow.name!r} runs on "
+                       "watermarks unless asked: give --progress pointstamp too")
+    options = {k: v for k, v in (("slot_size", args.slot_size), ("slots", args.slots), ("progress", args.progress),
+                                 ("on_report", args.report), ("report_every", args.report_every)) if v is not None}
     if args.checkpoint_dir is not None:
         options.update(checkpoint_dir=args.checkpoint_dir, checkpoint=args.checkpoint_interval,
                        resume_from=args.resume_from)
@@ -390,6 +406,16 @@ def _run_user_job(args, given: set[str]) -> int:
         print(f"\nstopped with savepoint {summary['savepoint']}: the same command with --resume-from "
               f"{summary['savepoint']} (or latest) continues where it stopped")
     return 0
+
+
+def _check_report(args, given: set[str]) -> None:
+    """`--report PATH` needs a directory that exists; `--report-every` needs `--report`."""
+    from pathlib import Path
+
+    if "report_every" in given and args.report is None:
+        raise _Refused("--report-every needs --report (the file the reports go to)")
+    if args.report is not None and not Path(args.report).resolve().parent.is_dir():
+        raise _Refused(f"--report {args.report}: directory {Path(args.report).parent} does not exist")
 
 
 def _checkpoints(args) -> int:

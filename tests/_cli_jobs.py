@@ -95,3 +95,66 @@ def paused():
     flow.source("events", SCHEMA, time="t").filter(pause).window(Tumbling(ms=WINDOW_MS)).count(key="k").sink(
         sinks.Collect(), name="out")
     return flow, inputs
+
+
+def held_counts():
+    """`counts` from chunks (`PerExecutor`), whose executor 1 (0 on one executor) makes its second
+    chunk only once the report file $CLI_JOBS_REPORT shows the window waiting for its source; it
+    keeps that report in $CLI_JOBS_REPORT.stuck (`slashrt run --report`)."""
+    import functools
+    import os
+
+    from slashrt.cluster import PerExecutor
+
+    flow, _ = counts()
+    return flow, {"events": PerExecutor(functools.partial(_held_chunks, os.environ["CLI_JOBS_REPORT"]))}
+
+
+HELD_WINDOW = "counts.count_window_1.in0"
+
+
+def _held_chunks(report: str, index: int, executors: int):
+    import json
+    import time
+    from pathlib import Path
+
+    whole = records()
+    first, rest = whole[: EVENTS // 2], whole[EVENTS // 2:]
+    yield first
+    if index == min(1, executors - 1):
+        deadline, last = time.monotonic() + 60, int(first["t"].max())
+        while True:
+            try:
+                stands = json.loads(Path(report).read_text())
+            except (FileNotFoundError, json.JSONDecodeError):
+                stands = None
+            if stands is not None and _waits_for(stands, index, executors, last):
+                Path(report + ".stuck").write_text(json.dumps(stands))
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no report in {report} showed the window waiting for executor {index}")
+            time.sleep(0.01)
+    yield rest
+
+
+def _waits_for(report: dict, index: int, executors: int, last: int) -> bool:
+    """The window's frontier is inside the first chunk, and held only by the waiting source."""
+    frontier, holds = report["frontiers"].get(HELD_WINDOW), report["holding"].get(HELD_WINDOW, [])
+    return bool(frontier and holds) and 0 <= frontier[0][0] <= last and all(
+        "source counts.events" in h["what"] and (executors == 1 or h["at"] == f"executor {index}") for h in holds
+    )
+
+
+def no_window():
+    """A tree flow without a keyed window: on several executors, nothing where they meet to report."""
+    flow = Dataflow("plain")
+    flow.source("events", SCHEMA, time="t").sink(sinks.Collect(), name="out")
+    return flow, {"events": records()}
+
+
+def union_counts():
+    """A graph flow (a union): it runs on pointstamp progress only."""
+    flow = Dataflow("union")
+    a, b = flow.source("a", SCHEMA, time="t"), flow.source("b", SCHEMA, time="t")
+    a.union(b).sink(sinks.Collect(), name="out")
+    return flow, {"a": records(), "b": records()}

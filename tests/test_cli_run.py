@@ -169,6 +169,32 @@ def test_without_a_checkpoint_directory_a_signal_aborts_at_once(signum):
     assert proc.returncode == 130 and out == "" and one_error_line(err) == "slashrt: interrupted"
 
 
+@pytest.mark.parametrize(
+    "options",
+    [["--progress", "pointstamp"], ["--executors", "2", "--mode", "uppar", "--progress", "pointstamp", "--slots", "8"],
+     ["--executors", "3", "--transport", "tcp", "--slots", "8", "--slot-size", "2048"]],
+    ids=["one-executor", "2-shm-uppar-pointstamp", "3-tcp"],
+)
+def test_report_keeps_where_the_job_stands_while_it_runs_and_after(tmp_path, options):
+    """The job's waiting source goes on only once the report file shows the window held by it
+    (`_cli_jobs.held_counts`): the file was written while the job ran, and again at its end."""
+    report = tmp_path / "job.json"
+    result = summary(f"{JOBS}:held_counts", "--report", str(report), "--report-every", "20ms", *options,
+                     env={"CLI_JOBS_REPORT": str(report)})
+    assert result["outputs"] == {"counts.out": ROWS}
+    stuck = json.loads(Path(f"{report}.stuck").read_text())
+    assert stuck["state"] == "running" and stuck["holding"][_cli_jobs.HELD_WINDOW]
+    shown = slashrt("frontiers", f"{report}.stuck")
+    assert shown.returncode == 0 and "flow counts: running" in shown.stdout, shown.stderr
+    executors = result["executors"]
+    where = f"at executor 1 ({stuck['frontiers'][_cli_jobs.HELD_WINDOW][0][0]})" if executors > 1 else "(its watermark)"
+    assert "held by " in shown.stdout and "source counts.events" in shown.stdout and where in shown.stdout, shown.stdout
+    final = json.loads(report.read_text())
+    assert final["state"] == "finished" and final["frontiers"][_cli_jobs.HELD_WINDOW] == []
+    assert all(f == [] for f in final["frontiers"].values()) and final["holding"] == {}
+    assert len(final.get("executors", [None])) == executors
+
+
 # -- mistakes: one line, exit 2 --------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def checkpointed(tmp_path_factory) -> Path:
@@ -205,12 +231,19 @@ def checkpointed(tmp_path_factory) -> Path:
         (["bench", "chaos", "--redis", "--executors", "1"], "--executors 1: a run on one executor cannot restart itself"),
         (["bench", "chaos", "--query", "nexmark", "--campaigns", "10"], "--campaigns applies to --query ysb"),
         (["bench", "chaos", "--redis", "--sink", "collect"], "--sink: the --redis trial writes to a transactional Redis"),
+        (["run", JOBS, "--report-every", "1"], "--report-every needs --report"),
+        (["run", JOBS, "--report", "nowhere/at/job.json"], "--report nowhere/at/job.json: directory nowhere/at does not exist"),
+        (["run", JOBS, "--report", "CHK/job.json"],
+         "--report on one executor reports pointstamp progress, and tree flow 'counts' runs on watermarks unless asked"),
+        (["run", f"{JOBS}:no_window", "--executors", "2", "--report", "CHK/job.json"],
+         "it has none (it has no keyed window)"),
+        (["run", f"{JOBS}:union_counts", "--progress", "watermark"], "progress='watermark' cannot run dataflow 'union'"),
         (["checkpoints", "nowhere/at/all"], "nowhere/at/all is not a directory"),
         (["checkpoints", "CHK", "--job", "orders"], "no checkpoints of job 'orders' in "),
     ],
 )
 def test_a_mistake_is_one_line_and_exit_2(capsys, checkpointed, argv, message):
-    argv = [str(checkpointed) if a == "CHK" else a for a in argv]
+    argv = [a.replace("CHK", str(checkpointed)) for a in argv]
     assert main(argv) == 2
     captured = capsys.readouterr()
     line = one_error_line(captured.err)
@@ -226,6 +259,8 @@ def test_a_mistake_is_one_line_and_exit_2(capsys, checkpointed, argv, message):
         (["run", JOBS, "--resume-from", "first"], "is neither 'latest' nor a checkpoint number"),
         (["run", JOBS, "--executors", "0"], "must be positive"),
         (["run", JOBS, "--mode", "fast"], "invalid choice"),
+        (["run", JOBS, "--report", "r.json", "--report-every", "-1"], "the interval must be a duration > 0"),
+        (["run", JOBS, "--progress", "fast"], "invalid choice"),
         (["run", JOBS, "--restart", "sometimes"], "restart strategy must be one of none, fixed-delay, failure-rate"),
         (["run", JOBS, "--restart", "fixed-delay:attempts=-1"], "attempts must be a whole number >= 0"),
     ],

@@ -9,10 +9,12 @@ and END_OF_STREAM. It is the building block for splitting a dataflow across exec
 from __future__ import annotations
 
 import numpy as np
+import structlog
 import trio
 
 from slashrt._batch import Batch
 from slashrt._buffer import Control
+from slashrt._logging import level_name
 from slashrt._schema import Schema
 from slashrt.ops._node import Node
 from slashrt.progress import Frontier
@@ -20,6 +22,8 @@ from slashrt.progress.frontier import END_TIME
 from slashrt.transport import Sender
 
 __all__ = ["ChannelSink", "FrontierGate", "Inbound", "END_TIME"]
+
+log = structlog.get_logger("slashrt.progress")
 
 
 class ChannelSink:
@@ -64,12 +68,17 @@ class FrontierGate:
         self.target = target
         self.frontier = frontier
         self._lock = trio.Lock()
+        self._debug = level_name() == "debug"  # where is it stuck: a line per move at debug level
 
     async def advance(self, source: int, watermark: int) -> None:
         async with self._lock:
             if not self.frontier.advance(source, watermark):
                 return
             low = self.frontier.low
+            if self._debug:
+                entries = self.frontier.entries
+                log.debug("gate frontier moved", step=self.target.step_id, low=low, watermarks=list(entries),
+                          lowest=[j for j, t in enumerate(entries) if t == low])
             if low == END_TIME:
                 await self.target.on_end()
             else:

@@ -22,7 +22,7 @@ import trio
 import slashrt
 from slashrt import Dataflow, Operator, sinks
 from slashrt.cluster import ClusterError, PerExecutor
-from slashrt.errors import DataflowError, unwrap_groups
+from slashrt.errors import unwrap_groups
 from tests.test_graph import NotifyEach
 
 REC = np.dtype([("v", "<i8"), ("t", "<i8")])
@@ -161,13 +161,6 @@ def test_an_executor_killed_mid_run_leaves_the_report_with_its_death(tmp_path):
     assert report["state"] == "failed" and "was killed by signal 9" in report["error"]
     # what the executors reported before the kill is kept: the job held behind the killed one
     assert len(report["executors"]) == 3 and held(report)
-
-
-def test_reports_of_tree_flows_on_clusters_are_refused():
-    flow = Dataflow("tree")
-    flow.source("a", REC, time="t").sink(sinks.Collect())
-    with pytest.raises(DataflowError, match=r"on_report= reports pointstamp progress over a dataflow graph"):
-        slashrt.run(flow, {"a": data()}, executors=2, on_report=print)
 
 
 def _second_executor_only(index: int, executors: int) -> np.ndarray:
