@@ -201,6 +201,7 @@ class _Agents:
         self._fifos = [collections.deque() for _ in links]
         self._arrived = trio.Event()
         self._ended = [trio.Event() for _ in links]  # set when a spawned agent's process ended
+        self._heard_all = [trio.Event() for _ in links]  # set when an agent's link said its last
         self.ended_at: list[float] = []  # when agents' processes ended (time.monotonic), as they did
 
     def start(self, nursery) -> None:
@@ -214,21 +215,36 @@ class _Agents:
         self._arrived.set()
 
     async def _read(self, i: int, link: Link) -> None:
-        while True:
-            try:
-                kind, payload = await link.receive()
-            except PeerSilent as exc:
-                self._put(i, "silent", exc.seconds)
-                return
-            except ChannelClosed as exc:
-                self._put(i, "lost", str(exc))
-                return
-            if kind in self.handlers:
-                await self.handlers[kind](i, payload)
-                continue
-            self._put(i, kind, payload)
-            if kind in ("done", "failed"):
-                return
+        try:
+            while True:
+                try:
+                    kind, payload = await link.receive()
+                except PeerSilent as exc:
+                    self._put(i, "silent", exc.seconds)
+                    return
+                except ChannelClosed as exc:
+                    self._put(i, "lost", str(exc))
+                    return
+                if kind in self.handlers:
+                    await self.handlers[kind](i, payload)
+                    continue
+                self._put(i, kind, payload)
+                if kind in ("done", "failed"):
+                    return
+        finally:
+            self._heard_all[i].set()
+
+    async def _last_words(self, i: int):
+        """An agent whose connection or process ended may have said why just before (its
+        "failed" message: a send to it can break before its reader got that far). Its words,
+        taken out of its queue, or None."""
+        with trio.move_on_after(self.LAST_WORDS_S):
+            await self._heard_all[i].wait()
+        for entry in self._fifos[i]:
+            if entry[0] == "failed":
+                self._fifos[i].remove(entry)
+                return entry[1]
+        return None
 
     async def _exit(self, i: int, proc: trio.Process) -> None:
         code = await proc.wait()
@@ -260,7 +276,10 @@ class _Agents:
         """Raise the job's failure, naming the root cause: an executor that died makes its
         peers fail too (their channels from it break), so look for a death first; and a peer
         whose own failure aborted the channel that broke (ChannelFailed) is the cause too.
-        A lost connection waits a moment for its process's exit status (how it died)."""
+        A lost connection waits a moment for its process's exit status (how it died), unless
+        the agent's own report of its failure came first."""
+        if what in ("lost", "exited") and (words := await self._last_words(i)) is not None:
+            what, payload = "failed", words
         if what == "lost" and self.procs[i] is not None:
             with trio.move_on_after(self.LAST_WORDS_S):
                 await self._ended[i].wait()

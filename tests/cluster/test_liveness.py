@@ -72,6 +72,27 @@ async def test_messages_before_the_end_are_delivered_then_the_end(autojump_clock
             await link.receive()
 
 
+async def test_an_agents_report_of_its_failure_is_the_cause_even_when_a_send_to_it_broke_first(autojump_clock):
+    """The agent said why it failed and closed its end; the coordinator's next send to it
+    breaks before its reader has taken the report: the report, not the broken link, is the
+    cause (with restart= it decides whether the failure is retryable)."""
+    from slashrt.cluster._control import send_message
+    from slashrt.cluster.coordinator import _Agents
+
+    left, right = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        link = Link(left, interval=1, timeout=3)
+        link.start(nursery)
+        await send_message(right, "failed", "step 'f': RetryableError: away (on executor 0)")
+        await right.aclose()
+        agents = _Agents([link], [None])
+        agents.start(nursery)  # its reader runs only once this task waits: the send breaks first
+        with pytest.raises(ClusterError) as caught:
+            await agents.send_all("commit", [1])
+        assert str(caught.value) == "step 'f': RetryableError: away (on executor 0)" and caught.value.retryable
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_send_blocked_on_a_peer_that_stopped_reading_fails_at_the_timeout(autojump_clock):
     left, _frozen = trio.testing.lockstep_stream_pair()  # send_all waits for a reader that never comes
     async with trio.open_nursery() as nursery:

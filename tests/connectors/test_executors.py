@@ -134,12 +134,15 @@ def test_a_killed_executor_reading_files_restarts_and_commits_every_record_once(
     assert sum(reference.values()) == len(one_executor(data)) and max(reference.values()) == 1
 
     (tmp_path / "marks").mkdir()
-    kills = "align:2"  # during alignment (the chaos test below kills at every chosen point)
+    # during the first alignment either executor goes through (the chaos test below kills at
+    # every chosen point): a second one in the same process may never come on a loaded machine,
+    # where one executor's files can end before the coordinator triggers again
+    kills = "align:1"
     monkeypatch.setenv(chaos.KILLS_ENV, kills)
     monkeypatch.setenv(chaos.MARKS_ENV, str(tmp_path / "marks"))
     result = slashrt.run(windowed("w", ChaosCsv(tmp_path / "out", transactional=True)),
                          {"events": FileSource(tmp_path / "in", batch_records=500)}, executors=2,
-                         checkpoint={"interval": 0.02, "keep": 3}, checkpoint_dir=tmp_path / "chk",
+                         checkpoint={"interval": 0.01, "keep": 3}, checkpoint_dir=tmp_path / "chk",
                          restart="fixed-delay:attempts=5,delay=0", **RING)
     assert len(list((tmp_path / "marks").iterdir())) == 1 and len(result.recoveries) == 1
     assert all("killed by signal 9 (SIGKILL)" in r["cause"] for r in result.recoveries), result.recoveries
