@@ -274,7 +274,6 @@ import slashrt.cluster.coordinator
 from slashrt import Dataflow, Schema, Tumbling
 from slashrt.cluster import PerExecutor
 from slashrt.ops.sinks import Collect
-from tests.cluster._processes import children
 
 S = Schema([("ts", "<i8"), ("key", "<i8")])
 
