@@ -26,6 +26,13 @@ executors gives every executor the same files and rewinds each to its own record
 made from what it read. A file is the unit (as a Kafka partition is Flink's) because a
 position inside a CSV file is a line count, not a byte offset another reader could seek to;
 many files (at least one per executor) spread the work, one file is read by executor 0 alone.
+
+Resumed on another number of executors (rescaling, `slashrt.snapshot.rescale`), the files are
+splits with offsets, as Flink's file and Kafka splits: every old executor's recorded position
+(file, offset, and `skip` records fed past it) says of each of its files whether it was read
+whole, up to an offset, or not at all (`rescaled_starts`); each new executor reads its files
+(k mod M) from those starting points (`restarted`). The starts go into the checkpoints of the
+rescaled run (its meta `reshared`), so a resume from one makes the same readers again.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ __all__ = ["FilePosition", "FileSource"]
 log = structlog.get_logger("slashrt.connectors.files")
 
 SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".npy": "npy"}
+DONE = -1  # a file's start in a rescaled reader: it was read whole before the rescaling
 CSV_LINE_BYTES = 32  # a guess at a CSV line's length, to size blocks of about batch_records lines
 
 
@@ -136,6 +144,7 @@ class FileSource:
         self._listing = _listing(self._files)  # what a checkpointed position indexes
         self._position = FilePosition(0, 0)
         self.executor, self.executors = 0, 1  # this reader reads files k with k % executors == executor
+        self._starts: list[int] | None = None  # after a rescaling: each file's first record, or DONE
         if start is not None:
             self.resume_from(start)
         self.delivered = 0  # records put into the channel by the runs so far
@@ -151,6 +160,53 @@ class FileSource:
         share.executor, share.executors = int(index), int(executors)
         share.delivered = 0
         return share
+
+    def rescaled_starts(self, positions: list, was: int, starts: list | None) -> dict:
+        """Each listed file's starting point after a rescaling, from `positions` (old executor
+        i's feeder state meta, of `was` executors, each reader started at `starts`: None, or
+        a rescaled run's starts): DONE (read whole), or its first record not yet fed. As a
+        rescaled run's checkpoint meta keeps it: {"files", "listing", "starts"}."""
+        cursors = [p["cursor"] for p in positions]
+        count, listing = cursors[0]["files"], cursors[0]["listing"]
+        if any((c["files"], c["listing"], c.get("executors", 1)) != (count, listing, was) for c in cursors):
+            raise ConnectorError(
+                f"FileSource {self.path!r}: the checkpoint's positions index different listings of the files: it was "
+                "not written by this slashrt; resume it with the executor count it was taken on"
+            )
+        self._check_listing(count, listing)
+        out = list(starts) if starts is not None else [0] * count
+        for i, (cursor, position) in enumerate(zip(cursors, positions)):
+            file, offset, skip = cursor["file"], cursor["offset"], position.get("skip", 0)
+            mine = [k for k in range(i, count, was) if out[k] != DONE]
+            for k in mine:
+                if k < file:  # the reader moved past it
+                    out[k] = DONE
+                elif k == file:
+                    out[k] = max(out[k], offset)
+            # records fed past the cursor came from the next file the reader would open
+            ahead = [k for k in mine if k >= file]
+            if skip and ahead:
+                out[ahead[0]] += skip
+        return {"files": count, "listing": listing, "starts": out}
+
+    def restarted(self, stage: dict, index: int, executors: int) -> FileSource:
+        """Executor `index`'s reader of `executors` after a rescaling: its files (k mod
+        executors) of the checkpointed listing, each from `stage`'s starts
+        (`rescaled_starts`)."""
+        self._check_listing(stage["files"], stage["listing"])
+        share = self.for_executor(index, executors)
+        share._files, share._listing = self._files[: stage["files"]], stage["listing"]
+        share._position, share._starts = FilePosition(0, 0), list(stage["starts"])
+        return share
+
+    def _check_listing(self, count: int, listing: str) -> None:
+        """Refuse (one sentence) files listed now that are not the checkpointed run's first `count`."""
+        if count > len(self._files) or _listing(self._files[:count]) != listing:
+            raise ConnectorError(
+                f"FileSource {self.path!r}: the checkpoint was taken over {count} files, which are not the first {count} "
+                f"listed now ({len(self._files)}): files were removed, renamed or added among them; restore them to "
+                "resume exactly"
+            )
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -205,12 +261,7 @@ class FileSource:
                 f"FileSource {self.path!r}: the checkpoint shared its files among {cursor.get('executors', 1)} "
                 f"executor(s), this run among {self.executors}: resume it on as many executors"
             )
-        if count > len(self._files) or _listing(self._files[:count]) != cursor["listing"]:
-            raise ConnectorError(
-                f"FileSource {self.path!r}: the checkpoint was taken over {count} files, which are not the first {count} "
-                f"listed now ({len(self._files)}): files were removed, renamed or added among them; restore them to "
-                "resume exactly"
-            )
+        self._check_listing(count, cursor["listing"])
         self._files, self._listing = self._files[:count], cursor["listing"]
         self.resume_from((cursor["file"], cursor["offset"]))
 
@@ -242,8 +293,11 @@ class FileSource:
         for index in range(start.file, len(self._files)):
             if index % self.executors != self.executor:  # another executor's file
                 continue
+            first = 0 if self._starts is None else self._starts[index]  # after a rescaling
+            if first == DONE:
+                continue
             path, kind = self._files[index]
-            offset = start.offset if index == start.file else 0
+            offset = max(start.offset if index == start.file else 0, first)
             for records in _READERS[kind](path, schema, offset, self.batch_records, index):
                 offset += len(records)
                 yield records, FilePosition(index, offset)

@@ -3,7 +3,9 @@
 SSB partitions are the unit of state (as Flink's key groups are): each old executor's window
 state is cut by the partition of each key (`split_partitions`) and each new executor merges the
 partitions it now leads (`merge_partitions`). Array sources start afresh on new shares of what
-no old executor had fed (`reshare`), lateness judged as in a run without the rescaling; the
+no old executor had fed (`reshare`), lateness judged as in a run without the rescaling; a
+FileSource's files are splits with offsets (each new executor reads its files from where the
+old ones had stopped in them: `FileSource.rescaled_starts`, `restarted`); the
 transactional sinks' pending transactions go to a successor (`reassigned`), or are settled
 (`rescale`) where an old executor has none.
 """
@@ -69,7 +71,7 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
             f"{refuse} it holds state of step {unknown[0]!r}, which this dataflow does not have: resume it with the "
             "dataflow that wrote it"
         )
-    fed = {}
+    fed, files = {}, {}
     for step_id, _spec, value in _per_source(plan, inputs, "input"):
         if isinstance(value, PerExecutor):
             raise SnapshotError(
@@ -77,6 +79,9 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
                 f"on another executor count (no position in the old streams says what is left of the new ones); resume "
                 f"it with executors={was}, or give the input as an array"
             )
+        if callable(getattr(value, "rescaled_starts", None)):  # a FileSource: files are splits with offsets
+            files[step_id] = _file_starts(refuse, restored, step_id, value, was)
+            continue
         if callable(getattr(value, "for_executor", None)) and callable(getattr(value, "feed", None)):
             raise SnapshotError(
                 f"{refuse} source {step_id!r} reads {type(value).__name__}, whose input is assigned to executors by a "
@@ -99,7 +104,23 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
             part = getattr(node.sink, "for_executor", None)
             if part is not None and getattr(node.sink, "transactional", False):
                 recover(part(i), n)
-    return resumed_inputs(plan, inputs, [*restored.meta.get("reshared", []), {"executors": was, "fed": fed}], executors)
+    stage = {"executors": was, "fed": fed, **({"files": files} if files else {})}
+    return resumed_inputs(plan, inputs, [*restored.meta.get("reshared", []), stage], executors)
+
+
+def _file_starts(refuse: str, restored, step_id: str, value, was: int) -> dict:
+    """FileSource `value`'s starting point in every file (`FileSource.rescaled_starts`) from
+    the old executors' positions, over the starts their readers had (a rescaled run's)."""
+    positions = [source_position(restored.meta, step_id, i) for i in range(was)]
+    if any(p is None or not isinstance(p.get("cursor"), dict) or "listing" not in p["cursor"] for p in positions):
+        raise SnapshotError(
+            f"{refuse} it holds no file position of source {step_id!r} on each of its executors: it was written by "
+            "another dataflow or input; resume it with the input that wrote it"
+        )
+    stages = restored.meta.get("reshared", [])
+    if stages and step_id not in stages[-1].get("files", {}):
+        raise SnapshotError(f"{refuse} its run read source {step_id!r} from another kind of input than files")
+    return value.rescaled_starts(positions, was, stages[-1]["files"][step_id]["starts"] if stages else None)
 
 
 def resumed_inputs(plan, inputs: dict, stages: list, executors: int) -> tuple[dict, list]:
@@ -114,6 +135,10 @@ def resumed_inputs(plan, inputs: dict, stages: list, executors: int) -> tuple[di
         return {}, []
     shares = {}
     for step_id, spec, value in _per_source(plan, inputs, "input"):
+        stage = stages[-1].get("files", {}).get(step_id)  # a FileSource: the last stage's starts say all
+        if stage is not None and callable(getattr(value, "restarted", None)):
+            shares[step_id.split(".", 1)[1]] = [value.restarted(stage, j, executors) for j in range(executors)]
+            continue
         if not isinstance(value, np.ndarray) or any(step_id not in stage["fed"] for stage in stages):
             raise SnapshotError(
                 f"run(): the checkpoint was taken by a run resumed on another executor count, which read source "
