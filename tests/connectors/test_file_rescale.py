@@ -1,0 +1,121 @@
+"""A FileSource checkpoint resumed on another number of executors (rescaling): the files are
+splits with offsets. A run on N executors over 7 .npy files, stopped with a savepoint while
+files are partly read (a StopHandle asked after its second checkpoint; a paced filter keeps the
+stream going), resumed on M (1 -> 3 -> 2, 2 -> 1, 3 -> 2 over tcp, 2 -> 3 -> 1: the middle run
+stopped again, so its checkpoint's per-file starts are rescaled once more) publishes exactly what
+one uninterrupted run publishes (a transactional CSV directory; rings of 4 slots of 1 KiB, the
+data ~700 times a ring); the same through `slashrt run --resume-from latest --executors 3`;
+files changed among the checkpointed ones are refused in one sentence (and exit 2 on the CLI);
+files added after them are left for a next source, as on the same count."""
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import slashrt
+from slashrt import StopHandle
+from slashrt.bench.chaos import published
+from slashrt.cli import main
+from slashrt.errors import SlashError
+from slashrt.snapshot import SnapshotStore
+
+from tests.connectors import _file_job as job
+from tests.connectors.test_executors import RING, records, write_files
+from tests.snapshot._paced import Paced
+from tests.snapshot.test_cluster_stop import stop_after_manifest
+
+JOB = str(Path(job.__file__))
+PACE = dict(after=2_000, seconds=0.003)  # the stopped runs' tail: slow, so the stop comes in the middle
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[np.ndarray, dict]:
+    """The input, and what one uninterrupted run over it publishes."""
+    directory = tmp_path_factory.mktemp("ref")
+    data = records()
+    write_files(directory / "in", data)
+    slashrt.run(job.flow(directory), {"events": job.source(directory)}, checkpoint_dir=directory / "chk", **RING)
+    rows = published(directory / "out")
+    assert len(rows) > 2000 and max(rows.values()) == 1
+    return data, rows
+
+
+def stopped(directory: Path, monkeypatch, executors: int, transport: str, resume: bool) -> dict:
+    """Run on `executors`, stopped with a savepoint after its second checkpoint: the savepoint's
+    positions per executor (asserted in the middle of some file)."""
+    stop = StopHandle()
+    stop_after_manifest(monkeypatch, stop, 2)
+    result = slashrt.run(job.flow(directory, Paced(**PACE)), {"events": job.source(directory)}, executors=executors,
+                         transport=transport, checkpoint=0.005, checkpoint_dir=directory / "chk", stop=stop,
+                         resume_from="latest" if resume else None, **RING)
+    monkeypatch.undo()
+    assert result.savepoint is not None
+    meta = SnapshotStore(directory / "chk", job="w").load(result.savepoint, executor=None).meta
+    positions = meta["sources"]["w.events"]
+    assert sorted(positions) == [str(i) for i in range(executors)]
+    assert any(p["cursor"]["offset"] > 0 or p["skip"] > 0 for p in positions.values()), positions  # partly read
+    return meta
+
+
+CHAINS = [
+    pytest.param([1, 3, 2], "shm", id="1-3-2"),
+    pytest.param([2, 1], "shm", id="2-1"),
+    pytest.param([3, 2], "tcp", id="3-2-tcp"),
+    pytest.param([2, 3, 1], "shm", id="2-3-1"),
+]
+
+
+@pytest.mark.parametrize("chain, transport", CHAINS)
+def test_a_file_source_stopped_mid_file_resumes_exactly_on_other_executor_counts(tmp_path, monkeypatch, reference,
+                                                                                   chain, transport):
+    data, expected = reference
+    write_files(tmp_path / "in", data)
+    for k, executors in enumerate(chain[:-1]):
+        meta = stopped(tmp_path, monkeypatch, executors, transport, resume=k > 0)
+        if k:  # a rescaled run's checkpoint: every file's start, for the next resume
+            (stage,) = meta["reshared"]
+            starts = stage["files"]["w.events"]["starts"]
+            assert stage["executors"] == chain[k - 1] and len(starts) == 7 and -1 in starts
+    result = slashrt.run(job.flow(tmp_path), {"events": job.source(tmp_path)}, executors=chain[-1], transport=transport,
+                         checkpoint=0.005, checkpoint_dir=tmp_path / "chk", resume_from="latest", **RING)
+    assert result.resumed_from is not None and sum(result.late_records.values()) == 0
+    assert published(tmp_path / "out") == expected  # every record once: one run's output
+
+
+def test_the_command_line_resumes_a_file_source_on_another_count(tmp_path, monkeypatch, reference, capsys):
+    data, expected = reference
+    write_files(tmp_path / "in", data)
+    stopped(tmp_path, monkeypatch, 2, "shm", resume=False)
+    monkeypatch.setenv("SLASHRT_TEST_OUT", str(tmp_path))
+    args = ["run", f"{JOB}:job", "--checkpoint-dir", str(tmp_path / "chk"), "--resume-from", "latest", "--slots", "4",
+            "--slot-size", "1024"]
+    assert main([*args, "--executors", "3"]) == 0, capsys.readouterr().err
+    assert published(tmp_path / "out") == expected
+
+
+def test_files_changed_among_the_checkpointed_ones_are_refused_and_added_ones_wait(tmp_path, monkeypatch, reference,
+                                                                                     capsys):
+    data, expected = reference
+    write_files(tmp_path / "in", data)
+    stopped(tmp_path, monkeypatch, 2, "shm", resume=False)
+    shutil.move(tmp_path / "in" / "part-6.npy", tmp_path / "part-6.npy")
+    refused = (r"^FileSource '[^']+': the checkpoint was taken over 7 files, which are not the first 7 listed now \(6\): "
+               r"files were removed, renamed or added among them; restore them to resume exactly$")
+    with pytest.raises(SlashError, match=refused):
+        slashrt.run(job.flow(tmp_path), {"events": job.source(tmp_path)}, executors=3, checkpoint_dir=tmp_path / "chk",
+                    resume_from="latest", **RING)
+    monkeypatch.setenv("SLASHRT_TEST_OUT", str(tmp_path))
+    code = main(["run", f"{JOB}:job", "--checkpoint-dir", str(tmp_path / "chk"), "--resume-from", "latest",
+                 "--executors", "1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and re.search(refused[1:], err), err
+    assert not list((tmp_path / "out").glob("*.inprogress"))  # nothing ran
+    # restored, and a file sorting after them added: left for a next source (as on the same count)
+    shutil.move(tmp_path / "part-6.npy", tmp_path / "in" / "part-6.npy")
+    np.save(tmp_path / "in" / "part-7.npy", records(1000, len(data)))
+    slashrt.run(job.flow(tmp_path), {"events": job.source(tmp_path)}, executors=1, checkpoint_dir=tmp_path / "chk",
+                resume_from="latest", **RING)
+    assert published(tmp_path / "out") == expected
