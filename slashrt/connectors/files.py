@@ -129,7 +129,9 @@ class FileSource:
     (file, offset)) skips what was delivered before. In a checkpointed run its position is
     recorded at every barrier and a resume rewinds to it. On several executors file k is
     read by executor k mod N (`for_executor`); the object's own `position` then stays put
-    (each executor's is in the checkpoints).
+    (each executor's is in the checkpoints). A checkpoint taken on N executors resumes on
+    another number too: each file goes on from where its old reader stopped in it
+    (`rescaled_starts`, `restarted`).
     """
 
     def __init__(self, path, *, format: str | None = None, start=None, batch_records: int = 65_536):

@@ -98,6 +98,11 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
                 f"{refuse} it holds no position of source {step_id!r} on each of its executors: it was written by "
                 "another dataflow; resume it with the dataflow that wrote it"
             )
+        if any("listing" in (p.get("cursor") or {}) for p in positions):  # (fed counts of files, not of it)
+            raise SnapshotError(
+                f"{refuse} its run read source {step_id!r} from files (a FileSource), and it is given an array now: "
+                "give it the FileSource"
+            )
         fed[step_id] = [p["fed"] for p in positions]
     for node in plan.sinks:  # output of old executors without a successor: committed up to n, the rest dropped
         for i in range(executors, was):
@@ -115,11 +120,13 @@ def _file_starts(refuse: str, restored, step_id: str, value, was: int) -> dict:
     if any(p is None or not isinstance(p.get("cursor"), dict) or "listing" not in p["cursor"] for p in positions):
         raise SnapshotError(
             f"{refuse} it holds no file position of source {step_id!r} on each of its executors: it was written by "
-            "another dataflow or input; resume it with the input that wrote it"
+            "another dataflow or from another kind of input; resume it with the dataflow and input that wrote it"
         )
     stages = restored.meta.get("reshared", [])
     if stages and step_id not in stages[-1].get("files", {}):
-        raise SnapshotError(f"{refuse} its run read source {step_id!r} from another kind of input than files")
+        raise SnapshotError(
+            f"{refuse} its run read source {step_id!r} from another kind of input than files: give it that input"
+        )
     return value.rescaled_starts(positions, was, stages[-1]["files"][step_id]["starts"] if stages else None)
 
 

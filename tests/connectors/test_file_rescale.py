@@ -6,8 +6,9 @@ stopped again, so its checkpoint's per-file starts are made again on as many exe
 rescaled once more) publishes exactly what
 one uninterrupted run publishes (a transactional CSV directory; rings of 4 slots of 1 KiB, the
 data ~700 times a ring); the same through `slashrt run --resume-from latest --executors 3`;
-files changed among the checkpointed ones are refused in one sentence (and exit 2 on the CLI);
-files added after them are left for a next source, as on the same count."""
+files changed among the checkpointed ones, or an array given for the files, are refused in one
+sentence (and exit 2 on the CLI); files added after them are left for a next source, as on the
+same count; `rescaled_starts` over hand-made cursors."""
 
 import re
 import shutil
@@ -105,6 +106,17 @@ def test_files_changed_among_the_checkpointed_ones_are_refused_and_added_ones_wa
     data, expected = reference
     write_files(tmp_path / "in", data)
     stopped(tmp_path, monkeypatch, 2, "shm", resume=False)
+    with pytest.raises(SlashError, match=r"cannot resume on 1: its run read source 'w.events' from files \(a "
+                                         r"FileSource\), and it is given an array now: give it the FileSource$"):
+        slashrt.run(job.flow(tmp_path), {"events": data}, checkpoint_dir=tmp_path / "chk", resume_from="latest", **RING)
+    # and the other way round: a checkpoint of an array resumed with files
+    slashrt.run(job.flow(tmp_path / "arrays"), {"events": data[:3000]}, executors=2, checkpoint_dir=tmp_path / "achk",
+                **RING)
+    with pytest.raises(SlashError, match=r"cannot resume on 1: it holds no file position of source 'w.events' on each "
+                                         r"of its executors: it was written by another dataflow or from another kind "
+                                         r"of input; resume it with the dataflow and input that wrote it$"):
+        slashrt.run(job.flow(tmp_path), {"events": job.source(tmp_path)}, checkpoint_dir=tmp_path / "achk",
+                    resume_from="latest", **RING)
     shutil.move(tmp_path / "in" / "part-6.npy", tmp_path / "part-6.npy")
     refused = (r"^FileSource '[^']+': the checkpoint was taken over 7 files, which are not the first 7 listed now \(6\): "
                r"files were removed, renamed or added among them; restore them to resume exactly$")
