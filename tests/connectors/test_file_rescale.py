@@ -5,7 +5,8 @@ stream going), resumed on M (1 -> 3 -> 3, 2 -> 1 -> 1, 3 -> 2 over tcp, 2 -> 3 -
 stopped again, so its checkpoint's per-file starts are made again on as many executors, or
 rescaled once more) publishes exactly what
 one uninterrupted run publishes (a transactional CSV directory; rings of 4 slots of 1 KiB, the
-data ~700 times a ring); the same through `slashrt run --resume-from latest --executors 3`;
+data ~700 times a ring); an executor of the rescaled run SIGKILLed in its first alignment is restarted and the output
+is still exact; the same through `slashrt run --resume-from latest --executors 3`;
 files changed among the checkpointed ones, or an array given for the files, are refused in one
 sentence (and exit 2 on the CLI); files added after them are left for a next source, as on the
 same count; `rescaled_starts` over hand-made cursors."""
@@ -19,6 +20,7 @@ import pytest
 
 import slashrt
 from slashrt import StopHandle
+from slashrt.bench import chaos
 from slashrt.bench.chaos import published
 from slashrt.cli import main
 from slashrt.connectors import FileSource
@@ -90,6 +92,22 @@ def test_a_file_source_stopped_mid_file_resumes_exactly_on_other_executor_counts
     assert published(tmp_path / "out") == expected  # every record once: one run's output
 
 
+def test_a_rescaled_run_with_a_killed_executor_restarts_and_commits_every_record_once(tmp_path, monkeypatch,
+                                                                                       reference):
+    data, expected = reference
+    write_files(tmp_path / "in", data)
+    stopped(tmp_path, monkeypatch, 2, "shm", resume=False)
+    (tmp_path / "marks").mkdir()
+    monkeypatch.setenv(chaos.KILLS_ENV, "align:1")  # an executor SIGKILLed in the first alignment on 3
+    monkeypatch.setenv(chaos.MARKS_ENV, str(tmp_path / "marks"))
+    result = slashrt.run(job.flow(tmp_path), {"events": job.source(tmp_path)}, executors=3,
+                         checkpoint={"interval": 0.01, "keep": 3}, checkpoint_dir=tmp_path / "chk",
+                         resume_from="latest", restart="fixed-delay:attempts=5,delay=0", **RING)
+    assert len(list((tmp_path / "marks").iterdir())) == 1 and len(result.recoveries) == 1
+    assert "killed by signal 9 (SIGKILL)" in result.recoveries[0]["cause"], result.recoveries
+    assert published(tmp_path / "out") == expected
+
+
 def test_the_command_line_resumes_a_file_source_on_another_count(tmp_path, monkeypatch, reference, capsys):
     data, expected = reference
     write_files(tmp_path / "in", data)
@@ -124,6 +142,7 @@ def test_files_changed_among_the_checkpointed_ones_are_refused_and_added_ones_wa
         slashrt.run(job.flow(tmp_path), {"events": job.source(tmp_path)}, executors=3, checkpoint_dir=tmp_path / "chk",
                     resume_from="latest", **RING)
     monkeypatch.setenv("SLASHRT_TEST_OUT", str(tmp_path))
+    capsys.readouterr()  # (what the runs before logged: warnings on a loaded machine)
     code = main(["run", f"{JOB}:job", "--checkpoint-dir", str(tmp_path / "chk"), "--resume-from", "latest",
                  "--executors", "1"])
     err = capsys.readouterr().err.strip()
