@@ -44,7 +44,8 @@ def reshaped(restored, plan, executors: int) -> bool:
 def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tuple[dict, list]:
     """Resume `restored` on another number of executors (or in another mode): refuse what cannot
     be (one sentence), settle the sinks of old executors that have no successor, and return
-    every array source's new shares with the run's rescalings (`resumed_inputs`)."""
+    every array source's new shares and every FileSource's new readers with the run's
+    rescalings (`resumed_inputs`)."""
     from slashrt._runtime import _per_source
     from slashrt.cluster._job import PerExecutor
     from slashrt.snapshot.commit import recover
@@ -133,7 +134,9 @@ def _file_starts(refuse: str, restored, step_id: str, value, was: int) -> dict:
 def resumed_inputs(plan, inputs: dict, stages: list, executors: int) -> tuple[dict, list]:
     """Every array source's shares on `executors` after the rescalings `stages` (a checkpoint's
     meta "reshared", oldest first: {"executors": old count, "fed": {source step: fed per old
-    executor}}), as ({source name: [share per executor]}, stages); none without rescalings (the
+    executor}, "files": {FileSource step: every file's start, `FileSource.rescaled_starts`}}),
+    and every FileSource's readers from the last stage's starts (`FileSource.restarted`), as
+    ({source name: [share per executor]}, stages); none without rescalings (the
     input is split as always). Its checkpoints keep `stages`, so that resuming one (on this
     count or another) makes the same shares again."""
     from slashrt._runtime import _per_source
@@ -142,9 +145,9 @@ def resumed_inputs(plan, inputs: dict, stages: list, executors: int) -> tuple[di
         return {}, []
     shares = {}
     for step_id, spec, value in _per_source(plan, inputs, "input"):
-        stage = stages[-1].get("files", {}).get(step_id)  # a FileSource: the last stage's starts say all
-        if stage is not None and callable(getattr(value, "restarted", None)):
-            shares[step_id.split(".", 1)[1]] = [value.restarted(stage, j, executors) for j in range(executors)]
+        starts = stages[-1].get("files", {}).get(step_id)  # a FileSource: the last stage's starts say all
+        if starts is not None and callable(getattr(value, "restarted", None)):
+            shares[step_id.split(".", 1)[1]] = [value.restarted(starts, j, executors) for j in range(executors)]
             continue
         if not isinstance(value, np.ndarray) or any(step_id not in stage["fed"] for stage in stages):
             raise SnapshotError(
