@@ -3,7 +3,7 @@ splits with offsets. A run on N executors over 7 .npy files, stopped with a save
 files are partly read (a StopHandle asked after its second checkpoint; a paced filter keeps the
 stream going), resumed on M (1 -> 3 -> 3, 2 -> 1 -> 1, 3 -> 2 over tcp, 2 -> 3 -> 1: each middle run
 stopped again, so its checkpoint's per-file starts are made again on as many executors, or
-rescaled once more) publishes exactly what
+rescaled once more; .npy files, Parquet in row groups smaller than the files, CSV) publishes exactly what
 one uninterrupted run publishes (a transactional CSV directory; rings of 4 slots of 1 KiB, the
 data ~700 times a ring); an executor of the rescaled run SIGKILLed in its first alignment is restarted and the output
 is still exact; the same through `slashrt run --resume-from latest --executors 3`;
@@ -16,6 +16,9 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
 import pytest
 
 import slashrt
@@ -68,19 +71,34 @@ def stopped(directory: Path, monkeypatch, executors: int, transport: str, resume
     return meta
 
 
+def write_as(directory: Path, data: np.ndarray, fmt: str) -> None:
+    """`data` in the 7 files of `write_files`, as .npy, CSV or Parquet (row groups of 700)."""
+    write_files(directory, data)
+    if fmt == "npy":
+        return
+    for path in sorted(directory.glob("*.npy")):
+        part = np.load(path)
+        table = pa.table({name: part[name] for name in part.dtype.names})
+        if fmt == "csv":
+            pcsv.write_csv(table, path.with_suffix(".csv"))
+        else:
+            pq.write_table(table, path.with_suffix(".parquet"), row_group_size=700)
+        path.unlink()
+
+
 CHAINS = [
-    pytest.param([1, 3, 3], "shm", id="1-3-3"),  # (then on as many: the rescaled readers made again, rewound)
-    pytest.param([2, 1, 1], "shm", id="2-1-1"),
-    pytest.param([3, 2], "tcp", id="3-2-tcp"),
-    pytest.param([2, 3, 1], "shm", id="2-3-1"),
+    pytest.param([1, 3, 3], "shm", "npy", id="1-3-3"),  # (then on as many: the rescaled readers made again, rewound)
+    pytest.param([2, 1, 1], "shm", "npy", id="2-1-1"),
+    pytest.param([3, 2], "tcp", "parquet", id="3-2-tcp-parquet"),  # (positions inside row groups)
+    pytest.param([2, 3, 1], "shm", "csv", id="2-3-1-csv"),  # (positions as line counts)
 ]
 
 
-@pytest.mark.parametrize("chain, transport", CHAINS)
+@pytest.mark.parametrize("chain, transport, fmt", CHAINS)
 def test_a_file_source_stopped_mid_file_resumes_exactly_on_other_executor_counts(tmp_path, monkeypatch, reference,
-                                                                                   chain, transport):
+                                                                                   chain, transport, fmt):
     data, expected = reference
-    write_files(tmp_path / "in", data)
+    write_as(tmp_path / "in", data, fmt)
     for k, executors in enumerate(chain[:-1]):
         meta = stopped(tmp_path, monkeypatch, executors, transport, resume=k > 0)
         # a rescaled run's checkpoint keeps every file's start per rescaling, for the next resume
