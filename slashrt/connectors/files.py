@@ -258,7 +258,7 @@ class FileSource:
         """Back to a recorded cursor, over the files listed then: files added since (sorting
         after them) are left for a next source, as the checkpointed run never saw them."""
         count = cursor["files"]
-        if cursor.get("executors", 1) != self.executors:  # (the coordinator refuses it before: one sentence there)
+        if cursor.get("executors", 1) != self.executors:  # (a resume on another count is rescaled before: `restarted`)
             raise ConnectorError(
                 f"FileSource {self.path!r}: the checkpoint shared its files among {cursor.get('executors', 1)} "
                 f"executor(s), this run among {self.executors}: resume it on as many executors"
