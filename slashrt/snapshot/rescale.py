@@ -3,7 +3,8 @@
 SSB partitions are the unit of state (as Flink's key groups are): each old executor's window
 state is cut by the partition of each key (`split_partitions`) and each new executor merges the
 partitions it now leads (`merge_partitions`). Array sources start afresh on new shares of what
-no old executor had fed (`reshare`), lateness judged as in a run without the rescaling; the
+no old executor had fed (`reshare`), lateness judged as in a run without the rescaling; a
+connector with `rescaled` (RedisStream) makes its new readers from the old positions; the
 transactional sinks' pending transactions go to a successor (`reassigned`), or are settled
 (`rescale`) where an old executor has none.
 """
@@ -69,7 +70,7 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
             f"{refuse} it holds state of step {unknown[0]!r}, which this dataflow does not have: resume it with the "
             "dataflow that wrote it"
         )
-    fed = {}
+    fed, readers = {}, {}
     for step_id, _spec, value in _per_source(plan, inputs, "input"):
         if isinstance(value, PerExecutor):
             raise SnapshotError(
@@ -77,6 +78,9 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
                 f"on another executor count (no position in the old streams says what is left of the new ones); resume "
                 f"it with executors={was}, or give the input as an array"
             )
+        if callable(getattr(value, "rescaled", None)):  # a connector that reassigns its positions (RedisStream)
+            readers[step_id.split(".", 1)[1]] = value.rescaled(_positions(restored, step_id, was, refuse), executors)
+            continue
         if callable(getattr(value, "for_executor", None)) and callable(getattr(value, "feed", None)):
             raise SnapshotError(
                 f"{refuse} source {step_id!r} reads {type(value).__name__}, whose input is assigned to executors by a "
@@ -87,19 +91,26 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
                 f"{refuse} source {step_id!r} reads a {type(value).__name__}, and only in-memory arrays are shared out "
                 f"anew; resume it with executors={was}"
             )
-        positions = [source_position(restored.meta, step_id, i) for i in range(was)]
-        if any(p is None or "fed" not in p for p in positions):
-            raise SnapshotError(
-                f"{refuse} it holds no position of source {step_id!r} on each of its executors: it was written by "
-                "another dataflow; resume it with the dataflow that wrote it"
-            )
-        fed[step_id] = [p["fed"] for p in positions]
+        fed[step_id] = [p["fed"] for p in _positions(restored, step_id, was, refuse)]
     for node in plan.sinks:  # output of old executors without a successor: committed up to n, the rest dropped
         for i in range(executors, was):
             part = getattr(node.sink, "for_executor", None)
             if part is not None and getattr(node.sink, "transactional", False):
                 recover(part(i), n)
-    return resumed_inputs(plan, inputs, [*restored.meta.get("reshared", []), {"executors": was, "fed": fed}], executors)
+    shares, stages = resumed_inputs(plan, inputs, [*restored.meta.get("reshared", []), {"executors": was, "fed": fed}],
+                                    executors)
+    return {**shares, **readers}, stages
+
+
+def _positions(restored, step_id: str, was: int, refuse: str) -> list[dict]:
+    """Source `step_id`'s position on each of the `was` executors checkpoint `restored` was taken on."""
+    positions = [source_position(restored.meta, step_id, i) for i in range(was)]
+    if any(p is None or "fed" not in p for p in positions):
+        raise SnapshotError(
+            f"{refuse} it holds no position of source {step_id!r} on each of its executors: it was written by "
+            "another dataflow; resume it with the dataflow that wrote it"
+        )
+    return positions
 
 
 def resumed_inputs(plan, inputs: dict, stages: list, executors: int) -> tuple[dict, list]:
@@ -114,6 +125,8 @@ def resumed_inputs(plan, inputs: dict, stages: list, executors: int) -> tuple[di
         return {}, []
     shares = {}
     for step_id, spec, value in _per_source(plan, inputs, "input"):
+        if callable(getattr(value, "rescaled", None)):  # (a connector's rescalings are in its positions)
+            continue
         if not isinstance(value, np.ndarray) or any(step_id not in stage["fed"] for stage in stages):
             raise SnapshotError(
                 f"run(): the checkpoint was taken by a run resumed on another executor count, which read source "

@@ -1,0 +1,72 @@
+"""A RedisStream checkpoint resumed on another number of executors (real agent processes, a
+real redis-server, rings far smaller than the data): taken on 2 in the middle of the stream and
+resumed on 1 and on 3, taken on 3 and resumed on 2, and a checkpoint of that rescaled run (its
+readers still keeping the old positions) resumed on 1: each counts every record exactly once,
+as one uninterrupted run does."""
+
+import shutil
+
+import numpy as np
+import pytest
+
+import slashrt
+from slashrt.connectors import RedisStream, write_stream
+from slashrt.snapshot import SnapshotStore
+from tests.connectors.test_executors import RING, checkpoints_in_the_middle, counting, records
+
+N = 200_000  # long enough for checkpoints in the middle, also on a loaded machine
+
+
+def exact(out, data) -> bool:
+    got = np.sort(out.records, order="k")
+    return got["k"].tolist() == list(range(13)) and got["count"].tolist() == np.bincount(data["k"]).tolist()
+
+
+def middle_of(make, tmp_path, executors: int, resume=None) -> tuple:
+    """(checkpoint directory, a checkpoint taken with every executor in the middle of its input)
+    of a run on `executors` (resuming `resume`, a (directory, checkpoint), if given)."""
+    for attempt in range(5):  # periodic checkpoints on a loaded machine may all fall at the ends
+        directory = tmp_path / f"chk{executors}-{attempt}"
+        if resume is not None:
+            shutil.copytree(resume[0], directory)
+        options = dict(executors=executors, checkpoint_dir=directory, **RING)
+        middle = checkpoints_in_the_middle(make, options, N, resume_from=None if resume is None else resume[1])
+        if middle:
+            return directory, middle[len(middle) // 2]
+    raise AssertionError(f"no checkpoint in the middle of the input in 5 runs on {executors} executors")
+
+
+def resume(make, taken: tuple, tmp_path, executors: int):
+    directory = tmp_path / f"resume{executors}"
+    shutil.copytree(taken[0], directory)
+    flow, out = counting("c")
+    result = slashrt.run(flow, {"events": make()}, executors=executors, checkpoint={"keep": 1000}, checkpoint_dir=directory,
+                         resume_from=taken[1], **RING)
+    assert result.resumed_from == taken[1]
+    return out
+
+
+@pytest.fixture
+def stream(redis):
+    data = records(N)
+    write_stream(redis.url, "events", data, entry_bytes=24 * 40)  # 40 records an entry: 5000 entries
+    return data, lambda: RedisStream(redis.url, "events", count=16)
+
+
+def test_a_checkpoint_of_two_executors_resumes_on_one_and_on_three(stream, tmp_path):
+    data, make = stream
+    taken = middle_of(make, tmp_path, 2)
+    for executors in (1, 3):
+        assert exact(resume(make, taken, tmp_path, executors), data), executors
+
+
+def test_a_checkpoint_of_three_resumes_on_two_and_its_checkpoints_on_one(stream, tmp_path):
+    data, make = stream
+    taken = middle_of(make, tmp_path, 3)
+    assert exact(resume(make, taken, tmp_path, 2), data)
+    # a checkpoint of the run rescaled to 2, its readers still keeping the positions on 3
+    again = middle_of(make, tmp_path, 2, resume=taken)
+    cursors = [p["cursor"] for p in SnapshotStore(again[0], job="c", keep=1000).load(again[1], executor=None)
+               .meta["sources"]["c.events"].values()]
+    assert any(c.get("stages") for c in cursors), cursors
+    assert exact(resume(make, again, tmp_path, 1), data)
