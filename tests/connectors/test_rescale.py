@@ -70,3 +70,34 @@ def test_a_checkpoint_of_three_resumes_on_two_and_its_checkpoints_on_one(stream,
                .meta["sources"]["c.events"].values()]
     assert any(c.get("stages") for c in cursors), cursors
     assert exact(resume(make, again, tmp_path, 1), data)
+
+
+def test_a_savepoint_of_three_resumes_on_two_into_a_transactional_stream(redis, monkeypatch, tmp_path):
+    from slashrt import StopHandle
+    from slashrt.connectors import RedisStreamSink, read_stream
+    from tests.connectors.test_executors import one_executor, windowed
+    from tests.snapshot.test_cluster_stop import stop_after_manifest
+
+    data = records(N)
+    write_stream(redis.url, "events", data, entry_bytes=24 * 40)
+    for attempt in range(5):  # stopped in the middle of the stream (a loaded machine may read it all first)
+        out = f"out{attempt}"
+        stop = StopHandle()
+        stop_after_manifest(monkeypatch, stop, 2)
+        directory = tmp_path / f"chk{attempt}"
+        stopped = slashrt.run(windowed("w", RedisStreamSink(redis.url, out, transactional=True)),
+                              {"events": RedisStream(redis.url, "events", count=16)}, executors=3,
+                              checkpoint=0.002, checkpoint_dir=directory, stop=stop, **RING)
+        monkeypatch.undo()
+        saved = SnapshotStore(directory, job="w").load(stopped.savepoint)
+        fed = sum(p["fed"] for p in saved.meta["sources"]["w.events"].values())
+        if 0 < fed < N:
+            break
+    assert stopped.savepoint is not None and 0 < fed < N
+    resumed = slashrt.run(windowed("w", RedisStreamSink(redis.url, out, transactional=True)),
+                          {"events": RedisStream(redis.url, "events", count=16)}, executors=2,
+                          checkpoint_dir=directory, resume_from="latest", **RING)
+    assert resumed.resumed_from == stopped.savepoint and sum(resumed.late_records.values()) == 0
+    reference = one_executor(data)
+    got = read_stream(redis.url, out, reference.dtype)
+    assert np.array_equal(np.sort(got, order=["window_start", "k"]), reference)
