@@ -4,7 +4,8 @@ ids (`owner`; bounded, and followed to its end entry); over shm on 2 executors a
 with rings far smaller than the data, the output equals one executor's; a resume on as many
 executors rewinds each to its own position; each executor's watermark comes from what it read; a SIGKILLed
 executor is restarted from the last checkpoint and the committed output has every record
-exactly once; a resume on another number of executors is refused in one sentence; and
+exactly once; a FileSource's resume on another number of executors is refused in one sentence
+(a RedisStream's rescales: tests/connectors/test_rescale.py); and
 `slashrt bench chaos --redis` (a short form) puts the Redis source and sink under kills."""
 
 import json

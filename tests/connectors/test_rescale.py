@@ -1,8 +1,9 @@
 """A RedisStream checkpoint resumed on another number of executors (real agent processes, a
 real redis-server, rings far smaller than the data): taken on 2 in the middle of the stream and
-resumed on 1 and on 3, taken on 3 and resumed on 2, and a checkpoint of that rescaled run (its
-readers still keeping the old positions) resumed on 1: each counts every record exactly once,
-as one uninterrupted run does."""
+resumed on 1 and on 3, taken on 3 and resumed on 2, and a savepoint of such a rescaled run (its
+readers still keeping the old positions) resumed on 1 and on 2: each counts every record
+exactly once, as one uninterrupted run does; a savepoint (StopHandle) of 3 resumed on 2 into a
+transactional RedisStreamSink writes what one uninterrupted run writes."""
 
 import shutil
 
@@ -22,22 +23,35 @@ def exact(out, data) -> bool:
     return got["k"].tolist() == list(range(13)) and got["count"].tolist() == np.bincount(data["k"]).tolist()
 
 
-def middle_of(make, tmp_path, executors: int, resume=None) -> tuple:
+def middle_of(make, tmp_path, executors: int) -> tuple:
     """(checkpoint directory, a checkpoint taken with every executor in the middle of its input)
-    of a run on `executors` (resuming `resume`, a (directory, checkpoint), if given)."""
+    of a run on `executors`."""
     for attempt in range(5):  # periodic checkpoints on a loaded machine may all fall at the ends
         directory = tmp_path / f"chk{executors}-{attempt}"
-        if resume is not None:
-            shutil.copytree(resume[0], directory)
-        options = dict(executors=executors, checkpoint_dir=directory, **RING)
-        middle = checkpoints_in_the_middle(make, options, N, resume_from=None if resume is None else resume[1])
+        middle = checkpoints_in_the_middle(make, dict(executors=executors, checkpoint_dir=directory, **RING), N)
         if middle:
             return directory, middle[len(middle) // 2]
     raise AssertionError(f"no checkpoint in the middle of the input in 5 runs on {executors} executors")
 
 
+def stopped_at_once(make, taken: tuple, tmp_path, executors: int) -> tuple:
+    """(directory, savepoint) of a run resuming `taken` on `executors` stopped at its first
+    barrier: its readers are at the least old position, still keeping the old ones."""
+    from slashrt import StopHandle
+
+    directory = tmp_path / f"stopped{executors}"
+    shutil.copytree(taken[0], directory)
+    stop = StopHandle()
+    stop.request()
+    flow, _ = counting("c")
+    result = slashrt.run(flow, {"events": make()}, executors=executors, checkpoint={"keep": 1000},
+                         checkpoint_dir=directory, resume_from=taken[1], stop=stop, **RING)
+    assert result.savepoint is not None
+    return directory, result.savepoint
+
+
 def resume(make, taken: tuple, tmp_path, executors: int):
-    directory = tmp_path / f"resume{executors}"
+    directory = tmp_path / f"resume{executors}-{taken[0].name}-{taken[1]}"
     shutil.copytree(taken[0], directory)
     flow, out = counting("c")
     result = slashrt.run(flow, {"events": make()}, executors=executors, checkpoint={"keep": 1000}, checkpoint_dir=directory,
@@ -64,12 +78,13 @@ def test_a_checkpoint_of_three_resumes_on_two_and_its_checkpoints_on_one(stream,
     data, make = stream
     taken = middle_of(make, tmp_path, 3)
     assert exact(resume(make, taken, tmp_path, 2), data)
-    # a checkpoint of the run rescaled to 2, its readers still keeping the positions on 3
-    again = middle_of(make, tmp_path, 2, resume=taken)
+    # a savepoint of a run rescaled to 2, its readers still keeping the positions on 3
+    again = stopped_at_once(make, taken, tmp_path, 2)
     cursors = [p["cursor"] for p in SnapshotStore(again[0], job="c", keep=1000).load(again[1], executor=None)
                .meta["sources"]["c.events"].values()]
     assert any(c.get("stages") for c in cursors), cursors
     assert exact(resume(make, again, tmp_path, 1), data)
+    assert exact(resume(make, again, tmp_path, 2), data)  # on its own count: each reader rewound with its stages
 
 
 def test_a_savepoint_of_three_resumes_on_two_into_a_transactional_stream(redis, monkeypatch, tmp_path):
