@@ -12,6 +12,7 @@ import pytest
 
 import slashrt
 from slashrt.connectors import RedisStream, write_stream
+from slashrt.errors import SlashError
 from slashrt.snapshot import SnapshotStore
 from tests.connectors.test_executors import RING, checkpoints_in_the_middle, counting, records
 
@@ -50,8 +51,8 @@ def stopped_at_once(make, taken: tuple, tmp_path, executors: int) -> tuple:
     return directory, result.savepoint
 
 
-def resume(make, taken: tuple, tmp_path, executors: int):
-    directory = tmp_path / f"resume{executors}-{taken[0].name}-{taken[1]}"
+def resume(make, taken: tuple, tmp_path, executors: int, attempt: int = 0):
+    directory = tmp_path / f"resume{executors}-{taken[0].name}-{taken[1]}-{attempt}"
     shutil.copytree(taken[0], directory)
     flow, out = counting("c")
     result = slashrt.run(flow, {"events": make()}, executors=executors, checkpoint={"keep": 1000}, checkpoint_dir=directory,
@@ -67,11 +68,24 @@ def stream(redis):
     return data, lambda: RedisStream(redis.url, "events", count=16)
 
 
+def redis_client(stream):
+    from slashrt.connectors._redis import connect
+
+    return connect(stream[1]().url)
+
+
 def test_a_checkpoint_of_two_executors_resumes_on_one_and_on_three(stream, tmp_path):
     data, make = stream
     taken = middle_of(make, tmp_path, 2)
     for executors in (1, 3):
         assert exact(resume(make, taken, tmp_path, executors), data), executors
+    # an entry the resume would read, deleted (the last one): refused in one sentence
+    client = redis_client(stream)
+    gone = client.xrevrange("events", count=1)[0][0].decode()
+    client.xdel("events", gone)
+    with pytest.raises(SlashError, match=rf"stream 'events' at .* had entries deleted after id \d+-\d+, where the "
+                                         rf"checkpoint resumes \(XDEL, up to id {gone}\): they cannot be read again"):
+        resume(make, taken, tmp_path, 3, attempt=1)
 
 
 def test_a_checkpoint_of_three_resumes_on_two_and_its_checkpoints_on_one(stream, tmp_path):
