@@ -1,9 +1,11 @@
 """A RedisStream checkpoint resumed on another number of executors (real agent processes, a
 real redis-server, rings far smaller than the data): taken on 2 in the middle of the stream and
-resumed on 1 and on 3, taken on 3 and resumed on 2, and a savepoint of such a rescaled run (its
-readers still keeping the old positions) resumed on 1 and on 2: each counts every record
-exactly once, as one uninterrupted run does; a savepoint (StopHandle) of 3 resumed on 2 into a
-transactional RedisStreamSink writes what one uninterrupted run writes."""
+resumed on 1 and on 3 (a bounded read, and one following the stream to its end entry), taken
+on 3 and resumed on 2, and a savepoint of such a rescaled run (its readers still keeping the old
+positions) resumed on 1 and on 2: each counts every record exactly once, as one uninterrupted
+run does; a savepoint (StopHandle) of 3 resumed on 2 into a transactional RedisStreamSink
+writes what one uninterrupted run writes; an entry deleted that the resume would read is
+refused in one sentence."""
 
 import shutil
 
@@ -61,11 +63,13 @@ def resume(make, taken: tuple, tmp_path, executors: int, attempt: int = 0):
     return out
 
 
-@pytest.fixture
-def stream(redis):
+@pytest.fixture(params=["bounded", "followed"])
+def stream(request, redis):
+    """(The records, a maker of RedisStreams reading them): bounded, or followed to an end entry."""
     data = records(N)
-    write_stream(redis.url, "events", data, entry_bytes=24 * 40)  # 40 records an entry: 5000 entries
-    return data, lambda: RedisStream(redis.url, "events", count=16)
+    follow = request.param == "followed"
+    write_stream(redis.url, "events", data, entry_bytes=24 * 40, end=follow)  # 40 records an entry: 5000 entries
+    return data, lambda: RedisStream(redis.url, "events", count=16, stop_at_end=not follow)
 
 
 def redis_client(stream):
@@ -79,9 +83,9 @@ def test_a_checkpoint_of_two_executors_resumes_on_one_and_on_three(stream, tmp_p
     taken = middle_of(make, tmp_path, 2)
     for executors in (1, 3):
         assert exact(resume(make, taken, tmp_path, executors), data), executors
-    # an entry the resume would read, deleted (the last one): refused in one sentence
+    # an entry the resume would read, deleted (the last but one): refused in one sentence
     client = redis_client(stream)
-    gone = client.xrevrange("events", count=1)[0][0].decode()
+    gone = client.xrevrange("events", count=2)[-1][0].decode()  # (before a followed stream's end entry)
     client.xdel("events", gone)
     # (an old executor that had fed part of it finds fewer records after its own position)
     with pytest.raises(SlashError, match=rf"stream 'events' at \S+ (had entries deleted after id \d+-\d+, where the "
@@ -90,6 +94,7 @@ def test_a_checkpoint_of_two_executors_resumes_on_one_and_on_three(stream, tmp_p
         resume(make, taken, tmp_path, 3, attempt=1)
 
 
+@pytest.mark.parametrize("stream", ["bounded"], indirect=True)
 def test_a_checkpoint_of_three_resumes_on_two_and_its_checkpoints_on_one(stream, tmp_path):
     data, make = stream
     taken = middle_of(make, tmp_path, 3)
