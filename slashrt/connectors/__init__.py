@@ -11,7 +11,9 @@ takes part in checkpointed runs: its feeder records its position at each of the 
 On several executors the cluster coordinator asks a source for one reader per executor,
 `for_executor(index, executors)`, each reading the part a stable rule over the number of
 executors gives it (a FileSource's files, a RedisStream's entries) and recording its own
-position; a source without that method is refused on several executors.
+position; a source without that method is refused on several executors. A resume on another
+number of executors asks it for the new readers, `rescaled(positions, executors)` (the old
+executors' recorded positions; `slashrt.snapshot.rescale`); a source without it is refused there.
 
 - `RedisStream`, `RedisStreamSink`: Redis Streams, records packed a batch an entry;
   `write_stream`, `end_stream`, `read_stream` put an array into a stream and read it back.
