@@ -11,9 +11,11 @@ takes part in checkpointed runs: its feeder records its position at each of the 
 On several executors the cluster coordinator asks a source for one reader per executor,
 `for_executor(index, executors)`, each reading the part a stable rule over the number of
 executors gives it (a FileSource's files, a RedisStream's entries) and recording its own
-position; a source without that method is refused on several executors. A FileSource's
-checkpoint also resumes on another number of executors (its files as splits with offsets:
-`slashrt.snapshot.rescale`); a RedisStream's resumes on as many only.
+position; a source without that method is refused on several executors. A checkpoint of either
+also resumes on another number of executors (`slashrt.snapshot.rescale`): a FileSource's files
+are splits with offsets (`rescaled_starts`, `restarted`), and a RedisStream makes its new
+readers from the old executors' recorded positions (`rescaled(positions, executors)`); any other
+connector is refused there.
 
 - `RedisStream`, `RedisStreamSink`: Redis Streams, records packed a batch an entry;
   `write_stream`, `end_stream`, `read_stream` put an array into a stream and read it back.

@@ -19,6 +19,15 @@ entry there depends on timing, so a rewound executor would not get the same entr
 Ids, not entry numbers: an id does not change when older entries are trimmed. The cost: every
 executor transfers every entry (N times the reads of one). The start ('$') and a bounded
 read's end are fixed once, in the caller's process, so every executor reads the same range.
+
+Resumed on another number of executors (`rescaled`): entry e was processed before a checkpoint
+taken on N iff its id <= the position of its owner under N (a position inside a read is first
+made exact: the records fed after it are walked to the last whole entry, and the one entry fed
+in part keeps its count). Each new executor reads from the least old position and keeps the
+entries it owns under the new count that no old owner processed (`_kept`, per read with numpy;
+the part of a partly fed entry is dropped). Those old positions (a stage) and the partly fed
+entries are in its cursor, so its checkpoints resume exactly, on any count again; a stage goes
+once the executor's own position passes all of it.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from slashrt.connectors._redis import (
     stream_schema,
 )
 from slashrt.ops.reads import feed_reads
+from slashrt.ops.sources import another_input
 from slashrt.errors import ConnectorError, OptionError, SlashError
 
 __all__ = ["RedisStream", "write_stream", "end_stream", "read_stream"]
@@ -129,6 +139,9 @@ class RedisStream:
         self.executor, self.executors = 0, 1  # this reader keeps the entries `owner` gives `executor`
         self._fixed_end: str | None = None  # a shared bounded read's end, fixed for every executor
         self._range: tuple[str, str | None] | None = None  # (start, end) fixed for a run on several executors
+        self._start: dict | None = None  # a rescaled resume's cursor: where this reader starts (`rescaled`)
+        self._stages: list = []  # earlier counts' positions: an entry no old owner processed is kept (`_kept`)
+        self._partial: dict = {}  # entry id -> its first records, processed before a rescaling
 
     def __getstate__(self) -> dict:  # to executor processes: the URL, not a client (locks, sockets)
         return {k: v for k, v in self.__dict__.items() if k != "_client"}
@@ -175,6 +188,8 @@ class RedisStream:
         decoder = EntryDecoder(self.url, self.stream_key, spec.schema.dtype, f"source {spec.step_id!r}")
         # a run of its own: the end as of its start, and on after an end entry read before (unless rewound)
         self._end, self._ended, self._rewound, self._entries = self._fixed_end, False, False, None
+        if resume is None and self._start is not None:  # a rescaled resume: from the least old position
+            self._rewind(self._start)
         try:
             await feed_reads(sender, spec, watermark_every=watermark_every, read=lambda reads: self._read(reads, decoder),
                              advance=self._advance, resume_hint=self._resume_hint, cursor=self._cursor,
@@ -187,8 +202,11 @@ class RedisStream:
         """The position as a checkpoint records it: the last id fed, a bounded read's end,
         whether the stream's end entry was read (a resume then reads nothing more), and how many
         entries were ever added up to the last id (to tell a stream trimmed past it)."""
-        return {"after": self._position, "end": self._end, "ended": self._ended, "entries": self._entries,
-                "executors": self.executors}
+        cursor = {"after": self._position, "end": self._end, "ended": self._ended, "entries": self._entries,
+                  "executors": self.executors}
+        if self._stages or self._partial:  # what a rescaled resume still needs of the counts before
+            cursor.update(stages=self._stages, partial=self._partial)
+        return cursor
 
     def _rewind(self, cursor: dict) -> None:
         """Back to a recorded cursor; a bounded read ends where the checkpointed run's would have."""
@@ -200,9 +218,93 @@ class RedisStream:
         self.resume_from(cursor["after"])
         self._end, self._ended, self._rewound = cursor["end"], cursor["ended"], True
         self._entries = cursor.get("entries")
+        self._stages, self._partial = list(cursor.get("stages", [])), dict(cursor.get("partial", {}))
+
+    def rescaled(self, positions: list[dict], executors: int) -> list[RedisStream]:
+        """The readers of a run on `executors` resuming a checkpoint taken on another count,
+        whose positions (feeder states, one per old executor) are `positions`: each starts at
+        the least old position and keeps its own entries that no old owner processed (see the
+        module doc). Called in the caller's process (it reads the stream to make a position
+        inside a read exact)."""
+        old = len(positions)
+        cursors = [p.get("cursor") for p in positions]
+        if not all(isinstance(c, dict) and "after" in c for c in cursors):
+            raise another_input(positions[0].get("step"))
+        stages, partial, after = [], {}, []
+        for i, (position, cursor) in enumerate(zip(positions, cursors)):
+            for stage in cursor.get("stages", []):
+                if stage not in stages:
+                    stages.append(stage)
+            for entry_id, taken in cursor.get("partial", {}).items():
+                partial[entry_id] = max(partial.get(entry_id, 0), taken)
+            last, part = self._consumed(i, old, cursor, position.get("skip", 0))
+            after.append(last)
+            partial.update({e: max(partial.get(e, 0), n) for e, n in part.items()})
+        stages.append({"executors": old, "after": after})
+        start = max((min(stage["after"], key=_order) for stage in stages), key=_order)
+        # a stage all at or before the start rules out no entry read from there
+        stages = [stage for stage in stages if _order(max(stage["after"], key=_order)) > _order(start)]
+        partial = {e: n for e, n in partial.items() if _order(e) > _order(start)}
+        entries = next((c.get("entries") for c in cursors if c["after"] == start), None)
+        begin = {"after": start, "end": cursors[0]["end"], "ended": all(c["ended"] for c in cursors),
+                 "entries": entries, "executors": executors, "stages": stages, "partial": partial}
+        readers = []
+        for j in range(executors):
+            reader = self.for_executor(j, executors)
+            reader._start = begin
+            readers.append(reader)
+        return readers
+
+    def _consumed(self, index: int, executors: int, cursor: dict, skip: int) -> tuple[str, dict]:
+        """Old executor `index`'s position made exact: (the id up to which its entries were
+        processed, {id of an entry processed in part: its records processed}), walking the
+        `skip` records it fed after its `cursor` (one read at most)."""
+        reader = self.for_executor(index, executors)
+        reader._rewind(cursor)
+        last = scan = cursor["after"]
+        while skip > 0:
+            with failure(self.url, f"reading stream {self.stream_key!r} after id {scan}"):
+                entries = self._client.xrange(self.stream_key, min=f"({scan}", count=self.count)
+            if not entries:
+                raise ConnectorError(
+                    f"stream {self.stream_key!r} at {shown(self.url)} holds fewer records after id {cursor['after']} "
+                    f"than executor {index} of {executors} had fed from there: entries were deleted; keep a stream's "
+                    "entries until the checkpoints past them complete"
+                )
+            for (entry_id, fields), keep in zip(entries, reader._kept(entries)):
+                scan = entry_id.decode()
+                if not keep or END_FIELD in fields:
+                    continue
+                dropped = reader._partial.get(scan, 0)
+                left = int(fields[b"n"]) - dropped
+                if skip < left:
+                    return last, {scan: dropped + skip}
+                skip -= left
+                last = scan
+                if not skip:
+                    break
+        return last, {}
+
+    def _kept(self, entries: list) -> np.ndarray:
+        """Which of `entries` this reader keeps: the end entry, and its own (`owner`) that no
+        old owner processed before a rescaling (`_stages`); per read, compared with numpy."""
+        ids = [entry_id for entry_id, _ in entries]
+        crc = np.fromiter(map(zlib.crc32, ids), np.int64, len(ids))
+        keep = crc % self.executors == self.executor
+        if self._stages:
+            ms, seq = np.array([_order(i.decode()) for i in ids], np.uint64).reshape(-1, 2).T
+            for stage in self._stages:
+                before = np.array([_order(a) for a in stage["after"]], np.uint64).reshape(-1, 2)
+                was = before[crc % stage["executors"]]
+                keep &= (ms > was[:, 0]) | ((ms == was[:, 0]) & (seq > was[:, 1]))
+        return keep | np.fromiter((END_FIELD in fields for _, fields in entries), bool, len(entries))
 
     def _advance(self, read: _Read, count: int) -> None:
         self._position = read.last
+        if self._stages or self._partial:  # stages and parts at or before the position rule out nothing more
+            at = _order(self._position)
+            self._stages = [s for s in self._stages if _order(max(s["after"], key=_order)) > at]
+            self._partial = {e: n for e, n in self._partial.items() if _order(e) > at}
         self._ended = self._ended or read.ended
         if self._entries is not None:
             self._entries += read.entries
@@ -301,9 +403,15 @@ class RedisStream:
                 got = self._client.xread({key: cursor}, count=self.count, block=self.block_ms)
                 entries = got[0][1] if got else []
         mine = entries
-        if self.executors > 1:  # per entry (a batch of records each): the others' are not decoded
-            mine = [e for e in entries if END_FIELD in e[1] or owner(e[0], self.executors) == self.executor]
-        records, last, ended, error = decoder.decode(mine)
+        if self.executors > 1 or self._stages:  # per entry (a batch of records each): the others' are not decoded
+            mine = [e for e, keep in zip(entries, self._kept(entries)) if keep]
+        if self._partial:  # an entry fed in part before a rescaling: the rest of it
+            payloads, last, ended, error = decoder.payloads(mine)
+            size = decoder.dtype.itemsize
+            payloads = [p[self._partial.get(e.decode(), 0) * size:] for (e, _), p in zip(mine, payloads)]
+            records = decoder.records(payloads)
+        else:
+            records, last, ended, error = decoder.decode(mine)
         if error is None and not ended and entries:  # read up to the last entry, its own or another's
             last = entries[-1][0]
         used = 0 if last is None else next(i for i, (entry_id, _) in enumerate(entries, 1) if entry_id == last)

@@ -5,7 +5,8 @@ state is cut by the partition of each key (`split_partitions`) and each new exec
 partitions it now leads (`merge_partitions`). Array sources start afresh on new shares of what
 no old executor had fed (`reshare`), lateness judged as in a run without the rescaling; a
 FileSource's files are splits with offsets (each new executor reads its files from where the
-old ones had stopped in them: `FileSource.rescaled_starts`, `restarted`); the
+old ones had stopped in them: `FileSource.rescaled_starts`, `restarted`); a
+connector with `rescaled` (RedisStream) makes its new readers from the old positions; the
 transactional sinks' pending transactions go to a successor (`reassigned`), or are settled
 (`rescale`) where an old executor has none.
 """
@@ -72,7 +73,7 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
             f"{refuse} it holds state of step {unknown[0]!r}, which this dataflow does not have: resume it with the "
             "dataflow that wrote it"
         )
-    fed, files = {}, {}
+    fed, files, readers = {}, {}, {}
     for step_id, _spec, value in _per_source(plan, inputs, "input"):
         if isinstance(value, PerExecutor):
             raise SnapshotError(
@@ -82,6 +83,9 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
             )
         if callable(getattr(value, "rescaled_starts", None)):  # a FileSource: files are splits with offsets
             files[step_id] = _file_starts(refuse, restored, step_id, value, was)
+            continue
+        if callable(getattr(value, "rescaled", None)):  # a connector that reassigns its positions (RedisStream)
+            readers[step_id.split(".", 1)[1]] = value.rescaled(_positions(restored, step_id, was, refuse), executors)
             continue
         if callable(getattr(value, "for_executor", None)) and callable(getattr(value, "feed", None)):
             raise SnapshotError(
@@ -93,12 +97,7 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
                 f"{refuse} source {step_id!r} reads a {type(value).__name__}, and only in-memory arrays are shared out "
                 f"anew; resume it with executors={was}"
             )
-        positions = [source_position(restored.meta, step_id, i) for i in range(was)]
-        if any(p is None or "fed" not in p for p in positions):
-            raise SnapshotError(
-                f"{refuse} it holds no position of source {step_id!r} on each of its executors: it was written by "
-                "another dataflow; resume it with the dataflow that wrote it"
-            )
+        positions = _positions(restored, step_id, was, refuse)
         if any("listing" in (p.get("cursor") or {}) for p in positions):  # (fed counts of files, not of it)
             raise SnapshotError(
                 f"{refuse} its run read source {step_id!r} from files (a FileSource), and it is given an array now: "
@@ -111,7 +110,8 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
             if part is not None and getattr(node.sink, "transactional", False):
                 recover(part(i), n)
     stage = {"executors": was, "fed": fed, **({"files": files} if files else {})}
-    return resumed_inputs(plan, inputs, [*restored.meta.get("reshared", []), stage], executors)
+    shares, stages = resumed_inputs(plan, inputs, [*restored.meta.get("reshared", []), stage], executors)
+    return {**shares, **readers}, stages
 
 
 def _file_starts(refuse: str, restored, step_id: str, value, was: int) -> dict:
@@ -131,6 +131,17 @@ def _file_starts(refuse: str, restored, step_id: str, value, was: int) -> dict:
     return value.rescaled_starts(positions, was, stages[-1]["files"][step_id]["starts"] if stages else None)
 
 
+def _positions(restored, step_id: str, was: int, refuse: str) -> list[dict]:
+    """Source `step_id`'s position on each of the `was` executors checkpoint `restored` was taken on."""
+    positions = [source_position(restored.meta, step_id, i) for i in range(was)]
+    if any(p is None or "fed" not in p for p in positions):
+        raise SnapshotError(
+            f"{refuse} it holds no position of source {step_id!r} on each of its executors: it was written by "
+            "another dataflow; resume it with the dataflow that wrote it"
+        )
+    return positions
+
+
 def resumed_inputs(plan, inputs: dict, stages: list, executors: int) -> tuple[dict, list]:
     """Every array source's shares on `executors` after the rescalings `stages` (a checkpoint's
     meta "reshared", oldest first: {"executors": old count, "fed": {source step: fed per old
@@ -148,6 +159,8 @@ def resumed_inputs(plan, inputs: dict, stages: list, executors: int) -> tuple[di
         starts = stages[-1].get("files", {}).get(step_id)  # a FileSource: the last stage's starts say all
         if starts is not None and callable(getattr(value, "restarted", None)):
             shares[step_id.split(".", 1)[1]] = [value.restarted(starts, j, executors) for j in range(executors)]
+            continue
+        if callable(getattr(value, "rescaled", None)):  # (a connector's rescalings are in its positions)
             continue
         if not isinstance(value, np.ndarray) or any(step_id not in stage["fed"] for stage in stages):
             raise SnapshotError(

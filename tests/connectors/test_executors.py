@@ -5,7 +5,7 @@ with rings far smaller than the data, the output equals one executor's; a resume
 executors rewinds each to its own position; each executor's watermark comes from what it read; a SIGKILLed
 executor is restarted from the last checkpoint and the committed output has every record
 exactly once (its final checkpoint resumed on 3 executors reads nothing more: test_file_rescale.py
-rescales mid-file); and
+rescales mid-file, tests/connectors/test_rescale.py a RedisStream); and
 `slashrt bench chaos --redis` (a short form) puts the Redis source and sink under kills."""
 
 import json
@@ -190,19 +190,24 @@ def counting(name: str) -> tuple[Dataflow, sinks.Collect]:
     return flow, out
 
 
-def checkpoints_in_the_middle(make, options: dict, n: int) -> list[int]:
-    """Run checkpointed every 2 ms; every checkpoint has a position per executor, each sharing
-    among 2; returns those taken while both executors were in the middle of their input."""
+def checkpoints_in_the_middle(make, options: dict, n: int, resume_from=None) -> list[int]:
+    """Run checkpointed every 2 ms (resuming `resume_from`, if given); every checkpoint it takes
+    has a position per executor, each sharing among them all; returns those taken while every
+    executor was in the middle of its input."""
     from slashrt.snapshot import SnapshotStore
 
     flow, _ = counting("c")
-    slashrt.run(flow, {"events": make()}, checkpoint={"interval": 0.002, "keep": 1000}, **options)
+    executors = options["executors"]
     store = SnapshotStore(options["checkpoint_dir"], job="c", keep=1000)
+    before = set(store.checkpoints())
+    slashrt.run(flow, {"events": make()}, checkpoint={"interval": 0.002, "keep": 1000}, resume_from=resume_from,
+                **options)
     middle = []
-    for m in store.checkpoints()[:-1]:
+    for m in [m for m in store.checkpoints() if m not in before][:-1]:
         positions = store.load(m, executor=None).meta["sources"]["c.events"]
-        assert sorted(positions) == ["0", "1"] and {p["cursor"]["executors"] for p in positions.values()} == {2}
-        if 0 < sum(p["fed"] for p in positions.values()) < n and len({str(p["cursor"]) for p in positions.values()}) == 2:
+        assert sorted(positions) == [str(i) for i in range(executors)]
+        assert {p["cursor"]["executors"] for p in positions.values()} == {executors}
+        if 0 < sum(p["fed"] for p in positions.values()) < n and len({str(p["cursor"]) for p in positions.values()}) == executors:
             middle.append(m)
     return middle
 
