@@ -202,6 +202,7 @@ class _Agents:
         self._arrived = trio.Event()
         self._ended = [trio.Event() for _ in links]  # set when a spawned agent's process ended
         self._heard_all = [trio.Event() for _ in links]  # set when an agent's link said its last
+        self._reports: dict[int, str] = {}  # agent -> its report of its own failure ("failed")
         self.ended_at: list[float] = []  # when agents' processes ended (time.monotonic), as they did
 
     def start(self, nursery) -> None:
@@ -228,6 +229,8 @@ class _Agents:
                 if kind in self.handlers:
                     await self.handlers[kind](i, payload)
                     continue
+                if kind == "failed":
+                    self._reports[i] = payload
                 self._put(i, kind, payload)
                 if kind in ("done", "failed"):
                     return
@@ -237,14 +240,10 @@ class _Agents:
     async def _last_words(self, i: int):
         """An agent whose connection or process ended may have said why just before (its
         "failed" message: a send to it can break before its reader got that far). Its words,
-        taken out of its queue, or None."""
+        or None."""
         with trio.move_on_after(self.LAST_WORDS_S):
             await self._heard_all[i].wait()
-        for entry in self._fifos[i]:
-            if entry[0] == "failed":
-                self._fifos[i].remove(entry)
-                return entry[1]
-        return None
+        return self._reports.get(i)
 
     async def _exit(self, i: int, proc: trio.Process) -> None:
         code = await proc.wait()
@@ -255,13 +254,17 @@ class _Agents:
             self._put(i, "exited", code)
 
     async def send_all(self, kind: str, payloads) -> None:
+        """Send to every agent. One that cannot take it (gone, or silent) is queued as failed,
+        and the task waiting on the agents (`settle`, `gather`) raises the job's failure: not
+        here, where the sender may be an agent's reader running a handler (a commit after an
+        ack), which would keep that agent's own report of why it failed from being read."""
         for i, (link, payload) in enumerate(zip(self.links, payloads)):
             try:
                 await link.send(kind, payload)
             except PeerSilent as exc:
-                await self._fail(i, "silent", exc.seconds, kind)
+                self._put(i, "silent", exc.seconds)
             except ChannelClosed as exc:
-                await self._fail(i, "lost", str(exc), kind)
+                self._put(i, "lost", str(exc))
 
     def _describe(self, i: int, what: str, payload, kind: str) -> str:
         if what == "failed":
@@ -288,13 +291,12 @@ class _Agents:
         if what == "failed":
             await trio.sleep(2 * self.LAST_WORDS_S)
             # an executor that reported its own failure and then exited did not die
-            others = [
-                (w, p, self._describe(j, w, p, kind))
-                for j, fifo in enumerate(self._fifos) if j != i
-                for w, p in fifo if not (w in ("exited", "lost") and any(f == "failed" for f, _ in fifo))
+            deaths = [
+                self._describe(j, w, p, kind)
+                for j, fifo in enumerate(self._fifos) if j != i and j not in self._reports
+                for w, p in fifo if w in ("exited", "lost", "silent")
             ]
-            deaths = [text for w, _, text in others if w in ("exited", "lost", "silent")]
-            causes = [text for w, p, text in others if w == "failed" and not _broken_channel(str(p))]
+            causes = [str(p) for j, p in sorted(self._reports.items()) if j != i and not _broken_channel(str(p))]
             if deaths:
                 message = f"{deaths[0]} (then {message})"
                 retryable = True

@@ -101,8 +101,8 @@ class AgentCheckpointing(Checkpointing):
             if kind == "savepoint":  # an in-memory transactional sink commits it at once (`_take`), as on one executor
                 self._kinds[n] = "savepoint"
             self._request(n, stop=kind == "savepoint")
-            if self._drained:  # nothing in flight any more: take it at once
-                self._take_now(n)
+            if self._drained and self._nursery is not None:  # nothing in flight any more: take it at once
+                self._take_now(n)  # (unless the run is over: it failed)
         elif kind == "stop":  # savepoint n is committed: the run ends here (nothing came after its barrier)
             self.savepoint = n
             self._body.cancel()
@@ -113,8 +113,7 @@ class AgentCheckpointing(Checkpointing):
         elif kind == "commit":
             for sink in self.sinks:
                 sink.commit(n)
-            if self._nursery is not None:  # (else the next message takes them)
-                self._nursery.start_soon(self._send, None, None)
+            self._spawn(self._send, None, None)  # (before the run: the next message takes them)
             log.debug("checkpoint committed", checkpoint=n, executor=self.executor)
         elif kind == "finish":
             self._released.set()
@@ -125,12 +124,15 @@ class AgentCheckpointing(Checkpointing):
 
     @contextlib.asynccontextmanager
     async def running(self):
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            with trio.CancelScope() as self._body:
-                yield
-            if self.savepoint is None:
-                await self._finish()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                with trio.CancelScope() as self._body:
+                    yield
+                if self.savepoint is None:
+                    await self._finish()
+        finally:
+            self._nursery = None  # the run ended (or failed): `_spawn` starts nothing more
 
     async def _finish(self) -> None:
         """Every input ended: take what was requested and not aligned (ended inputs deliver every
@@ -191,7 +193,7 @@ class AgentCheckpointing(Checkpointing):
         when the coordinator says "go_on" n, once every executor's part is in and n committed."""
 
     def _decline(self, outcome: Abort) -> None:
-        self._nursery.start_soon(self._send, "decline", (outcome.checkpoint, outcome.reason))
+        self._spawn(self._send, "decline", (outcome.checkpoint, outcome.reason))
 
     async def _send(self, kind: str | None, payload=None) -> None:
         """Send a message (None: none) to the coordinator, after the records committed before

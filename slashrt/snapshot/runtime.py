@@ -265,17 +265,27 @@ class Checkpointing:
     async def running(self):
         """Around the executor's run: triggers checkpoints while it runs, then takes the final one
         and waits until every checkpoint is written and committed."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            triggers = await nursery.start(self._trigger)
-            with trio.CancelScope() as body:
-                stopping = await nursery.start(self._stop_when_asked, body) if self.stop is not None else None
-                yield
-            triggers.cancel()
-            if stopping is not None:
-                stopping.cancel()
-            if self.savepoint is None:
-                await self._finish()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                triggers = await nursery.start(self._trigger)
+                with trio.CancelScope() as body:
+                    stopping = await nursery.start(self._stop_when_asked, body) if self.stop is not None else None
+                    yield
+                triggers.cancel()
+                if stopping is not None:
+                    stopping.cancel()
+                if self.savepoint is None:
+                    await self._finish()
+        finally:
+            self._nursery = None  # the run ended (or failed): `_spawn` starts nothing more
+
+    def _spawn(self, fn, *args) -> None:
+        """Start `fn(*args)` beside the run; nothing once the run ended: a coordinator's message
+        handled while the run fails (an operator's error) must not replace that error with
+        trio's "Nursery is closed"."""
+        if self._nursery is not None:
+            self._nursery.start_soon(fn, *args)
 
     async def _stop_when_asked(self, body: trio.CancelScope, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Stop with a savepoint when `stop` asks: the coordinator's final checkpoint at every source;
@@ -435,7 +445,7 @@ class Checkpointing:
             self.loops.open(n) if running else self.loops.take(n)
         positions = source_positions(self.sources.values(), n)
         log.debug("checkpoint snapshot", checkpoint=n, sync_s=time.perf_counter() - started)
-        self._nursery.start_soon(self._write, n, states, sync, positions, alignment.seconds)
+        self._spawn(self._write, n, states, sync, positions, alignment.seconds)
 
     async def _write(self, n: int, states: dict, sync: dict, positions: dict, alignment_s: float) -> None:
         try:

@@ -87,9 +87,41 @@ async def test_an_agents_report_of_its_failure_is_the_cause_even_when_a_send_to_
         await right.aclose()
         agents = _Agents([link], [None])
         agents.start(nursery)  # its reader runs only once this task waits: the send breaks first
+        await agents.send_all("commit", [1])  # (the agent that cannot take it is queued as failed)
         with pytest.raises(ClusterError) as caught:
-            await agents.send_all("commit", [1])
+            await agents.settle(lambda: False)
         assert str(caught.value) == "step 'f': RetryableError: away (on executor 0)" and caught.value.retryable
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_peers_broken_channel_yields_to_the_failure_that_broke_it_when_a_send_breaks_first(autojump_clock):
+    """Agent 1 acked a checkpoint, then its operator raised a RetryableError; agent 0's channel
+    from it broke, so agent 0 reported that and closed. Agent 1's reader handles the ack by
+    sending a commit to everyone, which breaks on agent 0 before agent 1's report is read: the
+    cause is agent 1's error (retryable), not agent 0's exit or its broken channel."""
+    from slashrt.cluster._control import send_message
+    from slashrt.cluster.coordinator import _Agents
+
+    pairs = [trio.testing.memory_stream_pair() for _ in range(2)]
+    async with trio.open_nursery() as nursery:
+        links = [Link(left, interval=1, timeout=3) for left, _ in pairs]
+        for link in links:
+            link.start(nursery)
+        said = ["ChannelClosed: channel failed: shm receiver (pid 7) closed the channel (on executor 0)",
+                "step 'f': RetryableError: away (on executor 1)"]
+        await send_message(pairs[0][1], "failed", said[0])
+        await pairs[0][1].aclose()
+        await send_message(pairs[1][1], "ack", 1)
+        await send_message(pairs[1][1], "failed", said[1])
+
+        async def commit(index, payload):  # as ClusterCheckpoints does once an ack completes a checkpoint
+            await agents.send_all("commit", [payload, payload])
+
+        agents = _Agents(links, [None, None], {"ack": commit})
+        agents.start(nursery)
+        with pytest.raises(ClusterError) as caught:
+            await agents.settle(lambda: False)
+        assert str(caught.value) == said[1] and caught.value.retryable
         nursery.cancel_scope.cancel()
 
 

@@ -17,10 +17,12 @@ before the stop takes the savepoint at once and its run ends on "stop", as the o
 
 from types import SimpleNamespace
 
+import pytest
 import trio
 import trio.testing
 
 from slashrt import StopHandle
+from slashrt.errors import unwrap_groups
 from slashrt.snapshot.cluster import AgentCheckpointing, ClusterCheckpoints
 from slashrt.snapshot.coordinator import AckStats, CheckpointConfig
 from slashrt.snapshot.state_format import State
@@ -293,3 +295,23 @@ def test_an_agent_that_drained_takes_the_savepoint_at_once_and_ends_on_stop(tmp_
     acks = [payload for kind, payload in link.sent if kind == "ack"]
     assert [n for n, *_ in acks] == [1] and acks[0][3] == {"r": {"0": {"fed": 10}}}
     assert [kind for kind, _ in link.sent] == ["drained", "ack"]  # no final checkpoint of its own
+
+
+@pytest.mark.parametrize("message", [("commit", 1), ("checkpoint", 2)])
+def test_a_coordinators_message_handled_after_the_run_failed_keeps_the_runs_error(tmp_path, message):
+    """The executor's run failed (an operator's error) and its checkpointing nursery closed; the
+    coordinator's commit (or a request, once drained) is then handled by the control task: it
+    starts nothing, so the job's error stays the operator's, not trio's "Nursery is closed"."""
+    link, exchange = Link(), Exchange()
+
+    async def main():
+        agent = one_source_agent(tmp_path, link, exchange)
+        agent._drained = True  # a request would be taken at once
+        with pytest.raises(ValueError, match="the operator failed"):
+            async with unwrap_groups(), agent.running():
+                raise ValueError("the operator failed")
+        agent.on_message(*message)  # the control task, after the run
+        await trio.testing.wait_all_tasks_blocked()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert link.sent == []
