@@ -1,8 +1,11 @@
 """A pass-through filter that slows a cluster's stream down, so that a stop asked early reaches
 the sources in the middle of the stream however loaded the machine is (tests/snapshot/
-test_cluster_stop.py, test_graph_cluster_stop.py), or so that the job cannot end before the
-kills planned at chosen points have fired (test_recovery_collect.py)."""
+test_cluster_stop.py, test_graph_cluster_stop.py), or so that the job cannot end before what its
+test asserts on has happened however fast the machine is: the kills planned at chosen points
+fired (test_recovery_collect.py, test_recovery.py, ...), or checkpoints completed in the middle of
+the stream (test_cluster_sync.py, ...)."""
 
+import glob
 import os
 import time
 from pathlib import Path
@@ -15,18 +18,27 @@ class Paced:
     records (each of the next `batches` batches takes `seconds` more), so that a stop asked
     early reaches the sources in the middle of the stream however loaded the machine is. With
     `tally` (a directory), each executor process keeps there how many records it has seen. With
-    `until=(directory, n)` it slows only while fewer than n files are in `directory` (the chaos
-    kills' markers: a job with kills still to fire cannot end however fast the machine is)."""
+    `until=(where, n)` it slows only while fewer than n paths are in `where`: a directory (its
+    entries: e.g. the chaos kills' markers, so a job with kills still to fire cannot end however
+    fast the machine is) or a glob pattern (e.g. `.../chk-*/_manifest.json`: the job cannot end
+    before n checkpoints completed, whatever their fsyncs cost); once there, it stays at full
+    speed (retention may remove checkpoints later)."""
 
     def __init__(self, after: int = 0, seconds: float = 0.0, batches: int = 10**9, tally=None, until=None):
         self.after, self.seconds, self.batches, self.seen, self.tally = after, seconds, batches, 0, tally
-        self.until = until
+        self.until, self.arrived = until, False
+
+    def _arrived(self) -> bool:
+        if not self.arrived:
+            where, n = self.until
+            self.arrived = len(glob.glob(str(where)) if glob.has_magic(str(where)) else os.listdir(where)) >= n
+        return self.arrived
 
     def __call__(self, batch):
         self.seen += len(batch)
         if self.tally is not None:
             (Path(self.tally) / f"seen-{os.getpid()}").write_text(str(self.seen))
-        if self.until is not None and len(os.listdir(self.until[0])) >= self.until[1]:
+        if self.until is not None and self._arrived():
             return np.ones(len(batch), bool)
         if self.seconds and self.seen > self.after and self.batches > 0:
             self.batches -= 1

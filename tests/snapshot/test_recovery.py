@@ -22,6 +22,7 @@ from slashrt.errors import SlashError
 from slashrt.ops.sinks import Collect
 
 from tests.snapshot import _cluster_child
+from tests.snapshot._paced import Paced
 
 SMALL = {"slots": 8, "slot_size": 1024, "partitions": 16}
 DATA = _cluster_child.records()
@@ -38,20 +39,32 @@ def bounded(flow, inputs, seconds: float = 60, **options):
     return trio.run(run)
 
 
-def flow(directory) -> Dataflow:
+def flow(directory, pace=None) -> Dataflow:
+    """`pace`: a pass-through filter behind the source (`tests.snapshot._paced.Paced`), or none."""
     job = Dataflow("recovery")
-    job.source("r", _cluster_child.SCHEMA, time="t", max_delay=20).window(Tumbling(ms=100)).sum(
-        "v", key="k", output="total").sink(ChaosCsv(directory, transactional=True), name="out")
+    source = job.source("r", _cluster_child.SCHEMA, time="t", max_delay=20)
+    source = source if pace is None else source.filter(pace, name="paced")
+    source.window(Tumbling(ms=100)).sum("v", key="k", output="total").sink(
+        ChaosCsv(directory, transactional=True), name="out")
     return job
+
+
+def until_killed(marks, kills: str) -> Paced:
+    """Each batch takes 4 ms more until every kill of `kills` fired (its marker is in `marks`), so
+    that however fast the machine the job cannot end before them (a run at full speed passes
+    only ~5 checkpoints per executor and 1-2 alignments)."""
+    return Paced(seconds=0.004, until=(marks, len(kills.split(";"))))
 
 
 def run(tmp_path, name: str, kills: str = "", restart="fixed-delay:attempts=5,delay=0", mode="slash",
         transport="shm", monkeypatch=None):
+    pace = None
     if kills:
         (tmp_path / f"{name}-marks").mkdir()
         monkeypatch.setenv(chaos.KILLS_ENV, kills)
         monkeypatch.setenv(chaos.MARKS_ENV, str(tmp_path / f"{name}-marks"))
-    return bounded(flow(tmp_path / name), {"r": DATA}, executors=2, mode=mode, transport=transport,
+        pace = until_killed(tmp_path / f"{name}-marks", kills)
+    return bounded(flow(tmp_path / name, pace), {"r": DATA}, executors=2, mode=mode, transport=transport,
                    checkpoint={"interval": 0.02, "keep": 2}, checkpoint_dir=tmp_path / f"{name}-chk", restart=restart,
                    **SMALL)
 
@@ -210,11 +223,13 @@ def test_kills_with_a_chunked_deterministic_source_recover_to_exactly_the_failur
     from slashrt.cluster import PerExecutor
 
     def go(name, make, kills=""):
+        pace = None
         if kills:
             (tmp_path / "marks").mkdir()
             monkeypatch.setenv(chaos.KILLS_ENV, kills)
             monkeypatch.setenv(chaos.MARKS_ENV, str(tmp_path / "marks"))
-        return bounded(flow(tmp_path / name), {"r": PerExecutor(make, deterministic=True)}, executors=2,
+            pace = until_killed(tmp_path / "marks", kills)
+        return bounded(flow(tmp_path / name, pace), {"r": PerExecutor(make, deterministic=True)}, executors=2,
                        checkpoint={"interval": 0.02, "keep": 2}, checkpoint_dir=tmp_path / f"{name}-chk",
                        restart="fixed-delay:attempts=5,delay=0", **SMALL)
 
