@@ -12,12 +12,15 @@ a transactional CSV sink under <directory> (out, late); checkpoints every 20 ms 
 <directory>/chk (<checkpoint mode>: "abs", the default, or "sync"); `resume_from="latest"`. <kill> is "none", or "<point>:<k>:<executor>": that
 executor SIGKILLs itself the k-th time its sink reaches <point>: "pre_commit" (output
 pre-committed, its state not yet written or acked) or "commit" (entering the commit: the
-checkpoint's manifest is written, this executor's output not yet published).
+checkpoint's manifest is written, this executor's output not yet published); until it has
+(its marker is in <directory>/marks) each batch takes 4 ms more, so that however fast the machine
+the job cannot end before the kill (a run at full speed completes only 4-6 checkpoints).
 Prints "done" at the end; exits 3 with the error's sentence if the job failed."""
 
 import os
 import signal
 import sys
+from pathlib import Path
 
 import numpy as np
 import trio
@@ -26,6 +29,8 @@ import slashrt
 from slashrt import Dataflow, Schema, Tumbling
 from slashrt.cluster import ClusterError, run_cluster_async
 from slashrt.ops.sinks import CsvFile
+
+from tests.snapshot._paced import Paced
 
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
 N = 100_000
@@ -43,9 +48,10 @@ def records(n: int = N, *, seed: int = 7, span: int = 10_000, disorder: int = 40
 
 
 class KillingCsv(CsvFile):
-    """A transactional CSV sink whose executor `KILL[2]` SIGKILLs itself at its k-th `KILL[0]`."""
+    """A transactional CSV sink whose executor `KILL[2]` SIGKILLs itself at its k-th `KILL[0]`,
+    leaving a marker in `MARKS` first."""
 
-    KILL = ("none", 0, -1)
+    KILL, MARKS = ("none", 0, -1), None
     calls = 0
 
     def for_executor(self, index: int):
@@ -58,6 +64,7 @@ class KillingCsv(CsvFile):
         if name == point and getattr(self, "index", None) == executor:
             type(self).calls += 1
             if type(self).calls == k:
+                (Path(self.MARKS) / "killed").touch()
                 os.kill(os.getpid(), signal.SIGKILL)
 
     def pre_commit(self, checkpoint: int) -> None:
@@ -69,9 +76,10 @@ class KillingCsv(CsvFile):
         super().commit(checkpoint)
 
 
-def flow(directory: str) -> Dataflow:
+def flow(directory: str, pace=None) -> Dataflow:
     job = Dataflow("cluster-chaos")
     source = job.source("r", SCHEMA, time="t", max_delay=20)
+    source = source if pace is None else source.filter(pace, name="paced")
     late = KillingCsv(f"{directory}/late", transactional=True)
     out = KillingCsv(f"{directory}/out", transactional=True)
     source.window(Tumbling(ms=100), late=late).sum("v", key="k", output="total").sink(out)
@@ -79,9 +87,12 @@ def flow(directory: str) -> Dataflow:
 
 
 def main(directory: str, mode: str, transport: str, executors: str, kill: str, checkpoint_mode: str = "abs") -> None:
+    pace = None
     if kill != "none":
         point, k, executor = kill.split(":")
-        KillingCsv.KILL = (point, int(k), int(executor))
+        KillingCsv.KILL, KillingCsv.MARKS = (point, int(k), int(executor)), f"{directory}/marks"
+        os.makedirs(KillingCsv.MARKS)
+        pace = Paced(seconds=0.004, until=(KillingCsv.MARKS, 1))
     checkpoints = dict(checkpoint={"interval": 0.02, "keep": 2, "mode": checkpoint_mode}, checkpoint_dir=f"{directory}/chk", resume_from="latest")
     if executors == "local":  # one executor, in this process (it cannot kill itself: its sinks have no index)
         slashrt.run(flow(directory), {"r": records()}, slots=8, slot_size=1024, **checkpoints)
@@ -89,7 +100,7 @@ def main(directory: str, mode: str, transport: str, executors: str, kill: str, c
         return
     try:
         result = trio.run(lambda: run_cluster_async(
-            flow(directory), {"r": records()}, executors=int(executors), transport=transport, mode=mode,
+            flow(directory, pace), {"r": records()}, executors=int(executors), transport=transport, mode=mode,
             partitions=16, slots=8, slot_size=1024, exchange_slots=4, **checkpoints,
         ))
     except ClusterError as exc:
