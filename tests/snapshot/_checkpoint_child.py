@@ -15,11 +15,14 @@ this process at the k-th time it reaches <point>: "records" (k thousand records 
 "pre_commit" (a sink pre-committed, before the state is written), "write_part" (a part
 written, before the rest: during the asynchronous write), "complete" (a manifest written,
 before the sinks commit) or "commit" (a sink committed: a checkpoint completed, the run goes
-on). Prints "done" at the end."""
+on). Until a kill at a checkpoint's point has fired, each batch of source "a" takes 4 ms more,
+so that however fast the machine the job cannot end before it (a run at full speed completes
+only 5-9 checkpoints). Prints "done" at the end."""
 
 import os
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +30,8 @@ import numpy as np
 import slashrt
 from slashrt import Dataflow, Schema, Tumbling, sinks
 from slashrt.ops.sinks import to_arrow
+
+from tests.snapshot._paced import Paced
 
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
 SIZES = {"a": 200_000, "b": 120_000, "c": 60_000}
@@ -99,9 +104,11 @@ def job_sinks(directory: str, inputs: str) -> dict:
     }
 
 
-def flow(out: dict) -> Dataflow:
+def flow(out: dict, pace=None) -> Dataflow:
+    """`pace`: a pass-through filter behind source a (`tests.snapshot._paced.Paced`), or none."""
     job = Dataflow("chaos")
     a, b, c = (job.source(name, SCHEMA, time="t", max_delay=20) for name in SIZES)
+    a = a if pace is None else a.filter(pace, name="paced")
     a.window(Tumbling(ms=100), late=out["late_a"]).sum("v", key="k").sink(out["out_a"])
     b.union(c).window(Tumbling(ms=100)).sum("v", key="k").sink(out["out_bc"])
     return job
@@ -116,10 +123,14 @@ def main(directory: str, kill: str, inputs: str = "arrays") -> None:
     point, _, k = kill.partition(":")
     on_records = None if point != "records" else lambda n: n >= int(k) * 1000 and os.kill(os.getpid(), signal.SIGKILL)
     transactions = RedisTransactions if inputs.startswith("redis") else PartFiles
+    pace = None
     if point not in ("none", "records"):
-        kill_at({"write_part": SnapshotStore, "complete": SnapshotStore}.get(point, transactions), point, int(k))
+        marks = tempfile.mkdtemp(prefix="marks-", dir=directory)
+        kill_at({"write_part": SnapshotStore, "complete": SnapshotStore}.get(point, transactions), point, int(k),
+                marker=f"{marks}/killed")
+        pace = Paced(seconds=0.004, until=(marks, 1))
     slashrt.run(
-        flow(job_sinks(directory, inputs)), job_inputs(inputs), checkpoint={"interval": 0.005, "keep": 2},
+        flow(job_sinks(directory, inputs), pace), job_inputs(inputs), checkpoint={"interval": 0.005, "keep": 2},
         checkpoint_dir=f"{directory}/chk", resume_from="latest", slots=8, slot_size=2048, on_records=on_records,
     )
     print("done", flush=True)

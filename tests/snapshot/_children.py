@@ -1,5 +1,6 @@
 """Helpers of the kill tests: run a child script in a new process, SIGKILL one at a chosen
-call (the child scripts import `kill_at`; the tests `run_child`), and read a job's published output."""
+call and slow it down until then (the child scripts import `kill_at`, `pace_at`; the tests
+`run_child`), and read a job's published output."""
 
 import os
 import signal
@@ -27,17 +28,31 @@ def run_child(script: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def kill_at(target, name: str, k: int):
+def kill_at(target, name: str, k: int, marker=None):
     """`target.name`, SIGKILLing this process after its k-th call returns (for an async
-    function: before the k-th coroutine runs)."""
+    function: before the k-th coroutine runs), creating the file `marker` first if given."""
     original, calls = getattr(target, name), [0]
 
     def wrapped(*args, **kwargs):
         result = original(*args, **kwargs)
         calls[0] += 1
         if calls[0] == k:
+            if marker is not None:
+                Path(marker).touch()
             os.kill(os.getpid(), signal.SIGKILL)
         return result
+
+    setattr(target, name, wrapped)
+
+
+def pace_at(target, name: str, pace) -> None:
+    """`target.name`, each call first taking the time `pace` (`tests.snapshot._paced.Paced`)
+    says: the pace of a step that is no filter (e.g. a loop's delivery of a fed-back batch)."""
+    original = getattr(target, name)
+
+    def wrapped(*args, **kwargs):
+        pace.hold()
+        return original(*args, **kwargs)
 
     setattr(target, name, wrapped)
 

@@ -15,9 +15,13 @@ delivered round the loop: in the middle of an epoch's iterations), "logged" (a b
 on a back edge was logged: a loop head's log is open), "replayed" (a logged batch is delivered
 again after a restore), "notify" (an operator is about to get a notification), "write_part"
 (a part written, before the rest), "fire" (a window is about to fire) or "complete" (a manifest written, before the sinks commit).
-Prints "done" at the end."""
+Until a kill at a checkpoint's point ("write_part", "complete") has fired, each delivery round the
+loop (each batch of the "counter" operator) takes 2 ms more, so that however fast the machine the
+job cannot end before it (a run at full speed completes only 3-11 checkpoints). Prints "done" at
+the end."""
 
 import sys
+import tempfile
 
 import numpy as np
 
@@ -143,7 +147,7 @@ def job(name: str, directory: str):
 
 
 def main(directory: str, name: str, kill: str) -> None:
-    from _children import kill_at  # run as a script: this directory is on its path
+    from _children import kill_at, pace_at  # run as a script: this directory is on its path
 
     from slashrt.ops.operator import OperatorNode
     from slashrt.ops.window import WindowAggregate
@@ -158,7 +162,14 @@ def main(directory: str, name: str, kill: str) -> None:
         "write_part": (SnapshotStore, "write_part"), "complete": (SnapshotStore, "complete"),
         "fire": (WindowAggregate, "_fire"),
     }
-    if point != "none":
+    if point in ("write_part", "complete"):  # (the others are passed as often whatever the timing)
+        from tests.snapshot._paced import Paced
+
+        marks = tempfile.mkdtemp(prefix="marks-", dir=directory)
+        kill_at(*targets[point], int(k), marker=f"{marks}/killed")
+        pace_at(*(targets["queued"] if name != "counter" else (CountPerKey, "on_batch")),
+                Paced(seconds=0.002, until=(marks, 1)))
+    elif point != "none":
         kill_at(*targets[point], int(k))
     flow, inputs = job(name, directory)
     slashrt.run(

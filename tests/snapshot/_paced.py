@@ -38,9 +38,15 @@ class Paced:
         self.seen += len(batch)
         if self.tally is not None:
             (Path(self.tally) / f"seen-{os.getpid()}").write_text(str(self.seen))
+        self.hold()
+        return np.ones(len(batch), bool)
+
+    def hold(self) -> None:
+        """Take `seconds` if the batch seen last is to be slowed. Also the pace of a step that is
+        no filter (`tests.snapshot._children.pace_at`: each call of a method, e.g. a loop's
+        delivery of a fed-back batch)."""
         if self.until is not None and self._arrived():
-            return np.ones(len(batch), bool)
-        if self.seconds and self.seen > self.after and self.batches > 0:
+            return
+        if self.seconds and self.seen >= self.after and self.batches > 0:
             self.batches -= 1
             time.sleep(self.seconds)
-        return np.ones(len(batch), bool)
