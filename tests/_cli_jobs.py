@@ -36,13 +36,22 @@ def counts(source: str = "events"):
 
 def csv_counts():
     """`counts` into a transactional CSV directory ($CLI_JOBS_OUT) whose executors carry the
-    chaos bench's kill hooks (`slashrt.bench.chaos`): what `--restart` recovers."""
+    chaos bench's kill hooks (`slashrt.bench.chaos`): what `--restart` recovers. Until every
+    planned kill fired (its marker in $SLASHRT_CHAOS_DIR) each batch takes 4 ms more, so that
+    however fast the machine the job cannot end before them (a run at full speed completes only
+    2-3 checkpoints, the last one at the end)."""
     import os
 
-    from slashrt.bench.chaos import ChaosCsv
+    from slashrt.bench.chaos import KILLS_ENV, MARKS_ENV, ChaosCsv
+
+    from tests.snapshot._paced import Paced
 
     flow = Dataflow("csv-counts")
-    flow.source("events", SCHEMA, time="t").window(Tumbling(ms=WINDOW_MS)).count(key="k").sink(
+    events = flow.source("events", SCHEMA, time="t")
+    if os.environ.get(KILLS_ENV):
+        events = events.filter(Paced(seconds=0.004, until=(os.environ[MARKS_ENV], len(os.environ[KILLS_ENV].split(";")))),
+                               name="paced")
+    events.window(Tumbling(ms=WINDOW_MS)).count(key="k").sink(
         ChaosCsv(os.environ["CLI_JOBS_OUT"], transactional=True), name="out")
     return flow, {"events": records()}
 
