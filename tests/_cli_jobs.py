@@ -44,13 +44,12 @@ def csv_counts():
 
     from slashrt.bench.chaos import KILLS_ENV, MARKS_ENV, ChaosCsv
 
-    from tests.snapshot._paced import Paced
+    from tests.snapshot._paced import until_fired
 
     flow = Dataflow("csv-counts")
     events = flow.source("events", SCHEMA, time="t")
     if os.environ.get(KILLS_ENV):
-        events = events.filter(Paced(seconds=0.004, until=(os.environ[MARKS_ENV], len(os.environ[KILLS_ENV].split(";")))),
-                               name="paced")
+        events = events.filter(until_fired(os.environ[MARKS_ENV], os.environ[KILLS_ENV]), name="paced")
     events.window(Tumbling(ms=WINDOW_MS)).count(key="k").sink(
         ChaosCsv(os.environ["CLI_JOBS_OUT"], transactional=True), name="out")
     return flow, {"events": records()}

@@ -22,6 +22,8 @@ from slashrt.connectors import FileSource, RedisStream, RedisStreamSink, read_st
 from slashrt.connectors.redis_streams import owner
 from slashrt.errors import SlashError
 
+from tests.snapshot._paced import until_fired
+
 SCHEMA = Schema({"t": "<i8", "k": "<i8", "v": "<i8"})
 RING = {"slots": 4, "slot_size": 1024}  # 42 records a slot: the data goes round each ring hundreds of times
 N = 30_000
@@ -36,10 +38,12 @@ def records(n: int = N, start: int = 0) -> np.ndarray:
     return out
 
 
-def windowed(name: str, sink) -> Dataflow:
+def windowed(name: str, sink, pace=None) -> Dataflow:
+    """`pace`: a pass-through filter behind the source (`tests.snapshot._paced.Paced`), or none."""
     flow = Dataflow(name)
-    flow.source("events", SCHEMA, time="t", max_delay=20).window(Tumbling(ms=100)).sum(
-        "v", key="k", output="total").sink(sink, name="out")
+    events = flow.source("events", SCHEMA, time="t", max_delay=20)
+    events = events if pace is None else events.filter(pace, name="paced")
+    events.window(Tumbling(ms=100)).sum("v", key="k", output="total").sink(sink, name="out")
     return flow
 
 
@@ -141,8 +145,9 @@ def test_a_killed_executor_reading_files_restarts_and_commits_every_record_once(
     kills = "align:1"
     monkeypatch.setenv(chaos.KILLS_ENV, kills)
     monkeypatch.setenv(chaos.MARKS_ENV, str(tmp_path / "marks"))
-    result = slashrt.run(windowed("w", ChaosCsv(tmp_path / "out", transactional=True)),
-                         {"events": FileSource(tmp_path / "in", batch_records=500)}, executors=2,
+    # (until it fired the job cannot end: a run at full speed aligns once per executor)
+    paced = windowed("w", ChaosCsv(tmp_path / "out", transactional=True), until_fired(tmp_path / "marks", kills))
+    result = slashrt.run(paced, {"events": FileSource(tmp_path / "in", batch_records=500)}, executors=2,
                          checkpoint={"interval": 0.01, "keep": 3}, checkpoint_dir=tmp_path / "chk",
                          restart="fixed-delay:attempts=5,delay=0", **RING)
     assert len(list((tmp_path / "marks").iterdir())) == 1 and len(result.recoveries) == 1

@@ -33,7 +33,7 @@ from slashrt.snapshot import SnapshotStore
 
 from tests.connectors import _file_job as job
 from tests.connectors.test_executors import RING, SCHEMA, records, write_files
-from tests.snapshot._paced import Paced
+from tests.snapshot._paced import Paced, until_fired
 from tests.snapshot.test_cluster_stop import stop_after_manifest
 
 JOB = str(Path(job.__file__))
@@ -120,7 +120,9 @@ def test_a_rescaled_run_with_a_killed_executor_restarts_and_commits_every_record
     (tmp_path / "marks").mkdir()
     monkeypatch.setenv(chaos.KILLS_ENV, "align:1")  # an executor SIGKILLed in the first alignment on 3
     monkeypatch.setenv(chaos.MARKS_ENV, str(tmp_path / "marks"))
-    result = slashrt.run(job.flow(tmp_path), {"events": job.source(tmp_path)}, executors=3,
+    # (until it fired the job cannot end: the rest of the stream aligns 1-2 times per executor)
+    paced = job.flow(tmp_path, until_fired(tmp_path / "marks", "align:1"))
+    result = slashrt.run(paced, {"events": job.source(tmp_path)}, executors=3,
                          checkpoint={"interval": 0.01, "keep": 3}, checkpoint_dir=tmp_path / "chk",
                          resume_from="latest", restart="fixed-delay:attempts=5,delay=0", **RING)
     assert len(list((tmp_path / "marks").iterdir())) == 1 and len(result.recoveries) == 1

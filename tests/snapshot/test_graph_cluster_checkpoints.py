@@ -34,7 +34,7 @@ from slashrt.examples.cc_partitioned import MESSAGES, cc_partitioned_flow, label
 
 from tests.cluster import test_cc_partitioned as cc
 from tests.snapshot import _graph_flow
-from tests.snapshot._paced import Paced
+from tests.snapshot._paced import until_fired
 
 RINGS = {"slot_size": 256, "slots": 4}
 CHECKPOINTS = {"interval": 0.01, "keep": 1000}
@@ -94,7 +94,7 @@ def test_sigkills_recovered_by_restart_publish_exactly_the_failure_free_output(t
     kills = "align:2;async:4;pre_commit:7"  # during alignment, during the async write, between pre-commit and commit
     chaos_env(monkeypatch, tmp_path, kills)
     # (each batch of source a takes 4 ms more until all three fired: the job cannot end before them)
-    pace = Paced(seconds=0.004, until=(tmp_path / "marks", 3))
+    pace = until_fired(tmp_path / "marks", kills)
     result = slashrt.run(
         _graph_flow.flow(tmp_path / "out", pace=pace), _graph_flow.inputs(), executors=3, transport="tcp",
         checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", restart="fixed-delay:attempts=5,delay=0", **RINGS,

@@ -22,7 +22,7 @@ from slashrt.errors import SlashError
 from slashrt.ops.sinks import Collect
 
 from tests.snapshot import _cluster_child
-from tests.snapshot._paced import Paced
+from tests.snapshot._paced import until_fired
 
 SMALL = {"slots": 8, "slot_size": 1024, "partitions": 16}
 DATA = _cluster_child.records()
@@ -49,21 +49,15 @@ def flow(directory, pace=None) -> Dataflow:
     return job
 
 
-def until_killed(marks, kills: str) -> Paced:
-    """Each batch takes 4 ms more until every kill of `kills` fired (its marker is in `marks`), so
-    that however fast the machine the job cannot end before them (a run at full speed passes
-    only ~5 checkpoints per executor and 1-2 alignments)."""
-    return Paced(seconds=0.004, until=(marks, len(kills.split(";"))))
-
-
 def run(tmp_path, name: str, kills: str = "", restart="fixed-delay:attempts=5,delay=0", mode="slash",
         transport="shm", monkeypatch=None):
-    pace = None
+    pace = None  # with kills: the job cannot end before them (a run at full speed passes ~5
+    # checkpoints per executor, 1-2 alignments)
     if kills:
         (tmp_path / f"{name}-marks").mkdir()
         monkeypatch.setenv(chaos.KILLS_ENV, kills)
         monkeypatch.setenv(chaos.MARKS_ENV, str(tmp_path / f"{name}-marks"))
-        pace = until_killed(tmp_path / f"{name}-marks", kills)
+        pace = until_fired(tmp_path / f"{name}-marks", kills)
     return bounded(flow(tmp_path / name, pace), {"r": DATA}, executors=2, mode=mode, transport=transport,
                    checkpoint={"interval": 0.02, "keep": 2}, checkpoint_dir=tmp_path / f"{name}-chk", restart=restart,
                    **SMALL)
@@ -228,7 +222,7 @@ def test_kills_with_a_chunked_deterministic_source_recover_to_exactly_the_failur
             (tmp_path / "marks").mkdir()
             monkeypatch.setenv(chaos.KILLS_ENV, kills)
             monkeypatch.setenv(chaos.MARKS_ENV, str(tmp_path / "marks"))
-            pace = until_killed(tmp_path / "marks", kills)
+            pace = until_fired(tmp_path / "marks", kills)
         return bounded(flow(tmp_path / name, pace), {"r": PerExecutor(make, deterministic=True)}, executors=2,
                        checkpoint={"interval": 0.02, "keep": 2}, checkpoint_dir=tmp_path / f"{name}-chk",
                        restart="fixed-delay:attempts=5,delay=0", **SMALL)

@@ -23,7 +23,7 @@ from slashrt.snapshot.cluster import AgentCheckpointing
 from slashrt.snapshot.collected import COMMITTED, Committed, Outbox
 
 from tests.snapshot import _cluster_child
-from tests.snapshot._paced import Paced
+from tests.snapshot._paced import until_fired
 from tests.snapshot.test_recovery import bounded
 
 SMALL = {"slots": 8, "slot_size": 1024, "partitions": 16}
@@ -75,7 +75,7 @@ def run_and_check(tmp_path, monkeypatch, reference, kills: str, executors: int, 
     monkeypatch.setenv(chaos.MARKS_ENV, str(tmp_path / "marks"))
     collect, calls = chaos.ChaosCollect(transactional=True), Calls()
     callback = chaos.ChaosCallback(calls)
-    pace = Paced(seconds=0.004, until=(tmp_path / "marks", len(kills.split(";"))))
+    pace = until_fired(tmp_path / "marks", kills)
     result = bounded(flow(*((collect, callback) if collect_out else (callback, collect)), pace), {"r": DATA},
                      executors=executors, transport=transport, checkpoint={"interval": 0.02, "keep": 2},
                      checkpoint_dir=tmp_path / "chk", restart="fixed-delay:attempts=6,delay=0", **SMALL)
