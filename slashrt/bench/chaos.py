@@ -18,7 +18,10 @@ Two kinds of kills, all SIGKILL of a real agent process:
   (committed records sent, `slashrt.snapshot.collected`). Each entry `point:k` fires once in the job's life (a marker file
   under `SLASHRT_CHAOS_DIR` claims it; whichever executor reaches its k-th `point` first dies),
   in order, each in an attempt (agents) started after the previous one fired: two entries
-  `pre_commit:1` in a row kill the job twice before any checkpoint completes.
+  `pre_commit:1` in a row kill the job twice before any checkpoint completes. With
+  `SLASHRT_CHAOS_PACE` (seconds; the bench sets 0.002) each source of an agent takes that much
+  more per run of buffers until every chosen kill fired, so that however fast the machine (or
+  slow its checkpoints) the job cannot end before them.
 
 The sink is a transactional CSV directory (`ChaosCsv`): what a reader sees is what was
 committed; or with `--sink collect` a transactional Collect (`ChaosCollect`): what the run
@@ -54,7 +57,8 @@ from slashrt.ops.sinks import Callback, Collect, CsvFile
 
 __all__ = ["bench", "ChaosCsv", "ChaosRedis", "ChaosCollect", "ChaosCallback", "CHOSEN", "published", "committed"]
 
-KILLS_ENV, MARKS_ENV = "SLASHRT_CHAOS_KILLS", "SLASHRT_CHAOS_DIR"
+KILLS_ENV, MARKS_ENV, PACE_ENV = "SLASHRT_CHAOS_KILLS", "SLASHRT_CHAOS_DIR", "SLASHRT_CHAOS_PACE"
+PACE = 0.002  # the bench's: a run of 100k events per executor feeds ~800 runs of buffers
 POINTS = ("align", "async", "pre_commit", "commit", "sent")
 # during alignment, during the asynchronous write, between pre-commit and commit, twice in a row
 CHOSEN = "align:2;async:3;pre_commit:2;pre_commit:1;pre_commit:1"
@@ -145,6 +149,18 @@ def _reached(point: str) -> None:
         return
 
 
+_all_fired = False
+
+
+def _fired() -> bool:
+    """Every chosen kill fired (its marker exists): once true, stays true in this process."""
+    global _all_fired
+    if not _all_fired:
+        directory = os.environ.get(MARKS_ENV)
+        _all_fired = directory is None or len(os.listdir(directory)) >= len(_entries())
+    return _all_fired
+
+
 def _install_hooks() -> None:
     """Wrap, in this agent process, the moments "align", "async" and "sent" pass (once per process)."""
     global _installed
@@ -181,6 +197,18 @@ def _install_hooks() -> None:
             _reached("sent")
 
     AgentCheckpointing._send = sending
+    pace = float(os.environ.get(PACE_ENV) or 0)
+    if pace:
+        from slashrt.snapshot.runtime import SourceBarriers
+
+        due = SourceBarriers.due
+
+        def pacing(barriers):  # asked by every source between two runs of buffers (or reads)
+            if not _fired():
+                time.sleep(pace)
+            return due.fget(barriers)
+
+        SourceBarriers.due = property(pacing)
 
 
 def published(directory) -> collections.Counter:
@@ -368,8 +396,8 @@ def _trial(ends, directory: str, kills: int, query: str, executors: int, transpo
     restart = f"fixed-delay:attempts={kills + planned + 2},delay=0"
     done, times = threading.Event(), []
     killer = threading.Thread(target=_killer, args=(kills, executors, random.Random(seed), done, times), daemon=True)
-    saved = {k: os.environ.get(k) for k in (KILLS_ENV, MARKS_ENV)}
-    os.environ.update({KILLS_ENV: chosen, MARKS_ENV: f"{directory}/marks"})
+    saved = {k: os.environ.get(k) for k in (KILLS_ENV, MARKS_ENV, PACE_ENV)}
+    os.environ.update({KILLS_ENV: chosen, MARKS_ENV: f"{directory}/marks", PACE_ENV: str(PACE)})
     killer.start()
     try:
         result = ends.run("out", checkpoint_dir=f"{directory}/chk", restart=restart, **options)
