@@ -22,16 +22,22 @@ class Paced:
     entries: e.g. the chaos kills' markers, so a job with kills still to fire cannot end however
     fast the machine is) or a glob pattern (e.g. `.../chk-*/_manifest.json`: the job cannot end
     before n checkpoints completed, whatever their fsyncs cost); once there, it stays at full
-    speed (retention may remove checkpoints later)."""
+    speed (retention may remove checkpoints later). With `fresh`, only the paths that came after
+    it began to slow count (n checkpoints taken after each executor's first `after` records)."""
 
-    def __init__(self, after: int = 0, seconds: float = 0.0, batches: int = 10**9, tally=None, until=None):
+    def __init__(self, after: int = 0, seconds: float = 0.0, batches: int = 10**9, tally=None, until=None,
+                 fresh: bool = False):
         self.after, self.seconds, self.batches, self.seen, self.tally = after, seconds, batches, 0, tally
-        self.until, self.arrived = until, False
+        self.until, self.fresh, self.arrived, self.base = until, fresh, False, None
 
     def _arrived(self) -> bool:
         if not self.arrived:
             where, n = self.until
-            self.arrived = len(glob.glob(str(where)) if glob.has_magic(str(where)) else os.listdir(where)) >= n
+            found = len(glob.glob(str(where)) if glob.has_magic(str(where)) else os.listdir(where))
+            if self.fresh:
+                self.base = found if self.base is None else self.base
+                found -= self.base
+            self.arrived = found >= n
         return self.arrived
 
     def __call__(self, batch):
@@ -45,11 +51,12 @@ class Paced:
         """Take `seconds` if the batch seen last is to be slowed. Also the pace of a step that is
         no filter (`tests.snapshot._children.pace_at`: each call of a method, e.g. a loop's
         delivery of a fed-back batch)."""
+        if not self.seconds or self.seen < self.after or self.batches <= 0:
+            return
         if self.until is not None and self._arrived():
             return
-        if self.seconds and self.seen >= self.after and self.batches > 0:
-            self.batches -= 1
-            time.sleep(self.seconds)
+        self.batches -= 1
+        time.sleep(self.seconds)
 
 
 def until_fired(marks, kills: str) -> Paced:

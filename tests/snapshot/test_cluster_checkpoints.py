@@ -24,6 +24,7 @@ from slashrt.snapshot import SnapshotStore
 
 from tests.snapshot import _children, _cluster_child  # the kill tests' job; its input for the in-process ones
 from tests.snapshot._children import run_child
+from tests.snapshot._paced import Paced
 
 CHILD = Path(_cluster_child.__file__)
 SMALL_RINGS = {"slots": 8, "slot_size": 1024, "partitions": 16}
@@ -95,9 +96,11 @@ def test_every_cluster_checkpoint_holds_exactly_what_the_sources_fed_before_thei
     data = np.tile(_cluster_child.records(), 4)  # long enough for several checkpoints in the middle
     data["t"] = np.arange(len(data)) // 10
     job = Dataflow("align")
-    job.source("r", _cluster_child.SCHEMA, time="t").window(Tumbling(ms=10**9)).count(key="k").sink(
-        Collect(transactional=True), name="out"
-    )
+    # each batch 4 ms slower until 4 checkpoints completed: the stream cannot end before (a run
+    # at full speed completes ~12, with 50 ms fsyncs 2)
+    pace = Paced(seconds=0.004, until=(tmp_path / "align" / "chk-*" / "_manifest.json", 4))
+    job.source("r", _cluster_child.SCHEMA, time="t").filter(pace, name="paced").window(Tumbling(ms=10**9)).count(
+        key="k").sink(Collect(transactional=True), name="out")
     slashrt.run(
         job, {"r": data}, executors=2, mode=mode, checkpoint={"interval": 0.005, "keep": 1000},
         checkpoint_dir=tmp_path, **SMALL_RINGS,
