@@ -25,6 +25,7 @@ from slashrt.errors import SlashError
 from slashrt.ops.sinks import Collect
 from slashrt.snapshot import SnapshotStore
 
+from tests.snapshot._paced import Paced
 from tests.snapshot.test_recovery import bounded
 
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
@@ -41,9 +42,12 @@ def records(n: int = N) -> np.ndarray:
     return out
 
 
-def two_stages(name: str, sink, first_ms: int = 100, second_ms: int = 500) -> Dataflow:
+def two_stages(name: str, sink, first_ms: int = 100, second_ms: int = 500, pace=None) -> Dataflow:
+    """`pace`: a pass-through filter behind the source (`tests.snapshot._paced.Paced`), or none."""
     job = Dataflow(name)
-    counts = job.source("r", SCHEMA, time="t").window(Tumbling(ms=first_ms)).count(key="k", output="n")
+    source = job.source("r", SCHEMA, time="t")
+    source = source if pace is None else source.filter(pace, name="paced")
+    counts = source.window(Tumbling(ms=first_ms)).count(key="k", output="n")
     counts = counts.with_column("g", lambda b: b["k"] % G, dtype="i8")
     counts.window(Tumbling(ms=second_ms)).sum("n", key="g", output="total").sink(sink, name="out")
     return job
@@ -121,7 +125,12 @@ def test_every_chained_checkpoint_is_a_consistent_cut_through_both_stages_and_re
     # 256 KiB of counts (~2 firings), so most barriers find an epoch open in both
     data = records(5 * N)
     options = {"executors": 2, "mode": mode, "epoch_bytes": 1 << 18, **SMALL}
-    bounded(two_stages("cut", Collect(transactional=True), 200, 10**9), {"r": data},
+    # past a third of its records, each executor's batches take 4 ms more until 4 more checkpoints
+    # completed: cuts through both stages' open windows however fast the machine or slow the
+    # fsyncs (at full speed a run completes ~20, with 50 ms fsyncs none in the middle)
+    pace = Paced(after=len(data) // 6, seconds=0.004, until=(tmp_path / "cut" / "chk-*" / "_manifest.json", 4),
+                 fresh=True)
+    bounded(two_stages("cut", Collect(transactional=True), 200, 10**9, pace), {"r": data},
             checkpoint={"interval": 0.002, "keep": 1000}, checkpoint_dir=tmp_path, **options)
     store = SnapshotStore(tmp_path, job="cut", keep=1000)
     first, second = "cut.count_window_1", "cut.sum_window_3"
