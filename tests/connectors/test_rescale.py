@@ -17,8 +17,9 @@ from slashrt.connectors import RedisStream, write_stream
 from slashrt.errors import SlashError
 from slashrt.snapshot import SnapshotStore
 from tests.connectors.test_executors import RING, checkpoints_in_the_middle, counting, records
+from tests.snapshot._paced import Paced
 
-N = 200_000  # long enough for checkpoints in the middle, also on a loaded machine
+N = 200_000
 
 
 def exact(out, data) -> bool:
@@ -29,12 +30,10 @@ def exact(out, data) -> bool:
 def middle_of(make, tmp_path, executors: int) -> tuple:
     """(checkpoint directory, a checkpoint taken with every executor in the middle of its input)
     of a run on `executors`."""
-    for attempt in range(5):  # periodic checkpoints on a loaded machine may all fall at the ends
-        directory = tmp_path / f"chk{executors}-{attempt}"
-        middle = checkpoints_in_the_middle(make, dict(executors=executors, checkpoint_dir=directory, **RING), N)
-        if middle:
-            return directory, middle[len(middle) // 2]
-    raise AssertionError(f"no checkpoint in the middle of the input in 5 runs on {executors} executors")
+    directory = tmp_path / f"chk{executors}"
+    middle = checkpoints_in_the_middle(make, dict(executors=executors, checkpoint_dir=directory, **RING), N)
+    assert middle, executors
+    return directory, middle[len(middle) // 2]
 
 
 def stopped_at_once(make, taken: tuple, tmp_path, executors: int) -> tuple:
@@ -116,19 +115,17 @@ def test_a_savepoint_of_three_resumes_on_two_into_a_transactional_stream(redis, 
 
     data = records(N)
     write_stream(redis.url, "events", data, entry_bytes=24 * 40)
-    for attempt in range(5):  # stopped in the middle of the stream (a loaded machine may read it all first)
-        out = f"out{attempt}"
-        stop = StopHandle()
-        stop_after_manifest(monkeypatch, stop, 2)
-        directory = tmp_path / f"chk{attempt}"
-        stopped = slashrt.run(windowed("w", RedisStreamSink(redis.url, out, transactional=True)),
-                              {"events": RedisStream(redis.url, "events", count=16)}, executors=3,
-                              checkpoint=0.002, checkpoint_dir=directory, stop=stop, **RING)
-        monkeypatch.undo()
-        saved = SnapshotStore(directory, job="w").load(stopped.savepoint)
-        fed = sum(p["fed"] for p in saved.meta["sources"]["w.events"].values())
-        if 0 < fed < N:
-            break
+    out, directory, stop = "out", tmp_path / "chk", StopHandle()
+    stop_after_manifest(monkeypatch, stop, 2)
+    # each batch 4 ms slower until the savepoint (the third checkpoint) completed: stopped in the
+    # middle of the stream however fast the machine
+    pace = Paced(seconds=0.004, until=(directory / "w" / "chk-*" / "_manifest.json", 3))
+    stopped = slashrt.run(windowed("w", RedisStreamSink(redis.url, out, transactional=True), pace),
+                          {"events": RedisStream(redis.url, "events", count=16)}, executors=3,
+                          checkpoint=0.002, checkpoint_dir=directory, stop=stop, **RING)
+    monkeypatch.undo()
+    saved = SnapshotStore(directory, job="w").load(stopped.savepoint)
+    fed = sum(p["fed"] for p in saved.meta["sources"]["w.events"].values())
     assert stopped.savepoint is not None and 0 < fed < N
     resumed = slashrt.run(windowed("w", RedisStreamSink(redis.url, out, transactional=True)),
                           {"events": RedisStream(redis.url, "events", count=16)}, executors=2,
