@@ -34,7 +34,7 @@ from slashrt.examples.cc_partitioned import MESSAGES, cc_partitioned_flow, label
 
 from tests.cluster import test_cc_partitioned as cc
 from tests.snapshot import _graph_flow
-from tests.snapshot._paced import until_fired
+from tests.snapshot._paced import Paced, until_fired
 
 RINGS = {"slot_size": 256, "slots": 4}
 CHECKPOINTS = {"interval": 0.01, "keep": 1000}
@@ -145,13 +145,15 @@ def test_a_loop_shipping_every_round_killed_on_tcp_and_resumed_from_latest_is_ex
     assert sum(reference.values()) == _graph_flow.N
     chaos_env(monkeypatch, tmp_path, "pre_commit:3")
     options = dict(executors=3, transport="tcp", checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", **RINGS)
+    # (each round 4 ms slower until the kill fired: with 50 ms fsyncs the job ended before it)
     with pytest.raises(SlashError, match=r"executor \d was killed by signal 9 \(SIGKILL\)"):
-        slashrt.run(_graph_flow.hop_flow(tmp_path / "out"), inputs, **options)
+        slashrt.run(_graph_flow.hop_flow(tmp_path / "out", until_fired(tmp_path / "marks", "pre_commit:3")), inputs,
+                    **options)
     assert sum(published(tmp_path / "out" / "hopped").values()) < _graph_flow.N  # killed mid-job
     store = SnapshotStore(tmp_path / "chk", job="hop-ckpt", keep=1000)
     latest = store.latest()
     monkeypatch.delenv(chaos.KILLS_ENV)
-    result = slashrt.run(_graph_flow.hop_flow(tmp_path / "out"), inputs, resume_from="latest", **options)
+    result = slashrt.run(_graph_flow.hop_flow(tmp_path / "out", Paced()), inputs, resume_from="latest", **options)
     assert result.resumed_from == latest.number
     assert published(tmp_path / "out" / "hopped") == reference
     in_flight = [
@@ -168,7 +170,8 @@ def test_windows_inside_a_loop_on_a_cluster_recover_exactly_once(tmp_path, monke
     flow, data = _graph_flow.loop_window_flow, _graph_flow.loop_window_inputs()
     slashrt.run(flow(tmp_path / "ref"), data, checkpoint_dir=tmp_path / "ref-chk")
     chaos_env(monkeypatch, tmp_path, "pre_commit:2")
-    result = slashrt.run(flow(tmp_path / "out"), data, executors=2, transport="shm", checkpoint=CHECKPOINTS,
+    result = slashrt.run(flow(tmp_path / "out", until_fired(tmp_path / "marks", "pre_commit:2")), data, executors=2,
+                         transport="shm", checkpoint=CHECKPOINTS,
                          checkpoint_dir=tmp_path / "chk", restart="fixed-delay:attempts=3,delay=0", **RINGS)
     assert len(result.recoveries) == 1 and result.recoveries[0]["checkpoint"] is not None
     reference = published(tmp_path / "ref")
