@@ -3,21 +3,27 @@ writing under $SLASHRT_TEST_OUT. $SLASHRT_TEST_AT ("<point>:<k>", several comma-
 the k-th pass of <point> ("pre_commit": a sink pre-committed; "write_part": a part written,
 during the asynchronous write; "complete": a manifest written, before the sinks commit) the
 process prints "at <point>:<k>" and waits for a line on its standard input: the test then signals or
-SIGKILLs it at that very point."""
+SIGKILLs it at that very point. Until every such point was reached each batch of source "a" takes
+4 ms more, so that however fast the machine the job cannot end before them (a run at full speed
+completes only 5-9 checkpoints)."""
 
 import os
 import sys
+import tempfile
+from pathlib import Path
 
 from _checkpoint_child import SIZES, flow, job_sinks, records
 
 
-def pause_at(target, name: str, k: int) -> None:
+def pause_at(target, name: str, k: int, marker: str) -> None:
+    """Pause at the k-th call of `target.name` (after it returns), creating the file `marker` first."""
     original, calls = getattr(target, name), [0]
 
     def wrapped(*args, **kwargs):
         result = original(*args, **kwargs)
         calls[0] += 1
         if calls[0] == k:
+            Path(marker).touch()
             print(f"at {name}:{k}", flush=True)
             sys.stdin.readline()
         return result
@@ -29,10 +35,17 @@ def job():
     from slashrt.snapshot.commit import PartFiles
     from slashrt.snapshot.storage import SnapshotStore
 
-    for at in filter(None, os.environ.get("SLASHRT_TEST_AT", "").split(",")):
+    from tests.snapshot._paced import Paced
+
+    directory = os.environ["SLASHRT_TEST_OUT"]
+    ats = [at for at in os.environ.get("SLASHRT_TEST_AT", "").split(",") if at]
+    marks = tempfile.mkdtemp(prefix="marks-", dir=directory) if ats else None
+    for at in ats:
         point, _, k = at.partition(":")
-        pause_at({"pre_commit": PartFiles, "write_part": SnapshotStore, "complete": SnapshotStore}[point], point, int(k))
-    return flow(job_sinks(os.environ["SLASHRT_TEST_OUT"], "arrays")), {name: records(name) for name in SIZES}
+        pause_at({"pre_commit": PartFiles, "write_part": SnapshotStore, "complete": SnapshotStore}[point], point, int(k),
+                 f"{marks}/{at}")
+    pace = Paced(seconds=0.004, until=(marks, len(ats))) if ats else None
+    return flow(job_sinks(directory, "arrays"), pace), {name: records(name) for name in SIZES}
 
 
 class SignalAt:
