@@ -47,10 +47,12 @@ def kill_at(target, name: str, k: int, marker=None):
 
 def pace_at(target, name: str, pace) -> None:
     """`target.name`, each call first taking the time `pace` (`tests.snapshot._paced.Paced`)
-    says: the pace of a step that is no filter (e.g. a loop's delivery of a fed-back batch)."""
+    says, each call one record seen: the pace of a step that is no filter (e.g. a loop's
+    delivery of a fed-back batch)."""
     original = getattr(target, name)
 
     def wrapped(*args, **kwargs):
+        pace.seen += 1
         pace.hold()
         return original(*args, **kwargs)
 
