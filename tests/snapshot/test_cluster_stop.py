@@ -167,14 +167,20 @@ def test_a_failed_savepoint_lets_the_cluster_go_on(tmp_path, monkeypatch, refere
     stop_after_manifest(monkeypatch, stop, 2)
     on_ack = cluster_snapshots.ClusterCheckpoints._on_ack
 
+    declined = tmp_path / "declined"
+    declined.mkdir()
+
     async def decline_the_savepoint(self, executor, payload):
         if self._kinds.get(payload[0]) == "savepoint":
+            (declined / "savepoint").touch()
             return await self._on_decline(executor, (payload[0], "forced by the test"))
         return await on_ack(self, executor, payload)
 
     monkeypatch.setattr(cluster_snapshots.ClusterCheckpoints, "_on_ack", decline_the_savepoint)
-    # slowed for a while (the savepoint fails in the middle of the stream), then at full speed
-    result, out = run(tmp_path, 2, pace=Paced(after=8_000, seconds=0.004, batches=100), checkpoint=0.005, stop=stop)
+    # slowed until the savepoint was declined (it fails in the middle of the stream), then at full
+    # speed (slowed 100 batches only, with 50 ms fsyncs the stream ended before the savepoint)
+    result, out = run(tmp_path, 2, pace=Paced(after=8_000, seconds=0.004, until=(declined, 1)), checkpoint=0.005,
+                      stop=stop)
     assert result.savepoint is None
     ended = {c["checkpoint"]: c for c in result.checkpoints}
     (failed,) = [n for n, c in ended.items() if c["savepoint"] and c["status"] == "aborted"]
