@@ -117,7 +117,9 @@ def window_inputs(name: str) -> dict[str, np.ndarray]:
     return {"src": input_records(11, WINDOW_RECORDS[name])}
 
 
-def job(name: str, directory: str):
+def job(name: str, directory: str, pace=None):
+    """(flow, inputs) of job `name`; `pace`: a pass-through filter behind circulate's source
+    (`tests.snapshot._paced.Paced`), or none."""
     sink = sinks.CsvFile(f"{directory}/out", transactional=True)
     if name in ("windows", "nested-windows"):
         from tests.test_loop_windows import REC, halving
@@ -137,6 +139,7 @@ def job(name: str, directory: str):
     if name == "circulate":
         flow = Dataflow("circulate")
         src = flow.source("a", CIRCLING, time="t")
+        src = src if pace is None else src.filter(pace, name="paced")
         with flow.loop("round", max_iterations=ROUNDS) as loop:
             body = loop.enter(src).with_column("n", lambda b: b["n"] + 1, dtype="i8")
             loop.feed_back(body.filter(lambda b: b["n"] < ROUNDS))

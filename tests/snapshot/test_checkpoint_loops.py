@@ -34,6 +34,7 @@ from slashrt.snapshot import SnapshotStore, decode_state, encode_state
 
 from tests.snapshot import _loop_child as job
 from tests.snapshot._children import run_child
+from tests.snapshot._paced import Paced
 
 CHILD = Path(__file__).with_name("_loop_child.py")
 
@@ -313,15 +314,18 @@ def test_a_stateless_operator_and_connect_apply_run_checkpointed(tmp_path):
 
 
 def test_stop_the_world_takes_what_the_back_edges_hold(tmp_path):
-    def run(directory, **options):
-        flow, inputs = job.job("circulate", str(directory))
+    def run(directory, pace=None, **options):
+        flow, inputs = job.job("circulate", str(directory), pace)
         slashrt.run(flow, inputs, slots=4, slot_size=1024, **options)
         return published(directory)
 
     # nothing published without checkpoints (a transactional sink commits at them): compare
     # with the asynchronous mode's output
     asynchronous = run(tmp_path / "abs", checkpoint_dir=tmp_path / "abs" / "chk")
-    stopped = run(tmp_path / "sync", checkpoint={"interval": 0.1, "mode": "sync", "keep": 100},
+    # (each batch of the source 4 ms slower until a periodic one completed: a run lasts only
+    # ~5 intervals of 0.1 s)
+    pace = Paced(seconds=0.004, until=(tmp_path / "sync" / "chk" / "circulate" / "chk-*" / "_manifest.json", 1))
+    stopped = run(tmp_path / "sync", pace, checkpoint={"interval": 0.1, "mode": "sync", "keep": 100},
                   checkpoint_dir=tmp_path / "sync" / "chk")
     assert stopped == asynchronous and len(stopped) == len(job.circulate_inputs()["a"])
     store = SnapshotStore(tmp_path / "sync" / "chk", job="circulate", keep=100)
