@@ -67,15 +67,15 @@ def until_fired(marks, kills: str) -> Paced:
 
 
 def paced_chunks(make, pace: Paced, records: int):
-    """A `PerExecutor` maker whose executor input is `make`'s in chunks of `records`, each first
-    taking the time `pace` says: the pace of a flow whose steps the test cannot add a filter to
-    (an example's)."""
+    """A `PerExecutor` maker whose executor input is `make`'s in chunks of `records`, each after
+    the first taking the time `pace` says: the pace of a flow whose steps the test cannot add a
+    filter to (an example's)."""
     return functools.partial(_chunks, make, pace, records)
 
 
 def _chunks(make, pace: Paced, records: int, index: int, executors: int):
     whole = make(index, executors)
     for start in range(0, len(whole), records):
+        yield whole[start:start + records].copy()
         pace.seen += min(records, len(whole) - start)
         pace.hold()
-        yield whole[start:start + records].copy()
