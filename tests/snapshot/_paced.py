@@ -5,6 +5,7 @@ test asserts on has happened however fast the machine is: the kills planned at c
 fired (test_recovery_collect.py, test_recovery.py, ...), or checkpoints completed in the middle of
 the stream (test_cluster_sync.py, ...)."""
 
+import functools
 import glob
 import os
 import time
@@ -63,3 +64,18 @@ def until_fired(marks, kills: str) -> Paced:
     """Each batch 4 ms slower until every kill of `kills` (a `SLASHRT_CHAOS_KILLS` spec) fired,
     its marker in `marks` (`SLASHRT_CHAOS_DIR`): the job cannot end before its planned kills."""
     return Paced(seconds=0.004, until=(marks, len(kills.split(";"))))
+
+
+def paced_chunks(make, pace: Paced, records: int):
+    """A `PerExecutor` maker whose executor input is `make`'s in chunks of `records`, each after
+    the first taking the time `pace` says: the pace of a flow whose steps the test cannot add a
+    filter to (an example's)."""
+    return functools.partial(_chunks, make, pace, records)
+
+
+def _chunks(make, pace: Paced, records: int, index: int, executors: int):
+    whole = make(index, executors)
+    for start in range(0, len(whole), records):
+        yield whole[start:start + records].copy()
+        pace.seen += min(records, len(whole) - start)
+        pace.hold()

@@ -34,7 +34,7 @@ from slashrt.examples.cc_partitioned import MESSAGES, cc_partitioned_flow, label
 
 from tests.cluster import test_cc_partitioned as cc
 from tests.snapshot import _graph_flow
-from tests.snapshot._paced import Paced, until_fired
+from tests.snapshot._paced import Paced, paced_chunks, until_fired
 
 RINGS = {"slot_size": 256, "slots": 4}
 CHECKPOINTS = {"interval": 0.01, "keep": 1000}
@@ -118,7 +118,10 @@ def test_connected_components_killed_mid_epoch_recover_to_scipy_labels(tmp_path,
     holding the rounds in flight (notifications still requested); after every epoch the labels
     equal scipy's, and no change is published twice."""
     chaos_env(monkeypatch, tmp_path, "pre_commit:2")
-    inputs = {"edges": PerExecutor(cc.share, deterministic=True),
+    # (the edges in chunks of 5, each 4 ms slower until the kill fired: an epoch stays open while
+    # its edges come, and the job cannot end before the kill; a run completes ~5 checkpoints)
+    edges = paced_chunks(cc.share, until_fired(tmp_path / "marks", "pre_commit:2"), 5)
+    inputs = {"edges": PerExecutor(edges, deterministic=True),
               "proposals": PerExecutor(lambda i, n: np.empty(0, MESSAGES), deterministic=True)}
     result = slashrt.run(
         cc_partitioned_flow(ChaosCsv(tmp_path / "out", transactional=True)), inputs, executors=2, transport="shm",

@@ -36,7 +36,7 @@ from slashrt.snapshot.runtime import SourceBarriers
 
 from tests.cluster import test_cc_partitioned as cc
 from tests.snapshot import _graph_flow
-from tests.snapshot._paced import Paced
+from tests.snapshot._paced import Paced, paced_chunks
 from tests.snapshot.test_cluster_stop import stop_after_manifest
 from tests.snapshot.test_graph_cluster_checkpoints import RINGS, cc_rows, fed, outputs
 
@@ -110,31 +110,39 @@ def test_a_loop_stopped_while_its_rounds_iterate_resumes_exactly_once(tmp_path, 
 def test_connected_components_stopped_mid_epoch_resume_to_scipy_labels(tmp_path, monkeypatch):
     """The loop's rounds cross executors (proposals by node owner), with notifications per epoch:
     the stop is asked once a checkpoint caught an epoch's rounds in flight (its notifications still
-    requested; its sources have ended by then, so the savepoint's barriers are forwarded between
-    two batches: `test_a_savepoint_request_wakes_the_executor_to_forward_its_barriers`). After the
-    resume every epoch's labels equal scipy's, and no change is published twice."""
+    requested), while the edges still come (a savepoint asked after the sources ended:
+    `test_a_savepoint_request_wakes_the_executor_to_forward_its_barriers`). After the resume every
+    epoch's labels equal scipy's, and no change is published twice."""
     def in_epoch(checkpoint) -> bool:  # an epoch's rounds in flight: its notifications still requested
         return any(len(state.arrays["requested"]) for (step, _), state in checkpoint.states.items()
                    if step == "ccp.propagate")
 
-    stop = StopHandle()
+    stop, saved = StopHandle(), tmp_path / "saved"
+    saved.mkdir()
     complete = storage.SnapshotStore.acomplete
 
     async def acomplete(self, n, meta, *args, **kwargs):
         result = await complete(self, n, meta, *args, **kwargs)
-        if in_epoch(self.load(n)):
+        if (meta or {}).get("kind") == "savepoint":
+            (saved / "savepoint").touch()
+        elif in_epoch(self.load(n)):
             stop.request()
         return result
 
+    def inputs(pace):  # the edges in chunks of 5, each first taking the time `pace` says
+        return {"edges": PerExecutor(paced_chunks(cc.share, pace, 5), deterministic=True),
+                "proposals": PerExecutor(lambda i, n: np.empty(0, MESSAGES), deterministic=True)}
+
     monkeypatch.setattr(storage.SnapshotStore, "acomplete", acomplete)
-    inputs = {"edges": PerExecutor(cc.share, deterministic=True),
-              "proposals": PerExecutor(lambda i, n: np.empty(0, MESSAGES), deterministic=True)}
     options = dict(executors=2, transport="shm", checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", **RINGS)
-    stopped = slashrt.run(cc_partitioned_flow(ChaosCsv(tmp_path / "out", transactional=True)), inputs, stop=stop,
-                          **options)
+    # each chunk 20 ms slower until the savepoint completed: an epoch stays open while its edges come,
+    # and the job cannot end before the savepoint (at full speed a run completes ~5 checkpoints;
+    # with 30 ms fsyncs it ended before one)
+    stopped = slashrt.run(cc_partitioned_flow(ChaosCsv(tmp_path / "out", transactional=True)),
+                          inputs(Paced(seconds=0.02, until=(saved, 1))), stop=stop, **options)
     stopped_savepoint(stopped, tmp_path / "chk", "ccp")
     monkeypatch.undo()
-    resumed = slashrt.run(cc_partitioned_flow(ChaosCsv(tmp_path / "out", transactional=True)), inputs,
+    resumed = slashrt.run(cc_partitioned_flow(ChaosCsv(tmp_path / "out", transactional=True)), inputs(Paced()),
                           resume_from="latest", **options)
     assert resumed.resumed_from == stopped.savepoint
     assert max(published(tmp_path / "out").values()) == 1  # nothing twice
