@@ -161,8 +161,12 @@ def test_a_checkpointed_run_of_windows_in_nested_loops_gives_the_reference(tmp_p
     from slashrt.snapshot import SnapshotStore
     from tests.test_loop_windows import as_rows, input_records, reference_nested
 
+    from tests.snapshot._paced import Paced
+
     flow, out = Dataflow("cw"), sinks.Collect(transactional=True)
-    halving(flow.source("src", REC, time="t"), nested=True).sink(out)
+    # each batch 4 ms slower until 3 checkpoints completed: the run cannot end before them
+    pace = Paced(seconds=0.004, until=(tmp_path / "cw" / "chk-*" / "_manifest.json", 3))
+    halving(flow.source("src", REC, time="t").filter(pace, name="paced"), nested=True).sink(out)
     data = input_records(5, 2000)
     result = slashrt.run(flow, {"src": data}, checkpoint={"interval": 0.002, "mode": mode, "keep": 100},
                          checkpoint_dir=tmp_path, slots=4, slot_size=1024)
