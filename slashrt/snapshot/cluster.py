@@ -127,10 +127,14 @@ class AgentCheckpointing(Checkpointing):
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                with trio.CancelScope() as self._body:
-                    yield
-                if self.savepoint is None:
-                    await self._finish()
+                try:
+                    with trio.CancelScope() as self._body:
+                        yield
+                    if self.savepoint is None:
+                        await self._finish()
+                except BaseException:
+                    self._nursery = None  # failing: nothing starts more (`Checkpointing.running`)
+                    raise
         finally:
             self._nursery = None  # the run ended (or failed): `_spawn` starts nothing more
 

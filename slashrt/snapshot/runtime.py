@@ -268,15 +268,21 @@ class Checkpointing:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                triggers = await nursery.start(self._trigger)
-                with trio.CancelScope() as body:
-                    stopping = await nursery.start(self._stop_when_asked, body) if self.stop is not None else None
-                    yield
-                triggers.cancel()
-                if stopping is not None:
-                    stopping.cancel()
-                if self.savepoint is None:
-                    await self._finish()
+                try:
+                    triggers = await nursery.start(self._trigger)
+                    with trio.CancelScope() as body:
+                        stopping = await nursery.start(self._stop_when_asked, body) if self.stop is not None else None
+                        yield
+                    triggers.cancel()
+                    if stopping is not None:
+                        stopping.cancel()
+                    if self.savepoint is None:
+                        await self._finish()
+                except BaseException:
+                    # failing: nothing starts while the nursery cancels its tasks, nor once it
+                    # closed and before this task resumes (another task may run in between)
+                    self._nursery = None
+                    raise
         finally:
             self._nursery = None  # the run ended (or failed): `_spawn` starts nothing more
 

@@ -315,3 +315,38 @@ def test_a_coordinators_message_handled_after_the_run_failed_keeps_the_runs_erro
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert link.sent == []
+
+
+@pytest.mark.parametrize("side", ["one executor", "agent"])
+def test_nothing_starts_while_a_failed_runs_tasks_are_cancelled(tmp_path, side):
+    """The run failed and its checkpointing nursery is cancelling its tasks (or has just closed,
+    the run's task not yet resumed: another task may run in between): a coordinator's message
+    handled then starts nothing, so trio's "Nursery is closed" cannot replace the run's error."""
+    from slashrt.snapshot.runtime import Checkpointing
+
+    link, exchange = Link(), Exchange()
+    started = []
+
+    async def probe():
+        started.append("probe")  # (a task runs up to its first checkpoint even in a cancelled nursery)
+
+    async def lingering():
+        try:
+            await trio.sleep_forever()
+        finally:  # cancelled because the run failed: the control task's turn comes now
+            agent._spawn(probe)
+
+    async def main():
+        nonlocal agent
+        agent = one_source_agent(tmp_path, link, exchange) if side == "agent" else Checkpointing(
+            SimpleNamespace(nodes=lambda: [], sinks=[], sources=["r"], graph=None), CheckpointConfig(),
+            SnapshotStore(tmp_path, job="j"), None)
+        with pytest.raises(ValueError, match="the operator failed"):
+            async with unwrap_groups(), agent.running():
+                agent._spawn(lingering)
+                await trio.testing.wait_all_tasks_blocked()
+                raise ValueError("the operator failed")
+
+    agent = None
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert started == [] and link.sent == []
