@@ -22,7 +22,7 @@ from slashrt.connectors import FileSource, RedisStream, RedisStreamSink, read_st
 from slashrt.connectors.redis_streams import owner
 from slashrt.errors import SlashError
 
-from tests.snapshot._paced import Paced, until_fired
+from tests.snapshot._paced import Paced, behind, until_fired
 
 SCHEMA = Schema({"t": "<i8", "k": "<i8", "v": "<i8"})
 RING = {"slots": 4, "slot_size": 1024}  # 42 records a slot: the data goes round each ring hundreds of times
@@ -42,7 +42,7 @@ def windowed(name: str, sink, pace=None) -> Dataflow:
     """`pace`: a pass-through filter behind the source (`tests.snapshot._paced.Paced`), or none."""
     flow = Dataflow(name)
     events = flow.source("events", SCHEMA, time="t", max_delay=20)
-    events = events if pace is None else events.filter(pace, name="paced")
+    events = behind(events, pace)
     events.window(Tumbling(ms=100)).sum("v", key="k", output="total").sink(sink, name="out")
     return flow
 
@@ -193,7 +193,7 @@ def counting(name: str, pace=None) -> tuple[Dataflow, sinks.Collect]:
     flow = Dataflow(name)
     out = sinks.Collect(transactional=True)
     events = flow.source("events", SCHEMA, time="t")
-    events = events if pace is None else events.filter(pace, name="paced")
+    events = behind(events, pace)
     events.window(Tumbling(ms=10**9)).count(key="k").sink(out, name="out")
     return flow, out
 

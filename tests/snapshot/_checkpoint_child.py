@@ -31,7 +31,7 @@ import slashrt
 from slashrt import Dataflow, Schema, Tumbling, sinks
 from slashrt.ops.sinks import to_arrow
 
-from tests.snapshot._paced import Paced
+from tests.snapshot._paced import Paced, behind
 
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
 SIZES = {"a": 200_000, "b": 120_000, "c": 60_000}
@@ -108,7 +108,7 @@ def flow(out: dict, pace=None) -> Dataflow:
     """`pace`: a pass-through filter behind source a (`tests.snapshot._paced.Paced`), or none."""
     job = Dataflow("chaos")
     a, b, c = (job.source(name, SCHEMA, time="t", max_delay=20) for name in SIZES)
-    a = a if pace is None else a.filter(pace, name="paced")
+    a = behind(a, pace)
     a.window(Tumbling(ms=100), late=out["late_a"]).sum("v", key="k").sink(out["out_a"])
     b.union(c).window(Tumbling(ms=100)).sum("v", key="k").sink(out["out_bc"])
     return job

@@ -30,7 +30,7 @@ from slashrt import Dataflow, Schema, Tumbling
 from slashrt.cluster import ClusterError, run_cluster_async
 from slashrt.ops.sinks import CsvFile
 
-from tests.snapshot._paced import Paced
+from tests.snapshot._paced import Paced, behind
 
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
 N = 100_000
@@ -79,7 +79,7 @@ class KillingCsv(CsvFile):
 def flow(directory: str, pace=None) -> Dataflow:
     job = Dataflow("cluster-chaos")
     source = job.source("r", SCHEMA, time="t", max_delay=20)
-    source = source if pace is None else source.filter(pace, name="paced")
+    source = behind(source, pace)
     late = KillingCsv(f"{directory}/late", transactional=True)
     out = KillingCsv(f"{directory}/out", transactional=True)
     source.window(Tumbling(ms=100), late=late).sum("v", key="k", output="total").sink(out)

@@ -12,6 +12,7 @@ from slashrt import Dataflow, Operator, Schema, State, Tumbling
 from slashrt.bench.chaos import ChaosCsv
 
 from tests.cluster.test_loop_windows_cluster import Tag, tagged
+from tests.snapshot._paced import behind
 from tests.test_loop_windows import REC, halving, input_records
 
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
@@ -74,9 +75,7 @@ def tag(batch, port):
 def flow(directory, transactional: bool = True, pace=None) -> Dataflow:
     """`pace`: a pass-through filter behind source a (`tests.snapshot._paced.Paced`), or none."""
     job = Dataflow("graph-ckpt")
-    a, b = job.source("a", SCHEMA, time="t"), job.source("b", SCHEMA, time="t")
-    if pace is not None:
-        a = a.filter(pace, name="paced")
+    a, b = behind(job.source("a", SCHEMA, time="t"), pace), job.source("b", SCHEMA, time="t")
     sums = a.union(b).exchange(key="k", name="by_k").operator(PerTimeSums(), name="per_time", schema=OUT_SCHEMA)
     sums.sink(ChaosCsv(f"{directory}/sums", transactional=transactional), name="sums")
     sums.window(Tumbling(20)).sum("s", key="g", name="by_g").sink(
@@ -110,7 +109,7 @@ def hop_flow(directory, pace=None) -> Dataflow:
         entered = loop.enter(source.with_column("n", lambda b: np.zeros(len(b), np.int64), dtype="<i8", name="zero"))
         step = entered.exchange(key="k", name="hop").apply(_next_round, name="next", schema=HOP)
         again = step.filter(lambda b: b["n"] < ROUNDS, name="again")
-        loop.feed_back(again if pace is None else again.filter(pace, name="paced"))
+        loop.feed_back(behind(again, pace))
         left = loop.leave(step.filter(lambda b: b["n"] >= ROUNDS, name="done"))
     left.sink(ChaosCsv(f"{directory}/hopped", transactional=True), name="hopped")
     return job
@@ -137,9 +136,7 @@ def loop_window_flow(directory, pace=None) -> Dataflow:
     """A keyed window inside a loop (a `LoopWindow` behind its route: every iteration's rows cross
     executors) into a transactional CSV directory; `pace`: a pass-through filter behind the source."""
     job = Dataflow("lw-ckpt")
-    source = job.source("src", REC, time="t")
-    if pace is not None:
-        source = source.filter(pace, name="paced")
+    source = behind(job.source("src", REC, time="t"), pace)
     halving(source, _Tagging(1, "sum_v"), schema=tagged(1, "sum_v"), shift=1).sink(
         ChaosCsv(directory, transactional=True), name="out")
     return job

@@ -139,8 +139,9 @@ def job(name: str, directory: str, pace=None):
         return pagerank_flow(sink, ITERATIONS, nodes=PR_NODES), {"edges": edges(PR_NODES), "ranks": np.empty(0, RANKS)}
     if name == "circulate":
         flow = Dataflow("circulate")
-        src = flow.source("a", CIRCLING, time="t")
-        src = src if pace is None else src.filter(pace, name="paced")
+        from tests.snapshot._paced import behind
+
+        src = behind(flow.source("a", CIRCLING, time="t"), pace)
         with flow.loop("round", max_iterations=ROUNDS) as loop:
             body = loop.enter(src).with_column("n", lambda b: b["n"] + 1, dtype="i8")
             loop.feed_back(body.filter(lambda b: b["n"] < ROUNDS))

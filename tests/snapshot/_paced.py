@@ -60,6 +60,11 @@ class Paced:
         time.sleep(self.seconds)
 
 
+def behind(stream, pace):
+    """`stream` itself, or with `pace` (a `Paced`) the pass-through filter "paced" behind it."""
+    return stream if pace is None else stream.filter(pace, name="paced")
+
+
 def until_fired(marks, kills: str) -> Paced:
     """Each batch 4 ms slower until every kill of `kills` (a `SLASHRT_CHAOS_KILLS` spec) fired,
     its marker in `marks` (`SLASHRT_CHAOS_DIR`): the job cannot end before its planned kills."""

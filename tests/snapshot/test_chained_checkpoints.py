@@ -25,7 +25,7 @@ from slashrt.errors import SlashError
 from slashrt.ops.sinks import Collect
 from slashrt.snapshot import SnapshotStore
 
-from tests.snapshot._paced import Paced
+from tests.snapshot._paced import Paced, behind
 from tests.snapshot.test_recovery import bounded
 
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
@@ -46,7 +46,7 @@ def two_stages(name: str, sink, first_ms: int = 100, second_ms: int = 500, pace=
     """`pace`: a pass-through filter behind the source (`tests.snapshot._paced.Paced`), or none."""
     job = Dataflow(name)
     source = job.source("r", SCHEMA, time="t")
-    source = source if pace is None else source.filter(pace, name="paced")
+    source = behind(source, pace)
     counts = source.window(Tumbling(ms=first_ms)).count(key="k", output="n")
     counts = counts.with_column("g", lambda b: b["k"] % G, dtype="i8")
     counts.window(Tumbling(ms=second_ms)).sum("n", key="g", output="total").sink(sink, name="out")

@@ -22,7 +22,7 @@ from slashrt.errors import SlashError
 from slashrt.ops.sinks import Collect
 
 from tests.snapshot import _cluster_child
-from tests.snapshot._paced import until_fired
+from tests.snapshot._paced import behind, until_fired
 
 SMALL = {"slots": 8, "slot_size": 1024, "partitions": 16}
 DATA = _cluster_child.records()
@@ -43,7 +43,7 @@ def flow(directory, pace=None) -> Dataflow:
     """`pace`: a pass-through filter behind the source (`tests.snapshot._paced.Paced`), or none."""
     job = Dataflow("recovery")
     source = job.source("r", _cluster_child.SCHEMA, time="t", max_delay=20)
-    source = source if pace is None else source.filter(pace, name="paced")
+    source = behind(source, pace)
     source.window(Tumbling(ms=100)).sum("v", key="k", output="total").sink(
         ChaosCsv(directory, transactional=True), name="out")
     return job

@@ -23,7 +23,7 @@ from slashrt.snapshot.cluster import AgentCheckpointing
 from slashrt.snapshot.collected import COMMITTED, Committed, Outbox
 
 from tests.snapshot import _cluster_child
-from tests.snapshot._paced import until_fired
+from tests.snapshot._paced import behind, until_fired
 from tests.snapshot.test_recovery import bounded
 
 SMALL = {"slots": 8, "slot_size": 1024, "partitions": 16}
@@ -34,7 +34,7 @@ def flow(out, late, pace=None) -> Dataflow:
     """`pace`: a pass-through filter behind the source (`tests.snapshot._paced.Paced`), or none."""
     job = Dataflow("recovery-collect")
     source = job.source("r", _cluster_child.SCHEMA, time="t", max_delay=20)
-    source = source if pace is None else source.filter(pace, name="paced")
+    source = behind(source, pace)
     source.window(Tumbling(ms=100), late=late).sum(
         "v", key="k", output="total").sink(out, name="out")
     return job
