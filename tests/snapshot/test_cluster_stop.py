@@ -81,15 +81,20 @@ def reference() -> dict:
     return rows({"out": out.records, "late": late.records})
 
 
-def stop_after_manifest(monkeypatch, stop: StopHandle, k: int) -> None:
-    """Ask `stop` once the coordinator wrote its k-th manifest (the checkpoint is complete)."""
+def stop_after_manifest(monkeypatch, stop: StopHandle, k: int, saved=None) -> None:
+    """Ask `stop` once the coordinator wrote its k-th manifest (the checkpoint is complete). With
+    `saved` (a directory), the savepoint's manifest leaves the file `savepoint` there: a
+    `Paced(until=(saved, 1))` slows the stream until the stop happened, so a loaded run cannot feed
+    its whole input before the savepoint's barriers."""
     complete, written = storage.SnapshotStore.acomplete, [0]
 
-    async def acomplete(self, *args, **kwargs):
-        result = await complete(self, *args, **kwargs)
+    async def acomplete(self, n, meta=None, *args, **kwargs):
+        result = await complete(self, n, meta, *args, **kwargs)
         written[0] += 1
         if written[0] == k:
             stop.request()
+        if saved is not None and (meta or {}).get("kind") == "savepoint":
+            (saved / "savepoint").touch()
         return result
 
     monkeypatch.setattr(storage.SnapshotStore, "acomplete", acomplete)
@@ -105,19 +110,18 @@ CASES = [  # resumed on as many executors, or (SSB: partitions reassigned) on an
     pytest.param(2, "shm", "slash", 1, (3, "tcp"), id="2-shm-slash-resumed-on-3-tcp"),
     pytest.param(3, "tcp", "uppar", 1, (3, "tcp"), id="3-tcp-uppar-resumed-on-3-tcp"),
 ]
-SLOW = dict(after=8_000, seconds=0.004)  # the stopped runs' tail: ~1,000 batches of 4 ms each
+SLOW = dict(after=8_000, seconds=0.004)  # the stopped runs' tail: up to ~1,000 batches of 4 ms each, until the savepoint
 
 
 @pytest.mark.parametrize("executors, transport, mode, k, resume_on", CASES)
 def test_a_cluster_stopped_with_a_savepoint_resumes_exactly_where_it_stopped(
     tmp_path, monkeypatch, reference, executors, transport, mode, k, resume_on
 ):
-    stop = StopHandle()
-    stop_after_manifest(monkeypatch, stop, k)
-    tally = tmp_path / "tally"
-    tally.mkdir()
-    stopped, first = run(tmp_path, executors, transport, mode, pace=Paced(**SLOW, tally=tally), checkpoint=0.005,
-                         stop=stop)
+    stop, tally, saved = StopHandle(), tmp_path / "tally", tmp_path / "saved"
+    tally.mkdir(), saved.mkdir()
+    stop_after_manifest(monkeypatch, stop, k, saved)
+    stopped, first = run(tmp_path, executors, transport, mode, pace=Paced(**SLOW, tally=tally, until=(saved, 1)),
+                         checkpoint=0.005, stop=stop)
     ended = {c["checkpoint"]: c for c in stopped.checkpoints}
     assert stopped.savepoint is not None and ended[stopped.savepoint]["status"] == "completed"
     assert max(ended) == stopped.savepoint  # no checkpoint after it, no final one

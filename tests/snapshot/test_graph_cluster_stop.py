@@ -41,7 +41,16 @@ from tests.snapshot.test_cluster_stop import stop_after_manifest
 from tests.snapshot.test_graph_cluster_checkpoints import RINGS, cc_rows, fed, outputs
 
 CHECKPOINTS = {"interval": 0.01, "keep": 1000}
-SLOW = dict(after=300, seconds=0.004)  # after its first 300 records, each executor's batches take 4 ms more
+# after its first 300 records, each executor's batches take 20 ms more until the savepoint completed
+# (`stop_after_manifest(..., saved)`): a loaded run cannot feed its whole input before the stop
+SLOW = dict(after=300, seconds=0.02)
+
+
+def slowed_until_stopped(tmp_path) -> tuple:
+    """The directory the savepoint's manifest marks, and the pace that holds until it does."""
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    return saved, Paced(**SLOW, until=(saved, 1))
 
 
 @pytest.fixture(scope="module")
@@ -63,12 +72,11 @@ def stopped_savepoint(result, directory, job: str):
 @pytest.mark.parametrize("executors, transport, k", [(2, "shm", 2), (3, "tcp", 3)])
 def test_a_graph_flow_stopped_with_a_savepoint_resumes_exactly_once(tmp_path, monkeypatch, reference, executors,
                                                                      transport, k):
-    stop = StopHandle()
-    stop_after_manifest(monkeypatch, stop, k)
+    stop, (saved, pace) = StopHandle(), slowed_until_stopped(tmp_path)
+    stop_after_manifest(monkeypatch, stop, k, saved)
     options = dict(executors=executors, transport=transport, checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk",
                    **RINGS)
-    stopped = slashrt.run(_graph_flow.flow(tmp_path / "out", pace=Paced(**SLOW)), _graph_flow.inputs(), stop=stop,
-                          **options)
+    stopped = slashrt.run(_graph_flow.flow(tmp_path / "out", pace=pace), _graph_flow.inputs(), stop=stop, **options)
     saved = stopped_savepoint(stopped, tmp_path / "chk", "graph-ckpt")
     assert saved.meta["executors"] == executors
     assert fed(saved.meta) < 2 * _graph_flow.N  # stopped before the sources' end
@@ -157,10 +165,10 @@ def test_windows_inside_a_loop_stopped_resume_exactly_once(tmp_path, monkeypatch
     of every iteration, over both runs, equal one executor's."""
     flow, data = _graph_flow.loop_window_flow, _graph_flow.loop_window_inputs()
     slashrt.run(flow(tmp_path / "ref"), data, checkpoint_dir=tmp_path / "ref-chk")
-    stop = StopHandle()
-    stop_after_manifest(monkeypatch, stop, 2)
+    stop, (saved, pace) = StopHandle(), slowed_until_stopped(tmp_path)
+    stop_after_manifest(monkeypatch, stop, 2, saved)
     options = dict(executors=2, transport="shm", checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", **RINGS)
-    stopped = slashrt.run(flow(tmp_path / "out", Paced(**SLOW)), data, stop=stop, **options)
+    stopped = slashrt.run(flow(tmp_path / "out", pace), data, stop=stop, **options)
     saved = stopped_savepoint(stopped, tmp_path / "chk", "lw-ckpt")
     assert fed(saved.meta) < len(data["src"])
     assert sum(len(state.arrays["slices.keys"]) for (step, _), state in saved.states.items() if step == "lw-ckpt.win")
