@@ -143,7 +143,16 @@ def run_job(flow, inputs, *, executors, transport, mode, options: dict):
     if stop is not None:
         options = {**options, "stop": stop}
     job = prepare_run(flow, inputs, executors=executors, transport=transport, mode=mode, **options)
-    return trio.run(_supervised, job, stop)
+    result = trio.run(_supervised, job, stop)
+    _ignore_late_signals()
+    return result
+
+
+def _ignore_late_signals() -> None:
+    """The job is over (its executors stopped, its output committed): what is left is printing its
+    figures, which a SIGINT or SIGTERM arriving now must not turn into a failed exit."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def summary(flow, result, executors: int) -> dict:

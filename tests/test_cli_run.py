@@ -169,6 +169,33 @@ def test_without_a_checkpoint_directory_a_signal_aborts_at_once(signum):
     assert proc.returncode == 130 and out == "" and one_error_line(err) == "slashrt: interrupted"
 
 
+LATE_SIGNAL = """
+import os, signal, sys
+from slashrt import _cli_run
+from slashrt.cli import main
+
+figures = _cli_run.summary
+
+def summary(*args):  # the job is over: the signal comes while its figures are printed
+    out = figures(*args)
+    os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+    return out
+
+_cli_run.summary = summary
+sys.exit(main(["run", *sys.argv[2:]]))
+"""
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("options", [[], ["--executors", "2", "--checkpoint-dir", "{chk}"]], ids=["one", "cluster"])
+def test_a_signal_after_the_job_ended_leaves_its_figures_and_exit_0(tmp_path, signum, options):
+    options = [o.format(chk=tmp_path) for o in options]
+    done = subprocess.run([sys.executable, "-c", LATE_SIGNAL, signum, JOBS, "--json", *options], capture_output=True,
+                          text=True, timeout=180, stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout)["outputs"] == {"counts.out": ROWS}
+
+
 @pytest.mark.parametrize(
     "options",
     [["--progress", "pointstamp"], ["--executors", "2", "--mode", "uppar", "--progress", "pointstamp", "--slots", "8"],
