@@ -12,6 +12,10 @@ Library code only calls `structlog.get_logger("slashrt.<part>")`. What happens t
   what it passes, as usual.
 * Processes slashrt starts (local executor agents, benchmark producers) get the level of the
   process that starts them (`level_name`).
+* A channel's fault is logged at `fault_level(exc)`: bad bytes (`MalformedBuffer`) are a cause,
+  at error wherever they come. A vanished peer is a cause too, except in a cluster's executor
+  (`peer_losses_are_echoes`): there it follows a failure elsewhere, which the coordinator names
+  once, so the executors' echoes ("channel lost", "job failed: ChannelClosed") go at debug.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import structlog
 
 from slashrt.errors import OptionError, SlashError
 
-__all__ = ["configure_logging", "level_name", "LEVELS", "ENV_VAR", "install"]
+__all__ = ["configure_logging", "level_name", "LEVELS", "ENV_VAR", "install", "fault_level", "peer_losses_are_echoes"]
 
 LEVELS = ("debug", "info", "warning", "error")
 ENV_VAR = "SLASHRT_LOG_LEVEL"
@@ -34,7 +38,7 @@ _METHOD_LEVEL = {
     "warn": logging.WARNING, "error": logging.ERROR, "exception": logging.ERROR, "critical": logging.CRITICAL,
     "fatal": logging.CRITICAL,
 }
-_state = {"level": _DEFAULT}
+_state = {"level": _DEFAULT, "peer_loss": None}
 
 
 class _StderrLogger(structlog.PrintLogger):
@@ -103,3 +107,22 @@ def _configure_from_environment() -> None:
         configure_logging()
     except SlashError:
         configure_logging(_DEFAULT)
+
+
+def peer_losses_are_echoes() -> None:
+    """This process is one executor of a cluster: a peer's loss is logged at debug (see above)."""
+    _state["peer_loss"] = "debug"
+
+
+def fault_level(exc: BaseException | None, default: str = "error") -> str:
+    """The level of a channel fault's log line: `default` for bad bytes (`exc` or one of its
+    causes a `MalformedBuffer`) and, outside a cluster's executor, for a vanished peer too."""
+    from slashrt.errors import MalformedBuffer
+
+    for _ in range(16):  # (a chain of causes is short; the bound only guards against a cycle)
+        if exc is None:
+            break
+        if isinstance(exc, MalformedBuffer):
+            return default
+        exc = exc.__cause__ or exc.__context__
+    return _state["peer_loss"] or default

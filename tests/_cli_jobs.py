@@ -166,3 +166,27 @@ def union_counts():
     a, b = flow.source("a", SCHEMA, time="t"), flow.source("b", SCHEMA, time="t")
     a.union(b).sink(sinks.Collect(), name="out")
     return flow, {"a": records(), "b": records()}
+
+
+def _poisoned(index: int, executors: int) -> np.ndarray:
+    out = records()
+    if index == 1:
+        out["k"][EVENTS // 2:] = -1  # executor 1's second half: the records `_refuse` fails on
+    return out
+
+
+def _refuse(batch):
+    if (batch["k"] < 0).any():
+        raise ValueError("a negative key")
+    return batch
+
+
+def fails_on_one_executor():
+    """`counts` on several executors whose step fails on executor 1 only, in the middle of its
+    stream: the others lose their channels to it (echoes), the cause is executor 1's error."""
+    from slashrt.cluster import PerExecutor
+
+    flow = Dataflow("counts")
+    (flow.source("events", SCHEMA, time="t").apply(_refuse, name="refuse").window(Tumbling(ms=WINDOW_MS))
+     .count(key="k").sink(sinks.Collect(), name="out"))
+    return flow, {"events": PerExecutor(_poisoned)}

@@ -196,6 +196,17 @@ def test_a_signal_after_the_job_ended_leaves_its_figures_and_exit_0(tmp_path, si
     assert json.loads(done.stdout)["outputs"] == {"counts.out": ROWS}
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_failed_cluster_run_says_its_cause_once_without_the_other_executors_echoes(transport):
+    """Executor 1's step fails; executors 0 and 2 lose their channels to it. The user reads the
+    cause once, not the others' "channel lost" and "job failed: ChannelClosed" lines before it."""
+    done = slashrt("run", f"{JOBS}:fails_on_one_executor", "--executors", "3", "--transport", transport,
+                   "--slots", "8", "--slot-size", "4096")
+    assert done.returncode == 2
+    assert one_error_line(done.stderr) == ("slashrt: error: step 'counts.refuse': user function raised ValueError: "
+                                           "a negative key (on executor 1)")
+
+
 @pytest.mark.parametrize(
     "options",
     [["--progress", "pointstamp"], ["--executors", "2", "--mode", "uppar", "--progress", "pointstamp", "--slots", "8"],

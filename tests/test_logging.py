@@ -85,3 +85,23 @@ def test_cli_is_quiet_by_default(capsys, monkeypatch):
     assert main(["bench", "ysb", "--events", "20000", "--campaigns", "10", "--repeat", "1", "--json"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["correct"] is True and captured.err == ""
+
+
+def test_a_peers_loss_is_an_echo_in_a_clusters_executor_but_bad_bytes_stay_errors(monkeypatch):
+    from slashrt import _logging
+    from slashrt.errors import ChannelClosed, MalformedBuffer
+
+    monkeypatch.setitem(_logging._state, "peer_loss", None)
+    lost = ChannelClosed("peer 127.0.0.1:1 closed the connection before END_OF_STREAM")
+    try:
+        try:
+            raise MalformedBuffer("buffer 0 with footer flag 255")
+        except MalformedBuffer as exc:
+            raise ChannelClosed("channel failed earlier") from exc
+    except ChannelClosed as exc:
+        bad = exc
+    assert (_logging.fault_level(lost), _logging.fault_level(None, "warning"), _logging.fault_level(bad)) == (
+        "error", "warning", "error")
+    _logging.peer_losses_are_echoes()
+    assert (_logging.fault_level(lost), _logging.fault_level(None, "warning"), _logging.fault_level(bad)) == (
+        "debug", "debug", "error")

@@ -39,6 +39,7 @@ import structlog
 import trio
 
 from slashrt._buffer import DEFAULT_SLOT_SIZE
+from slashrt._logging import fault_level, peer_losses_are_echoes
 from slashrt._plan import ClusterRole, build_plan
 from slashrt._runtime import execute, local_inputs
 from slashrt.cluster._control import receive_message, send_message
@@ -306,9 +307,15 @@ async def _run_job_on(stream: trio.SocketStream, message: dict, secret: bytes) -
                 else:  # it ended the job itself (it says why); nothing to add on the user's terminal
                     log.info("the coordinator ended the job", executor=index, reason=str(exc))
             else:
-                log.error("job failed", executor=index, error=_describe(exc))
+                reported = False
                 with contextlib.suppress(Exception):
                     await link.send("failed", f"{_describe(exc)} (on executor {index})")
+                    reported = True
+                # a reported failure is said once, by the coordinator; an echo of a peer's loss
+                # is at debug; only what the coordinator may never hear stays an error here
+                level = fault_level(exc) if isinstance(exc, ChannelClosed) else "error"
+                getattr(log, "info" if reported and level == "error" else level)(
+                    "job failed", executor=index, error=_describe(exc))
             return False
         finally:
             nursery.cancel_scope.cancel()
@@ -409,6 +416,7 @@ def run_agent(args) -> int:
 
     try:
         configure_logging(args.log_level)
+        peer_losses_are_echoes()  # the coordinator names a failure's cause once
         secret = load_secret()
     except Exception as exc:
         return _error(str(exc))

@@ -54,6 +54,7 @@ import trio
 
 from slashrt._batch import Batch
 from slashrt._buffer import Control
+from slashrt._logging import fault_level
 from slashrt.errors import ChannelClosed, MalformedBuffer, unwrap_groups
 from slashrt.ops._node import Node
 from slashrt.scheduler._stats import ExecutorStats
@@ -172,7 +173,7 @@ class Executor:
     def _fail_channel(self, inp: Input, exc: BaseException) -> None:
         inp.error = exc
         self.stats.failed_channels += 1
-        self.log.error("channel closed after bad input", channel=inp.name, error=str(exc))
+        getattr(self.log, fault_level(exc))("channel closed after bad input", channel=inp.name, error=str(exc))
         # buffers polled before the bad one are good: compute handles them, then this marker
         lane = self._lanes[inp.lane]
         lane.ready.append((inp, None))

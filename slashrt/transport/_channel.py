@@ -42,6 +42,7 @@ from slashrt._buffer import (
     write_footer,
 )
 from slashrt import _kernels as kernels
+from slashrt._logging import fault_level
 from slashrt.errors import ChannelClosed, MalformedBuffer
 
 __all__ = ["RingSpec", "Buffer", "DataRun", "Sender", "Receiver", "NoCredit", "RunningDrive"]
@@ -453,7 +454,7 @@ class DrivenReceiver(Receiver):
         that landed before it; the poller is woken and the drive stopped."""
         if self._peer_error is None and self.error is None:
             self._peer_error = exc
-            self._log.error(f"{self.medium} channel closed", reason=str(exc), **self._progress())
+            getattr(self._log, fault_level(exc))(f"{self.medium} channel closed", reason=str(exc), **self._progress())
         if self._data_lot:
             self._data_lot.unpark_all()
         if self._drive is not None:

@@ -68,6 +68,7 @@ import trio
 
 from slashrt import _kernels as kernels
 from slashrt._buffer import FULL
+from slashrt._logging import fault_level
 from slashrt.errors import ChannelClosed
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._channel import Receiver, RingSpec, Sender
@@ -381,7 +382,8 @@ class ShmSender(Sender):
     def _peer_gone(self) -> None:
         if self.error is None and self._link.gone is not None:
             self.error = ChannelClosed(self._link.gone)
-            log.warning("shm channel lost its receiver", peer=self._link.peer, reason=self._link.gone)
+            getattr(log, fault_level(None, "warning"))("shm channel lost its receiver", peer=self._link.peer,
+                                                       reason=self._link.gone)
             self._link.wake_self()
 
     def _check_open(self) -> None:
@@ -532,7 +534,7 @@ class ShmReceiver(Receiver):
         else:
             reason = f"{self._link.gone} without END_OF_STREAM; {self._polled} buffers were delivered"
         self.error = ChannelClosed(reason)
-        log.warning("shm channel lost its sender", peer=self._link.peer, reason=reason)
+        getattr(log, fault_level(None, "warning"))("shm channel lost its sender", peer=self._link.peer, reason=reason)
         self._link.wake_self()
 
     def release(self, n: int = 1) -> None:

@@ -65,6 +65,7 @@ import structlog
 import trio
 
 from slashrt._buffer import FOOTER_SIZE, FULL, Control, Kind
+from slashrt._logging import fault_level
 from slashrt.errors import ChannelClosed, MalformedBuffer
 from slashrt.transport._accept import TcpAcceptor, peer_name
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
@@ -268,7 +269,8 @@ class TcpSender(Sender):
     def _fail(self, exc: BaseException) -> None:
         if self.error is None:
             self.error = exc
-            self._log.error("tcp channel closed", reason=str(exc), posted=self._posted, sent=self._sent)
+            getattr(self._log, fault_level(exc))("tcp channel closed", reason=str(exc), posted=self._posted,
+                                                 sent=self._sent)
         self._credit_lot.unpark_all()
         self._flush_lot.unpark_all()
         self._peer_done.set()

@@ -99,6 +99,7 @@ import trio
 
 from slashrt import _kernels as kernels
 from slashrt._buffer import FOOTER_SIZE, FULL
+from slashrt._logging import fault_level
 from slashrt.errors import ChannelClosed
 from slashrt.transport._accept import TcpAcceptor, peer_name
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
@@ -785,7 +786,8 @@ class VerbsSender(Sender):
     def _fail(self, exc: BaseException) -> None:
         if self.error is None:
             self.error = exc
-            self._log.error("verbs channel closed", reason=str(exc), posted=self._posted, written=self._done)
+            getattr(self._log, fault_level(exc))("verbs channel closed", reason=str(exc), posted=self._posted,
+                                                 written=self._done)
         self._credit_lot.unpark_all()
         self._progress_lot.unpark_all()
         self._peer_done.set()
