@@ -11,6 +11,10 @@ A heartbeat goes out only when the event loop turns: an executor's compute loop 
 every `yield_every` pipeline calls, so heartbeats keep flowing while it computes, but a user
 operator that computes without returning for longer than the timeout starves them, and its
 executor is declared gone.
+
+Data channels between executors have their own liveness (`transport._channel.Liveness`, with
+the same interval and timeout): a partition between two hosts that both still answer the
+coordinator is noticed by the channel's sender and reported as `PeersUnreachable`.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ import math
 import trio
 
 from slashrt.cluster._control import check_expected, receive_message, send_message
-from slashrt.errors import ChannelClosed, DataflowError
+from slashrt.errors import ChannelClosed, DataflowError, SlashError
 
-__all__ = ["Link", "PeerSilent", "HEARTBEAT", "DEFAULT_HEARTBEAT_INTERVAL", "DEFAULT_HEARTBEAT_TIMEOUT", "check_heartbeat"]
+__all__ = ["Link", "PeerSilent", "PeersUnreachable", "HEARTBEAT", "DEFAULT_HEARTBEAT_INTERVAL", "DEFAULT_HEARTBEAT_TIMEOUT", "check_heartbeat"]
 
 HEARTBEAT = "heartbeat"  # the control message kind; a Link never hands it to its reader
 DEFAULT_HEARTBEAT_INTERVAL = 10.0
@@ -35,6 +39,18 @@ class PeerSilent(ChannelClosed):
     def __init__(self, seconds: float):
         super().__init__(f"stopped answering for {seconds:g} s")
         self.seconds = seconds
+
+
+class PeersUnreachable(SlashError):
+    """Two executors' data channel carried nothing, not even a keepalive, for the heartbeat
+    timeout while both may still answer the coordinator: a network partition between them
+    (`transport._channel.Liveness`). Retryable: the job itself is fine."""
+
+    PHRASE = "cannot reach each other"  # how the coordinator recognises the report
+
+    def __init__(self, a: int, b: int, seconds: float):
+        a, b = sorted((a, b))  # the same sentence from both sides
+        super().__init__(f"executors {a} and {b} {self.PHRASE}: no traffic on their channel for {seconds:g} s")
 
 
 def check_heartbeat(interval: float, timeout: float) -> None:

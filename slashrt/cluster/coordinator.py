@@ -50,7 +50,7 @@ from slashrt._runtime import RunResult, _per_source
 from slashrt.cluster._job import Ingest, Job, PerExecutor, job_message, split_input
 from slashrt.cluster._reports import cluster_reports
 from slashrt.cluster._liveness import (
-    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Link, PeerSilent, check_heartbeat,
+    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Link, PeerSilent, PeersUnreachable, check_heartbeat,
 )
 from slashrt.errors import ChannelClosed, DataflowError, SlashError, unwrap_groups
 from slashrt.ops.sinks import Callback, Collect
@@ -179,6 +179,12 @@ async def _unreachable(i: int, procs: list, message: str) -> ClusterError:
     return ClusterError(message, retryable=proc is not None)
 
 
+def _retryable_report(report: str) -> bool:
+    """An executor's report of its failure that a restart may recover from: an operator's
+    RetryableError, or a partition between two executors (`PeersUnreachable`)."""
+    return "RetryableError" in report or PeersUnreachable.PHRASE in report
+
+
 def _broken_channel(report: str) -> bool:
     """A failure that is only the consequence of another's: a channel its peer aborted
     (ChannelFailed) or closed (ChannelClosed) when that peer failed."""
@@ -287,7 +293,7 @@ class _Agents:
             with trio.move_on_after(self.LAST_WORDS_S):
                 await self._ended[i].wait()
         message = self._describe(i, what, payload, kind)
-        retryable = what in ("lost", "exited", "silent") or "RetryableError" in str(payload)
+        retryable = what in ("lost", "exited", "silent") or _retryable_report(str(payload))
         if what == "failed":
             await trio.sleep(2 * self.LAST_WORDS_S)
             # an executor that reported its own failure and then exited did not die
@@ -302,7 +308,7 @@ class _Agents:
                 retryable = True
             elif causes and _broken_channel(message):
                 message = causes[0]  # the same sentence whichever executor's report came first
-                retryable = "RetryableError" in message
+                retryable = _retryable_report(message)
         raise ClusterError(message, retryable)
 
     def poke(self) -> None:
