@@ -166,17 +166,18 @@ def executor_death(i: int, *, code: int | None = None, silent_s: float | None = 
     return f"executor {i} lost its control connection: {reason}"
 
 
-async def _unreachable(i: int, procs: list, message: str) -> ClusterError:
+async def _unreachable(i: int, procs: list, message: str, recovering: bool = False) -> ClusterError:
     """The error for an executor the driver could not reach or authenticate: for an agent
     spawned here that died meanwhile (killed as it started listening), how it died, since
-    that is the cause; otherwise `message`. Retryable exactly when the agent was ours."""
+    that is the cause; otherwise `message`. Retryable when the agent was ours, or when this
+    attempt is a recovery (an agent at an address, up before, may be back at the next one)."""
     proc = procs[i]
     if proc is not None:
         with trio.move_on_after(_Agents.LAST_WORDS_S):
             await proc.wait()
         if proc.returncode is not None:
             return ClusterError(f"{executor_death(i, code=proc.returncode)} before the driver reached it", retryable=True)
-    return ClusterError(message, retryable=proc is not None)
+    return ClusterError(message, retryable=proc is not None or recovering)
 
 
 def _retryable_report(report: str) -> bool:
@@ -407,7 +408,8 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, **options) -> R
     recoveries: list[dict] = []
     committed = Committed()  # what in-memory sinks committed, kept across attempts
     while True:
-        marks: dict = {"fail_grace": 1.0 if isinstance(strategy, NoRestart) else 0.2}
+        # (a recovery attempt that cannot reach an agent at an address is retried: the agent may be back soon)
+        marks: dict = {"fail_grace": 1.0 if isinstance(strategy, NoRestart) else 0.2, "recovery": bool(recoveries)}
         recovering = recoveries[-1] if recoveries else None  # the recovery this attempt makes
         try:
             result = await _run_attempt(flow, inputs, marks=marks, committed=committed, **dict(options))
@@ -441,11 +443,6 @@ def _check_restartable(flow, options: dict) -> None:
     """Refuse, in one sentence before anything starts, a restart strategy a run cannot honour."""
     if options.get("checkpoint_dir") is None:
         raise DataflowError("run(): restart= restarts from the last complete checkpoint: give checkpoint_dir= as well")
-    if not isinstance(options.get("executors", 2), int):
-        raise DataflowError(
-            "run(): restart= respawns the agents this coordinator started; agents at addresses are restarted by "
-            "whoever started them: rerun with resume_from='latest' instead"
-        )
     for step_id, step in flow.steps.items():
         sink = getattr(step, "sink", None)
         if isinstance(sink, Collect) and not sink.transactional:
@@ -538,14 +535,17 @@ async def _run_attempt(
                     try:
                         stream = await trio.open_tcp_stream(host, port)
                     except OSError as exc:
-                        raise await _unreachable(i, procs, f"cannot reach executor {i} at {host}:{port}: {exc}") from None
+                        raise await _unreachable(i, procs, f"cannot reach executor {i} at {host}:{port}: {exc}",
+                                                 marks.get("recovery", False)) from None
                     controls.append(stream)
                     try:  # (an agent silent for the heartbeat timeout is frozen here too)
                         await client_handshake(stream, secret, timeout=min(HANDSHAKE_TIMEOUT, heartbeat_timeout))
                     except HandshakeTimeout as exc:
-                        raise ClusterError(f"{executor_death(i, silent_s=exc.timeout)} during the handshake", retryable=local) from None
+                        raise ClusterError(f"{executor_death(i, silent_s=exc.timeout)} during the handshake",
+                                           retryable=local or marks.get("recovery", False)) from None
                     except ChannelClosed as exc:
-                        raise await _unreachable(i, procs, f"cannot authenticate executor {i} at {host}:{port}: {exc}") from None
+                        raise await _unreachable(i, procs, f"cannot authenticate executor {i} at {host}:{port}: {exc}",
+                                                 marks.get("recovery", False)) from None
                     links.append(Link(stream, interval=heartbeat_interval, timeout=heartbeat_timeout))
                     links[-1].start(nursery)
                 handlers = {} if checkpoints is None else {**checkpoints.handlers(), COMMITTED: committed.receive}

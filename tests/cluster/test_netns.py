@@ -59,11 +59,13 @@ def hosts():
         subprocess.run(["ip", "link", "delete", bridge], capture_output=True)
 
 
-def _start_agents(names, addresses, secret: bytes):
+def _start_agents(names, addresses, secret: bytes, once: bool = True):
+    """An agent per host; with `once`, each exits after one job, else it serves job after job
+    (as `slashrt executor` on a real host: a recovery re-submits to it)."""
     env = dict(os.environ, SLASHRT_SECRET=secret.hex(), PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
     procs = []
     for ns, addr in zip(names, addresses):
-        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "slashrt.cluster.agent", "--once",
+        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "slashrt.cluster.agent", *(["--once"] if once else []),
                "--listen", f"{addr}:{AGENT_PORT}", "--log-level", "warning"]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
         procs.append(proc)
@@ -191,3 +193,75 @@ def test_graph_flow_with_exchange_on_three_hosts_equals_one_executor_and_notifie
         assert correct
         print(f"notify latency on 3 hosts over tcp, epoch gap {gap_us:g} us: p50 {np.percentile(latencies, 50) / 1e3:.1f} us, "
               f"p99 {np.percentile(latencies, 99) / 1e3:.1f} us")
+
+
+# -- a partition between two hosts that both still answer the coordinator -----------------------------------
+
+def blackhole(hosts, a: int, b: int, on: bool = True) -> None:
+    """Drop every packet between hosts a and b, silently, both ways (a route to nowhere on
+    each side, as a failed switch port or a firewall does); the coordinator still reaches both."""
+    names, addresses = hosts
+    verb = "add" if on else "del"
+    for here, there in ((a, b), (b, a)):
+        subprocess.run(["ip", "-n", names[here], "route", verb, "blackhole", f"{addresses[there]}/32"],
+                       check=on, capture_output=True)
+
+
+def _partitioned_flow(pace, sink) -> Dataflow:
+    """The netns window job, each executor's stream slowed behind its source by `pace`."""
+    from tests.snapshot._paced import behind
+
+    f = Dataflow("netns")
+    behind(f.source("r", SCHEMA, time="ts"), pace).window(Tumbling(ms=200)).sum(
+        "value", key="key", output="total").sink(sink)
+    return f
+
+
+async def _cut_when_running(hosts, tally, executors: int) -> float:
+    """Blackhole hosts 1 and 2 once every executor has seen records (the pace's tally files);
+    returns when (trio time). The job cannot end first: its end of stream must cross the cut."""
+    while len(os.listdir(tally)) < executors:
+        await trio.sleep(0.02)
+    await trio.to_thread.run_sync(blackhole, hosts, 1, 2)
+    return trio.current_time()
+
+
+HEARTBEAT = {"heartbeat_interval": 0.5, "heartbeat_timeout": 3.0}
+
+
+async def test_a_partition_between_two_executors_fails_the_job_naming_both_within_the_heartbeat_timeout(hosts, tmp_path):
+    """Item 6 of issue 20: before, the job stalled silently for as long as the partition lasted."""
+    from slashrt.cluster.coordinator import run_cluster_async
+    from tests.snapshot._paced import Paced
+
+    names, addresses = hosts
+    (tmp_path / "tally").mkdir()
+    (tmp_path / "marks").mkdir()  # never written: the stream stays slow
+    pace = Paced(seconds=0.02, tally=tmp_path / "tally", until=(tmp_path / "marks", 1))
+    secret = generate_secret()
+    procs = _start_agents(names, addresses, secret)
+    try:
+        cut = []
+
+        async def cutter():
+            cut.append(await _cut_when_running(hosts, tmp_path / "tally", HOSTS))
+
+        with trio.fail_after(60):  # (before: no end until the partition healed)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cutter)
+                with pytest.raises(ClusterError) as failed:
+                    await run_cluster_async(
+                        _partitioned_flow(pace, Collect()), {"r": PerExecutor(_stream)},
+                        executors=[f"{a}:{AGENT_PORT}" for a in addresses], transport="tcp", secret=secret,
+                        slot_size=4096, **HEARTBEAT,
+                    )
+                detected = trio.current_time()
+                nursery.cancel_scope.cancel()
+    finally:
+        blackhole(hosts, 1, 2, on=False)
+        _stop(procs)
+    assert str(failed.value).startswith("executors 1 and 2 cannot reach each other: no traffic on their channel for 3 s")
+    assert failed.value.retryable
+    # the timeout, then the coordinator's moment for the other executors' last words
+    assert cut, f"the job failed before the cut: {failed.value}"
+    assert detected - cut[0] < 2 * HEARTBEAT["heartbeat_timeout"] + 2
