@@ -265,3 +265,55 @@ async def test_a_partition_between_two_executors_fails_the_job_naming_both_withi
     # the timeout, then the coordinator's moment for the other executors' last words
     assert cut, f"the job failed before the cut: {failed.value}"
     assert detected - cut[0] < 2 * HEARTBEAT["heartbeat_timeout"] + 2
+
+
+async def test_with_restart_on_agents_at_addresses_the_job_recovers_once_the_partition_heals(hosts, tmp_path):
+    """The same partition with `restart=` on agents given by address (refused before): the
+    job is re-submitted to the agents, which serve job after job, once the partition healed
+    (the strategy heals it as it decides to restart: no guessing how long detection takes),
+    and its output is exactly the failure-free one."""
+    from slashrt.cluster.coordinator import run_cluster_async
+    from slashrt.snapshot.restart import FixedDelay
+    from tests.snapshot._paced import Paced
+
+    names, addresses = hosts
+    (tmp_path / "tally").mkdir()
+    (tmp_path / "marks").mkdir()
+    pace = Paced(seconds=0.02, tally=tmp_path / "tally", until=(tmp_path / "marks", 1))
+
+    class HealThenRestart(FixedDelay):
+        def on_failure(self, now):
+            blackhole(hosts, 1, 2, on=False)
+            (tmp_path / "marks" / "healed").touch()  # the rest of the stream at full speed
+            return super().on_failure(now)
+
+    secret = generate_secret()
+    procs = _start_agents(names, addresses, secret, once=False)
+    sink = Collect(transactional=True)
+    try:
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_cut_when_running, hosts, tmp_path / "tally", HOSTS)
+                result = await run_cluster_async(
+                    _partitioned_flow(pace, sink), {"r": PerExecutor(_stream, deterministic=True)},
+                    executors=[f"{a}:{AGENT_PORT}" for a in addresses], transport="tcp", secret=secret,
+                    slot_size=4096, checkpoint={"interval": 0.2}, checkpoint_dir=tmp_path / "chk",
+                    restart=HealThenRestart(attempts=1, delay=0), **HEARTBEAT,
+                )
+                nursery.cancel_scope.cancel()
+    finally:
+        blackhole(hosts, 1, 2, on=False)
+        _stop(procs)
+    assert len(result.recoveries) == 1 and result.recoveries[0]["cause"].startswith(
+        "executors 1 and 2 cannot reach each other: no traffic on their channel for 3 s"), result.recoveries
+    expected = await trio.to_thread.run_sync(_sequential)
+    order = ("window_start", "key")
+    np.testing.assert_array_equal(sort_rows(sink.records, *order), sort_rows(expected, *order))
+
+
+def _sequential() -> np.ndarray:
+    """What the netns window job outputs, run on one executor over every host's stream."""
+    whole = np.concatenate([_stream(i, HOSTS) for i in range(HOSTS)])
+    expected = Collect()
+    slashrt.run(_flow(expected), {"r": whole[np.argsort(whole["ts"], kind="stable")]})
+    return expected.records
