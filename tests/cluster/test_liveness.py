@@ -125,6 +125,79 @@ async def test_a_peers_broken_channel_yields_to_the_failure_that_broke_it_when_a
         nursery.cancel_scope.cancel()
 
 
+# -- the driver's own stall (SIGSTOP, swap) is not the executors' silence: a jump of the mock clock --
+
+async def test_the_drivers_own_stall_gives_a_silent_peer_a_fresh_timeout_from_when_it_resumed(mock_clock):
+    """The whole process (ticker, watch, readers) does not run for 20 s: a clock jump. Before,
+    the peer was declared silent the moment the process resumed; now its silence counts from
+    then, and a peer that stays silent is declared so exactly one timeout later."""
+    from slashrt.cluster._liveness import OwnStalls
+
+    left, _silent = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        stalls = OwnStalls(interval=1, timeout=3)
+        nursery.start_soon(stalls.run)
+        link = Link(left, interval=1, timeout=3, stalls=stalls)
+        link.start(nursery)
+        mock_clock.jump(1)
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(20)  # frozen: nothing ran
+        await trio.testing.wait_all_tasks_blocked()
+        resumed = trio.current_time()
+        assert link.ended is None and stalls.longest == pytest.approx(19.5)  # past the tick that was due at 1.5
+        assert stalls.explain().startswith("the driver itself was stalled for 20 s (SIGSTOP, swap, an overloaded machine)")
+        for _ in range(5):  # running again, in steps: the peer's silence counts from `resumed`
+            mock_clock.jump(0.5)
+            await trio.testing.wait_all_tasks_blocked()
+        assert link.ended is None
+        mock_clock.jump(0.5)
+        await trio.testing.wait_all_tasks_blocked()
+        assert isinstance(link.ended, PeerSilent) and trio.current_time() - resumed == 3
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_stall_shorter_than_the_agents_patience_is_tolerated_and_named_nowhere(mock_clock):
+    from slashrt.cluster._liveness import OwnStalls
+
+    left, right = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        stalls = OwnStalls(interval=1, timeout=5)
+        nursery.start_soon(stalls.run)
+        link, peer = Link(left, interval=1, timeout=5, stalls=stalls), Link(right, interval=1, timeout=5)
+        link.start(nursery)
+        peer.start(nursery)
+        mock_clock.jump(3.5)  # (the peer waited at most 4.5 s for a heartbeat: within its 5 s)
+        await trio.testing.wait_all_tasks_blocked()
+        assert link.ended is None and stalls.longest > 1 and stalls.explain() is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_failure_after_a_stall_longer_than_the_timeout_names_the_drivers_stall(mock_clock):
+    """The agents gave up on a driver frozen for 20 s and closed their connections: the
+    failure names the driver's stall (retryable: the executors were fine), not "executor 0
+    lost its control connection"."""
+    from slashrt.cluster._liveness import OwnStalls
+    from slashrt.cluster.coordinator import _Agents
+
+    left, right = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        stalls = OwnStalls(interval=1, timeout=5)
+        nursery.start_soon(stalls.run)
+        link = Link(left, interval=1, timeout=5, stalls=stalls)
+        link.start(nursery)
+        agents = _Agents([link], [None], stalls=stalls)
+        agents.start(nursery)
+        mock_clock.jump(20)
+        await right.aclose()  # the agent stopped its job: it heard nothing for its timeout
+        with pytest.raises(ClusterError) as caught:
+            await agents.gather("finished")
+        assert str(caught.value).startswith(
+            "the driver itself was stalled for 20 s (SIGSTOP, swap, an overloaded machine): its executors heard no "
+            "heartbeat for their timeout (5 s) and stopped their jobs (then executor 0 lost its control connection")
+        assert caught.value.retryable
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_send_blocked_on_a_peer_that_stopped_reading_fails_at_the_timeout(autojump_clock):
     left, _frozen = trio.testing.lockstep_stream_pair()  # send_all waits for a reader that never comes
     async with trio.open_nursery() as nursery:
@@ -208,8 +281,8 @@ def test_an_agent_killed_or_stopped_after_listening_before_the_driver_reached_it
     spawn = coordinator._spawn_agent
     stopped = []
 
-    async def spawn_then_signal(secret, i, procs, silent_s, relay):
-        address = await spawn(secret, i, procs, silent_s, relay)
+    async def spawn_then_signal(secret, i, procs, silent_s, relay, **options):
+        address = await spawn(secret, i, procs, silent_s, relay, **options)
         if i == index:
             procs[i].send_signal(signum)
             stopped.append(procs[i])
@@ -225,6 +298,23 @@ def test_an_agent_killed_or_stopped_after_listening_before_the_driver_reached_it
         for proc in stopped:  # (reaped by the run; a stopped one must not outlive a failed assertion)
             if proc.returncode is None:
                 proc.kill()
+
+
+def test_an_agent_stopped_before_it_listens_fails_the_run_within_the_heartbeat_timeout(monkeypatch):
+    """A real SIGSTOP of a spawned agent before it could listen (it stops itself first thing):
+    it cannot answer heartbeats yet, but it uses no CPU either, so the driver names it after
+    the heartbeat timeout, not after the 30 s it allows an agent to import and listen."""
+    from slashrt.cluster import coordinator
+
+    command = coordinator._agent_command
+    monkeypatch.setattr(coordinator, "_agent_command", lambda: ["sh", "-c", 'kill -STOP $$; exec "$@"', "sh", *command()])
+    began = time.monotonic()
+    with pytest.raises(ClusterError, match=r"^executor [01] stopped answering for 1.5 s before listening \(its process "
+                                           r"used no CPU: stopped or frozen\)$") as err:
+        slashrt.run(_job("unused", signal.SIGKILL), {"r": PerExecutor(_make)}, executors=2,
+                    heartbeat_interval=0.25, heartbeat_timeout=1.5)
+    assert err.value.retryable
+    assert time.monotonic() - began < coordinator.LISTEN_TIMEOUT  # (before: 30 s)
 
 
 def test_an_agent_stops_its_job_when_the_coordinator_stops_answering():

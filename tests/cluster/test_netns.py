@@ -3,10 +3,6 @@ with their own addresses, joined by veth pairs on a bridge), the coordinator in 
 namespace, channels over tcp between the namespaces. The same code path as real hosts."""
 
 import os
-import shutil
-import subprocess
-import sys
-import uuid
 
 import numpy as np
 import pytest
@@ -17,7 +13,7 @@ from slashrt import Dataflow, Schema, Tumbling
 from slashrt.bench._common import sort_rows
 from slashrt.cluster import ClusterError, PerExecutor
 from slashrt.ops.sinks import Collect
-from slashrt.testing import EXCHANGE_MODES, WRAPS, check_exchanges
+from slashrt.testing import EXCHANGE_MODES, WRAPS, _netns as netns, check_exchanges
 from slashrt.transport._auth import generate_secret
 
 SCHEMA = Schema([("ts", "<i8"), ("key", "<i8"), ("value", "<i8")])
@@ -25,61 +21,21 @@ HOSTS = 3
 AGENT_PORT = 7711
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
 @pytest.fixture(scope="module")
 def hosts():
-    """Three test hosts (network namespaces) at 10.77.x.2..4 on a bridge at 10.77.x.1."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.fail("the multi-host test needs root and iproute2 (ip netns) to make its test hosts")
-    tag = uuid.uuid4().hex[:6]
-    subnet = 10 + int(tag, 16) % 200
-    bridge = f"slbr{tag}"
-    names = [f"slrt{tag}{i}" for i in range(HOSTS)]
-    addresses = [f"10.77.{subnet}.{i + 2}" for i in range(HOSTS)]
-    try:
-        _ip("link", "add", bridge, "type", "bridge")
-        _ip("addr", "add", f"10.77.{subnet}.1/24", "dev", bridge)
-        _ip("link", "set", bridge, "up")
-        for i, (ns, addr) in enumerate(zip(names, addresses)):
-            _ip("netns", "add", ns)
-            _ip("link", "add", f"slv{tag}{i}", "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _ip("link", "set", f"slv{tag}{i}", "master", bridge)
-            _ip("link", "set", f"slv{tag}{i}", "up")
-            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-        yield names, addresses
-    finally:
-        for ns in names:
-            subprocess.run(["ip", "netns", "pids", ns], capture_output=True)
-            subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
-        subprocess.run(["ip", "link", "delete", bridge], capture_output=True)
+    """Three test hosts (network namespaces, `slashrt.testing._netns`)."""
+    if (why := netns.why_not()) is not None:
+        pytest.fail(f"the multi-host test makes its test hosts as network namespaces: {why}")
+    with netns.open_hosts(HOSTS) as made:
+        yield made.names, made.addresses
 
 
 def _start_agents(names, addresses, secret: bytes, once: bool = True):
-    """An agent per host; with `once`, each exits after one job, else it serves job after job
-    (as `slashrt executor` on a real host: a recovery re-submits to it)."""
-    env = dict(os.environ, SLASHRT_SECRET=secret.hex(), PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
-    procs = []
-    for ns, addr in zip(names, addresses):
-        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "slashrt.cluster.agent", *(["--once"] if once else []),
-               "--listen", f"{addr}:{AGENT_PORT}", "--log-level", "warning"]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-        procs.append(proc)
-    for proc in procs:  # each prints its address once it listens
-        line = proc.stdout.readline().decode()
-        assert line.startswith("slashrt-agent listening"), line
-    return procs
+    return netns.start_agents(netns.Hosts(names, addresses), secret, AGENT_PORT, once=once)
 
 
 def _stop(procs) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
+    netns.stop_agents(procs)
 
 
 def _stream(index: int, executors: int) -> np.ndarray:
@@ -198,13 +154,7 @@ def test_graph_flow_with_exchange_on_three_hosts_equals_one_executor_and_notifie
 # -- a partition between two hosts that both still answer the coordinator -----------------------------------
 
 def blackhole(hosts, a: int, b: int, on: bool = True) -> None:
-    """Drop every packet between hosts a and b, silently, both ways (a route to nowhere on
-    each side, as a failed switch port or a firewall does); the coordinator still reaches both."""
-    names, addresses = hosts
-    verb = "add" if on else "del"
-    for here, there in ((a, b), (b, a)):
-        subprocess.run(["ip", "-n", names[here], "route", verb, "blackhole", f"{addresses[there]}/32"],
-                       check=on, capture_output=True)
+    netns.blackhole(netns.Hosts(*hosts), a, b, on)
 
 
 def _partitioned_flow(pace, sink) -> Dataflow:
@@ -317,3 +267,17 @@ def _sequential() -> np.ndarray:
     expected = Collect()
     slashrt.run(_flow(expected), {"r": whole[np.argsort(whole["ts"], kind="stable")]})
     return expected.records
+
+
+def test_the_partition_fault_of_bench_chaos_recovers_exactly_once():
+    """`slashrt bench chaos --faults partition` at a small size (its own three hosts)."""
+    import argparse
+
+    from slashrt.bench.faults import FAULTS
+
+    if (why := netns.why_not()) is not None:
+        pytest.fail(f"the partition fault makes its hosts as network namespaces: {why}")
+    fields = FAULTS["partition"](argparse.Namespace(events=30_000, interval=0.2))
+    assert fields["refused"] is False and fields["exact"], fields
+    assert fields["duplicates"] == fields["missing"] == 0 and fields["recoveries"] == 1
+    assert fields["cause"].startswith("executors 1 and 2 cannot reach each other: no traffic on their channel for 3 s")
