@@ -5,6 +5,7 @@ whatever is killed, stopped or interrupted, whenever (spawning included)."""
 import functools
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -315,6 +316,55 @@ def test_an_agent_stopped_before_it_listens_fails_the_run_within_the_heartbeat_t
                     heartbeat_interval=0.25, heartbeat_timeout=1.5)
     assert err.value.retryable
     assert time.monotonic() - began < coordinator.LISTEN_TIMEOUT  # (before: 30 s)
+
+
+def _until_go(marks, batch):
+    """Notes that the job runs (file `running`), then takes 0.1 ms a record until `go` exists
+    (40,000 records: 4 s, longer than the timeout, however the executor batches them)."""
+    open(os.path.join(marks, "running"), "a").close()
+    if not os.path.exists(os.path.join(marks, "go")):
+        time.sleep(len(batch) * 1e-4)
+    return batch
+
+
+def frozen_driver(marks: str) -> None:
+    """The driver of `test_a_driver_frozen_past_the_timeout_names_its_own_stall` (in a process
+    of its own, which the test stops): prints how its run ended."""
+    f = Dataflow("frozen")
+    f.source("r", SCHEMA, time="ts").apply(functools.partial(_until_go, marks)).window(Tumbling(ms=100)).count(
+        key="key").sink(Collect(), name="out")
+    try:
+        slashrt.run(f, {"r": PerExecutor(_make)}, executors=2, heartbeat_interval=0.25, heartbeat_timeout=1.5,
+                    slot_size=4096)  # (batches of 170 records: 17 ms each)
+        print("finished")
+    except ClusterError as exc:
+        print(f"failed: {exc}")
+
+
+def test_a_driver_frozen_past_the_timeout_names_its_own_stall(tmp_path):
+    """A real SIGSTOP of the driver (the coordinator's process) for twice the heartbeat timeout,
+    then SIGCONT: its agents gave up on it, and the failure names the driver's stall, not an
+    executor (before: "executor 0 exited with code 1" or "stopped answering")."""
+    proc = subprocess.Popen([sys.executable, "-c", f"from tests.cluster.test_liveness import frozen_driver; "
+                             f"frozen_driver({str(tmp_path)!r})"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path)))
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "running").exists():  # the job runs
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(3.0)  # the fault itself: frozen for twice the timeout
+        proc.send_signal(signal.SIGCONT)
+        (tmp_path / "go").touch()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert re.match(r"failed: the driver itself was stalled for [34] s \(SIGSTOP, swap, an overloaded machine\): its "
+                    r"executors heard no heartbeat for their timeout \(1.5 s\) and stopped their jobs \(then executor",
+                    out), (out, err[-2000:])
 
 
 def test_an_agent_stops_its_job_when_the_coordinator_stops_answering():
