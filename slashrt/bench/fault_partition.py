@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["trial"]
+__all__ = ["trial", "SlowedUntil"]
 
 PORT = 7712
 HEARTBEAT = {"heartbeat_interval": 0.5, "heartbeat_timeout": 3.0}
-SLOW_S = 0.02  # per batch, each executor, until the partition healed
+SLOW_S = 1e-4  # per record, each executor, until the partition healed (whatever the batching)
 
 
 def _stream(index: int, executors: int, records: int) -> np.ndarray:
@@ -40,9 +40,9 @@ def _stream(index: int, executors: int, records: int) -> np.ndarray:
     return out
 
 
-class _Slowed:
-    """A pass-through filter: notes in `tally` that this executor runs, and takes `SLOW_S` per
-    batch until the file `healed` exists."""
+class SlowedUntil:
+    """A pass-through filter: notes in `tally` that this executor runs (a file per process),
+    and takes `SLOW_S` per record until the file `healed` exists."""
 
     def __init__(self, tally: str, healed: str):
         self.tally, self.healed, self.noted = tally, healed, False
@@ -52,7 +52,7 @@ class _Slowed:
             Path(self.tally, f"running-{os.getpid()}").touch()
             self.noted = True
         if not os.path.exists(self.healed):
-            time.sleep(SLOW_S)
+            time.sleep(SLOW_S * len(batch))
         return np.ones(len(batch), bool)
 
 
@@ -122,7 +122,7 @@ def trial(args) -> dict:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(cut)
                 result = await run_cluster_async(
-                    _flow(sink, _Slowed(str(tally), str(healed))), {"r": PerExecutor(make, deterministic=True)},
+                    _flow(sink, SlowedUntil(str(tally), str(healed))), {"r": PerExecutor(make, deterministic=True)},
                     executors=[f"{a}:{PORT}" for a in hosts.addresses], transport="tcp", secret=secret,
                     slot_size=4096, checkpoint={"interval": interval}, checkpoint_dir=str(Path(scratch, "chk")),
                     restart=HealThenRestart(attempts=2, delay=0), **HEARTBEAT,

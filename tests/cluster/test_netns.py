@@ -161,14 +161,14 @@ def _partitioned_flow(pace, sink) -> Dataflow:
     """The netns window job, each executor's stream slowed behind its source by `pace`."""
     from tests.snapshot._paced import behind
 
-    f = Dataflow("netns")
+    f = Dataflow("netns")  # (`pace`: a pass-through filter, `fault_partition.SlowedUntil`)
     behind(f.source("r", SCHEMA, time="ts"), pace).window(Tumbling(ms=200)).sum(
         "value", key="key", output="total").sink(sink)
     return f
 
 
 async def _cut_when_running(hosts, tally, executors: int) -> float:
-    """Blackhole hosts 1 and 2 once every executor has seen records (the pace's tally files);
+    """Blackhole hosts 1 and 2 once every executor has seen records (the pace's files);
     returns when (trio time). The job cannot end first: its end of stream must cross the cut."""
     while len(os.listdir(tally)) < executors:
         await trio.sleep(0.02)
@@ -181,13 +181,12 @@ HEARTBEAT = {"heartbeat_interval": 0.5, "heartbeat_timeout": 3.0}
 
 async def test_a_partition_between_two_executors_fails_the_job_naming_both_within_the_heartbeat_timeout(hosts, tmp_path):
     """Item 6 of issue 20: before, the job stalled silently for as long as the partition lasted."""
+    from slashrt.bench.fault_partition import SlowedUntil
     from slashrt.cluster.coordinator import run_cluster_async
-    from tests.snapshot._paced import Paced
 
     names, addresses = hosts
     (tmp_path / "tally").mkdir()
-    (tmp_path / "marks").mkdir()  # never written: the stream stays slow
-    pace = Paced(seconds=0.02, tally=tmp_path / "tally", until=(tmp_path / "marks", 1))
+    pace = SlowedUntil(str(tmp_path / "tally"), str(tmp_path / "healed"))  # never healed: slow to the end
     secret = generate_secret()
     procs = _start_agents(names, addresses, secret)
     try:
@@ -222,19 +221,18 @@ async def test_with_restart_on_agents_at_addresses_the_job_recovers_once_the_par
     job is re-submitted to the agents, which serve job after job, once the partition healed
     (the strategy heals it as it decides to restart: no guessing how long detection takes),
     and its output is exactly the failure-free one."""
+    from slashrt.bench.fault_partition import SlowedUntil
     from slashrt.cluster.coordinator import run_cluster_async
     from slashrt.snapshot.restart import FixedDelay
-    from tests.snapshot._paced import Paced
 
     names, addresses = hosts
     (tmp_path / "tally").mkdir()
-    (tmp_path / "marks").mkdir()
-    pace = Paced(seconds=0.02, tally=tmp_path / "tally", until=(tmp_path / "marks", 1))
+    pace = SlowedUntil(str(tmp_path / "tally"), str(tmp_path / "healed"))
 
     class HealThenRestart(FixedDelay):
         def on_failure(self, now):
             blackhole(hosts, 1, 2, on=False)
-            (tmp_path / "marks" / "healed").touch()  # the rest of the stream at full speed
+            (tmp_path / "healed").touch()  # the rest of the stream at full speed
             return super().on_failure(now)
 
     secret = generate_secret()
