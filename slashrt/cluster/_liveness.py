@@ -78,7 +78,8 @@ def check_heartbeat(interval: float, timeout: float) -> None:
 class OwnStalls:
     """This process's own stalls, seen by a task that ticks every `interval / 2` seconds: a
     tick (or a `check`) more than `interval` late means the whole process did not run
-    meanwhile. `resumed_at` is when the last stall ended (trio time), `longest` the longest."""
+    meanwhile. `resumed_at` is when the last stall ended (trio time), `last` how long it
+    lasted, `longest` the longest."""
 
     def __init__(self, interval: float, timeout: float):
         self.period = interval / 2
@@ -86,7 +87,7 @@ class OwnStalls:
         self.timeout = timeout
         self.last_tick = trio.current_time()
         self.resumed_at = -math.inf
-        self.longest = 0.0
+        self.last = self.longest = 0.0
 
     async def run(self) -> None:
         while True:
@@ -99,18 +100,20 @@ class OwnStalls:
         stalled = now - self.last_tick - self.period
         self.last_tick = now
         if stalled > self.interval:
-            self.resumed_at = now
+            self.resumed_at, self.last = now, stalled
             self.longest = max(self.longest, stalled)
             log.warning("the driver itself was stalled; its executors get a fresh heartbeat timeout",
                         seconds=round(stalled, 1))
 
     def explain(self) -> str | None:
-        """The sentence naming the stall, if one was long enough for the agents to give up on
-        this coordinator (they heard nothing for the timeout: the stall and up to an interval
-        before it), else None."""
-        if self.longest + self.interval < self.timeout:
+        """The sentence naming the last stall, if it was long enough for the agents to give up
+        on this coordinator (they heard nothing for the timeout: the stall and up to an
+        interval before it) and recent enough to be why the job fails now (the agents that gave
+        up closed their connections during it), else None."""
+        self.check()
+        if self.last + self.interval < self.timeout or trio.current_time() - self.resumed_at > self.timeout:
             return None
-        return (f"the driver itself was stalled for {self.longest:.0f} s (SIGSTOP, swap, an overloaded machine): its "
+        return (f"the driver itself was stalled for {self.last:.0f} s (SIGSTOP, swap, an overloaded machine): its "
                 f"executors heard no heartbeat for their timeout ({self.timeout:g} s) and stopped their jobs")
 
 

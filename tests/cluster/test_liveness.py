@@ -173,6 +173,22 @@ async def test_a_stall_shorter_than_the_agents_patience_is_tolerated_and_named_n
         nursery.cancel_scope.cancel()
 
 
+async def test_a_stall_long_past_is_not_named_as_the_cause_of_a_later_failure(mock_clock):
+    from slashrt.cluster._liveness import OwnStalls
+
+    async with trio.open_nursery() as nursery:
+        stalls = OwnStalls(interval=1, timeout=5)
+        nursery.start_soon(stalls.run)
+        mock_clock.jump(20)
+        await trio.testing.wait_all_tasks_blocked()
+        assert stalls.explain() is not None
+        for _ in range(12):  # running normally for 6 s: what fails now is not the stall's doing
+            mock_clock.jump(0.5)
+            await trio.testing.wait_all_tasks_blocked()
+        assert stalls.explain() is None and stalls.longest == pytest.approx(19.5)
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_failure_after_a_stall_longer_than_the_timeout_names_the_drivers_stall(mock_clock):
     """The agents gave up on a driver frozen for 20 s and closed their connections: the
     failure names the driver's stall (retryable: the executors were fine), not "executor 0
