@@ -54,14 +54,15 @@ class PeerSilent(ChannelClosed):
 
 class PeersUnreachable(SlashError):
     """Two executors' data channel carried nothing, not even a keepalive, for the heartbeat
-    timeout while both may still answer the coordinator: a network partition between them
-    (`transport._channel.Liveness`). Retryable: the job itself is fine."""
+    timeout while both may still answer the coordinator (`transport._channel.Liveness`), or
+    one could not connect its channel to the other: a network partition between them. `reason`
+    says which. Retryable: the job itself is fine."""
 
     PHRASE = "cannot reach each other"  # how the coordinator recognises the report
 
-    def __init__(self, a: int, b: int, seconds: float):
+    def __init__(self, a: int, b: int, reason: str):
         a, b = sorted((a, b))  # the same sentence from both sides
-        super().__init__(f"executors {a} and {b} {self.PHRASE}: no traffic on their channel for {seconds:g} s")
+        super().__init__(f"executors {a} and {b} {self.PHRASE}: {reason}")
 
 
 def check_heartbeat(interval: float, timeout: float) -> None:

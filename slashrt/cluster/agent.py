@@ -162,7 +162,14 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
             peer_of.update({end: src for (_, src), end in receivers.items()})
 
         async def dial(step_id: str, dst: int) -> None:
-            sender = await channels.connect(job.transport, directory[dst][(step_id, job.index)], ring(step_id), secret)
+            # (a connection unanswered for the heartbeat timeout: a partition, named at once)
+            try:
+                sender = await channels.connect(job.transport, directory[dst][(step_id, job.index)], ring(step_id), secret,
+                                                **({"connect_timeout": control.timeout} if job.transport == "tcp" else {}))
+            except ChannelSilent as exc:
+                raise PeersUnreachable(job.index, dst, f"no answer to a connection between them for {exc.seconds:g} s") from None
+            except OSError as exc:  # (its address came from the coordinator: it listens there)
+                raise PeersUnreachable(job.index, dst, f"connecting their channel failed ({exc.strerror or exc})") from None
             peer_of[sender] = dst
             exchanges[step_id].add_peer(dst, sender)
 
@@ -252,7 +259,7 @@ async def _naming_partitions(index: int, peer_of: dict):
         for end, peer in list(peer_of.items()):
             silent = getattr(end, "error", None) or getattr(end, "_peer_error", None)
             if isinstance(silent, ChannelSilent):
-                raise PeersUnreachable(index, peer, silent.seconds) from exc
+                raise PeersUnreachable(index, peer, f"no traffic on their channel for {silent.seconds:g} s") from exc
         raise
 
 

@@ -351,6 +351,10 @@ class _Agents:
             elif causes and _broken_channel(message):
                 message = causes[0]  # the same sentence whichever executor's report came first
                 retryable = _retryable_report(message)
+            partitions = [c for c in causes if PeersUnreachable.PHRASE in c]
+            if not deaths and partitions and PeersUnreachable.PHRASE not in message:
+                # a partition breaks the other executors' channels and handshakes too
+                message, retryable = partitions[0], True
         if self.stalls is not None and (stall := self.stalls.explain()) is not None:
             message, retryable = f"{stall} (then {message})", True  # the executors were fine
         raise ClusterError(message, retryable)

@@ -66,8 +66,9 @@ class Liveness:
 class ChannelSilent(ChannelClosed):
     """No traffic from a channel's peer, not even a keepalive, for the channel's timeout."""
 
-    def __init__(self, peer: str, seconds: float):
-        super().__init__(f"no traffic from {peer} for {seconds:g} s")
+    def __init__(self, peer: str, seconds: float, what: str = "no traffic"):
+        super().__init__(f"{what} from {peer} for {seconds:g} s")
+        self.what = what
         self.peer = peer
         self.seconds = seconds
         self.end = None  # the channel end that noticed (set by its owner, `open_channels`)

@@ -61,6 +61,7 @@ These are the backend's own calls; code above the transport layer opens channels
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 import struct
 from collections.abc import AsyncIterator
@@ -858,16 +859,22 @@ def _is_loopback(host: str) -> bool:
     return host.startswith("127.") or host in ("::1", "localhost")
 
 
-async def connect_tcp(address: tuple[str, int], spec: RingSpec, secret: bytes) -> TcpSender:
+async def connect_tcp(address: tuple[str, int], spec: RingSpec, secret: bytes, *,
+                      connect_timeout: float | None = None) -> TcpSender:
     """Connect to a listener as the channel's sender: handshake, ring spec check, then a TcpSender.
 
     Raises AuthenticationFailed if the listener does not prove the secret (or refuses ours),
-    ChannelClosed on a spec mismatch or a lost connection, OSError if nobody listens there."""
+    ChannelClosed on a spec mismatch or a lost connection, OSError if nobody listens there, and
+    ChannelSilent if the connection is not answered within `connect_timeout` (a partition: the
+    peer's kernel answers a connection whatever its process does, so no answer is the network)."""
     if not secret:
         raise ValueError("a TCP channel needs the cluster secret")
     host, port = address[0], address[1]
     peer = peer_name((host, port))
-    stream = await trio.open_tcp_stream(host, port)
+    with trio.move_on_after(connect_timeout if connect_timeout is not None else math.inf) as unanswered:
+        stream = await trio.open_tcp_stream(host, port)
+    if unanswered.cancelled_caught:
+        raise ChannelSilent(peer, connect_timeout, "no answer to a connection")
     try:
         await client_handshake(stream, secret)
         await _agree_spec(stream, spec, _SENDER, peer)

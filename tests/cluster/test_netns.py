@@ -279,3 +279,31 @@ def test_the_partition_fault_of_bench_chaos_recovers_exactly_once():
     assert fields["refused"] is False and fields["exact"], fields
     assert fields["duplicates"] == fields["missing"] == 0 and fields["recoveries"] == 1
     assert fields["cause"].startswith("executors 1 and 2 cannot reach each other: no traffic on their channel for 3 s")
+
+
+async def test_a_partition_before_the_job_fails_it_naming_both_executors_within_the_heartbeat_timeout(hosts):
+    """Hosts 1 and 2 cannot reach each other when the job arrives (say, a recovery re-submitted
+    before the partition healed): their channels' connections go unanswered, and the job fails
+    within the heartbeat timeout naming both (before: after a minute of TCP retries, naming a
+    missing channel)."""
+    from slashrt.cluster.coordinator import run_cluster_async
+
+    names, addresses = hosts
+    secret = generate_secret()
+    procs = _start_agents(names, addresses, secret)
+    blackhole(hosts, 1, 2)
+    try:
+        began = trio.current_time()
+        with trio.fail_after(60), pytest.raises(ClusterError) as failed:
+            await run_cluster_async(_flow(Collect()), {"r": PerExecutor(_stream)},
+                                    executors=[f"{a}:{AGENT_PORT}" for a in addresses], transport="tcp", secret=secret,
+                                    **HEARTBEAT)
+        took = trio.current_time() - began
+    finally:
+        blackhole(hosts, 1, 2, on=False)
+        _stop(procs)
+    # (a new connection meets the blackhole route at once: its connect fails; one whose answers
+    # are dropped waits out the heartbeat timeout: "no answer to a connection between them")
+    assert str(failed.value).startswith("executors 1 and 2 cannot reach each other: "), str(failed.value)
+    assert failed.value.retryable
+    assert took < 2 * HEARTBEAT["heartbeat_timeout"] + 10  # (agents' set-up included; before: 60 s)
