@@ -126,7 +126,7 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
 
     receivers = {}
     peer_of = {}  # channel end -> the executor at its other end (to name a partition)
-    async with contextlib.AsyncExitStack() as stack:
+    async with _naming_partitions(job.index, peer_of), contextlib.AsyncExitStack() as stack:
         listeners = {}
         for step_id in exchanges:
             for src in peers:
@@ -149,8 +149,10 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
             sources = [i for i, spec in enumerate(job.flow.steps.values()) if spec.step_id in plan.sources]
             bus = await stack.enter_async_context(open_progress_bus(
                 job.index, job.executors, plan.graph, transport=job.transport, secret=secret,
-                swap_addresses=swap_addresses, initial=initial_capabilities(sources, job.executors), **where,
+                swap_addresses=swap_addresses, initial=initial_capabilities(sources, job.executors),
+                liveness=Liveness(control.interval, control.timeout), **where,
             ))
+            peer_of.update(bus.peer_of)
         else:
             await swap_addresses({})
 
@@ -176,7 +178,7 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
         # every exchange channel is driven from the moment it is open, by its owner `channels`,
         # and closed with it: senders not ended are aborted, so a failed job never ends a stream;
         # each is watched with the control connection's heartbeat settings (a partition)
-        async with _naming_partitions(job.index, peer_of), open_channels(Liveness(control.interval, control.timeout)) as channels:
+        async with open_channels(Liveness(control.interval, control.timeout)) as channels:
             with trio.fail_after(SETUP_TIMEOUT):
                 async with unwrap_groups(), trio.open_nursery() as nursery:
                     nursery.start_soon(accept)

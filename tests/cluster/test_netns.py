@@ -307,3 +307,41 @@ async def test_a_partition_before_the_job_fails_it_naming_both_executors_within_
     assert str(failed.value).startswith("executors 1 and 2 cannot reach each other: "), str(failed.value)
     assert failed.value.retryable
     assert took < 2 * HEARTBEAT["heartbeat_timeout"] + 10  # (agents' set-up included; before: 60 s)
+
+
+def _graph_stream(index: int, executors: int) -> np.ndarray:
+    from tests.cluster.test_graph_cluster import REC
+
+    out = np.zeros(30_000, REC)
+    out["v"], out["t"] = np.arange(len(out)), np.arange(len(out)) // 100
+    return out
+
+
+async def test_a_partition_between_two_executors_of_a_graph_flow_is_named_too(hosts, tmp_path):
+    """A graph flow without an exchange: its executors share only their progress (the progress
+    bus's channels), whose stall would hold every notification silently; its channels are
+    watched as the exchanges' are."""
+    from slashrt.bench.fault_partition import SlowedUntil
+    from slashrt.cluster.coordinator import run_cluster_async
+    from tests.cluster.test_graph_cluster import REC, Hold
+
+    names, addresses = hosts
+    (tmp_path / "tally").mkdir()
+    f = Dataflow("graph-partition")
+    f.source("a", REC, time="t").filter(SlowedUntil(str(tmp_path / "tally"), str(tmp_path / "healed")), name="slowed") \
+        .operator(Hold(), name="hold").sink(Collect(), name="held")
+    secret = generate_secret()
+    procs = _start_agents(names, addresses, secret)
+    try:
+        with trio.fail_after(60):  # (before: no end until the partition healed)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_cut_when_running, hosts, tmp_path / "tally", HOSTS)
+                with pytest.raises(ClusterError) as failed:
+                    await run_cluster_async(f, {"a": PerExecutor(_graph_stream)},
+                                            executors=[f"{a}:{AGENT_PORT}" for a in addresses], transport="tcp",
+                                            secret=secret, slot_size=4096, **HEARTBEAT)
+                nursery.cancel_scope.cancel()
+    finally:
+        blackhole(hosts, 1, 2, on=False)
+        _stop(procs)
+    assert str(failed.value).startswith("executors 1 and 2 cannot reach each other: no traffic on their channel for 3 s")
