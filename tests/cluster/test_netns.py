@@ -345,3 +345,25 @@ async def test_a_partition_between_two_executors_of_a_graph_flow_is_named_too(ho
         blackhole(hosts, 1, 2, on=False)
         _stop(procs)
     assert str(failed.value).startswith("executors 1 and 2 cannot reach each other: no traffic on their channel for 3 s")
+
+
+async def test_a_channel_connection_nobody_answers_fails_at_its_connect_timeout(hosts):
+    """Host 2 drops every answer to this (root) namespace: a SYN goes out, nothing comes back,
+    as across a partition. TCP would retry for minutes; the channel gives up at its timeout."""
+    import subprocess
+
+    from slashrt.transport import RingSpec
+    from slashrt.transport._channel import ChannelSilent
+    from slashrt.transport.tcp import connect_tcp
+
+    names, addresses = hosts
+    bridge = addresses[0].rsplit(".", 1)[0] + ".1"
+    subprocess.run(["ip", "-n", names[2], "route", "add", "blackhole", f"{bridge}/32"], check=True)
+    try:
+        began = trio.current_time()
+        with trio.fail_after(30), pytest.raises(ChannelSilent, match=rf"^no answer to a connection from "
+                                                                     rf"{addresses[2]}:7799 for 0.5 s$"):
+            await connect_tcp((addresses[2], 7799), RingSpec(), generate_secret(), connect_timeout=0.5)
+        assert trio.current_time() - began >= 0.5
+    finally:
+        subprocess.run(["ip", "-n", names[2], "route", "del", "blackhole", f"{bridge}/32"], capture_output=True)
