@@ -383,6 +383,27 @@ def test_a_driver_frozen_past_the_timeout_names_its_own_stall(tmp_path):
                     out), (out, err[-2000:])
 
 
+def _slow_on_executor_1(batch):
+    """Executor 1 (its records' value) takes 20 ms a batch (of one 4 KiB buffer: coalesce=1):
+    its peer's channel to it stays full (backpressured) for seconds, several heartbeat
+    timeouts, while no call comes near the timeout."""
+    if len(batch) and batch["value"][0] == 1:
+        time.sleep(0.02)
+    return batch
+
+
+def test_a_backpressured_tcp_channel_longer_than_the_timeout_is_not_a_partition():
+    """The slow executor's channels answer (keepalives from their receivers) while their
+    senders wait for credit: the job finishes, nothing is declared unreachable."""
+    f = Dataflow("backpressured")
+    f.source("r", SCHEMA, time="ts").apply(_slow_on_executor_1).window(Tumbling(ms=100)).count(key="key").sink(
+        Collect(), name="out")
+    result = slashrt.run(f, {"r": PerExecutor(_make)}, executors=2, transport="tcp", slot_size=4096, coalesce=1,
+                         heartbeat_interval=0.25, heartbeat_timeout=1.5)
+    assert result.seconds > 2 * 1.5  # (timeouts of backpressure: 235 batches on executor 1)
+    assert result.outputs["backpressured.out"]["count"].sum() == 2 * 40_000
+
+
 def test_an_agent_stops_its_job_when_the_coordinator_stops_answering():
     """A coordinator that handshakes, sends a job and then says nothing (as a frozen one would):
     the agent fails the job at the heartbeat timeout and exits (before the job, it answers
