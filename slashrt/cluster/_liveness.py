@@ -11,18 +11,33 @@ A heartbeat goes out only when the event loop turns: an executor's compute loop 
 every `yield_every` pipeline calls, so heartbeats keep flowing while it computes, but a user
 operator that computes without returning for longer than the timeout starves them, and its
 executor is declared gone.
+
+A process that judges its peers' silence must not blame them for its own: the coordinator's
+`OwnStalls` ticks every half heartbeat interval, and a tick that comes more than an interval
+late means the coordinator itself did not run (SIGSTOP, swap, an overloaded machine). Its
+links then do not count the stall as the agents' silence: each agent gets a fresh timeout
+from the moment the coordinator resumed (Flink users expect a JobManager's own pause not to
+kill a job whose TaskManagers are fine). A stall long enough for the agents to give up on the
+coordinator (they stop their jobs) fails the job naming the stall (`OwnStalls.explain`).
+
+Data channels between executors have their own liveness (`transport._channel.Liveness`, with
+the same interval and timeout): a partition between two hosts that both still answer the
+coordinator is noticed by the channel's sender and reported as `PeersUnreachable`.
 """
 
 from __future__ import annotations
 
 import math
 
+import structlog
 import trio
 
 from slashrt.cluster._control import check_expected, receive_message, send_message
-from slashrt.errors import ChannelClosed, DataflowError
+from slashrt.errors import ChannelClosed, DataflowError, SlashError
 
-__all__ = ["Link", "PeerSilent", "HEARTBEAT", "DEFAULT_HEARTBEAT_INTERVAL", "DEFAULT_HEARTBEAT_TIMEOUT", "check_heartbeat"]
+__all__ = ["Link", "OwnStalls", "PeerSilent", "PeersUnreachable", "HEARTBEAT", "DEFAULT_HEARTBEAT_INTERVAL", "DEFAULT_HEARTBEAT_TIMEOUT", "check_heartbeat"]
+
+log = structlog.get_logger("slashrt.cluster")
 
 HEARTBEAT = "heartbeat"  # the control message kind; a Link never hands it to its reader
 DEFAULT_HEARTBEAT_INTERVAL = 10.0
@@ -37,6 +52,19 @@ class PeerSilent(ChannelClosed):
         self.seconds = seconds
 
 
+class PeersUnreachable(SlashError):
+    """Two executors' data channel carried nothing, not even a keepalive, for the heartbeat
+    timeout while both may still answer the coordinator (`transport._channel.Liveness`), or
+    one could not connect its channel to the other: a network partition between them. `reason`
+    says which. Retryable: the job itself is fine."""
+
+    PHRASE = "cannot reach each other"  # how the coordinator recognises the report
+
+    def __init__(self, a: int, b: int, reason: str):
+        a, b = sorted((a, b))  # the same sentence from both sides
+        super().__init__(f"executors {a} and {b} {self.PHRASE}: {reason}")
+
+
 def check_heartbeat(interval: float, timeout: float) -> None:
     """Refuse liveness settings that cannot work: a timeout must leave room for heartbeats."""
     for name, value in (("heartbeat_interval", interval), ("heartbeat_timeout", timeout)):
@@ -48,14 +76,57 @@ def check_heartbeat(interval: float, timeout: float) -> None:
         )
 
 
+class OwnStalls:
+    """This process's own stalls, seen by a task that ticks every `interval / 2` seconds: a
+    tick (or a `check`) more than `interval` late means the whole process did not run
+    meanwhile. `resumed_at` is when the last stall ended (trio time), `last` how long it
+    lasted, `longest` the longest."""
+
+    def __init__(self, interval: float, timeout: float):
+        self.period = interval / 2
+        self.interval = interval
+        self.timeout = timeout
+        self.last_tick = trio.current_time()
+        self.resumed_at = -math.inf
+        self.last = self.longest = 0.0
+
+    async def run(self) -> None:
+        while True:
+            await trio.sleep(self.period)
+            self.check()
+
+    def check(self) -> None:
+        """Note a stall that ended now, if the time since the last tick says there was one."""
+        now = trio.current_time()
+        stalled = now - self.last_tick - self.period
+        self.last_tick = now
+        if stalled > self.interval:
+            self.resumed_at, self.last = now, stalled
+            self.longest = max(self.longest, stalled)
+            log.warning("the driver itself was stalled; its executors get a fresh heartbeat timeout",
+                        seconds=round(stalled, 1))
+
+    def explain(self) -> str | None:
+        """The sentence naming the last stall, if it was long enough for the agents to give up
+        on this coordinator (they heard nothing for the timeout: the stall and up to an
+        interval before it) and recent enough to be why the job fails now (the agents that gave
+        up closed their connections during it), else None."""
+        self.check()
+        if self.last + self.interval < self.timeout or trio.current_time() - self.resumed_at > self.timeout:
+            return None
+        return (f"the driver itself was stalled for {self.last:.0f} s (SIGSTOP, swap, an overloaded machine): its "
+                f"executors heard no heartbeat for their timeout ({self.timeout:g} s) and stopped their jobs")
+
+
 class Link:
     """A control connection with heartbeats. `start(nursery)` starts its tasks (they end with
     the nursery, or when the connection ends); `send` may be called from any task; `receive`
     returns the peer's messages in order, heartbeats left out, then raises how the connection
     ended: `ChannelClosed` (closed or broken) or `PeerSilent`."""
 
-    def __init__(self, stream: trio.SocketStream, *, interval: float, timeout: float):
+    def __init__(self, stream: trio.SocketStream, *, interval: float, timeout: float, stalls: OwnStalls | None = None):
         self.stream = stream
+        self.stalls = stalls  # this process's own stalls: not the peer's silence
         self.interval = interval
         self.timeout = timeout
         self.last_heard = trio.current_time()
@@ -103,13 +174,22 @@ class Link:
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._end(ChannelClosed(f"the control connection broke: {exc or type(exc).__name__}"))
 
+    def _deadline(self) -> float:
+        """When the peer's silence reaches the timeout, counted from the last byte heard or,
+        if later, from the moment this process resumed after a stall of its own."""
+        since = self.last_heard
+        if self.stalls is not None:
+            self.stalls.check()  # (this task may run before the ticker after a stall)
+            since = max(since, self.stalls.resumed_at)
+        return since + self.timeout
+
     async def _watch(self) -> None:
         while True:
-            await trio.sleep_until(self.last_heard + self.timeout)
+            await trio.sleep_until(self._deadline())
             # a reader woken in the same scheduler batch (after this loop was busy) gets to
             # count what arrived before the silence is judged
             await trio.lowlevel.checkpoint()
-            if trio.current_time() >= self.last_heard + self.timeout:
+            if trio.current_time() >= self._deadline():
                 self._end(PeerSilent(self.timeout))
                 return
 

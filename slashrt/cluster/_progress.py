@@ -50,6 +50,7 @@ from slashrt.progress.timestamp import Timestamp
 from slashrt.progress.tracker import Pointstamp
 from slashrt.progress.wire import ProgressCodec
 from slashrt.transport._channel import Receiver, RingSpec, Sender
+from slashrt.transport._channel import Liveness
 from slashrt.transport._registry import open_channels
 
 __all__ = ["ProgressBus", "ProgressStats", "open_progress_bus", "PROGRESS_RING", "CONNECT_TIMEOUT"]
@@ -96,6 +97,8 @@ class ProgressBus:
         self.history: list | None = [] if history else None
         self._senders = senders
         self._receivers = receivers
+        # each channel end -> the executor at its other end (to name a partition)
+        self.peer_of = {**{end: p for p, end in senders.items()}, **{end: p for p, end in receivers.items()}}
         self._outbox: dict[int, deque[bytes]] = {peer: deque() for peer in senders}
         self._queued = {peer: trio.lowlevel.ParkingLot() for peer in senders}
         self._partial: dict[int, list] = {peer: [] for peer in receivers}  # frames of a message yet to end
@@ -290,6 +293,7 @@ async def open_progress_bus(
     spec: RingSpec = PROGRESS_RING,
     history: bool = False,
     connect_timeout: float = CONNECT_TIMEOUT,
+    liveness: Liveness | None = None,
     **where,
 ) -> AsyncIterator[ProgressBus]:
     """Executor `index`'s progress bus among `executors`, over medium `transport`.
@@ -299,9 +303,11 @@ async def open_progress_bus(
     address of the peer's listener for this executor}; then it connects and accepts every
     channel within `connect_timeout`. `initial`: the pointstamps every executor starts with
     (e.g. each source instance's first capability). On leaving the block the bus flushes,
-    ends its channels and waits until every peer has ended its own."""
+    ends its channels and waits until every peer has ended its own. With `liveness`, its
+    channels are watched as the exchanges' are (`transport._channel.Liveness`): a silent one
+    raises `ChannelSilent` out of the block."""
     peers = [p for p in range(executors) if p != index]
-    async with open_channels() as channels:
+    async with open_channels(liveness) as channels:
         if transport == "shm":
             # no spin before parking: a receiver spins without yielding, so a waiter it just
             # woke would wait out the spin (100 us a hop, measured), and progress is sparse

@@ -46,7 +46,7 @@ from slashrt.cluster._control import receive_message, send_message
 from slashrt.cluster._progress import open_progress_bus
 from slashrt.cluster._reports import AGENT_MARKER, AgentReporter
 from slashrt.cluster._job import Ingest, Job, PerExecutor
-from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent
+from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent, PeersUnreachable
 from slashrt.errors import ChannelClosed, OperatorError, unwrap_groups
 from slashrt.ops.sinks import Callback
 from slashrt.scheduler import Input
@@ -54,6 +54,7 @@ from slashrt.scheduler._bus_counts import initial_capabilities
 from slashrt.snapshot.cluster import agent_checkpointing
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import RingSpec
+from slashrt.transport._channel import ChannelSilent, Liveness
 from slashrt.transport._accept import HandshakeListener, authenticated_peers
 from slashrt.transport._auth import load_secret
 from slashrt.transport._registry import open_channels, open_listener
@@ -125,7 +126,8 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
         return RingSpec(slots=exchange_slots, slot_size=slot_size, record_size=exchanges[step_id].exchange_dtype.itemsize)
 
     receivers = {}
-    async with contextlib.AsyncExitStack() as stack:
+    peer_of = {}  # channel end -> the executor at its other end (to name a partition)
+    async with _naming_partitions(job.index, peer_of), contextlib.AsyncExitStack() as stack:
         listeners = {}
         for step_id in exchanges:
             for src in peers:
@@ -148,8 +150,10 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
             sources = [i for i, spec in enumerate(job.flow.steps.values()) if spec.step_id in plan.sources]
             bus = await stack.enter_async_context(open_progress_bus(
                 job.index, job.executors, plan.graph, transport=job.transport, secret=secret,
-                swap_addresses=swap_addresses, initial=initial_capabilities(sources, job.executors), **where,
+                swap_addresses=swap_addresses, initial=initial_capabilities(sources, job.executors),
+                liveness=Liveness(control.interval, control.timeout), **where,
             ))
+            peer_of.update(bus.peer_of)
         else:
             await swap_addresses({})
 
@@ -158,14 +162,24 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
             receivers.update(
                 await channels.accept_each(listeners, timeout=CONNECT_TIMEOUT, describe=_channel_from)
             )
+            peer_of.update({end: src for (_, src), end in receivers.items()})
 
         async def dial(step_id: str, dst: int) -> None:
-            sender = await channels.connect(job.transport, directory[dst][(step_id, job.index)], ring(step_id), secret)
+            # (a connection unanswered for the heartbeat timeout: a partition, named at once)
+            try:
+                sender = await channels.connect(job.transport, directory[dst][(step_id, job.index)], ring(step_id), secret,
+                                                **({"connect_timeout": control.timeout} if job.transport == "tcp" else {}))
+            except ChannelSilent as exc:
+                raise PeersUnreachable(job.index, dst, f"no answer to a connection between them for {exc.seconds:g} s") from None
+            except OSError as exc:  # (its address came from the coordinator: it listens there)
+                raise PeersUnreachable(job.index, dst, f"connecting their channel failed ({exc.strerror or exc})") from None
+            peer_of[sender] = dst
             exchanges[step_id].add_peer(dst, sender)
 
         # every exchange channel is driven from the moment it is open, by its owner `channels`,
-        # and closed with it: senders not ended are aborted, so a failed job never ends a stream
-        async with open_channels() as channels:
+        # and closed with it: senders not ended are aborted, so a failed job never ends a stream;
+        # each is watched with the control connection's heartbeat settings (a partition)
+        async with open_channels(Liveness(control.interval, control.timeout)) as channels:
             with trio.fail_after(SETUP_TIMEOUT):
                 async with unwrap_groups(), trio.open_nursery() as nursery:
                     nursery.start_soon(accept)
@@ -237,6 +251,21 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
     await control.send("done", result)
 
 
+@contextlib.asynccontextmanager
+async def _naming_partitions(index: int, peer_of: dict):
+    """A job that failed because one of its channels went silent (whichever error surfaced
+    first: the silence itself, or a send that found the channel failed) fails as
+    `PeersUnreachable`, naming this executor and the one at the channel's other end."""
+    try:
+        yield
+    except Exception as exc:
+        for end, peer in list(peer_of.items()):
+            silent = getattr(end, "error", None) or getattr(end, "_peer_error", None)
+            if isinstance(silent, ChannelSilent):
+                raise PeersUnreachable(index, peer, f"no traffic on their channel for {silent.seconds:g} s") from exc
+        raise
+
+
 def _channel_from(key) -> str:
     step_id, src = key
     return f"executor {src}'s {step_id} channel"
@@ -254,7 +283,7 @@ def _ingest_endpoint(job: Job, name: str, spec: Ingest, secret: bytes, *, slots:
 
 def _describe(exc: BaseException) -> str:
     """The cause in one line: an OperatorError already names its step and the user's exception."""
-    return str(exc) if isinstance(exc, OperatorError) else f"{type(exc).__name__}: {exc}"
+    return str(exc) if isinstance(exc, (OperatorError, PeersUnreachable)) else f"{type(exc).__name__}: {exc}"
 
 
 _JOB_FIELDS = frozenset({"index", "heartbeat_interval", "heartbeat_timeout", "job"})

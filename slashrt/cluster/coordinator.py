@@ -50,7 +50,7 @@ from slashrt._runtime import RunResult, _per_source
 from slashrt.cluster._job import Ingest, Job, PerExecutor, job_message, split_input
 from slashrt.cluster._reports import cluster_reports
 from slashrt.cluster._liveness import (
-    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Link, PeerSilent, check_heartbeat,
+    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Link, OwnStalls, PeerSilent, PeersUnreachable, check_heartbeat,
 )
 from slashrt.errors import ChannelClosed, DataflowError, SlashError, unwrap_groups
 from slashrt.ops.sinks import Callback, Collect
@@ -69,7 +69,8 @@ log = structlog.get_logger("slashrt.cluster")
 
 START_TIMEOUT = 180.0  # spawning, connecting and wiring every executor
 # a spawned agent imports slashrt before it listens (seconds on a loaded machine): it says
-# where it listens within this, or the heartbeat timeout if that is longer
+# where it listens within this, or the heartbeat timeout if that is longer; one that uses no
+# CPU for the heartbeat timeout meanwhile (stopped, frozen) fails sooner (`_spawn_agent`)
 LISTEN_TIMEOUT = 30.0
 
 
@@ -99,34 +100,72 @@ def _secret(secret: bytes | None) -> bytes:
     return generate_secret()
 
 
-@trio.lowlevel.enable_ki_protection  # a Ctrl-C waits for the next checkpoint, after procs[index] is set
-async def _spawn_agent(secret: bytes, index: int, procs: list, silent_s: float, relay: trio.Nursery) -> tuple[str, int]:
-    """Start a local agent process, tracked in procs[index] from the moment it exists (so it is
-    reaped on every path, a cancellation or Ctrl-C during the spawn too), and read the address
-    it listens on (within `silent_s`). Its standard error is relayed to ours by a task of
-    `relay`, the run's nursery: what agents log while the job runs reaches the user, and what
-    survivors log about their peers' channels once the run has ended (failed, cancelled,
-    interrupted) does not."""
+def _agent_command() -> list[str]:
+    """How a local agent is started (the agent logs at this process's level, set by
+    configure_logging or $SLASHRT_LOG_LEVEL)."""
     from slashrt._logging import level_name
 
-    # the agent logs at this process's level (set by configure_logging or $SLASHRT_LOG_LEVEL)
-    cmd = [sys.executable, "-m", "slashrt.cluster.agent", "--listen", "127.0.0.1:0", "--once", "--with-parent",
-           "--log-level", level_name()]
+    return [sys.executable, "-m", "slashrt.cluster.agent", "--listen", "127.0.0.1:0", "--once", "--with-parent",
+            "--log-level", level_name()]
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    """The CPU time a process has used (user + system, in clock ticks), or None where /proc
+    does not say: an agent that has not listened yet cannot answer a heartbeat, but while it
+    imports it uses the CPU; a stopped or frozen one does not."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@trio.lowlevel.enable_ki_protection  # a Ctrl-C waits for the next checkpoint, after procs[index] is set
+async def _spawn_agent(secret: bytes, index: int, procs: list, silent_s: float, relay: trio.Nursery,
+                       frozen_s: float | None = None) -> tuple[str, int]:
+    """Start a local agent process, tracked in procs[index] from the moment it exists (so it is
+    reaped on every path, a cancellation or Ctrl-C during the spawn too), and read the address
+    it listens on (within `silent_s`; and, with `frozen_s`, the heartbeat timeout, failing as
+    soon as its process used no CPU for that long: stopped or frozen before it could listen).
+    Its standard error is relayed to ours by a task of `relay`, the run's nursery: what agents
+    log while the job runs reaches the user, and what survivors log about their peers'
+    channels once the run has ended (failed, cancelled, interrupted) does not."""
     # the agent imports what this process can (the job's functions are pickled by reference
     # when they live in importable modules, e.g. a test module or the user's package)
     env = dict(os.environ, SLASHRT_SECRET=secret.hex(), PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
     proc = procs[index] = await trio.lowlevel.open_process(
-        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        _agent_command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
     )
     relay.start_soon(_relay_stderr, proc.stderr, name=f"stderr:executor {index}")
     line = b""
+    frozen = False
     with trio.move_on_after(silent_s):
-        while not line.endswith(b"\n"):
-            chunk = await proc.stdout.receive_some(256)
-            if not chunk:
-                code = await proc.wait()
-                raise ClusterError(f"{executor_death(index, code=code)} before listening", retryable=True)
-            line += chunk
+        async with trio.open_nursery() as nursery:
+            if frozen_s is not None:
+
+                async def watch_cpu() -> None:
+                    nonlocal frozen
+                    used, since = _cpu_ticks(proc.pid), trio.current_time()
+                    while trio.current_time() - since < frozen_s:
+                        await trio.sleep(min(frozen_s / 5, 0.5))
+                        now = _cpu_ticks(proc.pid)
+                        if now is None or now != used:
+                            used, since = now, trio.current_time()
+                    frozen = True
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(watch_cpu)
+            while not line.endswith(b"\n"):
+                chunk = await proc.stdout.receive_some(256)
+                if not chunk:
+                    code = await proc.wait()
+                    raise ClusterError(f"{executor_death(index, code=code)} before listening", retryable=True)
+                line += chunk
+            nursery.cancel_scope.cancel()
+    if frozen:
+        raise ClusterError(f"{executor_death(index, silent_s=frozen_s)} before listening (its process used no CPU: "
+                           "stopped or frozen)", retryable=True)
     if not line.endswith(b"\n"):
         raise ClusterError(f"{executor_death(index, silent_s=silent_s)} before listening", retryable=True)
     words = line.decode(errors="replace").split()
@@ -166,17 +205,24 @@ def executor_death(i: int, *, code: int | None = None, silent_s: float | None = 
     return f"executor {i} lost its control connection: {reason}"
 
 
-async def _unreachable(i: int, procs: list, message: str) -> ClusterError:
+async def _unreachable(i: int, procs: list, message: str, recovering: bool = False) -> ClusterError:
     """The error for an executor the driver could not reach or authenticate: for an agent
     spawned here that died meanwhile (killed as it started listening), how it died, since
-    that is the cause; otherwise `message`. Retryable exactly when the agent was ours."""
+    that is the cause; otherwise `message`. Retryable when the agent was ours, or when this
+    attempt is a recovery (an agent at an address, up before, may be back at the next one)."""
     proc = procs[i]
     if proc is not None:
         with trio.move_on_after(_Agents.LAST_WORDS_S):
             await proc.wait()
         if proc.returncode is not None:
             return ClusterError(f"{executor_death(i, code=proc.returncode)} before the driver reached it", retryable=True)
-    return ClusterError(message, retryable=proc is not None)
+    return ClusterError(message, retryable=proc is not None or recovering)
+
+
+def _retryable_report(report: str) -> bool:
+    """An executor's report of its failure that a restart may recover from: an operator's
+    RetryableError, or a partition between two executors (`PeersUnreachable`)."""
+    return "RetryableError" in report or PeersUnreachable.PHRASE in report
 
 
 def _broken_channel(report: str) -> bool:
@@ -194,9 +240,11 @@ class _Agents:
     # connection broke, are worth a moment's wait
     LAST_WORDS_S = 0.5
 
-    def __init__(self, links: list[Link], procs: list[trio.Process | None], handlers: dict | None = None):
+    def __init__(self, links: list[Link], procs: list[trio.Process | None], handlers: dict | None = None,
+                 stalls: OwnStalls | None = None):
         self.links = links
         self.procs = procs
+        self.stalls = stalls  # the coordinator's own stalls: a long one is the cause of what follows
         self.handlers = handlers or {}  # message kind -> async fn(executor, payload), handled as it comes
         self._fifos = [collections.deque() for _ in links]
         self._arrived = trio.Event()
@@ -287,7 +335,7 @@ class _Agents:
             with trio.move_on_after(self.LAST_WORDS_S):
                 await self._ended[i].wait()
         message = self._describe(i, what, payload, kind)
-        retryable = what in ("lost", "exited", "silent") or "RetryableError" in str(payload)
+        retryable = what in ("lost", "exited", "silent") or _retryable_report(str(payload))
         if what == "failed":
             await trio.sleep(2 * self.LAST_WORDS_S)
             # an executor that reported its own failure and then exited did not die
@@ -302,7 +350,13 @@ class _Agents:
                 retryable = True
             elif causes and _broken_channel(message):
                 message = causes[0]  # the same sentence whichever executor's report came first
-                retryable = "RetryableError" in message
+                retryable = _retryable_report(message)
+            partitions = [c for c in causes if PeersUnreachable.PHRASE in c]
+            if not deaths and partitions and PeersUnreachable.PHRASE not in message:
+                # a partition breaks the other executors' channels and handshakes too
+                message, retryable = partitions[0], True
+        if self.stalls is not None and (stall := self.stalls.explain()) is not None:
+            message, retryable = f"{stall} (then {message})", True  # the executors were fine
         raise ClusterError(message, retryable)
 
     def poke(self) -> None:
@@ -401,7 +455,8 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, **options) -> R
     recoveries: list[dict] = []
     committed = Committed()  # what in-memory sinks committed, kept across attempts
     while True:
-        marks: dict = {"fail_grace": 1.0 if isinstance(strategy, NoRestart) else 0.2}
+        # (a recovery attempt that cannot reach an agent at an address is retried: the agent may be back soon)
+        marks: dict = {"fail_grace": 1.0 if isinstance(strategy, NoRestart) else 0.2, "recovery": bool(recoveries)}
         recovering = recoveries[-1] if recoveries else None  # the recovery this attempt makes
         try:
             result = await _run_attempt(flow, inputs, marks=marks, committed=committed, **dict(options))
@@ -435,11 +490,6 @@ def _check_restartable(flow, options: dict) -> None:
     """Refuse, in one sentence before anything starts, a restart strategy a run cannot honour."""
     if options.get("checkpoint_dir") is None:
         raise DataflowError("run(): restart= restarts from the last complete checkpoint: give checkpoint_dir= as well")
-    if not isinstance(options.get("executors", 2), int):
-        raise DataflowError(
-            "run(): restart= respawns the agents this coordinator started; agents at addresses are restarted by "
-            "whoever started them: rerun with resume_from='latest' instead"
-        )
     for step_id, step in flow.steps.items():
         sink = getattr(step, "sink", None)
         if isinstance(sink, Collect) and not sink.transactional:
@@ -514,16 +564,19 @@ async def _run_attempt(
     controls: list[trio.SocketStream] = []
     links: list[Link] = []
     results = failure = agents = None
+    stalls = OwnStalls(heartbeat_interval, heartbeat_timeout)  # the driver's own, not the agents' silence
     marks = {} if marks is None else marks  # the recovery loop's notes: when each phase began, agents' ends
     bound = log.bind(flow=flow.name, executors=n, transport=transport, mode=mode)
     try:
         async with unwrap_groups(), trio.open_nursery() as nursery:
+            nursery.start_soon(stalls.run)
             with trio.fail_after(START_TIMEOUT):
                 if local:
                     addresses = [None] * n
 
                     async def spawn(i):
-                        addresses[i] = await _spawn_agent(secret, i, procs, max(LISTEN_TIMEOUT, heartbeat_timeout), nursery)
+                        addresses[i] = await _spawn_agent(secret, i, procs, max(LISTEN_TIMEOUT, heartbeat_timeout), nursery,
+                                                          frozen_s=heartbeat_timeout)
 
                     async with trio.open_nursery() as spawning:
                         for i in range(n):
@@ -532,21 +585,24 @@ async def _run_attempt(
                     try:
                         stream = await trio.open_tcp_stream(host, port)
                     except OSError as exc:
-                        raise await _unreachable(i, procs, f"cannot reach executor {i} at {host}:{port}: {exc}") from None
+                        raise await _unreachable(i, procs, f"cannot reach executor {i} at {host}:{port}: {exc}",
+                                                 marks.get("recovery", False)) from None
                     controls.append(stream)
                     try:  # (an agent silent for the heartbeat timeout is frozen here too)
                         await client_handshake(stream, secret, timeout=min(HANDSHAKE_TIMEOUT, heartbeat_timeout))
                     except HandshakeTimeout as exc:
-                        raise ClusterError(f"{executor_death(i, silent_s=exc.timeout)} during the handshake", retryable=local) from None
+                        raise ClusterError(f"{executor_death(i, silent_s=exc.timeout)} during the handshake",
+                                           retryable=local or marks.get("recovery", False)) from None
                     except ChannelClosed as exc:
-                        raise await _unreachable(i, procs, f"cannot authenticate executor {i} at {host}:{port}: {exc}") from None
-                    links.append(Link(stream, interval=heartbeat_interval, timeout=heartbeat_timeout))
+                        raise await _unreachable(i, procs, f"cannot authenticate executor {i} at {host}:{port}: {exc}",
+                                                 marks.get("recovery", False)) from None
+                    links.append(Link(stream, interval=heartbeat_interval, timeout=heartbeat_timeout, stalls=stalls))
                     links[-1].start(nursery)
                 handlers = {} if checkpoints is None else {**checkpoints.handlers(), COMMITTED: committed.receive}
                 if reports is not None:  # executors' progress reports, handled as they come, never queued
                     handlers["report"] = reports.receive
                     nursery.start_soon(reports.run)
-                agents = _Agents(links, procs, handlers)
+                agents = _Agents(links, procs, handlers, stalls)
                 agents.start(nursery)
                 jobs = (
                     job_message(Job(flow, i, n, shares[i], transport, mode, partitions, epoch_bytes, addresses[i][0], options,

@@ -45,11 +45,34 @@ from slashrt import _kernels as kernels
 from slashrt._logging import fault_level
 from slashrt.errors import ChannelClosed, MalformedBuffer
 
-__all__ = ["RingSpec", "Buffer", "DataRun", "Sender", "Receiver", "NoCredit", "RunningDrive"]
+__all__ = ["RingSpec", "Buffer", "DataRun", "Sender", "Receiver", "NoCredit", "RunningDrive", "ChannelSilent", "Liveness"]
 
 
 class NoCredit(RuntimeError):
     """reserve() was called without a credit; await wait_credit() first."""
+
+
+@attrs.frozen
+class Liveness:
+    """How a network channel knows its peer is there while no data moves: the receiving end
+    sends a keepalive every `interval` seconds (its credit counter, even unchanged, so a slow
+    consumer whose ring is full still answers), and the sending end fails the channel with
+    `ChannelSilent` after `timeout` seconds without a byte from it (a partition, a peer host
+    gone). The owner of the channels chooses it (`open_channels(liveness=)`); None: no watch."""
+
+    interval: float
+    timeout: float
+
+
+class ChannelSilent(ChannelClosed):
+    """No traffic from a channel's peer, not even a keepalive, for the channel's timeout."""
+
+    def __init__(self, peer: str, seconds: float, what: str = "no traffic"):
+        super().__init__(f"{what} from {peer} for {seconds:g} s")
+        self.what = what
+        self.peer = peer
+        self.seconds = seconds
+        self.end = None  # the channel end that noticed (set by its owner, `open_channels`)
 
 
 @attrs.frozen
@@ -122,6 +145,7 @@ class Sender(abc.ABC):
         self._closed = False
         self.error: BaseException | None = None  # set by a backend when its channel failed
         self.peer = "its peer"  # backends name the other end, for error messages
+        self.liveness: Liveness | None = None  # set by the owner before driving (network media watch it)
 
     def _check_open(self) -> None:
         """Refuse to write on a failed or closed channel, naming why."""
@@ -300,6 +324,7 @@ class Receiver(abc.ABC):
         # A fault a backend's drive() found (a vanished peer, a bad frame): poll() raises it once
         # the buffers that landed before it are consumed, so nothing accepted is lost.
         self._peer_error: BaseException | None = None
+        self.liveness: Liveness | None = None  # set by the owner before driving (network media keep alive)
 
     # -- backend hooks -------------------------------------------------------------------------
     @abc.abstractmethod

@@ -15,6 +15,12 @@ forget a drive, because no end leaves here undriven::
     # on leaving: senders not ended are aborted (a stream cut short never looks complete),
     # receivers closed, drives stopped, listeners closed
 
+With `open_channels(liveness=Liveness(interval, timeout))`, every end it drives is watched
+(`_channel.Liveness`): a channel whose peer sends nothing, not even a keepalive, for the
+timeout raises `ChannelSilent` out of the owner's block (its `end` names the channel), since
+an owner cannot go on without one of its channels and an idle end would otherwise never
+notice.
+
 An owner that must listen before it opens channels (an ingest endpoint announces its address
 long before anyone connects) opens a listener with `open_listener` and accepts through
 `channels.accept` later; a `Listener` has an address but no accept of its own.
@@ -34,7 +40,7 @@ import trio
 
 from slashrt.errors import unwrap_groups
 from slashrt.transport._accept import accept_authenticated, accept_each, serve_authenticated
-from slashrt.transport._channel import Receiver, RingSpec, Sender
+from slashrt.transport._channel import ChannelSilent, Liveness, Receiver, RingSpec, Sender
 
 __all__ = ["NETWORK_TRANSPORTS", "Channels", "Listener", "open_channels", "open_listener"]
 
@@ -76,8 +82,9 @@ async def open_listener(name: str, spec: RingSpec, secret: bytes, **where) -> As
 class Channels:
     """The channels one owner opened; every end is driven in the owner's nursery (`open_channels`)."""
 
-    def __init__(self, nursery: trio.Nursery, listeners: contextlib.AsyncExitStack):
+    def __init__(self, nursery: trio.Nursery, listeners: contextlib.AsyncExitStack, liveness: Liveness | None = None):
         self._nursery = nursery
+        self.liveness = liveness
         self._listeners = listeners
         # ends still to close when the owner is done (an end closed and dropped earlier, e.g. an
         # ingest endpoint's finished connection, leaves the set with its last reference)
@@ -92,8 +99,13 @@ class Channels:
                 await end.drive()
             finally:
                 self._drives.discard(scope)
+        silent = getattr(end, "error", None) or getattr(end, "_peer_error", None)
+        if isinstance(silent, ChannelSilent):  # the owner's job cannot go on without this channel
+            silent.end = end
+            raise silent
 
     async def _own(self, end):
+        end.liveness = self.liveness
         await self._nursery.start(self._drive, end, name=f"drive:{type(end).__name__}")
         self._ends.add(end)
         return end
@@ -151,10 +163,11 @@ class Channels:
 
 
 @contextlib.asynccontextmanager
-async def open_channels() -> AsyncIterator[Channels]:
-    """An owner for channels: the ends it opens are driven until its block ends, then closed."""
+async def open_channels(liveness: Liveness | None = None) -> AsyncIterator[Channels]:
+    """An owner for channels: the ends it opens are driven until its block ends, then closed;
+    with `liveness`, watched (a silent peer raises `ChannelSilent` out of the block)."""
     async with contextlib.AsyncExitStack() as listeners, unwrap_groups(), trio.open_nursery() as nursery:
-        channels = Channels(nursery, listeners)
+        channels = Channels(nursery, listeners, liveness)
         try:
             yield channels
         finally:

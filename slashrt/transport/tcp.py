@@ -17,7 +17,8 @@ Wire protocol, after the cluster-secret handshake of `_auth` (nothing is sent be
 
     both ends:          spec    b"SRNG" | version u1 | role u1 | 2 pad | slots u4 | slot_size u4 | record_size u8
     sender -> receiver  frame   footer (32 B, as the producer wrote it) | payload (footer.nbytes bytes)
-    receiver -> sender  credit  released u8 (the receiver's released counter; monotonic)
+    receiver -> sender  credit  released u8 (the receiver's released counter; monotonic; sent
+                                again unchanged every liveness interval as a keepalive)
 
 The footer leads so the receiver knows the payload's length, and a frame carries only the
 payload bytes the footer claims: a small buffer costs what it holds. Credits are coalesced: the
@@ -29,6 +30,11 @@ Why the staging ring needs no extra bookkeeping: the sender reuses a staging slo
 credit for it, and the receiver can release a buffer only after receiving it, which the
 sender's drive must have written out first. A credit for a buffer not yet written is a
 protocol violation and closes the channel.
+
+With a `Liveness` (set by the channels' owner), the receiver sends its counter every interval
+even when nothing was released, and the sender fails the channel with `ChannelSilent` when no
+byte came back for the timeout: a partition between two hosts is noticed in seconds, not after
+TCP's minutes of retransmissions, and a backpressured channel (a slow consumer) still answers.
 
 Faults close only the channel they hit, with an error-level log line naming the peer and why:
 a frame longer than a slot, a frame sent without a credit or after END_OF_STREAM, a footer flag
@@ -55,6 +61,7 @@ These are the backend's own calls; code above the transport layer opens channels
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 import struct
 from collections.abc import AsyncIterator
@@ -69,7 +76,7 @@ from slashrt._logging import fault_level
 from slashrt.errors import ChannelClosed, MalformedBuffer
 from slashrt.transport._accept import TcpAcceptor, peer_name
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
-from slashrt.transport._channel import DrivenReceiver, RingSpec, RunningDrive, Sender
+from slashrt.transport._channel import ChannelSilent, DrivenReceiver, RingSpec, RunningDrive, Sender
 
 __all__ = ["TcpListener", "TcpReceiver", "TcpSender", "TcpStatistics", "connect_tcp", "open_tcp_listener"]
 
@@ -160,10 +167,11 @@ def _close_socket(sock: socket.socket | None) -> None:
 # -- sender --------------------------------------------------------------------------------------
 
 
-async def _drive(end, write, read, failure, *, finished: bool = False) -> None:
-    """The drive of either end: `write(sock)` beside `read(sock)` until the channel ends or
-    fails (recorded by `end._fail`, never raised; `failure()` reads it). A second call while
-    one runs waits for it. A failed channel's socket is closed."""
+async def _drive(end, write, read, failure, *, finished: bool = False, beside=None) -> None:
+    """The drive of either end: `write(sock)` beside `read(sock)` (and `beside()`, the
+    liveness task, if given) until the channel ends or fails (recorded by `end._fail`, never
+    raised; `failure()` reads it). A second call while one runs waits for it. A failed
+    channel's socket is closed."""
     if end._drive is not None:
         await end._drive.ended.wait()
         return
@@ -175,6 +183,8 @@ async def _drive(end, write, read, failure, *, finished: bool = False) -> None:
         with running.scope:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(write, sock)
+                if beside is not None:
+                    nursery.start_soon(beside)
                 try:
                     await read(sock)
                 except (MalformedBuffer, ChannelClosed) as exc:
@@ -225,6 +235,7 @@ class TcpSender(Sender):
         self._delivered = False  # END_OF_STREAM written out
         self._closing: trio.Event | None = None  # set once aclose() has released the socket
         self._drive: RunningDrive | None = None
+        self._heard = 0.0  # when the receiver last sent anything (a credit or a keepalive)
         self._log = log.bind(peer=peer, end="sender")
 
     # -- backend hooks ---------------------------------------------------------------------------
@@ -282,7 +293,22 @@ class TcpSender(Sender):
         """Write posted slots to the socket and read credits until the channel ends or fails.
         Returns once the receiver has acknowledged END_OF_STREAM; a failure is recorded in
         `error` (and logged), never raised. A second call while one runs waits for it."""
-        await _drive(self, self._write_frames, self._read_credits, lambda: self.error)
+        self._heard = trio.current_time()
+        watch = None if self.liveness is None else self._watch_receiver
+        await _drive(self, self._write_frames, self._read_credits, lambda: self.error, beside=watch)
+
+    async def _watch_receiver(self) -> None:
+        """Fail the channel when the receiver sent nothing, not even a keepalive, for the
+        liveness timeout: a partition or a vanished host, which TCP itself notices only after
+        minutes of retransmissions. Judged from this end only: the receiver answers every
+        interval whatever its consumer does, so a full ring (backpressure) is never silence."""
+        timeout = self.liveness.timeout
+        while True:
+            await trio.sleep_until(self._heard + timeout)
+            await trio.lowlevel.checkpoint()  # a credit that arrived meanwhile counts first
+            if trio.current_time() >= self._heard + timeout:
+                self._fail(ChannelSilent(self.peer, timeout))
+                return
 
     async def _write_frames(self, sock: socket.socket) -> None:
         self._wsock = sock
@@ -391,6 +417,7 @@ class TcpSender(Sender):
                     f"the receiver {self.peer} closed the connection "
                     f"({self._posted - self._credit} buffers posted and not released)"
                 )
+            self._heard = trio.current_time()
             have += n
             whole = have - have % _CREDIT.size
             credit = self._credit
@@ -499,6 +526,7 @@ class TcpReceiver(DrivenReceiver):
         self._bytes = self._calls = self._credit_frames = 0
         self._credit_out = b""  # a credit frame (or its rest) not yet taken by the socket
         self._credit_idle = False  # the drive's credit writer is parked
+        self._ping = False  # a keepalive is due: send the counter even if unchanged
         self._csock: socket.socket | None = None
         self._credit_batch = max(1, spec.slots // 4)
         self._data_lot = trio.lowlevel.ParkingLot()  # the poller parks here
@@ -538,8 +566,9 @@ class TcpReceiver(DrivenReceiver):
         while True:
             if not self._credit_out:
                 value = self._released_count
-                if value <= self._credit_sent:
+                if value <= self._credit_sent and not self._ping:
                     return True
+                self._ping = False
                 self._credit_out = _CREDIT.pack(value)
                 self._credit_sent = value
                 self._credit_frames += 1
@@ -583,7 +612,18 @@ class TcpReceiver(DrivenReceiver):
         """Read frames into the ring and return credits until the stream ends or fails. A
         failure is recorded (poll raises it once the buffers received before it are consumed)
         and logged, never raised. A second call while one runs waits for it."""
-        await _drive(self, self._write_credits, self._read_frames, lambda: self._peer_error, finished=self._done)
+        keepalive = None if self.liveness is None else self._keep_alive
+        await _drive(self, self._write_credits, self._read_frames, lambda: self._peer_error, finished=self._done,
+                     beside=keepalive)
+
+    async def _keep_alive(self) -> None:
+        """Every liveness interval, send the credit counter (unchanged if nothing was released:
+        the sender takes an equal counter as a sign of life), from the drive, whatever the
+        consumer does: a slow consumer's channel is busy, not partitioned."""
+        while True:
+            await trio.sleep(self.liveness.interval)
+            self._ping = True
+            self._want_credits()
 
     async def _read_frames(self, sock: socket.socket) -> None:
         nslots, ss = self.spec.slots, self.spec.slot_size
@@ -821,16 +861,22 @@ def _is_loopback(host: str) -> bool:
     return host.startswith("127.") or host in ("::1", "localhost")
 
 
-async def connect_tcp(address: tuple[str, int], spec: RingSpec, secret: bytes) -> TcpSender:
+async def connect_tcp(address: tuple[str, int], spec: RingSpec, secret: bytes, *,
+                      connect_timeout: float | None = None) -> TcpSender:
     """Connect to a listener as the channel's sender: handshake, ring spec check, then a TcpSender.
 
     Raises AuthenticationFailed if the listener does not prove the secret (or refuses ours),
-    ChannelClosed on a spec mismatch or a lost connection, OSError if nobody listens there."""
+    ChannelClosed on a spec mismatch or a lost connection, OSError if nobody listens there, and
+    ChannelSilent if the connection is not answered within `connect_timeout` (a partition: the
+    peer's kernel answers a connection whatever its process does, so no answer is the network)."""
     if not secret:
         raise ValueError("a TCP channel needs the cluster secret")
     host, port = address[0], address[1]
     peer = peer_name((host, port))
-    stream = await trio.open_tcp_stream(host, port)
+    with trio.move_on_after(connect_timeout if connect_timeout is not None else math.inf) as unanswered:
+        stream = await trio.open_tcp_stream(host, port)
+    if unanswered.cancelled_caught:
+        raise ChannelSilent(peer, connect_timeout, "no answer to a connection")
     try:
         await client_handshake(stream, secret)
         await _agree_spec(stream, spec, _SENDER, peer)

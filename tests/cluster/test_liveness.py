@@ -5,6 +5,7 @@ whatever is killed, stopped or interrupted, whenever (spawning included)."""
 import functools
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -125,6 +126,95 @@ async def test_a_peers_broken_channel_yields_to_the_failure_that_broke_it_when_a
         nursery.cancel_scope.cancel()
 
 
+# -- the driver's own stall (SIGSTOP, swap) is not the executors' silence: a jump of the mock clock --
+
+async def test_the_drivers_own_stall_gives_a_silent_peer_a_fresh_timeout_from_when_it_resumed(mock_clock):
+    """The whole process (ticker, watch, readers) does not run for 20 s: a clock jump. Before,
+    the peer was declared silent the moment the process resumed; now its silence counts from
+    then, and a peer that stays silent is declared so exactly one timeout later."""
+    from slashrt.cluster._liveness import OwnStalls
+
+    left, _silent = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        stalls = OwnStalls(interval=1, timeout=3)
+        nursery.start_soon(stalls.run)
+        link = Link(left, interval=1, timeout=3, stalls=stalls)
+        link.start(nursery)
+        mock_clock.jump(1)
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(20)  # frozen: nothing ran
+        await trio.testing.wait_all_tasks_blocked()
+        resumed = trio.current_time()
+        assert link.ended is None and stalls.longest == pytest.approx(19.5)  # past the tick that was due at 1.5
+        assert stalls.explain().startswith("the driver itself was stalled for 20 s (SIGSTOP, swap, an overloaded machine)")
+        for _ in range(5):  # running again, in steps: the peer's silence counts from `resumed`
+            mock_clock.jump(0.5)
+            await trio.testing.wait_all_tasks_blocked()
+        assert link.ended is None
+        mock_clock.jump(0.5)
+        await trio.testing.wait_all_tasks_blocked()
+        assert isinstance(link.ended, PeerSilent) and trio.current_time() - resumed == 3
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_stall_shorter_than_the_agents_patience_is_tolerated_and_named_nowhere(mock_clock):
+    from slashrt.cluster._liveness import OwnStalls
+
+    left, right = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        stalls = OwnStalls(interval=1, timeout=5)
+        nursery.start_soon(stalls.run)
+        link, peer = Link(left, interval=1, timeout=5, stalls=stalls), Link(right, interval=1, timeout=5)
+        link.start(nursery)
+        peer.start(nursery)
+        mock_clock.jump(3.5)  # (the peer waited at most 4.5 s for a heartbeat: within its 5 s)
+        await trio.testing.wait_all_tasks_blocked()
+        assert link.ended is None and stalls.longest > 1 and stalls.explain() is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_stall_long_past_is_not_named_as_the_cause_of_a_later_failure(mock_clock):
+    from slashrt.cluster._liveness import OwnStalls
+
+    async with trio.open_nursery() as nursery:
+        stalls = OwnStalls(interval=1, timeout=5)
+        nursery.start_soon(stalls.run)
+        mock_clock.jump(20)
+        await trio.testing.wait_all_tasks_blocked()
+        assert stalls.explain() is not None
+        for _ in range(12):  # running normally for 6 s: what fails now is not the stall's doing
+            mock_clock.jump(0.5)
+            await trio.testing.wait_all_tasks_blocked()
+        assert stalls.explain() is None and stalls.longest == pytest.approx(19.5)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_failure_after_a_stall_longer_than_the_timeout_names_the_drivers_stall(mock_clock):
+    """The agents gave up on a driver frozen for 20 s and closed their connections: the
+    failure names the driver's stall (retryable: the executors were fine), not "executor 0
+    lost its control connection"."""
+    from slashrt.cluster._liveness import OwnStalls
+    from slashrt.cluster.coordinator import _Agents
+
+    left, right = trio.testing.memory_stream_pair()
+    async with trio.open_nursery() as nursery:
+        stalls = OwnStalls(interval=1, timeout=5)
+        nursery.start_soon(stalls.run)
+        link = Link(left, interval=1, timeout=5, stalls=stalls)
+        link.start(nursery)
+        agents = _Agents([link], [None], stalls=stalls)
+        agents.start(nursery)
+        mock_clock.jump(20)
+        await right.aclose()  # the agent stopped its job: it heard nothing for its timeout
+        with pytest.raises(ClusterError) as caught:
+            await agents.gather("finished")
+        assert str(caught.value).startswith(
+            "the driver itself was stalled for 20 s (SIGSTOP, swap, an overloaded machine): its executors heard no "
+            "heartbeat for their timeout (5 s) and stopped their jobs (then executor 0 lost its control connection")
+        assert caught.value.retryable
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_send_blocked_on_a_peer_that_stopped_reading_fails_at_the_timeout(autojump_clock):
     left, _frozen = trio.testing.lockstep_stream_pair()  # send_all waits for a reader that never comes
     async with trio.open_nursery() as nursery:
@@ -208,8 +298,8 @@ def test_an_agent_killed_or_stopped_after_listening_before_the_driver_reached_it
     spawn = coordinator._spawn_agent
     stopped = []
 
-    async def spawn_then_signal(secret, i, procs, silent_s, relay):
-        address = await spawn(secret, i, procs, silent_s, relay)
+    async def spawn_then_signal(secret, i, procs, silent_s, relay, **options):
+        address = await spawn(secret, i, procs, silent_s, relay, **options)
         if i == index:
             procs[i].send_signal(signum)
             stopped.append(procs[i])
@@ -225,6 +315,93 @@ def test_an_agent_killed_or_stopped_after_listening_before_the_driver_reached_it
         for proc in stopped:  # (reaped by the run; a stopped one must not outlive a failed assertion)
             if proc.returncode is None:
                 proc.kill()
+
+
+def test_an_agent_stopped_before_it_listens_fails_the_run_within_the_heartbeat_timeout(monkeypatch):
+    """A real SIGSTOP of a spawned agent before it could listen (it stops itself first thing):
+    it cannot answer heartbeats yet, but it uses no CPU either, so the driver names it after
+    the heartbeat timeout, not after the 30 s it allows an agent to import and listen."""
+    from slashrt.cluster import coordinator
+
+    command = coordinator._agent_command
+    monkeypatch.setattr(coordinator, "_agent_command", lambda: ["sh", "-c", 'kill -STOP $$; exec "$@"', "sh", *command()])
+    began = time.monotonic()
+    with pytest.raises(ClusterError, match=r"^executor [01] stopped answering for 1.5 s before listening \(its process "
+                                           r"used no CPU: stopped or frozen\)$") as err:
+        slashrt.run(_job("unused", signal.SIGKILL), {"r": PerExecutor(_make)}, executors=2,
+                    heartbeat_interval=0.25, heartbeat_timeout=1.5)
+    assert err.value.retryable
+    assert time.monotonic() - began < coordinator.LISTEN_TIMEOUT  # (before: 30 s)
+
+
+def _until_go(marks, batch):
+    """Notes that the job runs (file `running`), then takes 0.1 ms a record until `go` exists
+    (40,000 records: 4 s, longer than the timeout, however the executor batches them)."""
+    open(os.path.join(marks, "running"), "a").close()
+    if not os.path.exists(os.path.join(marks, "go")):
+        time.sleep(len(batch) * 1e-4)
+    return batch
+
+
+def frozen_driver(marks: str) -> None:
+    """The driver of `test_a_driver_frozen_past_the_timeout_names_its_own_stall` (in a process
+    of its own, which the test stops): prints how its run ended."""
+    f = Dataflow("frozen")
+    f.source("r", SCHEMA, time="ts").apply(functools.partial(_until_go, marks)).window(Tumbling(ms=100)).count(
+        key="key").sink(Collect(), name="out")
+    try:
+        slashrt.run(f, {"r": PerExecutor(_make)}, executors=2, heartbeat_interval=0.25, heartbeat_timeout=1.5,
+                    slot_size=4096)  # (batches of 170 records: 17 ms each)
+        print("finished")
+    except ClusterError as exc:
+        print(f"failed: {exc}")
+
+
+def test_a_driver_frozen_past_the_timeout_names_its_own_stall(tmp_path):
+    """A real SIGSTOP of the driver (the coordinator's process) for twice the heartbeat timeout,
+    then SIGCONT: its agents gave up on it, and the failure names the driver's stall, not an
+    executor (before: "executor 0 exited with code 1" or "stopped answering")."""
+    proc = subprocess.Popen([sys.executable, "-c", f"from tests.cluster.test_liveness import frozen_driver; "
+                             f"frozen_driver({str(tmp_path)!r})"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path)))
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "running").exists():  # the job runs
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(3.0)  # the fault itself: frozen for twice the timeout
+        proc.send_signal(signal.SIGCONT)
+        (tmp_path / "go").touch()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert re.match(r"failed: the driver itself was stalled for [34] s \(SIGSTOP, swap, an overloaded machine\): its "
+                    r"executors heard no heartbeat for their timeout \(1.5 s\) and stopped their jobs \(then executor",
+                    out), (out, err[-2000:])
+
+
+def _slow_on_executor_1(batch):
+    """Executor 1 (its records' value) takes 20 ms a batch (of one 4 KiB buffer: coalesce=1):
+    its peer's channel to it stays full (backpressured) for seconds, several heartbeat
+    timeouts, while no call comes near the timeout."""
+    if len(batch) and batch["value"][0] == 1:
+        time.sleep(0.02)
+    return batch
+
+
+def test_a_backpressured_tcp_channel_longer_than_the_timeout_is_not_a_partition():
+    """The slow executor's channels answer (keepalives from their receivers) while their
+    senders wait for credit: the job finishes, nothing is declared unreachable."""
+    f = Dataflow("backpressured")
+    f.source("r", SCHEMA, time="ts").apply(_slow_on_executor_1).window(Tumbling(ms=100)).count(key="key").sink(
+        Collect(), name="out")
+    result = slashrt.run(f, {"r": PerExecutor(_make)}, executors=2, transport="tcp", slot_size=4096, coalesce=1,
+                         heartbeat_interval=0.25, heartbeat_timeout=1.5)
+    assert result.seconds > 2 * 1.5  # (timeouts of backpressure: 235 batches on executor 1)
+    assert result.outputs["backpressured.out"]["count"].sum() == 2 * 40_000
 
 
 def test_an_agent_stops_its_job_when_the_coordinator_stops_answering():

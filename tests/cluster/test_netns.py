@@ -3,10 +3,6 @@ with their own addresses, joined by veth pairs on a bridge), the coordinator in 
 namespace, channels over tcp between the namespaces. The same code path as real hosts."""
 
 import os
-import shutil
-import subprocess
-import sys
-import uuid
 
 import numpy as np
 import pytest
@@ -17,7 +13,7 @@ from slashrt import Dataflow, Schema, Tumbling
 from slashrt.bench._common import sort_rows
 from slashrt.cluster import ClusterError, PerExecutor
 from slashrt.ops.sinks import Collect
-from slashrt.testing import EXCHANGE_MODES, WRAPS, check_exchanges
+from slashrt.testing import EXCHANGE_MODES, WRAPS, _netns as netns, check_exchanges
 from slashrt.transport._auth import generate_secret
 
 SCHEMA = Schema([("ts", "<i8"), ("key", "<i8"), ("value", "<i8")])
@@ -25,59 +21,21 @@ HOSTS = 3
 AGENT_PORT = 7711
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
 @pytest.fixture(scope="module")
 def hosts():
-    """Three test hosts (network namespaces) at 10.77.x.2..4 on a bridge at 10.77.x.1."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.fail("the multi-host test needs root and iproute2 (ip netns) to make its test hosts")
-    tag = uuid.uuid4().hex[:6]
-    subnet = 10 + int(tag, 16) % 200
-    bridge = f"slbr{tag}"
-    names = [f"slrt{tag}{i}" for i in range(HOSTS)]
-    addresses = [f"10.77.{subnet}.{i + 2}" for i in range(HOSTS)]
-    try:
-        _ip("link", "add", bridge, "type", "bridge")
-        _ip("addr", "add", f"10.77.{subnet}.1/24", "dev", bridge)
-        _ip("link", "set", bridge, "up")
-        for i, (ns, addr) in enumerate(zip(names, addresses)):
-            _ip("netns", "add", ns)
-            _ip("link", "add", f"slv{tag}{i}", "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _ip("link", "set", f"slv{tag}{i}", "master", bridge)
-            _ip("link", "set", f"slv{tag}{i}", "up")
-            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-        yield names, addresses
-    finally:
-        for ns in names:
-            subprocess.run(["ip", "netns", "pids", ns], capture_output=True)
-            subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
-        subprocess.run(["ip", "link", "delete", bridge], capture_output=True)
+    """Three test hosts (network namespaces, `slashrt.testing._netns`)."""
+    if (why := netns.why_not()) is not None:
+        pytest.fail(f"the multi-host test makes its test hosts as network namespaces: {why}")
+    with netns.open_hosts(HOSTS) as made:
+        yield made.names, made.addresses
 
 
-def _start_agents(names, addresses, secret: bytes):
-    env = dict(os.environ, SLASHRT_SECRET=secret.hex(), PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
-    procs = []
-    for ns, addr in zip(names, addresses):
-        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "slashrt.cluster.agent", "--once",
-               "--listen", f"{addr}:{AGENT_PORT}", "--log-level", "warning"]
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-        procs.append(proc)
-    for proc in procs:  # each prints its address once it listens
-        line = proc.stdout.readline().decode()
-        assert line.startswith("slashrt-agent listening"), line
-    return procs
+def _start_agents(names, addresses, secret: bytes, once: bool = True):
+    return netns.start_agents(netns.Hosts(names, addresses), secret, AGENT_PORT, once=once)
 
 
 def _stop(procs) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
+    netns.stop_agents(procs)
 
 
 def _stream(index: int, executors: int) -> np.ndarray:
@@ -191,3 +149,221 @@ def test_graph_flow_with_exchange_on_three_hosts_equals_one_executor_and_notifie
         assert correct
         print(f"notify latency on 3 hosts over tcp, epoch gap {gap_us:g} us: p50 {np.percentile(latencies, 50) / 1e3:.1f} us, "
               f"p99 {np.percentile(latencies, 99) / 1e3:.1f} us")
+
+
+# -- a partition between two hosts that both still answer the coordinator -----------------------------------
+
+def blackhole(hosts, a: int, b: int, on: bool = True) -> None:
+    netns.blackhole(netns.Hosts(*hosts), a, b, on)
+
+
+def _partitioned_flow(pace, sink) -> Dataflow:
+    """The netns window job, each executor's stream slowed behind its source by `pace`."""
+    from tests.snapshot._paced import behind
+
+    f = Dataflow("netns")  # (`pace`: a pass-through filter, `fault_partition.SlowedUntil`)
+    behind(f.source("r", SCHEMA, time="ts"), pace).window(Tumbling(ms=200)).sum(
+        "value", key="key", output="total").sink(sink)
+    return f
+
+
+async def _cut_when_running(hosts, tally, executors: int) -> float:
+    """Blackhole hosts 1 and 2 once every executor has seen records (the pace's files);
+    returns when (trio time). The job cannot end first: its end of stream must cross the cut."""
+    while len(os.listdir(tally)) < executors:
+        await trio.sleep(0.02)
+    await trio.to_thread.run_sync(blackhole, hosts, 1, 2)
+    return trio.current_time()
+
+
+HEARTBEAT = {"heartbeat_interval": 0.5, "heartbeat_timeout": 3.0}
+
+
+async def test_a_partition_between_two_executors_fails_the_job_naming_both_within_the_heartbeat_timeout(hosts, tmp_path):
+    """Item 6 of issue 20: before, the job stalled silently for as long as the partition lasted."""
+    from slashrt.bench.fault_partition import SlowedUntil
+    from slashrt.cluster.coordinator import run_cluster_async
+
+    names, addresses = hosts
+    (tmp_path / "tally").mkdir()
+    pace = SlowedUntil(str(tmp_path / "tally"), str(tmp_path / "healed"))  # never healed: slow to the end
+    secret = generate_secret()
+    procs = _start_agents(names, addresses, secret)
+    try:
+        cut = []
+
+        async def cutter():
+            cut.append(await _cut_when_running(hosts, tmp_path / "tally", HOSTS))
+
+        with trio.fail_after(60):  # (before: no end until the partition healed)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cutter)
+                with pytest.raises(ClusterError) as failed:
+                    await run_cluster_async(
+                        _partitioned_flow(pace, Collect()), {"r": PerExecutor(_stream)},
+                        executors=[f"{a}:{AGENT_PORT}" for a in addresses], transport="tcp", secret=secret,
+                        slot_size=4096, **HEARTBEAT,
+                    )
+                detected = trio.current_time()
+                nursery.cancel_scope.cancel()
+    finally:
+        blackhole(hosts, 1, 2, on=False)
+        _stop(procs)
+    assert str(failed.value).startswith("executors 1 and 2 cannot reach each other: no traffic on their channel for 3 s")
+    assert failed.value.retryable
+    # the timeout, then the coordinator's moment for the other executors' last words
+    assert cut, f"the job failed before the cut: {failed.value}"
+    assert detected - cut[0] < 2 * HEARTBEAT["heartbeat_timeout"] + 2
+
+
+async def test_with_restart_on_agents_at_addresses_the_job_recovers_once_the_partition_heals(hosts, tmp_path):
+    """The same partition with `restart=` on agents given by address (refused before): the
+    job is re-submitted to the agents, which serve job after job, once the partition healed
+    (the strategy heals it as it decides to restart: no guessing how long detection takes),
+    and its output is exactly the failure-free one."""
+    from slashrt.bench.fault_partition import SlowedUntil
+    from slashrt.cluster.coordinator import run_cluster_async
+    from slashrt.snapshot.restart import FixedDelay
+
+    names, addresses = hosts
+    (tmp_path / "tally").mkdir()
+    pace = SlowedUntil(str(tmp_path / "tally"), str(tmp_path / "healed"))
+
+    class HealThenRestart(FixedDelay):
+        def on_failure(self, now):
+            blackhole(hosts, 1, 2, on=False)
+            (tmp_path / "healed").touch()  # the rest of the stream at full speed
+            return super().on_failure(now)
+
+    secret = generate_secret()
+    procs = _start_agents(names, addresses, secret, once=False)
+    sink = Collect(transactional=True)
+    try:
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_cut_when_running, hosts, tmp_path / "tally", HOSTS)
+                result = await run_cluster_async(
+                    _partitioned_flow(pace, sink), {"r": PerExecutor(_stream, deterministic=True)},
+                    executors=[f"{a}:{AGENT_PORT}" for a in addresses], transport="tcp", secret=secret,
+                    slot_size=4096, checkpoint={"interval": 0.2}, checkpoint_dir=tmp_path / "chk",
+                    restart=HealThenRestart(attempts=1, delay=0), **HEARTBEAT,
+                )
+                nursery.cancel_scope.cancel()
+    finally:
+        blackhole(hosts, 1, 2, on=False)
+        _stop(procs)
+    assert len(result.recoveries) == 1 and result.recoveries[0]["cause"].startswith(
+        "executors 1 and 2 cannot reach each other: no traffic on their channel for 3 s"), result.recoveries
+    expected = await trio.to_thread.run_sync(_sequential)
+    order = ("window_start", "key")
+    np.testing.assert_array_equal(sort_rows(sink.records, *order), sort_rows(expected, *order))
+
+
+def _sequential() -> np.ndarray:
+    """What the netns window job outputs, run on one executor over every host's stream."""
+    whole = np.concatenate([_stream(i, HOSTS) for i in range(HOSTS)])
+    expected = Collect()
+    slashrt.run(_flow(expected), {"r": whole[np.argsort(whole["ts"], kind="stable")]})
+    return expected.records
+
+
+def test_the_partition_fault_of_bench_chaos_recovers_exactly_once():
+    """`slashrt bench chaos --faults partition` at a small size (its own three hosts)."""
+    import argparse
+
+    from slashrt.bench.faults import FAULTS
+
+    if (why := netns.why_not()) is not None:
+        pytest.fail(f"the partition fault makes its hosts as network namespaces: {why}")
+    fields = FAULTS["partition"](argparse.Namespace(events=30_000, interval=0.2))
+    assert fields["refused"] is False and fields["exact"], fields
+    assert fields["duplicates"] == fields["missing"] == 0 and fields["recoveries"] == 1
+    assert fields["cause"].startswith("executors 1 and 2 cannot reach each other: no traffic on their channel for 3 s")
+
+
+async def test_a_partition_before_the_job_fails_it_naming_both_executors_within_the_heartbeat_timeout(hosts):
+    """Hosts 1 and 2 cannot reach each other when the job arrives (say, a recovery re-submitted
+    before the partition healed): their channels' connections go unanswered, and the job fails
+    within the heartbeat timeout naming both (before: after a minute of TCP retries, naming a
+    missing channel)."""
+    from slashrt.cluster.coordinator import run_cluster_async
+
+    names, addresses = hosts
+    secret = generate_secret()
+    procs = _start_agents(names, addresses, secret)
+    blackhole(hosts, 1, 2)
+    try:
+        began = trio.current_time()
+        with trio.fail_after(60), pytest.raises(ClusterError) as failed:
+            await run_cluster_async(_flow(Collect()), {"r": PerExecutor(_stream)},
+                                    executors=[f"{a}:{AGENT_PORT}" for a in addresses], transport="tcp", secret=secret,
+                                    **HEARTBEAT)
+        took = trio.current_time() - began
+    finally:
+        blackhole(hosts, 1, 2, on=False)
+        _stop(procs)
+    # (a new connection meets the blackhole route at once: its connect fails; one whose answers
+    # are dropped waits out the heartbeat timeout: "no answer to a connection between them")
+    assert str(failed.value).startswith("executors 1 and 2 cannot reach each other: "), str(failed.value)
+    assert failed.value.retryable
+    assert took < 2 * HEARTBEAT["heartbeat_timeout"] + 10  # (agents' set-up included; before: 60 s)
+
+
+def _graph_stream(index: int, executors: int) -> np.ndarray:
+    from tests.cluster.test_graph_cluster import REC
+
+    out = np.zeros(30_000, REC)
+    out["v"], out["t"] = np.arange(len(out)), np.arange(len(out)) // 100
+    return out
+
+
+async def test_a_partition_between_two_executors_of_a_graph_flow_is_named_too(hosts, tmp_path):
+    """A graph flow without an exchange: its executors share only their progress (the progress
+    bus's channels), whose stall would hold every notification silently; its channels are
+    watched as the exchanges' are."""
+    from slashrt.bench.fault_partition import SlowedUntil
+    from slashrt.cluster.coordinator import run_cluster_async
+    from tests.cluster.test_graph_cluster import REC, Hold
+
+    names, addresses = hosts
+    (tmp_path / "tally").mkdir()
+    f = Dataflow("graph-partition")
+    f.source("a", REC, time="t").filter(SlowedUntil(str(tmp_path / "tally"), str(tmp_path / "healed")), name="slowed") \
+        .operator(Hold(), name="hold").sink(Collect(), name="held")
+    secret = generate_secret()
+    procs = _start_agents(names, addresses, secret)
+    try:
+        with trio.fail_after(60):  # (before: no end until the partition healed)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_cut_when_running, hosts, tmp_path / "tally", HOSTS)
+                with pytest.raises(ClusterError) as failed:
+                    await run_cluster_async(f, {"a": PerExecutor(_graph_stream)},
+                                            executors=[f"{a}:{AGENT_PORT}" for a in addresses], transport="tcp",
+                                            secret=secret, slot_size=4096, **HEARTBEAT)
+                nursery.cancel_scope.cancel()
+    finally:
+        blackhole(hosts, 1, 2, on=False)
+        _stop(procs)
+    assert str(failed.value).startswith("executors 1 and 2 cannot reach each other: no traffic on their channel for 3 s")
+
+
+async def test_a_channel_connection_nobody_answers_fails_at_its_connect_timeout(hosts):
+    """Host 2 drops every answer to this (root) namespace: a SYN goes out, nothing comes back,
+    as across a partition. TCP would retry for minutes; the channel gives up at its timeout."""
+    import subprocess
+
+    from slashrt.transport import RingSpec
+    from slashrt.transport._channel import ChannelSilent
+    from slashrt.transport.tcp import connect_tcp
+
+    names, addresses = hosts
+    bridge = addresses[0].rsplit(".", 1)[0] + ".1"
+    subprocess.run(["ip", "-n", names[2], "route", "add", "blackhole", f"{bridge}/32"], check=True)
+    try:
+        began = trio.current_time()
+        with trio.fail_after(30), pytest.raises(ChannelSilent, match=rf"^no answer to a connection from "
+                                                                     rf"{addresses[2]}:7799 for 0.5 s$"):
+            await connect_tcp((addresses[2], 7799), RingSpec(), generate_secret(), connect_timeout=0.5)
+        assert trio.current_time() - began >= 0.5
+    finally:
+        subprocess.run(["ip", "-n", names[2], "route", "del", "blackhole", f"{bridge}/32"], capture_output=True)

@@ -131,8 +131,6 @@ def test_a_bug_in_the_job_is_not_restarted(tmp_path):
 @pytest.mark.parametrize("options,message", [
     ({"restart": "fixed-delay:attempts=1"}, "restart= needs executors=N: a run on one executor lives in this process"),
     ({"executors": 2, "restart": "fixed-delay"}, "restart= restarts from the last complete checkpoint: give checkpoint_dir="),
-    ({"executors": ["127.0.0.1:1", "127.0.0.1:2"], "restart": "fixed-delay", "checkpoint_dir": "X"},
-     "agents at addresses are restarted by whoever started them"),
     ({"executors": 2, "restart": "sometimes", "checkpoint_dir": "X"}, "restart strategy must be one of none"),
 ])
 def test_what_cannot_be_restarted_is_refused_before_anything_starts(tmp_path, options, message):

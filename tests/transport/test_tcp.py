@@ -35,6 +35,7 @@ from slashrt.transport._auth import (
     receive_exactly,
     server_handshake,
 )
+from slashrt.transport._channel import ChannelSilent, Liveness
 from slashrt.transport.tcp import TcpReceiver, connect_tcp, open_tcp_listener
 
 TIMEOUT = 10.0
@@ -54,16 +55,19 @@ async def _connect_pair(listener, spec, secret):
 
 
 @contextlib.asynccontextmanager
-async def open_tcp_pair(spec, secret=None):
+async def open_tcp_pair(spec, secret=None, *, liveness=None, drive_receiver=True):
     """A TCP channel over loopback in this trio run: listener, handshake, both drives running
-    until exit (the conformance kit's factory too)."""
+    until exit (the conformance kit's factory too); with `liveness` on both ends, and without
+    `drive_receiver` a receiver whose process seems frozen (its socket open, nothing read)."""
     secret = secret or generate_secret()
     async with open_tcp_listener(spec, secret) as listener:
         sender, receiver = await _connect_pair(listener, spec, secret)
+    sender.liveness = receiver.liveness = liveness
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sender.drive)
-            nursery.start_soon(receiver.drive)
+            if drive_receiver:
+                nursery.start_soon(receiver.drive)
             yield sender, receiver
             nursery.cancel_scope.cancel()
     finally:
@@ -570,3 +574,66 @@ async def test_two_processes_deliver_every_byte():
 
 if __name__ == "__main__":
     trio.run(_produce, json.loads(sys.argv[1]))
+
+
+# -- liveness: a silent peer (a partition) against a slow one (backpressure) ---------------------------------
+
+LIVELY = Liveness(interval=0.05, timeout=0.3)
+
+
+async def test_a_backpressured_idle_channel_keeps_answering_and_is_never_taken_for_silence():
+    """The ring is full and the consumer does not poll: no credit is due for many timeouts,
+    yet the receiver's drive sends its unchanged counter every interval, so the sender hears
+    from it and the channel stays healthy (paced by the keepalives counted, not by a sleep)."""
+    spec = RingSpec(slots=2, slot_size=256)
+    async with open_tcp_pair(spec, liveness=LIVELY) as (s, r):
+        for _ in range(spec.slots):
+            await send(s, b"abc")
+        with trio.fail_after(TIMEOUT):
+            while s.statistics().credit_frames < 4 * LIVELY.timeout / LIVELY.interval:
+                await trio.sleep(LIVELY.interval)
+        assert s.error is None and s.credits() == 0
+        for _ in range(spec.slots):  # and the stream goes on where it stood
+            await receive(r)
+        r.release(spec.slots)
+        await send(s, b"more")
+        assert (await receive(r)).payload.tobytes() == b"more"
+
+
+async def test_a_receiver_that_sends_nothing_fails_the_sender_within_the_timeout():
+    """A peer whose socket stays open but which sends nothing (a blackholed host, a frozen
+    process): TCP would notice after minutes; the sender's liveness fails the channel with
+    ChannelSilent naming the peer, and a sender waiting for credit is woken with it."""
+    spec = RingSpec(slots=1, slot_size=256)
+    async with open_tcp_pair(spec, liveness=LIVELY, drive_receiver=False) as (s, r):
+        await send(s, b"abc")
+        began = trio.current_time()
+        with trio.fail_after(TIMEOUT):
+            with pytest.raises(ChannelClosed, match=r"failed: no traffic from 127\.0\.0\.1:\d+ for 0\.3 s"):
+                await s.wait_credit()
+        assert isinstance(s.error, ChannelSilent)
+        assert trio.current_time() - began >= LIVELY.timeout
+
+
+async def test_an_owner_with_liveness_raises_when_one_of_its_channels_goes_silent():
+    """An idle end would never notice its channel failed: the owner's block raises
+    ChannelSilent, naming the end, so the job cannot hang on a partition."""
+    from slashrt.transport._registry import open_channels
+
+    spec = RingSpec(slots=2, slot_size=256)
+    secret = generate_secret()
+    async with open_tcp_listener(spec, secret) as listener:
+        with trio.fail_after(TIMEOUT), pytest.raises(ChannelSilent) as caught:
+            async with open_channels(LIVELY) as channels:
+                accepted = []
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(lambda: _append_accepted(listener, accepted))
+                    sender = await channels.connect("tcp", listener.address, spec, secret)
+                await trio.sleep_forever()  # the receiver (accepted here, never driven) stays silent
+        assert caught.value.end is sender
+        for end in accepted:
+            await end.aclose()
+
+
+async def _append_accepted(listener, out):
+    out.extend(await accept_authenticated(listener))
