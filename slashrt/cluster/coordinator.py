@@ -41,6 +41,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import structlog
 import trio
 
@@ -49,6 +50,7 @@ from slashrt._plan import MODES, ClusterRole, build_plan, check_cluster_flow, ch
 from slashrt._runtime import RunResult, _per_source
 from slashrt.cluster._job import Ingest, Job, PerExecutor, job_message, split_input
 from slashrt.cluster._reports import cluster_reports
+from slashrt.cluster._zygote import Zygote, open_zygote
 from slashrt.cluster._liveness import (
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Link, PeerSilent, check_heartbeat,
 )
@@ -100,24 +102,31 @@ def _secret(secret: bytes | None) -> bytes:
 
 
 @trio.lowlevel.enable_ki_protection  # a Ctrl-C waits for the next checkpoint, after procs[index] is set
-async def _spawn_agent(secret: bytes, index: int, procs: list, silent_s: float, relay: trio.Nursery) -> tuple[str, int]:
-    """Start a local agent process, tracked in procs[index] from the moment it exists (so it is
-    reaped on every path, a cancellation or Ctrl-C during the spawn too), and read the address
-    it listens on (within `silent_s`). Its standard error is relayed to ours by a task of
-    `relay`, the run's nursery: what agents log while the job runs reaches the user, and what
-    survivors log about their peers' channels once the run has ended (failed, cancelled,
-    interrupted) does not."""
+async def _spawn_agent(secret: bytes, index: int, procs: list, silent_s: float, relay: trio.Nursery,
+                       zygote: Zygote | None = None) -> tuple[str, int]:
+    """Start a local agent process (forked by `zygote` if given: `_zygote`), tracked in
+    procs[index] from the moment it exists (so it is reaped on every path, a cancellation or
+    Ctrl-C during the spawn too), and read the address it listens on (within `silent_s`). Its
+    standard error is relayed to ours by a task of `relay`, the run's nursery: what agents log
+    while the job runs reaches the user, and what survivors log about their peers' channels
+    once the run has ended (failed, cancelled, interrupted) does not."""
     from slashrt._logging import level_name
 
     # the agent logs at this process's level (set by configure_logging or $SLASHRT_LOG_LEVEL)
-    cmd = [sys.executable, "-m", "slashrt.cluster.agent", "--listen", "127.0.0.1:0", "--once", "--with-parent",
-           "--log-level", level_name()]
+    argv = ["--listen", "127.0.0.1:0", "--once", "--with-parent", "--log-level", level_name()]
     # the agent imports what this process can (the job's functions are pickled by reference
     # when they live in importable modules, e.g. a test module or the user's package)
     env = dict(os.environ, SLASHRT_SECRET=secret.hex(), PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
-    proc = procs[index] = await trio.lowlevel.open_process(
-        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
-    )
+    if zygote is not None:
+        try:
+            proc = procs[index] = await zygote.spawn(argv, env)
+        except OSError as exc:
+            raise ClusterError(f"cannot start executor {index}: {exc}") from None
+    else:
+        proc = procs[index] = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "slashrt.cluster.agent", *argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=env,
+        )
     relay.start_soon(_relay_stderr, proc.stderr, name=f"stderr:executor {index}")
     line = b""
     with trio.move_on_after(silent_s):
@@ -398,13 +407,24 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, **options) -> R
     strategy = parse_restart(restart)
     if not isinstance(strategy, NoRestart):
         _check_restartable(flow, options)
+    async with contextlib.AsyncExitStack() as stack:
+        # replacement agents are forked from a zygote that imported slashrt once (`_zygote`)
+        zygote = None
+        if not isinstance(strategy, NoRestart) and isinstance(options.get("executors", 2), int):
+            # (it imports the job's modules too: the flow's and its inputs' makers, not arrays)
+            makers = {name: v for name, v in inputs.items() if not isinstance(v, np.ndarray)}
+            zygote = await stack.enter_async_context(open_zygote(preload=(flow, makers)))
+        return await _recovery_loop(flow, inputs, strategy, zygote, options)
+
+
+async def _recovery_loop(flow, inputs: dict, strategy, zygote: Zygote | None, options: dict) -> RunResult:
     recoveries: list[dict] = []
     committed = Committed()  # what in-memory sinks committed, kept across attempts
     while True:
         marks: dict = {"fail_grace": 1.0 if isinstance(strategy, NoRestart) else 0.2}
         recovering = recoveries[-1] if recoveries else None  # the recovery this attempt makes
         try:
-            result = await _run_attempt(flow, inputs, marks=marks, committed=committed, **dict(options))
+            result = await _run_attempt(flow, inputs, marks=marks, committed=committed, zygote=zygote, **dict(options))
         except ClusterError as exc:
             failed_at = time.monotonic()
             if isinstance(strategy, NoRestart) or not exc.retryable and "started" not in marks:
@@ -464,6 +484,7 @@ async def _run_attempt(
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
     marks: dict | None = None,
     committed: Committed | None = None,
+    zygote: Zygote | None = None,
     **options,
 ) -> RunResult:
     """Run `flow` on N executors once: `executors` is a count (local processes spawned here) or a
@@ -523,7 +544,8 @@ async def _run_attempt(
                     addresses = [None] * n
 
                     async def spawn(i):
-                        addresses[i] = await _spawn_agent(secret, i, procs, max(LISTEN_TIMEOUT, heartbeat_timeout), nursery)
+                        addresses[i] = await _spawn_agent(secret, i, procs, max(LISTEN_TIMEOUT, heartbeat_timeout), nursery,
+                                                          zygote)
 
                     async with trio.open_nursery() as spawning:
                         for i in range(n):

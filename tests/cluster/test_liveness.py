@@ -208,8 +208,8 @@ def test_an_agent_killed_or_stopped_after_listening_before_the_driver_reached_it
     spawn = coordinator._spawn_agent
     stopped = []
 
-    async def spawn_then_signal(secret, i, procs, silent_s, relay):
-        address = await spawn(secret, i, procs, silent_s, relay)
+    async def spawn_then_signal(secret, i, procs, silent_s, relay, *zygote):
+        address = await spawn(secret, i, procs, silent_s, relay, *zygote)
         if i == index:
             procs[i].send_signal(signum)
             stopped.append(procs[i])
