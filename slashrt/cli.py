@@ -271,7 +271,7 @@ def _parser() -> argparse.ArgumentParser:
     chaos.add_argument("--seed", type=int, default=0, help="seeds the random kill moments and victims")
     chaos.add_argument("--events", type=_positive_int,
                        help="events of the query's input, split among the executors (default: enough for the kills, "
-                            "2,000,000 or 200,000 per kill)")
+                            "200,000 per kill, at least 2,000,000)")
     chaos.add_argument("--interval", type=_positive_float, default=0.05,
                        help="seconds between checkpoints (the chosen kill points need several per run)")
     chaos.add_argument("--campaigns", type=_positive_int, default=1000, help="YSB campaigns: the state's size (ysb only)")
