@@ -196,12 +196,12 @@ def test_bench_chaos_help_describes_every_option(capsys):
 
 
 def test_bench_chaos_says_when_the_run_ended_before_its_random_kills():
-    """Ten random kills need 5 s and more of agents up; 10,000 events end long before: the
-    result (and a warning) says so, and what to give."""
-    fields = chaos.bench(kills=10, events=10_000, chosen="")
-    assert fields["random_kills"] < 10 and fields["correct"], fields
-    assert fields["kills_short"] == (f"the run ended after {fields['random_kills']} of 10 random kills: its 10,000 "
-                                     "events were processed first; give more --events (e.g. 4,000,000)"), fields
+    """A thousand random kills need 500 s and more of agents up; 2,000 events end long before:
+    the result (and a warning) says so, and what to give."""
+    fields = chaos.bench(kills=1000, events=2_000, chosen="")
+    assert fields["random_kills"] < 1000 and fields["correct"], fields
+    assert fields["kills_short"] == (f"the run ended after {fields['random_kills']} of 1000 random kills: its 2,000 "
+                                     "events were processed first; give more --events (e.g. 400,000,000)"), fields
 
 
 def test_a_retryable_error_is_recovered_exactly_once(tmp_path, reference):
