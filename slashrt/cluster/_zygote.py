@@ -73,6 +73,7 @@ class ForkedAgent:
         self.stdout, self.stderr = stdout, stderr
         self.returncode: int | None = None
         self._forked, self._ended = trio.Event(), trio.Event()
+        self._abandoned = False  # its request was cancelled: killed as soon as it is forked
 
     async def wait(self) -> int:
         await self._ended.wait()
@@ -116,7 +117,12 @@ class Zygote:
                 self._waiting = agent
                 sent = await self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [out_w, err_w]))])
                 await self.send(data[sent:])
-                await agent._forked.wait()
+                try:
+                    await agent._forked.wait()
+                except BaseException:  # (cancelled: nobody will reap it but the zygote)
+                    agent._abandoned = True
+                    agent.kill()
+                    raise
         finally:
             os.close(out_w)
             os.close(err_w)
@@ -145,6 +151,8 @@ class Zygote:
                     agent.pid = message[1]
                     self._agents[agent.pid] = agent
                     agent._forked.set()
+                    if agent._abandoned:
+                        agent.kill()
                 elif message[0] == "exited":
                     if (agent := self._agents.pop(message[1], None)) is not None:
                         agent._exited(message[2])

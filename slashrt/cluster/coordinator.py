@@ -118,10 +118,15 @@ async def _spawn_agent(secret: bytes, index: int, procs: list, silent_s: float, 
     # when they live in importable modules, e.g. a test module or the user's package)
     env = dict(os.environ, SLASHRT_SECRET=secret.hex(), PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
     if zygote is not None:
-        try:
-            proc = procs[index] = await zygote.spawn(argv, env)
-        except OSError as exc:
-            raise ClusterError(f"cannot start executor {index}: {exc}") from None
+        proc = None
+        with trio.move_on_after(silent_s):
+            try:
+                proc = procs[index] = await zygote.spawn(argv, env)
+            except OSError as exc:
+                raise ClusterError(f"cannot start executor {index}: {exc}") from None
+        if proc is None:
+            raise ClusterError(f"cannot start executor {index}: the executors' fork server did not answer within "
+                               f"{silent_s:g} s")
     else:
         proc = procs[index] = await trio.lowlevel.open_process(
             [sys.executable, "-m", "slashrt.cluster.agent", *argv], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -182,3 +182,24 @@ def test_a_coordinator_killed_by_sigkill_leaves_no_zygote_nor_agent(tmp_path):
         for pid in agents:
             if not _gone(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_frozen_zygote_is_named_within_the_listen_timeout():
+    """A zygote that does not answer (SIGSTOPped) fails the spawn at the timeout in one
+    sentence, and is still stopped and reaped with the run."""
+    from slashrt.cluster.coordinator import _spawn_agent
+
+    async def main():
+        async with open_zygote() as zygote:
+            zygote.proc.send_signal(signal.SIGSTOP)
+            try:
+                async with trio.open_nursery() as relay:
+                    await _spawn_agent(b"0" * 32, 1, [None], 1.0, relay, zygote)
+            finally:
+                zygote.proc.send_signal(signal.SIGCONT)
+
+    before = children()
+    with pytest.raises(ClusterError, match=r"^cannot start executor 1: the executors' fork server did not answer "
+                                           r"within 1 s$"):
+        trio.run(main)
+    assert children() - before == set()
