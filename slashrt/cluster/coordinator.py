@@ -408,7 +408,9 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, **options) -> R
     `ClusterError.retryable` says can be recovered: wait the strategy's delay, spawn the agents
     again and resume from the last complete checkpoint (`docs/architecture.md`, "The recovery
     loop"). A failure in the job itself fails at once; a strategy that gives up fails with one
-    sentence naming it and the last failure. `RunResult.recoveries` lists each recovery."""
+    sentence naming it and the last failure. `RunResult.recoveries` lists each recovery. With a
+    strategy, every attempt's agents are forked from one zygote (`_zygote`), started here and
+    stopped with the run."""
     strategy = parse_restart(restart)
     if not isinstance(strategy, NoRestart):
         _check_restartable(flow, options)
@@ -423,6 +425,7 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, **options) -> R
 
 
 async def _recovery_loop(flow, inputs: dict, strategy, zygote: Zygote | None, options: dict) -> RunResult:
+    """The attempts of `run_cluster_async`, until one returns or the failure is not recovered."""
     recoveries: list[dict] = []
     committed = Committed()  # what in-memory sinks committed, kept across attempts
     while True:
