@@ -102,6 +102,7 @@ class Zygote:
         self._waiting: ForkedAgent | None = None
         self._agents: dict[int, ForkedAgent] = {}
         self._gone = False
+        self._preloaded = trio.Event()  # the preload is sent (or there is none): requests may follow
 
     async def spawn(self, argv: list[str], env: dict) -> ForkedAgent:
         """Fork an agent running `slashrt.cluster.agent.main(argv)` with `env`, this process's
@@ -110,6 +111,7 @@ class Zygote:
         err_r, err_w = os.pipe()
         agent = ForkedAgent(trio.lowlevel.FdStream(out_r), trio.lowlevel.FdStream(err_r))
         try:
+            await self._preloaded.wait()
             async with self._lock:
                 if self._gone:
                     raise OSError("the executors' fork server exited")
@@ -182,18 +184,10 @@ async def open_zygote(preload=None):
     finally:
         theirs.close()
     zygote = Zygote(proc, trio.socket.from_stdlib_socket(mine))
-    if preload is not None:
-        import cloudpickle
-
-        try:
-            data = cloudpickle.dumps(preload, protocol=5)
-        except Exception:  # (the job's own pickling says what is wrong, in its words)
-            data = None
-        if data is not None:
-            await zygote.send(_frame(("preload", data)))
     try:
         async with unwrap_groups(), trio.open_nursery() as nursery:  # (the run's error itself, not a group)
             nursery.start_soon(zygote._read)
+            nursery.start_soon(_preload_in, zygote, preload)  # (in the background: a zygote may not read yet)
             try:
                 yield zygote
             finally:
@@ -206,6 +200,21 @@ async def open_zygote(preload=None):
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+
+
+async def _preload_in(zygote: Zygote, preload) -> None:
+    """Send `preload` before any request (they wait for it)."""
+    import cloudpickle
+
+    try:
+        if preload is not None:
+            data = cloudpickle.dumps(preload, protocol=5)
+            with contextlib.suppress(OSError):  # (a zygote gone says so at the first spawn)
+                await zygote.send(_frame(("preload", data)))
+    except Exception:  # (not picklable: the job's own pickling says what is wrong, in its words)
+        pass
+    finally:
+        zygote._preloaded.set()
 
 
 # -- the zygote process -------------------------------------------------------------------------
