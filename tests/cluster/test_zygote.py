@@ -203,3 +203,30 @@ def test_a_frozen_zygote_is_named_within_the_listen_timeout():
                                            r"within 1 s$"):
         trio.run(main)
     assert children() - before == set()
+
+
+def test_the_jobs_modules_are_imported_once_by_the_zygote_not_by_each_agent(tmp_path, monkeypatch):
+    """The zygote unpickles the flow before its first fork: a module of the job (a filter's) is
+    imported there once, and the agents forked from it, replacements included, have it already."""
+    from tests.cluster import _imported_once
+
+    imports = tmp_path / "imports"
+    monkeypatch.setenv("SLASHRT_TEST_IMPORTS", str(imports))
+    notes, marks = tmp_path / "notes", tmp_path / "marks"
+    notes.mkdir()
+    marks.mkdir()
+    kills = "pre_commit:1"
+    monkeypatch.setenv(chaos.KILLS_ENV, kills)
+    monkeypatch.setenv(chaos.MARKS_ENV, str(marks))
+    f = Dataflow("zygote")
+    noted = functools.partial(_note_parent, str(notes), until_fired(marks, kills))
+    f.source("r", SCHEMA, time="ts").filter(_imported_once.keep).filter(noted, name="noted").window(
+        Tumbling(ms=100)).count(key="key").sink(ChaosCsv(tmp_path / "out", transactional=True), name="out")
+    result = slashrt.run(f, {"r": PerExecutor(_make, deterministic=True)}, executors=2, checkpoint=0.02,
+                         checkpoint_dir=tmp_path / "chk", restart="fixed-delay:attempts=2,delay=0", slots=8,
+                         slot_size=1024, partitions=16)
+    assert len(result.recoveries) == 1
+    parents = _parents(notes)
+    assert len(parents) >= 3
+    zygote = int(next(iter(parents.values())).split("\n")[0])
+    assert imports.read_text().split() == [str(zygote)]
