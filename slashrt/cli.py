@@ -9,7 +9,7 @@
     slashrt bench redis [--url URL] [--checkpoint-interval S] [--json]   YSB from a Redis stream to a Redis stream
     slashrt bench files [--checkpoint-interval S] [--json]   YSB from Parquet, CSV and .npy files (FileSource)
     slashrt bench checkpoint [--query ysb|nexmark] [--interval S] [--executors N] [--json]   what checkpoints cost
-    slashrt bench chaos [--kills N] [--query ysb|nexmark] [--executors N] [--transport shm|tcp] [--sink csv|collect] [--interval S] [--seed S] [--redis] [--json]   exactly once under SIGKILLs
+    slashrt bench chaos [--kills N|0] [--query ysb|nexmark] [--executors N] [--transport shm|tcp] [--events N] [--sink csv|collect] [--interval S] [--seed S] [--redis] [--json]   exactly once under SIGKILLs
     slashrt bench report                        the scaling and skew sweeps, with plots
     slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
         [--executors K --transport shm|tcp]     ... labels partitioned over K executors
@@ -258,15 +258,20 @@ def _parser() -> argparse.ArgumentParser:
     _add_runtime_options(chk)
 
     chaos = queries.add_parser("chaos", help="SIGKILL executors of a checkpointed cluster job; check exactly-once output")
-    chaos.add_argument("--kills", type=_positive_int, default=10,
-                       help="random SIGKILLs (default 10, about a minute here; plus 5 at chosen points)")
-    chaos.add_argument("--query", dest="chaos_query", choices=["ysb", "nexmark"], default="ysb")
+    chaos.add_argument("--kills", type=_non_negative_int, default=10,
+                       help="SIGKILLs of random agents at random moments (default 10, about a minute here; 0: only the "
+                            "5 at chosen points, which are always made)")
+    chaos.add_argument("--query", dest="chaos_query", choices=["ysb", "nexmark"], default="ysb",
+                       help="the job: YSB's campaign counts per 10 s window, or NEXMark Q7's highest bid per window")
     chaos.add_argument("--executors", type=int, default=2, help="executor processes (2 or more)")
-    chaos.add_argument("--transport", choices=["shm", "tcp"], default="shm")
+    chaos.add_argument("--transport", choices=["shm", "tcp"], default="shm",
+                       help="the channels between executors: shared memory, or TCP on the loopback")
     chaos.add_argument("--sink", choices=["csv", "collect"], default="csv",
                        help="the job's sink: a transactional CSV directory, or a transactional Collect")
     chaos.add_argument("--seed", type=int, default=0, help="seeds the random kill moments and victims")
-    chaos.add_argument("--events", type=_positive_int, default=2_000_000)
+    chaos.add_argument("--events", type=_positive_int,
+                       help="events of the query's input, split among the executors (default: enough for the kills, "
+                            "200,000 per kill, at least 2,000,000)")
     chaos.add_argument("--interval", type=_positive_float, default=0.05,
                        help="seconds between checkpoints (the chosen kill points need several per run)")
     chaos.add_argument("--campaigns", type=_positive_int, default=1000, help="YSB campaigns: the state's size (ysb only)")

@@ -1,14 +1,16 @@
 """Exactly once under fire: a checkpointed cluster job whose executors are SIGKILLed, recovered
 by its restart strategy, and whose committed output is checked against a failure-free run's.
 
-    slashrt bench chaos [--kills N] [--query ysb|nexmark] [--executors N] [--transport shm|tcp]
+    slashrt bench chaos [--kills N|0] [--query ysb|nexmark] [--executors N] [--transport shm|tcp]
                         [--sink csv|collect] [--seed S] [--events N] [--campaigns N] [--redis] [--json]
 
 Two kinds of kills, all SIGKILL of a real agent process:
 - `kills` at random moments (seeded): a thread of this process picks one of the job's agents
-  at random once they have been up a random while (0.5-2.5 s), and kills it; the job may end
-  before all of them (`random_kills` says how many were made), and one that lands once the
-  results are in (the agents exiting) needs no recovery;
+  at random once they have been up a random while (0.5-2.5 s), and kills it (0: none). The
+  sources pace (below) until they are all made, and the input is sized from them (`EVENTS`,
+  or `EVENTS_PER_KILL` a kill); a run given too few `events` may still end first: then
+  `random_kills` < `random_kills_asked` and `kills_short` says so and what to give (a warning
+  too). One that lands once the results are in (the agents exiting) needs no recovery;
 - kills at chosen points (`CHOSEN`), fired inside the agents by hooks this module installs in
   them when the environment variable `SLASHRT_CHAOS_KILLS` is set (it is set only here and in
   the tests): "align" (an operator started aligning a barrier), "async" (a state part was
@@ -20,8 +22,9 @@ Two kinds of kills, all SIGKILL of a real agent process:
   in order, each in an attempt (agents) started after the previous one fired: two entries
   `pre_commit:1` in a row kill the job twice before any checkpoint completes. With
   `SLASHRT_CHAOS_PACE` (seconds; the bench sets 0.002) each source of an agent takes that much
-  more per run of buffers until every chosen kill fired, so that however fast the machine (or
-  slow its checkpoints) the job cannot end before them.
+  more per run of buffers until every chosen kill fired and the random ones were made (the
+  file `RANDOM_PENDING` is gone), so that however fast the machine (or slow its checkpoints)
+  the job cannot end before them.
 
 The sink is a transactional CSV directory (`ChaosCsv`): what a reader sees is what was
 committed; or with `--sink collect` a transactional Collect (`ChaosCollect`): what the run
@@ -32,9 +35,11 @@ Redis stream (`ChaosRedis`), on a throw-away redis-server (or the one at `url`, 
 keys removed after): both ends of a broker under the same kills. The JSON: kills, recoveries, correct, duplicates (rows committed more often than in
 the failure-free run), missing (rows committed less often), recovery seconds (p50 / max) from
 each death (the killed agent's exit, as the coordinator saw it) to processing again, made of
-detect_s (death to the failure raised), respawn_s (reaping the old agents, the strategy's delay,
-new agent processes started and connected) and restore_s (job sent to every agent ready: the
-plan built, peers wired, the state read back).
+detect_s (death to the failure raised, the old agents reaped), respawn_s (the strategy's delay,
+new agents forked by the run's zygote, `slashrt.cluster._zygote`, and connected) and restore_s
+(job sent to every agent ready: the plan built, peers wired, the state read back, the input
+sought to the checkpoint's position; each agent logs its steps' seconds with "executor ready",
+at --log-level info).
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ import threading
 import time
 from pathlib import Path
 
+import structlog
+
 import slashrt
 from slashrt.connectors.redis_sink import RedisStreamSink
 from slashrt.ops.sinks import Callback, Collect, CsvFile
@@ -58,6 +65,8 @@ from slashrt.ops.sinks import Callback, Collect, CsvFile
 __all__ = ["bench", "ChaosCsv", "ChaosRedis", "ChaosCollect", "ChaosCallback", "CHOSEN", "published", "committed"]
 
 KILLS_ENV, MARKS_ENV, PACE_ENV = "SLASHRT_CHAOS_KILLS", "SLASHRT_CHAOS_DIR", "SLASHRT_CHAOS_PACE"
+RANDOM_PENDING = "random-pending"  # in the markers' directory while the random kills are not all made
+EVENTS, EVENTS_PER_KILL = 2_000_000, 200_000  # the default input: this, or this many per random kill
 PACE = 0.002  # the bench's: a run of 100k events per executor feeds ~800 runs of buffers
 POINTS = ("align", "async", "pre_commit", "commit", "sent")
 # during alignment, during the asynchronous write, between pre-commit and commit, twice in a row
@@ -65,6 +74,7 @@ CHOSEN = "align:2;async:3;pre_commit:2;pre_commit:1;pre_commit:1"
 # with a Collect: alignment, asynchronous write, between pre-commit and commit, after a commit
 # before its records were sent, then after sending them (twice in a row)
 CHOSEN_COLLECT = "align:2;async:3;pre_commit:2;commit:1;sent:1"
+log = structlog.get_logger("slashrt.bench.chaos")
 SINKS = ("csv", "collect")
 
 
@@ -119,6 +129,14 @@ _installed = False
 _BORN = time.time()  # an entry fires in a process started after the previous entry fired
 
 
+def _reborn() -> None:
+    global _BORN
+    _BORN = time.time()
+
+
+os.register_at_fork(after_in_child=_reborn)  # an agent forked by a zygote that imported this module is born now
+
+
 def _entries() -> list[tuple[str, int]]:
     spec = os.environ.get(KILLS_ENV, "")
     entries = [(p, int(k)) for p, _, k in (e.partition(":") for e in spec.split(";") if e)]
@@ -153,11 +171,16 @@ _all_fired = False
 
 
 def _fired() -> bool:
-    """Every chosen kill fired (its marker exists): once true, stays true in this process."""
+    """Every chosen kill fired (its marker exists) and the random ones were made: once true,
+    stays true in this process."""
     global _all_fired
     if not _all_fired:
         directory = os.environ.get(MARKS_ENV)
-        _all_fired = directory is None or len(os.listdir(directory)) >= len(_entries())
+        if directory is None:
+            _all_fired = True
+        else:
+            names = set(os.listdir(directory))
+            _all_fired = RANDOM_PENDING not in names and all(f"kill-{i}" in names for i in range(len(_entries())))
     return _all_fired
 
 
@@ -233,8 +256,9 @@ def committed(url: str, key: str, dtype) -> collections.Counter:
 
 
 def _agents() -> list[int]:
-    """The pids of this process's agent children (`slashrt.cluster.agent`), alive."""
-    me, pids = os.getpid(), []
+    """The pids of this process's agents, alive: its children running `slashrt.cluster.agent`,
+    and the children of its zygotes (`slashrt.cluster._zygote`: every one an agent)."""
+    children: dict[int, list[tuple[int, bytes]]] = collections.defaultdict(list)
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -244,13 +268,25 @@ def _agents() -> list[int]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == me and fields[0] != "Z" and b"slashrt.cluster.agent" in cmdline:
-            pids.append(int(entry.name))
-    return pids
+        if fields[0] != "Z":
+            children[int(fields[1])].append((int(entry.name), cmdline))
+    mine = children[os.getpid()]
+    zygotes = [pid for pid, cmdline in mine if b"slashrt.cluster._zygote" in cmdline]
+    return [pid for pid, cmdline in mine if b"slashrt.cluster.agent" in cmdline] + [
+        pid for z in zygotes for pid, _ in children[z]]
 
 
-def _killer(kills: int, executors: int, rng: random.Random, done: threading.Event, times: list[float]) -> None:
-    """Kill a random agent `kills` times, each once a full set of agents has been up a random while."""
+def _killer(kills: int, executors: int, rng: random.Random, done: threading.Event, times: list[float],
+            pending: Path) -> None:
+    """Kill a random agent `kills` times, each once a full set of agents has been up a random
+    while; then remove `pending` (the sources pace until then)."""
+    try:
+        _kill(kills, executors, rng, done, times)
+    finally:
+        pending.unlink(missing_ok=True)
+
+
+def _kill(kills: int, executors: int, rng: random.Random, done: threading.Event, times: list[float]) -> None:
     seen: set[int] = set()
     while len(times) < kills and not done.is_set():
         agents = _agents()
@@ -270,8 +306,9 @@ def _killer(kills: int, executors: int, rng: random.Random, done: threading.Even
 def _flow(query: str, events: int, executors: int, sink, campaigns: int = 1000):
     from slashrt.bench.checkpoint import _query
 
-    # whole random shares: their runs on small rings last seconds (time for kills), and an
-    # input with keys and windows drawn at random checks more rows than tiled chunks would
+    # random chunks (`long_stream.RandomStream`): an input with keys and windows drawn at random
+    # checks more rows than tiled chunks would, and a recovery seeks to its checkpoint's chunk
+    # (made again whole, the input took seconds of each recovery: docs/benchmarks.md)
     inputs, make_flow, _, _ = _query(query, events, executors, campaigns, chunked=False)
     return make_flow(sink), inputs
 
@@ -321,7 +358,7 @@ class _Redis(_Files):
         self.url, self.prefix = url, f"slashrt-chaos-{uuid.uuid4().hex[:8]}"  # nothing of a user's server is touched
         flow, inputs = _flow(self.query, self.events, self.executors, slashrt.sinks.Collect(), self.campaigns)
         (name, make), = inputs.items()
-        records = np.concatenate([make.make(i, self.executors) for i in range(self.executors)])
+        records = np.concatenate([c for i in range(self.executors) for c in make.make(i, self.executors)])
         time = next(iter(build_plan(flow).sources.values())).time
         if time is not None:  # in event-time order, as a log of events would be
             records = records[np.argsort(records[time], kind="stable")]
@@ -355,11 +392,14 @@ class _Redis(_Files):
 
 def bench(
     *, kills: int = 10, query: str = "ysb", executors: int = 2, transport: str = "shm", seed: int = 0,
-    events: int = 2_000_000, interval: float = 0.05, chosen: str | None = None, campaigns: int = 1000,
+    events: int | None = None, interval: float = 0.05, chosen: str | None = None, campaigns: int = 1000,
     redis: bool = False, url: str | None = None, sink: str = "csv",
 ) -> dict:
     """Run the chaos trial (see the module doc); `redis`: with the Redis source and sink, on the
-    server at `url` or a throw-away redis-server; `sink`: "csv" or "collect" (without `redis`)."""
+    server at `url` or a throw-away redis-server; `sink`: "csv" or "collect" (without `redis`);
+    `events` (default: `EVENTS`, or `EVENTS_PER_KILL` per random kill, whichever is more)."""
+    if events is None:
+        events = max(EVENTS, EVENTS_PER_KILL * kills)
     if sink not in SINKS:
         raise ValueError(f"sink must be one of {', '.join(SINKS)}, got {sink!r}")
     if redis and sink != "csv":
@@ -392,10 +432,13 @@ def _trial(ends, directory: str, kills: int, query: str, executors: int, transpo
     reference = ends.output("ref")
 
     os.makedirs(f"{directory}/marks")
+    pending = Path(directory, "marks", RANDOM_PENDING)
+    pending.touch()  # the sources pace until the random kills are made too, not only the chosen ones
     planned = len(_entries_of(chosen))
     restart = f"fixed-delay:attempts={kills + planned + 2},delay=0"
     done, times = threading.Event(), []
-    killer = threading.Thread(target=_killer, args=(kills, executors, random.Random(seed), done, times), daemon=True)
+    killer = threading.Thread(target=_killer, args=(kills, executors, random.Random(seed), done, times, pending),
+                              daemon=True)
     saved = {k: os.environ.get(k) for k in (KILLS_ENV, MARKS_ENV, PACE_ENV)}
     os.environ.update({KILLS_ENV: chosen, MARKS_ENV: f"{directory}/marks", PACE_ENV: str(PACE)})
     killer.start()
@@ -406,7 +449,7 @@ def _trial(ends, directory: str, kills: int, query: str, executors: int, transpo
         killer.join()
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-    fired = len(os.listdir(f"{directory}/marks"))
+    fired = sum(name.startswith("kill-") for name in os.listdir(f"{directory}/marks"))
     got = ends.output("out")
     duplicates = sum(((got - reference) & got).values())
     missing = sum((reference - got).values())
@@ -414,7 +457,12 @@ def _trial(ends, directory: str, kills: int, query: str, executors: int, transpo
     fields.update(
         kills=len(times) + fired, random_kills_asked=kills, random_kills=len(times), chosen_kills=fired, recoveries=len(recoveries),
         rows=sum(reference.values()), correct=got == reference, duplicates=duplicates, missing=missing,
+        kills_short=None,
     )
+    if len(times) < kills:  # the run ended first: say so, and what makes it long enough
+        fields["kills_short"] = (f"the run ended after {len(times)} of {kills} random kills: its {events:,} events were "
+                                 f"processed first; give more --events (e.g. {EVENTS_PER_KILL * 2 * kills:,})")
+        log.warning("fewer random kills than asked", reason=fields["kills_short"])
     fields.update(_seconds("recovery_s", [r["seconds"] for r in recoveries if "seconds" in r]))
     fields.update(_seconds("restore_s", [r["restore_s"] for r in recoveries if "restore_s" in r]))
     for name in ("detect_s", "respawn_s"):

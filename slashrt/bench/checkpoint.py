@@ -38,19 +38,19 @@ def _query(query: str, events: int, executors: int, campaigns: int = 1000, chunk
     a cluster, each executor makes its share chunk by chunk while the run goes
     (`slashrt.bench.long_stream`: nothing shipped, memory bounded whatever `events`), and the
     reference is computed from the chunks' bases, exactly; or, not `chunked`, each executor
-    generates its share whole before the run (`slashrt.bench.scaling`: random events, whose
-    windows and campaigns vary more than tiled chunks')."""
+    draws random chunks (`long_stream.RandomStream`: keys and campaigns vary more than tiled
+    chunks', and a resume seeks to its checkpoint's chunk instead of making the input again)."""
     if executors > 1:
         import functools
 
-        from slashrt.bench.scaling import QUERIES, _make
+        from slashrt.bench.scaling import QUERIES
         from slashrt.cluster import PerExecutor
 
         q, params = QUERIES[query], {"campaigns": campaigns} if query == "ysb" else {}
         each = -(-events // executors)
         if not chunked:
-            make = PerExecutor(functools.partial(_make, query, each, 0.0, params), deterministic=True)
-            records = lambda: np.concatenate([make.make(i, executors) for i in range(executors)])  # noqa: E731
+            make = PerExecutor(functools.partial(long_stream.make_random, query, each, params), deterministic=True)
+            records = lambda: np.concatenate([c for i in range(executors) for c in make.make(i, executors)])  # noqa: E731
             return ({q.source: make}, functools.partial(q.flow, **params), q.to_result,
                     lambda: q.reference(records(), **params))
         make = PerExecutor(functools.partial(long_stream.make, query, each, params), deterministic=True)

@@ -22,7 +22,7 @@ import numpy as np
 
 from slashrt.bench import nexmark, ysb
 
-__all__ = ["CHUNK", "CHUNK_MS", "TiledStream", "make", "reference"]
+__all__ = ["CHUNK", "CHUNK_MS", "TiledStream", "RandomStream", "make", "make_random", "reference"]
 
 EVENTS_PER_MS = 100  # both generators' default
 CHUNK = 50_000  # events a chunk: 3.9 MB of YSB, a few chunks alive per executor stay in cache
@@ -72,6 +72,40 @@ def make(query: str, events: int, params: dict, index: int, executors: int) -> T
     """`PerExecutor(functools.partial(make, query, events, params), deterministic=True)`: each
     executor's `events` events."""
     return TiledStream(query, _base(query, index, params), events, index)
+
+
+@attrs.frozen(eq=False)
+class RandomStream:
+    """Executor `index`'s `events` random events of `query` as a sequence of chunks: chunk k is
+    `CHUNK` events drawn afresh (keys and values at random, seeded by the executor and k), its
+    event times those of chunk k of the stream. Random everywhere, as one generated array, yet
+    chunk k is made without the ones before it: a resume seeks to its checkpoint's chunk rather
+    than making the whole input again (`slashrt.ops.chunks`). No closed-form reference: its
+    users compare against a failure-free run's output."""
+
+    query: str
+    events: int
+    index: int
+    params: dict
+
+    def __len__(self) -> int:
+        return -(-self.events // CHUNK)
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        from slashrt.bench.scaling import QUERIES
+
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        q = QUERIES[self.query]
+        out = q.generate(min(CHUNK, self.events - k * CHUNK), zipf=0.0, seed=[q.seed, self.index, k], **self.params)
+        out[TIME[self.query]] += k * CHUNK_MS
+        return out
+
+
+def make_random(query: str, events: int, params: dict, index: int, executors: int) -> RandomStream:
+    """`PerExecutor(functools.partial(make_random, query, events, params), deterministic=True)`:
+    each executor's `events` random events, seekable chunk by chunk."""
+    return RandomStream(query, events, index, params)
 
 
 def reference(query: str, events: int, executors: int, params: dict) -> np.ndarray:

@@ -31,6 +31,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import traceback
 
 import cloudpickle
@@ -101,9 +102,11 @@ async def _watch_coordinator(link: Link, checkpoints=None) -> None:
         checkpoints.on_message(kind, payload)
 
 
-async def run_job(job: Job, control: Link, secret: bytes) -> None:
-    """Run one executor's part of `job`; protocol messages go over `control`, a heartbeat link."""
+async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None = None) -> None:
+    """Run one executor's part of `job`; protocol messages go over `control`, a heartbeat link.
+    `setup` notes how long each step of the set-up took (logged with "executor ready")."""
     bound = log.bind(executor=job.index, executors=job.executors, mode=job.mode, transport=job.transport)
+    setup = _Phases() if setup is None else setup
     opts = dict(job.options)
     # run(..., on_report=): this executor's reports go to the coordinator, which gathers them
     reporter = AgentReporter() if opts.pop("on_report", None) == AGENT_MARKER else None
@@ -114,6 +117,7 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
     )
     plan = build_plan(job.flow, role)
     _executor_sinks(plan, job.index, job.checkpoint is not None)
+    setup.note("plan")
     exchanges = {x.step_id: x for x in plan.exchanges()}
     peers = [e for e in range(job.executors) if e != job.index]
     slot_size = opts.pop("slot_size", DEFAULT_SLOT_SIZE)
@@ -156,6 +160,7 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
             peer_of.update(bus.peer_of)
         else:
             await swap_addresses({})
+        setup.note("listen_and_swap")
 
         async def accept() -> None:
             # one peer per listener; strangers' connections are dropped meanwhile (`_accept`)
@@ -186,6 +191,7 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                     for step_id in exchanges:
                         for dst in peers:
                             nursery.start_soon(dial, step_id, dst)
+                setup.note("connect")
                 # the input is made before "ready": it is not part of the measured run
                 inputs, targets = {}, {}
                 for name, value in job.inputs.items():
@@ -198,16 +204,19 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                         inputs[name], targets[name] = endpoint.receiver, endpoint.target
                     else:
                         inputs[name] = value
+                setup.note("input")
                 checkpoints = None
                 if job.checkpoint is not None:
                     checkpoints = await agent_checkpointing(
                         job, plan, link=control, exchanges=exchanges.values(),
                         peer_inputs={f"{step_id}.from{src}": getattr(x, "lane", 1) for step_id, x in exchanges.items() for src in peers},
                     )
+                setup.note("restore_state")
                 executor_inputs, sources = local_inputs(
                     plan, inputs, slot_size=slot_size, slots=slots, watermark_every=watermark_every,
                     checkpoints=checkpoints,
                 )
+                setup.note("rings_and_seek")
             for (step_id, src), receiver in sorted(receivers.items()):
                 x = exchanges[step_id]
                 executor_inputs.append(Input(f"{step_id}.from{src}", receiver, x.inbound(src), x.exchange_dtype, lane=getattr(x, "lane", 1)))
@@ -215,7 +224,7 @@ async def run_job(job: Job, control: Link, secret: bytes) -> None:
                        records={k: len(v) if hasattr(v, "__len__") else "chunks" for k, v in inputs.items()
                                 if k not in targets and not callable(getattr(v, "feed", None))},
                        connectors={k: repr(v) for k, v in inputs.items() if callable(getattr(v, "feed", None))},
-                       ingest=sorted(targets))
+                       ingest=sorted(targets), setup_s=setup.seconds)
             await control.send("ready", targets)
             await control.receive("start")
 
@@ -264,6 +273,19 @@ async def _naming_partitions(index: int, peer_of: dict):
             if isinstance(silent, ChannelSilent):
                 raise PeersUnreachable(index, peer, f"no traffic on their channel for {silent.seconds:g} s") from exc
         raise
+
+
+class _Phases:
+    """Seconds each step of a job's set-up took, in order (where a recovery's restore goes)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def note(self, step: str) -> None:
+        now = time.perf_counter()
+        self.seconds[step] = round(now - self._last, 4)
+        self._last = now
 
 
 def _channel_from(key) -> str:
@@ -324,10 +346,12 @@ async def _run_job_on(stream: trio.SocketStream, message: dict, secret: bytes) -
         link.start(nursery)
         try:
             # unpickling imports the user's modules: in a thread, so that heartbeats go on
+            setup = _Phases()
             job = await trio.to_thread.run_sync(cloudpickle.loads, message["job"])
+            setup.note("unpickle")
             if not isinstance(job, Job):
                 raise ChannelClosed(f"the coordinator's job message holds a {type(job).__name__}, not a Job")
-            await run_job(job, link, secret)
+            await run_job(job, link, secret, setup)
             return True
         except Exception as exc:
             if isinstance(exc, CoordinatorGone) or (isinstance(exc, ChannelClosed) and link.ended is not None):

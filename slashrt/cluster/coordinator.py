@@ -41,6 +41,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import structlog
 import trio
 
@@ -49,6 +50,7 @@ from slashrt._plan import MODES, ClusterRole, build_plan, check_cluster_flow, ch
 from slashrt._runtime import RunResult, _per_source
 from slashrt.cluster._job import Ingest, Job, PerExecutor, job_message, split_input
 from slashrt.cluster._reports import cluster_reports
+from slashrt.cluster._zygote import Zygote, open_zygote
 from slashrt.cluster._liveness import (
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Link, OwnStalls, PeerSilent, PeersUnreachable, check_heartbeat,
 )
@@ -100,13 +102,17 @@ def _secret(secret: bytes | None) -> bytes:
     return generate_secret()
 
 
-def _agent_command() -> list[str]:
-    """How a local agent is started (the agent logs at this process's level, set by
-    configure_logging or $SLASHRT_LOG_LEVEL)."""
+def _agent_argv() -> list[str]:
+    """A local agent's arguments (it logs at this process's level, set by configure_logging or
+    $SLASHRT_LOG_LEVEL)."""
     from slashrt._logging import level_name
 
-    return [sys.executable, "-m", "slashrt.cluster.agent", "--listen", "127.0.0.1:0", "--once", "--with-parent",
-            "--log-level", level_name()]
+    return ["--listen", "127.0.0.1:0", "--once", "--with-parent", "--log-level", level_name()]
+
+
+def _agent_command() -> list[str]:
+    """How a local agent is started when no zygote forks it."""
+    return [sys.executable, "-m", "slashrt.cluster.agent", *_agent_argv()]
 
 
 def _cpu_ticks(pid: int) -> int | None:
@@ -123,20 +129,32 @@ def _cpu_ticks(pid: int) -> int | None:
 
 @trio.lowlevel.enable_ki_protection  # a Ctrl-C waits for the next checkpoint, after procs[index] is set
 async def _spawn_agent(secret: bytes, index: int, procs: list, silent_s: float, relay: trio.Nursery,
-                       frozen_s: float | None = None) -> tuple[str, int]:
-    """Start a local agent process, tracked in procs[index] from the moment it exists (so it is
-    reaped on every path, a cancellation or Ctrl-C during the spawn too), and read the address
-    it listens on (within `silent_s`; and, with `frozen_s`, the heartbeat timeout, failing as
-    soon as its process used no CPU for that long: stopped or frozen before it could listen).
-    Its standard error is relayed to ours by a task of `relay`, the run's nursery: what agents
-    log while the job runs reaches the user, and what survivors log about their peers'
-    channels once the run has ended (failed, cancelled, interrupted) does not."""
+                       zygote: Zygote | None = None, frozen_s: float | None = None) -> tuple[str, int]:
+    """Start a local agent process (forked by `zygote` if given: `_zygote`), tracked in
+    procs[index] from the moment it exists (so it is reaped on every path, a cancellation or
+    Ctrl-C during the spawn too), and read the address it listens on (within `silent_s`; and,
+    with `frozen_s`, the heartbeat timeout, failing as soon as its process used no CPU for that
+    long: stopped or frozen before it could listen). Its standard error is relayed to ours by a
+    task of `relay`, the run's nursery: what agents log while the job runs reaches the user, and
+    what survivors log about their peers' channels once the run has ended (failed, cancelled,
+    interrupted) does not."""
     # the agent imports what this process can (the job's functions are pickled by reference
     # when they live in importable modules, e.g. a test module or the user's package)
     env = dict(os.environ, SLASHRT_SECRET=secret.hex(), PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
-    proc = procs[index] = await trio.lowlevel.open_process(
-        _agent_command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
-    )
+    if zygote is not None:
+        proc = None
+        with trio.move_on_after(silent_s):
+            try:
+                proc = procs[index] = await zygote.spawn(_agent_argv(), env)
+            except OSError as exc:
+                raise ClusterError(f"cannot start executor {index}: {exc}") from None
+        if proc is None:
+            raise ClusterError(f"cannot start executor {index}: the executors' fork server did not answer within "
+                               f"{silent_s:g} s")
+    else:
+        proc = procs[index] = await trio.lowlevel.open_process(
+            _agent_command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
     relay.start_soon(_relay_stderr, proc.stderr, name=f"stderr:executor {index}")
     line = b""
     frozen = False
@@ -448,10 +466,24 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, **options) -> R
     `ClusterError.retryable` says can be recovered: wait the strategy's delay, spawn the agents
     again and resume from the last complete checkpoint (`docs/architecture.md`, "The recovery
     loop"). A failure in the job itself fails at once; a strategy that gives up fails with one
-    sentence naming it and the last failure. `RunResult.recoveries` lists each recovery."""
+    sentence naming it and the last failure. `RunResult.recoveries` lists each recovery. With a
+    strategy, every attempt's agents are forked from one zygote (`_zygote`), started here and
+    stopped with the run."""
     strategy = parse_restart(restart)
     if not isinstance(strategy, NoRestart):
         _check_restartable(flow, options)
+    async with contextlib.AsyncExitStack() as stack:
+        # replacement agents are forked from a zygote that imported slashrt once (`_zygote`)
+        zygote = None
+        if not isinstance(strategy, NoRestart) and isinstance(options.get("executors", 2), int):
+            # (it imports the job's modules too: the flow's and its inputs' makers, not arrays)
+            makers = {name: v for name, v in inputs.items() if not isinstance(v, np.ndarray)}
+            zygote = await stack.enter_async_context(open_zygote(preload=(flow, makers)))
+        return await _recovery_loop(flow, inputs, strategy, zygote, options)
+
+
+async def _recovery_loop(flow, inputs: dict, strategy, zygote: Zygote | None, options: dict) -> RunResult:
+    """The attempts of `run_cluster_async`, until one returns or the failure is not recovered."""
     recoveries: list[dict] = []
     committed = Committed()  # what in-memory sinks committed, kept across attempts
     while True:
@@ -459,7 +491,7 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, **options) -> R
         marks: dict = {"fail_grace": 1.0 if isinstance(strategy, NoRestart) else 0.2, "recovery": bool(recoveries)}
         recovering = recoveries[-1] if recoveries else None  # the recovery this attempt makes
         try:
-            result = await _run_attempt(flow, inputs, marks=marks, committed=committed, **dict(options))
+            result = await _run_attempt(flow, inputs, marks=marks, committed=committed, zygote=zygote, **dict(options))
         except ClusterError as exc:
             failed_at = time.monotonic()
             if isinstance(strategy, NoRestart) or not exc.retryable and "started" not in marks:
@@ -514,6 +546,7 @@ async def _run_attempt(
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
     marks: dict | None = None,
     committed: Committed | None = None,
+    zygote: Zygote | None = None,
     **options,
 ) -> RunResult:
     """Run `flow` on N executors once: `executors` is a count (local processes spawned here) or a
@@ -576,7 +609,7 @@ async def _run_attempt(
 
                     async def spawn(i):
                         addresses[i] = await _spawn_agent(secret, i, procs, max(LISTEN_TIMEOUT, heartbeat_timeout), nursery,
-                                                          frozen_s=heartbeat_timeout)
+                                                          zygote, frozen_s=heartbeat_timeout)
 
                     async with trio.open_nursery() as spawning:
                         for i in range(n):

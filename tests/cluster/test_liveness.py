@@ -298,8 +298,8 @@ def test_an_agent_killed_or_stopped_after_listening_before_the_driver_reached_it
     spawn = coordinator._spawn_agent
     stopped = []
 
-    async def spawn_then_signal(secret, i, procs, silent_s, relay, **options):
-        address = await spawn(secret, i, procs, silent_s, relay, **options)
+    async def spawn_then_signal(secret, i, procs, silent_s, relay, *zygote, **options):
+        address = await spawn(secret, i, procs, silent_s, relay, *zygote, **options)
         if i == index:
             procs[i].send_signal(signum)
             stopped.append(procs[i])

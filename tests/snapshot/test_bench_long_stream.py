@@ -41,3 +41,24 @@ def test_chunks_are_made_on_demand_and_only_in_range():
     assert last["date_time"][0] == (len(stream) - 1) * long_stream.CHUNK_MS
     with pytest.raises(IndexError):
         stream[len(stream)]
+
+
+@pytest.mark.parametrize("query", ["ysb", "nexmark"])
+def test_the_chaos_bench_input_is_random_and_seeks_to_a_chunk_without_making_the_ones_before(query):
+    """`bench chaos`'s input (`_query(chunked=False)`): random chunks, each made on its own, so
+    a recovery seeks to its checkpoint's chunk (made whole, 10 M events took seconds of each
+    recovery); a trillion events make nothing up front."""
+    from slashrt.bench.checkpoint import _query
+
+    inputs, _, _, _ = _query(query, 10**12, 2, chunked=False)
+    (make,) = inputs.values()
+    stream = make.make(1, 2)
+    k = len(stream) - 1
+    chunk = stream[k]
+    time = long_stream.TIME[query]
+    assert len(chunk) == long_stream.CHUNK and np.all(np.diff(chunk[time]) >= 0)
+    assert chunk[time][0] == k * long_stream.CHUNK_MS  # chunk k's event times, as if the ones before were made
+    assert stream[k].tobytes() == chunk.tobytes()  # made again: the same records (a resume's rewind)
+    key = "ad_id" if query == "ysb" else "bidder"
+    assert not np.array_equal(stream[0][key], stream[1][key])  # drawn afresh, not tiled
+    assert not np.array_equal(make.make(0, 2)[0][key], stream[0][key])  # each executor its own

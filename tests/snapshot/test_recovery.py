@@ -169,14 +169,37 @@ def test_bench_chaos_into_a_collect_on_the_command_line(capsys):
 
     from slashrt.cli import main
 
-    # checkpoints every 5 ms: the chosen points need several per attempt, also on an idle machine
-    assert main(["bench", "chaos", "--sink", "collect", "--kills", "1", "--events", "200000", "--seed", "4",
+    # checkpoints every 5 ms: the chosen points need several per attempt, also on an idle machine;
+    # --kills 0: only the chosen points
+    assert main(["bench", "chaos", "--sink", "collect", "--kills", "0", "--events", "200000", "--seed", "4",
                  "--interval", "0.005", "--json"]) == 0
     fields = json.loads(capsys.readouterr().out)
     assert (fields["sink"], fields["executors"], fields["chosen"], fields["interval_s"]) == \
         ("collect", 2, chaos.CHOSEN_COLLECT, 0.005)
+    assert fields["random_kills"] == fields["random_kills_asked"] == 0 and fields["kills_short"] is None, fields
     assert fields["chosen_kills"] == 5 and fields["recoveries"] >= 5, fields
     assert fields["correct"] and fields["duplicates"] == fields["missing"] == 0 and fields["rows"] > 0, fields
+
+
+def test_bench_chaos_help_describes_every_option(capsys):
+    from slashrt.cli import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(["bench", "chaos", "--help"])
+    assert exit.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for words in ("--query {ysb,nexmark} the job: YSB's campaign counts", "--transport {shm,tcp} the channels between",
+                  "--events EVENTS events of the query's input", "0: only the 5 at chosen points"):
+        assert words in text, text
+
+
+def test_bench_chaos_says_when_the_run_ended_before_its_random_kills():
+    """A thousand random kills need 500 s and more of agents up; 2,000 events end long before:
+    the result (and a warning) says so, and what to give."""
+    fields = chaos.bench(kills=1000, events=2_000, chosen="")
+    assert fields["random_kills"] < 1000 and fields["correct"], fields
+    assert fields["kills_short"] == (f"the run ended after {fields['random_kills']} of 1000 random kills: its 2,000 "
+                                     "events were processed first; give more --events (e.g. 400,000,000)"), fields
 
 
 def test_a_retryable_error_is_recovered_exactly_once(tmp_path, reference):
