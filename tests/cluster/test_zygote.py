@@ -128,8 +128,8 @@ def test_a_forked_agent_killed_before_the_driver_reached_it_is_named_so(index, m
 
     spawn = coordinator._spawn_agent
 
-    async def spawn_then_kill(secret, i, procs, silent_s, relay, zygote):
-        address = await spawn(secret, i, procs, silent_s, relay, zygote)
+    async def spawn_then_kill(secret, i, procs, silent_s, relay, zygote, **options):
+        address = await spawn(secret, i, procs, silent_s, relay, zygote, **options)
         if i == index:
             procs[i].kill()
         return address
