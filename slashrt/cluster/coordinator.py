@@ -52,7 +52,7 @@ from slashrt.cluster._reports import cluster_reports
 from slashrt.cluster._liveness import (
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Link, PeerSilent, check_heartbeat,
 )
-from slashrt.errors import ChannelClosed, DataflowError, SlashError, unwrap_groups
+from slashrt.errors import ChannelClosed, DataflowError, SlashError, retryable_report, unwrap_groups
 from slashrt.ops.sinks import Callback, Collect
 from slashrt.ops.sources import validate_input
 from slashrt.ops.ssb_window import DEFAULT_EPOCH_BYTES, check_routing
@@ -287,7 +287,7 @@ class _Agents:
             with trio.move_on_after(self.LAST_WORDS_S):
                 await self._ended[i].wait()
         message = self._describe(i, what, payload, kind)
-        retryable = what in ("lost", "exited", "silent") or "RetryableError" in str(payload)
+        retryable = what in ("lost", "exited", "silent") or retryable_report(str(payload))
         if what == "failed":
             await trio.sleep(2 * self.LAST_WORDS_S)
             # an executor that reported its own failure and then exited did not die
@@ -302,7 +302,7 @@ class _Agents:
                 retryable = True
             elif causes and _broken_channel(message):
                 message = causes[0]  # the same sentence whichever executor's report came first
-                retryable = "RetryableError" in message
+                retryable = retryable_report(message)
         raise ClusterError(message, retryable)
 
     def poke(self) -> None:
