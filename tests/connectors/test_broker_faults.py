@@ -137,3 +137,14 @@ def test_a_hung_broker_is_named_not_the_executor_waiting_on_it(broker, tmp_path)
     message = str(failed.value)
     assert f"the Redis broker at 127.0.0.1:{broker.port} did not answer within 1 s while " in message, message
     assert "stopped answering" not in message, message
+
+
+def test_the_broker_hang_trial_of_bench_chaos_faults_is_exact_and_names_the_broker():
+    import types
+
+    from slashrt.bench.faults import FAULTS
+
+    got = FAULTS["broker-hang"](types.SimpleNamespace(executors=2, transport="shm", broker_records=6000))
+    assert got["made"] and got["recoveries"] >= 1, got
+    assert got["exact"] and not got["refused"] and got["duplicates"] == got["missing"] == 0, got
+    assert "the Redis broker at 127.0.0.1:" in got["cause"] and " did not answer within 1 s while " in got["cause"], got
