@@ -54,10 +54,13 @@ class RedisStreamSink:
     `slashrt.snapshot.recover(sink, n)` settles what checkpoint n covers (see there).
     `executor` tells apart the executors writing one stream (`for_executor`).
 
-    In a run, each batch's pipeline goes to the server from a worker thread (`awrite`): the
-    executor's loop, its heartbeats and channels, goes on while the broker answers. Every call
-    to the broker fails after `timeout` seconds: a broker that is down or hung is then named
-    (a `BrokerUnavailable`, which `run(restart=)` retries from the last complete checkpoint)."""
+    In a run, each batch's pipeline and each checkpoint's commit go to the server from one worker
+    thread per sink, in order (`awrite`, `acommit`): the executor's loop, its heartbeats and
+    channels, goes on while the broker answers; `pre_commit` (one RENAME and ZADD, at the
+    barrier, between two batches) and `open` stay on it. Every call to the broker fails after
+    `timeout` seconds: a broker that is down or hung is then named (a `BrokerUnavailable`,
+    which `run(restart=)` retries from the last complete checkpoint), before a heartbeat
+    timeout (50 s by default; keep `timeout` below yours) could blame the executor."""
 
     default_name = "redis"
 
@@ -130,9 +133,7 @@ class RedisStreamSink:
     async def awrite(self, records: np.ndarray) -> None:
         """`write` in a worker thread (one per sink, so batches stay in order): the executor's
         loop is never blocked by the broker, only this step waits, at most `timeout` a call."""
-        if self._limiter is None:
-            self._limiter = trio.CapacityLimiter(1)
-        await trio.to_thread.run_sync(self.write, records, limiter=self._limiter)
+        await self._in_worker(self.write, records)
 
     def close(self) -> None:
         if self.transactional and self._transactions.open_entries:
@@ -147,6 +148,16 @@ class RedisStreamSink:
     def commit(self, checkpoint: int) -> int:
         """Publish every pending checkpoint up to `checkpoint`; returns the entries published."""
         return self._transactions.commit(checkpoint)
+
+    async def acommit(self, checkpoint: int) -> int:
+        """`commit` in the sink's worker thread, after the writes before it: it reads back and
+        appends every entry of the checkpoints it publishes, the heaviest call to the broker."""
+        return await self._in_worker(self.commit, checkpoint)
+
+    async def _in_worker(self, fn, *args):
+        if self._limiter is None:
+            self._limiter = trio.CapacityLimiter(1)
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
     def abort(self, checkpoint: int) -> None:
         self._transactions.abort(checkpoint)

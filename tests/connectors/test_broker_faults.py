@@ -84,8 +84,12 @@ def checkpoints_exist(directory, n: int, ended: threading.Event) -> bool:
 
 def exactly_once(url: str) -> tuple[int, int]:
     """(duplicates, missing) of the published output against the input."""
+    return exactly_once_of(url, N)
+
+
+def exactly_once_of(url: str, n: int) -> tuple[int, int]:
     got = read_stream(url, "out", SCHEMA)["t"]
-    seen = np.bincount(got, minlength=N)
+    seen = np.bincount(got, minlength=n)
     return int((seen > 1).sum()), int((seen == 0).sum())
 
 
@@ -148,3 +152,44 @@ def test_the_broker_hang_trial_of_bench_chaos_faults_is_exact_and_names_the_brok
     assert got["made"] and got["recoveries"] >= 1, got
     assert got["exact"] and not got["refused"] and got["duplicates"] == got["missing"] == 0, got
     assert "the Redis broker at 127.0.0.1:" in got["cause"] and " did not answer within 1 s while " in got["cause"], got
+
+
+def test_writes_and_commits_wait_for_a_hung_broker_off_the_loop(broker):
+    """With the server stopped, `awrite` and `acommit` fail after the sink's timeout naming the
+    broker, and the trio loop goes on meanwhile (a ticking task keeps ticking)."""
+    import trio
+
+    from slashrt.errors import BrokerUnavailable
+
+    sink = RedisStreamSink(broker.url, "out", transactional=True, timeout=1.0)
+    sink.open()
+    sink.write(records(100))
+    sink.pre_commit(1)
+    broker.pause()
+    ticks, failures = [], []
+
+    async def main():
+        async def tick():
+            while True:
+                ticks.append(trio.current_time())
+                await trio.sleep(0.05)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tick)
+            for call in (sink.acommit(1), sink.awrite(records(100))):
+                before = len(ticks)
+                with pytest.raises(BrokerUnavailable) as failed:
+                    await call
+                failures.append((str(failed.value), len(ticks) - before))
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        broker.resume()
+    at = f"the Redis broker at 127.0.0.1:{broker.port} did not answer within 1 s while "
+    assert failures[0][0] == at + "committing checkpoint 1 of stream 'out'", failures
+    assert failures[1][0] == at + "writing to stream 'out:slashrt:open:0'", failures
+    assert all(n >= 5 for _, n in failures), failures  # ~20 ticks a second while each call waited 1 s
+    sink.commit(1)  # the broker is back: the checkpoint is published once
+    assert exactly_once_of(broker.url, 100) == (0, 0)
