@@ -14,7 +14,8 @@ The stream is slowed (`_Held`) until the fault was made, so the fault always mee
 job. Each trial returns the `--faults` fields: `exact` (the published output holds every input
 record once: `duplicates` and `missing` are 0), `refused` (the job ended with a sentence
 instead, `cause`), `cause` (the first recovered failure's sentence, or the final one),
-`recoveries`, `seconds` (the job's wall time). `args` may set `executors`, `transport` and
+`recoveries`, `recovery_s` (each from the failure's first agent exit, or its detection, to
+processing again: the outage itself included), `seconds` (the job's wall time). `args` may set `executors`, `transport` and
 `broker_records` (the input's size, 30,000 records by default).
 """
 
@@ -139,5 +140,6 @@ def _trial(name: str, fault, args) -> dict:
     return {"fault": name, "made": bool(made), "refused": result is None,
             "exact": result is not None and duplicates == 0 and missing == 0,
             "duplicates": duplicates, "missing": missing, "cause": cause, "recoveries": len(recoveries),
+            "recovery_s": [round(r["seconds"], 2) for r in recoveries if "seconds" in r],
             "executors": executors, "transport": transport, "records": n, "restart": RESTART,
             "broker_timeout_s": TIMEOUT, "seconds": round(seconds, 3)}
