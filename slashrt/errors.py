@@ -14,6 +14,9 @@ __all__ = [
     "SnapshotCorrupt",
     "SnapshotVersionError",
     "ConnectorError",
+    "RetryableError",
+    "BrokerUnavailable",
+    "retryable_report",
     "first_error",
     "unwrap_groups",
 ]
@@ -64,6 +67,23 @@ class RetryableError(SlashError):
     """Raised by a user function for a transient failure (a service briefly away): on a cluster
     with a restart strategy (`run(..., restart=)`) the job restarts from its last complete
     checkpoint instead of failing; any other exception is a bug in the job and fails it."""
+
+
+class BrokerUnavailable(ConnectorError, RetryableError):
+    """A broker (its host:port and the step named) could not be reached or did not answer within
+    its timeout: transient, like a service briefly away, so a restart strategy restarts the job
+    from its last complete checkpoint and the connectors' two-phase commit keeps it exactly once."""
+
+
+def retryable_report(report: str) -> bool:
+    """Whether an executor's failure report (`TypeName: message`, or an OperatorError's text
+    quoting its cause's type) is a transient failure: it names RetryableError or a subclass."""
+    names, todo = set(), [RetryableError]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo += cls.__subclasses__()
+    return any(f"{name}:" in report for name in names)
 
 
 class OperatorError(SlashError):

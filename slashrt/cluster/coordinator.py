@@ -54,7 +54,7 @@ from slashrt.cluster._zygote import Zygote, open_zygote
 from slashrt.cluster._liveness import (
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Link, OwnStalls, PeerSilent, PeersUnreachable, check_heartbeat,
 )
-from slashrt.errors import ChannelClosed, DataflowError, SlashError, unwrap_groups
+from slashrt.errors import ChannelClosed, DataflowError, SlashError, retryable_report, unwrap_groups
 from slashrt.ops.sinks import Callback, Collect
 from slashrt.ops.sources import validate_input
 from slashrt.ops.ssb_window import DEFAULT_EPOCH_BYTES, check_routing
@@ -238,9 +238,10 @@ async def _unreachable(i: int, procs: list, message: str, recovering: bool = Fal
 
 
 def _retryable_report(report: str) -> bool:
-    """An executor's report of its failure that a restart may recover from: an operator's
-    RetryableError, or a partition between two executors (`PeersUnreachable`)."""
-    return "RetryableError" in report or PeersUnreachable.PHRASE in report
+    """An executor's report of its failure that a restart may recover from: a RetryableError
+    (an operator's, a broker's: `errors.retryable_report`), or a partition between two executors
+    (`PeersUnreachable`)."""
+    return retryable_report(report) or PeersUnreachable.PHRASE in report
 
 
 def _broken_channel(report: str) -> bool:

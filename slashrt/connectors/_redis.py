@@ -21,13 +21,17 @@ import urllib.parse
 import numpy as np
 
 from slashrt._schema import Schema, _layout
-from slashrt.errors import ConnectorError, OptionError, SchemaError, SlashError
+from slashrt.errors import BrokerUnavailable, ConnectorError, OptionError, SchemaError, SlashError
 
 # 256 KiB an entry by default: big enough that the per-entry cost of a command and of a
 # np.frombuffer vanishes, small enough that one XREAD of `count` entries stays modest
 DEFAULT_ENTRY_BYTES = 256 * 1024
 END_FIELD = b"end"
 DEFAULT_COUNT = 64  # entries per read: replies of ~16 MiB; far larger ones parse slower
+# seconds a broker call (connecting included) may take before the broker is deemed hung: far
+# above a loaded machine's round trip and a 16 MiB pipeline, far below the heartbeat timeout
+# (50 s), so a hung broker is named as the cause, not the executor waiting on it
+DEFAULT_TIMEOUT = 5.0
 
 
 def fingerprint(dtype: np.dtype) -> str:
@@ -47,8 +51,10 @@ def shown(url: str) -> str:
     return re.sub(r"([?&])password=[^&]*", r"\1password=***", url)
 
 
-def connect(url: str, *, read_timeout: float | None = 30.0):
-    """A client for `url` (redis://, rediss:// or unix://), made without connecting yet.
+def connect(url: str, *, timeout: float = DEFAULT_TIMEOUT, read_timeout: float | None = None):
+    """A client for `url` (redis://, rediss:// or unix://), made without connecting yet; every
+    call (connecting included) fails after `timeout` seconds (`read_timeout`, if given, for
+    answers: a blocked XREAD's block time and `timeout`).
 
     A wrong URL is an OptionError now; an unreachable server shows on the first command (see
     `failure`). redis-py's own retries are off: a server that went away is reported at once,
@@ -65,29 +71,52 @@ def connect(url: str, *, read_timeout: float | None = 30.0):
         raise OptionError(f"a Redis URL must be a string such as 'redis://127.0.0.1:6379/0', got {url!r}")
     try:
         return redis.Redis.from_url(
-            url, socket_connect_timeout=5.0, socket_timeout=read_timeout, retry=Retry(NoBackoff(), 0)
+            url, socket_connect_timeout=timeout, socket_timeout=read_timeout or timeout, retry=Retry(NoBackoff(), 0)
         )
     except ValueError as exc:
         raise OptionError(f"{shown(url)!r} is not a Redis URL ({exc}); write e.g. 'redis://127.0.0.1:6379/0'") from None
 
 
+def check_timeout(timeout) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)) or not timeout > 0:
+        raise OptionError(f"timeout must be a positive number of seconds (each call to the broker), got {timeout!r}")
+    return float(timeout)
+
+
+def broker(url: str) -> str:
+    """The broker's address as failures name it: host:port (or a unix socket's path)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme == "unix":
+            return parts.path
+        return f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
+    except (TypeError, ValueError, AttributeError):
+        return shown(url)
+
+
 @contextlib.contextmanager
-def failure(url: str, doing: str, hint: str = ""):
-    """Around client calls: a redis error becomes one ConnectorError sentence naming `url` and
-    what was being done (`doing`), followed by `hint` (e.g. where to resume)."""
+def failure(url: str, doing: str, hint: str = "", timeout: float | None = None):
+    """Around client calls: a redis error becomes one sentence naming the broker and what was
+    being done (`doing`), followed by `hint` (e.g. where to resume). A broker that cannot be
+    reached, or does not answer within `timeout` (the client's), is a BrokerUnavailable, which
+    a restart strategy retries; a refused command or another failure is a ConnectorError."""
     import redis
 
-    url = shown(url)
     try:
         yield
-    except redis.exceptions.ConnectionError as exc:
-        raise ConnectorError(f"Redis at {url} cannot be reached while {doing}: {_reason(exc)}{hint}") from None
     except redis.exceptions.TimeoutError as exc:
-        raise ConnectorError(f"Redis at {url} did not answer in time while {doing}: {_reason(exc)}{hint}") from None
+        within = f"within {timeout:g} s" if timeout is not None else f"in time ({_reason(exc)})"
+        raise BrokerUnavailable(
+            f"the Redis broker at {broker(url)} did not answer {within} while {doing}{hint}"
+        ) from None
+    except redis.exceptions.ConnectionError as exc:
+        raise BrokerUnavailable(
+            f"the Redis broker at {broker(url)} cannot be reached while {doing}: {_reason(exc)}{hint}"
+        ) from None
     except redis.exceptions.ResponseError as exc:
-        raise ConnectorError(f"Redis at {url} refused a command while {doing}: {exc}{hint}") from None
+        raise ConnectorError(f"Redis at {shown(url)} refused a command while {doing}: {exc}{hint}") from None
     except redis.exceptions.RedisError as exc:
-        raise ConnectorError(f"Redis at {url} failed while {doing}: {type(exc).__name__}: {exc}{hint}") from None
+        raise ConnectorError(f"Redis at {shown(url)} failed while {doing}: {type(exc).__name__}: {exc}{hint}") from None
 
 
 def _reason(exc: BaseException) -> str:

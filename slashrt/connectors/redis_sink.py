@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import numpy as np
 import structlog
+import trio
 
 from slashrt.connectors._redis import (
     DEFAULT_ENTRY_BYTES,
+    DEFAULT_TIMEOUT,
     check_entry_bytes,
+    check_timeout,
     connect,
     failure,
     packed_entries,
@@ -49,12 +52,20 @@ class RedisStreamSink:
     until a checkpoint commits it: `pre_commit(n)` at checkpoint n's barrier, `commit(n)` once
     the checkpoint is complete, `abort(n)` to drop it, `pending()`; after a crash,
     `slashrt.snapshot.recover(sink, n)` settles what checkpoint n covers (see there).
-    `executor` tells apart the executors writing one stream (`for_executor`)."""
+    `executor` tells apart the executors writing one stream (`for_executor`).
+
+    In a run, each batch's pipeline and each checkpoint's commit go to the server from one worker
+    thread per sink, in order (`awrite`, `acommit`): the executor's loop, its heartbeats and
+    channels, goes on while the broker answers; `pre_commit` (one RENAME and ZADD, at the
+    barrier, between two batches) and `open` stay on it. Every call to the broker fails after
+    `timeout` seconds: a broker that is down or hung is then named (a `BrokerUnavailable`,
+    which `run(restart=)` retries from the last complete checkpoint), before a heartbeat
+    timeout (50 s by default; keep `timeout` below yours) could blame the executor."""
 
     default_name = "redis"
 
     def __init__(self, url: str, stream_key: str, *, transactional: bool = False, executor: int = 0,
-                 entry_bytes: int = DEFAULT_ENTRY_BYTES):
+                 entry_bytes: int = DEFAULT_ENTRY_BYTES, timeout: float = DEFAULT_TIMEOUT):
         if not isinstance(stream_key, str) or not stream_key:
             raise OptionError(f"RedisStreamSink needs a stream key (a non-empty string), got {stream_key!r}")
         self.url = url
@@ -62,19 +73,21 @@ class RedisStreamSink:
         self.transactional = bool(transactional)
         self.executor = executor
         self.entry_bytes = check_entry_bytes(entry_bytes)
+        self.timeout = check_timeout(timeout)
         self.written = 0  # records written (appended, or staged for a checkpoint) by this object
         self.record_dtype: np.dtype | None = None  # set by the plan (expect)
         self._connect()
 
     def _connect(self) -> None:
-        self._client = connect(self.url)
+        self._client = connect(self.url, timeout=self.timeout)
         self._transactions = (
-            RedisTransactions(self._client, self.url, self.stream_key, self.executor)
+            RedisTransactions(self._client, self.url, self.stream_key, self.executor, self.timeout)
             if self.transactional else NotTransactional(self)
         )
+        self._limiter = None  # awrite's one worker thread (made in the run: a trio object)
 
     def __getstate__(self) -> dict:  # to executor processes: the URL, not a client (locks, sockets)
-        return {k: v for k, v in self.__dict__.items() if k not in ("_client", "_transactions")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_client", "_transactions", "_limiter")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -87,7 +100,7 @@ class RedisStreamSink:
     def for_executor(self, index: int) -> RedisStreamSink:
         """Executor `index`'s writer in a multi-executor run: the same stream, its own keys."""
         return type(self)(self.url, self.stream_key, transactional=self.transactional, executor=index,
-                          entry_bytes=self.entry_bytes)
+                          entry_bytes=self.entry_bytes, timeout=self.timeout)
 
     def expect(self, dtype: np.dtype) -> None:
         """The dtype of the records the plan will send (`record_dtype`: what to read back with)."""
@@ -97,7 +110,7 @@ class RedisStreamSink:
     def open(self) -> None:
         """Check the server answers; a transactional sink drops what an earlier run wrote
         after its last barrier (the rewound source writes it again)."""
-        with failure(self.url, f"opening sink stream {self.stream_key!r}"):
+        with failure(self.url, f"opening sink stream {self.stream_key!r}", timeout=self.timeout):
             self._client.ping()
         if self.transactional:
             self._transactions.open()
@@ -110,12 +123,17 @@ class RedisStreamSink:
         if self.transactional:
             self._transactions.add(entries)
         else:
-            with failure(self.url, f"writing to stream {self.stream_key!r}"):
+            with failure(self.url, f"writing to stream {self.stream_key!r}", timeout=self.timeout):
                 pipe = self._client.pipeline(transaction=False)
                 for fields in entries:
                     pipe.xadd(self.stream_key, fields)
                 pipe.execute()
         self.written += len(records)
+
+    async def awrite(self, records: np.ndarray) -> None:
+        """`write` in a worker thread (one per sink, so batches stay in order): the executor's
+        loop is never blocked by the broker, only this step waits, at most `timeout` a call."""
+        await self._in_worker(self.write, records)
 
     def close(self) -> None:
         if self.transactional and self._transactions.open_entries:
@@ -131,6 +149,16 @@ class RedisStreamSink:
         """Publish every pending checkpoint up to `checkpoint`; returns the entries published."""
         return self._transactions.commit(checkpoint)
 
+    async def acommit(self, checkpoint: int) -> int:
+        """`commit` in the sink's worker thread, after the writes before it: it reads back and
+        appends every entry of the checkpoints it publishes, the heaviest call to the broker."""
+        return await self._in_worker(self.commit, checkpoint)
+
+    async def _in_worker(self, fn, *args):
+        if self._limiter is None:
+            self._limiter = trio.CapacityLimiter(1)
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
     def abort(self, checkpoint: int) -> None:
         self._transactions.abort(checkpoint)
 
@@ -145,8 +173,9 @@ class RedisStreamSink:
 class RedisTransactions:
     """The two-phase commit of one executor's writer of stream `key` (see the module doc)."""
 
-    def __init__(self, client, url: str, key: str, executor: int):
+    def __init__(self, client, url: str, key: str, executor: int, timeout: float = DEFAULT_TIMEOUT):
         self._client, self.url, self.key, self.executor = client, url, key, str(executor)
+        self.timeout = timeout
         base = f"{key}:slashrt"
         self._open = f"{base}:open:{self.executor}"
         self._pending_set = f"{base}:pending:{self.executor}"
@@ -158,12 +187,12 @@ class RedisTransactions:
 
     def open(self) -> None:
         """Drop the output an earlier run wrote after its last barrier."""
-        with failure(self.url, f"opening sink stream {self.key!r}"):
+        with failure(self.url, f"opening sink stream {self.key!r}", timeout=self.timeout):
             self._client.delete(self._open)
         self.open_entries = 0
 
     def add(self, entries) -> None:
-        with failure(self.url, f"writing to stream {self._open!r}"):
+        with failure(self.url, f"writing to stream {self._open!r}", timeout=self.timeout):
             pipe = self._client.pipeline(transaction=False)
             for fields in entries:
                 pipe.xadd(self._open, fields)
@@ -172,7 +201,7 @@ class RedisTransactions:
 
     def pre_commit(self, checkpoint: int) -> None:
         checkpoint = _checkpoint_number(checkpoint)
-        with failure(self.url, f"pre-committing checkpoint {checkpoint} of stream {self.key!r}"):
+        with failure(self.url, f"pre-committing checkpoint {checkpoint} of stream {self.key!r}", timeout=self.timeout):
             pipe = self._client.pipeline(transaction=True)
             if self.open_entries:
                 pipe.rename(self._open, self._pending(checkpoint))
@@ -184,7 +213,7 @@ class RedisTransactions:
         import redis
 
         checkpoint = _checkpoint_number(checkpoint)
-        with failure(self.url, f"committing checkpoint {checkpoint} of stream {self.key!r}"):
+        with failure(self.url, f"committing checkpoint {checkpoint} of stream {self.key!r}", timeout=self.timeout):
             with self._client.pipeline(transaction=True) as pipe:
                 while True:
                     try:
@@ -218,18 +247,18 @@ class RedisTransactions:
 
     def abort(self, checkpoint: int) -> None:
         checkpoint = _checkpoint_number(checkpoint)
-        with failure(self.url, f"aborting checkpoint {checkpoint} of stream {self.key!r}"):
+        with failure(self.url, f"aborting checkpoint {checkpoint} of stream {self.key!r}", timeout=self.timeout):
             pipe = self._client.pipeline(transaction=True)
             pipe.delete(self._pending(checkpoint))
             pipe.zrem(self._pending_set, checkpoint)
             pipe.execute()
 
     def pending(self) -> list[int]:
-        with failure(self.url, f"listing pending checkpoints of stream {self.key!r}"):
+        with failure(self.url, f"listing pending checkpoints of stream {self.key!r}", timeout=self.timeout):
             return [int(n) for n in self._client.zrange(self._pending_set, 0, -1)]
 
     def last_committed(self) -> int | None:
-        with failure(self.url, f"reading the commit marker of stream {self.key!r}"):
+        with failure(self.url, f"reading the commit marker of stream {self.key!r}", timeout=self.timeout):
             last = self._client.hget(self._committed, self.executor)
         return None if last is None else int(last)
 

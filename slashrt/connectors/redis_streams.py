@@ -45,9 +45,11 @@ from slashrt._schema import Schema
 from slashrt.connectors._redis import (
     DEFAULT_COUNT,
     DEFAULT_ENTRY_BYTES,
+    DEFAULT_TIMEOUT,
     END_FIELD,
     EntryDecoder,
     check_entry_bytes,
+    check_timeout,
     connect,
     failure,
     packed_entries,
@@ -113,11 +115,14 @@ class RedisStream:
     naming its id; so does a server that goes away, after the records read before it were
     delivered. On several executors the entries are shared among them by their ids (`owner`,
     `for_executor`); the object's own `position` then stays put (each executor's is in the
-    checkpoints).
+    checkpoints). Every call to the server fails after `timeout` seconds (a followed read's
+    after `block_ms` more): a broker that is down or hung is named (a `BrokerUnavailable`,
+    which `run(restart=)` retries from the last complete checkpoint). Reads run in a worker
+    thread: the executor's loop goes on meanwhile.
     """
 
     def __init__(self, url: str, stream_key: str, *, start: str = "0-0", block_ms: int = 500,
-                 count: int = DEFAULT_COUNT, stop_at_end: bool = True):
+                 count: int = DEFAULT_COUNT, stop_at_end: bool = True, timeout: float = DEFAULT_TIMEOUT):
         if not isinstance(stream_key, (str, bytes)) or not stream_key:
             raise OptionError(f"RedisStream needs a stream key (a non-empty string), got {stream_key!r}")
         for name, value in (("block_ms", block_ms), ("count", count)):
@@ -128,8 +133,8 @@ class RedisStream:
         self.block_ms = int(block_ms)
         self.count = int(count)
         self.stop_at_end = bool(stop_at_end)
-        # a blocked XREAD answers within block_ms; the socket waits that and some more
-        self._client = connect(url, read_timeout=self.block_ms / 1000 + 30.0)
+        self.timeout = check_timeout(timeout)
+        self._client = self._connect()
         self._position = _stream_id(start, "RedisStream start")
         self._end: str | None = None  # a bounded read's last id: fixed at its first run's start
         self._ended = False  # the end entry was read
@@ -148,7 +153,15 @@ class RedisStream:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._client = connect(self.url, read_timeout=self.block_ms / 1000 + 30.0)
+        self._client = self._connect()
+
+    def _connect(self):
+        return connect(self.url, timeout=self.timeout, read_timeout=self._within)
+
+    @property
+    def _within(self) -> float:
+        """Seconds an answer may take: a followed read's XREAD blocks up to block_ms first."""
+        return self.timeout if self.stop_at_end else self.block_ms / 1000 + self.timeout
 
     def for_executor(self, index: int, executors: int) -> RedisStream:
         """Executor `index`'s reader in a run on `executors`: the entries `owner` gives it,
@@ -263,7 +276,7 @@ class RedisStream:
         reader._rewind(cursor)
         last = scan = cursor["after"]
         while skip > 0:
-            with failure(self.url, f"reading stream {self.stream_key!r} after id {scan}"):
+            with failure(self.url, f"reading stream {self.stream_key!r} after id {scan}", timeout=self._within):
                 entries = self._client.xrange(self.stream_key, min=f"({scan}", count=self.count)
             if not entries:
                 raise ConnectorError(
@@ -348,7 +361,7 @@ class RedisStream:
     def _begin(self) -> tuple[str, str | None]:
         """(The id to read after, the last id to read or None to follow), in the thread."""
         key, cursor = self.stream_key, self._position
-        with failure(self.url, f"opening stream {key!r}"):
+        with failure(self.url, f"opening stream {key!r}", timeout=self._within):
             kind = self._client.type(key)
             if kind not in (b"stream", b"none"):
                 raise ConnectorError(
@@ -396,7 +409,7 @@ class RedisStream:
     def _next(self, decoder: EntryDecoder, cursor: str, end: str | None):
         """One read after `cursor` (up to `end`, or following): decoded, in the thread."""
         key = self.stream_key
-        with failure(self.url, f"reading stream {key!r} after id {cursor}"):
+        with failure(self.url, f"reading stream {key!r} after id {cursor}", timeout=self._within):
             if end is not None:
                 entries = self._client.xrange(key, min=f"({cursor}", max=end, count=self.count)
             else:
@@ -428,7 +441,7 @@ def write_stream(url: str, stream_key: str, records: np.ndarray, *, entry_bytes:
     ids = []
     per_round = max(1, _PIPELINE_BYTES // entry_bytes)
     try:
-        with failure(url, f"writing to stream {stream_key!r}"):
+        with failure(url, f"writing to stream {stream_key!r}", timeout=DEFAULT_TIMEOUT):
             pipe = client.pipeline(transaction=False)
             for i, fields in enumerate(packed_entries(records, fp, entry_bytes), 1):
                 pipe.xadd(stream_key, fields)
@@ -446,7 +459,7 @@ def end_stream(url: str, stream_key: str) -> str:
     """Append the end entry (field `end`) that stops a source following the stream."""
     client = connect(url)
     try:
-        with failure(url, f"ending stream {stream_key!r}"):
+        with failure(url, f"ending stream {stream_key!r}", timeout=DEFAULT_TIMEOUT):
             return client.xadd(stream_key, {END_FIELD: 1}).decode()
     finally:
         client.close()
@@ -461,7 +474,7 @@ def read_stream(url: str, stream_key: str, schema, *, after: str = "0-0") -> np.
     cursor = _stream_id(after, "read_stream after")
     payloads = []
     try:
-        with failure(url, f"reading stream {stream_key!r}"):
+        with failure(url, f"reading stream {stream_key!r}", timeout=DEFAULT_TIMEOUT):
             while True:
                 entries = client.xrange(stream_key, min=f"({cursor}", count=DEFAULT_COUNT)
                 got, last, ended, error = decoder.payloads(entries)

@@ -309,8 +309,7 @@ class SinkNode(Node):
         for method in ("open", "close"):
             if not callable(getattr(sink, method, None)):
                 raise TypeError(f"step {step_id!r}: sink {sink!r} has no {method}() method")
-        self._awrite = getattr(sink, "awrite", None)
-        if self._awrite is None and not callable(getattr(sink, "write", None)):
+        if getattr(sink, "awrite", None) is None and not callable(getattr(sink, "write", None)):
             raise TypeError(f"step {step_id!r}: sink {sink!r} has no write() or awrite() method")
         self._dtype = getattr(sink, "dtype", None)  # the record layout the sink wants, if any
 
@@ -320,8 +319,9 @@ class SinkNode(Node):
     async def push(self, batch: Batch) -> None:
         try:
             records = batch.to_numpy(self._dtype)
-            if self._awrite is not None:
-                await self._awrite(records)
+            # looked up now: an agent replaces the sink by its executor's (`for_executor`)
+            if (awrite := getattr(self.sink, "awrite", None)) is not None:
+                await awrite(records)
             else:
                 self.sink.write(records)
         except OperatorError:

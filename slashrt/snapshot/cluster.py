@@ -112,7 +112,10 @@ class AgentCheckpointing(Checkpointing):
                 source.go_on(n)
         elif kind == "commit":
             for sink in self.sinks:
-                sink.commit(n)
+                if self._nursery is not None and getattr(sink, "acommit", None) is not None:
+                    self._spawn(sink.acommit, n)  # a broker's round trips: off the loop, its failure the run's
+                else:
+                    sink.commit(n)
             self._spawn(self._send, None, None)  # (before the run: the next message takes them)
             log.debug("checkpoint committed", checkpoint=n, executor=self.executor)
         elif kind == "finish":

@@ -9,6 +9,8 @@ barriers is one transaction, named by the checkpoint whose barrier closes it:
 * `commit(n)`, once checkpoint n is complete: publish checkpoint n's output and any earlier
   pending one (of a checkpoint that was declined after this sink pre-committed it). Idempotent:
   repeating it (after a crash during the first) publishes nothing twice.
+  A sink talking to a broker may also have `acommit(n)`, the same off the executor's loop
+  (its round trips in a worker thread: `commit_async`).
 * `abort(n)`: drop checkpoint n's pending output.
 * `pending()`: the checkpoints pre-committed and not yet committed; a sink with durable pending
   output (files) finds them again in a new process.
@@ -38,7 +40,7 @@ import numpy as np
 from slashrt.errors import SnapshotError
 from slashrt.snapshot._durable import fsync_path
 
-__all__ = ["TwoPhaseCommit", "recover", "PartFiles", "PendingRecords", "NotTransactional"]
+__all__ = ["TwoPhaseCommit", "recover", "commit_async", "PartFiles", "PendingRecords", "NotTransactional"]
 
 
 @runtime_checkable
@@ -52,6 +54,16 @@ class TwoPhaseCommit(Protocol):
     def abort(self, checkpoint: int) -> None: ...
 
     def pending(self) -> list[int]: ...
+
+
+async def commit_async(sink: TwoPhaseCommit, checkpoint: int) -> None:
+    """`sink.commit(checkpoint)`, awaiting its `acommit` if it has one (a broker's sink: the
+    executor's loop goes on meanwhile)."""
+    acommit = getattr(sink, "acommit", None)
+    if acommit is not None:
+        await acommit(checkpoint)
+    else:
+        sink.commit(checkpoint)
 
 
 def recover(sink: TwoPhaseCommit, restored: int | None) -> tuple[list[int], list[int]]:

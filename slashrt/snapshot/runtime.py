@@ -32,7 +32,7 @@ import trio
 from slashrt._buffer import Control
 from slashrt.errors import OptionError, SnapshotError
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, LoopHead, Snapshot
-from slashrt.snapshot.commit import TwoPhaseCommit, recover
+from slashrt.snapshot.commit import TwoPhaseCommit, commit_async, recover
 from slashrt.snapshot.coordinator import AckStats, CheckpointConfig, CheckpointCoordinator, StopTheWorld
 from slashrt.snapshot.loops import LOG_KIND, BackEdgeLog, loop_feedbacks
 from slashrt.snapshot.operators import check, restore_plan, stateful_nodes
@@ -487,7 +487,7 @@ class Checkpointing:
                 meta["reshared"] = self.reshared
             await self.store.acomplete(n, meta)
             for sink in self.sinks:
-                sink.commit(n)
+                await commit_async(sink, n)
         log.info("checkpoint completed", checkpoint=n, bytes=completed.bytes)
 
     def _signal(self) -> None:

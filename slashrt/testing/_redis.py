@@ -4,6 +4,11 @@ It listens on a free loopback port, keeps nothing on disk (no RDB snapshots, no 
 in its own temporary directory, is ready when the context is entered (it printed that it
 accepts connections and answered PING) and is killed and reaped when it is left, whatever
 happened inside.
+
+A `persistent` one keeps an append-only file (appendonly yes, fsync every second), as a
+broker in production does: every write it acknowledged is in the file before the reply, so
+after a SIGKILL `restart()` brings the same server back on the same port with all of it (an
+outage, not a data loss). `pause()` / `resume()` hang it (SIGSTOP / SIGCONT).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import selectors
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -30,16 +36,35 @@ class RedisServer:
     in the middle of something (SIGKILL, then reaped)."""
 
     def __init__(self, process: subprocess.Popen, port: int, directory: Path, log: list[bytes],
-                 drainer: threading.Thread):
+                 drainer: threading.Thread, persistent: bool = False):
         self.process, self.port, self.directory, self._log = process, port, directory, log
-        self._drainer = drainer
+        self._drainer, self.persistent = drainer, persistent
         self.url = f"redis://127.0.0.1:{port}/0"
 
     def kill(self) -> None:
+        self.resume()  # (a stopped process dies of SIGKILL too; it just must not stay stopped)
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait()
         self._drainer.join()  # it reads to the end of the dead server's output
+        self.process.stdout.close()
+
+    def restart(self) -> None:
+        """After `kill`: the server again, on the same port and directory (a persistent one
+        with what it had acknowledged)."""
+        again = _start(shutil.which("redis-server"), self.directory, self.port, self.persistent)
+        if again is None:
+            raise RuntimeError(f"redis-server could not listen on port {self.port} again: another process took it")
+        self.process, self._drainer, self._log = again.process, again._drainer, self._log + again._log
+
+    def pause(self) -> None:
+        """Hang the server (SIGSTOP): it accepts nothing and answers nothing until `resume`."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
 
     @property
     def log(self) -> str:
@@ -53,11 +78,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(executable: str, directory: Path) -> RedisServer | None:
+def _start(executable: str, directory: Path, port: int | None = None, persistent: bool = False) -> RedisServer | None:
     """A started server, or None if its port was taken meanwhile (the caller tries another)."""
-    port = _free_port()
+    port = port or _free_port()
     process = subprocess.Popen(
-        [executable, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        [executable, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "yes" if persistent else "no", "--appendfsync", "everysec",
          "--dir", str(directory), "--daemonize", "no", "--logfile", "", "--loglevel", "notice"],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         bufsize=0,  # unbuffered: readline reads no further than the line the selector announced
@@ -82,7 +108,7 @@ def _start(executable: str, directory: Path) -> RedisServer | None:
         # keep draining its output, so it never blocks on a full pipe
         drainer = threading.Thread(target=_drain, args=(process, log), daemon=True)
         drainer.start()
-        server = RedisServer(process, port, directory, log, drainer)
+        server = RedisServer(process, port, directory, log, drainer, persistent)
         _ping(server.url)
         return server
     except BaseException:
@@ -109,16 +135,17 @@ def _ping(url: str) -> None:
 
 
 @contextlib.contextmanager
-def redis_server():
-    """Start a throw-away redis-server; yield its `RedisServer`; kill and reap it at the end.
-    Raises FileNotFoundError saying how to install it when redis-server is not on PATH."""
+def redis_server(persistent: bool = False):
+    """Start a throw-away redis-server (`persistent`: with an append-only file); yield its
+    `RedisServer`; kill and reap it at the end (resumed first if it was paused). Raises
+    FileNotFoundError saying how to install it when redis-server is not on PATH."""
     executable = shutil.which("redis-server")
     if executable is None:
         raise FileNotFoundError(NOT_INSTALLED)
     with tempfile.TemporaryDirectory(prefix="slashrt-redis-") as tmp:
         server = None
         for _ in range(5):  # a free port can be taken between probing and binding it
-            server = _start(executable, Path(tmp))
+            server = _start(executable, Path(tmp), persistent=persistent)
             if server is not None:
                 break
         if server is None:
@@ -127,4 +154,3 @@ def redis_server():
             yield server
         finally:
             server.kill()
-            server.process.stdout.close()
