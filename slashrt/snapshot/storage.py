@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import functools
 import json
 import os
@@ -41,7 +42,7 @@ import structlog
 import trio
 from fsspec.implementations.local import LocalFileSystem
 
-from slashrt.errors import OptionError, SnapshotCorrupt, SnapshotError, SnapshotVersionError
+from slashrt.errors import OptionError, SnapshotCorrupt, SnapshotError, SnapshotVersionError, SnapshotWriteError
 from slashrt.snapshot._durable import fsync_path
 from slashrt.snapshot.state_format import FORMAT_VERSION, State, decode_state, write_state
 
@@ -146,12 +147,13 @@ class SnapshotStore:
         (give it to `complete` when another process completes the checkpoint)."""
         with self._busy(n):
             directory = self.checkpoint_dir(n)
-            self.fs.makedirs(directory, exist_ok=True)
             name = self.part_name(step, executor)
             path = f"{directory}/{name}"
-            with self.fs.open(path, "wb") as out:
-                size, crc = write_state(out, arrays, meta, name=path)
-                _sync(out)
+            with _naming(n, path):
+                self.fs.makedirs(directory, exist_ok=True)
+                with self.fs.open(path, "wb") as out:
+                    size, crc = write_state(out, arrays, meta, name=path)
+                    _sync(out)
             part = Part(step, executor, name, size, crc)
             with self._lock:
                 self._written.setdefault(n, {})[(step, executor)] = part
@@ -210,14 +212,20 @@ class SnapshotStore:
             raise SnapshotError(f"checkpoint {n}: its metadata is not JSON-able ({exc})") from None
         body["checksum"] = zlib.crc32(text)
         temporary = f"{directory}/.{MANIFEST}.{uuid.uuid4().hex}.tmp"
-        with self.fs.open(temporary, "wb") as out:
-            out.write(json.dumps(body, indent=1).encode())
-            _sync(out)
         final = f"{directory}/{MANIFEST}"
-        self.fs.mv(temporary, final)
-        if self._local:  # the rename, and chk-<n> itself in the job's directory
-            fsync_path(directory)
-            fsync_path(self.directory)
+        with _naming(n, final):
+            try:
+                with self.fs.open(temporary, "wb") as out:
+                    out.write(json.dumps(body, indent=1).encode())
+                    _sync(out)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    self.fs.rm(temporary)
+                raise
+            self.fs.mv(temporary, final)
+            if self._local:  # the rename, and chk-<n> itself in the job's directory
+                fsync_path(directory)
+                fsync_path(self.directory)
         with self._lock:
             self._written.pop(n, None)
         log.debug("snapshot.complete", job=self.job, checkpoint=n, parts=len(listed))
@@ -352,12 +360,27 @@ def _slashrt_version() -> str:
     return slashrt.__version__
 
 
+@contextlib.contextmanager
+def _naming(n: int, path: str):
+    """An OSError writing checkpoint n (ENOSPC: a full disk) as one sentence naming `path`."""
+    try:
+        yield
+    except OSError as exc:
+        raise SnapshotWriteError(n, path, exc.strerror or str(exc)) from None
+
+
 def _sync(f) -> None:
     """Flush a written file to stable storage where it is a local file (elsewhere the
-    filesystem decides when closed data is durable)."""
+    filesystem decides when closed data is durable). A failing fsync (EIO, ENOSPC) is raised:
+    the file may not be on disk."""
     f.flush()
     try:
-        os.fsync(f.fileno())
+        fd = f.fileno()
     except (AttributeError, OSError, ValueError, NotImplementedError):  # io.UnsupportedOperation: in memory
-        pass
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # a file that cannot be synced (a pipe, ...)
+            raise
 
