@@ -400,14 +400,16 @@ def test_retention_leaves_for_later_a_checkpoint_another_process_still_writes_in
     store = SnapshotStore(tmp_path, job="j", keep=3)
     _write_checkpoint(store, 1)
     SnapshotStore(tmp_path, job="j").write_part(2, "op", 0, {"x": np.arange(3)})  # subsumed, written elsewhere
-    rm = store.fs.rm
+    import shutil
 
-    def busy_directory(path, recursive=False):
+    rmtree = shutil.rmtree
+
+    def busy_directory(path, *args, **kwargs):
         raise OSError(39, "Directory not empty", path)
 
-    monkeypatch.setattr(store.fs, "rm", busy_directory)
+    monkeypatch.setattr(shutil, "rmtree", busy_directory)  # (a local store removes a directory with it)
     _write_checkpoint(store, 3)
     assert store.checkpoints() == [1, 3] and os.path.exists(store.checkpoint_dir(2))
-    monkeypatch.setattr(store.fs, "rm", rm)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
     _write_checkpoint(store, 4)
     assert sorted(os.listdir(tmp_path / "j")) == ["chk-1", "chk-3", "chk-4"]
