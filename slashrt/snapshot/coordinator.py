@@ -269,7 +269,7 @@ class CheckpointCoordinator:
         if kind is not None:
             return f"{cause}; it was the run's {'savepoint' if kind == 'savepoint' else 'final checkpoint'}, so the job fails: {what}"
         if self.failures > self.config.tolerable_failures:
-            return (f"{cause} ({self.failures} checkpoints in a row failed, more than the "
+            return (f"{cause} ({self.failures} checkpoint{'s' if self.failures != 1 else ''} in a row failed, more than the "
                     f"{self.config.tolerable_failures} tolerated), so the job fails: {what}")
         return None
 

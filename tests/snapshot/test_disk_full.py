@@ -12,6 +12,8 @@ executor and on two:
 """
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -213,6 +215,21 @@ def test_two_executors_fail_after_too_many_failures(tmp_path, disk):
     message = str(job.error)
     assert "could not be written to" in message and str(disk.path) in message, message
     assert "2 checkpoints in a row failed, more than the 1 tolerated" in message, message
+
+
+def test_the_command_line_says_the_sentence_on_a_full_disk(disk):
+    """`slashrt run` on a full checkpoint disk: one line naming the checkpoint and the path, no traceback."""
+    tests = Path(__file__).parents[1]
+    disk.fill()
+    done = subprocess.run(
+        [sys.executable, "-m", "slashrt", "run", str(tests / "_cli_jobs.py"), "--checkpoint-dir", str(disk.path),
+         "--checkpoint-interval", "1ms", "--tolerable-checkpoint-failures", "0"],
+        capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(tests.parent)},
+    )
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode != 0 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"could not be written to {disk.path}/counts/chk-" in lines[0] and "No space left on device" in lines[0]
 
 
 def test_tolerable_failures_option():
