@@ -195,6 +195,18 @@ def test_full_disk_at_the_final_checkpoint_fails_the_job_in_one_sentence(tmp_pat
     assert not list((disk.path / "full").glob("chk-*"))  # its partial directory removed
 
 
+def test_full_disk_at_a_stops_savepoint_fails_the_job_in_one_sentence(tmp_path, disk):
+    stop = slashrt.StopHandle()
+    with Job(tmp_path, disk, stop=stop) as job:
+        disk.fill()
+        stop.request()
+        job.wait("the job's failure", lambda: job.error is not None)
+    message = str(job.error)
+    assert isinstance(job.error, SnapshotError), repr(job.error)
+    assert f"checkpoint 1 could not be written to {disk.path}/full/chk-1" in message and "No space left" in message
+    assert "it was the run's savepoint, so the job fails" in message
+
+
 def test_two_executors_decline_then_resume_exactly_once(tmp_path, disk, reference):
     with Job(tmp_path, disk, checkpoint={"interval": 0.1, "tolerable_failures": 50}, executors=2) as job:
         job.wait("a first checkpoint", lambda: completed(job) >= 1)
