@@ -254,7 +254,7 @@ def _parser() -> argparse.ArgumentParser:
     chk.add_argument("--query", dest="checkpoint_query", choices=["ysb", "nexmark"], default="ysb")
     chk.add_argument("--interval", type=_positive_float, default=1.0, help="seconds between checkpoints")
     chk.add_argument("--events", type=_positive_int,
-                     help="events of each run (default: enough for about 8 checkpoint intervals at 20 M events/s "
+                     help="events of each run (default: enough for about 10 checkpoint intervals at 30 M events/s "
                      "an executor; a run with fewer than 3 periodic checkpoints says so in 'warning')")
     chk.add_argument("--executors", type=_positive_int, default=1, help="executor processes (2 or more: a cluster, no stop-the-world baseline)")
     _add_runtime_options(chk)

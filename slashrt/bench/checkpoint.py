@@ -36,8 +36,8 @@ __all__ = ["bench"]
 
 MODES = ("none", "abs", "sync")
 KEEP = 10_000  # every checkpoint of the measured run stays, to read its state's size
-PERIODS = 8  # checkpoint intervals a default run lasts at RATE
-RATE = 20_000_000  # events a second one executor runs YSB at here (quiet 2-core machine, docs/benchmarks.md)
+PERIODS = 10  # checkpoint intervals a default run lasts at RATE
+RATE = 30_000_000  # events a second one executor runs YSB at here, chunked (quiet 2-core machine: 23-48 M/s)
 MIN_PERIODIC = 3  # periodic checkpoints a measured ABS run needs to say what they cost
 GENERATED_MAX = 20_000_000  # one executor's events generated whole before the run; more are made chunk by chunk
 
