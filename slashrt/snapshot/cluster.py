@@ -387,6 +387,7 @@ class ClusterCheckpoints:
             except SnapshotWriteError as exc:  # its manifest: declined after all, nothing commits it
                 self.coordinator.unwritten(n, str(exc))
                 await self._failed(n, str(exc))
+                await self._go_on(n)  # stop-the-world: the sources feed on, as after any abort
                 return
             log.info("checkpoint completed", checkpoint=n, bytes=completed.bytes)
             await self.agents.send_all("commit", [n] * self.executors)
