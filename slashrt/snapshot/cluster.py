@@ -18,6 +18,10 @@
       every agent drained: final checkpoint F
       "checkpoint" F, then "commit" F, "finish" ─> taken at once (nothing is in flight)
 
+An agent that cannot write its part (a full disk) declines n with the store's sentence; the
+coordinator counts it as a failed checkpoint, as a manifest it cannot write
+(`CheckpointCoordinator.failing`: past `tolerable_failures` in a row the job fails).
+
 Stop with a savepoint (`stop`, a StopHandle, asked before every agent drained): "savepoint" n
 (the sources feed nothing after barrier n), acks, manifest, "commit" n, then "stop" n: each
 agent cancels its executor's run (no end of stream: open windows stay in n), stops driving its

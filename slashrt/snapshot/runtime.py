@@ -7,6 +7,9 @@
         pre-commit the 2PC sinks for n, copy every stateful node's state (sync), and in the
         background write each state as a part (async, a worker thread), ack n
     all acked: the manifest is written (source positions in its meta), sinks commit n
+    a part or the manifest cannot be written (a full disk): n is declined, its directory
+        removed, the next one tried; past `tolerable_failures` in a row the job fails, in one
+        sentence (`CheckpointCoordinator.failing`)
 
 When every input has ended, the run takes a final checkpoint, so a transactional sink publishes
 everything and a resume from it finds nothing left to do. Stop with a savepoint (`stop`, a
