@@ -25,6 +25,7 @@ import numpy as np
 __all__ = ["trial"]
 
 FULL_INTERVALS = 4  # checkpoint intervals the disk stays full
+SIZE = "64m"  # the tmpfs
 WAIT_S = 300.0  # a safety net: each wait ends on the event it waits for
 
 
@@ -92,7 +93,8 @@ def trial(args) -> dict:
         return fields
     records = _records(events)
     expected = np.sort(slashrt.run(_flow(transactional=False), {"s": records})["disk_full.out"])
-    with tempfile.TemporaryDirectory(prefix="slashrt-disk-full-") as scratch, mounted(Path(scratch) / "disk", "8m") as disk:
+    # 64 MB: the job's own checkpoints (a transactional Collect's pending output) must fit when freed
+    with tempfile.TemporaryDirectory(prefix="slashrt-disk-full-") as scratch, mounted(Path(scratch) / "disk", SIZE) as disk:
         go = Path(scratch) / "go"
         manifests = str(disk.path / "disk_full" / "chk-*" / "_manifest.json")
         outcome: dict = {}
