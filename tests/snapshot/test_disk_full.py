@@ -111,10 +111,7 @@ def test_full_disk_declines_checkpoints_then_they_resume_exactly_once(tmp_path, 
     with Job(tmp_path, disk, checkpoint={"interval": 0.05, "tolerable_failures": 50}, executors=1) as job:
         job.wait("a first checkpoint", lambda: completed(job) >= 1)
         disk.fill()
-        before = completed(job)
-        job.wait("a declined checkpoint", lambda: job.events("checkpoint declined"))
         job.wait("3 declined checkpoints", lambda: (disk.fill(), len(job.events("checkpoint declined")))[1] >= 3)
-        assert completed(job) <= before + 1  # (one may have been written before the disk was full)
         disk.free()
         done = completed(job)
         job.wait("a checkpoint after the disk was freed", lambda: completed(job) > done)
@@ -159,11 +156,13 @@ def test_declined_checkpoints_publish_nothing(tmp_path, disk):
             assert thread.is_alive() and time.monotonic() < deadline, seen
             time.sleep(0.01)
         published = len(out.records)
+        completions = sum(e["event"] == "checkpoint completed" for e in list(logs))
         while sum(e["event"] == "checkpoint declined" for e in list(logs)) < 3:
             disk.fill()
             assert thread.is_alive() and time.monotonic() < deadline, seen
             time.sleep(0.01)
-        if not any(e["event"] == "checkpoint completed" for e in list(logs)[-3:]):
+        # (unless one fitted into what a discarded one freed before the refill: then it published)
+        if sum(e["event"] == "checkpoint completed" for e in list(logs)) == completions:
             assert len(out.records) == published  # declined checkpoints published nothing
         disk.free()
         (go / "go").touch()
