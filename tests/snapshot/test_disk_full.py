@@ -5,8 +5,8 @@ executor and on two:
   on and the transactional sink publishes nothing for a declined checkpoint; once freed, the
   next checkpoint completes, and the output is exact;
 - more failed checkpoints in a row than `tolerable_failures` fail the job in one sentence naming
-  the checkpoint, its path and the count; so does a full disk at the final checkpoint (no later
-  checkpoint can take its place);
+  the checkpoint, its path and the count; so does a full disk at the final checkpoint or at a
+  stop's savepoint (no later checkpoint can take its place), and `slashrt run` says it in one line;
 - the option is checked (`CheckpointConfig.from_options`).
 (The coordinator's counting itself: tests/snapshot/test_coordinator.py.)
 """
@@ -202,6 +202,17 @@ def test_full_disk_at_a_stops_savepoint_fails_the_job_in_one_sentence(tmp_path, 
         job.wait("the job's failure", lambda: job.error is not None)
     message = str(job.error)
     assert isinstance(job.error, SnapshotError), repr(job.error)
+    assert f"checkpoint 1 could not be written to {disk.path}/full/chk-1" in message and "No space left" in message
+    assert "it was the run's savepoint, so the job fails" in message
+
+
+def test_two_executors_full_disk_at_a_stops_savepoint_fails_the_job_in_one_sentence(tmp_path, disk):
+    stop = slashrt.StopHandle()
+    with Job(tmp_path, disk, stop=stop, executors=2) as job:
+        disk.fill()
+        stop.request()
+        job.wait("the job's failure", lambda: job.error is not None)
+    message = str(job.error)
     assert f"checkpoint 1 could not be written to {disk.path}/full/chk-1" in message and "No space left" in message
     assert "it was the run's savepoint, so the job fails" in message
 
