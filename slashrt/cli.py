@@ -253,7 +253,9 @@ def _parser() -> argparse.ArgumentParser:
     chk = queries.add_parser("checkpoint", help="throughput without checkpoints, with barrier snapshots and stop-the-world")
     chk.add_argument("--query", dest="checkpoint_query", choices=["ysb", "nexmark"], default="ysb")
     chk.add_argument("--interval", type=_positive_float, default=1.0, help="seconds between checkpoints")
-    chk.add_argument("--events", type=_positive_int, default=5_000_000)
+    chk.add_argument("--events", type=_positive_int,
+                     help="events of each run (default: enough for about 10 checkpoint intervals at 30 M events/s "
+                     "an executor; a run with fewer than 3 periodic checkpoints says so in 'warning')")
     chk.add_argument("--executors", type=_positive_int, default=1, help="executor processes (2 or more: a cluster, no stop-the-world baseline)")
     _add_runtime_options(chk)
 
@@ -346,6 +348,9 @@ def _add_run(sub) -> None:
     run.add_argument("--checkpoint-dir", metavar="DIR", help="take barrier snapshots into DIR (a directory or fsspec URL)")
     run.add_argument("--checkpoint-interval", type=_seconds, metavar="S",
                      help="seconds between checkpoints (or '500ms'); default: only the final one")
+    run.add_argument("--tolerable-checkpoint-failures", type=_non_negative_int, metavar="N",
+                     help="checkpoints in a row that may fail to be written (a full disk) and are only declined; "
+                     "one more fails the job (default 3; a completed checkpoint resets the count)")
     run.add_argument("--resume-from", type=_resume_from, metavar="latest|N",
                      help="resume from the newest checkpoint that verifies (none: from the start), or checkpoint N")
     run.add_argument("--restart", type=_restart, metavar="STRATEGY",
@@ -376,7 +381,7 @@ def _run_user_job(args, given: set[str]) -> int:
     """`slashrt run`: load the job, refuse what its options cannot do, run it, print its summary."""
     from slashrt import _cli_run
 
-    for option in ("checkpoint_interval", "resume_from", "restart"):
+    for option in ("checkpoint_interval", "tolerable_checkpoint_failures", "resume_from", "restart"):
         if option in given and args.checkpoint_dir is None:
             raise _Refused(f"{_flag(option)} needs --checkpoint-dir (where the checkpoints are)")
     local = (args.executors or 1) == 1 and args.transport is None and args.mode is None
@@ -392,8 +397,10 @@ def _run_user_job(args, given: set[str]) -> int:
     options = {k: v for k, v in (("slot_size", args.slot_size), ("slots", args.slots), ("progress", args.progress),
                                  ("on_report", args.report), ("report_every", args.report_every)) if v is not None}
     if args.checkpoint_dir is not None:
-        options.update(checkpoint_dir=args.checkpoint_dir, checkpoint=args.checkpoint_interval,
-                       resume_from=args.resume_from)
+        checkpoint = args.checkpoint_interval
+        if args.tolerable_checkpoint_failures is not None:
+            checkpoint = {"interval": checkpoint, "tolerable_failures": args.tolerable_checkpoint_failures}
+        options.update(checkpoint_dir=args.checkpoint_dir, checkpoint=checkpoint, resume_from=args.resume_from)
         if args.restart is not None and not local:
             options["restart"] = args.restart
     result = _cli_run.run_job(flow, inputs, executors=args.executors or 1, transport=args.transport,

@@ -13,6 +13,7 @@ __all__ = [
     "SnapshotError",
     "SnapshotCorrupt",
     "SnapshotVersionError",
+    "SnapshotWriteError",
     "ConnectorError",
     "RetryableError",
     "BrokerUnavailable",
@@ -56,6 +57,18 @@ class SnapshotCorrupt(SnapshotError):
 
 class SnapshotVersionError(SnapshotError):
     """A snapshot was written in a format this slashrt does not know (by a later slashrt)."""
+
+
+class SnapshotWriteError(SnapshotError):
+    """The store could not write a file of checkpoint `checkpoint` (a full disk, a lost mount):
+    names the checkpoint and the `path`; the checkpoint is declined, not the job failed, up to
+    the tolerated failures in a row (`CheckpointConfig.tolerable_failures`)."""
+
+    def __init__(self, checkpoint: int, path: str, reason: str):
+        super().__init__(f"checkpoint {checkpoint} could not be written to {path}: {reason}")
+        self.checkpoint = checkpoint
+        self.path = path
+        self.reason = reason
 
 
 class ConnectorError(SlashError):

@@ -255,6 +255,7 @@ def checkpointed(tmp_path_factory) -> Path:
         (["run", f"{JOBS}:records"], "gave ndarray; a job is (flow, inputs)"),
         (["run", JOBS, "--resume-from", "latest"], "--resume-from needs --checkpoint-dir"),
         (["run", JOBS, "--checkpoint-interval", "1s"], "--checkpoint-interval needs --checkpoint-dir"),
+        (["run", JOBS, "--tolerable-checkpoint-failures", "2"], "--tolerable-checkpoint-failures needs --checkpoint-dir"),
         (["run", JOBS, "--checkpoint-dir", "CHK", "--resume-from", "99"], "checkpoint 99 does not exist in "),
         (["run", JOBS, "--checkpoint-dir", "CHK", "--resume-from", "7"], "checkpoint 7 has no manifest"),
         (["run", f"{JOBS}:other_dataflow", "--checkpoint-dir", "CHK", "--resume-from", "latest"],

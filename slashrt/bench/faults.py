@@ -26,5 +26,6 @@ def _lazy(module: str, function: str = "trial") -> Callable[[object], dict]:
 FAULTS: dict[str, Callable[[object], dict]] = {
     "broker-outage": _lazy("fault_broker", "outage"),
     "broker-hang": _lazy("fault_broker", "hang"),
+    "disk-full": _lazy("fault_disk"),
     "partition": _lazy("fault_partition"),
 }

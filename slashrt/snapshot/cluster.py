@@ -18,6 +18,10 @@
       every agent drained: final checkpoint F
       "checkpoint" F, then "commit" F, "finish" ─> taken at once (nothing is in flight)
 
+An agent that cannot write its part (a full disk) declines n with the store's sentence; the
+coordinator counts it as a failed checkpoint, as a manifest it cannot write
+(`CheckpointCoordinator.failing`: past `tolerable_failures` in a row the job fails).
+
 Stop with a savepoint (`stop`, a StopHandle, asked before every agent drained): "savepoint" n
 (the sources feed nothing after barrier n), acks, manifest, "commit" n, then "stop" n: each
 agent cancels its executor's run (no end of stream: open windows stay in n), stops driving its
@@ -49,7 +53,7 @@ import time
 import structlog
 import trio
 
-from slashrt.errors import OptionError, SlashError, SnapshotError
+from slashrt.errors import OptionError, SlashError, SnapshotError, SnapshotWriteError
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Snapshot
 from slashrt.snapshot.collected import COMMITTED, Outbox
 from slashrt.snapshot.coordinator import AckStats, CheckpointCoordinator
@@ -220,6 +224,9 @@ class AgentCheckpointing(Checkpointing):
                 part = await self.store.awrite_part(n, step_id, self.executor, state.arrays, state.meta)
                 stats[step_id] = AckStats(alignment_s, sync[step_id], time.perf_counter() - t0, part.size)
                 parts.append(part)
+        except SnapshotWriteError as exc:  # a full disk: a failure, counted against the tolerated ones
+            await self._send("decline", (n, f"executor {self.executor}: {exc}", str(exc)))
+            return
         except (OSError, SlashError) as exc:  # e.g. an older checkpoint removed by retention meanwhile
             await self._send("decline", (n, f"executor {self.executor} could not write its state: {exc}"))
             return
@@ -382,7 +389,13 @@ class ClusterCheckpoints:
             meta["reshared"] = self.reshared
         self._completing += 1  # complete in the coordinator's eyes, not yet in the store's nor committed
         try:
-            await self.store.acomplete(n, meta, got["parts"])
+            try:
+                await self.store.acomplete(n, meta, got["parts"])
+            except SnapshotWriteError as exc:  # its manifest: declined after all, nothing commits it
+                self.coordinator.unwritten(n, str(exc))
+                await self._failed(n, str(exc))
+                await self._go_on(n)  # stop-the-world: the sources feed on, as after any abort
+                return
             log.info("checkpoint completed", checkpoint=n, bytes=completed.bytes)
             await self.agents.send_all("commit", [n] * self.executors)
             await self._go_on(n)
@@ -391,13 +404,28 @@ class ClusterCheckpoints:
             self._signal()
 
     async def _on_decline(self, executor: int, payload) -> None:
-        n, reason = payload
-        record = self.coordinator.decline(n, (self.steps[0], executor), reason)
+        n, reason, *failure = payload  # failure: the store's sentence (a full disk)
+        record = self.coordinator.decline(n, (self.steps[0], executor), reason, failed=bool(failure))
         if record is not None:
-            log.warning("checkpoint aborted", checkpoint=n, reason=record.reason)
             self._acks.pop(n, None)
+            if failure:
+                await self._failed(n, failure[0])
+            else:
+                log.warning("checkpoint aborted", checkpoint=n, reason=record.reason)
             await self._go_on(n)
             self._signal()
+
+    async def _failed(self, n: int, cause: str) -> None:
+        """Checkpoint n could not be written (`cause` names it and its path): its directory goes
+        (what an agent still writes into it, retention removes later); the job fails, in one
+        sentence, if n was the run's last checkpoint or one failure too many in a row."""
+        with contextlib.suppress(OSError):
+            await trio.to_thread.run_sync(self.store.discard, n)
+        sentence = self.coordinator.failing(cause, self._kinds.get(n))
+        if sentence is not None:
+            raise SnapshotError(sentence)
+        log.warning("checkpoint declined", checkpoint=n, reason=cause, failures_in_a_row=self.coordinator.failures,
+                    tolerated=self.config.tolerable_failures)
 
     def report(self) -> list[dict]:
         return self.coordinator.report()

@@ -15,6 +15,10 @@ Lifecycle of checkpoint n (docs/architecture.md, "Barrier snapshots"):
   two-phase commit and recovery use; completing n subsumes every older pending checkpoint.
 - Aborts: `decline(n, who, reason)`, `expire()` (older than `timeout`), `executor_lost(e)`.
   An ack or decline for an aborted, subsumed or completed checkpoint is ignored (`ignored`).
+- Failures: `decline(..., failed=True)` (its state could not be written: a full disk), or
+  `unwritten(n)` (every instance acked, its manifest could not be written) counts in `failures`, the failed checkpoints in a row; a completed one resets it. Once `failures` exceeds
+  `tolerable_failures` (Flink's tolerable failed checkpoints), `failing` gives the sentence the
+  job fails with; up to then a failed checkpoint is only declined and the next one is tried.
 - `stop_with_savepoint()`: a final savepoint; when it completes the state is "stopped" (the
   job stops, `savepoint` is its checkpoint); if it aborts, "running" again (`stop_failure`).
 - `StopTheWorld`: the synchronous baseline's phases for one checkpoint (halt, drain, snapshot,
@@ -51,6 +55,9 @@ __all__ = [
 Instance = tuple[str, Hashable]  # (operator step id, executor)
 MODES = ("abs", "sync")
 Clock = Callable[[], float]
+# failed checkpoints in a row a job survives: a disk filled for a few intervals (a log rotation,
+# another job's spill) costs only the checkpoints it declined; one that stays full fails the job
+TOLERABLE_FAILURES = 3
 
 
 class CheckpointError(SlashError):
@@ -61,19 +68,27 @@ class CheckpointError(SlashError):
 @dataclass(frozen=True)
 class CheckpointConfig:
     """When and how to checkpoint. `interval` None: off (the default); seconds otherwise.
-    `mode` "abs" (barriers, the default) or "sync" (the stop-the-world baseline)."""
+    `mode` "abs" (barriers, the default) or "sync" (the stop-the-world baseline).
+    `tolerable_failures`: checkpoints in a row whose state could not be written (a full disk)
+    that are only declined; one more fails the job (a completed checkpoint resets the count)."""
 
     interval: float | None = None
     min_pause: float = 0.0
     max_in_flight: int = 1
     timeout: float = 600.0  # Flink's default, 10 min
     mode: str = "abs"
+    tolerable_failures: int = TOLERABLE_FAILURES
 
     @classmethod
-    def from_options(cls, interval=None, min_pause=0.0, max_in_flight=1, timeout=600.0, mode="abs") -> CheckpointConfig:
+    def from_options(cls, interval=None, min_pause=0.0, max_in_flight=1, timeout=600.0, mode="abs",
+                     tolerable_failures=None) -> CheckpointConfig:
         """From user options (numbers of seconds or strings like '500ms'); OptionError if bad."""
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
             raise OptionError(f"checkpoint max_in_flight must be a whole number >= 1, got {max_in_flight!r}")
+        if tolerable_failures is None:
+            tolerable_failures = TOLERABLE_FAILURES
+        if isinstance(tolerable_failures, bool) or not isinstance(tolerable_failures, int) or tolerable_failures < 0:
+            raise OptionError(f"checkpoint tolerable_failures must be a whole number >= 0, got {tolerable_failures!r}")
         if mode not in MODES:
             raise OptionError(f"checkpoint mode must be one of {', '.join(MODES)}, got {mode!r}")
         if mode == "sync" and max_in_flight != 1:
@@ -84,6 +99,7 @@ class CheckpointConfig:
             max_in_flight,
             parse_seconds(timeout, "checkpoint timeout", positive=True),
             mode,
+            tolerable_failures,
         )
 
 
@@ -151,6 +167,8 @@ class CheckpointCoordinator:
         self.savepoint: CheckpointRecord | None = None  # the final one of a stop-with-savepoint
         self.stop_failure: str | None = None
         self.ignored = 0  # acks and declines for checkpoints no longer pending
+        self.failures = 0  # checkpoints in a row that failed (`decline(failed=True)`, `unwritten`)
+        self._streak = 0  # `failures` before the latest completion
         self._next = first  # after a recovery: one more than the checkpoint restored
         self._stop_at: int | None = None
         self._last_trigger = clock()  # the first periodic checkpoint comes one interval in
@@ -216,16 +234,44 @@ class CheckpointCoordinator:
             self._end(older, "aborted", f"subsumed by checkpoint {n}")
         self._end(n, "completed", None)
         self.latest_completed = checkpoint
+        self._streak, self.failures = self.failures, 0  # (`unwritten` takes the streak back up)
         if self.state == "stopping" and n == self._stop_at:
             self.state = "stopped"
             self.savepoint = checkpoint
         return checkpoint
 
-    def decline(self, n: int, who: Instance, reason: str) -> CheckpointRecord | None:
-        """`who` cannot take checkpoint n (e.g. its alignment was subsumed): n is aborted."""
+    def decline(self, n: int, who: Instance, reason: str, failed: bool = False) -> CheckpointRecord | None:
+        """`who` cannot take checkpoint n (e.g. its alignment was subsumed): n is aborted.
+        `failed`: its state could not be written, which counts in `failures`."""
         if self._pending(n, who) is None:
             return None
+        if failed:
+            self.failures = self._streak = self.failures + 1
         return self._end(n, "aborted", f"declined by {who!r}: {reason}")
+
+    def unwritten(self, n: int, reason: str) -> CheckpointRecord | None:
+        """Checkpoint n completed (every instance acked) but its manifest could not be written:
+        it is aborted after all (nothing commits it) and counts as failed."""
+        record = next((c for c in reversed(self.history) if c.checkpoint == n and c.status == "completed"), None)
+        if record is None:
+            return None
+        record.status, record.reason = "aborted", reason
+        if self.latest_completed is record:
+            self.latest_completed = next((c for c in reversed(self.history) if c.status == "completed"), None)
+        self.failures = self._streak = self._streak + 1
+        return record
+
+    def failing(self, cause: str, kind: str | None = None) -> str | None:
+        """After a failed checkpoint (`cause`: the store's sentence naming it and its path): the
+        sentence the job fails with, or None (it is only declined, the next one is tried). A
+        run's last checkpoint (`kind` "final" or "savepoint") has no next one: it always fails."""
+        what = "free space there or checkpoint elsewhere, then resume from the latest checkpoint"
+        if kind is not None:
+            return f"{cause}; it was the run's {'savepoint' if kind == 'savepoint' else 'final checkpoint'}, so the job fails: {what}"
+        if self.failures > self.config.tolerable_failures:
+            return (f"{cause} ({self.failures} checkpoint{'s' if self.failures != 1 else ''} in a row failed, more than the "
+                    f"{self.config.tolerable_failures} tolerated), so the job fails: {what}")
+        return None
 
     def expire(self) -> list[CheckpointRecord]:
         """Abort the pending checkpoints older than the timeout."""

@@ -7,6 +7,9 @@
         pre-commit the 2PC sinks for n, copy every stateful node's state (sync), and in the
         background write each state as a part (async, a worker thread), ack n
     all acked: the manifest is written (source positions in its meta), sinks commit n
+    a part or the manifest cannot be written (a full disk): n is declined, its directory
+        removed, the next one tried; past `tolerable_failures` in a row the job fails, in one
+        sentence (`CheckpointCoordinator.failing`)
 
 When every input has ended, the run takes a final checkpoint, so a transactional sink publishes
 everything and a resume from it finds nothing left to do. Stop with a savepoint (`stop`, a
@@ -30,7 +33,7 @@ import structlog
 import trio
 
 from slashrt._buffer import Control
-from slashrt.errors import OptionError, SnapshotError
+from slashrt.errors import OptionError, SnapshotError, SnapshotWriteError
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, LoopHead, Snapshot
 from slashrt.snapshot.commit import TwoPhaseCommit, commit_async, recover
 from slashrt.snapshot.coordinator import AckStats, CheckpointConfig, CheckpointCoordinator, StopTheWorld
@@ -63,7 +66,7 @@ def checkpoint_config(checkpoint) -> tuple[CheckpointConfig, int]:
         except TypeError:
             raise OptionError(
                 f"run(): checkpoint={checkpoint!r} has an unknown key; the keys are interval, min_pause, "
-                "max_in_flight, timeout, mode and keep"
+                "max_in_flight, timeout, mode, tolerable_failures and keep"
             ) from None
     return CheckpointConfig.from_options(interval=checkpoint), KEEP
 
@@ -465,6 +468,27 @@ class Checkpointing:
             self._signal()
 
     async def _write_parts(self, n: int, states: dict, sync: dict, positions: dict, alignment_s: float) -> None:
+        try:
+            await self._store(n, states, sync, positions, alignment_s)
+        except SnapshotWriteError as exc:  # a full disk: n is declined, the run goes on (up to the tolerated)
+            if self.coordinator.decline(n, self._instances()[0], str(exc), failed=True) is None:
+                self.coordinator.unwritten(n, str(exc))  # its manifest failed
+            async with self._storing:
+                with contextlib.suppress(OSError):
+                    await trio.to_thread.run_sync(self.store.discard, n)
+            self._check_failure(n, exc)
+
+    def _check_failure(self, n: int, exc: SnapshotWriteError) -> None:
+        """Checkpoint n failed to write: the job fails, in one sentence, if it was the run's last
+        one (final, or a stop's savepoint: no later checkpoint takes its place) or one failure
+        too many in a row; else it is declined and the next one is tried."""
+        sentence = self.coordinator.failing(str(exc), self._kinds.get(n))
+        if sentence is not None:
+            raise SnapshotError(sentence)
+        log.warning("checkpoint declined", checkpoint=n, reason=str(exc), failures_in_a_row=self.coordinator.failures,
+                    tolerated=self.config.tolerable_failures)
+
+    async def _store(self, n: int, states: dict, sync: dict, positions: dict, alignment_s: float) -> None:
         completed = None
         if not states:
             completed = self.coordinator.ack(n, ("executor", EXECUTOR), AckStats(alignment_s))

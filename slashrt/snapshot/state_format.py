@@ -30,7 +30,7 @@ import numpy as np
 
 from slashrt.errors import SnapshotCorrupt, SnapshotError, SnapshotVersionError
 
-__all__ = ["FORMAT_VERSION", "State", "write_state", "encode_state", "decode_state"]
+__all__ = ["FORMAT_VERSION", "State", "state_chunks", "write_state", "encode_state", "decode_state"]
 
 MAGIC = b"SLASHSNP"
 FORMAT_VERSION = 1
@@ -91,31 +91,36 @@ def _layout(arrays: Mapping[str, np.ndarray], meta, name: str):
     return index, ready, entries, payload_len
 
 
-def write_state(out: BinaryIO, arrays: Mapping[str, np.ndarray], meta=None, *, name: str = "<state>") -> tuple[int, int]:
-    """Write a snapshot to the binary file `out`; returns (bytes written, the checksum in its
-    trailer: the crc32 of every byte before it).
-
-    Each array's buffer goes to `out` as it is: nothing is copied for C-contiguous arrays."""
+def state_chunks(arrays: Mapping[str, np.ndarray], meta=None, *, name: str = "<state>") -> tuple[list, int, int]:
+    """A snapshot as the chunks of bytes to write in order (each array's own buffer: nothing is
+    copied for C-contiguous arrays), its size and the checksum in its trailer (the crc32 of
+    every byte before it). Few, large chunks: a writer hands them to one `os.writev`."""
     index, ready, entries, payload_len = _layout(arrays, meta, name)
     header_len = _PREAMBLE.size + _HEAD.size + len(index)
-    crc, written = 0, 0
-
-    def put(chunk) -> None:
-        nonlocal crc, written
-        out.write(chunk)
-        crc = zlib.crc32(chunk, crc)
-        written += len(chunk)
-
-    put(_preamble(FORMAT_VERSION) + _HEAD.pack(len(index), payload_len) + index + bytes(_aligned(header_len) - header_len))
+    chunks = [_preamble(FORMAT_VERSION) + _HEAD.pack(len(index), payload_len) + index + bytes(_aligned(header_len) - header_len)]
     position = 0
     for entry, array in zip(entries, ready):
-        put(bytes(entry["offset"] - position))
+        if entry["offset"] > position:
+            chunks.append(bytes(entry["offset"] - position))
         if array.nbytes:
-            put(array.reshape(-1).view(np.uint8))  # the array's own buffer
+            chunks.append(array.reshape(-1).view(np.uint8))  # the array's own buffer
         position = entry["offset"] + array.nbytes
-    put(bytes(payload_len - position))
-    out.write(_TRAILER.pack(crc))
-    return written + _TRAILER.size, crc
+    if payload_len > position:
+        chunks.append(bytes(payload_len - position))
+    crc = 0
+    for chunk in chunks:
+        crc = zlib.crc32(chunk, crc)  # (releases the GIL over a large buffer)
+    chunks.append(_TRAILER.pack(crc))
+    return chunks, sum(len(c) if isinstance(c, bytes) else c.nbytes for c in chunks), crc
+
+
+def write_state(out: BinaryIO, arrays: Mapping[str, np.ndarray], meta=None, *, name: str = "<state>") -> tuple[int, int]:
+    """Write a snapshot to the binary file `out`; returns (bytes written, the checksum in its
+    trailer: the crc32 of every byte before it)."""
+    chunks, size, crc = state_chunks(arrays, meta, name=name)
+    for chunk in chunks:
+        out.write(chunk)
+    return size, crc
 
 
 def encode_state(arrays: Mapping[str, np.ndarray], meta=None) -> bytes:

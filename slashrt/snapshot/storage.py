@@ -19,17 +19,22 @@ to a later pass. `latest()` falls back past a checkpoint whose part is missing, 
 what it skipped and why, and keeps it in `skipped`.
 
 Writes block on I/O; from trio, `await store.awrite_part(...)` runs them in a worker thread so the
-event loop keeps running.
+event loop keeps running. On a local disk a part or a manifest is written with a few system calls
+(`_write_file`: open, one writev of the state's buffers, fsync, close), not through fsspec's Python
+layers: each call releases the GIL, and the writer thread waits for it again only between them,
+while the executor holds it (docs/architecture.md, "Checkpoint storage").
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import functools
 import json
 import os
 import re
+import shutil
 import threading
 import uuid
 import zlib
@@ -41,9 +46,9 @@ import structlog
 import trio
 from fsspec.implementations.local import LocalFileSystem
 
-from slashrt.errors import OptionError, SnapshotCorrupt, SnapshotError, SnapshotVersionError
+from slashrt.errors import OptionError, SnapshotCorrupt, SnapshotError, SnapshotVersionError, SnapshotWriteError
 from slashrt.snapshot._durable import fsync_path
-from slashrt.snapshot.state_format import FORMAT_VERSION, State, decode_state, write_state
+from slashrt.snapshot.state_format import FORMAT_VERSION, State, decode_state, state_chunks, write_state
 
 __all__ = ["Checkpoint", "Part", "Skipped", "SnapshotStore", "MANIFEST_VERSION"]
 
@@ -52,6 +57,7 @@ log = structlog.get_logger("slashrt.snapshot")
 MANIFEST = "_manifest.json"
 MANIFEST_VERSION = 1
 _CHECKPOINT_DIR = re.compile(r"chk-(\d+)$")
+_IOV_MAX = 1024  # buffers one writev takes (POSIX's minimum of IOV_MAX)
 
 
 @attrs.frozen
@@ -123,17 +129,25 @@ class SnapshotStore:
     def part_name(step: str, executor: int) -> str:
         return f"{quote(step, safe='')}.{executor}.state"  # a step id may hold any character
 
+    def _size(self, path: str) -> int | None:
+        """A file's size (None: there is none)."""
+        try:
+            return os.stat(path).st_size if self._local else self.fs.size(path)
+        except FileNotFoundError:
+            return None
+
     def _numbers(self) -> list[int]:
         """Every checkpoint directory's number, complete or not, ascending."""
         found = []
-        for path in self.fs.ls(self.directory, detail=False):
+        for path in os.listdir(self.directory) if self._local else self.fs.ls(self.directory, detail=False):
             if match := _CHECKPOINT_DIR.search(path.rstrip("/")):
                 found.append(int(match.group(1)))
         return sorted(found)
 
     def checkpoints(self) -> list[int]:
         """The numbers of the checkpoints whose manifest exists, ascending (`load` verifies them)."""
-        return [n for n in self._numbers() if self.fs.exists(f"{self.checkpoint_dir(n)}/{MANIFEST}")]
+        exists = os.path.exists if self._local else self.fs.exists
+        return [n for n in self._numbers() if exists(f"{self.checkpoint_dir(n)}/{MANIFEST}")]
 
     def next_checkpoint(self) -> int:
         """A number no checkpoint directory has used yet (1 more than the highest)."""
@@ -146,12 +160,18 @@ class SnapshotStore:
         (give it to `complete` when another process completes the checkpoint)."""
         with self._busy(n):
             directory = self.checkpoint_dir(n)
-            self.fs.makedirs(directory, exist_ok=True)
             name = self.part_name(step, executor)
             path = f"{directory}/{name}"
-            with self.fs.open(path, "wb") as out:
-                size, crc = write_state(out, arrays, meta, name=path)
-                _sync(out)
+            with _naming(n, path):
+                if self._local:  # a handful of system calls, the GIL released in each (`_write_file`)
+                    os.makedirs(directory, exist_ok=True)
+                    chunks, size, crc = state_chunks(arrays, meta, name=path)
+                    _write_file(path, chunks)
+                else:
+                    self.fs.makedirs(directory, exist_ok=True)
+                    with self.fs.open(path, "wb") as out:
+                        size, crc = write_state(out, arrays, meta, name=path)
+                        _sync(out)
             part = Part(step, executor, name, size, crc)
             with self._lock:
                 self._written.setdefault(n, {})[(step, executor)] = part
@@ -192,7 +212,7 @@ class SnapshotStore:
         directory = self.checkpoint_dir(n)
         for part in listed.values():
             path = f"{directory}/{part.file}"
-            if not self.fs.exists(path) or self.fs.size(path) != part.size:
+            if self._size(path) != part.size:
                 raise SnapshotError(f"checkpoint {n} cannot complete: part {path} is missing or not {part.size} bytes")
         body = {
             "manifest": MANIFEST_VERSION,
@@ -210,14 +230,23 @@ class SnapshotStore:
             raise SnapshotError(f"checkpoint {n}: its metadata is not JSON-able ({exc})") from None
         body["checksum"] = zlib.crc32(text)
         temporary = f"{directory}/.{MANIFEST}.{uuid.uuid4().hex}.tmp"
-        with self.fs.open(temporary, "wb") as out:
-            out.write(json.dumps(body, indent=1).encode())
-            _sync(out)
         final = f"{directory}/{MANIFEST}"
-        self.fs.mv(temporary, final)
-        if self._local:  # the rename, and chk-<n> itself in the job's directory
-            fsync_path(directory)
-            fsync_path(self.directory)
+        with _naming(n, final):
+            try:
+                if self._local:
+                    _write_file(temporary, [json.dumps(body, indent=1).encode()])
+                else:
+                    with self.fs.open(temporary, "wb") as out:
+                        out.write(json.dumps(body, indent=1).encode())
+                        _sync(out)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    self.fs.rm(temporary)
+                raise
+            os.replace(temporary, final) if self._local else self.fs.mv(temporary, final)
+            if self._local:  # the rename, and chk-<n> itself in the job's directory
+                fsync_path(directory)
+                fsync_path(self.directory)
         with self._lock:
             self._written.pop(n, None)
         log.debug("snapshot.complete", job=self.job, checkpoint=n, parts=len(listed))
@@ -228,7 +257,10 @@ class SnapshotStore:
 
     def discard(self, n: int) -> None:
         """Remove checkpoint n (e.g. one abandoned by a failed attempt)."""
-        if self.fs.exists(self.checkpoint_dir(n)):
+        if self._local:
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(self.checkpoint_dir(n))
+        elif self.fs.exists(self.checkpoint_dir(n)):
             self.fs.rm(self.checkpoint_dir(n), recursive=True)
         self._written.pop(n, None)
 
@@ -352,12 +384,51 @@ def _slashrt_version() -> str:
     return slashrt.__version__
 
 
+def _write_file(path: str, chunks) -> None:
+    """A new local file at `path` holding `chunks`, fsynced: a few system calls (open, writev,
+    fsync, close), each releasing the GIL. The writer thread takes the GIL back only between
+    them: under an executor that holds it, each taking waits up to a switch interval or a long
+    native call, so the fewer, the sooner the checkpoint is written (docs/architecture.md)."""
+    views = [v for v in (memoryview(c).cast("B") for c in chunks) if len(v)]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        while views:
+            written = os.writev(fd, views[:_IOV_MAX])
+            while written:  # a short write: go on after its last byte
+                if written >= len(views[0]):
+                    written -= len(views.pop(0))
+                else:
+                    views[0], written = views[0][written:], 0
+        _fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _naming(n: int, path: str):
+    """An OSError writing checkpoint n (ENOSPC: a full disk) as one sentence naming `path`."""
+    try:
+        yield
+    except OSError as exc:
+        raise SnapshotWriteError(n, path, exc.strerror or str(exc)) from None
+
+
 def _sync(f) -> None:
     """Flush a written file to stable storage where it is a local file (elsewhere the
-    filesystem decides when closed data is durable)."""
+    filesystem decides when closed data is durable). A failing fsync (EIO, ENOSPC) is raised:
+    the file may not be on disk."""
     f.flush()
     try:
-        os.fsync(f.fileno())
+        fd = f.fileno()
     except (AttributeError, OSError, ValueError, NotImplementedError):  # io.UnsupportedOperation: in memory
-        pass
+        return
+    _fsync(fd)
+
+
+def _fsync(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # a file that cannot be synced (a pipe, ...)
+            raise
 

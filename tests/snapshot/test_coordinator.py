@@ -108,6 +108,40 @@ def test_decline_aborts_and_late_acks_are_ignored():
     assert coordinator.ignored == 2 and coordinator.latest_completed is None
 
 
+def test_failures_in_a_row_fail_the_job_past_the_tolerated_and_a_completion_resets_them():
+    coordinator = CheckpointCoordinator(INSTANCES, CheckpointConfig(tolerable_failures=2))
+    cause = "checkpoint {} could not be written to /d/chk-{}: No space left on device"
+
+    def fail(failed=True):
+        n = coordinator.trigger_savepoint().checkpoint
+        coordinator.decline(n, INSTANCES[0], cause.format(n, n), failed=failed)
+        return coordinator.failing(cause.format(n, n))
+
+    assert fail() is None and fail() is None and coordinator.failures == 2
+    assert fail(failed=False) is None and coordinator.failures == 2  # an alignment's abort is no failure
+    ack_all(coordinator, coordinator.trigger_savepoint().checkpoint)
+    assert coordinator.failures == 0
+    assert fail() is None and fail() is None
+    sentence = fail()
+    assert sentence.startswith("checkpoint 7 could not be written to /d/chk-7: No space left on device (3 checkpoints in "
+                               "a row failed, more than the 2 tolerated), so the job fails")
+    # the run's last checkpoint has no next one to take its place: it fails at once
+    assert "it was the run's final checkpoint" in CheckpointCoordinator(INSTANCES).failing("x", "final")
+
+
+def test_an_unwritten_manifest_aborts_a_completed_checkpoint_and_counts():
+    coordinator = CheckpointCoordinator(INSTANCES, CheckpointConfig(tolerable_failures=0))
+    first = ack_all(coordinator, coordinator.trigger_savepoint().checkpoint)
+    n = coordinator.trigger_savepoint().checkpoint
+    coordinator.decline(n, INSTANCES[0], "full", failed=True)
+    second = ack_all(coordinator, coordinator.trigger_savepoint().checkpoint)
+    assert coordinator.failures == 0
+    record = coordinator.unwritten(second.checkpoint, "its manifest: full")
+    assert record.status == "aborted" and coordinator.latest_completed is first
+    assert coordinator.failures == 2  # the failure before the completion counts again
+    assert coordinator.failing("full") is not None
+
+
 def test_completion_subsumes_older_pending_checkpoints():
     coordinator = CheckpointCoordinator(INSTANCES)
     first, second = coordinator.trigger_savepoint(), coordinator.trigger_savepoint()

@@ -400,14 +400,45 @@ def test_retention_leaves_for_later_a_checkpoint_another_process_still_writes_in
     store = SnapshotStore(tmp_path, job="j", keep=3)
     _write_checkpoint(store, 1)
     SnapshotStore(tmp_path, job="j").write_part(2, "op", 0, {"x": np.arange(3)})  # subsumed, written elsewhere
-    rm = store.fs.rm
+    import shutil
 
-    def busy_directory(path, recursive=False):
+    rmtree = shutil.rmtree
+
+    def busy_directory(path, *args, **kwargs):
         raise OSError(39, "Directory not empty", path)
 
-    monkeypatch.setattr(store.fs, "rm", busy_directory)
+    monkeypatch.setattr(shutil, "rmtree", busy_directory)  # (a local store removes a directory with it)
     _write_checkpoint(store, 3)
     assert store.checkpoints() == [1, 3] and os.path.exists(store.checkpoint_dir(2))
-    monkeypatch.setattr(store.fs, "rm", rm)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
     _write_checkpoint(store, 4)
     assert sorted(os.listdir(tmp_path / "j")) == ["chk-1", "chk-3", "chk-4"]
+
+
+def test_a_local_checkpoint_is_written_in_few_system_calls_outside_fsspec(store, monkeypatch):
+    """The writer thread takes the GIL back after each blocking call while the executor holds it:
+    on a local disk a part is one writev of the state's buffers (then fsync), and neither a part,
+    a manifest nor retention goes through fsspec's Python layers."""
+    import sys
+
+    writes = []
+    writev = os.writev
+    monkeypatch.setattr(os, "writev", lambda fd, buffers: writes.append(len(buffers)) or writev(fd, buffers))
+    _write_checkpoint(store, 1)
+    fsspec_calls = []
+
+    def profile(frame, event, arg):
+        if event == "call" and "fsspec" in frame.f_code.co_filename:
+            fsspec_calls.append(frame.f_code.co_name)
+
+    writes.clear()
+    sys.setprofile(profile)
+    try:
+        for n in (2, 3, 4, 5):  # retention removes 1 and 2
+            _write_checkpoint(store, n)
+    finally:
+        sys.setprofile(None)
+    assert fsspec_calls == []
+    assert len(writes) == 4 * (4 + 1)  # one writev a part (2 steps x 2 executors), one a manifest
+    assert store.checkpoints() == [3, 4, 5]
+    assert np.array_equal(store.load(5).state("ysb.window", 1).arrays["keys"], _state(5, 1)["keys"])
