@@ -12,6 +12,10 @@ barriers is one transaction, named by the checkpoint whose barrier closes it:
 * `abort(n)`: drop checkpoint n's pending output.
 * `pending()`: the checkpoints pre-committed and not yet committed; a sink with durable pending
   output (files) finds them again in a new process.
+* `published()` (optional): the highest checkpoint whose output it published, of any executor,
+  None if none; with it a resume from an older checkpoint is refused and checkpoint numbers go
+  on past it (`slashrt.snapshot.published`). A published part is never replaced: `commit`
+  refuses to rename over one.
 
 Output written after the last barrier belongs to no checkpoint: a recovery replays it, so a
 sink drops what a previous run left of it when it opens. `recover(sink, restored)` applies the
