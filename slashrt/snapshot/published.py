@@ -20,9 +20,14 @@ before anything starts (`check_run`, on one executor and in a cluster's coordina
 
 A sink tells what it published through `published()`: the highest checkpoint whose output it
 published, of any executor, or None (`PartFiles`: its directory's part names; `RedisStreamSink`:
-its commit marker). A sink without it is not checked: a transactional `Collect` returned its
-records to the run that committed them, and within one run's recovery loop the coordinator drops
-what a resume from an older checkpoint produces again (`slashrt.snapshot.collected`).
+its commit marker). A transactional sink without it (`Collect`: its records went to the runs
+that committed them) is judged by the store's highest completed checkpoint
+(`SnapshotStore.highest`): "latest" falling back below it is refused too, while an explicit
+older `resume_from=n` is how a user takes that output again knowingly (a Collect's output is
+per run; a directory's or stream's is one shared place, so there even an explicit one is
+refused). In one run's recovery loop this refusal also stops a recovery that `Committed` would
+have made exact (it drops what it kept of the newer checkpoints): that needs a damaged store
+during the run.
 """
 
 from __future__ import annotations
@@ -61,11 +66,38 @@ def check_run(plan, store, resume_from, restored) -> int | None:
     for step_id, (sink, p) in sorted(published.items(), key=lambda item: -item[1][1]):
         if r is None or p > r:
             raise SnapshotError(_refusal(store, step_id, sink, p, r))
+    highest = store.highest()
+    if resume_from == "latest" and highest is not None and (r is None or highest > r):
+        for step_id, sink in sinks:  # a sink that cannot tell (Collect): "latest" fell back past `highest`
+            if step_id not in published and not callable(getattr(sink, "published", None)):
+                raise SnapshotError(_fell_back(store, step_id, sink, highest, r))
     return first
 
 
+def _span(r: int, p: int) -> str:
+    return f"checkpoint {p}'s" if p == r + 1 else f"checkpoints {r + 1} to {p}'s"
+
+
+def _why(store) -> str:
+    return "; ".join(f"checkpoint {s.checkpoint}: {s.reason}" for s in store.skipped)
+
+
+def _fell_back(store, step_id: str, sink, highest: int, r: int | None) -> str:
+    """A sink without `published()` (Collect): what it committed up to `highest` went to the runs
+    that took those checkpoints; an explicit resume_from=r takes it again, knowingly."""
+    why = _why(store) or f"checkpoint {highest} is gone from {store.directory}"
+    if r is None:
+        return (f"sink {step_id!r} ({sink!r}) returned the output of checkpoints up to {highest} to the runs that took "
+                f"them, but no checkpoint in {store.directory} verifies ({why}), so starting afresh would return it "
+                f"again: restore checkpoint {highest} there, or run without resume_from to start afresh knowingly")
+    return (f"sink {step_id!r} ({sink!r}) returned the output of checkpoints up to {highest} to the runs that took them, "
+            f"but the newest checkpoint that verifies is {r} ({why}), so this run would return {_span(r, highest)} "
+            f"output again: restore checkpoint {highest} in {store.directory}, or give resume_from={r} to "
+            "take it again knowingly")
+
+
 def _refusal(store, step_id: str, sink, p: int, r: int | None) -> str:
-    why = "; ".join(f"checkpoint {s.checkpoint}: {s.reason}" for s in store.skipped)
+    why = _why(store)
     kept = set(store.checkpoints())
     gone = [n for n in range(p, r or 0, -1) if n not in kept]
     if not why and gone:
@@ -77,9 +109,8 @@ def _refusal(store, step_id: str, sink, p: int, r: int | None) -> str:
             f"{store.directory} verifies{because}, so starting afresh would publish it again: restore checkpoint {p} "
             "there, or point the sink at a new directory (or stream) and run without resume_from"
         )
-    again = f"checkpoint {p}'s" if p == r + 1 else f"checkpoints {r + 1} to {p}'s"
     return (
         f"sink {step_id!r} ({sink!r}) already published the output of checkpoints up to {p}, but the checkpoint to "
-        f"resume from is {r}{because}, so the replay would publish {again} output again: restore "
+        f"resume from is {r}{because}, so the replay would publish {_span(r, p)} output again: restore "
         f"checkpoint {p} in {store.directory}, or point the sink at a new directory (or stream) and resume"
     )

@@ -148,3 +148,26 @@ def test_a_transactional_sink_in_a_run_without_checkpoints_is_refused(tmp_path, 
                                             r"what a checkpoint commits, and this run takes none; give checkpoint_dir="):
         slashrt.run(flow(make(tmp_path / "out")), {"r": _cluster_child.records(100)}, **more)
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())  # refused before it started
+
+
+def test_a_collect_is_judged_by_the_highest_checkpoint_the_store_completed(tmp_path):
+    """A Collect cannot tell what it returned to earlier runs: "latest" falling back past the
+    store's highest completed checkpoint is refused, an explicit older number takes it again."""
+    def collect(**options):
+        out = Collect(transactional=True)
+        result = slashrt.run(flow(out), {"r": _cluster_child.records(N)}, checkpoint_dir=tmp_path, **RINGS, **options)
+        return result, out.records
+
+    stop = StopHandle()
+    stop.request()
+    assert collect(stop=stop)[0].savepoint == 1
+    _, second = collect(resume_from="latest")
+    flip_every_part(tmp_path / "published" / "chk-2")
+    with pytest.raises(SnapshotError, match=r"^sink 'published.out' \(Collect\(transactional=True\)\) returned the output "
+                                            r"of checkpoints up to 2 to the runs that took them, but the newest checkpoint "
+                                            r"that verifies is 1 \(checkpoint 2: .* is corrupt[^)]*\), so this run would "
+                                            r"return checkpoint 2's output again: .* or give resume_from=1 to take "
+                                            r"it again knowingly$"):
+        collect(resume_from="latest")
+    again, records = collect(resume_from=1)  # knowingly
+    assert again.resumed_from == 1 and np.array_equal(np.sort(records), np.sort(second))
