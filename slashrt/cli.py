@@ -594,7 +594,7 @@ def _run_bench(args, given: set[str]) -> dict:
         from slashrt.bench import faults
 
         names = [n.strip() for n in args.faults.split(",") if n.strip()]
-        if (why := faults.unknown(names) if names else "--faults needs at least one fault name") is not None:
+        if (why := faults.unknown(names) if names else f"--faults takes a comma-separated list of {', '.join(faults.FAULTS)}") is not None:
             raise _Refused(why)
         if args.executors < 1:
             raise _Refused(f"--executors {args.executors}: give 1 or more")
