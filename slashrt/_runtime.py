@@ -288,14 +288,18 @@ def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_di
     from slashrt.snapshot import SnapshotStore, runtime
     from slashrt.snapshot.stop import check_checkpoint_options
 
+    from slashrt.snapshot.published import check_run
+
     check_checkpoint_options(checkpoint_dir, checkpoint, resume_from, stop)
     if checkpoint_dir is None:
+        check_run(plan, None, None, None)  # a transactional sink needs checkpoints
         return None
     config, keep = runtime.checkpoint_config(checkpoint)
     refuse_uncheckpointable(flow, plan, inputs)
     store = SnapshotStore(checkpoint_dir, job=flow.name, keep=keep)
     restored = runtime.load_restored(store, resume_from, executor=None)  # (one executor's: its parts are all)
-    checkpoints = runtime.Checkpointing(plan, config, store, restored, stop=stop)
+    first = check_run(plan, store, resume_from, restored)  # nothing published is published again
+    checkpoints = runtime.Checkpointing(plan, config, store, restored, stop=stop, first=first)
     checkpoints.shares = {}
     if restored is not None:
         from slashrt.snapshot.rescale import reassigned, rescale, resumed_inputs

@@ -9,7 +9,7 @@
     slashrt bench redis [--url URL] [--checkpoint-interval S] [--json]   YSB from a Redis stream to a Redis stream
     slashrt bench files [--checkpoint-interval S] [--json]   YSB from Parquet, CSV and .npy files (FileSource)
     slashrt bench checkpoint [--query ysb|nexmark] [--interval S] [--executors N] [--json]   what checkpoints cost
-    slashrt bench chaos [--kills N|0] [--query ysb|nexmark] [--executors N] [--transport shm|tcp] [--events N] [--sink csv|collect] [--interval S] [--seed S] [--redis] [--json]   exactly once under SIGKILLs
+    slashrt bench chaos [--kills N|0] [--query ysb|nexmark] [--executors N] [--transport shm|tcp] [--events N] [--sink csv|collect] [--interval S] [--seed S] [--redis] [--faults A,B] [--json]   exactly once under SIGKILLs (or other faults)
     slashrt bench report                        the scaling and skew sweeps, with plots
     slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
         [--executors K --transport shm|tcp]     ... labels partitioned over K executors
@@ -279,6 +279,10 @@ def _parser() -> argparse.ArgumentParser:
     chaos.add_argument("--campaigns", type=_positive_int, default=1000, help="YSB campaigns: the state's size (ysb only)")
     chaos.add_argument("--redis", action="store_true", help="read the events from a Redis stream shared among the executors and write to a transactional "
                        "Redis stream, on a throw-away redis-server")
+    chaos.add_argument("--faults", metavar="A,B,...",
+                       help="instead of kills, run these fault trials (e.g. corrupt-newest,lose-newest: the newest "
+                            "checkpoint damaged after its output was published), each refused or exact; --executors "
+                            "1 or more, --events default 100000, --interval default 0.2")
     chaos.add_argument("--json", action="store_true", help="print one JSON object with the results")
     _add_log_level(chaos)
 
@@ -598,6 +602,17 @@ def _run_bench(args, given: set[str]) -> dict:
 
         return progress_bench.bench(executors=args.executors, transport=args.transport, epochs=args.epochs,
                                     events=args.events, epoch_gap_us=args.epoch_gap_us)
+    if path == "chaos" and args.faults is not None:
+        from slashrt.bench import faults
+
+        names = [n.strip() for n in args.faults.split(",") if n.strip()]
+        if (why := faults.unknown(names) if names else f"--faults takes a comma-separated list of {', '.join(faults.FAULTS)}") is not None:
+            raise _Refused(why)
+        if args.executors < 1:
+            raise _Refused(f"--executors {args.executors}: give 1 or more")
+        args.fault_events = args.events if "events" in given else None
+        args.interval = args.interval if "interval" in given else None
+        return faults.run_faults(names, args)
     if path == "chaos":
         if args.executors < 2:
             raise _Refused(f"--executors {args.executors}: a run on one executor cannot restart itself after a SIGKILL; "

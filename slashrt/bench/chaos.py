@@ -3,6 +3,7 @@ by its restart strategy, and whose committed output is checked against a failure
 
     slashrt bench chaos [--kills N|0] [--query ysb|nexmark] [--executors N] [--transport shm|tcp]
                         [--sink csv|collect] [--seed S] [--events N] [--campaigns N] [--redis] [--json]
+    slashrt bench chaos --faults a,b,... [--executors N] [--json]    (fault trials: `slashrt.bench.faults`)
 
 Two kinds of kills, all SIGKILL of a real agent process:
 - `kills` at random moments (seeded): a thread of this process picks one of the job's agents

@@ -169,6 +169,11 @@ class RedisStreamSink:
         """The last checkpoint this executor's writer committed (None before the first)."""
         return self._transactions.last_committed() if self.transactional else None
 
+    def published(self) -> int | None:
+        """The highest checkpoint any executor's writer of the stream committed (None before the
+        first): what a resume must not publish again (`slashrt.snapshot.published`)."""
+        return self._transactions.published() if self.transactional else None
+
 
 class RedisTransactions:
     """The two-phase commit of one executor's writer of stream `key` (see the module doc)."""
@@ -256,6 +261,11 @@ class RedisTransactions:
     def pending(self) -> list[int]:
         with failure(self.url, f"listing pending checkpoints of stream {self.key!r}", timeout=self.timeout):
             return [int(n) for n in self._client.zrange(self._pending_set, 0, -1)]
+
+    def published(self) -> int | None:
+        with failure(self.url, f"reading the commit markers of stream {self.key!r}"):
+            marks = self._client.hvals(self._committed)
+        return max(map(int, marks), default=None)
 
     def last_committed(self) -> int | None:
         with failure(self.url, f"reading the commit marker of stream {self.key!r}", timeout=self.timeout):

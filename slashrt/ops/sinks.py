@@ -53,6 +53,9 @@ class Collect:
         self._hand = None  # fn(checkpoint, batches) taking committed records instead of `records`
         self.step_id: str | None = None
 
+    def __repr__(self) -> str:
+        return "Collect(transactional=True)" if self.transactional else "Collect()"
+
     def bind(self, step_id: str) -> None:
         self.step_id = step_id
 
@@ -228,6 +231,9 @@ class _ArrowFile:
         self._transactions = PartFiles(self.path, executor, self.suffix) if transactional else NotTransactional(self)
         self._writer = None
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.path)!r}{', transactional=True' if self.transactional else ''})"
+
     def for_executor(self, index: int):
         """Executor `index`'s part file in a multi-executor run: out.csv -> out-1.csv (a
         transactional sink: the same directory, the index in the part files' names)."""
@@ -262,6 +268,10 @@ class _ArrowFile:
 
     def pending(self) -> list[int]:
         return self._transactions.pending()
+
+    def published(self) -> int | None:
+        """The highest checkpoint published in the directory (`slashrt.snapshot.published`)."""
+        return self._transactions.published() if self.transactional else None
 
     def close(self) -> None:
         if self._writer is not None:

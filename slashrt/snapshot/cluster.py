@@ -245,6 +245,7 @@ class ClusterCheckpoints:
         self.steps = sorted(steps) or [NO_STATE]
         self.config = config
         self.stop = stop  # a StopHandle, or None
+        self.first: int | None = None  # the first checkpoint number (`slashrt.snapshot.published.check_run`)
         self.savepoint: int | None = None  # the run stopped with this savepoint
         self.stopped = False  # the agents were told to stop (each then waits for "release" to close its channels)
         self._kinds: dict[int, str] = {}  # savepoint and final checkpoints (in their manifest's meta)
@@ -311,7 +312,8 @@ class ClusterCheckpoints:
         self.agents = agents
         # the first periodic checkpoint comes one interval after the run started, not its setup
         coordinator = self.coordinator = CheckpointCoordinator.for_steps(
-            self.steps, range(self.executors), self.config, clock=trio.current_time, first=self.store.next_checkpoint()
+            self.steps, range(self.executors), self.config, clock=trio.current_time,
+            first=max(self.store.next_checkpoint(), self.first or 1),
         )
         with trio.CancelScope() as scope:
             task_status.started(scope)
@@ -441,6 +443,7 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     from slashrt.snapshot.cluster_graph import outbox_steps
     from slashrt.snapshot.loops import loop_feedbacks
     from slashrt.snapshot.operators import stateful_nodes
+    from slashrt.snapshot.published import check_run
     from slashrt.snapshot.runtime import checkpoint_config, load_restored
     from slashrt.snapshot.stop import check_checkpoint_options
     from slashrt.snapshot.storage import SnapshotStore
@@ -449,6 +452,7 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     stop = options.pop("stop", None)
     check_checkpoint_options(location, checkpoint, resume_from, stop)
     if location is None:
+        check_run(plan, None, None, None)  # a transactional sink needs checkpoints
         return None
     config, keep = checkpoint_config(checkpoint)
     if config.mode == "sync" and role_plan.graph is not None:
@@ -463,6 +467,7 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     store = SnapshotStore(location, job=flow.name, keep=keep)
     cluster = ClusterCheckpoints(store, config, steps, executors, stop=stop)
     restored = load_restored(store, resume_from, executor=None)  # every part verified: a corrupt one falls back
+    cluster.first = check_run(plan, store, resume_from, restored)  # nothing published is published again
     cluster.job = {"config": config, "location": location, "keep": keep,
                    "restore": None if restored is None else restored.number, "rescale": False}
     cluster.shares, cluster.reshared = {}, []  # (a run resumed from a rescaled run's checkpoint makes its shares again)

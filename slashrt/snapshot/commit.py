@@ -14,6 +14,10 @@ barriers is one transaction, named by the checkpoint whose barrier closes it:
 * `abort(n)`: drop checkpoint n's pending output.
 * `pending()`: the checkpoints pre-committed and not yet committed; a sink with durable pending
   output (files) finds them again in a new process.
+* `published()` (optional): the highest checkpoint whose output it published, of any executor,
+  None if none; with it a resume from an older checkpoint is refused and checkpoint numbers go
+  on past it (`slashrt.snapshot.published`). A published part is never replaced: `commit`
+  refuses to rename over one.
 
 Output written after the last barrier belongs to no checkpoint: a recovery replays it, so a
 sink drops what a previous run left of it when it opens. `recover(sink, restored)` applies the
@@ -97,6 +101,7 @@ class PartFiles:
         self.suffix = suffix
         self.open_path = self.directory / f"part-open-{executor}{suffix}.inprogress"
         self._pending_name = re.compile(rf"part-(\d+)-{executor}{re.escape(suffix)}\.inprogress$")
+        self._published_name = re.compile(rf"part-(\d+)-\d+{re.escape(suffix)}$")  # of any executor
 
     def pending_path(self, n: int) -> Path:
         return self.directory / f"part-{n}-{self.executor}{self.suffix}.inprogress"
@@ -115,6 +120,14 @@ class PartFiles:
         found = (self._pending_name.match(entry.name) for entry in os.scandir(self.directory))
         return sorted(int(m.group(1)) for m in found if m)
 
+    def published(self) -> int | None:
+        """The highest checkpoint whose part (of any executor sharing the directory) is published,
+        None if none is (`slashrt.snapshot.published`)."""
+        if not self.directory.is_dir():
+            return None
+        found = (self._published_name.match(entry.name) for entry in os.scandir(self.directory))
+        return max((int(m.group(1)) for m in found if m), default=None)
+
     def pre_commit(self, n: int) -> None:
         """The open file (its writer closed by the sink) becomes checkpoint n's pending part;
         no file when nothing was written since the last barrier."""
@@ -128,6 +141,12 @@ class PartFiles:
         published = False
         for c in self.pending():
             if c <= n:
+                if self.final_path(c).exists():  # a published file is immutable: never replaced
+                    raise SnapshotError(
+                        f"checkpoint {c}: {self.final_path(c)} is already published (by an earlier run that numbered a "
+                        f"checkpoint {c} too), so this run's part stays unpublished as {self.pending_path(c).name}: "
+                        "point the sink at a new directory"
+                    )
                 os.replace(self.pending_path(c), self.final_path(c))
                 published = True
         if published:

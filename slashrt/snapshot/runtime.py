@@ -157,7 +157,9 @@ class Checkpointing:
     checkpoint to resume from already loaded (`restored`)."""
 
     def __init__(self, plan, config: CheckpointConfig, store: SnapshotStore, restored: Checkpoint | None, stop=None,
-                 executor: int = EXECUTOR):
+                 executor: int = EXECUTOR, first: int | None = None):
+        """`first`: the first checkpoint number to use (`slashrt.snapshot.published.check_run`;
+        None: the store's next)."""
         self.executor = executor  # whose parts and source positions these are
         self.plan = plan
         self.stop = stop  # a StopHandle, or None
@@ -179,7 +181,7 @@ class Checkpointing:
         self.loops = BackEdgeLog(feedbacks, list(plan.sources), time.perf_counter) if feedbacks else None
         steps = list(self.nodes) + (self.loops.steps if self.loops else []) or ["executor"]
         self.coordinator = CheckpointCoordinator.for_steps(
-            steps, [EXECUTOR], config, clock=trio.current_time, first=store.next_checkpoint()
+            steps, [EXECUTOR], config, clock=trio.current_time, first=first or store.next_checkpoint()
         )
         # a loop head logs its back edges while the run goes on; stop-the-world takes what they hold
         if self.loops is not None and config.mode != "sync":

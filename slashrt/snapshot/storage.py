@@ -4,6 +4,7 @@ Layout under `location` (a local directory, or any fsspec URL such as `memory://
 
     <job>/chk-<n>/<step id>.<executor>.state    one part: an operator instance's state (state_format)
     <job>/chk-<n>/_manifest.json                 written last; lists every part with size and checksum
+    <job>/_highest                               the highest checkpoint number completed so far
 
 The manifest rule: checkpoint n is complete exactly when `chk-<n>/_manifest.json` exists and
 verifies (its own checksum, a known version, every part present with the size and checksum it
@@ -17,6 +18,10 @@ incomplete checkpoint older than the newest complete one is removed, unless this
 it (a part or its manifest) now; removing one that another process still writes into is left
 to a later pass. `latest()` falls back past a checkpoint whose part is missing, truncated or corrupt, logs
 what it skipped and why, and keeps it in `skipped`.
+
+Checkpoint numbers are never used twice: `next_checkpoint()` is past every directory and past
+`_highest` (rewritten after each manifest), so a lost newest directory does not give its number
+to the next run (whose sinks would publish under a published checkpoint's name).
 
 Writes block on I/O; from trio, `await store.awrite_part(...)` runs them in a worker thread so the
 event loop keeps running. On a local disk a part or a manifest is written with a few system calls
@@ -55,6 +60,7 @@ __all__ = ["Checkpoint", "Part", "Skipped", "SnapshotStore", "MANIFEST_VERSION"]
 log = structlog.get_logger("slashrt.snapshot")
 
 MANIFEST = "_manifest.json"
+HIGHEST = "_highest"
 MANIFEST_VERSION = 1
 _CHECKPOINT_DIR = re.compile(r"chk-(\d+)$")
 _IOV_MAX = 1024  # buffers one writev takes (POSIX's minimum of IOV_MAX)
@@ -113,6 +119,7 @@ class SnapshotStore:
         self._written: dict[int, dict[tuple[str, int], Part]] = {}
         self._writing: dict[int, int] = {}  # checkpoint -> parts being written by this store now
         self._lock = threading.Lock()  # parts are written from worker threads
+        self._highest_lock = threading.Lock()
         if not readonly:
             self.fs.makedirs(self.directory, exist_ok=True)
             self._retain()
@@ -150,8 +157,33 @@ class SnapshotStore:
         return [n for n in self._numbers() if exists(f"{self.checkpoint_dir(n)}/{MANIFEST}")]
 
     def next_checkpoint(self) -> int:
-        """A number no checkpoint directory has used yet (1 more than the highest)."""
-        return max(self._numbers(), default=0) + 1
+        """A number no checkpoint has used yet: 1 more than the highest directory's, or than the
+        highest ever completed here, whose directory may be gone."""
+        return max([*self._numbers(), self.highest() or 0]) + 1
+
+    def highest(self) -> int | None:
+        """The highest checkpoint number completed in this store (None: none recorded)."""
+        path = f"{self.directory}/{HIGHEST}"
+        try:
+            if self._local:
+                with open(path, "rb") as f:
+                    return int(f.read())
+            return int(self.fs.cat_file(path))
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _record_highest(self, n: int) -> None:
+        with self._highest_lock:  # two manifests written by worker threads at once: the higher stays
+            if n <= (self.highest() or 0):
+                return
+            temporary, final = f"{self.directory}/.{HIGHEST}.{uuid.uuid4().hex}.tmp", f"{self.directory}/{HIGHEST}"
+            with _naming(n, final):  # (a full disk: declined as the manifest's write would be)
+                if self._local:  # as a part: a few system calls, no fsspec (`_write_file`)
+                    _write_file(temporary, [str(n).encode()])
+                    os.replace(temporary, final)
+                else:
+                    self.fs.pipe_file(temporary, str(n).encode())
+                    self.fs.mv(temporary, final)
 
     # -- writing
 
@@ -249,6 +281,7 @@ class SnapshotStore:
                 fsync_path(self.directory)
         with self._lock:
             self._written.pop(n, None)
+        self._record_highest(n)
         log.debug("snapshot.complete", job=self.job, checkpoint=n, parts=len(listed))
         return final
 
