@@ -439,6 +439,6 @@ def test_a_local_checkpoint_is_written_in_few_system_calls_outside_fsspec(store,
     finally:
         sys.setprofile(None)
     assert fsspec_calls == []
-    assert len(writes) == 4 * (4 + 1)  # one writev a part (2 steps x 2 executors), one a manifest
+    assert len(writes) == 4 * (4 + 1 + 1)  # one writev a part (2 steps x 2 executors), a manifest, `_highest`
     assert store.checkpoints() == [3, 4, 5]
     assert np.array_equal(store.load(5).state("ysb.window", 1).arrays["keys"], _state(5, 1)["keys"])
