@@ -30,6 +30,7 @@ from slashrt.errors import OperatorError, SnapshotError
 from slashrt.ops._node import Node
 from slashrt.ops.stateless import UserErrors, user_batch
 from slashrt.progress.timestamp import Timestamp
+from slashrt.scheduler._budget import calling, pace
 from slashrt.snapshot.operators import array_times, check, tagged, times_array
 from slashrt.snapshot.state_format import State
 
@@ -196,12 +197,13 @@ class OperatorNode(Node):
 
     async def _call(self, method, ctx: Context, *args) -> None:
         try:
-            with UserErrors(self.step_id, "operator"):
+            with UserErrors(self.step_id, "operator"), calling(self.step_id, method.__name__):
                 out = method(ctx, *args)
                 if inspect.isawaitable(out):
                     await out
         finally:
             ctx._active = False
+        await pace()  # many short calls in one pipeline call must not starve heartbeats and reports
 
     async def push_port(self, batch: Batch, port: int) -> None:
         await self._call(self.op.on_batch, Context(self, self.clock.now), port, batch)
