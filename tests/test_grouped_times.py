@@ -102,3 +102,14 @@ def test_one_call_per_batch_with_the_results_of_one_call_per_time(reference, exe
 def test_a_wrong_per_time_is_refused_naming_the_step():
     with pytest.raises(slashrt.DataflowError, match=r"step 'grouped.sums': TimeSums.per_time is 'each'; it must be"):
         slashrt.run(_flow("each"), {"a": _data(1), "b": _data(2)})
+
+
+def test_bench_operators_checks_its_results_and_counts_the_calls():
+    """`slashrt bench operators` (small): both flows exact in both modes; one call per batch
+    against one per distinct time."""
+    from slashrt.bench.operators import bench
+
+    result = bench(records=600, baseline=True)
+    assert result["correct"]
+    assert result["sums_grouped"]["on_batch_calls"] <= 2 < result["distinct_times"] == result["sums_per_time"]["on_batch_calls"]
+    assert result["join_grouped"]["on_batch_calls"] <= 4 < result["join_per_time"]["on_batch_calls"]
