@@ -6,6 +6,9 @@ being pushed. A call tree is synchronous, so whoever starts one sets `now` (a so
 feedback queue, a notification) and a node that changes the time (loop ingress and egress, an
 operator emitting at a later time, a window firing) sets it for its own emission and restores
 it. A multi-input node is called from each upstream through a `Port`, which names the input.
+`now` is the least time of the batch's records; their own times, where a user operator below
+reads them, travel with the batch (`Batch.times`, `Context.times`). Every user call ends with
+`pace()`, which lets the event loop turn if it has not for a few ms (heartbeats, reports).
 
 - `Operator` / `Context`: what users subclass and are handed (on_batch, on_notify, emit,
   notify_at); `OperatorNode` runs one, and takes its state for checkpoints: the operator's own
@@ -53,6 +56,17 @@ class Operator:
     """Base class of user operators: override `on_batch`, and `on_notify` to act once a time
     is complete (after `ctx.notify_at(time)`). Both may be `async def` or plain methods.
 
+    Times: by default (`per_time = "grouped"`) on_batch gets each batch whole, once, its
+    records in time order: `ctx.times` is each record's epoch (int64, aligned with the rows)
+    and `ctx.time` the least of them, the time the operator holds during the call (it may
+    emit, and ask to be notified, at that time or later: at any of its records' times). Work
+    on the batch with numpy (e.g. notify at `ctx.times.max()` and, in on_notify(t), handle
+    every held record with a time <= t) rather than a Python loop per time. `per_time = True`
+    calls on_batch once per distinct time, every record at `ctx.time` (one Python call per
+    time: slow on millisecond event times); `per_time = False` takes whole batches without
+    the records' own times (`ctx.times` all the lower bound), for stateless operators.
+    Notifications are exact in every mode.
+
     State for checkpoints: an operator that keeps anything between calls defines
     `snapshot(self) -> slashrt.State` (named numpy arrays and a small JSON-able meta; slashrt
     copies the arrays, so hand over live ones) and `restore(self, state)`; `STATE_VERSION`
@@ -65,15 +79,7 @@ class Operator:
     stateless = False
     STATE_VERSION = 1
 
-    # How batches reach on_batch (docs/guide.md, "Operators"):
-    # - GROUPED (the default): whole batches, records of several times in time order, each
-    #   record's time in `ctx.times` and `ctx.time` the least of them (the time the operator
-    #   holds: it may emit and ask to be notified at it or later). One call per batch.
-    # - True: one call per distinct time (a source above cuts its batches where its
-    #   watermark changes; every record is at ctx.time): one Python call per time, slow on
-    #   fine-grained event times.
-    # - False: whole batches at their lower-bound time, records' own times not tracked
-    #   (`ctx.times` all ctx.time): for stateless operators.
+    # how batches reach on_batch (above; docs/guide.md, "Operators"): "grouped", True, False
     per_time = "grouped"
 
     async def on_batch(self, ctx: Context, port: int, batch: Batch) -> None:
