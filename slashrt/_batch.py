@@ -23,7 +23,10 @@ __all__ = ["Batch", "as_batch"]
 
 
 class Batch:
-    __slots__ = ("_records", "_sel", "_cols", "_len")
+    # `times`: each row's logical time (epoch, int64) where slashrt tracks it for a user
+    # operator (`slashrt.ops.operator`: the source's watermark at each record), else None;
+    # rows kept by select/with_columns/project keep theirs
+    __slots__ = ("_records", "_sel", "_cols", "_len", "times")
 
     def __init__(
         self,
@@ -35,6 +38,7 @@ class Batch:
         self._records = records
         self._sel = sel
         self._cols = dict(cols) if cols else {}
+        self.times: np.ndarray | None = None
         if records is None:
             self._len = len(next(iter(self._cols.values())))
         else:
@@ -110,7 +114,10 @@ class Batch:
         else:
             sel = self._sel[rows]
         cols = {n: c[rows] for n, c in self._cols.items()}
-        return Batch(self._records, sel, cols)
+        out = Batch(self._records, sel, cols)
+        if self.times is not None:
+            out.times = self.times[rows]
+        return out
 
     def with_columns(self, **columns: np.ndarray) -> Batch:
         """A batch with extra (or replaced) columns, each an array of len(self) values."""
@@ -120,13 +127,17 @@ class Batch:
             if values.shape != (self._len,):
                 raise SchemaError(f"column {name!r} has shape {values.shape}, expected ({self._len},)")
             cols[name] = values
-        return Batch(self._records, self._sel, cols)
+        out = Batch(self._records, self._sel, cols)
+        out.times = self.times
+        return out
 
     def project(self, names) -> Batch:
         """Keep only the named columns (materialises them as columns)."""
         if not names:
             raise SchemaError("project() needs at least one column")
-        return Batch(None, None, {n: self.column(n) for n in names})
+        out = Batch(None, None, {n: self.column(n) for n in names})
+        out.times = self.times
+        return out
 
     def to_numpy(self, dtype: np.dtype | None = None) -> np.ndarray:
         """A packed structured array holding this batch (a copy only where needed)."""

@@ -14,6 +14,7 @@
     slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
         [--executors K --transport shm|tcp]     ... labels partitioned over K executors
     slashrt bench progress [--executors K]      notify latency, loop round trip, progress traffic
+    slashrt bench operators [--records N] [--baseline]   user operators on ms event times, per batch vs per time
         [--transport shm|tcp --epoch-gap-us G]  ... an epoch every G us instead of full speed
     slashrt frontiers REPORT [--json]           where a run stands (run(..., on_report=REPORT), run --report)
     slashrt executor [--listen HOST:PORT]       an executor agent for multi-host runs
@@ -249,6 +250,14 @@ def _parser() -> argparse.ArgumentParser:
     prog.add_argument("--events", type=_positive_int, default=600_000, help="YSB events of the traffic run (all executors)")
     prog.add_argument("--json", action="store_true", help="print one JSON object with the results")
     _add_log_level(prog)
+
+    ops = queries.add_parser("operators", help="stateful user operators on millisecond event times: one call per "
+                             "batch (per_time='grouped') against one per time")
+    ops.add_argument("--records", type=_positive_int, default=200_000, help="clicks (most at their own millisecond)")
+    ops.add_argument("--baseline", action="store_true",
+                     help="also run with per_time=True (one on_batch call per distinct time: slow)")
+    ops.add_argument("--json", action="store_true", help="print one JSON object with the results")
+    _add_log_level(ops)
 
     chk = queries.add_parser("checkpoint", help="throughput without checkpoints, with barrier snapshots and stop-the-world")
     chk.add_argument("--query", dest="checkpoint_query", choices=["ysb", "nexmark"], default="ysb")
@@ -511,7 +520,7 @@ def _refuse(given: set[str], dests, why: str) -> None:
 def _bench_path(args, given: set[str]) -> str:
     """Which benchmark runs ("single", "cluster", "channel" or the query's own), refusing
     options that the chosen path would ignore."""
-    if args.query in ("report", "spark-convert", "cc", "progress", "checkpoint", "chaos"):
+    if args.query in ("report", "spark-convert", "cc", "progress", "checkpoint", "chaos", "operators"):
         return args.query
     cluster = args.query == "nexmark" or any(d in given for d in _CLUSTER_OPTIONS)
     if args.query == "ro":
@@ -629,6 +638,10 @@ def _run_bench(args, given: set[str]) -> dict:
         return chaos.bench(kills=args.kills, query=args.chaos_query, executors=args.executors, transport=args.transport,
                            seed=args.seed, events=args.events, campaigns=args.campaigns, redis=args.redis, sink=args.sink,
                            interval=args.interval)
+    if path == "operators":
+        from slashrt.bench import operators
+
+        return operators.bench(records=args.records, baseline=args.baseline)
     if path == "checkpoint":
         from slashrt.bench import checkpoint
 

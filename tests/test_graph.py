@@ -76,6 +76,8 @@ def test_connect_apply_sees_ports():
 class PerPortCount(Operator):
     """Counts records per port and time; emits the counts when the time is complete."""
 
+    per_time = True  # one call per time: every record at ctx.time
+
     def __init__(self):
         self.counts = {}
 

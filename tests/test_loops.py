@@ -161,16 +161,24 @@ def test_a_cycle_without_feedback_is_refused_naming_its_steps():
         slashrt.run(flow, {"src": records([1], [0])})
 
 
+@pytest.mark.parametrize("per_time", [True, "grouped"])
 @pytest.mark.parametrize("max_delay, want", [(0, {0: [0, 1], 1: [2, 3, 4], 2: [5, 6, 7]}), (1, {-1: [0, 1], 0: [2, 3, 4], 1: [5, 6, 7]})])
-def test_a_source_feeding_a_loop_cuts_batches_to_one_time_each(max_delay, want):
-    """Each piece is at the running maximum of its event times minus max_delay, so an epoch's
-    records are never processed at an earlier epoch's time."""
-    got = {}
+def test_a_source_feeding_a_loop_gives_each_record_its_time(max_delay, want, per_time):
+    """Each record is at the running maximum of its event times minus max_delay, so an
+    epoch's records are never processed at an earlier epoch's time: per_time=True cuts the
+    batch into pieces of one time each (ctx.time); the default takes it whole, each record's
+    time in ctx.times (ctx.time the least)."""
+    got, calls = {}, []
 
     class Times(Operator):
         async def on_batch(self, ctx, port, batch):
-            got.setdefault(ctx.time.epoch, []).extend(batch["v"].tolist())
+            calls.append(ctx.time.epoch)
+            assert (ctx.times >= ctx.time.epoch).all()
+            for epoch, v in zip(ctx.times.tolist(), batch["v"].tolist()):
+                got.setdefault(epoch, []).append(v)
             await ctx.emit(batch)
+
+    Times.per_time = per_time
 
     flow = Dataflow("cut")
     src = flow.source("src", REC, time="t", max_delay=max_delay)
@@ -179,6 +187,7 @@ def test_a_source_feeding_a_loop_cuts_batches_to_one_time_each(max_delay, want):
         loop.leave(x).sink(sinks.Collect())
     slashrt.run(flow, {"src": records(np.arange(8), [0, 0, 1, 1, 0, 2, 2, 1])})
     assert got == want
+    assert len(calls) == (3 if per_time is True else 1) and calls[0] == min(want)
 
 
 def test_windows_after_a_loop_fire_on_its_frontier():

@@ -182,6 +182,8 @@ def test_a_context_kept_after_its_call_is_refused():
     kept = []
 
     class Keep(Operator):
+        per_time = True  # (a call per time: several calls)
+
         async def on_batch(self, ctx, port, batch):
             if kept:
                 kept[0].notify_at(kept[0].time)  # time 0 may be complete by now

@@ -58,6 +58,8 @@ def _stamp(kind: int, time_: Timestamp) -> np.ndarray:
 class Stamp(Operator):
     """A row per batch and per notification (kind, time, monotonic ns, pid)."""
 
+    per_time = True  # its state is keyed by ctx.time: one call per time, every record at it
+
     async def on_batch(self, ctx, port, batch):
         ctx.notify_at(ctx.time)
         await ctx.emit(_stamp(BATCH, ctx.time))
@@ -69,6 +71,8 @@ class Stamp(Operator):
 class Round(Operator):
     """Holds each time's records until notified, then sends them on with n + 1 and the
     notification's stamp."""
+
+    per_time = True  # its state is keyed by ctx.time: one call per time, every record at it
 
     def __init__(self):
         self.held = {}

@@ -7,10 +7,14 @@ host, a partition that keeps the TCP connection open) is noticed after `timeout`
 without a byte from it. Any bytes count as a sign of life, so a long message in flight is not
 silence. The defaults are Flink's (heartbeat.interval 10 s, heartbeat.timeout 50 s).
 
-A heartbeat goes out only when the event loop turns: an executor's compute loop checkpoints
-every `yield_every` pipeline calls, so heartbeats keep flowing while it computes, but a user
-operator that computes without returning for longer than the timeout starves them, and its
-executor is declared gone.
+A heartbeat goes out when the event loop turns: an executor's compute loop yields every
+`yield_every` pipeline calls and, inside one, after any user operator call once the loop has
+not turned for a few ms (`slashrt.scheduler._budget.pace`), so heartbeats keep their period
+however the operators split their work. An agent's loop that does not turn (one user call
+running long) is watched from a thread (`slashrt.cluster._stall`), which sends heartbeats of
+its own naming the call and how long the loop has been stuck (`send_from_thread`): the peer
+ends the link with `PeerStalled` (naming the step) once that reaches the timeout. A process
+that is stopped sends nothing at all and is `PeerSilent` after the timeout, as before.
 
 A process that judges its peers' silence must not blame them for its own: the coordinator's
 `OwnStalls` ticks every half heartbeat interval, and a tick that comes more than an interval
@@ -28,14 +32,19 @@ coordinator is noticed by the channel's sender and reported as `PeersUnreachable
 from __future__ import annotations
 
 import math
+import os
+import select
+import threading
 
+import cloudpickle
 import structlog
 import trio
 
-from slashrt.cluster._control import check_expected, receive_message, send_message
+from slashrt.cluster._control import _LENGTH, check_expected, receive_message, send_message
 from slashrt.errors import ChannelClosed, DataflowError, SlashError
 
-__all__ = ["Link", "OwnStalls", "PeerSilent", "PeersUnreachable", "HEARTBEAT", "DEFAULT_HEARTBEAT_INTERVAL", "DEFAULT_HEARTBEAT_TIMEOUT", "check_heartbeat"]
+__all__ = ["Link", "OwnStalls", "PeerSilent", "PeerStalled", "PeersUnreachable", "HEARTBEAT", "DEFAULT_HEARTBEAT_INTERVAL",
+           "DEFAULT_HEARTBEAT_TIMEOUT", "check_heartbeat"]
 
 log = structlog.get_logger("slashrt.cluster")
 
@@ -63,6 +72,23 @@ class PeersUnreachable(SlashError):
     def __init__(self, a: int, b: int, reason: str):
         a, b = sorted((a, b))  # the same sentence from both sides
         super().__init__(f"executors {a} and {b} {self.PHRASE}: {reason}")
+
+
+class PeerStalled(PeerSilent):
+    """The peer's process is alive but its event loop has not turned for the heartbeat
+    timeout: one call (named by the peer's stall watch) runs that long."""
+
+    def __init__(self, seconds: float, step: str | None, what: str, timeout: float):
+        if step is None:
+            cause = f"its event loop has not turned for {seconds:.1f} s"
+        else:
+            cause = f"one {what}() call of step {step!r} has run for {seconds:.1f} s"
+        ChannelClosed.__init__(
+            self,
+            f"{cause}, longer than the heartbeat timeout of {timeout:g} s: split that work into shorter calls, or "
+            "raise heartbeat_timeout",
+        )
+        self.seconds, self.step = seconds, step
 
 
 def check_heartbeat(interval: float, timeout: float) -> None:
@@ -132,6 +158,7 @@ class Link:
         self.last_heard = trio.current_time()
         self.ended: ChannelClosed | None = None
         self._send_lock = trio.Lock()  # messages are written whole, one at a time
+        self._wire = threading.Lock()  # ... also against the stall watch's thread (`send_from_thread`)
         self._sending: set[trio.CancelScope] = set()
         self._inbox_in, self._inbox = trio.open_memory_channel(math.inf)
         self._tasks = trio.CancelScope()
@@ -169,6 +196,9 @@ class Link:
                 kind, payload = await receive_message(self)
                 if kind != HEARTBEAT:
                     self._inbox_in.send_nowait((kind, payload))
+                elif payload and payload["stalled_s"] >= self.timeout:  # the peer's stall watch
+                    self._end(PeerStalled(payload["stalled_s"], payload["step"], payload["what"], self.timeout))
+                    return
         except ChannelClosed as exc:
             self._end(exc)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -209,13 +239,38 @@ class Link:
             self._sending.add(scope)
             try:
                 async with self._send_lock:
-                    await send_message(self.stream, kind, payload)
+                    with self._wire:  # (held at most for the thread's few bytes)
+                        await send_message(self.stream, kind, payload)
                 return
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 raise ChannelClosed(f"the control connection broke: {exc or type(exc).__name__}") from None
             finally:
                 self._sending.discard(scope)
         raise self.ended  # cancelled by _end: the peer is gone
+
+    def send_from_thread(self, kind: str, payload=None) -> bool:
+        """Send one small message from another thread while the event loop does not turn:
+        between the loop's own messages, never inside one; False if it could not go now (a
+        message of the loop's in the middle of being written, a full socket buffer)."""
+        sock = getattr(self.stream, "socket", None)
+        if sock is None or self.ended is not None or not self._wire.acquire(timeout=0.05):
+            return False
+        try:
+            data = cloudpickle.dumps((kind, payload), protocol=5)
+            data = _LENGTH.pack(len(data)) + data
+            fd, sent = sock.fileno(), 0
+            while sent < len(data):
+                try:
+                    sent += os.write(fd, data[sent:])
+                except BlockingIOError:
+                    if not sent:
+                        return False  # nothing written: skip this one
+                    select.select([], [fd], [], 1.0)  # a part is out: the rest must follow
+                except OSError:
+                    return False
+            return True
+        finally:
+            self._wire.release()
 
     async def receive(self, expect: str | None = None):
         """The peer's next message as (kind, payload); with `expect`, any other kind is an

@@ -48,6 +48,7 @@ from slashrt.cluster._progress import open_progress_bus
 from slashrt.cluster._reports import AGENT_MARKER, AgentReporter
 from slashrt.cluster._job import Ingest, Job, PerExecutor
 from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent, PeersUnreachable
+from slashrt.cluster._stall import stall_watch
 from slashrt.errors import ChannelClosed, OperatorError, unwrap_groups
 from slashrt.ops.sinks import Callback
 from slashrt.scheduler import Input
@@ -351,7 +352,8 @@ async def _run_job_on(stream: trio.SocketStream, message: dict, secret: bytes) -
             setup.note("unpickle")
             if not isinstance(job, Job):
                 raise ChannelClosed(f"the coordinator's job message holds a {type(job).__name__}, not a Job")
-            await run_job(job, link, secret, setup)
+            async with stall_watch(link, nursery):  # a stuck loop is named, not taken for a frozen process
+                await run_job(job, link, secret, setup)
             return True
         except Exception as exc:
             if isinstance(exc, CoordinatorGone) or (isinstance(exc, ChannelClosed) and link.ended is not None):

@@ -52,7 +52,8 @@ from slashrt.cluster._job import Ingest, Job, PerExecutor, job_message, split_in
 from slashrt.cluster._reports import cluster_reports
 from slashrt.cluster._zygote import Zygote, open_zygote
 from slashrt.cluster._liveness import (
-    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Link, OwnStalls, PeerSilent, PeersUnreachable, check_heartbeat,
+    DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Link, OwnStalls, PeerSilent, PeerStalled, PeersUnreachable,
+    check_heartbeat,
 )
 from slashrt.errors import ChannelClosed, DataflowError, SlashError, retryable_report, unwrap_groups
 from slashrt.ops.sinks import Callback, Collect
@@ -287,8 +288,8 @@ class _Agents:
             while True:
                 try:
                     kind, payload = await link.receive()
-                except PeerSilent as exc:
-                    self._put(i, "silent", exc.seconds)
+                except PeerSilent as exc:  # (or PeerStalled: the call that runs too long, named)
+                    self._put(i, "silent", exc)
                     return
                 except ChannelClosed as exc:
                     self._put(i, "lost", str(exc))
@@ -329,7 +330,7 @@ class _Agents:
             try:
                 await link.send(kind, payload)
             except PeerSilent as exc:
-                self._put(i, "silent", exc.seconds)
+                self._put(i, "silent", exc)
             except ChannelClosed as exc:
                 self._put(i, "lost", str(exc))
 
@@ -339,7 +340,10 @@ class _Agents:
         if what in ("lost", "exited", "silent"):
             proc = self.procs[i]
             code = proc.returncode if proc is not None else None
-            return executor_death(i, code=code, silent_s=payload if what == "silent" else None, reason=payload)
+            if isinstance(payload, PeerStalled):
+                return f"executor {i} is alive but stuck: {payload}"
+            silent_s = payload.seconds if what == "silent" else None
+            return executor_death(i, code=code, silent_s=silent_s, reason=payload)
         return f"executor {i} sent {what!r} where {kind!r} was due"
 
     async def _fail(self, i: int, what: str, payload, kind: str):

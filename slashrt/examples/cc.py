@@ -61,6 +61,8 @@ def _records(dtype: np.dtype, **columns) -> np.ndarray:
 class HookAndJump(Operator):
     """The loop body: port 0 new edges (entered), port 1 label changes (fed back)."""
 
+    per_time = True  # its state is keyed by ctx.time: one call per time, every record at it
+
     def __init__(self):
         self.state = Components()
         self.edges: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}  # epoch -> its edges so far
@@ -160,6 +162,8 @@ class HookAndJump(Operator):
 
 class EpochLabels(Operator):
     """After the loop: the labels each epoch changed, handed on once the frontier passes it."""
+
+    per_time = True  # its state is keyed by ctx.time: one call per time, every record at it
 
     def __init__(self):
         self.pending: dict[Timestamp, list[np.ndarray]] = {}

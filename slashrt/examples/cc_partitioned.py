@@ -49,6 +49,8 @@ DONE = 1 << 40  # a loop counter no epoch reaches: (e, DONE) is complete once ep
 class Propagate(Operator):
     """The loop body: port 0 edges (src owned here), port 1 proposals (node owned here)."""
 
+    per_time = True  # its state is keyed by ctx.time: one call per time, every record at it
+
     def __init__(self):
         self.labels = np.zeros(0, np.int64)
         self.src = np.zeros(0, np.int64)  # the edges of the nodes owned here, sorted by src

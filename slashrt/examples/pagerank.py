@@ -45,6 +45,8 @@ class PowerIteration(Operator):
     """The loop body: port 0 new edges (entered), port 1 ranks (fed back; at counter 0 the
     ``ranks`` source's starting ranks)."""
 
+    per_time = True  # its state is keyed by ctx.time: one call per time, every record at it
+
     def __init__(self, iterations: int, nodes: int | None = None, damping: float = DAMPING):
         _check_iterations(iterations)
         self.iterations, self.nodes, self.damping = iterations, nodes, damping

@@ -105,9 +105,12 @@ class SourceNode(Node):
         # notifications), so batches are cut where the watermark changes; `every_batch`: graph
         # steps below take whole batches at their lower-bound time: the capability moves to the
         # watermark before a batch's first record before it is pushed, and to its last after
+        # `record_times`: a user operator below takes whole batches with each record's time
+        # (`Batch.times`: the watermark at each record, as exact cuts would have given it)
         self.now = None
         self.exact = False
         self.every_batch = False
+        self.record_times = False
 
     def watch(self) -> None:
         """Learn the windows downstream (their ends are where the watermark must be exact)."""
@@ -172,7 +175,13 @@ class SourceNode(Node):
         if self.exact:
             await self._push_exact(batch, times, first, last, high)
             return
-        if self.every_batch:  # the batch's time: the watermark before its first record
+        watermarks = None
+        if self.record_times:  # each record's time, in one vectorised pass (moves self.high)
+            flat, watermarks = self._watermarks(times, first, last, high)
+            batch.times = watermarks
+        if watermarks is not None:  # the batch's time: the watermark before its first record
+            await self._announce(int(watermarks[0]), always=True)
+        elif self.every_batch:
             top = max(self.high, int(times[(0,) * times.ndim]))
             if self.before is not None and len(self.before):
                 top = max(top, int(self.before[self.share.blocks(first)]))
@@ -189,7 +198,8 @@ class SourceNode(Node):
             await self.emit(batch)
             await self._announce(end_watermark, always=self.every_batch)
             return
-        flat, watermarks = self._watermarks(times, first, last, high)
+        if watermarks is None:
+            flat, watermarks = self._watermarks(times, first, last, high)
         behind = np.flatnonzero(flat < watermarks)
         if not len(behind):
             await self.emit(batch)

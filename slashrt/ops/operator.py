@@ -6,6 +6,9 @@ being pushed. A call tree is synchronous, so whoever starts one sets `now` (a so
 feedback queue, a notification) and a node that changes the time (loop ingress and egress, an
 operator emitting at a later time, a window firing) sets it for its own emission and restores
 it. A multi-input node is called from each upstream through a `Port`, which names the input.
+`now` is the least time of the batch's records; their own times, where a user operator below
+reads them, travel with the batch (`Batch.times`, `Context.times`). Every user call ends with
+`pace()`, which lets the event loop turn if it has not for a few ms (heartbeats, reports).
 
 - `Operator` / `Context`: what users subclass and are handed (on_batch, on_notify, emit,
   notify_at); `OperatorNode` runs one, and takes its state for checkpoints: the operator's own
@@ -26,10 +29,11 @@ import numpy as np
 
 from slashrt._batch import Batch
 from slashrt._dataflow import FeedbackSpec, OperatorSpec, is_async
-from slashrt.errors import OperatorError, SnapshotError
+from slashrt.errors import DataflowError, OperatorError, SnapshotError
 from slashrt.ops._node import Node
 from slashrt.ops.stateless import UserErrors, user_batch
 from slashrt.progress.timestamp import Timestamp
+from slashrt.scheduler._budget import calling, pace
 from slashrt.snapshot.operators import array_times, check, tagged, times_array
 from slashrt.snapshot.state_format import State
 
@@ -52,6 +56,17 @@ class Operator:
     """Base class of user operators: override `on_batch`, and `on_notify` to act once a time
     is complete (after `ctx.notify_at(time)`). Both may be `async def` or plain methods.
 
+    Times: by default (`per_time = "grouped"`) on_batch gets each batch whole, once, its
+    records in time order: `ctx.times` is each record's epoch (int64, aligned with the rows)
+    and `ctx.time` the least of them, the time the operator holds during the call (it may
+    emit, and ask to be notified, at that time or later: at any of its records' times). Work
+    on the batch with numpy (e.g. notify at `ctx.times.max()` and, in on_notify(t), handle
+    every held record with a time <= t) rather than a Python loop per time. `per_time = True`
+    calls on_batch once per distinct time, every record at `ctx.time` (one Python call per
+    time: slow on millisecond event times); `per_time = False` takes whole batches without
+    the records' own times (`ctx.times` all the lower bound), for stateless operators.
+    Notifications are exact in every mode.
+
     State for checkpoints: an operator that keeps anything between calls defines
     `snapshot(self) -> slashrt.State` (named numpy arrays and a small JSON-able meta; slashrt
     copies the arrays, so hand over live ones) and `restore(self, state)`; `STATE_VERSION`
@@ -64,10 +79,8 @@ class Operator:
     stateless = False
     STATE_VERSION = 1
 
-    # every batch handed to on_batch is at one logical time (ctx.time): a source above cuts
-    # its batches where its watermark changes. A stateless operator sets it False and takes
-    # whole batches at their lower-bound time (the watermark before their first record).
-    per_time = True
+    # how batches reach on_batch (above; docs/guide.md, "Operators"): "grouped", True, False
+    per_time = "grouped"
 
     async def on_batch(self, ctx: Context, port: int, batch: Batch) -> None:
         raise NotImplementedError(f"{type(self).__name__} must define on_batch(self, ctx, port, batch)")
@@ -76,19 +89,33 @@ class Operator:
         return None
 
 
+GROUPED = "grouped"
+_PER_TIME = (GROUPED, True, False)
+
+
 class Context:
     """Handed to an operator's callbacks; valid only during the call it was handed to.
 
-    `time` is the batch's time (in on_notify: the notified time). `emit` sends records at
-    `time` or later; `notify_at(t)` asks for `on_notify(t)` once nothing at a time <= t can
-    still reach any input of the operator."""
+    `time` is the least time of the batch's records, the time the operator holds (in
+    on_notify: the notified time). `times` (in on_batch) is each record's epoch, an int64
+    array aligned with the batch's rows, every one >= `time.epoch` (the loop counters are
+    those of `time`). `emit` sends records at `time` or later; `notify_at(t)` asks for
+    `on_notify(t)` once nothing at a time <= t can still reach any input of the operator."""
 
-    __slots__ = ("_node", "time", "_active")
+    __slots__ = ("_node", "time", "_active", "_times", "_rows")
 
-    def __init__(self, node: OperatorNode, time: Timestamp):
+    def __init__(self, node: OperatorNode, time: Timestamp, times=None, rows: int = 0):
         self._node = node
         self.time = time
         self._active = True
+        self._times, self._rows = times, rows
+
+    @property
+    def times(self) -> np.ndarray | None:
+        """Each record's epoch (int64, aligned with the batch's rows); None in on_notify."""
+        if self._times is None and self._rows is not None:
+            self._times = np.full(self._rows, self.time.epoch, np.int64)
+        return self._times
 
     @property
     def step_id(self) -> str:
@@ -129,6 +156,9 @@ class Context:
         batch = node.check_output(records)
         if batch is None or not len(batch):
             return
+        if batch.times is not None and (time != self.time or self._rows is None):
+            # passed on at a later time (or from on_notify): none of its records is earlier
+            batch.times = np.maximum(batch.times, time.epoch)
         clock = node.clock
         before, clock.now = clock.now, time
         try:
@@ -184,6 +214,12 @@ class OperatorNode(Node):
     def __init__(self, spec: OperatorSpec):
         super().__init__(spec.step_id)
         self.op = spec.op
+        if not any(spec.op.per_time is v or spec.op.per_time == v for v in _PER_TIME):
+            raise DataflowError(
+                f"step {spec.step_id!r}: {type(spec.op).__name__}.per_time is {spec.op.per_time!r}; it must be "
+                f"{GROUPED!r} (the default: whole batches, each record's time in ctx.times), True (one call per time) "
+                "or False (whole batches at their least time)"
+            )
         self.inputs = len(spec.ups)
         self._names = tuple(spec.fields)
         self.requested: set[Timestamp] = set()  # notifications asked for, not yet delivered
@@ -196,15 +232,17 @@ class OperatorNode(Node):
 
     async def _call(self, method, ctx: Context, *args) -> None:
         try:
-            with UserErrors(self.step_id, "operator"):
+            with UserErrors(self.step_id, "operator"), calling(self.step_id, method.__name__):
                 out = method(ctx, *args)
                 if inspect.isawaitable(out):
                     await out
         finally:
             ctx._active = False
+        await pace()  # many short calls in one pipeline call must not starve heartbeats and reports
 
     async def push_port(self, batch: Batch, port: int) -> None:
-        await self._call(self.op.on_batch, Context(self, self.clock.now), port, batch)
+        ctx = Context(self, self.clock.now, batch.times, len(batch))
+        await self._call(self.op.on_batch, ctx, port, batch)
 
     async def push(self, batch: Batch) -> None:
         await self.push_port(batch, 0)
@@ -213,7 +251,7 @@ class OperatorNode(Node):
         clock = self.clock
         before, clock.now = clock.now, time
         try:
-            await self._call(self.op.on_notify, Context(self, time), time)
+            await self._call(self.op.on_notify, Context(self, time, rows=None), time)
         finally:
             clock.now = before
 
@@ -340,7 +378,9 @@ class FeedbackNode(Node):
         records = batch.to_numpy()
         if not records.flags.owndata:  # a view into a channel slot, reused once released
             records = records.copy()
-        self.clock.enqueue(self, Batch(records), Timestamp(now.epoch, (*now.counters[:-1], iteration)))
+        queued = Batch(records)
+        queued.times = batch.times  # each record goes round at its own epoch
+        self.clock.enqueue(self, queued, Timestamp(now.epoch, (*now.counters[:-1], iteration)))
 
 
 def _name(op: Operator) -> str:

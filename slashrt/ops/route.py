@@ -49,6 +49,9 @@ _END = None
 
 class ExchangeNode(Node):
     lane = 0  # its peers' channels are computed with the rest of the graph (one tracker, one `now`)
+    # each record's own time (`Batch.times`) travels in `__t`, for user operators below
+    # (shipped rows are counted at the batch's time, `__epoch`, the least of them)
+    carries_times = True
 
     def __init__(self, spec, *, index: int = 0, partitioning: Partitioning | None = None):
         super().__init__(spec.step_id)
@@ -67,7 +70,8 @@ class ExchangeNode(Node):
                 "known when the dataflow is built (give apply/operator a schema=, with_column a dtype=)"
             )
         if spec.dtype is not None:
-            self.exchange_dtype = np.dtype(spec.dtype.descr + [(n, "<i8") for n in self._times])
+            hidden = self._times + (["__t"] if self.carries_times else [])
+            self.exchange_dtype = np.dtype(spec.dtype.descr + [(n, "<i8") for n in hidden])
 
     # --- the agent's wiring (like the windows' exchanges) -----------------------------------
     def add_peer(self, peer: int, sender) -> None:
@@ -104,6 +108,8 @@ class ExchangeNode(Node):
             for name in self.spec.dtype.names:
                 rows[name] = batch.column(name)[take]
             rows["__epoch"] = now.epoch
+            if self.carries_times:
+                rows["__t"] = now.epoch if batch.times is None else batch.times[take]
             for i, counter in enumerate(now.counters):
                 rows[f"__c{i}"] = counter
             clock.in_flight(self, now, len(rows))
@@ -182,8 +188,11 @@ class ExchangeNode(Node):
         for a, b in zip(cuts[:-1], cuts[1:]):
             time = Timestamp(int(times[a, 0]), tuple(int(c) for c in times[a, 1:]))
             before, clock.now = clock.now, time
+            piece = Batch(out[a:b])
+            if self.carries_times:
+                piece.times = rows["__t"][a:b].copy()  # (rows: a view into a channel slot)
             try:
-                await self.emit(Batch(out[a:b]))
+                await self.emit(piece)
             finally:
                 clock.now = before
             clock.in_flight(self, time, a - b)
@@ -192,6 +201,8 @@ class ExchangeNode(Node):
 class WindowRoute(InFrontOfWindow, ExchangeNode):
     """Stands where a keyed window is in a graph flow on several executors: its rows go to
     their key's owner, whose `window` (a plain one) takes them at their logical time."""
+
+    carries_times = False  # a window reads none
 
     def __init__(self, spec: WindowAggSpec, window, *, index: int, partitioning: Partitioning):
         self.window = window  # it gets the columns the window reads (time, key, value)

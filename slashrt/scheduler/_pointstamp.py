@@ -51,7 +51,10 @@ from slashrt.errors import DataflowError, SlashError
 from slashrt.ops._node import Node
 from slashrt.ops.event_time import SourceNode
 from slashrt.ops.loop_window import LoopWindow
-from slashrt.ops.operator import EnterNode, OperatorNode, Port
+from slashrt.ops.operator import (
+    GROUPED, EnterNode, FeedbackNode, LeaveNode, OperatorNode, Port, UnionNode,
+)
+from slashrt.ops.stateless import FilterNode, ProjectNode, WithColumnNode
 from slashrt.ops.route import ExchangeNode, WindowRoute
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.window import WindowAggregate
@@ -165,8 +168,14 @@ class PointstampProgress:
             if isinstance(node, SourceNode):
                 node.now = self.now
                 below = list(_downstream(node))
-                node.every_batch = any(isinstance(n, (OperatorNode, EnterNode)) for n, _ in below)
-                node.exact = any(isinstance(n, OperatorNode) and n.op.per_time and not timed for n, timed in below)
+                node.every_batch = any(isinstance(n, (OperatorNode, EnterNode)) for n, _, _ in below)
+                # user operators that read records' own times: each below a window reads its
+                # ends; one with per_time True, or GROUPED behind a step that makes new
+                # records (whose times slashrt cannot know), needs the batches cut per time;
+                # GROUPED ones reached only through steps keeping rows get `Batch.times`
+                ops = [(n.op.per_time, carried) for n, timed, carried in below if isinstance(n, OperatorNode) and not timed]
+                node.exact = any(p is True or (p == GROUPED and not carried) for p, carried in ops)
+                node.record_times = not node.exact and any(p == GROUPED for p, _ in ops)
                 if bus is None:  # else counted once per instance in the bus's initial view
                     self.tracker.update(Location.output(i, 0), self.now, 1)
                 self._dirty = True
@@ -450,18 +459,28 @@ class PointstampProgress:
         return SlashError(f"pointstamp progress: the run ended with work outstanding: {self.report()['pointstamps']}")
 
 
+# steps that pass records on as they are, or a subset, or with columns added: each row keeps
+# its `Batch.times` (an exchange ships them); any other step makes new records
+_KEEP_ROWS = (SourceNode, FilterNode, WithColumnNode, ProjectNode, Port, UnionNode, EnterNode, LeaveNode, FeedbackNode)
+
+
 def _downstream(root: Node):
     """Every node below `root` once, each with whether a window lies between them (a window's
-    results are at their window's end, whatever the times of the batches it read)."""
-    stack, seen = [(root, False)], set()
+    results are at their window's end, whatever the times of the batches it read) and
+    whether every step between keeps the rows' own times (`_KEEP_ROWS`)."""
+    stack, seen = [(root, False, True)], set()
     while stack:
-        node, timed = stack.pop()
-        if (id(node), timed) in seen:
+        node, timed, carried = stack.pop()
+        if (id(node), timed, carried) in seen:
             continue
-        seen.add((id(node), timed))
-        yield node, timed
+        seen.add((id(node), timed, carried))
+        yield node, timed, carried
         timed = timed or isinstance(node, (WindowAggregate, LoopWindow))
-        stack.extend((child, timed) for child in ([node.target] if isinstance(node, Port) else node.children))
+        carried = carried and (
+            isinstance(node, _KEEP_ROWS) or (isinstance(node, ExchangeNode) and node.carries_times)
+        )
+        children = [node.target] if isinstance(node, Port) else node.children
+        stack.extend((child, timed, carried) for child in children)
 
 
 def _holds(window: WindowAggregate | LoopWindow) -> frozenset[Timestamp]:

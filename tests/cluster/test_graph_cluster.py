@@ -27,6 +27,8 @@ N = 12_000  # 288 KB a source: ~280 rings of 4 slots of 256 bytes
 class Hold(Operator):
     """Emits each time's batches only when the time is complete (a notification), n + 1."""
 
+    per_time = True  # its state is keyed by ctx.time: one call per time, every record at it
+
     def __init__(self):
         self.held = {}
 
@@ -43,6 +45,8 @@ class Hold(Operator):
 class Log(Operator):
     """Emits a row per batch and per notification with the monotonic clock's time (one clock
     for every process of the machine)."""
+
+    per_time = True  # its state is keyed by ctx.time: one call per time, every record at it
 
     async def on_batch(self, ctx, port, batch):
         ctx.notify_at(ctx.time)
@@ -135,6 +139,8 @@ KEYED = np.dtype([("v", "<i8"), ("k", "<i8"), ("t", "<i8")])
 class SumPerKeyOnNotify(Operator):
     """Counts records per key per time and emits (count, key, time) when the time is complete;
     a batch at a time it was already notified of (one that came early) fails the job."""
+
+    per_time = True  # its state is keyed by ctx.time: one call per time, every record at it
 
     def __init__(self):
         self.counts, self.notified = {}, []

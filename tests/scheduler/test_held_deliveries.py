@@ -16,6 +16,8 @@ SCHEMA = Schema({"t": "i8", "v": "i8"})
 class Notified(Operator):
     """Emits, per notified time, how many records it held at that time."""
 
+    per_time = True  # one call per time: every record at ctx.time
+
     def __init__(self):
         self.held = {}
 

@@ -26,6 +26,8 @@ class PerTimeSums(Operator):
     """Per time, once it is complete: each key's sum at that time and how many records of the
     key it has seen so far (deterministic: notifications come in time order)."""
 
+    per_time = True  # its state is keyed by ctx.time: one call per time, every record at it
+
     def __init__(self):
         self.held: dict = {}
         self.seen: dict[int, int] = {}

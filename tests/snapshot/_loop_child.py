@@ -65,6 +65,8 @@ class CountPerKey(slashrt.Operator):
     """Counts records and sums v per key and epoch; once an epoch is complete (notification)
     adds it to the running totals and emits the totals of the keys that epoch touched."""
 
+    per_time = True  # its state is keyed by ctx.time: one call per time, every record at it
+
     def __init__(self):
         self.totals = np.zeros((50, 2), np.int64)  # per key: count, sum, of the epochs notified
         self.open: dict[int, np.ndarray] = {}  # epoch -> per key: count, sum
