@@ -95,6 +95,7 @@ class Executor:
     # pipeline call; yielding every few calls keeps pollers and sources moving.
     YIELD_EVERY = 4
     COALESCE = 32
+    YIELD_AFTER_S = 0.005  # a pipeline call longer than this yields at once
 
     def __init__(
         self, inputs: list[Input], *, index: int = 0, yield_every: int = YIELD_EVERY, coalesce: int = COALESCE,
@@ -108,6 +109,8 @@ class Executor:
         self.coalesce = coalesce
         self._lanes = {n: _Lane([i for i in inputs if i.lane == n]) for n in sorted({i.lane for i in inputs})}
         self.log = log.bind(executor=index)
+        if checkpoints is not None:
+            checkpoints.attach(self)
 
     @property
     def failed(self) -> dict[str, BaseException]:
@@ -235,7 +238,9 @@ class Executor:
                 await progress.settle()
             stats.compute_s += time.perf_counter() - t0
             handled += 1
-            if handled % self.yield_every == 0:
+            # every few calls, or after a slow one: the loop's other tasks (pollers, sources,
+            # checkpoints' triggers and writes) wait for these yields
+            if handled % self.yield_every == 0 or time.perf_counter() - t0 > self.YIELD_AFTER_S:
                 await trio.lowlevel.checkpoint()
 
     async def _handle_control(self, inp: Input, buf: Buffer) -> None:
@@ -267,6 +272,18 @@ class Executor:
         inp.blocked.set()
         inp.blocked = None
         lane.lot.unpark_all()
+
+    def unconsumed(self, inp: Input) -> list:
+        """`inp`'s buffers not computed yet, oldest first: held behind a barrier, polled and
+        ready, still in the ring (an unaligned checkpoint's in-flight data). Views: copy them
+        before the next batch."""
+        ready = [buf for i, buf in self._lanes[inp.lane].ready if i is inp]
+        return [*inp.held, *ready, *([] if inp.receiver.finished else inp.receiver.posted_unpolled())]
+
+    def wake(self) -> None:
+        """Wake the compute coroutines (a checkpoint waits for their next turn: `between`)."""
+        for lane in self._lanes.values():
+            lane.lot.unpark_all()
 
     def unblock_all(self) -> None:
         """Consume every input again."""
