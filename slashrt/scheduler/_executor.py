@@ -79,6 +79,7 @@ class Input:
     # already polled of it waits in `held` (its slots unreleased: credits give backpressure)
     blocked: trio.Event | None = None
     held: collections.deque = attrs.field(factory=collections.deque)
+    run_cap: int = 1 << 30  # buffers per pipeline call (the executor shortens the runs of a slow pipeline)
 
 
 class _Lane:
@@ -95,7 +96,7 @@ class Executor:
     # pipeline call; yielding every few calls keeps pollers and sources moving.
     YIELD_EVERY = 4
     COALESCE = 32
-    YIELD_AFTER_S = 0.005  # a pipeline call longer than this yields at once
+    SLICE_S = 0.01  # a pipeline call longer than this yields at once, and gets shorter runs
 
     def __init__(
         self, inputs: list[Input], *, index: int = 0, yield_every: int = YIELD_EVERY, coalesce: int = COALESCE,
@@ -227,6 +228,9 @@ class Executor:
                 rx.release()
             else:
                 if isinstance(buf, DataRun):
+                    if buf.n > inp.run_cap:  # a slow pipeline: the rest of the run goes next
+                        ready.appendleft((inp, DataRun(buf.first_slot + inp.run_cap, buf.n - inp.run_cap, buf.count)))
+                        buf = DataRun(buf.first_slot, inp.run_cap, buf.count)
                     records, n = rx.run_records(buf, inp.dtype), buf.n
                 else:  # a data buffer polled on its own (e.g. a partial last one)
                     records, n = buf.records(inp.dtype), 1
@@ -234,13 +238,16 @@ class Executor:
                 stats.records += records.size
                 await inp.pipeline.push(Batch(records))
                 rx.release(n)
+                # runs sized so that one call takes about SLICE_S: the loop's other tasks
+                # (pollers, sources, checkpoints' triggers and writes) run between two calls
+                took = time.perf_counter() - t0
+                inp.run_cap = self.coalesce if took * self.coalesce <= n * self.SLICE_S else max(1, int(n * self.SLICE_S / took))
             if progress is not None:
                 await progress.settle()
             stats.compute_s += time.perf_counter() - t0
             handled += 1
-            # every few calls, or after a slow one: the loop's other tasks (pollers, sources,
-            # checkpoints' triggers and writes) wait for these yields
-            if handled % self.yield_every == 0 or time.perf_counter() - t0 > self.YIELD_AFTER_S:
+            # every few calls, or after a slow one: the loop's other tasks wait for these yields
+            if handled % self.yield_every == 0 or time.perf_counter() - t0 > self.SLICE_S:
                 await trio.lowlevel.checkpoint()
 
     async def _handle_control(self, inp: Input, buf: Buffer) -> None:

@@ -54,6 +54,13 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
 
     was, n = restored.meta.get("executors", 1), restored.number
     refuse = f"run(): checkpoint {n} was taken on {was} executor(s) and cannot resume on {executors}:"
+    flying = sorted(step for (step, _), state in restored.states.items()
+                    if isinstance(state.meta, dict) and state.meta.get("kind") == "channel_state")
+    if flying:  # (`slashrt.snapshot.channel_state`: not split among executors)
+        raise SnapshotError(
+            f"{refuse} it was taken unaligned, with records in flight ({', '.join(flying)}), which are not shared "
+            f"out among executors; resume it with executors={was}, or from an aligned checkpoint"
+        )
     if role_plan.graph is not None:
         raise SnapshotError(
             f"{refuse} the state of a graph flow's operators and windows is not reassigned by key; resume it with "

@@ -214,8 +214,9 @@ class Checkpointing:
         self._replay: list = []  # restored back-edge logs, delivered by `replay`
         self._after_end: list[int] = []  # checkpoints triggered once every input had ended (loops still run)
         self._overtaking: list[int] = []  # checkpoints past their alignment timeout: taken unaligned between two batches
-        self.executor = None  # the Executor whose inputs these are (`attach`)
+        self._executor = None  # the Executor whose inputs these are (`attach`)
         self._unaligned: set[int] = set()  # checkpoints taken unaligned (their manifests say so)
+        self._channels: dict[int, dict] = {}  # an unaligned checkpoint's channel states, for `_take`
         # resuming a checkpoint of another executor count: this executor's states, reassigned
         # (`slashrt.snapshot.rescale.reassigned`); sources start afresh on their new shares
         self.rescaled: dict | None = None
@@ -370,9 +371,9 @@ class Checkpointing:
         """The alignment timeout: n, still aligning `seconds` after its trigger, is taken
         unaligned at the executor's next turn (`between`)."""
         await trio.sleep(seconds)
-        if n in self.coordinator.pending and n not in self._taken and self.executor is not None:
+        if n in self.coordinator.pending and n not in self._taken and self._executor is not None:
             self._overtaking.append(n)
-            self.executor.wake()
+            self._executor.wake()
 
     def _request(self, n: int, stop: bool = False) -> None:
         """Barrier n at every source (`stop`, and always in stop-the-world: each halts after
@@ -409,7 +410,7 @@ class Checkpointing:
     def attach(self, executor) -> None:
         """The executor running this plan (its inputs' unconsumed buffers are an unaligned
         checkpoint's channel state)."""
-        self.executor = executor
+        self._executor = executor
 
     async def on_barrier(self, executor, inp, n: int) -> None:
         await self._obey(executor, self.aligner.barrier(inp.name, n))
@@ -490,7 +491,7 @@ class Checkpointing:
         holds nothing of n in flight; another one's unconsumed buffers up to barrier n (all of
         them if its source has not posted it: its position is then taken now) are n's channel
         state. Loops: their back edges' queue is what is in flight there (`BackEdgeLog.take`)."""
-        executor, channels = self.executor, self.aligner.channels
+        executor, channels = self._executor, self.aligner.channels
         channel = {}
         for inp in executor.inputs:
             if channels.last.get(inp.name, -1) >= n or inp.name not in self.sources:
@@ -505,12 +506,13 @@ class Checkpointing:
         self._unaligned.add(n)
         log.debug("checkpoint taken unaligned", checkpoint=n, channels=sorted(channel),
                   in_flight=sum(len(c.arrays["records"]) for c in channel.values()))
-        self._take(n, alignment, channel=channel)
+        self._channels[n] = channel
+        self._take(n, alignment)
 
     def _instances(self):
         return sorted(self.coordinator.instances)
 
-    def _take(self, n: int, alignment: AlignmentStats, running: bool = False, channel: dict | None = None) -> None:
+    def _take(self, n: int, alignment: AlignmentStats, running: bool = False) -> None:
         """The synchronous part of checkpoint n, between two batches: pre-commit the sinks, copy
         every node's state; the writing goes on in the background. Loops: barrier n goes round
         them while the run goes on (`running`, asynchronous snapshots), else the log is what
@@ -525,7 +527,7 @@ class Checkpointing:
                 # publish again; were this process to die first, its memory would be gone anyway
                 sink.commit(n)
         # channel state first: its parts are written before the acks that may complete n
-        states = {channel_state.part_name(source): state for source, state in (channel or {}).items()}
+        states = {channel_state.part_name(source): state for source, state in self._channels.pop(n, {}).items()}
         sync = dict.fromkeys(states, 0.0)
         for step_id, node in self.nodes.items():
             t0 = time.perf_counter()

@@ -1,0 +1,180 @@
+"""Unaligned checkpoints on one executor (`slashrt.snapshot.channel_state`, `Checkpointing._take_unaligned`).
+
+- a checkpoint past its alignment timeout is taken at once: every checkpoint's state plus its
+  in-flight records (the channel state) is exactly what each source had fed at its position,
+  while a slow step keeps the rings full; resuming from one replays the in-flight records
+  first: the output is exactly once;
+- killed (SIGKILL, a real child process) while every checkpoint is unaligned, at chosen
+  points, the resumed job publishes exactly the failure-free output;
+- loops on one executor: a checkpoint taken unaligned holds the batches queued on the back edges
+  as its log (and the sources' in-flight records): killed mid-iterations, exactly once;
+- the aligner lets a checkpoint overtake its barriers (`BarrierAligner.overtake`);
+- the executor shortens the runs of buffers it hands a slow pipeline, so the loop's other tasks
+  (the checkpoints' triggers and writes) run between two calls;
+- the option is checked.
+"""
+
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import slashrt
+from slashrt import Dataflow, Schema, Tumbling, sinks
+from slashrt.errors import OptionError, SlashError
+from slashrt.snapshot import SnapshotStore
+from slashrt.snapshot.alignment import BarrierAligner, Snapshot
+from slashrt.snapshot.channel_state import CHANNEL_KIND
+from slashrt.snapshot.coordinator import CheckpointConfig
+
+from tests.snapshot import test_checkpoint_loops as loops
+from tests.snapshot.test_checkpoint_loops import references  # noqa: F401 (a fixture)
+from tests.snapshot.test_checkpoint_run import child, published, reference  # noqa: F401 (a fixture)
+
+SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
+SMALL = {"slots": 8, "slot_size": 2048}
+
+
+def records(n: int, key: int) -> np.ndarray:
+    out = np.zeros(n, SCHEMA.dtype)
+    out["t"] = np.arange(n, dtype=np.int64) * 10_000 // n
+    out["k"] = key
+    out["v"] = 1
+    return out
+
+
+def slow(batch):  # the slow step after source a: its ring stays full
+    time.sleep(0.0005)
+    return np.ones(len(batch), bool)
+
+
+def counting(name: str):
+    """Sources a (behind the slow step) and b, one window over the whole stream counting per
+    source: its state is how many records of each went in."""
+    flow = Dataflow(name)
+    a, b = flow.source("a", SCHEMA, time="t"), flow.source("b", SCHEMA, time="t")
+    out = sinks.Collect(transactional=True)
+    a.filter(slow, name="slow").union(b).window(Tumbling(ms=10**9)).count(key="k").sink(out, name="out")
+    return flow, out
+
+
+def in_flight(checkpoint) -> dict[str, int]:
+    """Records of each source the checkpoint holds as channel state."""
+    return {state.meta["source"].split(".")[1]: len(state.arrays["records"])
+            for state in checkpoint.states.values() if state.meta.get("kind") == CHANNEL_KIND}
+
+
+def test_an_unaligned_checkpoint_holds_what_was_in_flight_and_a_resume_replays_it(tmp_path):
+    inputs = {"a": records(30_000, 0), "b": records(60_000, 1)}
+    flow, out = counting("ua")
+    slashrt.run(flow, inputs, checkpoint={"interval": 0.01, "alignment_timeout": 0, "keep": 1000},
+                checkpoint_dir=tmp_path, **SMALL)
+    assert sorted(out.records["count"].tolist()) == [30_000, 60_000]
+    store = SnapshotStore(tmp_path, job="ua", keep=1000)
+    middle = []
+    for n in store.checkpoints():
+        checkpoint = store.load(n)
+        fed = {step.split(".")[1]: position["0"]["fed"] for step, position in checkpoint.meta["sources"].items()}
+        if fed == {"a": 30_000, "b": 60_000} and checkpoint.meta["kind"] != "checkpoint":
+            continue  # the final checkpoint: the end fired the window
+        (window,) = [s for s in checkpoint.states.values() if "slices.keys" in s.arrays]
+        counted = np.bincount(window.arrays["slices.keys"], window.arrays["slices.counts"], minlength=2)
+        flying = in_flight(checkpoint)
+        # consumed + in flight = fed, for each source: nothing lost, nothing twice
+        assert [counted[0] + flying.get("a", 0), counted[1] + flying.get("b", 0)] == [fed["a"], fed["b"]], n
+        assert checkpoint.meta.get("unaligned")
+        if flying.get("a", 0) and fed["a"] < 30_000:
+            middle.append(n)
+    assert middle, store.checkpoints()  # taken while records were in flight
+    flow, out = counting("ua")
+    slashrt.run(flow, inputs, checkpoint={"keep": 1000}, checkpoint_dir=tmp_path, resume_from=middle[0], **SMALL)
+    assert sorted(out.records["count"].tolist()) == [30_000, 60_000]  # the in-flight records replayed, once
+
+
+def test_a_checkpoint_with_records_in_flight_is_not_rescaled(tmp_path):
+    inputs = {"a": records(30_000, 0), "b": records(60_000, 1)}
+    flow, _ = counting("ua")
+    slashrt.run(flow, inputs, checkpoint={"interval": 0.01, "alignment_timeout": 0, "keep": 1000},
+                checkpoint_dir=tmp_path, **SMALL)
+    store = SnapshotStore(tmp_path, job="ua", keep=1000)
+    flying = [n for n in store.checkpoints() if in_flight(store.load(n))]
+    assert flying
+    flow, _ = counting("ua")
+    with pytest.raises(SlashError, match=rf"checkpoint {flying[0]} was taken on 1 executor\(s\) and cannot resume on 2: "
+                                         r"it was taken unaligned, with records in flight \(ua\.a\.channel.*resume it "
+                                         r"with executors=1, or from an aligned checkpoint"):
+        slashrt.run(flow, inputs, executors=2, checkpoint={"keep": 1000}, checkpoint_dir=tmp_path, resume_from=flying[0],
+                    partitions=16, **SMALL)
+
+
+@pytest.mark.parametrize("kills", [["write_part:20"], ["records:60"], ["pre_commit:6", "write_part:12"]],
+                         ids=["during-async-write", "after-60k-records", "twice-in-a-row"])
+def test_killed_during_unaligned_checkpoints_the_output_is_exactly_once(tmp_path, reference, kills, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("SLASHRT_TEST_ALIGNMENT_TIMEOUT", "0")  # every periodic checkpoint unaligned
+    flying = 0
+    for kill in kills:
+        crashed = child(tmp_path, kill)
+        assert crashed.returncode == -signal.SIGKILL, (kill, crashed.returncode, crashed.stderr[-2000:])
+        latest = SnapshotStore(tmp_path / "chk", job="chaos").latest()
+        if latest is not None and latest.meta["kind"] == "checkpoint":
+            assert latest.meta.get("unaligned"), latest.meta
+            flying += sum(in_flight(latest).values())
+    resumed = child(tmp_path, "none")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert published(tmp_path) == reference
+    assert flying > 0  # the resume replayed records that were in flight
+
+
+# (killed while the sources still feed: a checkpoint triggered after they ended is taken at
+# once anyway, `LoopHead.trigger`)
+@pytest.mark.parametrize("name, kills", [("cc", ["queued:20"]), ("circulate", ["queued:300"])])
+def test_killed_in_a_loop_during_unaligned_checkpoints_the_output_is_exactly_once(
+        tmp_path, references, name, kills, monkeypatch):  # noqa: F811
+    expected = references(name)  # (a failure-free run, aligned)
+    monkeypatch.setenv("SLASHRT_TEST_ALIGNMENT_TIMEOUT", "0")
+    for kill in kills:
+        crashed = loops.child(tmp_path, name, kill)
+        assert crashed.returncode == -signal.SIGKILL, (kill, crashed.returncode, crashed.stderr[-2000:])
+        latest = SnapshotStore(tmp_path / "chk", job=name).latest()
+        assert latest is not None and latest.meta.get("unaligned"), latest and latest.meta
+    resumed = loops.child(tmp_path, name)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert loops.published(tmp_path) == expected
+
+
+def test_a_checkpoint_overtakes_its_barriers():
+    aligner = BarrierAligner(["a", "b"], clock=lambda: 1.0)
+    assert aligner.barrier("a", 3) == [] and aligner.channels.blocked == {"a"}
+    stats = aligner.overtake(3, 2.0)
+    assert (stats.started, stats.ended) == (1.0, 2.0) and aligner.channels.blocked == set()
+    assert aligner.barrier("b", 3) == [] and aligner.stale == 1  # its barrier, later: stale
+    aligner.overtake(4, 3.0)  # before any barrier 4: both inputs may deliver it later
+    assert aligner.barrier("a", 4) == [] and aligner.barrier("b", 4) == []
+    assert [type(o) for o in aligner.barrier("a", 5) + aligner.barrier("b", 5)] == [Snapshot]
+
+
+def test_a_slow_pipeline_gets_shorter_runs():
+    sizes = []
+
+    def slow_call(batch):
+        sizes.append(len(batch))
+        time.sleep(0.02)
+        return np.ones(len(batch), bool)
+
+    flow = Dataflow("runs")
+    out = sinks.Collect()
+    flow.source("a", SCHEMA, time="t").filter(slow_call).sink(out)
+    per_buffer = (2048 - 32) // SCHEMA.record_size
+    slashrt.run(flow, {"a": records(per_buffer * 200, 0)}, slots=64, slot_size=2048, coalesce=32)
+    assert len(out.records) == per_buffer * 200
+    assert max(sizes) > per_buffer  # runs of buffers at first
+    assert sizes[-20:] == [per_buffer] * 20, sizes  # then one buffer a call (20 ms each > the slice)
+
+
+@pytest.mark.parametrize("value, after", [("auto", 0.25), (None, None), (0, 0.0), ("100ms", 0.1)])
+def test_the_alignment_timeout_option(value, after):
+    assert CheckpointConfig.from_options(interval=0.5, alignment_timeout=value).unaligned_after == after
+    assert CheckpointConfig.from_options(interval=0.5, mode="sync").unaligned_after is None
+    with pytest.raises(OptionError, match="alignment_timeout must be a duration >= 0"):
+        CheckpointConfig.from_options(interval=0.5, alignment_timeout=-1)
