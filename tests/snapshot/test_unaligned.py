@@ -178,3 +178,18 @@ def test_the_alignment_timeout_option(value, after):
     assert CheckpointConfig.from_options(interval=0.5, mode="sync").unaligned_after is None
     with pytest.raises(OptionError, match="alignment_timeout must be a duration >= 0"):
         CheckpointConfig.from_options(interval=0.5, alignment_timeout=-1)
+
+
+def test_bench_checkpoint_slow_step_reports_the_cadence(capsys):
+    import json
+
+    from slashrt.cli import main
+
+    args = ["bench", "checkpoint", "--slow-step-ms", "2", "--events", "150000", "--interval", "0.05",
+            "--alignment-timeout", "0", "--json"]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["correct"] is True and result["alignment_timeout"] == 0
+    assert result["checkpoints_completed"] >= result["unaligned"] >= 1
+    assert result["cadence_ratio"] == round(result["checkpoints_completed"] / result["checkpoints_expected"], 3)
+    assert result["duration_p99_s"] >= result["duration_p50_s"] > 0
