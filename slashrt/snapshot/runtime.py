@@ -552,8 +552,8 @@ class Checkpointing:
 
     async def _write_parts(self, n: int, states: dict, sync: dict, positions: dict, alignment_s: float) -> None:
         completed, extra = None, 0
-        if not set(states) & {step for step, _ in self.coordinator.instances}:
-            completed = self.coordinator.ack(n, ("executor", EXECUTOR), AckStats(alignment_s))
+        # no stateful step: the executor acks, once its parts (channel state) are written
+        stateless = not set(states) & {step for step, _ in self.coordinator.instances}
         # one store operation at a time: a manifest's retention removes the directories of older
         # checkpoints (this one, once a newer one subsumed it) and must not meet a write. Every
         # part in one worker-thread call: a busy event loop (a slow step) resumes this task only
@@ -561,7 +561,7 @@ class Checkpointing:
         async with self._storing:
             if n in self.coordinator.pending:  # else subsumed by a newer checkpoint: discarded below
                 t0 = time.perf_counter()
-                parts = await trio.to_thread.run_sync(self._write_all, n, states)
+                parts = await trio.to_thread.run_sync(self._write_all, n, states) if states else []
                 written = time.perf_counter() - t0
                 for step_id, part in zip(states, parts):
                     if (step_id, EXECUTOR) not in self.coordinator.instances:  # channel state: no instance of its own
@@ -570,6 +570,8 @@ class Checkpointing:
                     stats = AckStats(alignment_s, sync[step_id], written, part.size + extra)
                     extra = 0
                     completed = self.coordinator.ack(n, (step_id, EXECUTOR), stats) or completed
+                if stateless:
+                    completed = self.coordinator.ack(n, ("executor", EXECUTOR), AckStats(alignment_s, 0.0, written, extra))
             if completed is None:  # aborted meanwhile (a newer barrier overtook it)
                 await trio.to_thread.run_sync(self.store.discard, n)
                 return

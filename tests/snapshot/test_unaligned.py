@@ -92,6 +92,30 @@ def test_an_unaligned_checkpoint_holds_what_was_in_flight_and_a_resume_replays_i
     assert sorted(out.records["count"].tolist()) == [30_000, 60_000]  # the in-flight records replayed, once
 
 
+def test_a_resume_replays_the_in_flight_records_in_order_before_the_rest(tmp_path):
+    data = records(30_000, 0)
+    data["v"] = np.arange(len(data))
+
+    def stateless(name):
+        flow = Dataflow(name)
+        out = sinks.Collect()
+        flow.source("a", SCHEMA, time="t").filter(slow, name="slow").sink(out, name="out")
+        return flow, out
+
+    flow, _ = stateless("uas")
+    slashrt.run(flow, {"a": data}, checkpoint={"interval": 0.01, "alignment_timeout": 0, "keep": 1000},
+                checkpoint_dir=tmp_path, **SMALL)
+    store = SnapshotStore(tmp_path, job="uas", keep=1000)
+    flying = [n for n in store.checkpoints() if in_flight(store.load(n)).get("a")]
+    assert flying, store.checkpoints()
+    checkpoint = store.load(flying[0])
+    fed = checkpoint.meta["sources"]["uas.a"]["0"]["fed"]
+    flow, out = stateless("uas")
+    slashrt.run(flow, {"a": data}, checkpoint={"keep": 1000}, checkpoint_dir=tmp_path, resume_from=flying[0], **SMALL)
+    # the records in flight first, then the rest: everything after what was computed, once
+    assert out.records["v"].tolist() == list(range(fed - in_flight(checkpoint)["a"], len(data)))
+
+
 def slow_tree(name: str):
     """One source behind the slow step into one window over the whole stream counting per key
     (a tree flow: it rescales)."""
