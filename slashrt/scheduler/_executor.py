@@ -18,7 +18,9 @@ slot (its credit goes back to the sender), and yield every `yield_every` pipelin
 Pollers take data buffers in runs (up to `coalesce` consecutive slots whose buffers hold the
 same number of records, validated in one native pass) and compute hands a run to the pipeline
 as one 2-D zero-copy view, so Python's fixed cost per call is paid once per run of buffers
-instead of once per 64 KiB.
+instead of once per 64 KiB. A slow pipeline's runs are cut so that a call takes about
+`SLICE_S`, and a longer call yields at once: the loop's other tasks (a checkpoint's trigger and
+write among them) never wait for a whole run of slow buffers.
 
 Inputs belong to lanes, one compute coroutine each (usually one lane). A multi-executor run puts
 the channels arriving from other executors in a lane of their own: a pipeline that waits for a
