@@ -129,6 +129,12 @@ def test_a_resume_replays_the_in_flight_records_in_order_before_the_rest(tmp_pat
     assert flying, store.checkpoints()
     checkpoint = store.load(flying[0])
     fed = checkpoint.meta["sources"]["uas.a"]["0"]["fed"]
+    # `slashrt checkpoints DIR` says how many records it holds in flight
+    from slashrt.snapshot import listing
+
+    (listed,) = [c for c in listing.describe(str(tmp_path))["jobs"][0]["checkpoints"] if c["checkpoint"] == flying[0]]
+    assert listed["in_flight"] == in_flight(checkpoint)["a"] > 0
+    assert f"({listed['in_flight']:,} in flight)" in listing.render(listing.describe(str(tmp_path)))
     flow, out = stateless("uas")
     slashrt.run(flow, {"a": data}, checkpoint={"keep": 1000}, checkpoint_dir=tmp_path, resume_from=flying[0], **SMALL)
     # the records in flight first, then the rest: everything after what was computed, once
