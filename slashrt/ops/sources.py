@@ -102,6 +102,9 @@ class ChannelFeeder:
         # a control message counted in the position but not posted yet (it waits for a credit):
         # an unaligned checkpoint taken meanwhile holds it in the channel state
         self.unposted: tuple[Control, int] | None = None
+        # its position is one a barrier may record: it has begun feeding (before, a reading
+        # source may not know its cursor yet, e.g. a bounded read's end)
+        self.positioned = False
 
     @property
     def barriers(self):
@@ -128,6 +131,7 @@ class ChannelFeeder:
     async def finish(self) -> None:
         """End the stream: barriers still due go out after the last records (and later
         checkpoints record the end as the position), then END_OF_STREAM."""
+        self.positioned = True
         if self.barriers is not None:
             await self.barriers.replay(self.sender)
             await self.barriers.emit(self)
@@ -136,6 +140,7 @@ class ChannelFeeder:
 
     async def feed(self, records: np.ndarray) -> None:
         """Send a contiguous structured array (of the channel's record layout) into the channel."""
+        self.positioned = True
         if self.barriers is not None:  # a restored unaligned checkpoint's in-flight buffers go first
             await self.barriers.replay(self.sender)
         sender, time, watermark_every = self.sender, self.time, self.watermark_every

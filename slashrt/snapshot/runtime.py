@@ -427,9 +427,9 @@ class Checkpointing:
             n = self._overtaking.pop(0)
             if n not in self.coordinator.pending or n in self._taken:
                 continue
-            if all(s.feeder is not None or n in s.positions for s in self.sources.values()):
+            if all((s.feeder is not None and s.feeder.positioned) or n in s.positions for s in self.sources.values()):
                 self._take_unaligned(n)
-            else:  # a source has not started feeding: it has no position to take yet
+            else:  # a source has not begun feeding: it has no position to take yet
                 later.append(n)
         self._overtaking = later
         while self._after_end:
