@@ -135,6 +135,7 @@ def main(directory: str, kill: str, inputs: str = "arrays") -> None:
     slashrt.run(
         flow(job_sinks(directory, inputs), pace), job_inputs(inputs), checkpoint={"interval": 0.005, "keep": 2, **ALIGNMENT},
         checkpoint_dir=f"{directory}/chk", resume_from="latest", slots=8, slot_size=2048, on_records=on_records,
+        **({"coalesce": 2} if ALIGNMENT else {}),  # unaligned: runs shorter than the ring, which holds records in flight
     )
     print("done", flush=True)
 

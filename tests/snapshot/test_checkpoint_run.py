@@ -179,7 +179,8 @@ def test_every_checkpoint_holds_exactly_what_each_source_fed_before_its_barrier(
     )
     store = SnapshotStore(tmp_path, job="align", keep=1000)
     numbers = store.checkpoints()
-    assert [c["checkpoint"] for c in result.checkpoints if c["status"] == "completed"] == numbers
+    reported = [c["checkpoint"] for c in result.checkpoints if c["status"] == "completed"]
+    assert reported == numbers[-len(reported):]  # (the report keeps the last 100)
     both_running = 0
     for n in numbers:
         checkpoint = store.load(n)

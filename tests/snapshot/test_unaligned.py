@@ -123,7 +123,7 @@ def test_a_resume_replays_the_in_flight_records_in_order_before_the_rest(tmp_pat
 
     flow, _ = stateless("uas")
     slashrt.run(flow, {"a": data}, checkpoint={"interval": 0.01, "alignment_timeout": 0, "keep": 1000},
-                checkpoint_dir=tmp_path, **SMALL)
+                checkpoint_dir=tmp_path, coalesce=2, **SMALL)
     store = SnapshotStore(tmp_path, job="uas", keep=1000)
     flying = [n for n in store.checkpoints() if in_flight(store.load(n)).get("a")]
     assert flying, store.checkpoints()
@@ -136,7 +136,8 @@ def test_a_resume_replays_the_in_flight_records_in_order_before_the_rest(tmp_pat
     assert listed["in_flight"] == in_flight(checkpoint)["a"] > 0
     assert f"({listed['in_flight']:,} in flight)" in listing.render(listing.describe(str(tmp_path)))
     flow, out = stateless("uas")
-    slashrt.run(flow, {"a": data}, checkpoint={"keep": 1000}, checkpoint_dir=tmp_path, resume_from=flying[0], **SMALL)
+    slashrt.run(flow, {"a": data}, checkpoint={"keep": 1000}, checkpoint_dir=tmp_path, resume_from=flying[0], coalesce=2,
+                **SMALL)
     # the records in flight first, then the rest: everything after what was computed, once
     assert out.records["v"].tolist() == list(range(fed - in_flight(checkpoint)["a"], len(data)))
 
@@ -156,7 +157,7 @@ def test_a_checkpoint_with_array_records_in_flight_rescales_them_once(tmp_path):
     data["k"] = np.arange(len(data)) % 4
     flow, _ = slow_tree("uar")
     slashrt.run(flow, {"a": data}, checkpoint={"interval": 0.01, "alignment_timeout": 0, "keep": 1000},
-                checkpoint_dir=tmp_path / "chk", **SMALL)
+                checkpoint_dir=tmp_path / "chk", coalesce=2, **SMALL)
     store = SnapshotStore(tmp_path / "chk", job="uar", keep=1000)
     flying = [n for n in store.checkpoints() if in_flight(store.load(n)).get("a")]
     assert flying
@@ -177,7 +178,7 @@ def test_a_checkpoint_with_records_in_flight_from_files_is_not_rescaled(tmp_path
     flow, _ = slow_tree("uaf")
     slashrt.run(flow, {"a": FileSource(tmp_path / "in", batch_records=2000)},
                 checkpoint={"interval": 0.01, "alignment_timeout": 0, "keep": 1000}, checkpoint_dir=tmp_path / "chk",
-                **SMALL)
+                coalesce=2, **SMALL)
     store = SnapshotStore(tmp_path / "chk", job="uaf", keep=1000)
     flying = [n for n in store.checkpoints() if in_flight(store.load(n)).get("a")]
     assert flying
