@@ -62,6 +62,12 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _alignment_timeout(text: str):
+    if text in ("auto", "none"):
+        return None if text == "none" else "auto"
+    return _non_negative_float(text)
+
+
 def _positive_float(text: str) -> float:
     value = _non_negative_float(text)
     if value == 0:
@@ -266,6 +272,12 @@ def _parser() -> argparse.ArgumentParser:
                      help="events of each run (default: enough for about 10 checkpoint intervals at 30 M events/s "
                      "an executor; a run with fewer than 3 periodic checkpoints says so in 'warning')")
     chk.add_argument("--executors", type=_positive_int, default=1, help="executor processes (2 or more: a cluster, no stop-the-world baseline)")
+    chk.add_argument("--slow-step-ms", type=_positive_float, metavar="MS",
+                     help="instead: YSB with a step after the source sleeping MS per buffer (default rings); report "
+                     "whether checkpoints keep their cadence (checkpoints_expected, _completed, cadence_ratio, duration_p99_s)")
+    chk.add_argument("--alignment-timeout", type=_alignment_timeout, default="auto", metavar="S|auto|none",
+                     help="with --slow-step-ms: take a checkpoint still aligning after S seconds unaligned (auto: half "
+                     "the interval, the default; none: always aligned; 0: unaligned at once)")
     _add_runtime_options(chk)
 
     chaos = queries.add_parser("chaos", help="SIGKILL executors of a checkpointed cluster job; check exactly-once output")
@@ -645,8 +657,10 @@ def _run_bench(args, given: set[str]) -> dict:
     if path == "checkpoint":
         from slashrt.bench import checkpoint
 
+        cadence = {} if args.slow_step_ms is None else {"slow_step_ms": args.slow_step_ms,
+                                                         "alignment_timeout": args.alignment_timeout}
         return checkpoint.bench(query=args.checkpoint_query, events=args.events, interval=args.interval,
-                                executors=args.executors, **_runtime_options(args))
+                                executors=args.executors, **cadence, **_runtime_options(args))
     if path == "report":
         _require(("matplotlib",), "bench", "`slashrt bench report`")
         from slashrt.bench import report

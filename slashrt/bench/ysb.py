@@ -110,10 +110,13 @@ def load_ads(path: str | Path, n_ads_needed: int | None = None) -> np.ndarray:
     return ads.astype(np.int64)
 
 
-def dataflow(ad_to_campaign: np.ndarray, sink, *, max_delay: int = 0) -> Dataflow:
-    """The YSB query written against the public API."""
+def dataflow(ad_to_campaign: np.ndarray, sink, *, max_delay: int = 0, step=None) -> Dataflow:
+    """The YSB query written against the public API; `step`: a filter put right after the
+    source (bench checkpoint's slow step)."""
     flow = Dataflow("ysb")
     events = flow.source("events", YSB_SCHEMA, time="event_time", max_delay=max_delay)
+    if step is not None:
+        events = events.filter(step, name="step")
 
     async def views(batch):
         return batch[batch["event_type"] == VIEW]

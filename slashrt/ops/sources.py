@@ -98,7 +98,25 @@ class ChannelFeeder:
         self.fed = 0  # records posted
         self.cursor = None  # the source's position (JSON) that the records fed since `_base` follow
         self._base = 0  # `fed` at `cursor`
-        self.barriers = None  # SourceBarriers: barriers requested by checkpoints, sent between runs
+        self._barriers = None
+        # a control message counted in the position but not posted yet (it waits for a credit):
+        # an unaligned checkpoint taken meanwhile holds it in the channel state
+        self.unposted: tuple[Control, int] | None = None
+        # its position is one a barrier may record: it has begun feeding (before, a reading
+        # source may not know its cursor yet, e.g. a bounded read's end)
+        self.positioned = False
+
+    @property
+    def barriers(self):
+        """SourceBarriers: barriers requested by checkpoints, sent between runs (it knows its
+        feeder: an unaligned checkpoint reads the position at once)."""
+        return self._barriers
+
+    @barriers.setter
+    def barriers(self, barriers) -> None:
+        self._barriers = barriers
+        if barriers is not None:
+            barriers.feeder = self
 
     @property
     def skip(self) -> int:
@@ -113,13 +131,18 @@ class ChannelFeeder:
     async def finish(self) -> None:
         """End the stream: barriers still due go out after the last records (and later
         checkpoints record the end as the position), then END_OF_STREAM."""
+        self.positioned = True
         if self.barriers is not None:
+            await self.barriers.replay(self.sender)
             await self.barriers.emit(self)
             self.barriers.end(self)
         await self.sender.aclose()
 
     async def feed(self, records: np.ndarray) -> None:
         """Send a contiguous structured array (of the channel's record layout) into the channel."""
+        self.positioned = True
+        if self.barriers is not None:  # a restored unaligned checkpoint's in-flight buffers go first
+            await self.barriers.replay(self.sender)
         sender, time, watermark_every = self.sender, self.time, self.watermark_every
         size = records.dtype.itemsize
         per_slot = sender.spec.payload_capacity // size
@@ -166,7 +189,9 @@ class ChannelFeeder:
             end = min(sent * per_slot, n)
             if self.sent % watermark_every == 0 or end == n:
                 if self.max_time is not None:
-                    await sender.send_control(Control.WATERMARK, watermark_of(self.max_time, self.max_delay))
+                    self.unposted = (Control.WATERMARK, watermark_of(self.max_time, self.max_delay))
+                    await sender.send_control(*self.unposted)
+                    self.unposted = None
                 await trio.lowlevel.checkpoint()
 
     # -- state (the shape: slashrt.snapshot.operators) -------------------------------------------------

@@ -18,7 +18,9 @@ slot (its credit goes back to the sender), and yield every `yield_every` pipelin
 Pollers take data buffers in runs (up to `coalesce` consecutive slots whose buffers hold the
 same number of records, validated in one native pass) and compute hands a run to the pipeline
 as one 2-D zero-copy view, so Python's fixed cost per call is paid once per run of buffers
-instead of once per 64 KiB.
+instead of once per 64 KiB. A slow pipeline's runs are cut so that a call takes about
+`SLICE_S`, and a longer call yields at once: the loop's other tasks (a checkpoint's trigger and
+write among them) never wait for a whole run of slow buffers.
 
 Inputs belong to lanes, one compute coroutine each (usually one lane). A multi-executor run puts
 the channels arriving from other executors in a lane of their own: a pipeline that waits for a
@@ -80,6 +82,7 @@ class Input:
     # already polled of it waits in `held` (its slots unreleased: credits give backpressure)
     blocked: trio.Event | None = None
     held: collections.deque = attrs.field(factory=collections.deque)
+    run_cap: int = 1 << 30  # buffers per pipeline call (the executor shortens the runs of a slow pipeline)
 
 
 class _Lane:
@@ -96,6 +99,7 @@ class Executor:
     # pipeline call; yielding every few calls keeps pollers and sources moving.
     YIELD_EVERY = 4
     COALESCE = 32
+    SLICE_S = 0.01  # a pipeline call longer than this yields at once, and gets shorter runs
 
     def __init__(
         self, inputs: list[Input], *, index: int = 0, yield_every: int = YIELD_EVERY, coalesce: int = COALESCE,
@@ -109,6 +113,8 @@ class Executor:
         self.coalesce = coalesce
         self._lanes = {n: _Lane([i for i in inputs if i.lane == n]) for n in sorted({i.lane for i in inputs})}
         self.log = log.bind(executor=index)
+        if checkpoints is not None:
+            checkpoints.attach(self)
 
     @property
     def failed(self) -> dict[str, BaseException]:
@@ -225,6 +231,9 @@ class Executor:
                 rx.release()
             else:
                 if isinstance(buf, DataRun):
+                    if buf.n > inp.run_cap:  # a slow pipeline: the rest of the run goes next
+                        ready.appendleft((inp, DataRun(buf.first_slot + inp.run_cap, buf.n - inp.run_cap, buf.count)))
+                        buf = DataRun(buf.first_slot, inp.run_cap, buf.count)
                     records, n = rx.run_records(buf, inp.dtype), buf.n
                 else:  # a data buffer polled on its own (e.g. a partial last one)
                     records, n = buf.records(inp.dtype), 1
@@ -232,11 +241,16 @@ class Executor:
                 stats.records += records.size
                 await inp.pipeline.push(Batch(records))
                 rx.release(n)
+                # runs sized so that one call takes about SLICE_S: the loop's other tasks
+                # (pollers, sources, checkpoints' triggers and writes) run between two calls
+                took = time.perf_counter() - t0
+                inp.run_cap = self.coalesce if took * self.coalesce <= n * self.SLICE_S else max(1, int(n * self.SLICE_S / took))
             if progress is not None:
                 await progress.settle()
             stats.compute_s += time.perf_counter() - t0
             handled += 1
-            if handled % self.yield_every == 0:
+            # every few calls, or after a slow one: the loop's other tasks wait for these yields
+            if handled % self.yield_every == 0 or time.perf_counter() - t0 > self.SLICE_S:
                 await trio.lowlevel.checkpoint()
 
     async def _handle_control(self, inp: Input, buf: Buffer) -> None:
@@ -268,6 +282,18 @@ class Executor:
         inp.blocked.set()
         inp.blocked = None
         lane.lot.unpark_all()
+
+    def unconsumed(self, inp: Input) -> list:
+        """`inp`'s buffers not computed yet, oldest first: held behind a barrier, polled and
+        ready, still in the ring (an unaligned checkpoint's in-flight data). Views: copy them
+        before the next batch."""
+        ready = [buf for i, buf in self._lanes[inp.lane].ready if i is inp]
+        return [*inp.held, *ready, *([] if inp.receiver.finished else inp.receiver.posted_unpolled())]
+
+    def wake(self) -> None:
+        """Wake the compute coroutines (a checkpoint waits for their next turn: `between`)."""
+        for lane in self._lanes.values():
+            lane.lot.unpark_all()
 
     def unblock_all(self) -> None:
         """Consume every input again."""

@@ -210,6 +210,19 @@ class BarrierAligner:
         if isinstance(self._state, _Aligning) and input in self.channels.blocked:
             self._state.stats.blocked_bytes += nbytes
 
+    def overtake(self, n: int, now: float) -> AlignmentStats:
+        """Checkpoint n is taken unaligned now (its barriers overtook the records in front of
+        them): every input is open again, barrier n (and older ones) still to come are stale.
+        Returns n's stats (started at its first barrier here, or now)."""
+        stats = self._state.stats if isinstance(self._state, _Aligning) and self._state.latest == n else None
+        if isinstance(self._state, _Aligning) and self._state.latest <= n:
+            self.channels.blocked.clear()
+        if n > self._state.latest or stats is not None:
+            self._state = _Idle(n)
+        stats = stats or AlignmentStats(n, now)
+        stats.ended = now
+        return stats
+
     # --- queries ---------------------------------------------------------------------------
     def may_consume(self, input: Input) -> bool:
         """May the instance take the next record (or barrier) of `input` now?"""
@@ -293,6 +306,11 @@ class LoopHead:
             return []
         self._open[n][0].discard(input)
         return self._close_returned(n)
+
+    def overtake(self, n: int, now: float) -> AlignmentStats:
+        """Checkpoint n taken unaligned over the regular inputs (see `BarrierAligner.overtake`);
+        the back edges' queue at that moment is its log (the caller takes it)."""
+        return self.aligner.overtake(n, now)
 
     def trigger(self, n: int) -> list[Outcome | LogComplete]:
         """Checkpoint n was triggered after every regular input ended (they count as having

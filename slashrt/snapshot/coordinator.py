@@ -54,6 +54,7 @@ __all__ = [
 
 Instance = tuple[str, Hashable]  # (operator step id, executor)
 MODES = ("abs", "sync")
+AUTO = "auto"  # the alignment timeout's default: half the interval
 Clock = Callable[[], float]
 # failed checkpoints in a row a job survives: a disk filled for a few intervals (a log rotation,
 # another job's spill) costs only the checkpoints it declined; one that stays full fails the job
@@ -70,7 +71,10 @@ class CheckpointConfig:
     """When and how to checkpoint. `interval` None: off (the default); seconds otherwise.
     `mode` "abs" (barriers, the default) or "sync" (the stop-the-world baseline).
     `tolerable_failures`: checkpoints in a row whose state could not be written (a full disk)
-    that are only declined; one more fails the job (a completed checkpoint resets the count)."""
+    that are only declined; one more fails the job (a completed checkpoint resets the count).
+    `alignment_timeout`: a periodic checkpoint still aligning that long after its trigger is
+    taken unaligned (seconds, 0: unaligned at once; None: always aligned; "auto", the default:
+    half the interval; see `unaligned_after`, docs/architecture.md "Unaligned checkpoints")."""
 
     interval: float | None = None
     min_pause: float = 0.0
@@ -78,10 +82,21 @@ class CheckpointConfig:
     timeout: float = 600.0  # Flink's default, 10 min
     mode: str = "abs"
     tolerable_failures: int = TOLERABLE_FAILURES
+    alignment_timeout: float | str | None = AUTO
+
+    @property
+    def unaligned_after(self) -> float | None:
+        """Seconds after its trigger from which a periodic checkpoint is taken unaligned, or None.
+        "auto" is half the interval: a job that keeps up aligns in far less and writes no
+        in-flight data; a backpressured one's checkpoint completes within half an interval plus
+        its write, so the next one triggers on time (the cadence holds)."""
+        if self.mode == "sync" or self.interval is None or self.alignment_timeout is None:
+            return None
+        return self.interval / 2 if self.alignment_timeout == AUTO else self.alignment_timeout
 
     @classmethod
     def from_options(cls, interval=None, min_pause=0.0, max_in_flight=1, timeout=600.0, mode="abs",
-                     tolerable_failures=None) -> CheckpointConfig:
+                     tolerable_failures=None, alignment_timeout=AUTO) -> CheckpointConfig:
         """From user options (numbers of seconds or strings like '500ms'); OptionError if bad."""
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
             raise OptionError(f"checkpoint max_in_flight must be a whole number >= 1, got {max_in_flight!r}")
@@ -100,6 +115,8 @@ class CheckpointConfig:
             parse_seconds(timeout, "checkpoint timeout", positive=True),
             mode,
             tolerable_failures,
+            alignment_timeout if alignment_timeout in (None, AUTO)
+            else parse_seconds(alignment_timeout, "checkpoint alignment_timeout"),
         )
 
 

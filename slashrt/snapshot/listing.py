@@ -1,6 +1,7 @@
 """What a checkpoint directory holds, for `slashrt checkpoints`: per job, every checkpoint that
 is complete (verified as a resume would: `SnapshotStore.load`) with its number, kind, time,
-bytes, executors and how far each source had fed, and every one that is not, with why.
+bytes, executors, how far each source had fed and the records it holds in flight (an unaligned
+checkpoint), and every one that is not, with why.
 Looking changes nothing (a read-only store: no retention, no directory made)."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import fsspec
 
 from slashrt.errors import OptionError, SnapshotCorrupt, SnapshotError, SnapshotVersionError
+from slashrt.snapshot.channel_state import CHANNEL_KIND
 from slashrt.snapshot.storage import MANIFEST, SnapshotStore, _CHECKPOINT_DIR
 
 __all__ = ["describe", "render"]
@@ -68,6 +70,9 @@ def _checkpoint(store: SnapshotStore, n: int) -> dict:
         "parts": len(checkpoint.parts),
         "executors": meta.get("executors"),
         "sources": {step: _fed(positions) for step, positions in meta.get("sources", {}).items()},
+        # an unaligned checkpoint's records in flight (`slashrt.snapshot.channel_state`), replayed on a resume
+        "in_flight": sum(len(state.arrays["records"]) for state in checkpoint.states.values()
+                         if isinstance(state.meta, dict) and state.meta.get("kind") == CHANNEL_KIND),
     }
 
 
@@ -92,5 +97,6 @@ def render(listing: dict) -> str:
             sources = ", ".join(f"{step} {fed:,}" if isinstance(fed, int) else f"{step} ?"
                                 for step, fed in c["sources"].items())
             lines.append(f"  chk-{c['checkpoint']:<6} complete  {c['kind']:<10} {c['created']}  {c['bytes']:>12,} bytes  "
-                         f"{c['executors']} executor(s)  records fed: {sources or 'no sources'}")
+                         f"{c['executors']} executor(s)  records fed: {sources or 'no sources'}"
+                         + (f" ({c['in_flight']:,} in flight)" if c.get("in_flight") else ""))
     return "\n".join(lines) if lines else f"no checkpoints in {listing['location']}"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from slashrt.errors import SnapshotError
+from slashrt.snapshot.channel_state import CHANNEL_KIND, part_name
 from slashrt.snapshot.runtime import source_position
 from slashrt.snapshot.state_format import State
 
@@ -54,6 +55,7 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
 
     was, n = restored.meta.get("executors", 1), restored.number
     refuse = f"run(): checkpoint {n} was taken on {was} executor(s) and cannot resume on {executors}:"
+    flying = _in_flight(restored)
     if role_plan.graph is not None:
         raise SnapshotError(
             f"{refuse} the state of a graph flow's operators and windows is not reassigned by key; resume it with "
@@ -67,7 +69,7 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
             )
     steps = set(stateful_nodes(role_plan))
     steps |= {f"{step}.route" for step in steps}  # an UpPar router's state goes with its window's
-    unknown = sorted({step for step, _ in restored.states} - steps)
+    unknown = sorted({step for step, _ in restored.states} - steps - {part_name(source) for source in flying})
     if unknown:
         raise SnapshotError(
             f"{refuse} it holds state of step {unknown[0]!r}, which this dataflow does not have: resume it with the "
@@ -80,6 +82,11 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
                 f"{refuse} source {step_id!r} is a PerExecutor, whose stream make(index, executors) is another input "
                 f"on another executor count (no position in the old streams says what is left of the new ones); resume "
                 f"it with executors={was}, or give the input as an array"
+            )
+        if step_id in flying and not isinstance(value, np.ndarray):
+            raise SnapshotError(
+                f"{refuse} it was taken unaligned, with records of source {step_id!r} in flight, which are shared out "
+                f"anew only for in-memory arrays; resume it with executors={was}, or from an aligned checkpoint"
             )
         if callable(getattr(value, "rescaled_starts", None)):  # a FileSource: files are splits with offsets
             files[step_id] = _file_starts(refuse, restored, step_id, value, was)
@@ -103,7 +110,9 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
                 f"{refuse} its run read source {step_id!r} from files (a FileSource), and it is given an array now: "
                 "give it the FileSource"
             )
-        fed[step_id] = [p["fed"] for p in positions]
+        # an unaligned checkpoint (one executor): the records in flight are the last ones fed, so
+        # what is left to share out starts at them (`slashrt.snapshot.channel_state`)
+        fed[step_id] = [p["fed"] - flying.get(step_id, 0) for p in positions]
     for node in plan.sinks:  # output of old executors without a successor: committed up to n, the rest dropped
         for i in range(executors, was):
             part = getattr(node.sink, "for_executor", None)
@@ -112,6 +121,12 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
     stage = {"executors": was, "fed": fed, **({"files": files} if files else {})}
     shares, stages = resumed_inputs(plan, inputs, [*restored.meta.get("reshared", []), stage], executors)
     return {**shares, **readers}, stages
+
+
+def _in_flight(restored) -> dict[str, int]:
+    """Records in flight per source in an unaligned checkpoint's channel state (none: aligned)."""
+    return {state.meta["source"]: len(state.arrays["records"]) for state in restored.states.values()
+            if isinstance(state.meta, dict) and state.meta.get("kind") == CHANNEL_KIND}
 
 
 def _file_starts(refuse: str, restored, step_id: str, value, was: int) -> dict:

@@ -34,6 +34,7 @@ import trio
 
 from slashrt._buffer import Control
 from slashrt.errors import OptionError, SnapshotError, SnapshotWriteError
+from slashrt.snapshot import channel_state
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, LoopHead, Snapshot
 from slashrt.snapshot.commit import TwoPhaseCommit, commit_async, recover
 from slashrt.snapshot.coordinator import AckStats, CheckpointConfig, CheckpointCoordinator, StopTheWorld
@@ -66,7 +67,7 @@ def checkpoint_config(checkpoint) -> tuple[CheckpointConfig, int]:
         except TypeError:
             raise OptionError(
                 f"run(): checkpoint={checkpoint!r} has an unknown key; the keys are interval, min_pause, "
-                "max_in_flight, timeout, mode, tolerable_failures and keep"
+                "max_in_flight, timeout, mode, alignment_timeout, tolerable_failures and keep"
             ) from None
     return CheckpointConfig.from_options(interval=checkpoint), KEEP
 
@@ -89,6 +90,28 @@ class SourceBarriers:
         self._numbers: set[int] = set()  # requested, not sent: several in flight go out in order
         self.final: dict | None = None  # the position at the end of the stream
         self.positions: dict[int, dict] = {}  # checkpoint -> position (a feeder state's meta)
+        self.feeder = None  # the ChannelFeeder carrying these barriers, once it started
+        self.in_flight: list = []  # a restored unaligned checkpoint's channel state, posted first
+
+    async def replay(self, sender) -> None:
+        """Post the restored channel state (`slashrt.snapshot.channel_state`) before anything new."""
+        segments, self.in_flight = self.in_flight, []
+        if segments:
+            await channel_state.replay(sender, segments)
+
+    def overtaken(self, n: int) -> list:
+        """Unaligned checkpoint n is taken now and barrier n was not posted: the position is
+        where the feeder stands now (a source that ended: its end) and n is not sent any more.
+        Returns the control message the position counts but the ring does not hold yet (in
+        flight too)."""
+        unposted = []
+        if n not in self.positions:
+            self.positions[n] = self.feeder.snapshot(self.step_id).meta
+            if self.feeder.unposted is not None:
+                unposted = [(channel_state.WATERMARK, self.feeder.unposted[1])]
+        self._numbers = {m for m in self._numbers if m > n}
+        self.sent = max(self.sent, n)
+        return unposted
 
     @property
     def due(self) -> bool:
@@ -195,6 +218,10 @@ class Checkpointing:
         self._nursery: trio.Nursery | None = None
         self._replay: list = []  # restored back-edge logs, delivered by `replay`
         self._after_end: list[int] = []  # checkpoints triggered once every input had ended (loops still run)
+        self._overtaking: list[int] = []  # checkpoints past their alignment timeout: taken unaligned between two batches
+        self._executor = None  # the Executor whose inputs these are (`attach`)
+        self._unaligned: set[int] = set()  # checkpoints taken unaligned (their manifests say so)
+        self._channels: dict[int, dict] = {}  # an unaligned checkpoint's channel states, for `_take`
         # resuming a checkpoint of another executor count: this executor's states, reassigned
         # (`slashrt.snapshot.rescale.reassigned`); sources start afresh on their new shares
         self.rescaled: dict | None = None
@@ -234,6 +261,14 @@ class Checkpointing:
             number = self.restored.number
             states = {step: state for (step, _), state in self.restored.states.items()}
             logs = {step: states.pop(step) for step in list(states) if _kind(states[step]) == LOG_KIND}
+            for step in [step for step in states if _kind(states[step]) == channel_state.CHANNEL_KIND]:
+                source, segments = channel_state.restored(states.pop(step), step)
+                if source not in self.sources:
+                    raise SnapshotError(
+                        f"checkpoint {number} holds in-flight records of source {source!r}, which this dataflow does not "
+                        "have: restore it into the dataflow that wrote it"
+                    )
+                self.sources[source].in_flight = segments
             if logs and self.loops is None:
                 raise SnapshotError(
                     f"checkpoint {number} holds back-edge logs of loops ({', '.join(sorted(logs))}) but this dataflow "
@@ -334,6 +369,16 @@ class Checkpointing:
                     continue
                 log.debug("checkpoint triggered", checkpoint=record.checkpoint)
                 self._request(record.checkpoint)
+                if (after := self.config.unaligned_after) is not None:
+                    self._spawn(self._overtake_after, record.checkpoint, after)
+
+    async def _overtake_after(self, n: int, seconds: float) -> None:
+        """The alignment timeout: n, still aligning `seconds` after its trigger, is taken
+        unaligned at the executor's next turn (`between`)."""
+        await trio.sleep(seconds)
+        if n in self.coordinator.pending and n not in self._taken and self._executor is not None:
+            self._overtaking.append(n)
+            self._executor.wake()
 
     def _request(self, n: int, stop: bool = False) -> None:
         """Barrier n at every source (`stop`, and always in stop-the-world: each halts after
@@ -367,6 +412,11 @@ class Checkpointing:
             await self._changed.wait()
 
     # -- the executor's side (Executor.checkpoints) ------------------------------------------------
+    def attach(self, executor) -> None:
+        """The executor running this plan (its inputs' unconsumed buffers are an unaligned
+        checkpoint's channel state)."""
+        self._executor = executor
+
     async def on_barrier(self, executor, inp, n: int) -> None:
         await self._obey(executor, self.aligner.barrier(inp.name, n))
 
@@ -377,6 +427,16 @@ class Checkpointing:
         """The executor is between two batches (the compute loop calls it every turn): checkpoints
         triggered after every input ended snapshot now (the loops log their back edges as after
         a barrier)."""
+        later = []
+        while self._overtaking:
+            n = self._overtaking.pop(0)
+            if n not in self.coordinator.pending or n in self._taken:
+                continue
+            if all((s.feeder is not None and s.feeder.positioned) or n in s.positions for s in self.sources.values()):
+                self._take_unaligned(n)
+            else:  # a source has not begun feeding: it has no position to take yet
+                later.append(n)
+        self._overtaking = later
         while self._after_end:
             for outcome in self.aligner.trigger(self._after_end.pop(0)):
                 if isinstance(outcome, Snapshot) and outcome.checkpoint not in self._taken:
@@ -430,6 +490,30 @@ class Checkpointing:
             source.go_on(n)
             world.resumed((step_id, self.executor))
 
+    def _take_unaligned(self, n: int) -> None:
+        """Checkpoint n now, between two batches, without waiting for barrier n to pass the
+        buffers in front of it (`slashrt.snapshot.channel_state`): an input that delivered n
+        holds nothing of n in flight; another one's unconsumed buffers up to barrier n (all of
+        them if its source has not posted it: its position is then taken now) are n's channel
+        state. Loops: their back edges' queue is what is in flight there (`BackEdgeLog.take`)."""
+        executor, channels = self._executor, self.aligner.channels
+        channel = {}
+        for inp in executor.inputs:
+            if channels.last.get(inp.name, -1) >= n or inp.name not in self.sources:
+                continue  # delivered n: the state holds everything before it
+            segments, reached = channel_state.capture(executor.unconsumed(inp), inp.receiver, inp.dtype, n)
+            if not reached:
+                segments += self.sources[inp.name].overtaken(n)
+            if segments:
+                channel[inp.name] = channel_state.to_state(inp.name, n, segments, inp.dtype)
+        alignment = self.aligner.overtake(n, time.perf_counter())
+        self._block(executor)  # what waited behind an earlier barrier n goes on
+        self._unaligned.add(n)
+        log.debug("checkpoint taken unaligned", checkpoint=n, channels=sorted(channel),
+                  in_flight=sum(len(c.arrays["records"]) for c in channel.values()))
+        self._channels[n] = channel
+        self._take(n, alignment)
+
     def _instances(self):
         return sorted(self.coordinator.instances)
 
@@ -447,7 +531,9 @@ class Checkpointing:
                 # the stopping run returns it now, so its snapshot holds nothing for a resume to
                 # publish again; were this process to die first, its memory would be gone anyway
                 sink.commit(n)
-        states, sync = {}, {}
+        # channel state first: its parts are written before the acks that may complete n
+        states = {channel_state.part_name(source): state for source, state in self._channels.pop(n, {}).items()}
+        sync = dict.fromkeys(states, 0.0)
         for step_id, node in self.nodes.items():
             t0 = time.perf_counter()
             states[step_id] = node.snapshot()
@@ -491,30 +577,42 @@ class Checkpointing:
                     tolerated=self.config.tolerable_failures)
 
     async def _store(self, n: int, states: dict, sync: dict, positions: dict, alignment_s: float) -> None:
-        completed = None
-        if not states:
-            completed = self.coordinator.ack(n, ("executor", EXECUTOR), AckStats(alignment_s))
-        for step_id, state in states.items():
-            # one store operation at a time: a manifest's retention removes the directories of
-            # older checkpoints (this one, once a newer one subsumed it) and must not meet a write
-            async with self._storing:
-                if n not in self.coordinator.pending:
-                    break  # subsumed by a newer checkpoint: discarded below
-                t0 = time.perf_counter()
-                part = await self.store.awrite_part(n, step_id, EXECUTOR, state.arrays, state.meta)
-            stats = AckStats(alignment_s, sync[step_id], time.perf_counter() - t0, part.size)
-            completed = self.coordinator.ack(n, (step_id, EXECUTOR), stats) or completed
+        completed, extra = None, 0
+        # no stateful step: the executor acks, once its parts (channel state) are written
+        stateless = not set(states) & {step for step, _ in self.coordinator.instances}
+        # one store operation at a time: a manifest's retention removes the directories of older
+        # checkpoints (this one, once a newer one subsumed it) and must not meet a write. Every
+        # part in one worker-thread call: a busy event loop (a slow step) resumes this task only
+        # now and then, so each hop back to it would add to the checkpoint's duration
         async with self._storing:
+            if n in self.coordinator.pending:  # else subsumed by a newer checkpoint: discarded below
+                t0 = time.perf_counter()
+                parts = await trio.to_thread.run_sync(self._write_all, n, states) if states else []
+                written = time.perf_counter() - t0
+                for step_id, part in zip(states, parts):
+                    if (step_id, EXECUTOR) not in self.coordinator.instances:  # channel state: no instance of its own
+                        extra += part.size
+                        continue
+                    stats = AckStats(alignment_s, sync[step_id], written, part.size + extra)
+                    extra = 0
+                    completed = self.coordinator.ack(n, (step_id, EXECUTOR), stats) or completed
+                if stateless:
+                    completed = self.coordinator.ack(n, ("executor", EXECUTOR), AckStats(alignment_s, 0.0, written, extra))
             if completed is None:  # aborted meanwhile (a newer barrier overtook it)
                 await trio.to_thread.run_sync(self.store.discard, n)
                 return
             meta = {"sources": positions, "executors": 1, "kind": self._kinds.get(n, "checkpoint")}
+            if n in self._unaligned:
+                meta["unaligned"] = True
             if self.reshared:  # what the sources' positions are positions in
                 meta["reshared"] = self.reshared
             await self.store.acomplete(n, meta)
             for sink in self.sinks:
                 await commit_async(sink, n)
         log.info("checkpoint completed", checkpoint=n, bytes=completed.bytes)
+
+    def _write_all(self, n: int, states: dict) -> list:
+        return [self.store.write_part(n, step_id, EXECUTOR, state.arrays, state.meta) for step_id, state in states.items()]
 
     def _signal(self) -> None:
         self._changed.set()

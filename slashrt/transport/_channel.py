@@ -441,6 +441,19 @@ class Receiver(abc.ABC):
         self._released_count += n
         self._return_credits(self._released_count)
 
+    def posted_unpolled(self) -> list[Buffer]:
+        """The buffers posted and not yet polled, in order, left where they are (an unaligned
+        checkpoint copies them as in-flight channel state): views of their slots, valid until
+        they are polled and released."""
+        found = []
+        for i in range(self.spec.slots - self.outstanding):
+            slot = self._slot((self._polled + i) % self.spec.slots)
+            if slot[-1] != FULL:
+                break
+            footer = read_footer(slot, expected_seq=self._polled + i, record_size=self.spec.record_size)
+            found.append(Buffer(footer, slot[: footer.nbytes]))
+        return found
+
     def _next_landed(self) -> bool:
         """Has the next slot landed (its flag set), whether or not it may be polled yet?"""
         return self.outstanding < self.spec.slots and self._slot(self._polled % self.spec.slots)[-1] == FULL

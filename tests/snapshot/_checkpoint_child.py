@@ -38,6 +38,9 @@ SIZES = {"a": 200_000, "b": 120_000, "c": 60_000}
 DISORDER = {"a": 40, "b": 20, "c": 20}
 OUTPUTS = ("out_a", "late_a", "out_bc")
 FILES = {"a": ("parquet", 4), "b": ("csv", 3), "c": ("npy", 2)}  # each source's format, and files
+# SLASHRT_TEST_ALIGNMENT_TIMEOUT: the checkpoints' alignment_timeout (0: every one unaligned)
+ALIGNMENT = {"alignment_timeout": float(os.environ["SLASHRT_TEST_ALIGNMENT_TIMEOUT"])} \
+    if "SLASHRT_TEST_ALIGNMENT_TIMEOUT" in os.environ else {}
 ENTRY_BYTES = 8192  # a stream entry: 341 records; a source reads 4 entries at a time
 
 
@@ -130,8 +133,9 @@ def main(directory: str, kill: str, inputs: str = "arrays") -> None:
                 marker=f"{marks}/killed")
         pace = Paced(seconds=0.004, until=(marks, 1))
     slashrt.run(
-        flow(job_sinks(directory, inputs), pace), job_inputs(inputs), checkpoint={"interval": 0.005, "keep": 2},
+        flow(job_sinks(directory, inputs), pace), job_inputs(inputs), checkpoint={"interval": 0.005, "keep": 2, **ALIGNMENT},
         checkpoint_dir=f"{directory}/chk", resume_from="latest", slots=8, slot_size=2048, on_records=on_records,
+        **({"coalesce": 2} if ALIGNMENT else {}),  # unaligned: runs shorter than the ring, which holds records in flight
     )
     print("done", flush=True)
 

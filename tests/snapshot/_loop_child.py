@@ -24,6 +24,7 @@ from, holding what the loop had in flight (at full speed only 2 completed before
 holding iteration 0 only; with the pace 2, holding 6-11 iterations, also with 30 ms fsyncs).
 Prints "done" at the end."""
 
+import os
 import sys
 import tempfile
 
@@ -156,6 +157,11 @@ def job(name: str, directory: str, pace=None):
     return flow, counter_inputs()
 
 
+# SLASHRT_TEST_ALIGNMENT_TIMEOUT: the checkpoints' alignment_timeout (0: every one unaligned)
+ALIGNMENT = {"alignment_timeout": float(os.environ["SLASHRT_TEST_ALIGNMENT_TIMEOUT"])} \
+    if "SLASHRT_TEST_ALIGNMENT_TIMEOUT" in os.environ else {}
+
+
 def main(directory: str, name: str, kill: str) -> None:
     from _children import kill_at, pace_at  # run as a script: this directory is on its path
 
@@ -186,7 +192,7 @@ def main(directory: str, name: str, kill: str) -> None:
         pace_at(*(targets["queued"] if name != "counter" else (CountPerKey, "on_batch")), pace)
     flow, inputs = job(name, directory)
     slashrt.run(
-        flow, inputs, checkpoint={"interval": 0.002, "keep": 2}, checkpoint_dir=f"{directory}/chk",
+        flow, inputs, checkpoint={"interval": 0.002, "keep": 2, **ALIGNMENT}, checkpoint_dir=f"{directory}/chk",
         resume_from="latest", slots=4, slot_size=1024,
     )
     print("done", flush=True)

@@ -172,12 +172,15 @@ def test_every_checkpoint_holds_exactly_what_each_source_fed_before_its_barrier(
     flow = Dataflow("align")
     a, b = (flow.source(name, SCHEMA, time="t") for name in inputs)
     a.union(b).window(Tumbling(ms=10**9)).count(key="k").sink(sinks.Collect(transactional=True), name="out")
-    result = slashrt.run(
-        flow, inputs, checkpoint={"interval": 0.002, "keep": 1000}, checkpoint_dir=tmp_path, slots=8, slot_size=2048
+    result = slashrt.run(  # aligned: every checkpoint's state is what came before its barriers (unaligned
+        # ones hold records in flight beside it: tests/snapshot/test_unaligned.py)
+        flow, inputs, checkpoint={"interval": 0.002, "keep": 1000, "alignment_timeout": None}, checkpoint_dir=tmp_path,
+        slots=8, slot_size=2048
     )
     store = SnapshotStore(tmp_path, job="align", keep=1000)
     numbers = store.checkpoints()
-    assert [c["checkpoint"] for c in result.checkpoints if c["status"] == "completed"] == numbers
+    reported = [c["checkpoint"] for c in result.checkpoints if c["status"] == "completed"]
+    assert reported == numbers[-len(reported):]  # (the report keeps the last 100)
     both_running = 0
     for n in numbers:
         checkpoint = store.load(n)

@@ -164,11 +164,12 @@ def test_a_second_ctrl_c_aborts_at_once_and_a_resume_is_still_exactly_once(tmp_p
 
 
 def test_checkpoints_lists_complete_incomplete_and_corrupt_ones(tmp_path, capsys):
-    # 3 complete, then checkpoint 4 half written (8 parts a checkpoint)
-    with slashrt_run(tmp_path, at="complete:3,write_part:27") as proc:
+    # 3 complete, then a later one half written (8 parts a checkpoint, up to 11 when it is taken
+    # unaligned: its 3 sources' records in flight; the 34th comes after the 3rd manifest)
+    with slashrt_run(tmp_path, at="complete:3,write_part:34") as proc:
         reach(proc, "complete:3")
         go_on(proc)
-        reach(proc, "write_part:27")
+        reach(proc, "write_part:34")
         proc.send_signal(signal.SIGKILL)
         finish(proc)
     chk = tmp_path / "chk"
