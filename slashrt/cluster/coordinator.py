@@ -55,7 +55,7 @@ from slashrt.cluster._liveness import (
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Link, OwnStalls, PeerSilent, PeerStalled, PeersUnreachable,
     check_heartbeat,
 )
-from slashrt.errors import ChannelClosed, DataflowError, SlashError, retryable_report, unwrap_groups
+from slashrt.errors import ChannelClosed, DataflowError, RetryableError, SlashError, retryable_report, unwrap_groups
 from slashrt.ops.sinks import Callback, Collect
 from slashrt.ops.sources import validate_input
 from slashrt.ops.ssb_window import DEFAULT_EPOCH_BYTES, check_routing
@@ -588,7 +588,10 @@ async def _run_attempt(
     shares = _shares(plan, inputs, n)
     role = ClusterRole(0, Partitioning(partitions, n), mode, epoch_bytes, options.get("ssb_routing", "auto"),
                        options.get("progress", "watermark"))
-    checkpoints = cluster_checkpoints(flow, plan, build_plan(flow, role), inputs, n, options)
+    try:
+        checkpoints = cluster_checkpoints(flow, plan, build_plan(flow, role), inputs, n, options)
+    except RetryableError as exc:  # (a broker a sink asks what it published is away: an attempt's failure)
+        raise ClusterError(f"{type(exc).__name__}: {exc}", retryable=True) from None
     if checkpoints is not None:  # what was committed after the checkpoint resumed from is produced again
         committed = Committed() if committed is None else committed
         committed.restored(checkpoints.job["restore"])
