@@ -10,7 +10,7 @@ strategy "fixed-delay:attempts=20,delay=0.5". Once two checkpoints completed:
   3 s later;
 - `broker-hang` (`hang`): it is SIGSTOPped for the broker timeout and 2 s more, then SIGCONTed.
 
-The stream is slowed (`_Held`) until the fault was made, so the fault always meets a running
+The stream is slowed (`_held.HeldUntil`) until the fault was made, so the fault always meets a running
 job. Each trial returns the `--faults` fields: `exact` (the published output holds every input
 record once: `duplicates` and `missing` are 0), `refused` (the job ended with a sentence
 instead, `cause`), `cause` (the first recovered failure's sentence, or the final one),
@@ -22,7 +22,6 @@ processing again: the outage itself included), `seconds` (the job's wall time). 
 from __future__ import annotations
 
 import glob
-import os
 import tempfile
 import threading
 import time
@@ -30,27 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
+from slashrt.bench._held import HeldUntil
+
 __all__ = ["outage", "hang", "TRIALS"]
 
 RESTART = "fixed-delay:attempts=20,delay=0.5"
 TIMEOUT = 1.0  # the broker timeout of the trial's source and sink (seconds)
 RECORDS = 30_000
 OUTAGE_S = 3.0
-
-
-class _Held:
-    """A pass-through filter that takes `seconds` more per batch until a file exists at `until`
-    (the fault was made): the job cannot end before its fault however fast the machine."""
-
-    def __init__(self, until: str, seconds: float = 0.01):
-        self.until, self.seconds, self.released = until, seconds, False
-
-    def __call__(self, batch):
-        if not self.released:
-            self.released = os.path.exists(self.until)
-            if not self.released:
-                time.sleep(self.seconds)
-        return np.ones(len(batch), bool)
 
 
 def _schema():
@@ -64,7 +50,7 @@ def _flow(url: str, until: str):
     from slashrt.connectors import RedisStreamSink
 
     flow = Dataflow("broker")
-    events = flow.source("events", _schema(), time="t", max_delay=20).filter(_Held(until), name="held")
+    events = flow.source("events", _schema(), time="t", max_delay=20).filter(HeldUntil(until, 0.01), name="held")
     events.sink(RedisStreamSink(url, "out", transactional=True, timeout=TIMEOUT), name="out")
     return flow
 

@@ -14,7 +14,6 @@ machine. The output must equal a failure-free run's: `duplicates` and `missing` 
 from __future__ import annotations
 
 import glob
-import os
 import tempfile
 import threading
 import time
@@ -22,26 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
+from slashrt.bench._held import HeldUntil
+
 __all__ = ["trial"]
 
 FULL_INTERVALS = 4  # checkpoint intervals the disk stays full
 SIZE = "64m"  # the tmpfs
 WAIT_S = 300.0  # a safety net: each wait ends on the event it waits for
-
-
-class _Paced:
-    """A pass-through filter: each batch `seconds` slower while `go` (a path) does not exist
-    (in every executor's process: a file is what they all see)."""
-
-    def __init__(self, go: str, seconds: float = 0.005):
-        self.go, self.seconds, self.gone = go, seconds, False
-
-    def __call__(self, batch):
-        if not self.gone:
-            self.gone = os.path.exists(self.go)
-            if not self.gone:
-                time.sleep(self.seconds)
-        return np.ones(len(batch), bool)
 
 
 def _records(events: int) -> np.ndarray:
@@ -102,7 +88,7 @@ def trial(args) -> dict:
         def run() -> None:
             try:
                 outcome["result"] = slashrt.run(
-                    _flow(_Paced(str(go))), {"s": records}, executors=executors, slots=8, slot_size=2048,
+                    _flow(HeldUntil(str(go), 0.005)), {"s": records}, executors=executors, slots=8, slot_size=2048,
                     checkpoint_dir=str(disk.path), checkpoint={"interval": interval, "tolerable_failures": 1_000},
                 )
             except Exception as exc:  # noqa: BLE001 (reported as the trial's cause)

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["trial", "SlowedUntil"]
+from slashrt.bench._held import HeldUntil
+
+__all__ = ["trial"]
 
 PORT = 7712
 HEARTBEAT = {"heartbeat_interval": 0.5, "heartbeat_timeout": 3.0}
@@ -38,22 +40,6 @@ def _stream(index: int, executors: int, records: int) -> np.ndarray:
     out["key"] = rng.integers(0, 500, records)
     out["value"] = rng.integers(0, 100, records)
     return out
-
-
-class SlowedUntil:
-    """A pass-through filter: notes in `tally` that this executor runs (a file per process),
-    and takes `SLOW_S` per record until the file `healed` exists."""
-
-    def __init__(self, tally: str, healed: str):
-        self.tally, self.healed, self.noted = tally, healed, False
-
-    def __call__(self, batch):
-        if not self.noted:
-            Path(self.tally, f"running-{os.getpid()}").touch()
-            self.noted = True
-        if not os.path.exists(self.healed):
-            time.sleep(SLOW_S * len(batch))
-        return np.ones(len(batch), bool)
 
 
 def _flow(sink, pace=None):
@@ -122,7 +108,7 @@ def trial(args) -> dict:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(cut)
                 result = await run_cluster_async(
-                    _flow(sink, SlowedUntil(str(tally), str(healed))), {"r": PerExecutor(make, deterministic=True)},
+                    _flow(sink, HeldUntil(str(healed), SLOW_S, per_record=True, tally=str(tally))), {"r": PerExecutor(make, deterministic=True)},
                     executors=[f"{a}:{PORT}" for a in hosts.addresses], transport="tcp", secret=secret,
                     slot_size=4096, checkpoint={"interval": interval}, checkpoint_dir=str(Path(scratch, "chk")),
                     restart=HealThenRestart(attempts=2, delay=0), **HEARTBEAT,

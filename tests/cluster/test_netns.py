@@ -161,7 +161,7 @@ def _partitioned_flow(pace, sink) -> Dataflow:
     """The netns window job, each executor's stream slowed behind its source by `pace`."""
     from tests.snapshot._paced import behind
 
-    f = Dataflow("netns")  # (`pace`: a pass-through filter, `fault_partition.SlowedUntil`)
+    f = Dataflow("netns")  # (`pace`: a pass-through filter, `_held.HeldUntil`)
     behind(f.source("r", SCHEMA, time="ts"), pace).window(Tumbling(ms=200)).sum(
         "value", key="key", output="total").sink(sink)
     return f
@@ -181,12 +181,13 @@ HEARTBEAT = {"heartbeat_interval": 0.5, "heartbeat_timeout": 3.0}
 
 async def test_a_partition_between_two_executors_fails_the_job_naming_both_within_the_heartbeat_timeout(hosts, tmp_path):
     """Item 6 of issue 20: before, the job stalled silently for as long as the partition lasted."""
-    from slashrt.bench.fault_partition import SlowedUntil
+    from slashrt.bench._held import HeldUntil
+    from slashrt.bench.fault_partition import SLOW_S
     from slashrt.cluster.coordinator import run_cluster_async
 
     names, addresses = hosts
     (tmp_path / "tally").mkdir()
-    pace = SlowedUntil(str(tmp_path / "tally"), str(tmp_path / "healed"))  # never healed: slow to the end
+    pace = HeldUntil(str(tmp_path / "healed"), SLOW_S, per_record=True, tally=str(tmp_path / "tally"))  # never healed: slow to the end
     secret = generate_secret()
     procs = _start_agents(names, addresses, secret)
     try:
@@ -221,13 +222,14 @@ async def test_with_restart_on_agents_at_addresses_the_job_recovers_once_the_par
     job is re-submitted to the agents, which serve job after job, once the partition healed
     (the strategy heals it as it decides to restart: no guessing how long detection takes),
     and its output is exactly the failure-free one."""
-    from slashrt.bench.fault_partition import SlowedUntil
+    from slashrt.bench._held import HeldUntil
+    from slashrt.bench.fault_partition import SLOW_S
     from slashrt.cluster.coordinator import run_cluster_async
     from slashrt.snapshot.restart import FixedDelay
 
     names, addresses = hosts
     (tmp_path / "tally").mkdir()
-    pace = SlowedUntil(str(tmp_path / "tally"), str(tmp_path / "healed"))
+    pace = HeldUntil(str(tmp_path / "healed"), SLOW_S, per_record=True, tally=str(tmp_path / "tally"))
 
     class HealThenRestart(FixedDelay):
         def on_failure(self, now):
@@ -321,14 +323,15 @@ async def test_a_partition_between_two_executors_of_a_graph_flow_is_named_too(ho
     """A graph flow without an exchange: its executors share only their progress (the progress
     bus's channels), whose stall would hold every notification silently; its channels are
     watched as the exchanges' are."""
-    from slashrt.bench.fault_partition import SlowedUntil
+    from slashrt.bench._held import HeldUntil
+    from slashrt.bench.fault_partition import SLOW_S
     from slashrt.cluster.coordinator import run_cluster_async
     from tests.cluster.test_graph_cluster import REC, Hold
 
     names, addresses = hosts
     (tmp_path / "tally").mkdir()
     f = Dataflow("graph-partition")
-    f.source("a", REC, time="t").filter(SlowedUntil(str(tmp_path / "tally"), str(tmp_path / "healed")), name="slowed") \
+    f.source("a", REC, time="t").filter(HeldUntil(str(tmp_path / "healed"), SLOW_S, per_record=True, tally=str(tmp_path / "tally")), name="slowed") \
         .operator(Hold(), name="hold").sink(Collect(), name="held")
     secret = generate_secret()
     procs = _start_agents(names, addresses, secret)
