@@ -57,10 +57,14 @@ def reference(tmp_path_factory) -> tuple[np.ndarray, dict]:
 def stopped(directory: Path, monkeypatch, executors: int, transport: str, resume: bool) -> dict:
     """Run on `executors`, stopped with a savepoint after its second checkpoint: the savepoint's
     positions per executor (asserted in the middle of some file)."""
-    stop = StopHandle()
-    stop_after_manifest(monkeypatch, stop, 2)
-    result = slashrt.run(job.flow(directory, Paced(**PACE)), {"events": job.source(directory)}, executors=executors,
-                         transport=transport, checkpoint=0.005, checkpoint_dir=directory / "chk", stop=stop,
+    stop, tally = StopHandle(), directory / f"tally-{len(list(directory.glob('tally-*')))}"
+    tally.mkdir()
+    # stopped once this run's executors are in their slow tail, not merely after two checkpoints:
+    # fast checkpoints (unaligned, or a quiet machine) can complete two before a resumed run
+    # feeds a record, and a savepoint there has every reader at the start of its files
+    stop_after_manifest(monkeypatch, stop, 2, when=lambda: _seen(tally) > PACE["after"])
+    result = slashrt.run(job.flow(directory, Paced(**PACE, tally=tally)), {"events": job.source(directory)},
+                         executors=executors, transport=transport, checkpoint=0.005, checkpoint_dir=directory / "chk", stop=stop,
                          resume_from="latest" if resume else None, **RING)
     monkeypatch.undo()
     assert result.savepoint is not None, result.checkpoints
@@ -69,6 +73,11 @@ def stopped(directory: Path, monkeypatch, executors: int, transport: str, resume
     assert sorted(positions) == [str(i) for i in range(executors)]
     assert any(p["cursor"]["offset"] > 0 or p["skip"] > 0 for p in positions.values()), positions  # partly read
     return meta
+
+
+def _seen(tally: Path) -> int:
+    """Records this run's executors have seen (each keeps its count in `tally`)."""
+    return sum(int(f.read_text() or 0) for f in tally.iterdir())
 
 
 def write_as(directory: Path, data: np.ndarray, fmt: str) -> None:

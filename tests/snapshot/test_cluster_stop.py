@@ -81,9 +81,10 @@ def reference() -> dict:
     return rows({"out": out.records, "late": late.records})
 
 
-def stop_after_manifest(monkeypatch, stop: StopHandle, k: int, saved=None) -> None:
-    """Ask `stop` once the coordinator wrote its k-th manifest (the checkpoint is complete). With
-    `saved` (a directory), the savepoint's manifest leaves the file `savepoint` there: a
+def stop_after_manifest(monkeypatch, stop: StopHandle, k: int, saved=None, when=None) -> None:
+    """Ask `stop` once the coordinator wrote its k-th manifest (the checkpoint is complete), and
+    with `when` (a function of nothing) at the first manifest from then on for which it holds.
+    With `saved` (a directory), the savepoint's manifest leaves the file `savepoint` there: a
     `Paced(until=(saved, 1))` slows the stream until the stop happened, so a loaded run cannot feed
     its whole input before the savepoint's barriers."""
     complete, written = storage.SnapshotStore.acomplete, [0]
@@ -91,7 +92,7 @@ def stop_after_manifest(monkeypatch, stop: StopHandle, k: int, saved=None) -> No
     async def acomplete(self, n, meta=None, *args, **kwargs):
         result = await complete(self, n, meta, *args, **kwargs)
         written[0] += 1
-        if written[0] == k:
+        if written[0] >= k and not stop.requested and (when is None or when()):
             stop.request()
         if saved is not None and (meta or {}).get("kind") == "savepoint":
             (saved / "savepoint").touch()
