@@ -148,11 +148,24 @@ def run_job(flow, inputs, *, executors, transport, mode, options: dict):
     return result
 
 
+_LATE = (signal.SIGINT, signal.SIGTERM)
+_before: dict = {}  # the handlers `_ignore_late_signals` replaced
+
+
 def _ignore_late_signals() -> None:
     """The job is over (its executors stopped, its output committed): what is left is printing its
-    figures, which a SIGINT or SIGTERM arriving now must not turn into a failed exit."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_IGN)
+    figures, which a SIGINT or SIGTERM arriving now must not turn into a failed exit. Until
+    `restore_signals` (`slashrt run` calls it once printed: main() may run inside a program, e.g.
+    a test, whose later children must not inherit ignored signals)."""
+    for signum in _LATE:
+        _before.setdefault(signum, signal.signal(signum, signal.SIG_IGN))
+
+
+def restore_signals() -> None:
+    """Give SIGINT and SIGTERM back the handlers they had before the job ended."""
+    while _before:
+        signum, handler = _before.popitem()
+        signal.signal(signum, handler)
 
 
 def summary(flow, result, executors: int) -> dict:

@@ -430,6 +430,16 @@ def _run_user_job(args, given: set[str]) -> int:
             options["restart"] = args.restart
     result = _cli_run.run_job(flow, inputs, executors=args.executors or 1, transport=args.transport,
                               mode=args.mode, options=options)
+    try:  # (a signal now is ignored: the job is over, its figures are printed whatever comes)
+        return _print_run(args, flow, result)
+    finally:
+        _cli_run.restore_signals()
+
+
+def _print_run(args, flow, result) -> int:
+    """`slashrt run`'s output: its summary as JSON or for a person, and how to go on from a stop."""
+    from slashrt import _cli_run
+
     summary = _cli_run.summary(flow, result, args.executors or 1)
     if args.json:
         print(json.dumps(summary))

@@ -196,6 +196,16 @@ def test_a_signal_after_the_job_ended_leaves_its_figures_and_exit_0(tmp_path, si
     assert json.loads(done.stdout)["outputs"] == {"counts.out": ROWS}
 
 
+def test_a_run_inside_a_program_gives_its_signal_handlers_back(capsys):
+    """main() run in-process (a test, a notebook) ignores late signals only while it prints:
+    after it, SIGINT and SIGTERM are as before (children started later would inherit an ignore,
+    e.g. a server that a SIGTERM then no longer stops)."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    assert main(["run", JOBS, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["outputs"] == {"counts.out": ROWS}
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_a_failed_cluster_run_says_its_cause_once_without_the_other_executors_echoes(transport):
     """Executor 1's step fails; executors 0 and 2 lose their channels to it. The user reads the
