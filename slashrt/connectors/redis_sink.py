@@ -227,7 +227,12 @@ class RedisTransactions:
                         continue
 
     def _commit(self, pipe, checkpoint: int) -> int:
-        pipe.watch(self._committed, self._pending_set)
+        # only the committed marks: another committer of this executor's checkpoints (an attempt
+        # that outlived its failure) moves them first. Not the pending set: this executor's own
+        # pre-commits add newer checkpoints to it from the loop while this runs in the sink's
+        # thread, and retrying on each of them livelocked a busy run (its due set, <= checkpoint,
+        # is theirs to leave alone)
+        pipe.watch(self._committed)
         last = pipe.hget(self._committed, self.executor)
         last = -1 if last is None else int(last)
         due = [int(n) for n in pipe.zrangebyscore(self._pending_set, "-inf", checkpoint)]
