@@ -10,7 +10,11 @@ One tick of a poller: read every posted slot of its channel into the ready queue
 compute coroutine; if nothing was there, count an empty poll and yield at once, so an empty or
 slow channel never blocks the others. When the whole executor is idle (nothing ready, nothing
 being computed), pollers park on their channel's notification (an eventfd, a socket, a verbs
-completion channel or, in process, a trio parking lot) instead of spinning.
+completion channel or, in process, a trio parking lot) instead of spinning. When their lane's
+compute still has this channel's buffers to finish (ready, or polled and not yet released), they
+wait for its next turn instead: a compute that awaits a worker thread (a broker's sink, a file
+source) would otherwise find its loop spinning through empty polls, holding the GIL the thread
+needs, and crawl at one GIL hand-over (5 ms) per call the thread makes.
 
 One tick of the compute coroutine: take the oldest ready buffer, run its input's fused
 pipeline on it (data: a zero-copy Batch; control: watermark or end of stream), release the
@@ -91,6 +95,7 @@ class _Lane:
     def __init__(self, inputs: list[Input]):
         self.ready: collections.deque[tuple[Input, Buffer | DataRun | None]] = collections.deque()
         self.lot = trio.lowlevel.ParkingLot()
+        self.turns = trio.lowlevel.ParkingLot()  # pollers waiting for compute's next turn
         self.open = len(inputs)  # inputs whose end (or failure) compute has not handled yet
 
 
@@ -167,7 +172,11 @@ class Executor:
                 return
             if got == 0:
                 stats.empty_polls += 1
-            if got == 0 and not ready and rx.outstanding == 0 and self._idle():
+            if got == 0 and (ready or rx.outstanding):
+                # nothing new, compute has work: polling again before its next turn finds nothing
+                stats.waits += 1
+                await lane.turns.park()
+            elif got == 0 and self._idle():
                 # the whole executor is idle as far as this channel can tell: park, don't spin
                 stats.parks += 1
                 t0 = time.perf_counter()
@@ -194,9 +203,17 @@ class Executor:
         queue = () if progress is None else progress.queue
         if progress is not None:
             progress.wake = lane.lot.unpark_all  # a peer executor's progress news
-        handled = 0
         checkpoints = self.checkpoints
+        try:
+            await self._compute_turns(lane, ready, stats, progress, queue, checkpoints)
+        finally:
+            lane.turns.unpark_all()
+
+    async def _compute_turns(self, lane: _Lane, ready, stats, progress, queue, checkpoints) -> None:
+        handled = 0
         while lane.open > 0 or queue or (progress is not None and progress.waiting()):
+            if lane.turns:  # a poller waits for this turn: it runs at the next yield
+                lane.turns.unpark_all()
             if checkpoints is not None:  # between two batches: what a checkpoint may do only here
                 checkpoints.between()
             if queue and (not ready or handled % 2):  # fed-back batches alternate with input

@@ -152,6 +152,43 @@ async def test_idle_pollers_park_rather_than_spin():
     assert rec_b.sizes == []
 
 
+class Awaiting(Recorder):
+    """A pipeline whose every batch awaits `go` (as a broker's sink awaits its worker thread)."""
+
+    def __init__(self, name="rec"):
+        super().__init__(name)
+        self.go, self.calls = trio.Event(), 0
+
+    async def push(self, batch: Batch):
+        self.calls += 1
+        await self.go.wait()
+        await super().push(batch)
+
+
+async def test_a_poller_whose_compute_awaits_waits_for_its_turn_rather_than_spin():
+    rec = Awaiting("a")
+    tx, rx = open_inproc_channel(SPEC)
+    ex = Executor([Input("a", rx, rec, DT)], coalesce=1)
+    sent = data(3 * SPEC.slots * PER_SLOT)  # three rings' worth: needs the credits back
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ex.run)
+        nursery.start_soon(tx.send_records, sent)
+        # the ring is full and its first buffer is in a push that awaits: every task must block
+        # (a poller that spins through empty polls while compute awaits never lets them)
+        with trio.fail_after(5):
+            await wait_all_tasks_blocked()
+        assert rec.calls == 1 and ex.stats.waits >= 1
+        polls = ex.stats.empty_polls
+        await wait_all_tasks_blocked()
+        assert ex.stats.empty_polls == polls
+        rec.go.set()
+        with trio.fail_after(5):
+            await wait_all_tasks_blocked()
+        assert np.array_equal(rec.records, sent)
+        await tx.aclose()
+    assert rec.ended_at is not None
+
+
 # -- (3) a malformed buffer closes its channel only --------------------------------------------------
 
 
