@@ -92,7 +92,8 @@ class Input:
 class _Lane:
     """One compute coroutine's share: the inputs it runs, their ready buffers, its wake-up."""
 
-    def __init__(self, inputs: list[Input]):
+    def __init__(self, inputs: list[Input], number: int = 0):
+        self.number = number  # lane 0: the sources' inputs; lane k: the peers' stage-k channels
         self.ready: collections.deque[tuple[Input, Buffer | DataRun | None]] = collections.deque()
         self.lot = trio.lowlevel.ParkingLot()
         self.turns = trio.lowlevel.ParkingLot()  # pollers waiting for compute's next turn
@@ -116,7 +117,7 @@ class Executor:
         self.stats = ExecutorStats(executor=index)
         self.yield_every = yield_every
         self.coalesce = coalesce
-        self._lanes = {n: _Lane([i for i in inputs if i.lane == n]) for n in sorted({i.lane for i in inputs})}
+        self._lanes = {n: _Lane([i for i in inputs if i.lane == n], n) for n in sorted({i.lane for i in inputs})}
         self.log = log.bind(executor=index)
         if checkpoints is not None:
             checkpoints.attach(self)
@@ -215,7 +216,7 @@ class Executor:
             if lane.turns:  # a poller waits for this turn: it runs at the next yield
                 lane.turns.unpark_all()
             if checkpoints is not None:  # between two batches: what a checkpoint may do only here
-                checkpoints.between()
+                checkpoints.between(lane.number)
             if queue and (not ready or handled % 2):  # fed-back batches alternate with input
                 t0 = time.perf_counter()
                 await progress.run_queued()

@@ -376,9 +376,12 @@ class Checkpointing:
         """The alignment timeout: n, still aligning `seconds` after its trigger, is taken
         unaligned at the executor's next turn (`between`)."""
         await trio.sleep(seconds)
-        if n in self.coordinator.pending and n not in self._taken and self._executor is not None:
+        if self._still_aligning(n) and self._executor is not None:
             self._overtaking.append(n)
             self._executor.wake()
+
+    def _still_aligning(self, n: int) -> bool:
+        return n in self.coordinator.pending and n not in self._taken
 
     def _request(self, n: int, stop: bool = False) -> None:
         """Barrier n at every source (`stop`, and always in stop-the-world: each halts after
@@ -423,10 +426,10 @@ class Checkpointing:
     async def on_end(self, executor, inp) -> None:
         await self._obey(executor, self.aligner.end(inp.name))
 
-    def between(self) -> None:
-        """The executor is between two batches (the compute loop calls it every turn): checkpoints
-        triggered after every input ended snapshot now (the loops log their back edges as after
-        a barrier)."""
+    def between(self, lane: int = 0) -> None:
+        """The executor is between two batches (the compute loop of `lane` calls it every turn):
+        checkpoints past their alignment timeout are taken unaligned, those triggered after every
+        input ended snapshot now (the loops log their back edges as after a barrier)."""
         later = []
         while self._overtaking:
             n = self._overtaking.pop(0)

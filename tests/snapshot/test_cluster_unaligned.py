@@ -1,0 +1,146 @@
+"""Unaligned checkpoints on clusters of real agent processes (`AgentCheckpointing._overtake_sources`).
+
+- past its alignment timeout (0: at once), an executor's checkpoint overtakes what its sources'
+  rings hold: every checkpoint's window state plus the records in flight (channel state) is
+  exactly what the sources fed at their positions, on both executors, while a slow step keeps the
+  rings full; a resume from one replays them once: the output is exact;
+- exactly once under fire: agents SIGKILLed at chosen points while every periodic checkpoint is
+  unaligned (the kill test's job of test_cluster_checkpoints.py, SSB over shm and UpPar over tcp);
+- the cadence: with a slow step after the source, aligned barriers wait behind the rings'
+  backlog, so the step computes far more records before the k-th checkpoint than with unaligned
+  ones (counted in records, not timed);
+- the aligner counts overtaken inputs as delivered and their later barriers as stale;
+- graph flows keep aligning (one log line), their output exact.
+"""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import slashrt
+from slashrt import Dataflow, Tumbling
+from slashrt.ops.sinks import Collect
+from slashrt.snapshot import SnapshotStore
+from slashrt.snapshot.alignment import BarrierAligner, Snapshot
+from slashrt.snapshot.channel_state import CHANNEL_KIND
+
+from tests.snapshot import _cluster_child
+from tests.snapshot._paced import Paced
+from tests.snapshot.test_cluster_checkpoints import child, published, reference  # noqa: F401 (a fixture)
+
+SMALL_RINGS = {"slots": 8, "slot_size": 1024, "partitions": 16}
+
+
+def in_flight(checkpoint) -> int:
+    return sum(len(state.arrays["records"]) for state in checkpoint.states.values()
+               if state.meta.get("kind") == CHANNEL_KIND)
+
+
+def counting(pace) -> tuple[Dataflow, Collect]:
+    """One window over the whole stream counting per key, behind a slow step: its state is how
+    many records went in."""
+    job = Dataflow("ucount")
+    out = Collect(transactional=True)
+    job.source("r", _cluster_child.SCHEMA, time="t").filter(pace, name="slow").window(Tumbling(ms=10**9)).count(
+        key="k").sink(out, name="out")
+    return job, out
+
+
+def stream() -> np.ndarray:
+    data = np.tile(_cluster_child.records(), 4)
+    data["t"] = np.arange(len(data)) // 10
+    return data
+
+
+@pytest.mark.parametrize("mode,transport", [("slash", "shm"), ("uppar", "tcp")])
+def test_an_unaligned_cluster_checkpoint_holds_what_was_in_flight_and_a_resume_replays_it(tmp_path, mode, transport):
+    data = stream()
+    # each batch 2 ms slower until 6 checkpoints completed: the rings stay full meanwhile
+    pace = Paced(seconds=0.002, until=(tmp_path / "ucount" / "chk-*" / "_manifest.json", 6))
+    job, out = counting(pace)
+    slashrt.run(job, {"r": data}, executors=2, mode=mode, transport=transport, checkpoint_dir=tmp_path,
+                checkpoint={"interval": 0.005, "keep": 1000, "alignment_timeout": 0}, **SMALL_RINGS)
+    assert int(out.records["count"].sum()) == len(data)
+    store = SnapshotStore(tmp_path, job="ucount", keep=1000)
+    middle = []
+    for n in store.checkpoints():
+        checkpoint = store.load(n)
+        fed = sum(p["fed"] for p in checkpoint.meta["sources"]["ucount.r"].values())
+        if fed == len(data) and not in_flight(checkpoint):
+            continue  # taken after the end: the window may have fired
+        counted = sum(int(array.sum()) for (step, _), state in checkpoint.states.items() if step.endswith("window_1")
+                      for name, array in state.arrays.items() if name.endswith(".counts"))
+        # computed + in flight = fed, over both executors: nothing lost, nothing twice
+        assert counted + in_flight(checkpoint) == fed, (n, counted, in_flight(checkpoint), fed)
+        if in_flight(checkpoint) and fed < len(data):
+            middle.append(n)
+    assert len(middle) >= 2, store.checkpoints()  # taken while records were in flight
+    job, out = counting(Paced())
+    slashrt.run(job, {"r": data}, executors=2, mode=mode, transport=transport, checkpoint_dir=tmp_path,
+                checkpoint={"keep": 1000}, resume_from=middle[0], **SMALL_RINGS)
+    expected = np.bincount(data["k"] - data["k"].min())
+    got = np.zeros_like(expected)
+    np.add.at(got, out.records["k"] - data["k"].min(), out.records["count"])
+    assert np.array_equal(got, expected)  # the in-flight records replayed once, the rest fed after them
+
+
+# SIGKILL one agent at a chosen point while every periodic checkpoint is unaligned
+@pytest.mark.parametrize("mode,transport,kill", [
+    pytest.param("slash", "shm", "pre_commit:3:1", id="slash-shm-between-pre-commit-and-commit"),
+    pytest.param("uppar", "tcp", "commit:2:0", id="uppar-tcp-after-manifest-before-commit"),
+])
+def test_cluster_killed_during_unaligned_checkpoints_the_output_is_exactly_once(
+        tmp_path, reference, mode, transport, kill, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("SLASHRT_TEST_ALIGNMENT_TIMEOUT", "0")
+    crashed = child(tmp_path, mode, transport, kill)
+    assert crashed.returncode == 3 and "SIGKILL" in crashed.stdout, (crashed.stdout, crashed.stderr[-2000:])
+    store = SnapshotStore(tmp_path / "chk", job="cluster-chaos", keep=1000)
+    flying = sum(in_flight(store.load(n)) for n in store.checkpoints())
+    resumed = child(tmp_path, mode, transport)
+    assert resumed.returncode == 0 and "done" in resumed.stdout, resumed.stderr[-2000:]
+    assert published(tmp_path) == reference
+    assert flying > 0  # the resume replayed records that were in flight
+
+
+RINGS = {"slots": 96, "slot_size": 1024, "partitions": 16}  # the default slot count, small slots
+PER_BUFFER = (1024 - 32) // _cluster_child.SCHEMA.record_size  # records a buffer holds
+
+
+class Slow:
+    """A step after the source taking `seconds` a buffer (of RINGS' size): its source's ring stays full."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __call__(self, batch):
+        time.sleep(self.seconds * -(-len(batch) // PER_BUFFER))
+        return np.ones(len(batch), bool)
+
+
+def test_with_a_slow_step_unaligned_checkpoints_keep_their_cadence_where_aligned_ones_wait(tmp_path):
+    data = stream()[:2 * 2 * RINGS["slots"] * PER_BUFFER]  # two rings' worth a share
+    # a buffer a pipeline call (longer than the executor's slice), each one slower than the source
+    job, out = counting(Slow(0.012))
+    slashrt.run(job, {"r": data}, executors=2, checkpoint_dir=tmp_path, **RINGS,
+                checkpoint={"interval": 0.005, "keep": 1000, "alignment_timeout": 0})
+    assert int(out.records["count"].sum()) == len(data)
+    store = SnapshotStore(tmp_path, job="ucount", keep=1000)
+    fed = [[p["fed"] for p in store.load(n).meta["sources"]["ucount.r"].values()] for n in store.checkpoints()]
+    middle = sum(max(f) < len(data) // 2 for f in fed)  # completed while both executors' sources still fed
+    # an aligned barrier waits behind its source's full ring: checkpoint n + 1 is triggered once n
+    # completed, so its barrier goes in a ring's worth of records later at least, and no more than
+    # (buffers of a share) / slots + 1 aligned checkpoints can complete before the end
+    aligned_at_most = len(data) // 2 // PER_BUFFER // RINGS["slots"] + 1
+    assert middle > aligned_at_most, (middle, fed)
+
+
+def test_the_aligner_counts_overtaken_inputs_as_delivered():
+    aligner = BarrierAligner(["s", "p"], clock=lambda: 1.0)
+    assert aligner.overtake_inputs(["s"], 3) == [] and aligner.channels.blocked == {"s"}
+    assert [type(o) for o in aligner.barrier("p", 3)] == [Snapshot] and aligner.channels.blocked == set()
+    assert aligner.barrier("s", 3) == [] and aligner.stale == 1  # its own barrier, later: stale
+    assert aligner.barrier("s", 4) == [] and aligner.channels.blocked == {"s"}  # the next one aligns as usual
+    assert [type(o) for o in aligner.barrier("p", 4)] == [Snapshot]
