@@ -30,12 +30,13 @@ from slashrt.transport import DataRun
 __all__ = ["CHANNEL_KIND", "capture", "part_name", "replay", "restored", "to_state"]
 
 CHANNEL_KIND, CHANNEL_VERSION = "channel_state", 1
+SUFFIX = ".channel"  # of a channel-state part's step name
 DATA, WATERMARK = 0, 1
 
 
 def part_name(source: str) -> str:
     """The part holding source `source`'s channel state."""
-    return f"{source}.channel"
+    return f"{source}{SUFFIX}"
 
 
 def capture(items, receiver, dtype: np.dtype, n: int) -> tuple[list, bool]:

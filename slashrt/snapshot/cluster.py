@@ -179,9 +179,12 @@ class AgentCheckpointing(Checkpointing):
         for n in self._overtaking:
             if not self._still_aligning(n) or self.aligner.latest > n or self.aligner.aligning not in (None, n):
                 continue  # taken, aborted, or another checkpoint aligning: it stays aligned
-            if all((s.feeder is not None and s.feeder.positioned) or n in s.positions for s in self.sources.values()):
+            older = [m for m in self._requested - self._taken if self.aligner.latest < m < n]
+            feeding = all((s.feeder is not None and s.feeder.positioned) or n in s.positions
+                          for s in self.sources.values())
+            if feeding and not older:
                 self._overtake_sources(n)
-            else:  # a source has not begun feeding: it has no position to take yet
+            else:  # a source has no position to take yet, or an older checkpoint goes first
                 later.append(n)
         self._overtaking = later
 
@@ -479,6 +482,8 @@ class ClusterCheckpoints:
                 "kind": self._kinds.get(n, "checkpoint")}
         if self.reshared:  # what the sources' positions are positions in
             meta["reshared"] = self.reshared
+        if any(part.step.endswith(channel_state.SUFFIX) for part in got["parts"]):  # an executor overtook its rings
+            meta["unaligned"] = True
         self._completing += 1  # complete in the coordinator's eyes, not yet in the store's nor committed
         try:
             try:
