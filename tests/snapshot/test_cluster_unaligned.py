@@ -51,7 +51,7 @@ def counting(pace) -> tuple[Dataflow, Collect]:
 
 
 def stream() -> np.ndarray:
-    data = np.tile(_cluster_child.records(), 4)
+    data = np.tile(_cluster_child.records(), 2)
     data["t"] = np.arange(len(data)) // 10
     return data
 
@@ -79,13 +79,16 @@ def test_an_unaligned_cluster_checkpoint_holds_what_was_in_flight_and_a_resume_r
         if in_flight(checkpoint) and fed < len(data):
             middle.append(n)
     assert len(middle) >= 2, store.checkpoints()  # taken while records were in flight
-    job, out = counting(Paced())
-    slashrt.run(job, {"r": data}, executors=2, mode=mode, transport=transport, checkpoint_dir=tmp_path,
-                checkpoint={"keep": 1000}, resume_from=middle[0], **SMALL_RINGS)
-    expected = np.bincount(data["k"] - data["k"].min())
-    got = np.zeros_like(expected)
-    np.add.at(got, out.records["k"] - data["k"].min(), out.records["count"])
-    assert np.array_equal(got, expected)  # the in-flight records replayed once, the rest fed after them
+    # on 2 executors: each replays its in-flight records once, then feeds on; on 3 (rescaled): each
+    # old executor's share starts again at its first record in flight (its own count of them)
+    for executors, n in [(2, middle[0]), (3, middle[1])]:
+        job, out = counting(Paced())
+        slashrt.run(job, {"r": data}, executors=executors, mode=mode, transport=transport, checkpoint_dir=tmp_path,
+                    checkpoint={"keep": 1000}, resume_from=n, **SMALL_RINGS)
+        expected = np.bincount(data["k"] - data["k"].min())
+        got = np.zeros_like(expected)
+        np.add.at(got, out.records["k"] - data["k"].min(), out.records["count"])
+        assert np.array_equal(got, expected), (executors, n)
 
 
 # SIGKILL one agent at a chosen point while every periodic checkpoint is unaligned
@@ -146,3 +149,18 @@ def test_the_aligner_counts_overtaken_inputs_as_delivered():
     assert aligner.barrier("s", 4) == [] and aligner.channels.blocked == {"s"}  # the next one aligns as usual
     assert [type(o) for o in aligner.barrier("p", 4)] == [Snapshot]
 
+
+
+def test_bench_checkpoint_slow_step_on_a_cluster_reports_the_cadence(capsys):
+    import json
+
+    from slashrt.cli import main
+
+    args = ["bench", "checkpoint", "--slow-step-ms", "2", "--events", "300000", "--interval", "0.05",
+            "--alignment-timeout", "0", "--executors", "2", "--json"]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["correct"] is True and result["executors"] == 2
+    assert 0 < result["stream_s"] < result["seconds"]  # (the agents' start and the input's shipping left out)
+    assert result["checkpoints_expected"] == int(result["stream_s"] // 0.05)
+    assert result["checkpoints_completed"] >= result["unaligned"] >= 1
