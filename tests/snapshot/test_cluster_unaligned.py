@@ -89,6 +89,9 @@ def test_an_unaligned_cluster_checkpoint_holds_what_was_in_flight_and_a_resume_r
         got = np.zeros_like(expected)
         np.add.at(got, out.records["k"] - data["k"].min(), out.records["count"])
         assert np.array_equal(got, expected), (executors, n)
+        # on 2: resumed as it was taken (each feeder replays), not shared out anew as a rescaling
+        newest = store.load(store.checkpoints()[-1]).meta
+        assert ("reshared" in newest) == (executors == 3), newest
 
 
 # SIGKILL one agent at a chosen point while every periodic checkpoint is unaligned
