@@ -1,4 +1,5 @@
-"""In-flight channel state of an unaligned checkpoint (Flink's FLIP-76 idea, on one executor).
+"""In-flight channel state of an unaligned checkpoint (Flink's FLIP-76 idea, on one executor, and
+on each executor of a cluster for its sources' rings: `AgentCheckpointing._overtake_sources`).
 
 An aligned barrier travels in band behind every buffer already in its ring, so under
 backpressure (a slow step after the source, full rings) checkpoint n waits for the ring's whole

@@ -43,6 +43,11 @@ An executor does not wait for its own barrier to come back, so alignment cannot 
 what a peer sent before its barrier is in the receiver's snapshot, nothing sent after it is.
 Graph flows (distributed pointstamp progress, loops) align exchange by exchange instead:
 `slashrt.snapshot.cluster_graph`.
+
+Unaligned (tree flows, `alignment_timeout`): a periodic checkpoint still aligning that long after
+its request overtakes the sources' rings in lane 0's next turn (`_overtake_sources`): their
+unconsumed buffers up to barrier n are its channel state, the sources count as having delivered
+n, and stage 1 forwards n at once; the peers' channels still align. Graph flows always align.
 """
 
 from __future__ import annotations
