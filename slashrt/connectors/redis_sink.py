@@ -300,7 +300,7 @@ class RedisTransactions:
             return [int(n) for n in self._client.zrange(self._pending_set, 0, -1)]
 
     def published(self) -> int | None:
-        with failure(self.url, f"reading the commit markers of stream {self.key!r}"):
+        with failure(self.url, f"reading the commit markers of stream {self.key!r}", timeout=self.timeout):
             marks = self._client.hvals(self._committed)
         return max(map(int, marks), default=None)
 
