@@ -86,10 +86,10 @@ class RedisStreamSink:
             RedisTransactions(self._client, self.url, self.stream_key, self.executor, self.timeout)
             if self.transactional else NotTransactional(self)
         )
-        self._last = None  # the call queued last in the worker (`_in_worker`), and its trio run
+        self._queued = None  # (trio run, the calls queued in the worker and not finished): `_in_worker`
 
     def __getstate__(self) -> dict:  # to executor processes: the URL, not a client (locks, sockets)
-        return {k: v for k, v in self.__dict__.items() if k not in ("_client", "_transactions", "_last")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_client", "_transactions", "_queued")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -184,10 +184,10 @@ class RedisStreamSink:
         calls of one sink are never concurrent (its client's connection is used by one at a
         time) and keep the order the executor made them in, whichever task awaits them."""
         run = trio.lowlevel.current_trio_token()
-        before = self._last[1] if self._last is not None and self._last[0] is run else None
+        earlier = [] if self._queued is None or self._queued[0] is not run else [e for e in self._queued[1] if not e.is_set()]
         done = trio.Event()
-        self._last = (run, done)
-        return _after(before, done, fn, args)
+        self._queued = (run, [*earlier, done])
+        return _after(earlier, done, fn, args)
 
     def last_committed(self) -> int | None:
         """The last checkpoint this executor's writer committed (None before the first)."""
@@ -199,10 +199,13 @@ class RedisStreamSink:
         return self._transactions.published() if self.transactional else None
 
 
-async def _after(before: trio.Event | None, done: trio.Event, fn, args):
+async def _after(earlier: list[trio.Event], done: trio.Event, fn, args):
+    """`fn(*args)` in a worker thread once every earlier call finished. Each waits for all the
+    earlier ones still unfinished, not only the last: one cancelled while it waited lets the
+    next go on only after those before it."""
     try:
-        if before is not None:
-            await before.wait()
+        for call in earlier:
+            await call.wait()
         return await trio.to_thread.run_sync(fn, *args)
     finally:  # (failed or cancelled: the next call goes on)
         done.set()

@@ -278,14 +278,17 @@ def test_a_pre_commit_the_broker_does_not_answer_in_time_declines_its_checkpoint
     (from the executor's loop) once that pre-commit failed: its checkpoint is declined as one
     whose state could not be written; with a failure tolerated the run goes on to exact output,
     with none the job fails with a BrokerUnavailable naming the broker and the checkpoint."""
-    sink = HangsAtBarrier(broker.url, "out", transactional=True, timeout=1.0, pid=broker.process.pid, marks=tmp_path)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    sink = HangsAtBarrier(broker.url, "out", transactional=True, timeout=1.0, pid=broker.process.pid, marks=marks)
 
     def tick(records: int) -> None:
-        if (tmp_path / "fired").exists():
+        if (marks / "fired").exists():
             broker.resume()
 
     f = Dataflow("barrier")
-    f.source("events", SCHEMA, time="t", max_delay=20).sink(sink, name="out")
+    # slow until the pre-commit failed (`hung`, `fired`): the hang meets a periodic checkpoint, not the final one
+    behind(f.source("events", SCHEMA, time="t", max_delay=20), Paced(seconds=0.01, until=(marks, 2))).sink(sink, name="out")
     with contextlib.ExitStack() as stack:
         stack.callback(broker.resume)
         if not tolerated:
