@@ -561,12 +561,12 @@ class Checkpointing:
     async def _write(self, n: int, states: dict, sync: dict, positions: dict, alignment_s: float,
                      pre_commits=()) -> None:
         try:
-            if not await self._pre_committed(n, pre_commits):
-                return
             if self.loops is not None:  # the log is part of n once barrier n came back round every loop
                 logs = await self.loops.states(n)
                 states.update(logs)
                 sync.update(dict.fromkeys(logs, 0.0))
+            if not await self._pre_committed(n, pre_commits):  # (the loops' log of n taken first: not left behind)
+                return
             await self._write_parts(n, states, sync, positions, alignment_s)
         finally:
             self._writing.discard(n)
