@@ -472,13 +472,13 @@ async def execute(
         executor_inputs, index=index, yield_every=yield_every, coalesce=coalesce, progress=tracker,
         checkpoints=checkpoints,
     )
-    for sink in plan.sinks:
-        sink.open()
+    for sink in plan.sinks:  # (a broker's sink from its worker thread: an agent's heartbeats go on)
+        await sink.aopen()
     started = time.perf_counter()
     try:
         async with unwrap_groups(), trio.open_nursery() as nursery:
             if checkpoints is not None:  # the sinks are open, no source has fed anything yet
-                checkpoints.restore(tracker)
+                await checkpoints.restore(tracker)
                 await checkpoints.replay()  # loops: their back edges' log, before any new input
             if start is not None:
                 await start(nursery)

@@ -10,8 +10,9 @@ several executors can share a stream):
     K:slashrt:pending:E      sorted set: the pending checkpoints N
     K:slashrt:committed      hash: executor E -> the last checkpoint committed
 
-`pre_commit(N)` renames the open stream to checkpoint N's pending stream and lists N, in one
-MULTI/EXEC (in Redis, so a process killed after it loses nothing). `commit(N)` appends every
+`pre_commit(N)` renames the open stream (if there is one) to checkpoint N's pending stream and
+lists N, in one script (atomic, in Redis: a process killed after it loses nothing; repeated
+after a timeout, or after a first attempt the server ran late, it finds nothing to rename). `commit(N)` appends every
 pending checkpoint up to N to K, in order, in one MULTI/EXEC transaction that also records N
 as committed and drops them; it WATCHes the marker and the pending set, so two committers
 cannot both publish (the loser's EXEC fails, it looks again and finds nothing), and a commit
@@ -54,10 +55,11 @@ class RedisStreamSink:
     `slashrt.snapshot.recover(sink, n)` settles what checkpoint n covers (see there).
     `executor` tells apart the executors writing one stream (`for_executor`).
 
-    In a run, each batch's pipeline and each checkpoint's commit go to the server from one worker
-    thread per sink, in order (`awrite`, `acommit`): the executor's loop, its heartbeats and
-    channels, goes on while the broker answers; `pre_commit` (one RENAME and ZADD, at the
-    barrier, between two batches) and `open` stay on it. Every call to the broker fails after
+    In a run, every call to the server goes from the sink's worker thread, one at a time and in
+    the order the calls were made (`awrite`, `apre_commit`, `acommit`, `aabort`, `apending`,
+    `aopen`: `_in_worker`): the executor's loop, its heartbeats and channels, goes on while the
+    broker answers, and a checkpoint's pre-commit, made at its barrier, comes after the writes
+    before the barrier and before those after it. Every call to the broker fails after
     `timeout` seconds: a broker that is down or hung is then named (a `BrokerUnavailable`,
     which `run(restart=)` retries from the last complete checkpoint), before a heartbeat
     timeout (50 s by default; keep `timeout` below yours) could blame the executor."""
@@ -84,10 +86,10 @@ class RedisStreamSink:
             RedisTransactions(self._client, self.url, self.stream_key, self.executor, self.timeout)
             if self.transactional else NotTransactional(self)
         )
-        self._limiter = None  # awrite's one worker thread (made in the run: a trio object)
+        self._queued = None  # (trio run, the calls queued in the worker and not finished): `_in_worker`
 
     def __getstate__(self) -> dict:  # to executor processes: the URL, not a client (locks, sockets)
-        return {k: v for k, v in self.__dict__.items() if k not in ("_client", "_transactions", "_limiter")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_client", "_transactions", "_queued")}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -115,6 +117,10 @@ class RedisStreamSink:
         if self.transactional:
             self._transactions.open()
 
+    def aopen(self):
+        """`open` in the sink's worker thread (an agent's heartbeats go on while it waits)."""
+        return self._in_worker(self.open)
+
     def write(self, records: np.ndarray) -> None:
         if not len(records):
             return
@@ -130,10 +136,10 @@ class RedisStreamSink:
                 pipe.execute()
         self.written += len(records)
 
-    async def awrite(self, records: np.ndarray) -> None:
-        """`write` in a worker thread (one per sink, so batches stay in order): the executor's
+    def awrite(self, records: np.ndarray):
+        """`write` in the sink's worker thread, after every call made before it: the executor's
         loop is never blocked by the broker, only this step waits, at most `timeout` a call."""
-        await self._in_worker(self.write, records)
+        return self._in_worker(self.write, records)
 
     def close(self) -> None:
         if self.transactional and self._transactions.open_entries:
@@ -145,25 +151,43 @@ class RedisStreamSink:
     def pre_commit(self, checkpoint: int) -> None:
         self._transactions.pre_commit(checkpoint)
 
+    def apre_commit(self, checkpoint: int):
+        """`pre_commit` in the sink's worker thread, queued when called (at the barrier): after
+        the writes before the barrier, before the writes after it (`slashrt.snapshot.commit.begin`)."""
+        return self._in_worker(self.pre_commit, checkpoint)
+
     def commit(self, checkpoint: int) -> int:
         """Publish every pending checkpoint up to `checkpoint`; returns the entries published."""
         return self._transactions.commit(checkpoint)
 
-    async def acommit(self, checkpoint: int) -> int:
-        """`commit` in the sink's worker thread, after the writes before it: it reads back and
-        appends every entry of the checkpoints it publishes, the heaviest call to the broker."""
-        return await self._in_worker(self.commit, checkpoint)
-
-    async def _in_worker(self, fn, *args):
-        if self._limiter is None:
-            self._limiter = trio.CapacityLimiter(1)
-        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+    def acommit(self, checkpoint: int):
+        """`commit` in the sink's worker thread: it reads back and appends every entry of the
+        checkpoints it publishes, the heaviest call to the broker."""
+        return self._in_worker(self.commit, checkpoint)
 
     def abort(self, checkpoint: int) -> None:
         self._transactions.abort(checkpoint)
 
+    def aabort(self, checkpoint: int):
+        return self._in_worker(self.abort, checkpoint)
+
     def pending(self) -> list[int]:
         return self._transactions.pending()
+
+    def apending(self):
+        return self._in_worker(self.pending)
+
+    def _in_worker(self, fn, *args):
+        """`fn(*args)` in a worker thread, after every call queued before this one (in this trio
+        run) and before every call queued after it: its place is taken now, when called, and
+        the awaitable returned waits for it and returns its result (or raises its error). The
+        calls of one sink are never concurrent (its client's connection is used by one at a
+        time) and keep the order the executor made them in, whichever task awaits them."""
+        run = trio.lowlevel.current_trio_token()
+        earlier = [] if self._queued is None or self._queued[0] is not run else [e for e in self._queued[1] if not e.is_set()]
+        done = trio.Event()
+        self._queued = (run, [*earlier, done])
+        return _after(earlier, done, fn, args)
 
     def last_committed(self) -> int | None:
         """The last checkpoint this executor's writer committed (None before the first)."""
@@ -173,6 +197,18 @@ class RedisStreamSink:
         """The highest checkpoint any executor's writer of the stream committed (None before the
         first): what a resume must not publish again (`slashrt.snapshot.published`)."""
         return self._transactions.published() if self.transactional else None
+
+
+async def _after(earlier: list[trio.Event], done: trio.Event, fn, args):
+    """`fn(*args)` in a worker thread once every earlier call finished. Each waits for all the
+    earlier ones still unfinished, not only the last: one cancelled while it waited lets the
+    next go on only after those before it."""
+    try:
+        for call in earlier:
+            await call.wait()
+        return await trio.to_thread.run_sync(fn, *args)
+    finally:  # (failed or cancelled: the next call goes on)
+        done.set()
 
 
 class RedisTransactions:
@@ -207,11 +243,10 @@ class RedisTransactions:
     def pre_commit(self, checkpoint: int) -> None:
         checkpoint = _checkpoint_number(checkpoint)
         with failure(self.url, f"pre-committing checkpoint {checkpoint} of stream {self.key!r}", timeout=self.timeout):
-            pipe = self._client.pipeline(transaction=True)
-            if self.open_entries:
-                pipe.rename(self._open, self._pending(checkpoint))
-            pipe.zadd(self._pending_set, {checkpoint: checkpoint})
-            pipe.execute()
+            # one script, atomic: the open stream is renamed if the server has one, not if this
+            # object wrote entries (a pre-commit that timed out may have been done after all: a
+            # hung server runs what it had received once it goes on)
+            self._client.eval(_PRE_COMMIT, 3, self._open, self._pending(checkpoint), self._pending_set, checkpoint)
         self.open_entries = 0
 
     def commit(self, checkpoint: int) -> int:
@@ -268,7 +303,7 @@ class RedisTransactions:
             return [int(n) for n in self._client.zrange(self._pending_set, 0, -1)]
 
     def published(self) -> int | None:
-        with failure(self.url, f"reading the commit markers of stream {self.key!r}"):
+        with failure(self.url, f"reading the commit markers of stream {self.key!r}", timeout=self.timeout):
             marks = self._client.hvals(self._committed)
         return max(map(int, marks), default=None)
 
@@ -276,6 +311,12 @@ class RedisTransactions:
         with failure(self.url, f"reading the commit marker of stream {self.key!r}", timeout=self.timeout):
             last = self._client.hget(self._committed, self.executor)
         return None if last is None else int(last)
+
+
+_PRE_COMMIT = """
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('RENAME', KEYS[1], KEYS[2]) end
+redis.call('ZADD', KEYS[3], ARGV[1], ARGV[1])
+"""
 
 
 def _checkpoint_number(checkpoint) -> int:

@@ -25,7 +25,7 @@ import pyarrow as pa
 from slashrt._batch import Batch
 from slashrt.errors import OperatorError, SchemaError
 from slashrt.ops._node import Node
-from slashrt.snapshot.commit import NotTransactional, PartFiles, PendingRecords
+from slashrt.snapshot.commit import NotTransactional, PartFiles, PendingRecords, call_async
 from slashrt.snapshot.operators import check, tagged
 from slashrt.snapshot.state_format import State
 
@@ -325,6 +325,10 @@ class SinkNode(Node):
 
     def open(self) -> None:
         self.sink.open()
+
+    async def aopen(self) -> None:
+        """`open` from the executor's loop: a broker's sink opens from its worker thread."""
+        await call_async(self.sink, "open")
 
     async def push(self, batch: Batch) -> None:
         try:

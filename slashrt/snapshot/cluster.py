@@ -18,9 +18,11 @@
       every agent drained: final checkpoint F
       "checkpoint" F, then "commit" F, "finish" ─> taken at once (nothing is in flight)
 
-An agent that cannot write its part (a full disk) declines n with the store's sentence; the
-coordinator counts it as a failed checkpoint, as a manifest it cannot write
-(`CheckpointCoordinator.failing`: past `tolerable_failures` in a row the job fails).
+An agent that cannot write its part (a full disk), or whose sink could not pre-commit n (a
+broker's, from the sink's worker thread, finished before the ack), declines n with the store's
+or the sink's sentence; the coordinator counts it as a failed checkpoint, as a manifest it
+cannot write (`CheckpointCoordinator.failing`: past `tolerable_failures` in a row the job fails;
+a broker's failure is retried by a restart strategy).
 
 Stop with a savepoint (`stop`, a StopHandle, asked before every agent drained): "savepoint" n
 (the sources feed nothing after barrier n), acks, manifest, "commit" n, then "stop" n: each
@@ -58,7 +60,7 @@ import time
 import structlog
 import trio
 
-from slashrt.errors import OptionError, SlashError, SnapshotError, SnapshotWriteError
+from slashrt.errors import OptionError, SlashError, SnapshotError, SnapshotWriteError, retryable_report
 from slashrt.snapshot import channel_state
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Snapshot
 from slashrt.snapshot.collected import COMMITTED, Outbox
@@ -301,6 +303,12 @@ class AgentCheckpointing(Checkpointing):
         if kind is not None:
             await self.link.send(kind, payload)
 
+    async def _pre_commit_failed(self, n: int, exc) -> None:
+        """A sink could not pre-commit n (its broker): declined, counted as a failed checkpoint,
+        as a part that cannot be written; the job's failure, if it comes to that, names the
+        broker and is retried by a restart strategy (`ClusterCheckpoints._failed`)."""
+        await self._send("decline", (n, f"executor {self.executor}: {exc}", str(exc), type(exc).__name__))
+
     def _write_all_timed(self, n: int, states: dict) -> tuple[list, list]:
         parts, seconds = [], []
         for step_id, state in states.items():
@@ -506,24 +514,32 @@ class ClusterCheckpoints:
             self._signal()
 
     async def _on_decline(self, executor: int, payload) -> None:
-        n, reason, *failure = payload  # failure: the store's sentence (a full disk)
+        # failure: the store's sentence (a full disk), or a sink's and its error's type (its pre-commit failed)
+        n, reason, *failure = payload
         record = self.coordinator.decline(n, (self.steps[0], executor), reason, failed=bool(failure))
         if record is not None:
             self._acks.pop(n, None)
             if failure:
-                await self._failed(n, failure[0])
+                await self._failed(n, *failure)
             else:
                 log.warning("checkpoint aborted", checkpoint=n, reason=record.reason)
             await self._go_on(n)
             self._signal()
 
-    async def _failed(self, n: int, cause: str) -> None:
-        """Checkpoint n could not be written (`cause` names it and its path): its directory goes
-        (what an agent still writes into it, retention removes later); the job fails, in one
-        sentence, if n was the run's last checkpoint or one failure too many in a row."""
+    async def _failed(self, n: int, cause: str, sink_error: str | None = None) -> None:
+        """Checkpoint n could not be written (`cause` names it and its path), or a sink could
+        not pre-commit it (`sink_error`: the type of its error, `cause` naming the broker): its
+        directory goes (what an agent still writes into it, retention removes later); the job
+        fails, in one sentence, if n was the run's last checkpoint or one failure too many in a
+        row (a broker away or hung: retryable, as the sink's own failure would be)."""
         with contextlib.suppress(OSError):
             await trio.to_thread.run_sync(self.store.discard, n)
-        sentence = self.coordinator.failing(cause, self._kinds.get(n))
+        sentence = self.coordinator.failing(cause, self._kinds.get(n), broker=sink_error is not None)
+        if sentence is not None and sink_error is not None:
+            from slashrt.cluster.coordinator import ClusterError
+
+            report = f"{sink_error}: {sentence}"
+            raise ClusterError(report, retryable=retryable_report(report))
         if sentence is not None:
             raise SnapshotError(sentence)
         log.warning("checkpoint declined", checkpoint=n, reason=cause, failures_in_a_row=self.coordinator.failures,

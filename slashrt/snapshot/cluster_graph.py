@@ -107,13 +107,13 @@ class GraphAgentCheckpointing(AgentCheckpointing):
             self.outboxes = {box.step_id: box for box in map(Outbox, self.exchanges)}
             self.nodes.update(self.outboxes)
 
-    def restore(self, progress=None) -> None:
+    async def restore(self, progress=None) -> None:
         """The nodes, then (loops) the outboxes shipped again and counted in flight, before the
         feedback queues' log is replayed (`replay`): one batch of counts with the recount."""
         self.progress = progress
         states = {} if self.restored is None else self.restored.states
         outboxes = {key: states.pop(key) for key in list(states) if key[0].endswith(OUTBOX)}
-        super().restore(progress)
+        await super().restore(progress)
         for (step_id, _), state in outboxes.items():
             self.outboxes[step_id].restore(state)
 

@@ -9,8 +9,11 @@ barriers is one transaction, named by the checkpoint whose barrier closes it:
 * `commit(n)`, once checkpoint n is complete: publish checkpoint n's output and any earlier
   pending one (of a checkpoint that was declined after this sink pre-committed it). Idempotent:
   repeating it (after a crash during the first) publishes nothing twice.
-  A sink talking to a broker may also have `acommit(n)`, the same off the executor's loop
-  (its round trips in a worker thread: `commit_async`).
+  A sink talking to a broker also has `a<call>` for each call (`apre_commit(n)`, `acommit(n)`,
+  `aabort(n)`, `apending()`): the call queued in its worker thread when made, and an awaitable
+  that finishes it, so the executor's loop goes on while the broker answers and the calls keep
+  the order they were made in (`begin`, the one place that chooses; `commit_async`,
+  `recover_async`).
 * `abort(n)`: drop checkpoint n's pending output.
 * `pending()`: the checkpoints pre-committed and not yet committed; a sink with durable pending
   output (files) finds them again in a new process.
@@ -44,7 +47,10 @@ import numpy as np
 from slashrt.errors import SnapshotError
 from slashrt.snapshot._durable import fsync_path
 
-__all__ = ["TwoPhaseCommit", "recover", "commit_async", "PartFiles", "PendingRecords", "NotTransactional"]
+__all__ = [
+    "TwoPhaseCommit", "recover", "recover_async", "begin", "commit_async", "PartFiles", "PendingRecords",
+    "NotTransactional",
+]
 
 
 @runtime_checkable
@@ -60,27 +66,57 @@ class TwoPhaseCommit(Protocol):
     def pending(self) -> list[int]: ...
 
 
+def begin(sink, call: str, *args):
+    """Begin `sink.<call>(*args)` now. A sink with `a<call>` (a broker's) queues it in its worker
+    thread, in the order its calls are begun (a pre-commit begun at the barrier comes after the
+    writes before it and before the writes after it), and the awaitable returned finishes it;
+    any other sink's call is made here and None is returned."""
+    queued = getattr(sink, "a" + call, None)
+    if queued is not None:
+        return queued(*args)
+    getattr(sink, call)(*args)
+    return None
+
+
+async def call_async(sink, call: str, *args):
+    """`sink.<call>(*args)`, its result; a broker's sink answers from its worker thread while
+    the executor's loop goes on (`begin`)."""
+    queued = getattr(sink, "a" + call, None)
+    return await queued(*args) if queued is not None else getattr(sink, call)(*args)
+
+
 async def commit_async(sink: TwoPhaseCommit, checkpoint: int) -> None:
-    """`sink.commit(checkpoint)`, awaiting its `acommit` if it has one (a broker's sink: the
-    executor's loop goes on meanwhile)."""
-    acommit = getattr(sink, "acommit", None)
-    if acommit is not None:
-        await acommit(checkpoint)
-    else:
-        sink.commit(checkpoint)
+    """`sink.commit(checkpoint)`, off the executor's loop for a broker's sink (`begin`)."""
+    await call_async(sink, "commit", checkpoint)
+
+
+def settle(pending, restored: int | None) -> tuple[list[int], list[int]]:
+    """The rule of recovery: of the `pending` checkpoints, those to commit (up to `restored`)
+    and those to abort (newer; all of them when nothing is restored)."""
+    pending = sorted(pending)
+    committed = [n for n in pending if restored is not None and n <= restored]
+    return committed, [n for n in pending if n not in committed]
 
 
 def recover(sink: TwoPhaseCommit, restored: int | None) -> tuple[list[int], list[int]]:
     """Settle a sink's pending output after restoring checkpoint `restored` (None: starting
     afresh, nothing restored): commit pending checkpoints up to it, abort newer ones.
     Returns (committed, aborted) checkpoint numbers."""
-    pending = sorted(sink.pending())
-    committed = [n for n in pending if restored is not None and n <= restored]
-    aborted = [n for n in pending if n not in committed]
+    committed, aborted = settle(sink.pending(), restored)
     if committed:
         sink.commit(committed[-1])  # commits every pending one up to it
     for n in aborted:
         sink.abort(n)
+    return committed, aborted
+
+
+async def recover_async(sink: TwoPhaseCommit, restored: int | None) -> tuple[list[int], list[int]]:
+    """`recover` from inside a run: a broker's sink settles from its worker thread (`begin`)."""
+    committed, aborted = settle(await call_async(sink, "pending"), restored)
+    if committed:
+        await call_async(sink, "commit", committed[-1])
+    for n in aborted:
+        await call_async(sink, "abort", n)
     return committed, aborted
 
 

@@ -15,7 +15,8 @@ Lifecycle of checkpoint n (docs/architecture.md, "Barrier snapshots"):
   two-phase commit and recovery use; completing n subsumes every older pending checkpoint.
 - Aborts: `decline(n, who, reason)`, `expire()` (older than `timeout`), `executor_lost(e)`.
   An ack or decline for an aborted, subsumed or completed checkpoint is ignored (`ignored`).
-- Failures: `decline(..., failed=True)` (its state could not be written: a full disk), or
+- Failures: `decline(..., failed=True)` (its state could not be written: a full disk; or a
+  sink could not pre-commit it: its broker away or hung), or
   `unwritten(n)` (every instance acked, its manifest could not be written) counts in `failures`, the failed checkpoints in a row; a completed one resets it. Once `failures` exceeds
   `tolerable_failures` (Flink's tolerable failed checkpoints), `failing` gives the sentence the
   job fails with; up to then a failed checkpoint is only declined and the next one is tried.
@@ -278,11 +279,13 @@ class CheckpointCoordinator:
         self.failures = self._streak = self._streak + 1
         return record
 
-    def failing(self, cause: str, kind: str | None = None) -> str | None:
-        """After a failed checkpoint (`cause`: the store's sentence naming it and its path): the
-        sentence the job fails with, or None (it is only declined, the next one is tried). A
-        run's last checkpoint (`kind` "final" or "savepoint") has no next one: it always fails."""
-        what = "free space there or checkpoint elsewhere, then resume from the latest checkpoint"
+    def failing(self, cause: str, kind: str | None = None, broker: bool = False) -> str | None:
+        """After a failed checkpoint (`cause`: the store's sentence naming it and its path, or
+        with `broker` a sink's naming the broker that failed its pre-commit): the sentence the
+        job fails with, or None (it is only declined, the next one is tried). A run's last
+        checkpoint (`kind` "final" or "savepoint") has no next one: it always fails."""
+        what = ("once the broker answers again, resume from the latest checkpoint (a restart strategy does so itself)"
+                if broker else "free space there or checkpoint elsewhere, then resume from the latest checkpoint")
         if kind is not None:
             return f"{cause}; it was the run's {'savepoint' if kind == 'savepoint' else 'final checkpoint'}, so the job fails: {what}"
         if self.failures > self.config.tolerable_failures:

@@ -4,19 +4,24 @@
     feeder: records its position, sends barrier n in band (after every record before it)
     executor: BarrierAligner over its input channels; an input that delivered n is blocked
     (its data waits in its ring) until every input delivered n; then, between two batches:
-        pre-commit the 2PC sinks for n, copy every stateful node's state (sync), and in the
-        background write each state as a part (async, a worker thread), ack n
+        pre-commit the 2PC sinks for n (a broker's: queued in its worker thread, after the
+        writes before the barrier), copy every stateful node's state (sync), and in the
+        background wait for those pre-commits, write each state as a part (async, a worker
+        thread), ack n
     all acked: the manifest is written (source positions in its meta), sinks commit n
-    a part or the manifest cannot be written (a full disk): n is declined, its directory
-        removed, the next one tried; past `tolerable_failures` in a row the job fails, in one
-        sentence (`CheckpointCoordinator.failing`)
+    a part or the manifest cannot be written (a full disk), or a sink's pre-commit failed (its
+        broker away or hung past its timeout): n is declined, its directory removed, the next
+        one tried; past `tolerable_failures` in a row the job fails, in one sentence
+        (`CheckpointCoordinator.failing`; a broker's failure stays a BrokerUnavailable, which a
+        restart strategy retries)
 
 When every input has ended, the run takes a final checkpoint, so a transactional sink publishes
 everything and a resume from it finds nothing left to do. Stop with a savepoint (`stop`, a
 `StopHandle`): the coordinator's `stop_with_savepoint` n goes to every source, which halts after
 sending barrier n; once n is written and its sinks committed, the run ends (the executor's run is
 cancelled: nothing came after the barrier) and `savepoint` is n; resuming from n continues there. `restore` (resume_from) restores every
-stateful node, and settles each 2PC sink (`commit.recover`); `positions` rewinds the sources.
+stateful node, and settles each 2PC sink (`commit.recover_async`: a broker's sink from its
+worker thread); `positions` rewinds the sources.
 
 A dataflow with loops (`slashrt.snapshot.loops`): the executor aligns as a `LoopHead` over its
 sources, and checkpoint n also holds the batches its loops' back edges delivered between the
@@ -33,10 +38,10 @@ import structlog
 import trio
 
 from slashrt._buffer import Control
-from slashrt.errors import OptionError, SnapshotError, SnapshotWriteError
+from slashrt.errors import ConnectorError, OptionError, SnapshotError, SnapshotWriteError
 from slashrt.snapshot import channel_state
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, LoopHead, Snapshot
-from slashrt.snapshot.commit import TwoPhaseCommit, commit_async, recover
+from slashrt.snapshot.commit import TwoPhaseCommit, begin, commit_async, recover_async
 from slashrt.snapshot.coordinator import AckStats, CheckpointConfig, CheckpointCoordinator, StopTheWorld
 from slashrt.snapshot.loops import LOG_KIND, BackEdgeLog, loop_feedbacks
 from slashrt.snapshot.operators import check, restore_plan, stateful_nodes
@@ -247,15 +252,16 @@ class Checkpointing:
             )
         return State({}, position)
 
-    def restore(self, progress=None) -> None:
+    async def restore(self, progress=None) -> None:
         """After the sinks opened: every stateful node from the restored checkpoint, and every
-        2PC sink's pending output settled (committed up to it, aborted after it). `progress`
-        (pointstamp progress) counts what the restored nodes hold."""
+        2PC sink's pending output settled (committed up to it, aborted after it; a broker's
+        sink from its worker thread). `progress` (pointstamp progress) counts what the
+        restored nodes hold."""
         number = None
         if self.loops is not None:
             self.loops.attach(progress)
         if self.rescaled is not None:
-            self._restore_rescaled(progress)
+            await self._restore_rescaled(progress)
             return
         if self.restored is not None:
             number = self.restored.number
@@ -280,9 +286,9 @@ class Checkpointing:
                 progress.recount()
             log.info("checkpoint restored", checkpoint=number)
         for sink in self.sinks:
-            recover(sink, number)
+            await recover_async(sink, number)
 
-    def _restore_rescaled(self, progress) -> None:
+    async def _restore_rescaled(self, progress) -> None:
         number = self.restored.number
         for step_id, node in self.nodes.items():  # sources start afresh on their new shares
             if step_id in self.rescaled:
@@ -291,7 +297,7 @@ class Checkpointing:
         if progress is not None:
             progress.recount()
         for sink in self.sinks:
-            recover(sink, number)
+            await recover_async(sink, number)
         log.info("checkpoint restored", checkpoint=number, rescaled_from=self.restored.meta.get("executors", 1))
 
     async def replay(self) -> None:
@@ -326,12 +332,14 @@ class Checkpointing:
         finally:
             self._nursery = None  # the run ended (or failed): `_spawn` starts nothing more
 
-    def _spawn(self, fn, *args) -> None:
+    def _spawn(self, fn, *args) -> bool:
         """Start `fn(*args)` beside the run; nothing once the run ended: a coordinator's message
         handled while the run fails (an operator's error) must not replace that error with
-        trio's "Nursery is closed"."""
-        if self._nursery is not None:
-            self._nursery.start_soon(fn, *args)
+        trio's "Nursery is closed". Returns whether it started."""
+        if self._nursery is None:
+            return False
+        self._nursery.start_soon(fn, *args)
+        return True
 
     async def _stop_when_asked(self, body: trio.CancelScope, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Stop with a savepoint when `stop` asks: the coordinator's final checkpoint at every source;
@@ -522,14 +530,18 @@ class Checkpointing:
 
     def _take(self, n: int, alignment: AlignmentStats, running: bool = False) -> None:
         """The synchronous part of checkpoint n, between two batches: pre-commit the sinks, copy
-        every node's state; the writing goes on in the background. Loops: barrier n goes round
-        them while the run goes on (`running`, asynchronous snapshots), else the log is what
-        their back edges hold now."""
+        every node's state; the writing goes on in the background. A broker's sink pre-commits
+        in its worker thread: begun here, so after every write before the barrier and before any
+        after it, and finished in the background before n is acked (`_write`). Loops: barrier n
+        goes round them while the run goes on (`running`, asynchronous snapshots), else the log
+        is what their back edges hold now."""
         self._taken.add(n)
         self._writing.add(n)
         started = time.perf_counter()
+        pre_commits = []  # a broker's sinks' pre-commits, under way in their worker threads
         for sink in self.sinks:
-            sink.pre_commit(n)
+            if (pre_commit := begin(sink, "pre_commit", n)) is not None:
+                pre_commits.append(pre_commit)
             if self._kinds.get(n) == "savepoint" and id(sink) in self._in_memory:
                 # the stopping run returns it now, so its snapshot holds nothing for a resume to
                 # publish again; were this process to die first, its memory would be gone anyway
@@ -545,18 +557,45 @@ class Checkpointing:
             self.loops.open(n) if running else self.loops.take(n)
         positions = source_positions(self.sources.values(), n)
         log.debug("checkpoint snapshot", checkpoint=n, sync_s=time.perf_counter() - started)
-        self._spawn(self._write, n, states, sync, positions, alignment.seconds)
+        if not self._spawn(self._write, n, states, sync, positions, alignment.seconds, pre_commits):
+            for pre_commit in pre_commits:  # the run ended: nothing awaits them
+                pre_commit.close()
 
-    async def _write(self, n: int, states: dict, sync: dict, positions: dict, alignment_s: float) -> None:
+    async def _write(self, n: int, states: dict, sync: dict, positions: dict, alignment_s: float,
+                     pre_commits=()) -> None:
         try:
             if self.loops is not None:  # the log is part of n once barrier n came back round every loop
                 logs = await self.loops.states(n)
                 states.update(logs)
                 sync.update(dict.fromkeys(logs, 0.0))
+            if not await self._pre_committed(n, pre_commits):  # (the loops' log of n taken first: not left behind)
+                return
             await self._write_parts(n, states, sync, positions, alignment_s)
         finally:
             self._writing.discard(n)
             self._signal()
+
+    async def _pre_committed(self, n: int, pre_commits) -> bool:
+        """Wait for the pre-commits of n begun in broker sinks' worker threads: they are part of
+        n's snapshot, so n is acked only after them. One that failed (its broker away, or hung
+        past its timeout) fails n as a part that cannot be written does (`_pre_commit_failed`);
+        returns whether all succeeded."""
+        failed = None
+        for pre_commit in pre_commits:  # every one awaited: none is left queued unawaited
+            try:
+                await pre_commit
+            except ConnectorError as exc:
+                failed = failed or exc
+        if failed is not None:
+            await self._pre_commit_failed(n, failed)
+        return failed is None
+
+    async def _pre_commit_failed(self, n: int, exc: ConnectorError) -> None:
+        """A sink could not pre-commit n: n is declined, counted as a failed checkpoint (nothing
+        of it was written yet); its pending output, if the broker took it after all, is
+        published with the next checkpoint that completes, or aborted by a recovery."""
+        self.coordinator.decline(n, self._instances()[0], str(exc), failed=True)
+        self._check_failure(n, exc)
 
     async def _write_parts(self, n: int, states: dict, sync: dict, positions: dict, alignment_s: float) -> None:
         try:
@@ -569,13 +608,15 @@ class Checkpointing:
                     await trio.to_thread.run_sync(self.store.discard, n)
             self._check_failure(n, exc)
 
-    def _check_failure(self, n: int, exc: SnapshotWriteError) -> None:
-        """Checkpoint n failed to write: the job fails, in one sentence, if it was the run's last
-        one (final, or a stop's savepoint: no later checkpoint takes its place) or one failure
-        too many in a row; else it is declined and the next one is tried."""
-        sentence = self.coordinator.failing(str(exc), self._kinds.get(n))
+    def _check_failure(self, n: int, exc: SnapshotWriteError | ConnectorError) -> None:
+        """Checkpoint n failed to write (or a sink to pre-commit it): the job fails, in one
+        sentence, if it was the run's last one (final, or a stop's savepoint: no later checkpoint
+        takes its place) or one failure too many in a row; else it is declined and the next one
+        is tried. A broker's failure stays one (a restart strategy retries it)."""
+        broker = isinstance(exc, ConnectorError)
+        sentence = self.coordinator.failing(str(exc), self._kinds.get(n), broker=broker)
         if sentence is not None:
-            raise SnapshotError(sentence)
+            raise (type(exc) if broker else SnapshotError)(sentence)
         log.warning("checkpoint declined", checkpoint=n, reason=str(exc), failures_in_a_row=self.coordinator.failures,
                     tolerated=self.config.tolerable_failures)
 

@@ -7,6 +7,8 @@ stream is paced until the test has made its fault (`tests.snapshot._paced`), so 
 meets a running job."""
 
 import contextlib
+import os
+import signal
 import glob
 import threading
 import time
@@ -18,6 +20,7 @@ import slashrt
 from slashrt import Dataflow, Schema
 from slashrt.cluster.coordinator import ClusterError
 from slashrt.connectors import RedisStream, RedisStreamSink, read_stream, write_stream
+from slashrt.errors import BrokerUnavailable
 from slashrt.testing import redis_server
 
 from tests.snapshot._paced import Paced, behind
@@ -193,3 +196,113 @@ def test_writes_and_commits_wait_for_a_hung_broker_off_the_loop(broker):
     assert all(n >= 5 for _, n in failures), failures  # ~20 ticks a second while each call waited 1 s
     sink.commit(1)  # the broker is back: the checkpoint is published once
     assert exactly_once_of(broker.url, 100) == (0, 0)
+
+
+class HangsAtBarrier(RedisStreamSink):
+    """A transactional sink whose broker (`pid`) hangs (SIGSTOP) as executor 0's first
+    pre-commit begins, wherever that call runs, and makes `hung` in `marks` (a directory) then.
+    With `hang` (seconds) the broker goes on that long after (SIGCONT, from a timer thread: the
+    fault's length), and `fired` is made in `marks` once the pre-commit returned (the stream,
+    `Paced` until then, goes at full speed); without, the test resumes the broker."""
+
+    def __init__(self, *args, pid: int = 0, marks=None, hang: float | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pid, self.marks, self.hang = pid, marks, hang
+
+    def for_executor(self, index: int):
+        return type(self)(self.url, self.stream_key, transactional=self.transactional, executor=index,
+                          entry_bytes=self.entry_bytes, timeout=self.timeout, pid=self.pid, marks=self.marks,
+                          hang=self.hang)
+
+    def pre_commit(self, checkpoint: int) -> None:
+        if self.executor != 0 or (self.marks / "hung").exists():
+            return super().pre_commit(checkpoint)
+        os.kill(self.pid, signal.SIGSTOP)
+        (self.marks / "hung").touch()
+        if self.hang is not None:
+            threading.Timer(self.hang, os.kill, (self.pid, signal.SIGCONT)).start()
+        try:
+            super().pre_commit(checkpoint)
+        finally:
+            (self.marks / "fired").touch()
+
+
+def test_a_broker_hung_at_a_barrier_leaves_the_executors_loop_running(broker, tmp_path):
+    """The broker hangs as the sink's pre-commit begins, and only a task on the executor's loop
+    (run's `on_records`, called every 0.1 s) brings it back: with the pre-commit in the sink's
+    worker thread the loop goes on, resumes the broker, and the checkpoint completes, exactly
+    once. (A pre-commit on the loop blocked it until the sink's timeout: the job failed.)"""
+    sink = HangsAtBarrier(broker.url, "out", transactional=True, timeout=10.0, pid=broker.process.pid, marks=tmp_path)
+    resumed = []
+
+    def tick(records: int) -> None:
+        if (tmp_path / "hung").exists() and not resumed:
+            resumed.append(records)
+            broker.resume()
+
+    f = Dataflow("barrier")
+    f.source("events", SCHEMA, time="t", max_delay=20).sink(sink, name="out")
+    try:
+        result = slashrt.run(f, {"events": records()}, checkpoint={"interval": 0.05}, checkpoint_dir=tmp_path / "chk",
+                             on_records=tick, **RING)
+    finally:
+        broker.resume()
+    assert resumed, "the broker never hung"
+    assert [c["status"] for c in result.checkpoints] == ["completed"] * len(result.checkpoints), result.checkpoints
+    assert exactly_once(broker.url) == (0, 0)
+
+
+def test_a_broker_hung_at_a_barrier_longer_than_the_heartbeat_timeout_is_no_frozen_executor(broker, tmp_path):
+    """On a cluster: the broker hangs for 4.5 s from executor 0's first pre-commit, longer than
+    the 3 s heartbeat timeout and shorter than the sink's own: the pre-commit waits in the sink's
+    worker thread, heartbeats go on, and once the broker answers the checkpoint completes and the
+    output is exact. (On the loop, the executor was declared frozen: "stopped answering".)"""
+    (tmp_path / "marks").mkdir()
+    pace = Paced(seconds=0.02, until=(tmp_path / "marks", 2))  # slow until the pre-commit returned (`fired`)
+    f = Dataflow("broker")
+    events = behind(f.source("events", SCHEMA, time="t", max_delay=20), pace)
+    events.sink(HangsAtBarrier(broker.url, "out", transactional=True, timeout=10.0, pid=broker.process.pid,
+                               marks=tmp_path / "marks", hang=4.5), name="out")
+    result = slashrt.run(f, {"events": RedisStream(broker.url, "in", count=4)}, executors=2,
+                         checkpoint={"interval": 0.05, "keep": 3}, checkpoint_dir=tmp_path / "chk",
+                         heartbeat_interval=0.25, heartbeat_timeout=3, **RING)
+    assert (tmp_path / "marks" / "hung").exists(), "the broker never hung"
+    assert not [c for c in result.checkpoints if "Redis" in (c.get("reason") or "")], result.checkpoints
+    assert result.checkpoints[-1]["status"] == "completed", result.checkpoints
+    assert exactly_once(broker.url) == (0, 0)
+
+
+@pytest.mark.parametrize("tolerated", [1, 0])
+def test_a_pre_commit_the_broker_does_not_answer_in_time_declines_its_checkpoint(broker, tmp_path, tolerated):
+    """The broker hangs past the sink's 1 s timeout from the first pre-commit, and comes back
+    (from the executor's loop) once that pre-commit failed: its checkpoint is declined as one
+    whose state could not be written; with a failure tolerated the run goes on to exact output,
+    with none the job fails with a BrokerUnavailable naming the broker and the checkpoint."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    sink = HangsAtBarrier(broker.url, "out", transactional=True, timeout=1.0, pid=broker.process.pid, marks=marks)
+
+    def tick(records: int) -> None:
+        if (marks / "fired").exists():
+            broker.resume()
+
+    f = Dataflow("barrier")
+    # slow until the pre-commit failed (`hung`, `fired`): the hang meets a periodic checkpoint, not the final one
+    behind(f.source("events", SCHEMA, time="t", max_delay=20), Paced(seconds=0.01, until=(marks, 2))).sink(sink, name="out")
+    with contextlib.ExitStack() as stack:
+        stack.callback(broker.resume)
+        if not tolerated:
+            failed = stack.enter_context(pytest.raises(BrokerUnavailable))
+        result = slashrt.run(f, {"events": records()}, checkpoint={"interval": 0.05, "tolerable_failures": tolerated},
+                             checkpoint_dir=tmp_path / "chk", on_records=tick, **RING)
+    hung = f"the Redis broker at 127.0.0.1:{broker.port} did not answer within 1 s while pre-committing checkpoint 1 of stream 'out'"
+    if not tolerated:
+        assert str(failed.value) == (
+            f"{hung} (1 checkpoint in a row failed, more than the 0 tolerated), so the job fails: once the broker "
+            "answers again, resume from the latest checkpoint (a restart strategy does so itself)"
+        )
+        return
+    first = result.checkpoints[0]
+    assert first["status"] == "aborted" and first["reason"].endswith(f": {hung}"), result.checkpoints
+    assert result.checkpoints[-1]["status"] == "completed", result.checkpoints
+    assert exactly_once(broker.url) == (0, 0)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import redis as redis_py
 import trio
+import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -309,6 +310,33 @@ def test_a_sink_made_without_transactional_refuses_checkpoints_in_one_sentence(r
     with pytest.raises(SnapshotError, match=r"^checkpoint 1: this RedisStreamSink sink is not transactional; make it "
                                             r"with RedisStreamSink\(\.\.\., transactional=True\)"):
         sink.pre_commit(1)
+
+
+def test_a_pre_commit_begun_at_the_barrier_keeps_its_place_among_the_writes_whoever_awaits_it(redis):
+    """The calls of a sink's worker run in the order they were made, not awaited: a pre-commit
+    begun between two writes takes exactly the first into its checkpoint, though the second
+    write's task is awaited first and the pre-commit's last; a pre-commit the broker ran
+    already (after a timeout) leaves nothing to rename, and the next one does not fail on it."""
+    sink = RedisStreamSink(redis.url, "out", transactional=True)
+    sink.open()
+    a, b = rows(100), rows(60, 100)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            before, pre_commit, after = sink.awrite(a), sink.apre_commit(1), sink.awrite(b)
+            nursery.start_soon(lambda: after)
+            nursery.start_soon(lambda: before)
+            await trio.testing.wait_all_tasks_blocked()
+            await pre_commit
+        await sink.apre_commit(2)  # checkpoint 2: b
+        sink._transactions.open_entries = 1  # as after a pre-commit that timed out, then ran
+        await sink.apre_commit(3)  # nothing on the server to rename
+
+    trio.run(main)
+    assert sink.pending() == [1, 2, 3]
+    assert sink.commit(1) == 1 and np.array_equal(read_stream(redis.url, "out", ROWS), a)
+    assert sink.commit(3) == 1 and np.array_equal(read_stream(redis.url, "out", ROWS), np.concatenate([a, b]))
+    sink.close()
 
 
 def test_two_phase_commit_publishes_each_checkpoint_once_and_aborts_drop(redis):

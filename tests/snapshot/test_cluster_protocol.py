@@ -22,7 +22,8 @@ import trio
 import trio.testing
 
 from slashrt import StopHandle
-from slashrt.errors import unwrap_groups
+from slashrt.cluster.coordinator import ClusterError
+from slashrt.errors import first_error, unwrap_groups
 from slashrt.snapshot.cluster import AgentCheckpointing, ClusterCheckpoints
 from slashrt.snapshot.coordinator import AckStats, CheckpointConfig
 from slashrt.snapshot.state_format import State
@@ -350,3 +351,23 @@ def test_nothing_starts_while_a_failed_runs_tasks_are_cancelled(tmp_path, side):
     agent = None
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert started == [] and link.sent == []
+
+
+def test_a_sinks_failed_pre_commit_fails_the_job_naming_the_broker_and_retryable(tmp_path):
+    """An agent declines the savepoint because its sink could not pre-commit it (the sink's
+    sentence and its error's type): the run's last checkpoint failed, so the job fails, in the
+    broker's sentence, as a failure a restart strategy retries (not a full disk's advice)."""
+    hung = "the Redis broker at 127.0.0.1:1 did not answer within 1 s while pre-committing checkpoint 1 of stream 'out'"
+
+    async def answer(cluster, kind, n, nursery):
+        if kind == "savepoint":
+            await cluster._on_decline(0, (n, f"executor 0: {hung}", hung, "BrokerUnavailable"))
+
+    with pytest.raises(BaseException) as failed:
+        drive(tmp_path, answer)
+    error = first_error(failed.value) if isinstance(failed.value, BaseExceptionGroup) else failed.value
+    assert isinstance(error, ClusterError) and error.retryable, repr(error)
+    assert str(error) == (
+        f"BrokerUnavailable: {hung}; it was the run's savepoint, so the job fails: once the broker answers again, "
+        "resume from the latest checkpoint (a restart strategy does so itself)"
+    )

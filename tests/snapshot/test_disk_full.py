@@ -107,14 +107,20 @@ def completed(job) -> int:
     return len(job.events("checkpoint completed"))
 
 
+def decline_then_complete(job, disk, declined: int) -> None:
+    """After a first checkpoint, fill the disk until `declined` checkpoints were declined (each
+    refill takes what retention freed), then free it and wait for a checkpoint to complete."""
+    job.wait("a first checkpoint", lambda: completed(job) >= 1)
+    disk.fill()
+    job.wait(f"{declined} declined checkpoints", lambda: (disk.fill(), len(job.events("checkpoint declined")))[1] >= declined)
+    disk.free()
+    done = completed(job)
+    job.wait("a checkpoint after the disk was freed", lambda: completed(job) > done)
+
+
 def test_full_disk_declines_checkpoints_then_they_resume_exactly_once(tmp_path, disk, reference):
     with Job(tmp_path, disk, checkpoint={"interval": 0.05, "tolerable_failures": 50}, executors=1) as job:
-        job.wait("a first checkpoint", lambda: completed(job) >= 1)
-        disk.fill()
-        job.wait("3 declined checkpoints", lambda: (disk.fill(), len(job.events("checkpoint declined")))[1] >= 3)
-        disk.free()
-        done = completed(job)
-        job.wait("a checkpoint after the disk was freed", lambda: completed(job) > done)
+        decline_then_complete(job, disk, declined=3)
     assert job.error is None, job.error
     declined = job.events("checkpoint declined")
     assert all("No space left on device" in e["reason"] and str(disk.path) in e["reason"] for e in declined)
@@ -219,12 +225,7 @@ def test_two_executors_full_disk_at_a_stops_savepoint_fails_the_job_in_one_sente
 
 def test_two_executors_decline_then_resume_exactly_once(tmp_path, disk, reference):
     with Job(tmp_path, disk, checkpoint={"interval": 0.1, "tolerable_failures": 50}, executors=2) as job:
-        job.wait("a first checkpoint", lambda: completed(job) >= 1)
-        disk.fill()
-        job.wait("2 declined checkpoints", lambda: (disk.fill(), len(job.events("checkpoint declined")))[1] >= 2)
-        disk.free()
-        done = completed(job)
-        job.wait("a checkpoint after the disk was freed", lambda: completed(job) > done)
+        decline_then_complete(job, disk, declined=2)
     assert job.error is None, job.error
     assert all("No space left on device" in e["reason"] for e in job.events("checkpoint declined"))
     assert np.array_equal(np.sort(job.result["full.out"]), reference)
