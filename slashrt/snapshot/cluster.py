@@ -96,7 +96,9 @@ class AgentCheckpointing(Checkpointing):
         self.feeding = {k: self.local + [i for i, lane in peer_inputs.items() if lane < k] for k in sorted(self.stages)}
         self.aligner = BarrierAligner(self.local + list(peer_inputs), clock=time.perf_counter)
         self._forwarded = dict.fromkeys(self.feeding, 0)  # stage -> the newest barrier it claimed to send
-        self._sending = trio.Lock()  # forwards go out one at a time, in the order they were claimed
+        # forwards go out one batch at a time, in the order they were claimed (`_due`), whichever
+        # task sends them (the compute task's `_obey`, or `_forward` spawned by an overtake)
+        self._claimed, self._sent, self._turn = 0, 0, trio.lowlevel.ParkingLot()
         self._unsent = 0  # forwards claimed, not yet sent
         self._requested: set[int] = set()
         self._drained = False
@@ -241,8 +243,9 @@ class AgentCheckpointing(Checkpointing):
         await self._send_forwards(self._due(outcomes))
         await super()._obey(executor, outcomes)  # a snapshot is taken now; `_block` releases the inputs
 
-    def _due(self, outcomes) -> list[tuple[int, int]]:
-        """The forwards `outcomes` and the alignment in progress make due, claimed (in order)."""
+    def _due(self, outcomes) -> tuple[int, list[tuple[int, int]]] | None:
+        """The forwards `outcomes` and the alignment in progress make due, claimed (in order):
+        their batch's turn to be sent and the (stage, checkpoint) pairs; None if none."""
         due = []  # (stage, checkpoint) to forward, claimed here in order
         for outcome in outcomes:
             if isinstance(outcome, Snapshot):
@@ -258,15 +261,27 @@ class AgentCheckpointing(Checkpointing):
             channels = self.aligner.channels
             ready = [k for k, inputs in self.feeding.items() if all(i in channels.blocked or i in channels.ended for i in inputs)]
             due += self._claim(n, ready)
-        return due
+        if not due:
+            return None
+        self._claimed += 1
+        return self._claimed - 1, due
 
-    async def _send_forwards(self, due) -> None:
-        if due:
-            async with self._sending:  # in claim order
-                for stage, checkpoint in due:
-                    for exchange in self.stages[stage]:
-                        await exchange.forward_barrier(checkpoint)
-                    self._unsent -= 1
+    async def _send_forwards(self, claimed) -> None:
+        """Send a batch `_due` claimed, after every batch claimed before it (barrier n must
+        never follow n+1 on a channel: ids increase)."""
+        if claimed is None:
+            return
+        turn, due = claimed
+        while self._sent != turn:
+            await self._turn.park()
+        try:
+            for stage, checkpoint in due:
+                for exchange in self.stages[stage]:
+                    await exchange.forward_barrier(checkpoint)
+                self._unsent -= 1
+        finally:  # (cancelled: the run is ending, the batches after it may go)
+            self._sent += 1
+            self._turn.unpark_all()
 
     def _claim(self, n: int, stages) -> list[tuple[int, int]]:
         """The stages among `stages` that have not forwarded barrier n yet, now claimed for it."""
