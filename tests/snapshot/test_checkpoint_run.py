@@ -33,6 +33,7 @@ from slashrt.snapshot import SnapshotStore
 from slashrt.connectors import read_stream
 from slashrt.transport import RingSpec, open_inproc_channel
 from tests.snapshot._children import run_child
+from tests.snapshot._paced import Paced, behind
 
 from . import _checkpoint_child as job
 
@@ -171,7 +172,10 @@ def test_every_checkpoint_holds_exactly_what_each_source_fed_before_its_barrier(
     inputs = {"a": source_records(240_000, 0, seed=1), "b": source_records(1_920_000, 1, seed=2)}
     flow = Dataflow("align")
     a, b = (flow.source(name, SCHEMA, time="t") for name in inputs)
-    a.union(b).window(Tumbling(ms=10**9)).count(key="k").sink(sinks.Collect(transactional=True), name="out")
+    # slowed until 3 checkpoints completed, whatever their writes cost: a loaded machine took
+    # 0.6 s for the first one, when the whole stream takes less
+    pace = Paced(seconds=0.01, until=(tmp_path / "align" / "chk-*" / "_manifest.json", 3))
+    behind(a.union(b), pace).window(Tumbling(ms=10**9)).count(key="k").sink(sinks.Collect(transactional=True), name="out")
     result = slashrt.run(  # aligned: every checkpoint's state is what came before its barriers (unaligned
         # ones hold records in flight beside it: tests/snapshot/test_unaligned.py)
         flow, inputs, checkpoint={"interval": 0.002, "keep": 1000, "alignment_timeout": None}, checkpoint_dir=tmp_path,
