@@ -362,8 +362,11 @@ def test_ctrl_c_stops_the_job_and_every_executor(tmp_path):
     script, running = tmp_path / "job.py", tmp_path / "running"
     script.write_text(CTRL_C_SCRIPT)
     running.mkdir()
+    # Ctrl-C as at a terminal: a suite started in the background by a shell inherits SIGINT
+    # ignored, and so would the job (Python then raises no KeyboardInterrupt at all)
     proc = subprocess.Popen([sys.executable, str(script), str(running)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.readline().strip() == "starting"
         # interrupted once both executors compute (a marker each), not after a fixed time: a
