@@ -171,14 +171,8 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
             peer_of.update({end: src for (_, src), end in receivers.items()})
 
         async def dial(step_id: str, dst: int) -> None:
-            # (a connection unanswered for the heartbeat timeout: a partition, named at once)
-            try:
-                sender = await channels.connect(job.transport, directory[dst][(step_id, job.index)], ring(step_id), secret,
-                                                **({"connect_timeout": control.timeout} if job.transport == "tcp" else {}))
-            except ChannelSilent as exc:
-                raise PeersUnreachable(job.index, dst, f"no answer to a connection between them for {exc.seconds:g} s") from None
-            except OSError as exc:  # (its address came from the coordinator: it listens there)
-                raise PeersUnreachable(job.index, dst, f"connecting their channel failed ({exc.strerror or exc})") from None
+            sender = await connect_to_peer(channels, job.transport, job.index, dst, directory[dst][(step_id, job.index)],
+                                           ring(step_id), secret, timeout=control.timeout)
             peer_of[sender] = dst
             exchanges[step_id].add_peer(dst, sender)
 
@@ -259,6 +253,33 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
             if result.savepoint is not None:
                 await control.receive("release")
     await control.send("done", result)
+
+
+async def connect_to_peer(channels, transport: str, index: int, dst: int, address, spec: RingSpec, secret: bytes, *,
+                          timeout: float):
+    """Connect executor `index`'s channel to executor `dst`'s listener at `address` (which the
+    coordinator handed out: it listened there), naming what went wrong: no answer for `timeout`
+    seconds, or a connection the network itself refused (a route to nowhere), is a partition
+    (`PeersUnreachable`); a connection its host refused means the listener is closed, i.e. the
+    peer already failed, and is only the echo of that failure (`ChannelClosed`), so that the
+    coordinator names the first cause rather than this one."""
+    try:
+        return await channels.connect(transport, address, spec, secret,
+                                      **({"connect_timeout": timeout} if transport == "tcp" else {}))
+    except ChannelSilent as exc:
+        raise PeersUnreachable(index, dst, f"no answer to a connection between them for {exc.seconds:g} s") from None
+    except OSError as exc:
+        if _refused(exc):
+            raise ChannelClosed(f"executor {dst}'s listener refused executor {index}'s connection: it had closed "
+                                f"(executor {dst} failed first)") from None
+        raise PeersUnreachable(index, dst, f"connecting their channel failed ({exc.strerror or exc})") from None
+
+
+def _refused(exc: OSError) -> bool:
+    """Whether every attempt of a connection was refused by the peer's host (trio's
+    open_tcp_stream raises one OSError caused by a group of the attempts' errors)."""
+    attempts = exc.__cause__.exceptions if isinstance(exc.__cause__, BaseExceptionGroup) else (exc,)
+    return all(isinstance(e, ConnectionRefusedError) for e in attempts)
 
 
 @contextlib.asynccontextmanager

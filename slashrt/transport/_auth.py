@@ -8,6 +8,9 @@ the cluster secret without sending it::
     client -> server   HMAC(secret, "client" | sn | cn)
     server -> client   b"OK" (or the server closes the connection)
 
+A server that proved the secret can refuse the client's proof only if that proof was forged,
+so a client whose proof was answered by a closed connection says so, not "wrong secret".
+
 Each side checks the other's MAC with a constant-time comparison. Nonces are fresh random
 bytes, so a recorded exchange cannot be replayed. A wrong secret, a short read or a slow peer
 raises `AuthenticationFailed` (a ChannelClosed) with a message saying which.
@@ -145,7 +148,7 @@ async def client_handshake(stream: trio.abc.Stream, secret: bytes, *, timeout: f
         await stream.send_all(_mac(secret, b"client", server_nonce, client_nonce))
         try:
             verdict = await receive_exactly(stream, len(ACCEPTED), "the handshake verdict")
-        except ChannelClosed:
-            raise AuthenticationFailed("server refused our proof: wrong cluster secret") from None
+        except ChannelClosed:  # (it proved the same secret, so ours was right: it closed, say while failing)
+            raise AuthenticationFailed("the server closed the connection before accepting it") from None
         if verdict != ACCEPTED:
             raise AuthenticationFailed("server sent a bad handshake verdict")

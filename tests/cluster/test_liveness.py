@@ -126,6 +126,33 @@ async def test_a_peers_broken_channel_yields_to_the_failure_that_broke_it_when_a
         nursery.cancel_scope.cancel()
 
 
+async def test_a_peer_whose_listener_closed_is_an_echo_of_its_failure_and_an_unanswered_one_a_partition():
+    """Executor 1 dials executor 0's channel after 0 failed and closed its listener: the refusal
+    is 0's failure seen from 1 (a broken channel the coordinator looks past), not a partition
+    between them, which a connection the network refuses is (a route to nowhere; here a
+    multicast address, which Linux refuses as unreachable)."""
+    from slashrt.cluster.agent import _describe, connect_to_peer
+    from slashrt.cluster.coordinator import _broken_channel
+    from slashrt.cluster._liveness import PeersUnreachable
+    from slashrt.errors import ChannelClosed
+    from slashrt.transport import RingSpec
+    from slashrt.transport._auth import generate_secret
+    from slashrt.transport._channel import Liveness
+    from slashrt.transport._registry import open_channels, open_listener
+
+    spec, secret = RingSpec(slots=4, slot_size=4096, record_size=8), generate_secret()
+    async with open_listener("tcp", spec, secret, host="127.0.0.1") as listener:
+        closed = listener.address  # a port nothing listens on once the listener closed
+    async with open_channels(Liveness(1, 3)) as channels:
+        with pytest.raises(ChannelClosed) as refused:
+            await connect_to_peer(channels, "tcp", 1, 0, closed, spec, secret, timeout=3)
+        assert _broken_channel(_describe(refused.value)), _describe(refused.value)
+        assert str(refused.value) == "executor 0's listener refused executor 1's connection: it had closed (executor 0 failed first)"
+        with pytest.raises(PeersUnreachable) as unanswered:  # (the kernel refuses TCP to a multicast group at once)
+            await connect_to_peer(channels, "tcp", 2, 1, ("224.0.0.1", 9), spec, secret, timeout=3)
+        assert str(unanswered.value).startswith("executors 1 and 2 cannot reach each other: ")
+
+
 # -- the driver's own stall (SIGSTOP, swap) is not the executors' silence: a jump of the mock clock --
 
 async def test_the_drivers_own_stall_gives_a_silent_peer_a_fresh_timeout_from_when_it_resumed(mock_clock):

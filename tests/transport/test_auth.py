@@ -64,6 +64,28 @@ async def test_peer_closing_mid_handshake():
         await server_handshake(left, generate_secret())
 
 
+async def test_a_server_closing_after_proving_the_secret_is_named_as_closing_not_as_a_wrong_secret():
+    """A listener that shuts down (its executor failed) between its proof and its verdict: the
+    client's secret was right, so its error must not blame the secret."""
+    from slashrt.transport._auth import MAC, MAGIC, NONCE, _mac, receive_exactly
+
+    secret = generate_secret()
+    left, right = trio.testing.memory_stream_pair()
+
+    async def closing_server():
+        hello = await receive_exactly(left, len(MAGIC) + NONCE, "hello")
+        nonce = b"\1" * NONCE
+        await left.send_all(MAGIC + nonce + _mac(secret, b"server", hello[len(MAGIC):], nonce))
+        await receive_exactly(left, MAC, "proof")
+        await left.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(closing_server)
+        with pytest.raises(AuthenticationFailed) as failed:
+            await client_handshake(right, secret)
+    assert str(failed.value) == "the server closed the connection before accepting it"
+
+
 def test_load_secret_from_env_and_file(monkeypatch, tmp_path):
     monkeypatch.delenv("SLASHRT_SECRET", raising=False)
     monkeypatch.delenv("SLASHRT_SECRET_FILE", raising=False)
