@@ -55,7 +55,6 @@ n, and stage 1 forwards n at once; the peers' channels still align. Graph flows 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 
 import structlog
@@ -65,7 +64,7 @@ from slashrt.errors import OptionError, SlashError, SnapshotError, SnapshotWrite
 from slashrt.snapshot import channel_state
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Snapshot
 from slashrt.snapshot.collected import COMMITTED, Outbox
-from slashrt.snapshot.coordinator import AUTO, AckStats, CheckpointCoordinator
+from slashrt.snapshot.coordinator import AckStats, CheckpointCoordinator
 from slashrt.snapshot.rescale import reassigned, rescale, reshaped, resumed_inputs
 from slashrt.snapshot.runtime import Checkpointing
 
@@ -565,24 +564,6 @@ class ClusterCheckpoints:
         return self.coordinator.report()
 
 
-def _aligned_for_moved_positions(config, plan, inputs: dict):
-    """`config`, always aligned if its alignment timeout is the default ("auto") and a source
-    reads files or broker streams: their checkpoints resume on another executor count by moving
-    the readers' positions (`rescale`), which records in flight would not follow, and a default
-    must not make a checkpoint unusable there. An explicit timeout still overtakes them (such a
-    checkpoint resumes on as many executors as took it, `rescale` says so)."""
-    from slashrt._runtime import _per_source
-
-    if config.alignment_timeout != AUTO or config.unaligned_after is None:
-        return config
-    movable = [step_id for step_id, _, value in _per_source(plan, inputs, "input")
-               if callable(getattr(value, "rescaled_starts", None)) or callable(getattr(value, "rescaled", None))]
-    if not movable:
-        return config
-    log.debug("checkpoints align: sources read files or streams", sources=movable)
-    return dataclasses.replace(config, alignment_timeout=None)
-
-
 def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, options: dict):
     """The coordinator's `ClusterCheckpoints` for a run on `executors` (None without a
     `checkpoint_dir`), with `job` (what every agent needs: the config, the store's location, the
@@ -594,7 +575,7 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     from slashrt.snapshot.loops import loop_feedbacks
     from slashrt.snapshot.operators import stateful_nodes
     from slashrt.snapshot.published import check_run
-    from slashrt.snapshot.runtime import checkpoint_config, load_restored
+    from slashrt.snapshot.runtime import aligned_for_moved_positions, checkpoint_config, load_restored
     from slashrt.snapshot.stop import check_checkpoint_options
     from slashrt.snapshot.storage import SnapshotStore
 
@@ -605,7 +586,7 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
         check_run(plan, None, None, None)  # a transactional sink needs checkpoints
         return None
     config, keep = checkpoint_config(checkpoint)
-    config = _aligned_for_moved_positions(config, plan, inputs)
+    config = aligned_for_moved_positions(config, plan, inputs)
     if config.mode == "sync" and role_plan.graph is not None:
         raise OptionError(
             f"run(): checkpoint mode 'sync' stops the world of tree flows on a cluster; {flow.name!r} is a graph flow "

@@ -176,12 +176,13 @@ def test_bench_checkpoint_slow_step_on_a_cluster_reports_the_cadence(capsys):
 
 
 @pytest.mark.parametrize("timeout,unaligned_after", [("auto", None), (0.05, 0.05), (None, None)])
-def test_auto_keeps_file_sources_checkpoints_aligned_and_a_given_timeout_does_not(tmp_path, timeout, unaligned_after):
+async def test_auto_keeps_file_sources_checkpoints_aligned_and_a_given_timeout_does_not(tmp_path, timeout, unaligned_after):
     """A FileSource's checkpoint resumes on another executor count by moving its readers'
     positions, which in-flight records would not follow: the default alignment timeout keeps
     its cluster checkpoints aligned (rescalable); a timeout the user gave is obeyed; an array's
     keep "auto" (their in-flight records are shared out anew)."""
     from slashrt._plan import build_plan
+    from slashrt._runtime import _checkpointing
     from slashrt.connectors import FileSource
     from slashrt.snapshot.cluster import cluster_checkpoints
     from tests.connectors.test_executors import records, write_files
@@ -190,9 +191,13 @@ def test_auto_keeps_file_sources_checkpoints_aligned_and_a_given_timeout_does_no
     job, _ = counting(lambda batch: batch)
     plan = build_plan(job)
 
-    def config(value):
-        options = {"checkpoint": {"interval": 0.2, "alignment_timeout": timeout}, "checkpoint_dir": tmp_path / "chk"}
-        return cluster_checkpoints(job, plan, plan, {"r": value}, 2, options).job["config"]
+    def config(value, executors):
+        checkpoint = {"interval": 0.2, "alignment_timeout": timeout}
+        if executors == 1:  # (a run on one executor decides the same)
+            return _checkpointing(job, plan, {"r": value}, checkpoint, tmp_path / "one", None).config
+        options = {"checkpoint": checkpoint, "checkpoint_dir": tmp_path / "chk"}
+        return cluster_checkpoints(job, plan, plan, {"r": value}, executors, options).job["config"]
 
-    assert config(FileSource(tmp_path / "in")).unaligned_after == unaligned_after
-    assert config(stream()).unaligned_after == (0.1 if timeout == "auto" else unaligned_after)
+    for executors in (1, 2):
+        assert config(FileSource(tmp_path / "in"), executors).unaligned_after == unaligned_after
+        assert config(stream(), executors).unaligned_after == (0.1 if timeout == "auto" else unaligned_after)
