@@ -79,7 +79,7 @@ if [ "${1:-}" = "--in-guest" ]; then
         "rdma-core $(dpkg-query -W -f='${Version}' rdma-core 2>/dev/null) ($(( $(date +%s) - T_GUEST )) s)"
 
     cd "$ROOT" || fail "cannot cd to $ROOT"
-    "$VENV/bin/python" -m pytest tests/rdma -p no:cacheprovider -q "$@"
+    "$VENV/bin/python" -m pytest tests/rdma -p no:cacheprovider -q --durations=10 "$@"
     rc=$?
     echo "$MARK pytest exit $rc after $(( $(date +%s) - T_GUEST )) s in the guest"
     exit "$rc"

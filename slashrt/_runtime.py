@@ -295,6 +295,7 @@ def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_di
         check_run(plan, None, None, None)  # a transactional sink needs checkpoints
         return None
     config, keep = runtime.checkpoint_config(checkpoint)
+    config = runtime.aligned_for_moved_positions(config, plan, inputs)
     refuse_uncheckpointable(flow, plan, inputs)
     store = SnapshotStore(checkpoint_dir, job=flow.name, keep=keep)
     restored = runtime.load_restored(store, resume_from, executor=None)  # (one executor's: its parts are all)

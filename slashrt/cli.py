@@ -273,7 +273,8 @@ def _parser() -> argparse.ArgumentParser:
                      "an executor; a run with fewer than 3 periodic checkpoints says so in 'warning')")
     chk.add_argument("--executors", type=_positive_int, default=1, help="executor processes (2 or more: a cluster, no stop-the-world baseline)")
     chk.add_argument("--slow-step-ms", type=_positive_float, metavar="MS",
-                     help="instead: YSB with a step after the source sleeping MS per buffer (default rings); report "
+                     help="instead: YSB with a step after the source sleeping MS per buffer (default rings; with "
+                     "--executors N on each executor); report "
                      "whether checkpoints keep their cadence (checkpoints_expected, _completed, cadence_ratio, duration_p99_s)")
     chk.add_argument("--alignment-timeout", type=_alignment_timeout, default="auto", metavar="S|auto|none",
                      help="with --slow-step-ms: take a checkpoint still aligning after S seconds unaligned (auto: half "

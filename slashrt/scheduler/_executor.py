@@ -92,7 +92,8 @@ class Input:
 class _Lane:
     """One compute coroutine's share: the inputs it runs, their ready buffers, its wake-up."""
 
-    def __init__(self, inputs: list[Input]):
+    def __init__(self, inputs: list[Input], number: int = 0):
+        self.number = number  # lane 0: the sources' inputs; lane k: the peers' stage-k channels
         self.ready: collections.deque[tuple[Input, Buffer | DataRun | None]] = collections.deque()
         self.lot = trio.lowlevel.ParkingLot()
         self.turns = trio.lowlevel.ParkingLot()  # pollers waiting for compute's next turn
@@ -116,7 +117,7 @@ class Executor:
         self.stats = ExecutorStats(executor=index)
         self.yield_every = yield_every
         self.coalesce = coalesce
-        self._lanes = {n: _Lane([i for i in inputs if i.lane == n]) for n in sorted({i.lane for i in inputs})}
+        self._lanes = {n: _Lane([i for i in inputs if i.lane == n], n) for n in sorted({i.lane for i in inputs})}
         self.log = log.bind(executor=index)
         if checkpoints is not None:
             checkpoints.attach(self)
@@ -204,71 +205,68 @@ class Executor:
         if progress is not None:
             progress.wake = lane.lot.unpark_all  # a peer executor's progress news
         checkpoints = self.checkpoints
-        try:
-            await self._compute_turns(lane, ready, stats, progress, queue, checkpoints)
-        finally:
-            lane.turns.unpark_all()
-
-    async def _compute_turns(self, lane: _Lane, ready, stats, progress, queue, checkpoints) -> None:
         handled = 0
-        while lane.open > 0 or queue or (progress is not None and progress.waiting()):
-            if lane.turns:  # a poller waits for this turn: it runs at the next yield
-                lane.turns.unpark_all()
-            if checkpoints is not None:  # between two batches: what a checkpoint may do only here
-                checkpoints.between()
-            if queue and (not ready or handled % 2):  # fed-back batches alternate with input
+        try:
+            while lane.open > 0 or queue or (progress is not None and progress.waiting()):
+                if lane.turns:  # a poller waits for this turn: it runs at the next yield
+                    lane.turns.unpark_all()
+                if checkpoints is not None:  # between two batches: what a checkpoint may do only here
+                    checkpoints.between(lane.number)
+                if queue and (not ready or handled % 2):  # fed-back batches alternate with input
+                    t0 = time.perf_counter()
+                    await progress.run_queued()
+                    stats.compute_s += time.perf_counter() - t0
+                    handled += 1
+                    if handled % self.yield_every == 0:
+                        await trio.lowlevel.checkpoint()
+                    continue
+                if not ready:
+                    if progress is not None and progress.quiet():
+                        await progress.settle()
+                    else:
+                        if progress is not None and progress.debug and (holds := progress.idle_holds()) is not None:
+                            self.log.debug("idle, frontiers held", inputs=holds)  # where is it stuck
+                        await lane.lot.park()
+                    continue
+                inp, buf = ready.popleft()
+                if inp.blocked is not None:  # polled before its barrier was computed: wait
+                    inp.held.append(buf)
+                    continue
+                if buf is None:  # the channel failed after the buffers before this marker
+                    lane.open -= 1
+                    if self.checkpoints is not None:  # it delivers no more barriers: never wait for one
+                        await self.checkpoints.on_end(self, inp)
+                    continue
                 t0 = time.perf_counter()
-                await progress.run_queued()
+                rx = inp.receiver
+                if buf.is_control:
+                    await self._handle_control(inp, buf)
+                    rx.release()
+                else:
+                    if isinstance(buf, DataRun):
+                        if buf.n > inp.run_cap:  # a slow pipeline: the rest of the run goes next
+                            ready.appendleft((inp, DataRun(buf.first_slot + inp.run_cap, buf.n - inp.run_cap, buf.count)))
+                            buf = DataRun(buf.first_slot, inp.run_cap, buf.count)
+                        records, n = rx.run_records(buf, inp.dtype), buf.n
+                    else:  # a data buffer polled on its own (e.g. a partial last one)
+                        records, n = buf.records(inp.dtype), 1
+                    stats.buffers += n
+                    stats.records += records.size
+                    await inp.pipeline.push(Batch(records))
+                    rx.release(n)
+                    # runs sized so that one call takes about SLICE_S: the loop's other tasks
+                    # (pollers, sources, checkpoints' triggers and writes) run between two calls
+                    took = time.perf_counter() - t0
+                    inp.run_cap = self.coalesce if took * self.coalesce <= n * self.SLICE_S else max(1, int(n * self.SLICE_S / took))
+                if progress is not None:
+                    await progress.settle()
                 stats.compute_s += time.perf_counter() - t0
                 handled += 1
-                if handled % self.yield_every == 0:
+                # every few calls, or after a slow one: the loop's other tasks wait for these yields
+                if handled % self.yield_every == 0 or time.perf_counter() - t0 > self.SLICE_S:
                     await trio.lowlevel.checkpoint()
-                continue
-            if not ready:
-                if progress is not None and progress.quiet():
-                    await progress.settle()
-                else:
-                    if progress is not None and progress.debug and (holds := progress.idle_holds()) is not None:
-                        self.log.debug("idle, frontiers held", inputs=holds)  # where is it stuck
-                    await lane.lot.park()
-                continue
-            inp, buf = ready.popleft()
-            if inp.blocked is not None:  # polled before its barrier was computed: wait
-                inp.held.append(buf)
-                continue
-            if buf is None:  # the channel failed after the buffers before this marker
-                lane.open -= 1
-                if self.checkpoints is not None:  # it delivers no more barriers: never wait for one
-                    await self.checkpoints.on_end(self, inp)
-                continue
-            t0 = time.perf_counter()
-            rx = inp.receiver
-            if buf.is_control:
-                await self._handle_control(inp, buf)
-                rx.release()
-            else:
-                if isinstance(buf, DataRun):
-                    if buf.n > inp.run_cap:  # a slow pipeline: the rest of the run goes next
-                        ready.appendleft((inp, DataRun(buf.first_slot + inp.run_cap, buf.n - inp.run_cap, buf.count)))
-                        buf = DataRun(buf.first_slot, inp.run_cap, buf.count)
-                    records, n = rx.run_records(buf, inp.dtype), buf.n
-                else:  # a data buffer polled on its own (e.g. a partial last one)
-                    records, n = buf.records(inp.dtype), 1
-                stats.buffers += n
-                stats.records += records.size
-                await inp.pipeline.push(Batch(records))
-                rx.release(n)
-                # runs sized so that one call takes about SLICE_S: the loop's other tasks
-                # (pollers, sources, checkpoints' triggers and writes) run between two calls
-                took = time.perf_counter() - t0
-                inp.run_cap = self.coalesce if took * self.coalesce <= n * self.SLICE_S else max(1, int(n * self.SLICE_S / took))
-            if progress is not None:
-                await progress.settle()
-            stats.compute_s += time.perf_counter() - t0
-            handled += 1
-            # every few calls, or after a slow one: the loop's other tasks wait for these yields
-            if handled % self.yield_every == 0 or time.perf_counter() - t0 > self.SLICE_S:
-                await trio.lowlevel.checkpoint()
+        finally:  # (a poller waiting for a turn that will not come)
+            lane.turns.unpark_all()
 
     async def _handle_control(self, inp: Input, buf: Buffer) -> None:
         self.stats.control += 1

@@ -191,10 +191,16 @@ class BarrierAligner:
         self.stale = 0  # barriers below the current checkpoint id, ignored
         self.outcomes: list[Outcome] = []  # scratch of the event being handled
         self._state: _Idle | _Aligning = _Idle(-1)
+        self._overtaken: dict[Input, int] = {}  # input -> barrier it delivered early (`overtake_inputs`)
 
     # --- events ----------------------------------------------------------------------------
     def barrier(self, input: Input, n: int) -> list[Outcome]:
         """Barrier n arrived on `input`: what to do now (in this order): `Abort`s, `Snapshot`s."""
+        if n <= self._overtaken.get(input, -1):  # `overtake_inputs` counted it delivered already
+            if n == self._overtaken[input]:
+                del self._overtaken[input]
+            self.stale += 1
+            return []
         self.channels.check(input, n)
         self.channels.last[input] = n
         return self._run(lambda state: state.barrier(self, input, n))
@@ -222,6 +228,17 @@ class BarrierAligner:
         stats = stats or AlignmentStats(n, now)
         stats.ended = now
         return stats
+
+    def overtake_inputs(self, inputs: Iterable[Input], n: int) -> list[Outcome]:
+        """Barrier n overtakes what is in flight on `inputs` (the caller keeps it as their channel
+        state): each counts as having delivered n now (blocked until the snapshot, as after its
+        barrier), and barrier n (or an older one) arriving on it later is stale. The rest align
+        as usual (an executor of a cluster overtakes its sources' rings only)."""
+        outcomes = []
+        for input in inputs:
+            outcomes += self.barrier(input, n)
+            self._overtaken[input] = n
+        return outcomes
 
     # --- queries ---------------------------------------------------------------------------
     def may_consume(self, input: Input) -> bool:

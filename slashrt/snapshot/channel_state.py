@@ -1,4 +1,5 @@
-"""In-flight channel state of an unaligned checkpoint (Flink's FLIP-76 idea, on one executor).
+"""In-flight channel state of an unaligned checkpoint (Flink's FLIP-76 idea, on one executor, and
+on each executor of a cluster for its sources' rings: `AgentCheckpointing._overtake_sources`).
 
 An aligned barrier travels in band behind every buffer already in its ring, so under
 backpressure (a slow step after the source, full rings) checkpoint n waits for the ring's whole
@@ -30,12 +31,13 @@ from slashrt.transport import DataRun
 __all__ = ["CHANNEL_KIND", "capture", "part_name", "replay", "restored", "to_state"]
 
 CHANNEL_KIND, CHANNEL_VERSION = "channel_state", 1
+SUFFIX = ".channel"  # of a channel-state part's step name
 DATA, WATERMARK = 0, 1
 
 
 def part_name(source: str) -> str:
     """The part holding source `source`'s channel state."""
-    return f"{source}.channel"
+    return f"{source}{SUFFIX}"
 
 
 def capture(items, receiver, dtype: np.dtype, n: int) -> tuple[list, bool]:

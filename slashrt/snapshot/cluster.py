@@ -45,6 +45,11 @@ An executor does not wait for its own barrier to come back, so alignment cannot 
 what a peer sent before its barrier is in the receiver's snapshot, nothing sent after it is.
 Graph flows (distributed pointstamp progress, loops) align exchange by exchange instead:
 `slashrt.snapshot.cluster_graph`.
+
+Unaligned (tree flows, `alignment_timeout`): a periodic checkpoint still aligning that long after
+its request overtakes the sources' rings in lane 0's next turn (`_overtake_sources`): their
+unconsumed buffers up to barrier n are its channel state, the sources count as having delivered
+n, and stage 1 forwards n at once; the peers' channels still align. Graph flows always align.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ import structlog
 import trio
 
 from slashrt.errors import OptionError, SlashError, SnapshotError, SnapshotWriteError, retryable_report
+from slashrt.snapshot import channel_state
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Snapshot
 from slashrt.snapshot.collected import COMMITTED, Outbox
 from slashrt.snapshot.coordinator import AckStats, CheckpointCoordinator
@@ -90,13 +96,22 @@ class AgentCheckpointing(Checkpointing):
         self.feeding = {k: self.local + [i for i, lane in peer_inputs.items() if lane < k] for k in sorted(self.stages)}
         self.aligner = BarrierAligner(self.local + list(peer_inputs), clock=time.perf_counter)
         self._forwarded = dict.fromkeys(self.feeding, 0)  # stage -> the newest barrier it claimed to send
-        self._sending = trio.Lock()  # forwards go out one at a time, in the order they were claimed
+        # forwards go out one batch at a time, in the order they were claimed (`_due`), whichever
+        # task sends them (the compute task's `_obey`, or `_forward` spawned by an overtake)
+        self._claimed, self._sent, self._turn = 0, 0, trio.lowlevel.ParkingLot()
         self._unsent = 0  # forwards claimed, not yet sent
         self._requested: set[int] = set()
         self._drained = False
         self._released = trio.Event()  # "finish" (the final checkpoint is committed) or "stop"
         self._body = trio.CancelScope()  # the executor's run (`running`), which "stop" cancels
         self.outbox = Outbox(plan)  # committed records of in-memory sinks, for the coordinator
+        # unaligned checkpoints overtake the sources' rings (lane 0); not graph flows (`UNALIGNED`)
+        self._overtakes = self.UNALIGNED and config.unaligned_after is not None
+        if config.unaligned_after is not None and not self.UNALIGNED and index == 0:
+            getattr(log, "debug" if config.alignment_timeout == "auto" else "info")(
+                "graph flows on a cluster align their checkpoints: alignment_timeout is not used", executor=index)
+
+    UNALIGNED = True  # this kind of flow may take unaligned checkpoints
 
     # -- the coordinator's messages ----------------------------------------------------------------
     def on_message(self, kind: str, n) -> None:
@@ -107,6 +122,8 @@ class AgentCheckpointing(Checkpointing):
             if kind == "savepoint":  # an in-memory transactional sink commits it at once (`_take`), as on one executor
                 self._kinds[n] = "savepoint"
             self._request(n, stop=kind == "savepoint")
+            if kind == "checkpoint" and self._overtakes:  # savepoints and the final checkpoint align
+                self._spawn(self._overtake_after, n, self.config.unaligned_after)
             if self._drained and self._nursery is not None:  # nothing in flight any more: take it at once
                 self._take_now(n)  # (unless the run is over: it failed)
         elif kind == "stop":  # savepoint n is committed: the run ends here (nothing came after its barrier)
@@ -158,8 +175,77 @@ class AgentCheckpointing(Checkpointing):
         while self._writing:
             await self._changed.wait()
 
+    # -- unaligned: barrier n overtakes the sources' rings -----------------------------------------
+    def _still_aligning(self, n: int) -> bool:
+        return n in self._requested and n not in self._taken and not self._drained
+
+    def between(self, lane: int = 0) -> None:
+        """Lane 0 (the sources) between two batches: checkpoints past their alignment timeout
+        overtake what its sources' rings hold (`_overtake_sources`). Other lanes leave them."""
+        if lane != 0 or not self._overtaking:
+            return
+        later = []
+        for n in self._overtaking:
+            if not self._still_aligning(n) or self.aligner.latest > n or self.aligner.aligning not in (None, n):
+                continue  # taken, aborted, or another checkpoint aligning: it stays aligned
+            older = [m for m in self._requested - self._taken if self.aligner.latest < m < n]
+            feeding = all((s.feeder is not None and s.feeder.positioned) or n in s.positions
+                          for s in self.sources.values())
+            if feeding and not older:
+                self._overtake_sources(n)
+            else:  # a source has no position to take yet, or an older checkpoint goes first
+                later.append(n)
+        self._overtaking = later
+
+    def _overtake_sources(self, n: int) -> None:
+        """Unaligned checkpoint n on a cluster (FLIP-76 at the executor's sources): each source
+        input that has not delivered barrier n counts as having delivered it now, and its
+        unconsumed buffers up to barrier n (all of them if its feeder has not posted n: its
+        position is then taken now) are n's channel state, `<source>.channel`. Lane 0 is between
+        two batches, so everything before the cut is computed and nothing after it: n is
+        forwarded on stage 1's channels at once, behind what lane 0 computed, instead of behind
+        the sources' backlog. The peers' channels (lanes 1..) still align: their barriers come
+        behind what the peers computed before their own cut."""
+        executor, channels = self._executor, self.aligner.channels
+        overtaken, states = [], {}
+        for inp in executor.inputs:
+            if inp.name not in self.sources or inp.name in channels.ended or channels.last.get(inp.name, -1) >= n:
+                continue  # delivered n (or ended): everything before it is computed
+            segments, reached = channel_state.capture(executor.unconsumed(inp), inp.receiver, inp.dtype, n)
+            if not reached:
+                segments += self.sources[inp.name].overtaken(n)
+            if segments:
+                states[inp.name] = channel_state.to_state(inp.name, n, segments, inp.dtype)
+            overtaken.append(inp.name)
+        if not overtaken:
+            return
+        self._channels[n] = states
+        self._unaligned.add(n)
+        log.debug("checkpoint overtakes the sources' rings", checkpoint=n, executor=self.executor,
+                  in_flight=sum(len(c.arrays["records"]) for c in states.values()))
+        outcomes = self.aligner.overtake_inputs(overtaken, n)
+        due = self._due(outcomes)  # claimed now: until they are sent every input stays held (`_block`)
+        for outcome in outcomes:
+            if isinstance(outcome, Abort):
+                self._decline(outcome)
+            elif isinstance(outcome, Snapshot):  # every other input delivered n: every lane is idle
+                self._take(outcome.checkpoint, outcome.stats, running=True)
+        self._block(executor)
+        if due:
+            self._spawn(self._forward, executor, due)
+
+    async def _forward(self, executor, due) -> None:
+        await self._send_forwards(due)
+        self._block(executor)
+
     # -- alignment: stage by stage, the sending halves, then the snapshot ---------------------------
     async def _obey(self, executor, outcomes) -> None:
+        await self._send_forwards(self._due(outcomes))
+        await super()._obey(executor, outcomes)  # a snapshot is taken now; `_block` releases the inputs
+
+    def _due(self, outcomes) -> tuple[int, list[tuple[int, int]]] | None:
+        """The forwards `outcomes` and the alignment in progress make due, claimed (in order):
+        their batch's turn to be sent and the (stage, checkpoint) pairs; None if none."""
         due = []  # (stage, checkpoint) to forward, claimed here in order
         for outcome in outcomes:
             if isinstance(outcome, Snapshot):
@@ -175,13 +261,27 @@ class AgentCheckpointing(Checkpointing):
             channels = self.aligner.channels
             ready = [k for k, inputs in self.feeding.items() if all(i in channels.blocked or i in channels.ended for i in inputs)]
             due += self._claim(n, ready)
-        if due:
-            async with self._sending:  # in claim order
-                for stage, checkpoint in due:
-                    for exchange in self.stages[stage]:
-                        await exchange.forward_barrier(checkpoint)
-                    self._unsent -= 1
-        await super()._obey(executor, outcomes)  # a snapshot is taken now; `_block` releases the inputs
+        if not due:
+            return None
+        self._claimed += 1
+        return self._claimed - 1, due
+
+    async def _send_forwards(self, claimed) -> None:
+        """Send a batch `_due` claimed, after every batch claimed before it (barrier n must
+        never follow n+1 on a channel: ids increase)."""
+        if claimed is None:
+            return
+        turn, due = claimed
+        while self._sent != turn:
+            await self._turn.park()
+        try:
+            for stage, checkpoint in due:
+                for exchange in self.stages[stage]:
+                    await exchange.forward_barrier(checkpoint)
+                self._unsent -= 1
+        finally:  # (cancelled: the run is ending, the batches after it may go)
+            self._sent += 1
+            self._turn.unpark_all()
 
     def _claim(self, n: int, stages) -> list[tuple[int, int]]:
         """The stages among `stages` that have not forwarded barrier n yet, now claimed for it."""
@@ -224,22 +324,35 @@ class AgentCheckpointing(Checkpointing):
         broker and is retried by a restart strategy (`ClusterCheckpoints._failed`)."""
         await self._send("decline", (n, f"executor {self.executor}: {exc}", str(exc), type(exc).__name__))
 
+    def _write_all_timed(self, n: int, states: dict) -> tuple[list, list]:
+        parts, seconds = [], []
+        for step_id, state in states.items():
+            t0 = time.perf_counter()
+            parts.append(self.store.write_part(n, step_id, self.executor, state.arrays, state.meta))
+            seconds.append(time.perf_counter() - t0)
+        return parts, seconds
+
     async def _write_parts(self, n: int, states: dict, sync: dict, positions: dict, alignment_s: float) -> None:
-        stats, parts = {}, []
+        stats, extra = {}, 0
+        channels = {channel_state.part_name(source) for source in self.sources}
         try:
-            for step_id, state in states.items():
-                t0 = time.perf_counter()
-                part = await self.store.awrite_part(n, step_id, self.executor, state.arrays, state.meta)
-                stats[step_id] = AckStats(alignment_s, sync[step_id], time.perf_counter() - t0, part.size)
-                parts.append(part)
+            # every part in one worker-thread call: a busy loop (a slow step) resumes this task
+            # only between two pipeline calls, so each hop back to it would add to the duration
+            parts, seconds = await trio.to_thread.run_sync(self._write_all_timed, n, states) if states else ([], [])
+            for (step_id, part), took in zip(zip(states, parts), seconds):
+                if step_id in channels:  # channel state: no instance of its own, its bytes count with the next ack
+                    extra += part.size
+                    continue
+                stats[step_id] = AckStats(alignment_s, sync[step_id], took, part.size + extra)
+                extra = 0
         except SnapshotWriteError as exc:  # a full disk: a failure, counted against the tolerated ones
             await self._send("decline", (n, f"executor {self.executor}: {exc}", str(exc)))
             return
         except (OSError, SlashError) as exc:  # e.g. an older checkpoint removed by retention meanwhile
             await self._send("decline", (n, f"executor {self.executor} could not write its state: {exc}"))
             return
-        if not states:
-            stats[NO_STATE] = AckStats(alignment_s)
+        if not stats:
+            stats[NO_STATE] = AckStats(alignment_s, 0.0, 0.0, extra)
         await self._send("ack", (n, stats, parts, positions))
 
 
@@ -397,6 +510,8 @@ class ClusterCheckpoints:
                 "kind": self._kinds.get(n, "checkpoint")}
         if self.reshared:  # what the sources' positions are positions in
             meta["reshared"] = self.reshared
+        if any(part.step.endswith(channel_state.SUFFIX) for part in got["parts"]):  # an executor overtook its rings
+            meta["unaligned"] = True
         self._completing += 1  # complete in the coordinator's eyes, not yet in the store's nor committed
         try:
             try:
@@ -460,7 +575,7 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     from slashrt.snapshot.loops import loop_feedbacks
     from slashrt.snapshot.operators import stateful_nodes
     from slashrt.snapshot.published import check_run
-    from slashrt.snapshot.runtime import checkpoint_config, load_restored
+    from slashrt.snapshot.runtime import aligned_for_moved_positions, checkpoint_config, load_restored
     from slashrt.snapshot.stop import check_checkpoint_options
     from slashrt.snapshot.storage import SnapshotStore
 
@@ -471,6 +586,7 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
         check_run(plan, None, None, None)  # a transactional sink needs checkpoints
         return None
     config, keep = checkpoint_config(checkpoint)
+    config = aligned_for_moved_positions(config, plan, inputs)
     if config.mode == "sync" and role_plan.graph is not None:
         raise OptionError(
             f"run(): checkpoint mode 'sync' stops the world of tree flows on a cluster; {flow.name!r} is a graph flow "

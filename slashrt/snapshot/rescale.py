@@ -37,9 +37,10 @@ def reshaped(restored, plan, executors: int) -> bool:
     if plan.graph is not None:  # one kind of windows; its loops' logs and outboxes are parts of no node
         return False
     nodes = stateful_nodes(plan)
-    return any(
+    return any(  # (an unaligned checkpoint's channel state is no node's: its feeder replays it)
         step not in nodes or state.meta.get("kind") != nodes[step].STATE_KIND
-        for (step, _), state in restored.states.items() if isinstance(state.meta, dict)
+        for (step, _), state in restored.states.items()
+        if isinstance(state.meta, dict) and state.meta.get("kind") != CHANNEL_KIND
     )
 
 
@@ -112,7 +113,7 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
             )
         # an unaligned checkpoint (one executor): the records in flight are the last ones fed, so
         # what is left to share out starts at them (`slashrt.snapshot.channel_state`)
-        fed[step_id] = [p["fed"] - flying.get(step_id, 0) for p in positions]
+        fed[step_id] = [p["fed"] - flying.get(step_id, {}).get(i, 0) for i, p in enumerate(positions)]
     for node in plan.sinks:  # output of old executors without a successor: committed up to n, the rest dropped
         for i in range(executors, was):
             part = getattr(node.sink, "for_executor", None)
@@ -123,10 +124,14 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
     return {**shares, **readers}, stages
 
 
-def _in_flight(restored) -> dict[str, int]:
-    """Records in flight per source in an unaligned checkpoint's channel state (none: aligned)."""
-    return {state.meta["source"]: len(state.arrays["records"]) for state in restored.states.values()
-            if isinstance(state.meta, dict) and state.meta.get("kind") == CHANNEL_KIND}
+def _in_flight(restored) -> dict[str, dict[int, int]]:
+    """Records in flight per source and executor in an unaligned checkpoint's channel state
+    (none: aligned)."""
+    flying: dict[str, dict[int, int]] = {}
+    for (_, executor), state in restored.states.items():
+        if isinstance(state.meta, dict) and state.meta.get("kind") == CHANNEL_KIND:
+            flying.setdefault(state.meta["source"], {})[int(executor)] = len(state.arrays["records"])
+    return flying
 
 
 def _file_starts(refuse: str, restored, step_id: str, value, was: int) -> dict:

@@ -31,6 +31,7 @@ snapshot and barrier n's return; `replay` delivers them again after `restore`, b
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 
 import numpy as np
@@ -42,7 +43,7 @@ from slashrt.errors import ConnectorError, OptionError, SnapshotError, SnapshotW
 from slashrt.snapshot import channel_state
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, LoopHead, Snapshot
 from slashrt.snapshot.commit import TwoPhaseCommit, begin, commit_async, recover_async
-from slashrt.snapshot.coordinator import AckStats, CheckpointConfig, CheckpointCoordinator, StopTheWorld
+from slashrt.snapshot.coordinator import AUTO, AckStats, CheckpointConfig, CheckpointCoordinator, StopTheWorld
 from slashrt.snapshot.loops import LOG_KIND, BackEdgeLog, loop_feedbacks
 from slashrt.snapshot.operators import check, restore_plan, stateful_nodes
 from slashrt.snapshot.state_format import State
@@ -54,6 +55,24 @@ log = structlog.get_logger("slashrt.checkpoint")
 
 EXECUTOR = 0  # one executor: every part is executor 0's
 KEEP = 3  # complete checkpoints kept by default
+
+
+def aligned_for_moved_positions(config, plan, inputs: dict):
+    """`config`, always aligned if its alignment timeout is the default ("auto") and a source
+    reads files or broker streams: their checkpoints resume on another executor count by moving
+    the readers' positions (`rescale`), which records in flight would not follow, and a default
+    must not make a checkpoint unusable there. An explicit timeout still overtakes them (such a
+    checkpoint resumes on as many executors as took it, `rescale` says so)."""
+    from slashrt._runtime import _per_source
+
+    if config.alignment_timeout != AUTO or config.unaligned_after is None:
+        return config
+    movable = [step_id for step_id, _, value in _per_source(plan, inputs, "input")
+               if callable(getattr(value, "rescaled_starts", None)) or callable(getattr(value, "rescaled", None))]
+    if not movable:
+        return config
+    log.debug("checkpoints align: sources read files or streams", sources=movable)
+    return dataclasses.replace(config, alignment_timeout=None)
 
 
 def checkpoint_config(checkpoint) -> tuple[CheckpointConfig, int]:
@@ -384,9 +403,12 @@ class Checkpointing:
         """The alignment timeout: n, still aligning `seconds` after its trigger, is taken
         unaligned at the executor's next turn (`between`)."""
         await trio.sleep(seconds)
-        if n in self.coordinator.pending and n not in self._taken and self._executor is not None:
+        if self._still_aligning(n) and self._executor is not None:
             self._overtaking.append(n)
             self._executor.wake()
+
+    def _still_aligning(self, n: int) -> bool:
+        return n in self.coordinator.pending and n not in self._taken
 
     def _request(self, n: int, stop: bool = False) -> None:
         """Barrier n at every source (`stop`, and always in stop-the-world: each halts after
@@ -431,10 +453,10 @@ class Checkpointing:
     async def on_end(self, executor, inp) -> None:
         await self._obey(executor, self.aligner.end(inp.name))
 
-    def between(self) -> None:
-        """The executor is between two batches (the compute loop calls it every turn): checkpoints
-        triggered after every input ended snapshot now (the loops log their back edges as after
-        a barrier)."""
+    def between(self, lane: int = 0) -> None:
+        """The executor is between two batches (the compute loop of `lane` calls it every turn):
+        checkpoints past their alignment timeout are taken unaligned, those triggered after every
+        input ended snapshot now (the loops log their back edges as after a barrier)."""
         later = []
         while self._overtaking:
             n = self._overtaking.pop(0)

@@ -15,7 +15,8 @@ pre-committed, its state not yet written or acked) or "commit" (entering the com
 checkpoint's manifest is written, this executor's output not yet published); until it has
 (its marker is in <directory>/marks) each batch takes 4 ms more, so that however fast the machine
 the job cannot end before the kill (a run at full speed completes only 4-6 checkpoints).
-Prints "done" at the end; exits 3 with the error's sentence if the job failed."""
+SLASHRT_TEST_ALIGNMENT_TIMEOUT: the checkpoints' alignment_timeout (0: every periodic one
+unaligned); SLASHRT_TEST_KEEP: complete checkpoints kept (default 2). Prints "done" at the end; exits 3 with the error's sentence if the job failed."""
 
 import os
 import signal
@@ -34,6 +35,8 @@ from tests.snapshot._paced import Paced, behind
 
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
 N = 100_000
+ALIGNMENT = {"alignment_timeout": float(os.environ["SLASHRT_TEST_ALIGNMENT_TIMEOUT"])} \
+    if "SLASHRT_TEST_ALIGNMENT_TIMEOUT" in os.environ else {}
 
 
 def records(n: int = N, *, seed: int = 7, span: int = 10_000, disorder: int = 40, keys: int = 3001) -> np.ndarray:
@@ -93,7 +96,7 @@ def main(directory: str, mode: str, transport: str, executors: str, kill: str, c
         KillingCsv.KILL, KillingCsv.MARKS = (point, int(k), int(executor)), f"{directory}/marks"
         os.makedirs(KillingCsv.MARKS)
         pace = Paced(seconds=0.004, until=(KillingCsv.MARKS, 1))
-    checkpoints = dict(checkpoint={"interval": 0.02, "keep": 2, "mode": checkpoint_mode}, checkpoint_dir=f"{directory}/chk", resume_from="latest")
+    checkpoints = dict(checkpoint={"interval": 0.02, "keep": int(os.environ.get("SLASHRT_TEST_KEEP", 2)), "mode": checkpoint_mode, **ALIGNMENT}, checkpoint_dir=f"{directory}/chk", resume_from="latest")
     if executors == "local":  # one executor, in this process (it cannot kill itself: its sinks have no index)
         slashrt.run(flow(directory), {"r": records()}, slots=8, slot_size=1024, **checkpoints)
         print("done", flush=True)

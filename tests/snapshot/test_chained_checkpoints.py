@@ -141,7 +141,10 @@ def test_every_chained_checkpoint_is_a_consistent_cut_through_both_stages_and_re
         if fed == len(data):  # taken after the end: every window fired
             continue
         counted, summed = held(checkpoint, first, ".counts"), held(checkpoint, second, ".vals")
-        assert counted + summed == fed, (n, counted, summed, fed)
+        # (past the alignment timeout, half the interval, the records in the sources' rings are
+        # the checkpoint's channel state: tests/snapshot/test_cluster_unaligned.py)
+        flying = sum(len(s.arrays["records"]) for s in checkpoint.states.values() if s.meta.get("kind") == "channel_state")
+        assert counted + summed + flying == fed, (n, counted, summed, flying, fed)
         if counted and summed:
             middle.append(n)
         ssb = [s.meta for (step, _), s in checkpoint.states.items() if s.meta.get("kind") == "ssb_window"]

@@ -116,7 +116,11 @@ def test_every_cluster_checkpoint_holds_exactly_what_the_sources_fed_before_thei
             int(array.sum()) for (step, _), state in checkpoint.states.items() if step.endswith("window_1")
             for name, array in state.arrays.items() if name.endswith(".counts")
         )
-        assert counted == fed, (n, counted, fed)
+        # (past the alignment timeout, half the interval, what was in its sources' rings is
+        # the checkpoint's channel state: test_cluster_unaligned.py)
+        flying = sum(len(state.arrays["records"]) for state in checkpoint.states.values()
+                     if state.meta.get("kind") == "channel_state")
+        assert counted + flying == fed, (n, counted, flying, fed)
         checked += fed > 0
     assert checked >= 2  # checkpoints in the middle of the stream, not only at its ends
 

@@ -1,0 +1,203 @@
+"""Unaligned checkpoints on clusters of real agent processes (`AgentCheckpointing._overtake_sources`).
+
+- past its alignment timeout (0: at once), an executor's checkpoint overtakes what its sources'
+  rings hold: every checkpoint's window state plus the records in flight (channel state) is
+  exactly what the sources fed at their positions, on both executors, while a slow step keeps the
+  rings full; a resume from one replays them once: the output is exact;
+- exactly once under fire: agents SIGKILLed at chosen points while every periodic checkpoint is
+  unaligned (the kill test's job of test_cluster_checkpoints.py, SSB over shm and UpPar over tcp);
+- the cadence: with a slow step after the source, more checkpoints complete while the sources
+  still feed than aligned barriers could (each waits behind a full ring), counted, not timed;
+- a resume on the same executor count replays each executor's channel state (no rescaling); on
+  another count (arrays) each old executor's share starts again at its first record in flight;
+- `slashrt bench checkpoint --slow-step-ms --executors 2` reports the cadence over the stream;
+- the aligner counts overtaken inputs as delivered and their later barriers as stale;
+- graph flows keep aligning (one log line): test_graph_cluster_checkpoints.py runs one with
+  alignment_timeout=0, exact and without channel state.
+"""
+
+import time
+
+import numpy as np
+import pytest
+
+import slashrt
+from slashrt import Dataflow, Tumbling
+from slashrt.ops.sinks import Collect
+from slashrt.snapshot import SnapshotStore
+from slashrt.snapshot.alignment import BarrierAligner, Snapshot
+from slashrt.snapshot.channel_state import CHANNEL_KIND
+
+from tests.snapshot import _cluster_child
+from tests.snapshot._paced import Paced
+from tests.snapshot.test_cluster_checkpoints import child, published, reference  # noqa: F401 (a fixture)
+
+SMALL_RINGS = {"slots": 8, "slot_size": 1024, "partitions": 16}
+
+
+def in_flight(checkpoint) -> int:
+    return sum(len(state.arrays["records"]) for state in checkpoint.states.values()
+               if state.meta.get("kind") == CHANNEL_KIND)
+
+
+def counting(pace) -> tuple[Dataflow, Collect]:
+    """One window over the whole stream counting per key, behind a slow step: its state is how
+    many records went in."""
+    job = Dataflow("ucount")
+    out = Collect(transactional=True)
+    job.source("r", _cluster_child.SCHEMA, time="t").filter(pace, name="slow").window(Tumbling(ms=10**9)).count(
+        key="k").sink(out, name="out")
+    return job, out
+
+
+def stream() -> np.ndarray:
+    data = np.tile(_cluster_child.records(), 2)
+    data["t"] = np.arange(len(data)) // 10
+    return data
+
+
+@pytest.mark.parametrize("mode,transport", [("slash", "shm"), ("uppar", "tcp")])
+def test_an_unaligned_cluster_checkpoint_holds_what_was_in_flight_and_a_resume_replays_it(tmp_path, mode, transport):
+    data = stream()
+    # each batch 2 ms slower until 6 checkpoints completed: the rings stay full meanwhile
+    pace = Paced(seconds=0.002, until=(tmp_path / "ucount" / "chk-*" / "_manifest.json", 6))
+    job, out = counting(pace)
+    slashrt.run(job, {"r": data}, executors=2, mode=mode, transport=transport, checkpoint_dir=tmp_path,
+                checkpoint={"interval": 0.005, "keep": 1000, "alignment_timeout": 0}, **SMALL_RINGS)
+    assert int(out.records["count"].sum()) == len(data)
+    store = SnapshotStore(tmp_path, job="ucount", keep=1000)
+    middle = []
+    for n in store.checkpoints():
+        checkpoint = store.load(n)
+        fed = sum(p["fed"] for p in checkpoint.meta["sources"]["ucount.r"].values())
+        if fed == len(data) and not in_flight(checkpoint):
+            continue  # taken after the end: the window may have fired
+        counted = sum(int(array.sum()) for (step, _), state in checkpoint.states.items() if step.endswith("window_1")
+                      for name, array in state.arrays.items() if name.endswith(".counts"))
+        # computed + in flight = fed, over both executors: nothing lost, nothing twice
+        assert counted + in_flight(checkpoint) == fed, (n, counted, in_flight(checkpoint), fed)
+        if in_flight(checkpoint) and fed < len(data):
+            middle.append(n)
+    assert len(middle) >= 2, store.checkpoints()  # taken while records were in flight
+    # on 2 executors: each replays its in-flight records once, then feeds on; on 3 (rescaled): each
+    # old executor's share starts again at its first record in flight (its own count of them)
+    for executors, n in [(2, middle[0]), (3, middle[1])]:
+        job, out = counting(Paced())
+        slashrt.run(job, {"r": data}, executors=executors, mode=mode, transport=transport, checkpoint_dir=tmp_path,
+                    checkpoint={"keep": 1000}, resume_from=n, **SMALL_RINGS)
+        expected = np.bincount(data["k"] - data["k"].min())
+        got = np.zeros_like(expected)
+        np.add.at(got, out.records["k"] - data["k"].min(), out.records["count"])
+        assert np.array_equal(got, expected), (executors, n)
+        # on 2: resumed as it was taken (each feeder replays), not shared out anew as a rescaling
+        newest = store.load(store.checkpoints()[-1]).meta
+        assert ("reshared" in newest) == (executors == 3), newest
+
+
+# SIGKILL one agent at a chosen point while every periodic checkpoint is unaligned
+@pytest.mark.parametrize("mode,transport,kill", [
+    pytest.param("slash", "shm", "pre_commit:7:1", id="slash-shm-between-pre-commit-and-commit"),
+    pytest.param("uppar", "tcp", "commit:4:0", id="uppar-tcp-after-manifest-before-commit"),
+])
+def test_cluster_killed_during_unaligned_checkpoints_the_output_is_exactly_once(
+        tmp_path, reference, mode, transport, kill, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("SLASHRT_TEST_ALIGNMENT_TIMEOUT", "0")
+    monkeypatch.setenv("SLASHRT_TEST_KEEP", "1000")  # (to count what every checkpoint held in flight)
+    crashed = child(tmp_path, mode, transport, kill)
+    assert crashed.returncode == 3 and "SIGKILL" in crashed.stdout, (crashed.stdout, crashed.stderr[-2000:])
+    store = SnapshotStore(tmp_path / "chk", job="cluster-chaos", keep=1000)
+    # checkpoints with records in flight were taken (one taken just after a run of buffers
+    # emptied the ring holds none; test_an_unaligned_cluster_checkpoint_... resumes from one that does)
+    assert sum(in_flight(store.load(n)) for n in store.checkpoints()) > 0
+    resumed = child(tmp_path, mode, transport)
+    assert resumed.returncode == 0 and "done" in resumed.stdout, resumed.stderr[-2000:]
+    assert published(tmp_path) == reference
+
+
+RINGS = {"slots": 96, "slot_size": 1024, "partitions": 16}  # the default slot count, small slots
+PER_BUFFER = (1024 - 32) // _cluster_child.SCHEMA.record_size  # records a buffer holds
+
+
+class Slow:
+    """A step after the source taking `seconds` a buffer (of RINGS' size): its source's ring stays full."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __call__(self, batch):
+        time.sleep(self.seconds * -(-len(batch) // PER_BUFFER))
+        return np.ones(len(batch), bool)
+
+
+def test_with_a_slow_step_unaligned_checkpoints_keep_their_cadence_where_aligned_ones_wait(tmp_path):
+    data = stream()[:2 * 2 * RINGS["slots"] * PER_BUFFER]  # two rings' worth a share
+    # a buffer a pipeline call (longer than the executor's slice), each one slower than the source
+    job, out = counting(Slow(0.012))
+    slashrt.run(job, {"r": data}, executors=2, checkpoint_dir=tmp_path, **RINGS,
+                checkpoint={"interval": 0.005, "keep": 1000, "alignment_timeout": 0})
+    assert int(out.records["count"].sum()) == len(data)
+    store = SnapshotStore(tmp_path, job="ucount", keep=1000)
+    fed = [[p["fed"] for _, p in sorted(store.load(n).meta["sources"]["ucount.r"].items())]
+           for n in store.checkpoints()]
+    shares = fed[-1]  # the final checkpoint: each executor's whole share
+    assert sum(shares) == len(data)
+    # completed while both executors' sources still fed
+    middle = sum(all(f < share for f, share in zip(at, shares)) for at in fed)
+    # an aligned barrier waits behind its source's full ring: checkpoint n + 1 is triggered once n
+    # completed, so its barrier goes in a ring's worth of records later at least, and no more than
+    # (buffers of a share) / slots + 1 aligned checkpoints can complete before the end
+    aligned_at_most = max(shares) // PER_BUFFER // RINGS["slots"] + 1
+    assert middle > aligned_at_most, (middle, fed)
+
+
+def test_the_aligner_counts_overtaken_inputs_as_delivered():
+    aligner = BarrierAligner(["s", "p"], clock=lambda: 1.0)
+    assert aligner.overtake_inputs(["s"], 3) == [] and aligner.channels.blocked == {"s"}
+    assert [type(o) for o in aligner.barrier("p", 3)] == [Snapshot] and aligner.channels.blocked == set()
+    assert aligner.barrier("s", 3) == [] and aligner.stale == 1  # its own barrier, later: stale
+    assert aligner.barrier("s", 4) == [] and aligner.channels.blocked == {"s"}  # the next one aligns as usual
+    assert [type(o) for o in aligner.barrier("p", 4)] == [Snapshot]
+
+
+
+def test_bench_checkpoint_slow_step_on_a_cluster_reports_the_cadence(capsys):
+    import json
+
+    from slashrt.cli import main
+
+    args = ["bench", "checkpoint", "--slow-step-ms", "2", "--events", "300000", "--interval", "0.05",
+            "--alignment-timeout", "0", "--executors", "2", "--json"]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["correct"] is True and result["executors"] == 2
+    assert 0 < result["stream_s"] < result["seconds"]  # (the agents' start and the input's shipping left out)
+    assert result["checkpoints_expected"] == int(result["stream_s"] // 0.05)
+    assert result["checkpoints_completed"] >= result["unaligned"] >= 1
+
+
+@pytest.mark.parametrize("timeout,unaligned_after", [("auto", None), (0.05, 0.05), (None, None)])
+async def test_auto_keeps_file_sources_checkpoints_aligned_and_a_given_timeout_does_not(tmp_path, timeout, unaligned_after):
+    """A FileSource's checkpoint resumes on another executor count by moving its readers'
+    positions, which in-flight records would not follow: the default alignment timeout keeps
+    its cluster checkpoints aligned (rescalable); a timeout the user gave is obeyed; an array's
+    keep "auto" (their in-flight records are shared out anew)."""
+    from slashrt._plan import build_plan
+    from slashrt._runtime import _checkpointing
+    from slashrt.connectors import FileSource
+    from slashrt.snapshot.cluster import cluster_checkpoints
+    from tests.connectors.test_executors import records, write_files
+
+    write_files(tmp_path / "in", records(200))
+    job, _ = counting(lambda batch: batch)
+    plan = build_plan(job)
+
+    def config(value, executors):
+        checkpoint = {"interval": 0.2, "alignment_timeout": timeout}
+        if executors == 1:  # (a run on one executor decides the same)
+            return _checkpointing(job, plan, {"r": value}, checkpoint, tmp_path / "one", None).config
+        options = {"checkpoint": checkpoint, "checkpoint_dir": tmp_path / "chk"}
+        return cluster_checkpoints(job, plan, plan, {"r": value}, executors, options).job["config"]
+
+    for executors in (1, 2):
+        assert config(FileSource(tmp_path / "in"), executors).unaligned_after == unaligned_after
+        assert config(stream(), executors).unaligned_after == (0.1 if timeout == "auto" else unaligned_after)
