@@ -117,12 +117,15 @@ def bench(
     with tempfile.TemporaryDirectory(prefix="slashrt-checkpoint-") as directory:
         where: dict = {}  # run -> (its checkpoint directory, job name)
 
+        seconds: dict[str, list[float]] = {mode: [] for mode in MODES}  # every run's, round by round
+
         def run_once(mode: str):
             nonlocal correct
             run_dir = f"{directory}/{mode}-{len(where)}"  # each run its own: the best one's checkpoints are read
             result, records, job = _run(mode, inputs, make_flow, interval, run_dir, options)
             correct &= bool(np.array_equal(to_result(records), expected))
             where[id(result)] = run_dir, job
+            seconds[mode].append(result.seconds)
             return result
 
         # the modes take turns, so the machine's load weighs on each alike
@@ -146,6 +149,12 @@ def bench(
                 fields["state_bytes"] = round(statistics.mean(state)) if state else 0
     fields["abs_over_none"] = round(fields["records_per_s_abs"] / fields["records_per_s_none"], 3)
     fields["sync_over_none"] = round(fields["records_per_s_sync"] / fields["records_per_s_none"], 3)
+    # the same ratios round by round (each mode's run next to the others'), and their median: on
+    # a machine whose speed drifts between runs, steadier than the ratio of two best runs
+    for mode in ("abs", "sync"):
+        rounds = [round(none / other, 3) for none, other in zip(seconds["none"], seconds[mode])]
+        fields[f"{mode}_over_none_rounds"] = rounds
+        fields[f"{mode}_over_none_median"] = round(statistics.median(rounds), 3)
     fields["correct"] = correct
     if fields["checkpoints_abs"] < MIN_PERIODIC:
         fields["warning"] = (

@@ -328,6 +328,9 @@ def test_bench_checkpoint_measures_the_three_modes_and_checks_them(capsys):
     assert result["checkpoints_abs"] >= 1 and result["snapshot_bytes"] > 0 and result["state_bytes"] > 0
     for field in ("records_per_s_none", "records_per_s_abs", "records_per_s_sync", "abs_over_none", "sync_over_none"):
         assert result[field] > 0
+    # one round: its ratios are the ratios of the runs' seconds
+    assert result["abs_over_none_rounds"] == [result["abs_over_none_median"]]
+    assert result["abs_over_none_median"] == pytest.approx(result["abs_over_none"], abs=2e-3)
     # on a cluster, each executor generating its share: the three modes too (stop-the-world halts
     # every executor's sources at each checkpoint)
     args = ["bench", "checkpoint", "--executors", "2", "--events", "6000000", "--interval", "0.002", "--repeat", "1"]
