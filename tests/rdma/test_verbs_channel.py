@@ -541,21 +541,6 @@ async def test_throughput_against_ib_write_bw(rdma_device, rdma_report):
         rdma_report(line)
 
 
-async def test_ro_benchmark_over_verbs(rdma_device, rdma_report):
-    """`slashrt bench ro --transport verbs`: a producer process feeds an executor through the
-    registry's verbs backend; the counts per key must match the reference."""
-    from slashrt.bench.channel import bench
-
-    result = await trio.to_thread.run_sync(
-        lambda: bench(transport="verbs", buffer_size=KIB64, events=300_000, key_range=1000, slots=16, latency_count=40)
-    )
-    assert result["correct"], result
-    rdma_report(
-        f"bench ro --transport verbs (300k records, 64 KiB buffers): {result['gbytes_per_s'] * 1e3:.1f} MB/s, "
-        f"latency p50 {result['latency_us_p50']} us (4 KiB buffers, one in flight)"
-    )
-
-
 # -- the producer process ----------------------------------------------------------------------------------------
 
 
