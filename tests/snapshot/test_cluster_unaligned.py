@@ -162,6 +162,7 @@ def test_the_aligner_counts_overtaken_inputs_as_delivered():
 
 def test_bench_checkpoint_slow_step_on_a_cluster_reports_the_cadence(capsys):
     import json
+    import math
 
     from slashrt.cli import main
 
@@ -171,7 +172,9 @@ def test_bench_checkpoint_slow_step_on_a_cluster_reports_the_cadence(capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["correct"] is True and result["executors"] == 2
     assert 0 < result["stream_s"] < result["seconds"]  # (the agents' start and the input's shipping left out)
-    assert result["checkpoints_expected"] == int(result["stream_s"] // 0.05)
+    # intervals in the stream's seconds (reported to the ms: 0.35 may be 0.3504, 7 intervals)
+    lowest, highest = (math.floor((result["stream_s"] + d) / 0.05 + 1e-9) for d in (-5e-4, 5e-4))
+    assert lowest <= result["checkpoints_expected"] <= highest, result
     assert result["checkpoints_completed"] >= result["unaligned"] >= 1
 
 
