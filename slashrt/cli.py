@@ -276,6 +276,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="instead: YSB with a step after the source sleeping MS per buffer (default rings; with "
                      "--executors N on each executor); report "
                      "whether checkpoints keep their cadence (checkpoints_expected, _completed, cadence_ratio, duration_p99_s)")
+    chk.add_argument("--slow-after", choices=["source", "exchange"], default="source",
+                     help="with --slow-step-ms: the slow step right after the source (MS a buffer), or behind the "
+                     "exchange (a cluster: MS per 10 ms window of YSB's counts, whose sums per 10 s window are the result)")
     chk.add_argument("--alignment-timeout", type=_alignment_timeout, default="auto", metavar="S|auto|none",
                      help="with --slow-step-ms: take a checkpoint still aligning after S seconds unaligned (auto: half "
                      "the interval, the default; none: always aligned; 0: unaligned at once)")
@@ -667,8 +670,11 @@ def _run_bench(args, given: set[str]) -> dict:
         return operators.bench(records=args.records, baseline=args.baseline)
     if path == "checkpoint":
         from slashrt.bench import checkpoint
+        from slashrt.errors import OptionError
 
-        cadence = {} if args.slow_step_ms is None else {"slow_step_ms": args.slow_step_ms,
+        if args.slow_step_ms is None and args.slow_after != "source":
+            raise OptionError("bench checkpoint --slow-after places the slow step: give --slow-step-ms too")
+        cadence = {} if args.slow_step_ms is None else {"slow_step_ms": args.slow_step_ms, "slow_after": args.slow_after,
                                                          "alignment_timeout": args.alignment_timeout}
         return checkpoint.bench(query=args.checkpoint_query, events=args.events, interval=args.interval,
                                 executors=args.executors, **cadence, **_runtime_options(args))

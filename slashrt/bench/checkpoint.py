@@ -4,7 +4,8 @@ until it is written and committed), on the same records; each run checked agains
 numpy reference.
 
     slashrt bench checkpoint [--query ysb|nexmark] [--interval S] [--events N] [--executors N] [--json]
-    slashrt bench checkpoint --slow-step-ms MS [--alignment-timeout S|auto|none] [--interval S] [--json]
+    slashrt bench checkpoint --slow-step-ms MS [--slow-after source|exchange] [--alignment-timeout S|auto|none]
+                             [--interval S] [--json]
         (the cadence under backpressure instead: `slashrt.bench.checkpoint_cadence`)
 
 On a cluster each executor makes its events chunk by chunk as the run goes (`long_stream`), so
@@ -95,13 +96,14 @@ def _run(mode: str, inputs, make_flow, interval: float, directory: str, options:
 
 def bench(
     *, query: str = "ysb", events: int | None = None, interval: float = 1.0, repeat: int = 3, executors: int = 1,
-    slow_step_ms: float | None = None, alignment_timeout="auto", **options
+    slow_step_ms: float | None = None, alignment_timeout="auto", slow_after: str = "source", **options
 ) -> dict:
     if slow_step_ms is not None:  # the cadence under backpressure instead (`checkpoint_cadence`)
         from slashrt.bench import checkpoint_cadence
 
         return checkpoint_cadence.bench(slow_step_ms=slow_step_ms, interval=interval, events=events, query=query,
-                                        executors=executors, alignment_timeout=alignment_timeout, **options)
+                                        executors=executors, alignment_timeout=alignment_timeout,
+                                        slow_after=slow_after, **options)
     if events is None:
         events = default_events(interval, executors)
     inputs, make_flow, to_result, reference = _query(query, events, executors)

@@ -2,7 +2,12 @@
 
 YSB on one executor (or `--executors N`: a cluster, each executor's share behind its own slow
 step) with a step after the source that sleeps `slow_step_ms` per buffer (64 KiB of records),
-default rings (96 slots): the rings fill and every aligned barrier queues behind their backlog. Checkpoints every `interval` with `max_in_flight` 1 and the given
+default rings (96 slots): the rings fill and every aligned barrier queues behind their backlog.
+`--slow-after exchange` (a cluster) puts it behind the exchange instead: YSB's counts per
+campaign in 10 ms windows, the slow step on each window's counts (`slow_step_ms` a window, on
+the executor owning its campaigns), then their sums per 10 s window (YSB's result): the
+channels between executors and the SSB shippers' queues back up, and an aligned barrier waits
+behind them. Checkpoints every `interval` with `max_in_flight` 1 and the given
 `alignment_timeout` ("auto": half the interval; None: always aligned; 0: unaligned at once,
 docs/architecture.md "Unaligned checkpoints"). Reports `checkpoints_expected` (the run's
 length over the interval; on a cluster `stream_s`, from the slow step's first call on any
@@ -23,6 +28,7 @@ import time
 import numpy as np
 
 import slashrt
+from slashrt import Dataflow, Tumbling
 from slashrt._buffer import DEFAULT_SLOT_SIZE, FOOTER_SIZE
 from slashrt.bench import ysb
 from slashrt.errors import OptionError
@@ -37,13 +43,23 @@ KEEP = 10_000  # every checkpoint stays, to count them and read their manifests
 INTERVALS = 20  # a default run lasts about this many checkpoint intervals of the slow step alone
 
 
+SMALL_WINDOW_MS = 10  # --slow-after exchange: the first windows, whose counts the slow step takes
+WATERMARK_EVERY = 4  # --slow-after exchange: buffers between two watermarks of a source (~6 small windows)
+
+
 def bench(*, slow_step_ms: float, interval: float, events: int | None = None, alignment_timeout="auto",
-          executors: int = 1, query: str = "ysb", **options) -> dict:
+          executors: int = 1, query: str = "ysb", slow_after: str = "source", **options) -> dict:
     if query != "ysb":
         raise OptionError("bench checkpoint --slow-step-ms measures YSB: drop --query")
+    if slow_after not in ("source", "exchange"):
+        raise OptionError(f"bench checkpoint --slow-after must be source or exchange, got {slow_after!r}")
+    if slow_after == "exchange" and executors < 2:
+        raise OptionError("bench checkpoint --slow-after exchange needs a cluster: give --executors 2 or more")
     per_buffer = (options.get("slot_size", DEFAULT_SLOT_SIZE) - FOOTER_SIZE) // ysb.YSB_SCHEMA.record_size
+    calls = max(1, round(INTERVALS * interval / (slow_step_ms / 1000)))  # of the slow step on each executor
     if events is None:  # sized from the interval: the slow step alone takes INTERVALS of them (on each executor)
-        events = executors * per_buffer * max(1, round(INTERVALS * interval / (slow_step_ms / 1000)))
+        # after the exchange each executor's slow step takes every small window once (its campaigns' counts)
+        events = calls * SMALL_WINDOW_MS * 100 if slow_after == "exchange" else executors * per_buffer * calls
     if executors > 1:
         options["executors"] = executors  # a cluster (its exchange is a stage of its own: the slow step is before it)
     records, mapping = ysb.generate(events), ysb.campaign_map(1000)
@@ -51,8 +67,8 @@ def bench(*, slow_step_ms: float, interval: float, events: int | None = None, al
     spans = tempfile.mkdtemp(prefix="slashrt-cadence-spans-")
     first: list[float] = []
 
-    def slow(batch):  # the slow step: `slow_step_ms` per buffer of records
-        time.sleep(slow_step_ms / 1000 * -(-len(batch) // per_buffer))
+    def slow(batch):  # the slow step: `slow_step_ms` per buffer of records (after the exchange: a call)
+        time.sleep(slow_step_ms / 1000 * (1 if slow_after == "exchange" else -(-len(batch) // per_buffer)))
         if executors > 1:  # when this executor's stream ran (a system-wide clock: agents are processes)
             first[:] = first or [time.monotonic()]
             with open(f"{spans}/{os.getpid()}", "w") as out:
@@ -60,7 +76,9 @@ def bench(*, slow_step_ms: float, interval: float, events: int | None = None, al
         return np.ones(len(batch), bool)
 
     sink = Collect(transactional=True)
-    flow = ysb.dataflow(mapping, sink, step=slow)
+    flow = ysb.dataflow(mapping, sink, step=slow) if slow_after == "source" else _behind_exchange(mapping, sink, slow)
+    if slow_after == "exchange":  # windows fire a few at a time: no one call holds the slow lane for long
+        options.setdefault("watermark_every", WATERMARK_EVERY)
     with tempfile.TemporaryDirectory(prefix="slashrt-cadence-") as directory:
         started = time.perf_counter()
         result = slashrt.run(flow, {"events": records}, checkpoint_dir=directory, **options, checkpoint={
@@ -78,7 +96,8 @@ def bench(*, slow_step_ms: float, interval: float, events: int | None = None, al
     expected = int(stream // interval)
     completed = sum(1 for meta in manifests if meta.get("kind", "checkpoint") == "checkpoint")
     return {
-        "query": "ysb", "events": len(records), "executors": executors, "slow_step_ms": slow_step_ms, "interval_s": interval,
+        "query": "ysb", "events": len(records), "executors": executors, "slow_step_ms": slow_step_ms,
+        "slow_after": slow_after, "interval_s": interval,
         "alignment_timeout": alignment_timeout, "seconds": round(seconds, 3), "stream_s": round(stream, 3),
         "checkpoints_expected": expected, "checkpoints_completed": completed,
         "cadence_ratio": round(completed / expected, 3) if expected else None,
@@ -87,3 +106,16 @@ def bench(*, slow_step_ms: float, interval: float, events: int | None = None, al
         "unaligned": sum(1 for meta in manifests if meta.get("unaligned")),
         "correct": bool(np.array_equal(ysb.to_result(sink.records), ysb.reference(records, mapping))),
     }
+
+
+def _behind_exchange(ad_to_campaign: np.ndarray, sink, step) -> Dataflow:
+    """YSB with `step` behind its first exchange: views counted per campaign in small windows,
+    `step` on each window's counts, summed per YSB window (the same result as YSB's)."""
+    flow = Dataflow("ysb")
+    views = flow.source("events", ysb.YSB_SCHEMA, time="event_time").filter(
+        lambda b: b["event_type"] == ysb.VIEW, name="views")
+    counts = (views.with_column("campaign_id", lambda b: ad_to_campaign[b["ad_id"]], dtype="i8")
+              .window(Tumbling(ms=SMALL_WINDOW_MS)).count(key="campaign_id").filter(step, name="step"))
+    counts.with_column("t", lambda b: b["window_start"], dtype="i8").window(Tumbling(ms=ysb.WINDOW_MS), time="t").sum(
+        "count", key="campaign_id", output="count").sink(sink, name="counts")
+    return flow

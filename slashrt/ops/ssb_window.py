@@ -53,9 +53,10 @@ from slashrt._dataflow import WindowAggSpec
 from slashrt.errors import DataflowError, OperatorError, SnapshotError
 from slashrt.ops._node import Node
 from slashrt.ops.exchange import FrontierGate, Inbound
-from slashrt.ops.window import NO_TIME, WindowAggregate, _flat
+from slashrt.ops.window import NO_TIME, WindowAggregate, _flat, in_flight_keys
 from slashrt.progress import make_frontier
 from slashrt.progress.frontier import END_TIME
+from slashrt.snapshot.channel_state import DATA, WATERMARK
 from slashrt.snapshot.operators import check, tagged
 from slashrt.snapshot.state_format import State
 from slashrt.ssb.crdt import records_as_partials
@@ -120,6 +121,7 @@ class Shipper:
         self._more = trio.lowlevel.ParkingLot()  # run() waits here for the next item
         self._sent = trio.lowlevel.ParkingLot()  # rows() waits here for room
         self.ended = False
+        self._barrier = -1  # the newest checkpoint barrier queued
 
     @property
     def queued_bytes(self) -> int:
@@ -150,9 +152,45 @@ class Shipper:
 
     def barrier(self, n: int) -> None:
         """Checkpoint barrier n, behind every delta and watermark queued before it (an ended
-        channel delivers every barrier without one)."""
-        if not self.ended:
+        channel delivers every barrier without one; one that `overtake` queued is not queued
+        again)."""
+        if not self.ended and n > self._barrier:
+            self._barrier = n
             self._put(Control.BARRIER, n)
+
+    def overtake(self, n: int) -> list:
+        """Unaligned checkpoint n (FLIP-76's output buffers): barrier n goes ahead of the deltas
+        and watermarks queued since the barrier before it (never ahead of a barrier: their
+        numbers increase on a channel), or moves there if it was queued behind them and is not
+        sent yet. Those are in flight: returned as channel-state segments
+        (`slashrt.snapshot.channel_state`, kept with the sender's snapshot, which `requeue`s
+        them first on a resume) and still sent, after the barrier."""
+        items = list(self._fifo)
+        queued = (Control.BARRIER, n) in items  # queued already (aligned), not sent yet: moved ahead
+        if self.ended or (n <= self._barrier and not queued):
+            return []
+        if queued:
+            at = items.index((Control.BARRIER, n))
+            items, after = items[:at], items[at + 1:]
+        else:
+            after = []
+        cut = max((i + 1 for i, (kind, _) in enumerate(items) if kind is Control.BARRIER), default=0)
+        flying = items[cut:]
+        self._fifo = collections.deque([*items[:cut], (Control.BARRIER, n), *flying, *after])
+        self._barrier = max(self._barrier, n)
+        if self._more:
+            self._more.unpark_all()
+        return [(DATA, value) if kind is None else (WATERMARK, value) for kind, value in flying]
+
+    def requeue(self, segments: list) -> None:
+        """A restored unaligned checkpoint's segments in flight on this channel, queued before
+        anything new."""
+        for kind, value in segments:
+            if kind == DATA:
+                self._queued += value.nbytes
+                self._put(None, value)
+            else:
+                self._put(Control.WATERMARK, value)
 
     async def run(self) -> None:
         while True:
@@ -241,6 +279,30 @@ class SsbWindowAggregate(WindowAggregate):
         rows are one record each."""
         for shipper in self.shippers.values():
             shipper.barrier(n)
+
+    def overtake_queued(self, n: int) -> dict[str, list]:
+        """Unaligned checkpoint n: barrier n ahead of what every shipper queued (`Shipper.overtake`);
+        the segments in flight, by outgoing channel (`channel_to`)."""
+        flying = {self.channel_to(peer): shipper.overtake(n) for peer, shipper in self.shippers.items()}
+        return {name: segments for name, segments in flying.items() if segments}
+
+    def requeue(self, name: str, segments: list) -> bool:
+        """Queue a restored checkpoint's segments in flight on outgoing channel `name` first;
+        False if it is none of this exchange's."""
+        for peer, shipper in self.shippers.items():
+            if self.channel_to(peer) == name:
+                shipper.requeue(segments)
+                return True
+        return False
+
+    async def adopt_in_flight(self, rows: np.ndarray, watermark: int) -> None:
+        """Rescaled: rows in flight between the old executors, of the partitions this one leads."""
+        mine = self.partitioning.owner_of(in_flight_keys(rows, self.spec.key)) == self.index
+        await self.merged.adopt_in_flight(rows[mine], watermark)
+
+    def channel_to(self, peer: int) -> str:
+        """The name of the outgoing channel to executor `peer` (in a checkpoint's channel state)."""
+        return f"{self.step_id}.to{peer}"
 
     def inbound(self, source: int) -> Inbound:
         """The root node for the delta channel arriving from executor `source`."""

@@ -22,7 +22,7 @@ from slashrt.errors import DataflowError, SnapshotError
 from slashrt.ops._node import Node
 from slashrt.ops.event_time import NO_TIME
 from slashrt.ops.exchange import FrontierGate, Inbound
-from slashrt.ops.window import InFrontOfWindow, WindowAggregate, check_key_type, check_uint64_values
+from slashrt.ops.window import InFrontOfWindow, WindowAggregate, check_key_type, check_uint64_values, in_flight_keys
 from slashrt.progress import make_frontier
 from slashrt.progress.frontier import END_TIME
 from slashrt.snapshot.operators import check, tagged
@@ -82,6 +82,11 @@ class RouteByOwner(InFrontOfWindow, Node):
     async def _from_peer(self, source: int, batch: Batch) -> None:
         # judged by the sender against its watermark, which arrived before them
         await self.window.push_judged(batch, self.window.promise(self.gate.frontier.entries[source]))
+
+    async def adopt_in_flight(self, rows: np.ndarray, watermark: int) -> None:
+        """Rescaled: rows in flight between the old executors, of the keys this one owns."""
+        mine = self.partitioning.owner_of(in_flight_keys(rows, self.spec.key)) == self.index
+        await self.window.adopt_in_flight(rows[mine], watermark)
 
     async def push(self, batch: Batch) -> None:
         # Late records are judged here, against this executor's own watermark (the one of the

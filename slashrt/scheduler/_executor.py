@@ -94,6 +94,7 @@ class _Lane:
 
     def __init__(self, inputs: list[Input], number: int = 0):
         self.number = number  # lane 0: the sources' inputs; lane k: the peers' stage-k channels
+        self.inputs = inputs
         self.ready: collections.deque[tuple[Input, Buffer | DataRun | None]] = collections.deque()
         self.lot = trio.lowlevel.ParkingLot()
         self.turns = trio.lowlevel.ParkingLot()  # pollers waiting for compute's next turn
@@ -207,6 +208,9 @@ class Executor:
         checkpoints = self.checkpoints
         handled = 0
         try:
+            if checkpoints is not None:  # a restored checkpoint's records in flight on a peer's channel come first
+                for inp in lane.inputs:
+                    await checkpoints.replay_input(inp)
             while lane.open > 0 or queue or (progress is not None and progress.waiting()):
                 if lane.turns:  # a poller waits for this turn: it runs at the next yield
                     lane.turns.unpark_all()

@@ -1,5 +1,6 @@
 """In-flight channel state of an unaligned checkpoint (Flink's FLIP-76 idea, on one executor, and
-on each executor of a cluster for its sources' rings: `AgentCheckpointing._overtake_sources`).
+on each executor of a cluster for its sources' rings and its peers' channels:
+`AgentCheckpointing._overtake_sources`, `_overtake_peers`).
 
 An aligned barrier travels in band behind every buffer already in its ring, so under
 backpressure (a slow step after the source, full rings) checkpoint n waits for the ring's whole
@@ -17,18 +18,25 @@ Recovery restores the operators, then each source posts its channel state into i
 (`replay`, the same records and watermarks in the same order), then feeds on from its position:
 the executor consumes exactly the stream it would have. Ring contents are copied as whole
 arrays (one copy per run of buffers), never record by record.
+
+A channel from a peer executor is cut at its barrier n, which must be in the receiver's ring
+(`reaches`): what is in front of it is the receiver's channel state, computed first on a resume
+(`replay_into`: the peer cannot post it again). An SSB exchange's shippers queue deltas before
+the ring; barrier n overtakes them too, and they are the sender's channel state
+(`slashrt.ops.ssb_window.Shipper.overtake`), queued again first on a resume.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from slashrt._batch import Batch
 from slashrt._buffer import Control
 from slashrt.snapshot.operators import check, tagged
 from slashrt.snapshot.state_format import State
 from slashrt.transport import DataRun
 
-__all__ = ["CHANNEL_KIND", "capture", "part_name", "replay", "restored", "to_state"]
+__all__ = ["CHANNEL_KIND", "capture", "part_name", "reaches", "replay", "replay_into", "restored", "to_state"]
 
 CHANNEL_KIND, CHANNEL_VERSION = "channel_state", 1
 SUFFIX = ".channel"  # of a channel-state part's step name
@@ -67,6 +75,22 @@ def capture(items, receiver, dtype: np.dtype, n: int) -> tuple[list, bool]:
     return segments, False
 
 
+def reaches(items, n: int) -> bool:
+    """Whether barrier n (or a newer one) is among `items` (as `capture` would find it), without
+    copying anything: a peer's channel is overtaken only once its barrier is in the ring."""
+    for item in items:
+        if item is None:
+            return False
+        if isinstance(item, DataRun) or not item.is_control:
+            continue
+        ctype, value, _ = item.control()
+        if ctype is Control.BARRIER and value >= n:
+            return True
+        if ctype is Control.END_OF_STREAM:
+            return False
+    return False
+
+
 def to_state(source: str, n: int, segments: list, dtype: np.dtype) -> State:
     """Channel state as a part: the records of every data segment in one array, each segment's
     kind and value (its record count, or the watermark)."""
@@ -89,6 +113,16 @@ def restored(state: State, step_id: str) -> tuple[str, list]:
         else:
             segments.append((WATERMARK, value))
     return meta["source"], segments
+
+
+async def replay_into(pipeline, segments: list) -> None:
+    """Compute a restored channel state of a channel from a peer executor (which cannot post
+    it again) through its pipeline, before anything new arrives on that channel."""
+    for kind, value in segments:
+        if kind == DATA:
+            await pipeline.push(Batch(value))
+        else:
+            await pipeline.on_watermark(value)
 
 
 async def replay(sender, segments: list) -> None:

@@ -47,9 +47,13 @@ Graph flows (distributed pointstamp progress, loops) align exchange by exchange 
 `slashrt.snapshot.cluster_graph`.
 
 Unaligned (tree flows, `alignment_timeout`): a periodic checkpoint still aligning that long after
-its request overtakes the sources' rings in lane 0's next turn (`_overtake_sources`): their
-unconsumed buffers up to barrier n are its channel state, the sources count as having delivered
-n, and stage 1 forwards n at once; the peers' channels still align. Graph flows always align.
+its request overtakes, until it is taken, the sources' rings at lane 0's turns
+(`_overtake_sources`: their unconsumed buffers up to barrier n), the peers' stage-k channels at
+lane k's turns once barrier n is in their rings (`_overtake_peers`: the buffers in front of it),
+and the deltas the SSB shippers queued for their channels (`_overtake_queued`: barrier n goes
+ahead of them). Those are its channel state; the inputs count as having delivered n, and the
+forwards that makes due go out at once. Not the channels between executors under the default
+where a window slides (`exchanges_may_overtake`). Graph flows always align.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Sn
 from slashrt.snapshot.collected import COMMITTED, Outbox
 from slashrt.snapshot.coordinator import AckStats, CheckpointCoordinator
 from slashrt.snapshot.rescale import reassigned, rescale, reshaped, resumed_inputs
-from slashrt.snapshot.runtime import Checkpointing
+from slashrt.snapshot.runtime import AUTO, Checkpointing
 
 __all__ = ["AgentCheckpointing", "ClusterCheckpoints"]
 
@@ -95,6 +99,7 @@ class AgentCheckpointing(Checkpointing):
         # what feeds stage k's sending half: the sources and the peers' channels of the stages before k
         self.feeding = {k: self.local + [i for i, lane in peer_inputs.items() if lane < k] for k in sorted(self.stages)}
         self.aligner = BarrierAligner(self.local + list(peer_inputs), clock=time.perf_counter)
+        self.peer_inputs = peer_inputs
         self._forwarded = dict.fromkeys(self.feeding, 0)  # stage -> the newest barrier it claimed to send
         # forwards go out one batch at a time, in the order they were claimed (`_due`), whichever
         # task sends them (the compute task's `_obey`, or `_forward` spawned by an overtake)
@@ -105,8 +110,14 @@ class AgentCheckpointing(Checkpointing):
         self._released = trio.Event()  # "finish" (the final checkpoint is committed) or "stop"
         self._body = trio.CancelScope()  # the executor's run (`running`), which "stop" cancels
         self.outbox = Outbox(plan)  # committed records of in-memory sinks, for the coordinator
-        # unaligned checkpoints overtake the sources' rings (lane 0); not graph flows (`UNALIGNED`)
+        # unaligned checkpoints overtake the sources' rings (lane 0), the peers' channels (lanes 1..)
+        # and the exchanges' queues (`_claim`); not graph flows (`UNALIGNED`)
         self._overtakes = self.UNALIGNED and config.unaligned_after is not None
+        self._overtakes_exchanges = self._overtakes and exchanges_may_overtake(plan, config)
+        self._late: set[int] = set()  # checkpoints past their alignment timeout (`_overtaking` until taken)
+        self._sources_overtaken: set[int] = set()
+        self._scanned: dict[int, float] = {}  # lane -> when it last looked for barriers in its peers' rings
+        self._in_flight: dict[str, list] = {}  # a restored checkpoint's channel states of peers' channels
         if config.unaligned_after is not None and not self.UNALIGNED and index == 0:
             getattr(log, "debug" if config.alignment_timeout == "auto" else "info")(
                 "graph flows on a cluster align their checkpoints: alignment_timeout is not used", executor=index)
@@ -175,27 +186,53 @@ class AgentCheckpointing(Checkpointing):
         while self._writing:
             await self._changed.wait()
 
-    # -- unaligned: barrier n overtakes the sources' rings -----------------------------------------
+    # -- unaligned: barrier n overtakes the sources' rings, the peers' channels, the queues ---------
+    SCAN_EVERY = 0.002  # seconds between two looks of a lane for barrier n in its peers' rings
+
     def _still_aligning(self, n: int) -> bool:
         return n in self._requested and n not in self._taken and not self._drained
 
+    async def _overtake_after(self, n: int, seconds: float) -> None:
+        await trio.sleep(seconds)
+        if self._still_aligning(n) and self.aligner.latest <= n and self._overtakes_exchanges:
+            self._late.add(n)
+            for k, forwarded in self._forwarded.items():  # forwarded in time, still queued: moved ahead
+                if forwarded >= n:
+                    for exchange in self.stages[k]:
+                        self._overtake_queued(exchange, n)
+        await super()._overtake_after(n, 0)
+
     def between(self, lane: int = 0) -> None:
-        """Lane 0 (the sources) between two batches: checkpoints past their alignment timeout
-        overtake what its sources' rings hold (`_overtake_sources`). Other lanes leave them."""
-        if lane != 0 or not self._overtaking:
+        """A lane between two batches: checkpoints past their alignment timeout overtake what its
+        inputs hold in front of their barriers: lane 0 its sources' rings (`_overtake_sources`),
+        lane k its peers' stage-k channels (`_overtake_peers`), until the snapshot is taken."""
+        if not self._overtaking:
             return
         later = []
         for n in self._overtaking:
-            if not self._still_aligning(n) or self.aligner.latest > n or self.aligner.aligning not in (None, n):
-                continue  # taken, aborted, or another checkpoint aligning: it stays aligned
-            older = [m for m in self._requested - self._taken if self.aligner.latest < m < n]
-            feeding = all((s.feeder is not None and s.feeder.positioned) or n in s.positions
-                          for s in self.sources.values())
-            if feeding and not older:
-                self._overtake_sources(n)
-            else:  # a source has no position to take yet, or an older checkpoint goes first
-                later.append(n)
+            if not self._still_aligning(n) or self.aligner.latest > n:
+                self._late.discard(n)
+                continue  # taken or aborted
+            later.append(n)
+            if self.aligner.aligning not in (None, n) or any(
+                    self.aligner.latest < m < n for m in self._requested - self._taken):
+                continue  # another checkpoint aligning, or an older one goes first: n waits
+            if lane == 0 and n not in self._sources_overtaken:
+                if all((s.feeder is not None and s.feeder.positioned) or n in s.positions
+                       for s in self.sources.values()):  # (else a source has no position to take yet)
+                    self._sources_overtaken.add(n)
+                    self._overtake_sources(n)
+            elif lane > 0 and self._overtakes_exchanges and \
+                    time.perf_counter() - self._scanned.get(lane, 0.0) >= self.SCAN_EVERY:
+                self._scanned[lane] = time.perf_counter()
+                self._overtake_peers(n, lane)
         self._overtaking = later
+
+    def _owing(self, n: int, names) -> list:
+        """The executor's inputs among `names` that have not delivered barrier n (nor ended)."""
+        channels = self.aligner.channels
+        return [inp for inp in self._executor.inputs if inp.name in names and inp.name not in channels.ended
+                and channels.last.get(inp.name, -1) < n]
 
     def _overtake_sources(self, n: int) -> None:
         """Unaligned checkpoint n on a cluster (FLIP-76 at the executor's sources): each source
@@ -204,24 +241,45 @@ class AgentCheckpointing(Checkpointing):
         position is then taken now) are n's channel state, `<source>.channel`. Lane 0 is between
         two batches, so everything before the cut is computed and nothing after it: n is
         forwarded on stage 1's channels at once, behind what lane 0 computed, instead of behind
-        the sources' backlog. The peers' channels (lanes 1..) still align: their barriers come
-        behind what the peers computed before their own cut."""
-        executor, channels = self._executor, self.aligner.channels
-        overtaken, states = [], {}
-        for inp in executor.inputs:
-            if inp.name not in self.sources or inp.name in channels.ended or channels.last.get(inp.name, -1) >= n:
-                continue  # delivered n (or ended): everything before it is computed
+        the sources' backlog."""
+        executor, states, overtaken = self._executor, {}, []
+        for inp in self._owing(n, self.sources):
             segments, reached = channel_state.capture(executor.unconsumed(inp), inp.receiver, inp.dtype, n)
             if not reached:
                 segments += self.sources[inp.name].overtaken(n)
             if segments:
                 states[inp.name] = channel_state.to_state(inp.name, n, segments, inp.dtype)
             overtaken.append(inp.name)
+        self._overtaken(n, overtaken, states)
+
+    def _overtake_peers(self, n: int, lane: int) -> None:
+        """Unaligned checkpoint n at lane k's peers' channels: a channel whose barrier n is in its
+        ring already (a peer forwards it as soon as its own lanes before stage k delivered n, and
+        it waits for one credit only) counts as having delivered it now, and its buffers in front
+        of the barrier are its channel state, `<exchange>.from<peer>.channel`, computed first on
+        a resume (`replay_input`). The cut is the barrier's place, as when aligned: only what is
+        computed before the snapshot differs. Lane k is between two batches."""
+        executor, states, overtaken = self._executor, {}, []
+        names = [name for name, stage in self.peer_inputs.items() if stage == lane]
+        for inp in self._owing(n, names):
+            items = executor.unconsumed(inp)
+            if not channel_state.reaches(items, n):
+                continue  # its barrier is still on its way (behind the peer's queue): a later turn
+            segments, _ = channel_state.capture(items, inp.receiver, inp.dtype, n)
+            if segments:
+                states[inp.name] = channel_state.to_state(inp.name, n, segments, inp.dtype)
+            overtaken.append(inp.name)
+        self._overtaken(n, overtaken, states)
+
+    def _overtaken(self, n: int, overtaken: list, states: dict) -> None:
+        """Inputs `overtaken` count as having delivered barrier n, with `states` in flight: the
+        forwards that makes due are claimed now (sent by `_forward`), and if every input
+        delivered n the snapshot is taken."""
         if not overtaken:
             return
-        self._channels[n] = states
+        self._channels.setdefault(n, {}).update(states)
         self._unaligned.add(n)
-        log.debug("checkpoint overtakes the sources' rings", checkpoint=n, executor=self.executor,
+        log.debug("checkpoint overtakes", checkpoint=n, executor=self.executor, inputs=overtaken,
                   in_flight=sum(len(c.arrays["records"]) for c in states.values()))
         outcomes = self.aligner.overtake_inputs(overtaken, n)
         due = self._due(outcomes)  # claimed now: until they are sent every input stays held (`_block`)
@@ -230,6 +288,7 @@ class AgentCheckpointing(Checkpointing):
                 self._decline(outcome)
             elif isinstance(outcome, Snapshot):  # every other input delivered n: every lane is idle
                 self._take(outcome.checkpoint, outcome.stats, running=True)
+        executor = self._executor
         self._block(executor)
         if due:
             self._spawn(self._forward, executor, due)
@@ -284,12 +343,25 @@ class AgentCheckpointing(Checkpointing):
             self._turn.unpark_all()
 
     def _claim(self, n: int, stages) -> list[tuple[int, int]]:
-        """The stages among `stages` that have not forwarded barrier n yet, now claimed for it."""
+        """The stages among `stages` that have not forwarded barrier n yet, now claimed for it.
+        Past n's alignment timeout, barrier n overtakes what their exchanges queued for their
+        channels (an SSB exchange's shippers), which is n's channel state on this side."""
         due = [(k, n) for k in stages if self._forwarded[k] < n]
         for k, _ in due:
             self._forwarded[k] = n
+            if n in self._late:
+                for exchange in self.stages[k]:
+                    self._overtake_queued(exchange, n)
         self._unsent += len(due)
         return due
+
+    def _overtake_queued(self, exchange, n: int) -> None:
+        overtake = getattr(exchange, "overtake_queued", None)
+        if overtake is None:  # it sends as it computes: nothing queued in front of the ring
+            return
+        for name, segments in overtake(n).items():
+            self._channels.setdefault(n, {})[name] = channel_state.to_state(name, n, segments, exchange.exchange_dtype)
+            self._unaligned.add(n)
 
     def _block(self, executor) -> None:
         """After a snapshot every input is past its barrier: while a forward is still on its way
@@ -300,6 +372,19 @@ class AgentCheckpointing(Checkpointing):
         for inp in executor.inputs:
             if inp.blocked is None and not getattr(inp, "ended", False):
                 executor.block(inp)
+
+    def _restore_channel(self, number: int, channel: str, segments: list) -> None:
+        """A peer's channel's records in flight: computed first by its lane (`replay_input`); an
+        exchange's outgoing channel's: queued again first."""
+        if channel in self.peer_inputs:
+            self._in_flight[channel] = segments
+        elif not any(getattr(x, "requeue", None) is not None and x.requeue(channel, segments) for x in self.exchanges):
+            super()._restore_channel(number, channel, segments)
+
+    async def replay_input(self, inp) -> None:
+        segments = self._in_flight.pop(inp.name, None)
+        if segments:
+            await channel_state.replay_into(inp.pipeline, segments)
 
     def _resume(self, n: int, world) -> None:
         """Stop-the-world: this executor's part of n is written and acked; its sources feed on
@@ -334,13 +419,12 @@ class AgentCheckpointing(Checkpointing):
 
     async def _write_parts(self, n: int, states: dict, sync: dict, positions: dict, alignment_s: float) -> None:
         stats, extra = {}, 0
-        channels = {channel_state.part_name(source) for source in self.sources}
         try:
             # every part in one worker-thread call: a busy loop (a slow step) resumes this task
             # only between two pipeline calls, so each hop back to it would add to the duration
             parts, seconds = await trio.to_thread.run_sync(self._write_all_timed, n, states) if states else ([], [])
             for (step_id, part), took in zip(zip(states, parts), seconds):
-                if step_id in channels:  # channel state: no instance of its own, its bytes count with the next ack
+                if step_id.endswith(channel_state.SUFFIX):  # channel state: no instance of its own, its bytes count with the next ack
                     extra += part.size
                     continue
                 stats[step_id] = AckStats(alignment_s, sync[step_id], took, part.size + extra)
@@ -354,6 +438,16 @@ class AgentCheckpointing(Checkpointing):
         if not stats:
             stats[NO_STATE] = AckStats(alignment_s, 0.0, 0.0, extra)
         await self._send("ack", (n, stats, parts, positions))
+
+
+def exchanges_may_overtake(plan, config) -> bool:
+    """Whether unaligned checkpoints overtake what is in flight between executors too (their
+    sources' rings are overtaken in any case): not under the default timeout ("auto") where a
+    window slides. Watermarks in flight leave its leaders fired up to different times, and a
+    sliding window's partitions then cannot be merged on another executor count (its slices
+    outlive the windows fired: `merge_partitions`); a default must keep checkpoints rescalable.
+    A timeout the user gives overtakes them (such a checkpoint may be refused on another count)."""
+    return config.alignment_timeout != AUTO or all(w.size == w.slide for w in plan.windows())
 
 
 class ClusterCheckpoints:

@@ -238,14 +238,18 @@ def merge_partitions(parts: list[State], partitioning, index: int) -> State:
     metas = [check(part, part.meta.get("step", "?") if isinstance(part.meta, dict) else "?", SSB_STATE,
                    SSB_STATE_VERSION) for part in parts]
     first = metas[0]
+    size, slide, slice_len = first["size"], first["slide"], first["slice_len"]
     fired = {m["leader"]["fired_until"] for m in metas}
-    if len(fired) > 1:
+    # leaders of an unaligned checkpoint may have fired up to different times (watermarks were
+    # in flight to some): tumbling windows' fired slices are gone, so the earliest time is exact
+    # (the later leaders' windows up to their time hold nothing to fire again); a sliding
+    # window's slices outlive its fired windows, which would fire twice
+    if len(fired) > 1 and size != slide:
         raise SnapshotError(
             f"step {first['step']!r}: the partition states come from leaders that fired windows up to different "
             f"times ({sorted(fired)}): they are not from one consistent checkpoint"
         )
-    (leader_fired,) = fired
-    size, slide, slice_len = first["size"], first["slide"], first["slice_len"]
+    leader_fired = min(fired)
     unfired = NO_TIME if leader_fired == NO_TIME else ((leader_fired - size) // slide + 1) * slide
     starts = [m["leader"]["next_start"] for m in metas if m["leader"]["next_start"] is not None]
     tables: dict[str, dict] = {"leader.slices": {}, "leader.tails": {}}
@@ -285,7 +289,8 @@ def merge_partitions(parts: list[State], partitioning, index: int) -> State:
         "next_start": None,
         "direct": False,
         "epoch_counters": [0] * len(first["epoch_counters"]),
-        "leader": {**first["leader"], "next_start": min(starts, default=None), "late_records": 0},
+        "leader": {**first["leader"], "next_start": min(starts, default=None), "fired_until": leader_fired,
+                   "late_records": 0},
         "partitions": partitioning.partitions,
         "executors": partitioning.executors,
         "index": index,

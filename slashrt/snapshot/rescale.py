@@ -8,15 +8,21 @@ FileSource's files are splits with offsets (each new executor reads its files fr
 old ones had stopped in them: `FileSource.rescaled_starts`, `restarted`); a
 connector with `rescaled` (RedisStream) makes its new readers from the old positions; the
 transactional sinks' pending transactions go to a successor (`reassigned`), or are settled
-(`rescale`) where an old executor has none.
+(`rescale`) where an old executor has none. An unaligned checkpoint's records in flight between
+executors go to their keys' new owners, judged against the watermark their sender had sent
+before them (`in_flight_between`, `adopt_in_flight`).
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from slashrt.errors import SnapshotError
-from slashrt.snapshot.channel_state import CHANNEL_KIND, part_name
+from slashrt.ops.event_time import NO_TIME
+from slashrt.snapshot.channel_state import CHANNEL_KIND, DATA, part_name
+from slashrt.snapshot.channel_state import restored as channel_segments
 from slashrt.snapshot.runtime import source_position
 from slashrt.snapshot.state_format import State
 
@@ -70,6 +76,7 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
             )
     steps = set(stateful_nodes(role_plan))
     steps |= {f"{step}.route" for step in steps}  # an UpPar router's state goes with its window's
+    _refuse_diverged_leaders(refuse, restored, was)
     unknown = sorted({step for step, _ in restored.states} - steps - {part_name(source) for source in flying})
     if unknown:
         raise SnapshotError(
@@ -122,6 +129,66 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
     stage = {"executors": was, "fed": fed, **({"files": files} if files else {})}
     shares, stages = resumed_inputs(plan, inputs, [*restored.meta.get("reshared", []), stage], executors)
     return {**shares, **readers}, stages
+
+
+_EXCHANGE_CHANNEL = re.compile(r"^(?P<window>.+?)(?P<route>\.route)?\.(?P<way>from|to)(?P<peer>\d+)$")
+
+
+def in_flight_between(checkpoint) -> dict[str, list[tuple[np.ndarray, int]]]:
+    """An unaligned checkpoint's records in flight between executors, by the window they were on
+    their way to, each run of rows with the watermark its sender had sent before it (its rows
+    were judged against that: `adopt_in_flight`). The channel from executor i to j is, in
+    order: what j computed (its frontier holds i's last watermark then), j's channel state of it
+    (`W.from<i>`), then what i's shipper still queued for j (`W.to<j>`). Its watermarks
+    themselves are left out: a rescaled run's sources send theirs again."""
+    streams: dict[tuple[str, int, int], list] = {}  # (window, sender, receiver) -> [(order, segments)]
+    frontiers: dict[tuple[str, int], list] = {}  # (window, receiver) -> its frontier (one entry per sender)
+    for (step, executor), state in checkpoint.states.items():
+        meta = state.meta if isinstance(state.meta, dict) else {}
+        if meta.get("kind") in ("ssb_window", "route_by_owner") and "frontier" in meta:
+            window = step[:-len(".route")] if meta["kind"] == "route_by_owner" else step
+            frontiers[(window, int(executor))] = list(meta["frontier"])
+        if meta.get("kind") != CHANNEL_KIND or meta["source"] in checkpoint.meta.get("sources", {}):
+            continue
+        match = _EXCHANGE_CHANNEL.match(meta["source"])
+        if match is None:
+            continue
+        peer, here = int(match["peer"]), int(executor)
+        sender, receiver = (peer, here) if match["way"] == "from" else (here, peer)
+        streams.setdefault((match["window"], sender, receiver), []).append(
+            (match["way"] == "to", channel_segments(state, step)[1]))
+    pieces: dict[str, list] = {}
+    for (window, sender, receiver), parts in sorted(streams.items()):
+        frontier = frontiers.get((window, receiver))
+        watermark = frontier[sender] if frontier is not None and sender < len(frontier) else NO_TIME
+        for _, segments in sorted(parts, key=lambda part: part[0]):  # the receiver's part, then the sender's
+            for kind, value in segments:
+                if kind == DATA:
+                    pieces.setdefault(window, []).append((value, watermark))
+                else:
+                    watermark = max(watermark, value)
+    return pieces
+
+
+def _refuse_diverged_leaders(refuse: str, restored, was: int) -> None:
+    """A sliding window's key partitions are merged on the new executors only if their old
+    leaders had fired it up to the same time (`merge_partitions`). An aligned checkpoint's
+    leaders had (each computed every watermark sent before the barriers); an unaligned one's
+    may not have: the watermarks still in flight to a leader are part of its channel state, so
+    refused in one sentence."""
+    fired: dict[str, set] = {}
+    for (step, _), state in restored.states.items():
+        kind = state.meta.get("kind") if isinstance(state.meta, dict) else None
+        if kind in ("ssb_window", "window") and state.meta["size"] != state.meta["slide"]:
+            leader = state.meta["leader"] if kind == "ssb_window" else state.meta
+            fired.setdefault(step, set()).add(leader["fired_until"])
+    for step, times in sorted(fired.items()):
+        if len(times) > 1 and restored.meta.get("unaligned"):
+            raise SnapshotError(
+                f"{refuse} it was taken unaligned, and the executors of sliding window {step!r} had fired it up to different "
+                f"times (watermarks were still in flight to some of them), so its key partitions cannot be merged "
+                f"anew; resume it with executors={was}, or from an aligned checkpoint (a savepoint)"
+            )
 
 
 def _in_flight(restored) -> dict[str, dict[int, int]]:

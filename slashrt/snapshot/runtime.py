@@ -287,13 +287,7 @@ class Checkpointing:
             states = {step: state for (step, _), state in self.restored.states.items()}
             logs = {step: states.pop(step) for step in list(states) if _kind(states[step]) == LOG_KIND}
             for step in [step for step in states if _kind(states[step]) == channel_state.CHANNEL_KIND]:
-                source, segments = channel_state.restored(states.pop(step), step)
-                if source not in self.sources:
-                    raise SnapshotError(
-                        f"checkpoint {number} holds in-flight records of source {source!r}, which this dataflow does not "
-                        "have: restore it into the dataflow that wrote it"
-                    )
-                self.sources[source].in_flight = segments
+                self._restore_channel(number, *channel_state.restored(states.pop(step), step))
             if logs and self.loops is None:
                 raise SnapshotError(
                     f"checkpoint {number} holds back-edge logs of loops ({', '.join(sorted(logs))}) but this dataflow "
@@ -307,12 +301,37 @@ class Checkpointing:
         for sink in self.sinks:
             await recover_async(sink, number)
 
+    def _restore_channel(self, number: int, channel: str, segments: list) -> None:
+        """What an unaligned checkpoint held in flight on `channel` (a source's: its feeder posts
+        it first)."""
+        if channel not in self.sources:
+            raise SnapshotError(
+                f"checkpoint {number} holds in-flight records of source {channel!r}, which this dataflow does not "
+                "have: restore it into the dataflow that wrote it"
+            )
+        self.sources[channel].in_flight = segments
+
+    async def replay_input(self, inp) -> None:
+        """Before the executor computes anything of input `inp`: what a restored checkpoint held
+        in flight on it, if it is not posted into its ring again (a peer's channel, on a cluster)."""
+
     async def _restore_rescaled(self, progress) -> None:
         number = self.restored.number
         for step_id, node in self.nodes.items():  # sources start afresh on their new shares
             if step_id in self.rescaled:
                 check(self.rescaled[step_id], step_id, node.STATE_KIND, node.STATE_VERSION)
                 node.restore(self.rescaled[step_id])
+        from slashrt.snapshot.rescale import in_flight_between
+
+        for window, pieces in in_flight_between(self.restored).items():  # to their keys' new owners
+            node = self.nodes.get(f"{window}.route") or self.nodes.get(window)
+            if getattr(node, "adopt_in_flight", None) is None:
+                raise SnapshotError(
+                    f"checkpoint {number} holds records in flight to window {window!r}, which this dataflow does "
+                    "not have: restore it into the dataflow that wrote it"
+                )
+            for rows, watermark in pieces:
+                await node.adopt_in_flight(rows, watermark)
         if progress is not None:
             progress.recount()
         for sink in self.sinks:

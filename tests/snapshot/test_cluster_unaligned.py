@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import slashrt
-from slashrt import Dataflow, Tumbling
+from slashrt import Dataflow, Sliding, Tumbling
 from slashrt.ops.sinks import Collect
 from slashrt.snapshot import SnapshotStore
 from slashrt.snapshot.alignment import BarrierAligner, Snapshot
@@ -35,9 +35,15 @@ from tests.snapshot.test_cluster_checkpoints import child, published, reference 
 SMALL_RINGS = {"slots": 8, "slot_size": 1024, "partitions": 16}
 
 
-def in_flight(checkpoint) -> int:
-    return sum(len(state.arrays["records"]) for state in checkpoint.states.values()
-               if state.meta.get("kind") == CHANNEL_KIND)
+def in_flight(checkpoint, sources=True) -> int:
+    """Records in flight in the sources' rings (`sources`), or else between executors: on the
+    peers' channels and in the SSB shippers' queues (a delta row counts the records folded into it)."""
+    flying = 0
+    for state in checkpoint.states.values():
+        if state.meta.get("kind") == CHANNEL_KIND and (state.meta["source"] in checkpoint.meta["sources"]) == sources:
+            records = state.arrays["records"]
+            flying += int(records["count"].sum()) if "epoch" in records.dtype.names else len(records)
+    return flying
 
 
 def counting(pace) -> tuple[Dataflow, Collect]:
@@ -74,14 +80,20 @@ def test_an_unaligned_cluster_checkpoint_holds_what_was_in_flight_and_a_resume_r
             continue  # taken after the end: the window may have fired
         counted = sum(int(array.sum()) for (step, _), state in checkpoint.states.items() if step.endswith("window_1")
                       for name, array in state.arrays.items() if name.endswith(".counts"))
-        # computed + in flight = fed, over both executors: nothing lost, nothing twice
-        assert counted + in_flight(checkpoint) == fed, (n, counted, in_flight(checkpoint), fed)
+        # computed + in flight (in the sources' rings, between executors) = fed, over both
+        # executors: nothing lost, nothing twice
+        flying = in_flight(checkpoint) + in_flight(checkpoint, sources=False)
+        assert counted + flying == fed, (n, counted, in_flight(checkpoint), in_flight(checkpoint, False), fed)
         if in_flight(checkpoint) and fed < len(data):
             middle.append(n)
-    assert len(middle) >= 2, store.checkpoints()  # taken while records were in flight
-    # on 2 executors: each replays its in-flight records once, then feeds on; on 3 (rescaled): each
-    # old executor's share starts again at its first record in flight (its own count of them)
-    for executors, n in [(2, middle[0]), (3, middle[1])]:
+    # taken while records were in flight, at the sources and between executors
+    between = [n for n in middle if in_flight(store.load(n), sources=False)]
+    assert len(middle) >= 2 and between, store.checkpoints()
+    # on 2 executors each replays its in-flight records once (its feeders post theirs, its lanes
+    # compute what its peers' channels held, its shippers queue theirs first), then goes on; on
+    # 3 (rescaled) each old executor's share starts again at its first record in flight, and the
+    # records in flight between executors go to their keys' new owners
+    for executors, n in [(2, middle[0]), (2, between[-1]), (3, between[-1])]:
         job, out = counting(Paced())
         slashrt.run(job, {"r": data}, executors=executors, mode=mode, transport=transport, checkpoint_dir=tmp_path,
                     checkpoint={"keep": 1000}, resume_from=n, **SMALL_RINGS)
@@ -150,6 +162,116 @@ def test_with_a_slow_step_unaligned_checkpoints_keep_their_cadence_where_aligned
     assert middle > aligned_at_most, (middle, fed)
 
 
+class SlowCalls:
+    """A step after an exchange (on a window's results) taking `seconds` a row, at most `cap` a
+    call: its lane's peers' channels, and the SSB shippers' queues before them, stay full."""
+
+    def __init__(self, seconds: float, cap: float):
+        self.seconds, self.cap = seconds, cap
+
+    def __call__(self, batch):
+        time.sleep(min(self.seconds * len(batch), self.cap))
+        return np.ones(len(batch), bool)
+
+
+def two_stages(slow) -> tuple[Dataflow, Collect]:
+    """Counts per key and 10 ms, the slow step on them (lane 1: after the first exchange), their
+    sums over the whole stream (stage 2): the sums are how many records went in."""
+    job = Dataflow("xcount")
+    out = Collect(transactional=True)
+    job.source("r", _cluster_child.SCHEMA, time="t").window(Tumbling(ms=10)).count(key="k").filter(
+        slow, name="slow").window(Tumbling(ms=10**9)).sum("count", key="k").sink(out, name="out")
+    return job, out
+
+
+def channel_parts(checkpoint, kind: str) -> int:
+    """Parts of records in flight on the peers' channels (`kind` "from") or in the exchanges'
+    queues ("to")."""
+    return sum(1 for (step, _), state in checkpoint.states.items()
+               if state.meta.get("kind") == CHANNEL_KIND and step.split(".")[-2].startswith(kind))
+
+
+@pytest.mark.parametrize("mode,transport", [("slash", "shm"), ("uppar", "tcp")])
+def test_a_slow_step_after_an_exchange_is_overtaken_on_the_peers_channels_and_a_resume_is_exact(
+        tmp_path, mode, transport):
+    data = stream()[:60_000]
+    job, out = two_stages(SlowCalls(80e-6, 0.004))
+    slashrt.run(job, {"r": data}, executors=2, mode=mode, transport=transport, checkpoint_dir=tmp_path, **RINGS,
+                checkpoint={"interval": 0.02, "keep": 1000, "alignment_timeout": 0})
+    assert int(out.records["sum_count"].sum()) == len(data)
+    store = SnapshotStore(tmp_path, job="xcount", keep=1000)
+    checkpoints = {n: store.load(n) for n in store.checkpoints()}
+    # barriers overtook the backlog of the slow lane's channels (they waited in its rings), and
+    # in SSB the deltas the shippers queued in front of them
+    overtook = [n for n, c in checkpoints.items() if channel_parts(c, "from")]
+    assert overtook, {n: sorted(step for step, _ in c.states) for n, c in checkpoints.items()}
+    queued = [n for n, c in checkpoints.items() if channel_parts(c, "to")]
+    assert mode == "slash" or not queued, queued  # (UpPar sends as it computes: no queue)
+    # a resume from one replays each channel's records once: its lane computes what its peers'
+    # channels held, its shippers queue theirs first. Rescaled (to 3 in the other mode, to 1),
+    # they go to their keys' new owners, and the first windows' partitions merge even where
+    # watermarks in flight had left their executors' leaders fired up to different times
+    n = (sorted(set(overtook) & set(queued)) or overtook)[-1]
+    other = {"slash": "uppar", "uppar": "slash"}[mode]
+    expected = np.bincount(data["k"] - data["k"].min())
+    for executors, how in [(2, mode), (3, other), (1, mode)]:
+        job, out = two_stages(SlowCalls(0, 0))
+        slashrt.run(job, {"r": data}, executors=executors, mode=how, transport=transport, checkpoint_dir=tmp_path,
+                    **RINGS, checkpoint={"keep": 1000}, resume_from=n)
+        got = np.zeros_like(expected)
+        np.add.at(got, out.records["k"] - data["k"].min(), out.records["sum_count"])
+        assert np.array_equal(got, expected), (executors, how, n)
+
+
+async def test_a_shippers_barrier_overtakes_what_it_queued_since_the_barrier_before_it():
+    from slashrt._buffer import Control
+    from slashrt.ops.ssb_window import Shipper
+    from slashrt.snapshot.channel_state import DATA, WATERMARK
+
+    def fifo(shipper):
+        return [(kind, value if kind is not None else value.tolist()) for kind, value in shipper._fifo]
+
+    a, b, c = (np.arange(k, k + 2) for k in (0, 10, 20))
+    shipper = Shipper(1, sender=None)
+    await shipper.rows(a)
+    shipper.barrier(4)
+    await shipper.rows(b)
+    shipper.watermark(7)
+    # aligned barrier 5 queued behind them, then past its timeout moved ahead: never ahead of 4
+    shipper.barrier(5)
+    await shipper.rows(c)
+    flying = shipper.overtake(5)
+    assert [(k, v.tolist() if k == DATA else v) for k, v in flying] == [(DATA, [10, 11]), (WATERMARK, 7)]
+    assert fifo(shipper) == [(None, [0, 1]), (Control.BARRIER, 4), (Control.BARRIER, 5), (None, [10, 11]),
+                             (Control.WATERMARK, 7), (None, [20, 21])]
+    shipper.barrier(5)  # (its forward, later: queued once)
+    assert shipper.overtake(5) == [] and len(shipper._fifo) == 6
+    # barrier 6 not queued yet: ahead of everything since barrier 5
+    assert [k for k, _ in shipper.overtake(6)] == [DATA, WATERMARK, DATA]
+    assert fifo(shipper)[3] == (Control.BARRIER, 6)
+    restored = Shipper(1, sender=None)
+    restored.requeue(flying)
+    assert fifo(restored) == [(None, [10, 11]), (Control.WATERMARK, 7)] and restored.queued_bytes == b.nbytes
+
+
+@pytest.mark.parametrize("window,timeout,overtakes", [
+    (Tumbling(ms=10), "auto", True), (Sliding(20, 10), "auto", False), (Sliding(20, 10), 0, True),
+])
+def test_exchanges_overtake_by_default_unless_a_window_slides(window, timeout, overtakes):
+    """A sliding window's leaders fired up to different times cannot be merged on another
+    executor count: under the default its exchanges align (its checkpoints stay rescalable)."""
+    from slashrt._plan import ClusterRole, build_plan
+    from slashrt.snapshot.cluster import exchanges_may_overtake
+    from slashrt.snapshot.coordinator import CheckpointConfig
+    from slashrt.ssb.partitions import Partitioning
+
+    job = Dataflow("w")
+    job.source("r", _cluster_child.SCHEMA, time="t").window(window).count(key="k").sink(Collect())
+    plan = build_plan(job, ClusterRole(0, Partitioning(8, 2)))
+    config = CheckpointConfig.from_options(interval=0.1, alignment_timeout=timeout)
+    assert exchanges_may_overtake(plan, config) is overtakes
+
+
 def test_the_aligner_counts_overtaken_inputs_as_delivered():
     aligner = BarrierAligner(["s", "p"], clock=lambda: 1.0)
     assert aligner.overtake_inputs(["s"], 3) == [] and aligner.channels.blocked == {"s"}
@@ -176,6 +298,25 @@ def test_bench_checkpoint_slow_step_on_a_cluster_reports_the_cadence(capsys):
     lowest, highest = (math.floor((result["stream_s"] + d) / 0.05 + 1e-9) for d in (-5e-4, 5e-4))
     assert lowest <= result["checkpoints_expected"] <= highest, result
     assert result["checkpoints_completed"] >= result["unaligned"] >= 1
+
+
+def test_bench_checkpoint_slow_after_the_exchange_reports_the_cadence_and_its_refusals(capsys):
+    import json
+
+    from slashrt.cli import main
+
+    args = ["bench", "checkpoint", "--slow-step-ms", "2", "--slow-after", "exchange", "--events", "300000",
+            "--interval", "0.05", "--alignment-timeout", "0", "--executors", "2", "--json"]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["correct"] is True and result["slow_after"] == "exchange" and result["executors"] == 2
+    assert result["checkpoints_completed"] >= result["unaligned"] >= 1
+    one_executor = [("1" if args[i - 1] == "--executors" else a) for i, a in enumerate(args)]
+    no_slow_step = args[:2] + args[4:]
+    for given, sentence in [(one_executor, "--slow-after exchange needs a cluster: give --executors 2 or more"),
+                            (no_slow_step, "--slow-after places the slow step: give --slow-step-ms too")]:
+        assert main(given) == 2
+        assert sentence in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("timeout,unaligned_after", [("auto", None), (0.05, 0.05), (None, None)])

@@ -15,6 +15,7 @@ from slashrt._plan import ClusterRole, build_plan
 from slashrt.errors import OperatorError, SnapshotError
 from slashrt.progress.frontier import END_TIME
 from slashrt.ops._node import Node
+from slashrt.ops.window import NO_TIME
 from slashrt.ops.sources import ChannelFeeder, feed_array
 from slashrt.ops.ssb_window import SsbWindowAggregate
 from slashrt.snapshot import State, decode_state, encode_state
@@ -319,7 +320,7 @@ def test_ssb_state_cut_by_partition_and_reassigned_fires_the_same_windows(
     assert got.tolist() == reference.tolist()
 
 
-async def test_partitions_of_leaders_that_fired_different_windows_are_refused():
+async def test_partitions_of_leaders_that_fired_different_sliding_windows_are_refused():
     parts = []
     for fired_to in (0, 100):
         op, _ = ssb(Partitioning(4, 1))
@@ -327,6 +328,31 @@ async def test_partitions_of_leaders_that_fired_different_windows_are_refused():
         parts.append(split_partitions(op.snapshot(), op.partitioning)[0])
     with pytest.raises(SnapshotError, match=r"step 'w\.agg': .*fired windows up to different times .*not from one consistent"):
         merge_partitions(parts, Partitioning(4, 2), 0)
+
+
+@pytest.mark.parametrize("kind", ["count", "sum"])
+async def test_partitions_of_leaders_that_fired_tumbling_windows_up_to_different_times_merge_exactly(kind):
+    """An unaligned checkpoint's leaders may have fired up to different times (watermarks in
+    flight to one of them): each old leader's partitions, merged on one new executor, fire every
+    window once, the later leader's fired ones never again."""
+    data = make_input(600, 3, 0)
+    before = Partitioning(4, 2)
+    owner = before.owner_of(data["k"])
+    reference, reference_rec = ssb(Partitioning(4, 1), window=Tumbling(ms=50), kind=kind)
+    await reference.merged.push_judged(Batch(data), NO_TIME)
+    await reference.merged.on_end()
+    parts, fired = [], []
+    for index, watermark in ((0, 400), (1, 150)):  # leader 0 fired windows up to 400, leader 1 up to 150
+        old, rec = ssb(before, index, window=Tumbling(ms=50), kind=kind)
+        await old.merged.push_judged(Batch(data[owner == index]), NO_TIME)
+        await old.merged.on_watermark(watermark)
+        fired += rec.batches
+        by_partition = split_partitions(old.snapshot(), before)
+        parts += [by_partition[p] for p in before.led_by(index).tolist()]
+    new, rec = ssb(Partitioning(4, 1), 0, window=Tumbling(ms=50), kind=kind)
+    new.restore(merge_partitions(parts, Partitioning(4, 1), 0))
+    await new.merged.on_end()
+    assert rows(fired + rec.batches).tolist() == reference_rec.rows().tolist()
     with pytest.raises(SnapshotError, match="no partition state to give executor 1"):
         merge_partitions([], Partitioning(4, 2), 1)
 
