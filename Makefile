@@ -25,8 +25,11 @@ $(STAMP): pyproject.toml setup.py $(wildcard native/*.c native/*.h)
 demo: $(STAMP)
 	$(VENV)/bin/slashrt demo
 
+# the host suite on two workers (pytest-xdist; tests that share a JVM or the netns subnets keep
+# to one worker, tests/conftest.py): most tests wait for processes they started, so two use
+# the two cores where one left the second mostly idle
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadgroup
 	bash scripts/rdma-tests.sh $(VENV)
 
 clean:

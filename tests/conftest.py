@@ -3,6 +3,19 @@
 import pytest
 import structlog
 
+# Tests that share something across processes run on one worker when the suite runs in several
+# (`make test`: pytest-xdist, --dist loadgroup): Spark's session is one JVM per worker, and the
+# network-namespace hosts draw their subnets at random from 200
+_GROUPS = {"tests/spark/": "spark", "tests/cluster/test_netns.py": "netns"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        for prefix, group in _GROUPS.items():
+            if path.startswith(prefix):
+                item.add_marker(pytest.mark.xdist_group(group))
+
 
 @pytest.fixture(autouse=True)
 def _reset_structlog():
