@@ -134,11 +134,14 @@ class Shipper:
 
     async def rows(self, rows: np.ndarray) -> None:
         """Queue delta rows, in FIFO order with what was queued before; wait for room."""
+        self._queue_rows(rows)
+        while self._queued > self.limit:
+            await self._sent.park()
+
+    def _queue_rows(self, rows: np.ndarray) -> None:
         self._queued += rows.nbytes
         self.peak_bytes = max(self.peak_bytes, self._queued)
         self._put(None, rows)
-        while self._queued > self.limit:
-            await self._sent.park()
 
     def watermark(self, watermark: int) -> None:
         if self._fifo and self._fifo[-1][0] is Control.WATERMARK:
@@ -187,8 +190,7 @@ class Shipper:
         anything new."""
         for kind, value in segments:
             if kind == DATA:
-                self._queued += value.nbytes
-                self._put(None, value)
+                self._queue_rows(value)
             else:
                 self._put(Control.WATERMARK, value)
 
