@@ -138,8 +138,30 @@ class ExchangeNode(Node):
         for peer, queue in self._queues.items():
             queue.append(n)
             self._lots[peer].unpark_all()
-        if log:
+        self.outbox = [] if log else None
+
+    def overtake(self, n: int) -> int:
+        """Unaligned checkpoint n: barrier n, still queued for a peer, goes ahead of the rows
+        queued since the barrier before it (never past another barrier); those rows now ship
+        after it, computed before the snapshot: they are logged in `outbox` (from now on, with
+        what ships until `take_outbox`), records in flight at the cut. Returns the rows moved."""
+        if self.outbox is None:
             self.outbox = []
+        moved = 0
+        for peer, queue in self._queues.items():
+            items = list(queue)
+            at = next((i for i, item in enumerate(items) if isinstance(item, int) and item == n), None)
+            if at is None:  # sent already (or never queued: the exchange ended)
+                continue
+            since = max((i for i in range(at) if isinstance(items[i], int)), default=-1) + 1
+            rows = items[since:at]
+            if not rows:
+                continue
+            queue.clear()
+            queue.extend(items[:since] + [n] + rows + items[at + 1:])
+            self.outbox[:0] = [(peer, r) for r in rows]
+            moved += sum(len(r) for r in rows)
+        return moved
 
     def take_outbox(self) -> tuple[np.ndarray, np.ndarray]:
         """(owners, rows) shipped since the last barrier, and stop logging."""
@@ -150,24 +172,49 @@ class ExchangeNode(Node):
 
     def reship(self, owners: np.ndarray, rows: np.ndarray) -> None:
         """After a restore: ship again what a checkpoint's outbox holds, counted in flight at each row's time."""
-        times = np.stack([rows[n] for n in self._times], axis=1)
-        keys, inverse = np.unique(times, axis=0, return_inverse=True)
-        inverse = inverse.ravel()
-        for i, key in enumerate(keys):
-            self.clock.in_flight(self, Timestamp(int(key[0]), tuple(int(c) for c in key[1:])), int((inverse == i).sum()))
+        self.count_in_flight(rows)
         for owner in np.unique(owners).tolist():
             self._queues[owner].append(rows[owners == owner])
             self._lots[owner].unpark_all()
 
+    def requeue(self, channel: str, segments: list) -> bool:
+        """After a restore: the rows an unaligned checkpoint logged for peer j (its part
+        `<exchange>.to<j>.channel`: shipped after the barrier, computed before the snapshot)
+        ship again, counted in flight; False if `channel` is not one of this exchange's."""
+        prefix = f"{self.step_id}.to"
+        if not channel.startswith(prefix) or not channel[len(prefix):].isdigit():
+            return False
+        rows = [records for _, records in segments if len(records)]
+        if rows:
+            rows = np.concatenate(rows)
+            self.reship(np.full(len(rows), int(channel[len(prefix):]), np.int64), rows)
+        return True
+
+    def count_in_flight(self, rows: np.ndarray) -> None:
+        """Count `rows` (shipped rows, their times in the hidden columns) in flight at their times:
+        after a restore, records on their way, which their receiver takes off again (`arrived`)."""
+        times = np.stack([rows[n] for n in self._times], axis=1)
+        keys, inverse = np.unique(times, axis=0, return_inverse=True)
+        counts = np.bincount(inverse.ravel(), minlength=len(keys))
+        for key, count in zip(keys.tolist(), counts.tolist()):
+            self.clock.in_flight(self, Timestamp(key[0], tuple(key[1:])), count)
+
     async def _ship(self, peer: int) -> None:
         queue, lot, sender = self._queues[peer], self._lots[peer], self.senders[peer]
+        per_slot = max(1, sender.spec.payload_capacity // self.exchange_dtype.itemsize)
         while True:
             while queue:
-                # what queued meanwhile goes as one (fuller slots, fewer batches at the peer),
-                # up to a checkpoint barrier (an int), which goes in band after it
-                rows = []
-                while queue and not isinstance(queue[0], int):
-                    rows.append(queue.popleft())
+                # what queued meanwhile goes as one slot at a time (fuller slots, fewer batches
+                # at the peer), up to a checkpoint barrier (an int), which goes in band after
+                # it; the rest waits in the queue, where a late barrier can overtake it
+                rows, count = [], 0
+                while queue and not isinstance(queue[0], int) and count < per_slot:
+                    piece = queue.popleft()
+                    if count + len(piece) > per_slot:
+                        queue.appendleft(piece[per_slot - count:])
+                        piece = piece[:per_slot - count]
+                    rows.append(piece)
+                    count += len(piece)
                 if rows:
                     await sender.send_records(rows[0] if len(rows) == 1 else np.concatenate(rows))
                 elif queue:  # (rows may have queued while the send above waited)
