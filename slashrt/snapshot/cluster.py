@@ -53,7 +53,8 @@ lane k's turns once barrier n is in their rings (`_overtake_peers`: the buffers 
 and the deltas the SSB shippers queued for their channels (`_overtake_queued`: barrier n goes
 ahead of them). Those are its channel state; the inputs count as having delivered n, and the
 forwards that makes due go out at once. Not the channels between executors under the default
-where a window slides (`exchanges_may_overtake`). Graph flows always align.
+where a window slides (`exchanges_may_overtake`). Graph flows overtake on lane 0, with their
+exchanges' ship queues: `slashrt.snapshot.cluster_graph`.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class AgentCheckpointing(Checkpointing):
         self.feeding = {k: self.local + [i for i, lane in peer_inputs.items() if lane < k] for k in sorted(self.stages)}
         self.aligner = BarrierAligner(self.local + list(peer_inputs), clock=time.perf_counter)
         self.peer_inputs = peer_inputs
+        self._peer_lanes = set(peer_inputs.values())
         self._forwarded = dict.fromkeys(self.feeding, 0)  # stage -> the newest barrier it claimed to send
         # forwards go out one batch at a time, in the order they were claimed (`_due`), whichever
         # task sends them (the compute task's `_obey`, or `_forward` spawned by an overtake)
@@ -110,19 +112,18 @@ class AgentCheckpointing(Checkpointing):
         self._released = trio.Event()  # "finish" (the final checkpoint is committed) or "stop"
         self._body = trio.CancelScope()  # the executor's run (`running`), which "stop" cancels
         self.outbox = Outbox(plan)  # committed records of in-memory sinks, for the coordinator
-        # unaligned checkpoints overtake the sources' rings (lane 0), the peers' channels (lanes 1..)
-        # and the exchanges' queues (`_claim`); not graph flows (`UNALIGNED`)
-        self._overtakes = self.UNALIGNED and config.unaligned_after is not None
-        self._overtakes_exchanges = self._overtakes and exchanges_may_overtake(plan, config)
+        # unaligned checkpoints overtake the sources' rings (lane 0), the peers' channels (their
+        # lanes) and the exchanges' queues (`_claim`)
+        self._overtakes = config.unaligned_after is not None
+        self._overtakes_exchanges = self._overtakes and self._exchanges_may_overtake(plan, config)
         self._late: set[int] = set()  # checkpoints past their alignment timeout (`_overtaking` until taken)
         self._sources_overtaken: set[int] = set()
         self._scanned: dict[int, float] = {}  # lane -> when it last looked for barriers in its peers' rings
         self._in_flight: dict[str, list] = {}  # a restored checkpoint's channel states of peers' channels
-        if config.unaligned_after is not None and not self.UNALIGNED and index == 0:
-            getattr(log, "debug" if config.alignment_timeout == "auto" else "info")(
-                "graph flows on a cluster align their checkpoints: alignment_timeout is not used", executor=index)
 
-    UNALIGNED = True  # this kind of flow may take unaligned checkpoints
+    @staticmethod
+    def _exchanges_may_overtake(plan, config) -> bool:
+        return exchanges_may_overtake(plan, config)
 
     # -- the coordinator's messages ----------------------------------------------------------------
     def on_message(self, kind: str, n) -> None:
@@ -196,16 +197,21 @@ class AgentCheckpointing(Checkpointing):
         await trio.sleep(seconds)
         if self._still_aligning(n) and self.aligner.latest <= n and self._overtakes_exchanges:
             self._late.add(n)
-            for k, forwarded in self._forwarded.items():  # forwarded in time, still queued: moved ahead
-                if forwarded >= n:
-                    for exchange in self.stages[k]:
-                        self._overtake_queued(exchange, n)
+            self._overtake_forwarded(n)
         await super()._overtake_after(n, 0)
+
+    def _overtake_forwarded(self, n: int) -> None:
+        """Barrier n, forwarded in time and still queued in front of a channel: moved ahead."""
+        for k, forwarded in self._forwarded.items():
+            if forwarded >= n:
+                for exchange in self.stages[k]:
+                    self._overtake_queued(exchange, n)
 
     def between(self, lane: int = 0) -> None:
         """A lane between two batches: checkpoints past their alignment timeout overtake what its
         inputs hold in front of their barriers: lane 0 its sources' rings (`_overtake_sources`),
-        lane k its peers' stage-k channels (`_overtake_peers`), until the snapshot is taken."""
+        lane k its peers' stage-k channels (`_overtake_peers`; a graph flow's are all on lane 0),
+        until the snapshot is taken."""
         if not self._overtaking:
             return
         later = []
@@ -222,7 +228,7 @@ class AgentCheckpointing(Checkpointing):
                        for s in self.sources.values()):  # (else a source has no position to take yet)
                     self._sources_overtaken.add(n)
                     self._overtake_sources(n)
-            elif lane > 0 and self._overtakes_exchanges and \
+            if self._overtakes_exchanges and lane in self._peer_lanes and \
                     time.perf_counter() - self._scanned.get(lane, 0.0) >= self.SCAN_EVERY:
                 self._scanned[lane] = time.perf_counter()
                 self._overtake_peers(n, lane)
@@ -282,16 +288,20 @@ class AgentCheckpointing(Checkpointing):
         log.debug("checkpoint overtakes", checkpoint=n, executor=self.executor, inputs=overtaken,
                   in_flight=sum(len(c.arrays["records"]) for c in states.values()))
         outcomes = self.aligner.overtake_inputs(overtaken, n)
-        due = self._due(outcomes)  # claimed now: until they are sent every input stays held (`_block`)
+        self._forward_overtaken(outcomes)
         for outcome in outcomes:
             if isinstance(outcome, Abort):
                 self._decline(outcome)
             elif isinstance(outcome, Snapshot):  # every other input delivered n: every lane is idle
                 self._take(outcome.checkpoint, outcome.stats, running=True)
-        executor = self._executor
-        self._block(executor)
+        self._block(self._executor)
+
+    def _forward_overtaken(self, outcomes) -> None:
+        """The forwards overtaken inputs make due, claimed now (until they are sent every input
+        stays held: `_block`) and sent by `_forward`."""
+        due = self._due(outcomes)
         if due:
-            self._spawn(self._forward, executor, due)
+            self._spawn(self._forward, self._executor, due)
 
     async def _forward(self, executor, due) -> None:
         await self._send_forwards(due)
@@ -664,7 +674,6 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     checkpoint to restore). Pops the checkpoint options from `options`; refuses, in one sentence
     and before any agent starts, what clusters cannot checkpoint."""
     from slashrt._runtime import refuse_uncheckpointable
-    from slashrt.errors import DataflowError
     from slashrt.snapshot.cluster_graph import outbox_steps
     from slashrt.snapshot.loops import loop_feedbacks
     from slashrt.snapshot.operators import stateful_nodes

@@ -33,6 +33,15 @@ the exchange logs it (`Outbox`, a part per exchange), and the snapshot also take
 feedback queues hold (`BackEdgeLog.take`). A restore ships the outboxes again, counted in
 flight with the recount, then replays the feedback log before any new input.
 
+Unaligned (past `alignment_timeout`, `AgentCheckpointing.between` on lane 0, which computes
+every input): the sources' rings and the peers' channels whose barrier n is in the ring are
+overtaken (their buffers in front of n are channel state) and count as delivered, so the
+forwarding rule goes on at once; a late barrier goes ahead of the rows its exchange queued to
+ship since the barrier before it (`ExchangeNode.overtake`), and those rows, with what ships until
+the snapshot, are logged like the loops' outboxes: parts `<exchange>.to<j>.channel` without
+loops (`_log_outboxes`), the `Outbox` part with them. A restore ships them again and counts the
+peers' channels' records in flight with the recount; lane 0 computes those first (`replay_input`).
+
 Stop with a savepoint: "savepoint" n is aligned as any checkpoint (its sources feed nothing
 after barrier n, and, like a "checkpoint" request, it wakes the executor to forward at once what
 ended sources owe). Nothing drains: notifications, open windows and the loops' log and outboxes
@@ -42,6 +51,9 @@ resume aborts.
 
 from __future__ import annotations
 
+import numpy as np
+
+from slashrt.snapshot import channel_state
 from slashrt.snapshot.alignment import Abort, Snapshot
 from slashrt.snapshot.cluster import AgentCheckpointing
 from slashrt.snapshot.operators import check, tagged
@@ -92,9 +104,9 @@ def upstream_inputs(exchanges, local: list[str], peer_inputs) -> dict[str, list[
 class GraphAgentCheckpointing(AgentCheckpointing):
     """`AgentCheckpointing` for a graph flow (see the module doc)."""
 
-    # their barriers cross the ship queues and held deliveries of pointstamp progress; an
-    # unaligned cut there (and through loops' outboxes) is not built: they always align
-    UNALIGNED = False
+    @staticmethod
+    def _exchanges_may_overtake(plan, config) -> bool:
+        return True  # (a graph flow's checkpoint is never rescaled: no leaders to merge)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -108,14 +120,22 @@ class GraphAgentCheckpointing(AgentCheckpointing):
             self.nodes.update(self.outboxes)
 
     async def restore(self, progress=None) -> None:
-        """The nodes, then (loops) the outboxes shipped again and counted in flight, before the
-        feedback queues' log is replayed (`replay`): one batch of counts with the recount."""
+        """The nodes, then the outboxes shipped again and counted in flight (an unaligned
+        checkpoint's `<exchange>.to<j>` channel parts, as they are restored: `requeue`), and
+        the records in flight on the peers' channels counted (their lanes compute them first:
+        `replay_input`), before the feedback queues' log is replayed (`replay`): one batch of
+        counts with the recount."""
         self.progress = progress
         states = {} if self.restored is None else self.restored.states
         outboxes = {key: states.pop(key) for key in list(states) if key[0].endswith(OUTBOX)}
         await super().restore(progress)
         for (step_id, _), state in outboxes.items():
             self.outboxes[step_id].restore(state)
+        exchanges = {x.step_id: x for x in self.exchanges}
+        for name, segments in self._in_flight.items():
+            rows = [records for kind, records in segments if kind == channel_state.DATA and len(records)]
+            if rows:
+                exchanges[name.rpartition(".from")[0]].count_in_flight(np.concatenate(rows))
 
     def on_message(self, kind: str, n) -> None:
         super().on_message(kind, n)
@@ -133,6 +153,12 @@ class GraphAgentCheckpointing(AgentCheckpointing):
         super().between(lane)
 
     async def _obey(self, executor, outcomes) -> None:
+        self._forward_overtaken(outcomes)
+        await Checkpointing._obey(self, executor, outcomes)
+
+    def _forward_overtaken(self, outcomes) -> None:
+        """Barrier n into the ship queues of every exchange whose upstream inputs all delivered
+        it (or were overtaken), of all of them for a snapshot `outcomes` make due."""
         for outcome in outcomes:
             if isinstance(outcome, Snapshot):
                 if outcome.checkpoint not in self._requested:  # a peer's barrier overtook the request
@@ -140,7 +166,11 @@ class GraphAgentCheckpointing(AgentCheckpointing):
                     self._request(outcome.checkpoint)
                 self._send_barrier(outcome.checkpoint, self.exchanges)
         self._advance()
-        await Checkpointing._obey(self, executor, outcomes)
+
+    def _overtake_forwarded(self, n: int) -> None:
+        for x in self.exchanges:
+            if self._sent[x.step_id] >= n:
+                x.overtake(n)
 
     def _advance(self) -> None:
         """Forward each barrier on each exchange whose upstream inputs all delivered it; take
@@ -166,6 +196,8 @@ class GraphAgentCheckpointing(AgentCheckpointing):
             if self._sent[x.step_id] < n:
                 self._sent[x.step_id] = n
                 x.forward_barrier(n, log=self.loops is not None)
+                if n in self._late:  # unaligned: ahead of what is queued, which is logged
+                    x.overtake(n)
                 if n not in self._taken and self.progress is not None:
                     self.progress.hold_deliveries()
                     self._holding = max(n, self._holding or 0)
@@ -173,11 +205,28 @@ class GraphAgentCheckpointing(AgentCheckpointing):
     def _take(self, n, alignment, running: bool = False) -> None:
         # loops: the log of the feedback queues is what they hold now (deliveries are held
         # since the barriers went out, and the cut is this executor's, not a barrier's round)
+        if self.loops is None:  # (with loops, the outboxes are parts of their own: `Outbox`)
+            self._log_outboxes(n)
         super()._take(n, alignment, running=False)
         self._release(n)
 
+    def _log_outboxes(self, n: int) -> None:
+        """Unaligned n: what each exchange logged since its barrier overtook its queue, per
+        peer, as channel parts `<exchange>.to<j>` (shipped again on a restore: `requeue`)."""
+        for x in self.exchanges:
+            owners, rows = x.take_outbox()
+            for owner in np.unique(owners).tolist():
+                name = f"{x.step_id}.to{owner}"
+                segments = [(channel_state.DATA, rows[owners == owner])]
+                self._channels.setdefault(n, {})[name] = channel_state.to_state(name, n, segments, x.exchange_dtype)
+                self._unaligned.add(n)
+
     def _decline(self, outcome: Abort) -> None:
         super()._decline(outcome)
+        if self.loops is None:
+            for x in self.exchanges:  # what its overtaking barrier had them log (not a newer one's)
+                if self._sent[x.step_id] <= outcome.checkpoint:
+                    x.take_outbox()
         self._release(outcome.checkpoint)
 
     def _release(self, n: int) -> None:

@@ -5,11 +5,12 @@ union, an exchange by key into a stateful user operator with notifications, a ke
 another key behind it (an exchange chained after an exchange), connect(...).apply, three
 transactional CSV sinks.
 
-- a checkpointed run equals one executor's run, its checkpoints in the middle of the stream
-  acked by every (step, executor);
+- an aligned checkpointed run equals one executor's run, its checkpoints in the middle of the
+  stream acked by every (step, executor), none holding channel state;
 - exactly once under fire: an agent SIGKILLed at chosen points (during alignment, during the
   asynchronous write, between pre-commit and commit); automatic recovery (`restart=`)
-  publishes exactly the failure-free output;
+  publishes exactly the failure-free output (the default alignment timeout, half the 10 ms
+  interval, makes the checkpoints that align slower unaligned);
 - loops (the ABS seed's algorithm 2 on a cluster): connected components killed while an epoch
   iterates recover to scipy's labels; a loop shipping every round across executors, killed and
   resumed with `resume_from="latest"`, is exactly once (its checkpoints hold the feedback
@@ -67,11 +68,11 @@ def mid_job(checkpoint) -> bool:
 
 def test_a_checkpointed_graph_flow_on_a_cluster_equals_one_executor(tmp_path, reference):
     executors, transport = 2, "shm"  # (3 executors over tcp: the restart test below)
-    # alignment_timeout 0: graph flows on a cluster align all the same (no unaligned cut through
-    # their ship queues and held deliveries; a log line says so), so no checkpoint holds channel state
+    # aligned (no alignment timeout): no checkpoint holds channel state (unaligned ones:
+    # test_graph_cluster_unaligned.py)
     result = slashrt.run(
         _graph_flow.flow(tmp_path / "out"), _graph_flow.inputs(), executors=executors, transport=transport,
-        checkpoint={**CHECKPOINTS, "alignment_timeout": 0}, checkpoint_dir=tmp_path / "chk", **RINGS,
+        checkpoint={**CHECKPOINTS, "alignment_timeout": None}, checkpoint_dir=tmp_path / "chk", **RINGS,
     )
     assert outputs(tmp_path / "out") == reference
     store = SnapshotStore(tmp_path / "chk", job="graph-ckpt", keep=1000)

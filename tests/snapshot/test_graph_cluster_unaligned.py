@@ -1,0 +1,147 @@
+"""Unaligned checkpoints of graph flows on clusters (`GraphAgentCheckpointing`: pointstamp
+progress, exchanges chained after exchanges, loops), in real agent processes over shm and tcp.
+
+- a slow step after an exchange: past the alignment timeout (0: at once) barrier n overtakes
+  what the peers' channels hold in front of it (`<exchange>.from<j>.channel`) and what the
+  exchanges queued to ship (`<exchange>.to<j>.channel`); the output equals the reference, and a
+  resume from a checkpoint holding both computes each exactly once (the receiver's replayed
+  records, the sender's shipped again, each counted in flight until they arrive);
+- a loop that ships every round across executors, with every checkpoint unaligned: its parts
+  hold the feedback log, the outboxes and channel state, and a resume from the latest is exact;
+- the exchange's ship queue: barrier n moves ahead of the rows queued since the barrier before
+  it, never past another barrier, and those rows are logged (in flight at the cut).
+
+The kill trials of test_graph_cluster_checkpoints.py run with the default timeout (half their
+10 ms interval), so their checkpoints are unaligned whenever an alignment takes longer.
+"""
+
+import numpy as np
+import pytest
+
+import slashrt
+from slashrt.bench import chaos
+from slashrt.errors import SlashError
+from slashrt import Dataflow, Schema, Tumbling
+from slashrt.ops.sinks import Collect
+from slashrt.snapshot import SnapshotStore
+from slashrt.snapshot.channel_state import CHANNEL_KIND
+
+from tests.snapshot import _graph_flow
+from tests.snapshot.test_graph_cluster_checkpoints import RINGS as GRAPH_RINGS, chaos_env, published
+from tests.snapshot._paced import until_fired
+from tests.snapshot.test_cluster_unaligned import SlowCalls
+
+SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
+RINGS = {"slots": 16, "slot_size": 1024}
+PER_BUFFER = (1024 - 32) // SCHEMA.record_size
+N = 30_000  # per source: ~730 buffers, each ring (16 slots) wraps ~45 times
+
+
+def stream(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    out = np.zeros(N, SCHEMA.dtype)
+    out["t"] = np.arange(N) // 10
+    out["k"] = rng.integers(0, 1000, N)
+    out["v"] = rng.integers(0, 300, N)
+    return out
+
+
+INPUTS = {"a": stream(1), "b": stream(2)}
+
+
+def chained(slow) -> tuple[Dataflow, Collect]:
+    """Union, an exchange by k, the slow step, then a count per v over the whole stream (its
+    route: an exchange chained after the exchange): the counts are how many records went in."""
+    job = Dataflow("gcount")
+    out = Collect(transactional=True)
+    a, b = job.source("a", SCHEMA, time="t"), job.source("b", SCHEMA, time="t")
+    a.union(b).exchange(key="k").filter(slow, name="slow").window(Tumbling(ms=10**9)).count(key="v").sink(out, name="out")
+    return job, out
+
+
+def channel_parts(checkpoint, kind: str) -> int:
+    """Parts of records in flight on the peers' channels (`kind` "from") or in the exchanges'
+    ship queues ("to"), holding at least one record."""
+    return sum(1 for (step, _), state in checkpoint.states.items()
+               if state.meta.get("kind") == CHANNEL_KIND and step.split(".")[-2].startswith(kind)
+               and len(state.arrays["records"]))
+
+
+def counts(out: Collect) -> np.ndarray:
+    got = np.zeros(300, np.int64)
+    np.add.at(got, out.records["v"], out.records["count"])
+    return got
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_slow_step_after_an_exchange_is_overtaken_and_a_resume_from_its_channel_state_is_exact(tmp_path, transport):
+    expected = np.bincount(np.concatenate([INPUTS["a"]["v"], INPUTS["b"]["v"]]), minlength=300)
+    job, out = chained(SlowCalls(60e-6, 0.004))
+    result = slashrt.run(job, INPUTS, executors=2, transport=transport, checkpoint_dir=tmp_path, **RINGS,
+                         checkpoint={"interval": 0.02, "keep": 1000, "alignment_timeout": 0})
+    assert np.array_equal(counts(out), expected)
+    store = SnapshotStore(tmp_path, job="gcount", keep=1000)
+    checkpoints = {n: store.load(n) for n in store.checkpoints()}
+    assert all(c.meta.get("unaligned") for c in checkpoints.values()
+               if any(state.meta.get("kind") == CHANNEL_KIND for state in c.states.values()))
+    # barriers overtook the backlog of the peers' channels, and the rows queued to ship
+    overtook = [n for n, c in checkpoints.items() if channel_parts(c, "from")]
+    queued = [n for n, c in checkpoints.items() if channel_parts(c, "to")]
+    assert overtook and queued, {n: sorted(step for step, _ in c.states) for n, c in checkpoints.items()}
+    assert len([c for c in result.checkpoints if c["status"] == "completed"]) == len(checkpoints)
+    # a resume from one computes each record in flight once: the receiver replays what its
+    # peers' channels held, the sender ships again what it had queued behind the barrier
+    for n in sorted({(sorted(set(overtook) & set(queued)) or overtook)[-1], queued[0]}):
+        job, out = chained(SlowCalls(0, 0))
+        slashrt.run(job, INPUTS, executors=2, transport=transport, checkpoint_dir=tmp_path, **RINGS,
+                    checkpoint={"keep": 1000}, resume_from=n)
+        assert np.array_equal(counts(out), expected), n
+
+
+def test_a_loop_shipping_every_round_with_unaligned_checkpoints_killed_and_resumed_is_exactly_once(tmp_path, monkeypatch):
+    """Every round re-ships what the feedback brought back; every checkpoint is unaligned
+    (timeout 0): its parts hold the feedback queues' log, the exchanges' outboxes and what the
+    channels held in front of the barriers. Killed between pre-commit and commit of the third,
+    resumed from the latest: exactly the reference."""
+    inputs = {"a": _graph_flow.inputs()["a"]}
+    slashrt.run(_graph_flow.hop_flow(tmp_path / "ref"), inputs, checkpoint_dir=tmp_path / "ref-chk")
+    reference = published(tmp_path / "ref" / "hopped")
+    chaos_env(monkeypatch, tmp_path, "pre_commit:3")
+    options = dict(executors=2, transport="shm", checkpoint_dir=tmp_path / "chk", **GRAPH_RINGS,
+                   checkpoint={"interval": 0.01, "keep": 1000, "alignment_timeout": 0})
+    with pytest.raises(SlashError, match=r"executor \d was killed by signal 9 \(SIGKILL\)"):
+        slashrt.run(_graph_flow.hop_flow(tmp_path / "out", until_fired(tmp_path / "marks", "pre_commit:3")), inputs,
+                    **options)
+    store = SnapshotStore(tmp_path / "chk", job="hop-ckpt", keep=1000)
+    steps = {step for n in store.checkpoints() for (step, _), state in store.load(n).states.items()
+             if len(state.arrays.get("rows", ())) or len(state.arrays.get("records", ()))}
+    assert any(step.endswith(".channel") for step in steps), steps
+    latest = store.latest()
+    monkeypatch.delenv(chaos.KILLS_ENV)
+    result = slashrt.run(_graph_flow.hop_flow(tmp_path / "out"), inputs, resume_from="latest", **options)
+    assert result.resumed_from == latest.number
+    assert published(tmp_path / "out" / "hopped") == reference
+
+
+async def test_an_exchanges_barrier_overtakes_the_rows_queued_since_the_barrier_before_it():
+    from slashrt._dataflow import ExchangeSpec
+    from slashrt.ops.route import ExchangeNode
+    from slashrt.ssb.partitions import Partitioning
+
+    spec = ExchangeSpec("x", "up", "k", SCHEMA.dtype, 0)
+    node = ExchangeNode(spec, index=0, partitioning=Partitioning(8, 2))
+    node.add_peer(1, sender=None)
+    rows = [np.zeros(n, node.exchange_dtype) for n in (1, 2, 3, 4)]
+    queue = node._queues[1]
+    queue.extend([rows[0], 6, rows[1], rows[2], 7, rows[3]])
+    node.forward_barrier(8)  # aligned (no log), behind rows[3]
+    assert node.overtake(7) == 5  # ahead of rows[1] and rows[2], not past barrier 6
+    assert [x if isinstance(x, int) else len(x) for x in queue] == [1, 6, 7, 2, 3, 4, 8]
+    owners, logged = node.take_outbox()
+    assert owners.tolist() == [1] * 5 and len(logged) == 5 and node.outbox is None
+    assert node.overtake(7) == 0  # already ahead: nothing to move
+    node.outbox = [(1, rows[0])]  # (logging since an earlier overtake) the moved rows join it
+    assert node.overtake(8) == 9 and [len(r) for _, r in node.outbox] == [2, 3, 4, 1]
+    assert [x if isinstance(x, int) else len(x) for x in queue] == [1, 6, 7, 8, 2, 3, 4]
+    node.forward_barrier(9, log=False)  # a new barrier: a log left from n ends
+    assert node.outbox is None
