@@ -276,9 +276,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="instead: YSB with a step after the source sleeping MS per buffer (default rings; with "
                      "--executors N on each executor); report "
                      "whether checkpoints keep their cadence (checkpoints_expected, _completed, cadence_ratio, duration_p99_s)")
-    chk.add_argument("--slow-after", choices=["source", "exchange"], default="source",
+    chk.add_argument("--slow-after", choices=["source", "exchange", "graph"], default="source",
                      help="with --slow-step-ms: the slow step right after the source (MS a buffer), or behind the "
-                     "exchange (a cluster: MS per 10 ms window of YSB's counts, whose sums per 10 s window are the result)")
+                     "exchange (a cluster: MS per 10 ms window of YSB's counts, whose sums per 10 s window are the result), "
+                     "or behind an exchange by ad in YSB written as a graph flow (a cluster: MS a buffer)")
     chk.add_argument("--alignment-timeout", type=_alignment_timeout, default="auto", metavar="S|auto|none",
                      help="with --slow-step-ms: take a checkpoint still aligning after S seconds unaligned (auto: half "
                      "the interval, the default; none: always aligned; 0: unaligned at once)")

@@ -4,7 +4,7 @@ until it is written and committed), on the same records; each run checked agains
 numpy reference.
 
     slashrt bench checkpoint [--query ysb|nexmark] [--interval S] [--events N] [--executors N] [--json]
-    slashrt bench checkpoint --slow-step-ms MS [--slow-after source|exchange] [--alignment-timeout S|auto|none]
+    slashrt bench checkpoint --slow-step-ms MS [--slow-after source|exchange|graph] [--alignment-timeout S|auto|none]
                              [--interval S] [--json]
         (the cadence under backpressure instead: `slashrt.bench.checkpoint_cadence`)
 

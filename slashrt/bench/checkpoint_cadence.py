@@ -7,7 +7,10 @@ default rings (96 slots): the rings fill and every aligned barrier queues behind
 campaign in 10 ms windows, the slow step on each window's counts (`slow_step_ms` a window, on
 the executor owning its campaigns), then their sums per 10 s window (YSB's result): the
 channels between executors and the SSB shippers' queues back up, and an aligned barrier waits
-behind them. Checkpoints every `interval` with `max_in_flight` 1 and the given
+behind them. `--slow-after graph` (a cluster) runs YSB as a graph flow (pointstamp progress):
+an exchange by ad right after the source, the slow step behind it (`slow_step_ms` per buffer of
+records), then YSB's views, campaigns and windows (the window's route: an exchange chained after
+the first); the peers' channels back up and the ship queues grow behind them. Checkpoints every `interval` with `max_in_flight` 1 and the given
 `alignment_timeout` ("auto": half the interval; None: always aligned; 0: unaligned at once,
 docs/architecture.md "Unaligned checkpoints"). Reports `checkpoints_expected` (the run's
 length over the interval; on a cluster `stream_s`, from the slow step's first call on any
@@ -51,10 +54,10 @@ def bench(*, slow_step_ms: float, interval: float, events: int | None = None, al
           executors: int = 1, query: str = "ysb", slow_after: str = "source", **options) -> dict:
     if query != "ysb":
         raise OptionError("bench checkpoint --slow-step-ms measures YSB: drop --query")
-    if slow_after not in ("source", "exchange"):
-        raise OptionError(f"bench checkpoint --slow-after must be source or exchange, got {slow_after!r}")
-    if slow_after == "exchange" and executors < 2:
-        raise OptionError("bench checkpoint --slow-after exchange needs a cluster: give --executors 2 or more")
+    if slow_after not in ("source", "exchange", "graph"):
+        raise OptionError(f"bench checkpoint --slow-after must be source, exchange or graph, got {slow_after!r}")
+    if slow_after != "source" and executors < 2:
+        raise OptionError(f"bench checkpoint --slow-after {slow_after} needs a cluster: give --executors 2 or more")
     per_buffer = (options.get("slot_size", DEFAULT_SLOT_SIZE) - FOOTER_SIZE) // ysb.YSB_SCHEMA.record_size
     calls = max(1, round(INTERVALS * interval / (slow_step_ms / 1000)))  # of the slow step on each executor
     if events is None:  # sized from the interval: the slow step alone takes INTERVALS of them (on each executor)
@@ -76,7 +79,8 @@ def bench(*, slow_step_ms: float, interval: float, events: int | None = None, al
         return np.ones(len(batch), bool)
 
     sink = Collect(transactional=True)
-    flow = ysb.dataflow(mapping, sink, step=slow) if slow_after == "source" else _behind_exchange(mapping, sink, slow)
+    flow = {"source": lambda: ysb.dataflow(mapping, sink, step=slow), "exchange": lambda: _behind_exchange(mapping, sink, slow),
+            "graph": lambda: _graph_flow(mapping, sink, slow)}[slow_after]()
     if slow_after == "exchange":  # windows fire a few at a time: no one call holds the slow lane for long
         options.setdefault("watermark_every", WATERMARK_EVERY)
     with tempfile.TemporaryDirectory(prefix="slashrt-cadence-") as directory:
@@ -118,4 +122,15 @@ def _behind_exchange(ad_to_campaign: np.ndarray, sink, step) -> Dataflow:
               .window(Tumbling(ms=SMALL_WINDOW_MS)).count(key="campaign_id").filter(step, name="step"))
     counts.with_column("t", lambda b: b["window_start"], dtype="i8").window(Tumbling(ms=ysb.WINDOW_MS), time="t").sum(
         "count", key="campaign_id", output="count").sink(sink, name="counts")
+    return flow
+
+
+def _graph_flow(ad_to_campaign: np.ndarray, sink, step) -> Dataflow:
+    """YSB as a graph flow with `step` behind an exchange by ad (its window's route is a second
+    exchange, chained after the first)."""
+    flow = Dataflow("ysb")
+    events = flow.source("events", ysb.YSB_SCHEMA, time="event_time").exchange(key="ad_id", name="by_ad")
+    (events.filter(step, name="step").filter(lambda b: b["event_type"] == ysb.VIEW, name="views")
+     .with_column("campaign_id", lambda b: ad_to_campaign[b["ad_id"]], dtype="i8")
+     .window(Tumbling(ms=ysb.WINDOW_MS)).count(key="campaign_id").sink(sink, name="counts"))
     return flow

@@ -12,8 +12,7 @@
   another count (arrays) each old executor's share starts again at its first record in flight;
 - `slashrt bench checkpoint --slow-step-ms --executors 2` reports the cadence over the stream;
 - the aligner counts overtaken inputs as delivered and their later barriers as stale;
-- graph flows keep aligning (one log line): test_graph_cluster_checkpoints.py runs one with
-  alignment_timeout=0, exact and without channel state.
+- graph flows' unaligned checkpoints (exchanges' ship queues, loops): test_graph_cluster_unaligned.py.
 """
 
 import time
@@ -300,20 +299,21 @@ def test_bench_checkpoint_slow_step_on_a_cluster_reports_the_cadence(capsys):
     assert result["checkpoints_completed"] >= result["unaligned"] >= 1
 
 
-def test_bench_checkpoint_slow_after_the_exchange_reports_the_cadence_and_its_refusals(capsys):
+@pytest.mark.parametrize("after", ["exchange", "graph"])
+def test_bench_checkpoint_slow_after_the_exchange_reports_the_cadence_and_its_refusals(capsys, after):
     import json
 
     from slashrt.cli import main
 
-    args = ["bench", "checkpoint", "--slow-step-ms", "2", "--slow-after", "exchange", "--events", "300000",
+    args = ["bench", "checkpoint", "--slow-step-ms", "2", "--slow-after", after, "--events", "300000",
             "--interval", "0.05", "--alignment-timeout", "0", "--executors", "2", "--json"]
     assert main(args) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["correct"] is True and result["slow_after"] == "exchange" and result["executors"] == 2
+    assert result["correct"] is True and result["slow_after"] == after and result["executors"] == 2
     assert result["checkpoints_completed"] >= result["unaligned"] >= 1
     one_executor = [("1" if args[i - 1] == "--executors" else a) for i, a in enumerate(args)]
     no_slow_step = args[:2] + args[4:]
-    for given, sentence in [(one_executor, "--slow-after exchange needs a cluster: give --executors 2 or more"),
+    for given, sentence in [(one_executor, f"--slow-after {after} needs a cluster: give --executors 2 or more"),
                             (no_slow_step, "--slow-after places the slow step: give --slow-step-ms too")]:
         assert main(given) == 2
         assert sentence in capsys.readouterr().err
