@@ -180,6 +180,7 @@ def summary(flow, result, executors: int) -> dict:
         "late_records": sum(result.late_records.values()),
         "outputs": {step: len(rows) for step, rows in result.outputs.items()},
         "checkpoints": len(completed),
+        "unaligned_checkpoints": sum(1 for c in completed if c["unaligned"]),
         "latest_checkpoint": completed[-1]["checkpoint"] if completed else None,
         "resumed_from": result.resumed_from,
         "stopped": result.savepoint is not None,

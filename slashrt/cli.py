@@ -63,9 +63,15 @@ def _non_negative_float(text: str) -> float:
 
 
 def _alignment_timeout(text: str):
+    """auto, none, or a duration >= 0 (seconds, or a string like '50ms')."""
+    from slashrt.snapshot.restart import parse_seconds
+
     if text in ("auto", "none"):
         return None if text == "none" else "auto"
-    return _non_negative_float(text)
+    try:
+        return parse_seconds(text, "the alignment timeout")
+    except SlashError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_float(text: str) -> float:
@@ -381,6 +387,10 @@ def _add_run(sub) -> None:
     run.add_argument("--tolerable-checkpoint-failures", type=_non_negative_int, metavar="N",
                      help="checkpoints in a row that may fail to be written (a full disk) and are only declined; "
                      "one more fails the job (default 3; a completed checkpoint resets the count)")
+    run.add_argument("--alignment-timeout", type=_alignment_timeout, metavar="S|auto|none",
+                     help="with --checkpoint-interval: a checkpoint still aligning S seconds (or '50ms') after its "
+                     "trigger is taken unaligned, with the records in flight (0: at once; none: always aligned; "
+                     "auto, the default: half the interval)")
     run.add_argument("--resume-from", type=_resume_from, metavar="latest|N",
                      help="resume from the newest checkpoint that verifies (none: from the start), or checkpoint N")
     run.add_argument("--restart", type=_restart, metavar="STRATEGY",
@@ -411,9 +421,11 @@ def _run_user_job(args, given: set[str]) -> int:
     """`slashrt run`: load the job, refuse what its options cannot do, run it, print its summary."""
     from slashrt import _cli_run
 
-    for option in ("checkpoint_interval", "tolerable_checkpoint_failures", "resume_from", "restart"):
+    for option in ("checkpoint_interval", "tolerable_checkpoint_failures", "alignment_timeout", "resume_from", "restart"):
         if option in given and args.checkpoint_dir is None:
             raise _Refused(f"{_flag(option)} needs --checkpoint-dir (where the checkpoints are)")
+    if "alignment_timeout" in given and args.checkpoint_interval is None:
+        raise _Refused("--alignment-timeout applies to periodic checkpoints: give --checkpoint-interval too")
     local = (args.executors or 1) == 1 and args.transport is None and args.mode is None
     if args.restart is not None and args.restart.name != "none" and local:
         raise _Refused("--restart needs --executors N: a run on one executor lives in this process, which cannot "
@@ -428,8 +440,10 @@ def _run_user_job(args, given: set[str]) -> int:
                                  ("on_report", args.report), ("report_every", args.report_every)) if v is not None}
     if args.checkpoint_dir is not None:
         checkpoint = args.checkpoint_interval
-        if args.tolerable_checkpoint_failures is not None:
-            checkpoint = {"interval": checkpoint, "tolerable_failures": args.tolerable_checkpoint_failures}
+        tuning = {option: getattr(args, dest) for option, dest in (
+            ("tolerable_failures", "tolerable_checkpoint_failures"), ("alignment_timeout", "alignment_timeout")) if dest in given}
+        if tuning:
+            checkpoint = {"interval": checkpoint, **tuning}
         options.update(checkpoint_dir=args.checkpoint_dir, checkpoint=checkpoint, resume_from=args.resume_from)
         if args.restart is not None and not local:
             options["restart"] = args.restart

@@ -66,6 +66,24 @@ def collect_counts():
     return flow, {"events": records()}
 
 
+def slow_counts():
+    """`counts` behind a step taking 1 ms per 30 records (a 512-byte slot's worth, about 1.7 s in
+    all): small rings stay full, so a checkpoint taken unaligned at once (`--alignment-timeout 0`)
+    holds records in flight."""
+    import time
+
+    _, inputs = counts()
+    flow = Dataflow("slow-counts")
+
+    def slow(batch):
+        time.sleep(0.001 * -(-len(batch) // 30))
+        return np.ones(len(batch), bool)
+
+    flow.source("events", SCHEMA, time="t").filter(slow, name="slow").window(Tumbling(ms=WINDOW_MS)).count(
+        key="k").sink(sinks.Collect(), name="out")
+    return flow, inputs
+
+
 job = counts
 PAIR = counts()
 

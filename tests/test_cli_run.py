@@ -115,6 +115,24 @@ def test_checkpoints_on_a_local_cluster_then_resume(tmp_path, options):
     assert again["resumed_from"] == first["latest_checkpoint"] and again["records"] == 0
 
 
+@pytest.mark.parametrize("options", [(), ("--executors", "2")], ids=["one-executor", "2-shm"])
+def test_alignment_timeout_is_honoured_on_every_path(tmp_path, options):
+    """A slow step keeps the 4-slot rings full: taken unaligned at once, checkpoints hold the
+    records in flight (the summary counts them; `slashrt checkpoints` shows the records of
+    those it kept); always aligned, none does."""
+    for timeout in ("0", "none"):
+        directory = tmp_path / timeout
+        done = summary(f"{JOBS}:slow_counts", *options, "--checkpoint-dir", str(directory), "--checkpoint-interval",
+                       "20ms", "--alignment-timeout", timeout, "--slots", "4", "--slot-size", "512")
+        assert done["outputs"] == {"slow-counts.out": ROWS} and done["checkpoints"] >= 10, done
+        (job,) = json.loads(slashrt("checkpoints", str(directory), "--json").stdout)["jobs"]
+        kept = [c["in_flight"] for c in job["checkpoints"]]
+        if timeout == "0":  # (not all: one that finds the rings empty holds nothing in flight)
+            assert done["unaligned_checkpoints"] >= 3, done
+        else:
+            assert done["unaligned_checkpoints"] == 0 and kept == [0] * len(kept), (done, kept)
+
+
 @pytest.mark.parametrize("options", [(), ("--executors", "2", "--transport", "tcp")], ids=["one-executor", "2-tcp"])
 def test_restart_none_is_honoured_on_every_path(tmp_path, options):
     done = summary(JOBS, *options, "--checkpoint-dir", str(tmp_path), "--restart", "none")
@@ -266,6 +284,9 @@ def checkpointed(tmp_path_factory) -> Path:
         (["run", JOBS, "--resume-from", "latest"], "--resume-from needs --checkpoint-dir"),
         (["run", JOBS, "--checkpoint-interval", "1s"], "--checkpoint-interval needs --checkpoint-dir"),
         (["run", JOBS, "--tolerable-checkpoint-failures", "2"], "--tolerable-checkpoint-failures needs --checkpoint-dir"),
+        (["run", JOBS, "--alignment-timeout", "0"], "--alignment-timeout needs --checkpoint-dir"),
+        (["run", JOBS, "--checkpoint-dir", "CHK", "--alignment-timeout", "10ms"],
+         "--alignment-timeout applies to periodic checkpoints: give --checkpoint-interval too"),
         (["run", JOBS, "--checkpoint-dir", "CHK", "--resume-from", "99"], "checkpoint 99 does not exist in "),
         (["run", JOBS, "--checkpoint-dir", "CHK", "--resume-from", "7"], "checkpoint 7 has no manifest"),
         (["run", f"{JOBS}:other_dataflow", "--checkpoint-dir", "CHK", "--resume-from", "latest"],
@@ -305,6 +326,7 @@ def test_a_mistake_is_one_line_and_exit_2(capsys, checkpointed, argv, message):
     [
         (["run", JOBS, "--checkpoint-interval", "soon"], "must be a duration > 0"),
         (["run", JOBS, "--checkpoint-interval", "0"], "must be a duration > 0"),
+        (["run", JOBS, "--alignment-timeout", "soon"], "the alignment timeout must be a duration >= 0"),
         (["run", JOBS, "--resume-from", "first"], "is neither 'latest' nor a checkpoint number"),
         (["run", JOBS, "--executors", "0"], "must be positive"),
         (["run", JOBS, "--mode", "fast"], "invalid choice"),

@@ -615,7 +615,7 @@ class ClusterCheckpoints:
         if self.reshared:  # what the sources' positions are positions in
             meta["reshared"] = self.reshared
         if any(part.step.endswith(channel_state.SUFFIX) for part in got["parts"]):  # an executor overtook its rings
-            meta["unaligned"] = True
+            meta["unaligned"] = completed.unaligned = True
         self._completing += 1  # complete in the coordinator's eyes, not yet in the store's nor committed
         try:
             try:

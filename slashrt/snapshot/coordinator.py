@@ -143,6 +143,7 @@ class CheckpointRecord:
     ended: float | None = None
     reason: str | None = None
     acks: dict[Instance, AckStats] = field(default_factory=dict)
+    unaligned: bool = False  # completed with records in flight (an unaligned checkpoint's channel state)
 
     @property
     def seconds(self) -> float:
@@ -165,6 +166,7 @@ class CheckpointRecord:
             "max_sync_s": max((a.sync_s for a in self.acks.values()), default=0.0),
             "max_async_s": max((a.async_s for a in self.acks.values()), default=0.0),
             "reason": self.reason,
+            "unaligned": self.unaligned,
         }
 
 

@@ -685,7 +685,7 @@ class Checkpointing:
                 return
             meta = {"sources": positions, "executors": 1, "kind": self._kinds.get(n, "checkpoint")}
             if n in self._unaligned:
-                meta["unaligned"] = True
+                meta["unaligned"] = completed.unaligned = True
             if self.reshared:  # what the sources' positions are positions in
                 meta["reshared"] = self.reshared
             await self.store.acomplete(n, meta)
