@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 DEFAULT_SLOT_SIZE = 64 * 1024
+DEFAULT_SLOTS = 96  # slots of a source's ring and of an executor's channel to a peer
 MAGIC = 0x5B5A
 EMPTY = 0
 FULL = 1

@@ -12,6 +12,8 @@ import functools
 import inspect
 import os
 import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import numpy as np
@@ -19,7 +21,7 @@ import structlog
 import trio
 
 from slashrt import _kernels as kernels
-from slashrt._buffer import DEFAULT_SLOT_SIZE
+from slashrt._buffer import DEFAULT_SLOT_SIZE, DEFAULT_SLOTS
 from slashrt._dataflow import Dataflow
 from slashrt._frontier_report import ReportFile
 from slashrt._gate_report import gate_progress
@@ -30,6 +32,10 @@ from slashrt.ops.sources import feed_array, validate_input
 from slashrt.scheduler import Executor, ExecutorStats, Input
 from slashrt.scheduler._pointstamp import PointstampProgress, resolve_mode
 from slashrt.transport import Receiver, RingSpec, open_inproc_channel
+
+if TYPE_CHECKING:
+    from slashrt.snapshot.coordinator import CheckpointConfig
+    from slashrt.snapshot.stop import StopHandle
 
 __all__ = ["run", "prepare_run", "run_async", "run_receivers", "execute", "RunResult", "ChannelFailed"]
 
@@ -117,30 +123,89 @@ async def _report_progress(progress, on_report, every: float) -> None:
 
 def run(
     flow: Dataflow,
-    inputs: dict[str, np.ndarray],
+    inputs: Mapping[str, Any],
     *,
     executors: int | list[str] = 1,
     transport: str | None = None,
     mode: str | None = None,
-    **options,
+    checkpoint: float | str | dict | CheckpointConfig | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    resume_from: int | str | None = None,
+    stop: StopHandle | None = None,
+    restart: str | object | None = None,
+    progress: str | None = None,
+    on_records: Callable[[int], None] | None = None,
+    on_report: Callable[[dict], None] | str | os.PathLike | None = None,
+    report_every: float = 0.5,
+    slot_size: int = DEFAULT_SLOT_SIZE,
+    slots: int = DEFAULT_SLOTS,
+    watermark_every: int | None = None,
+    yield_every: int = Executor.YIELD_EVERY,
+    coalesce: int = Executor.COALESCE,
+    partitions: int | None = None,
+    epoch_bytes: int | None = None,
+    ssb_routing: str | None = None,
+    secret: bytes | None = None,
+    on_ready: Callable[[dict], None] | None = None,
+    heartbeat_interval: float | None = None,
+    heartbeat_timeout: float | None = None,
+    **unknown,
 ) -> RunResult:
-    """Run `flow` to completion over in-memory inputs (source name -> structured array).
+    """Run `flow` to completion over `inputs` (source name -> structured array, or a connector).
 
     With the defaults it runs on one executor in this process. `executors=N` (or a list of
-    agents' "HOST:PORT" addresses), a `transport` or a `mode` run it on a cluster instead (see
-    `slashrt.cluster`): N executor processes over shared memory by default, every keyed window
-    on the shared state backend (`mode="slash"`) or repartitioned (`mode="uppar"`); inputs may
-    then also be `slashrt.cluster.PerExecutor` functions.
+    agents' "HOST:PORT" addresses), a `transport` ("shm", "tcp", "verbs") or a `mode` run it on a
+    cluster instead (see `slashrt.cluster`): N executor processes over shared memory by default,
+    every keyed window on the shared state backend (`mode="slash"`) or repartitioned
+    (`mode="uppar"`); inputs may then also be `slashrt.cluster.PerExecutor` functions.
+
+    Checkpoints (docs/guide.md "Fault tolerance"): with a `checkpoint_dir` (a directory or fsspec
+    URL), barrier snapshots every `checkpoint` interval (seconds, a string like '500ms', a dict of
+    `CheckpointConfig` options or one; None: only the final checkpoint); `resume_from` ("latest"
+    or a checkpoint number) restores one first; `stop` (a `StopHandle`) stops the run with a
+    savepoint; `restart` (clusters: "fixed-delay:attempts=3,delay=1s", "failure-rate:...",
+    "none") recovers from an executor's death from the last complete checkpoint.
 
     `progress` chooses how operators learn that a time is complete: "pointstamp" (a tracker
     of pointstamps over the dataflow graph; union, connect, user operators and loops need it)
     or "watermark" (watermarks travel down each source's pipeline); by default pointstamp for
     flows that need it, else watermark. Both give the same results on flows both can run.
+    `on_records(n)` is called now and then with the records processed so far;
     `on_report(report)` gets the pointstamp tracker's `report()` every `report_every` seconds
     (a tree flow on several executors: its gates', `slashrt._gate_report`); given a path
     instead, the report is kept in that JSON file, also after the run ended or failed
-    (`slashrt frontiers PATH` shows it)."""
-    return trio.run(prepare_run(flow, inputs, executors=executors, transport=transport, mode=mode, **options))
+    (`slashrt frontiers PATH` shows it).
+
+    Tuning: `slot_size` and `slots` shape each channel's ring; sources send a watermark every
+    `watermark_every` buffers (default `slots - 1`); the executor yields to its pollers every
+    `yield_every` pipeline calls and hands up to `coalesce` consecutive full buffers to a
+    pipeline at once.
+
+    Clusters only (None: the default): `partitions` of the key space (256), `epoch_bytes` of an
+    SSB epoch (64 MiB), `ssb_routing` ("auto", "fragments" or "direct": `slashrt.ops.ssb_window`),
+    the channels' `secret` (random by default), `on_ready({source: [IngestTarget]})` once every
+    executor is ready (`Ingest` inputs need it), and the heartbeats between the coordinator
+    and its agents: one every `heartbeat_interval` seconds, an executor silent for
+    `heartbeat_timeout` seconds fails the job.
+
+    Anything else is refused in one sentence that lists these options."""
+    given = {name: value for name, value in locals().items() if name in _RUN_DEFAULTS and not _is_default(name, value)}
+    return trio.run(prepare_run(flow, inputs, executors=executors, transport=transport, mode=mode, **given, **unknown))
+
+
+_RUN_DEFAULTS: dict = {}  # run's options but flow, inputs, executors, transport and mode -> their defaults (below)
+
+
+def _is_default(name: str, value) -> bool:
+    """Whether `run` got its default for option `name` (not passed on: the run's own default holds)."""
+    default = _RUN_DEFAULTS[name]
+    return value is default or (type(value) is type(default) and value == default)
+
+
+_RUN_DEFAULTS.update({
+    name: p.default for name, p in inspect.signature(run).parameters.items()
+    if p.kind is p.KEYWORD_ONLY and name not in ("executors", "transport", "mode")
+})
 
 
 def prepare_run(
@@ -164,7 +229,7 @@ def prepare_run(
 
     if local and "restart" in options:
         _refuse_local_restart(options.pop("restart"))
-    _check_options(options, local, run_cluster_async)
+    _check_options(options, local)
     _check_rings(flow, options)
     if not local:
         _check_cluster_progress(flow, options, mode)
@@ -191,20 +256,17 @@ def _keywords(fn) -> set[str]:
     return {p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY}
 
 
-def _check_options(options: dict, local: bool, run_cluster_async) -> None:
-    """Refuse a keyword `run` does not know, listing those it does, before anything starts."""
-    own = _keywords(run_async)
-    # a cluster run takes run_async's tuning too (each executor runs one), and SSB routing
-    # (run_cluster_async's own keywords, and those of each attempt it makes)
-    keywords = _keywords(run_cluster_async) | _keywords(run_cluster_async.attempt)
-    cluster = keywords - {"executors", "transport", "mode", "marks"} | own | {"ssb_routing"}
+def _check_options(options: dict, local: bool) -> None:
+    """Refuse a keyword `run` does not know, listing those it does, before anything starts (its
+    signature names them: a cluster run takes `run_async`'s too, each executor runs one)."""
+    known = set(_RUN_DEFAULTS)
     for name in options:
-        if local and name in cluster - own:
+        if local and name in known - _keywords(run_async) - {"restart"}:
             raise DataflowError(f"run(): {name}= is an option of multi-executor runs; give executors=N as well")
-        if name not in cluster:
+        if name not in known:
             raise DataflowError(
                 f"run() got an unknown option {name}=; the options are executors, transport, mode and "
-                f"{', '.join(sorted(cluster))}"
+                f"{', '.join(sorted(known))}"
             )
 
 
@@ -226,7 +288,7 @@ def _check_cluster_progress(flow: Dataflow, options: dict, mode: str | None = No
 def _check_rings(flow: Dataflow, options: dict) -> None:
     """`slot_size` and `slots` must fit every source's records: one clear error before any
     executor starts (not one per executor process, deep in a channel)."""
-    slot_size, slots = options.get("slot_size", DEFAULT_SLOT_SIZE), options.get("slots", 96)
+    slot_size, slots = options.get("slot_size", DEFAULT_SLOT_SIZE), options.get("slots", DEFAULT_SLOTS)
     for spec in flow.sources():
         try:
             RingSpec(slots=slots, slot_size=slot_size, record_size=spec.schema.record_size)
@@ -236,21 +298,21 @@ def _check_rings(flow: Dataflow, options: dict) -> None:
 
 async def run_async(
     flow: Dataflow,
-    inputs: dict[str, np.ndarray],
+    inputs: Mapping[str, Any],
     *,
     slot_size: int = DEFAULT_SLOT_SIZE,
-    slots: int = 96,
+    slots: int = DEFAULT_SLOTS,
     watermark_every: int | None = None,
     yield_every: int = Executor.YIELD_EVERY,
     coalesce: int = Executor.COALESCE,
     progress: str | None = None,
-    on_records=None,
-    on_report=None,
+    on_records: Callable[[int], None] | None = None,
+    on_report: Callable[[dict], None] | str | os.PathLike | None = None,
     report_every: float = 0.5,
-    checkpoint=None,
-    checkpoint_dir=None,
-    resume_from=None,
-    stop=None,
+    checkpoint: float | str | dict | CheckpointConfig | None = None,
+    checkpoint_dir: str | os.PathLike | None = None,
+    resume_from: int | str | None = None,
+    stop: StopHandle | None = None,
 ) -> RunResult:
     """Run `flow` inside the current trio run; see `run`.
 

@@ -248,6 +248,24 @@ def test_a_wrong_keyword_to_run_lists_the_valid_ones(option, match):
         slashrt.run(collecting_flow(), {"events": rows()}, **{option: 4096})
 
 
+def test_run_names_every_option_of_the_paths_it_takes_with_their_defaults():
+    """`run`'s signature is where a user reads the options: every keyword of the local path
+    (`run_async`) and of a cluster's (`run_cluster_async` and its attempts) is there, the local
+    path's with the same default (`run` passes on only what differs from it)."""
+    import inspect
+
+    from slashrt._runtime import _RUN_DEFAULTS, _keywords, run_async
+    from slashrt.cluster import run_cluster_async
+
+    local = inspect.signature(run_async).parameters
+    assert set(local) - {"flow", "inputs"} <= set(_RUN_DEFAULTS)
+    assert all(_RUN_DEFAULTS[name] == p.default for name, p in local.items() if name in _RUN_DEFAULTS)
+    internal = {"executors", "transport", "mode", "marks", "committed", "zygote"}  # (given by run, or the recovery loop's)
+    cluster = (_keywords(run_cluster_async) | _keywords(run_cluster_async.attempt)) - internal
+    assert cluster <= set(_RUN_DEFAULTS)
+    assert set(_RUN_DEFAULTS) - set(local) - cluster == {"ssb_routing"}  # (each attempt reads it from its options)
+
+
 def test_a_wrong_keyword_to_a_cluster_run_is_refused_before_executors_start():
     with pytest.raises(DataflowError, match="unknown option epochbytes="):
         slashrt.run(collecting_flow(), {"events": rows()}, executors=2, epochbytes=1)

@@ -39,7 +39,7 @@ import numpy as np
 import structlog
 import trio
 
-from slashrt._buffer import DEFAULT_SLOT_SIZE
+from slashrt._buffer import DEFAULT_SLOT_SIZE, DEFAULT_SLOTS
 from slashrt._logging import fault_level, peer_losses_are_echoes
 from slashrt._plan import ClusterRole, build_plan
 from slashrt._runtime import execute, local_inputs
@@ -122,7 +122,7 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
     exchanges = {x.step_id: x for x in plan.exchanges()}
     peers = [e for e in range(job.executors) if e != job.index]
     slot_size = opts.pop("slot_size", DEFAULT_SLOT_SIZE)
-    slots = opts.pop("slots", 96)
+    slots = opts.pop("slots", DEFAULT_SLOTS)
     exchange_slots = opts.pop("exchange_slots", EXCHANGE_SLOTS)
     watermark_every = opts.pop("watermark_every", None)
     where = {"host": job.host} if job.transport == "tcp" else {}
