@@ -51,6 +51,7 @@ from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent, PeersUnreacha
 from slashrt.cluster._stall import stall_watch
 from slashrt.errors import ChannelClosed, OperatorError, unwrap_groups
 from slashrt.ops.sinks import Callback
+from slashrt.ops.route import ExchangeNode, room_for_sources
 from slashrt.scheduler import Input
 from slashrt.scheduler._bus_counts import initial_capabilities
 from slashrt.snapshot.cluster import agent_checkpointing
@@ -215,6 +216,12 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
             for (step_id, src), receiver in sorted(receivers.items()):
                 x = exchanges[step_id]
                 executor_inputs.append(Input(f"{step_id}.from{src}", receiver, x.inbound(src), x.exchange_dtype, lane=getattr(x, "lane", 1)))
+            shipping = [x for x in exchanges.values() if isinstance(x, ExchangeNode)]
+            if shipping:  # a graph flow's ship queues are bounded at its sources (`room_for_sources`)
+                throttle = room_for_sources(shipping, checkpoints.barrier_due if checkpoints is not None else lambda: False)
+                for inp in executor_inputs:
+                    if inp.name in plan.sources:
+                        inp.throttle = throttle
             bound.info("executor ready", exchanges=list(exchanges),
                        records={k: len(v) if hasattr(v, "__len__") else "chunks" for k, v in inputs.items()
                                 if k not in targets and not callable(getattr(v, "feed", None))},

@@ -9,9 +9,14 @@ records it ships (covered by the capability it holds while pushing), the receive
 has pushed them downstream at t, so the frontier behind the step cannot pass t while records
 at t are on their way.
 
-Records to ship wait in a queue per peer that a background task drains (no backpressure into
-compute: a graph flow's exchange channels are read by the same compute coroutine that sends,
-so waiting for a peer's credits there could deadlock two executors sending to each other).
+Records to ship wait in a queue per peer that a background task drains, a slot at a time (no
+backpressure into compute: a graph flow's exchange channels are read by the same compute
+coroutine that sends, so waiting for a peer's credits there could deadlock two executors
+sending to each other). The queues are bounded from further up instead: while an exchange
+holds more than two rings' worth of rows a peer (`backlogged`), the executor polls its sources
+no more (`room_for_sources`, its sources' rings fill and their feeders wait), and goes on
+computing its peers' channels, which is what empties the queues elsewhere; a checkpoint
+requested and not yet taken lifts it, so that no barrier waits behind it.
 When the step's input frontier is empty (nothing anywhere can send more), the queues end with
 END_OF_STREAM, which ends the peers' inputs. A checkpoint's barrier goes into every queue behind
 the records before it (`forward_barrier`, `slashrt.snapshot.cluster`) and out in band.
@@ -42,7 +47,7 @@ from slashrt.ops.window import InFrontOfWindow
 from slashrt.progress import Timestamp
 from slashrt.ssb.partitions import Partitioning
 
-__all__ = ["ExchangeNode", "WindowRoute"]
+__all__ = ["ExchangeNode", "WindowRoute", "room_for_sources"]
 
 _END = None
 
@@ -63,6 +68,9 @@ class ExchangeNode(Node):
         self._lots: dict[int, trio.lowlevel.ParkingLot] = {}
         self._ended = False
         self.outbox: list | None = None  # (owner, rows) shipped since the last barrier, while a checkpoint logs them
+        self.queued = 0  # rows in the queues, not yet handed to a channel
+        self.bound = 0  # more than this queued: backlogged (two rings' worth of rows a peer)
+        self._room = trio.lowlevel.ParkingLot()
         self._times = ["__epoch", *(f"__c{i}" for i in range(spec.depth))]
         if self.partitioning is not None and spec.dtype is None:
             raise DataflowError(
@@ -78,6 +86,16 @@ class ExchangeNode(Node):
         self.senders[peer] = sender
         self._queues[peer] = collections.deque()
         self._lots[peer] = trio.lowlevel.ParkingLot()
+        if sender is not None:
+            self.bound += 2 * sender.spec.slots * max(1, sender.spec.payload_capacity // self.exchange_dtype.itemsize)
+
+    def backlogged(self) -> bool:
+        return self.queued > self.bound and not self._ended
+
+    async def room(self) -> None:
+        """Until the queues shrank back to `bound` (or the exchange ended)."""
+        while self.backlogged():
+            await self._room.park()
 
     def background(self) -> list:
         return [lambda peer=peer: self._ship(peer) for peer in self.senders]
@@ -114,6 +132,7 @@ class ExchangeNode(Node):
                 rows[f"__c{i}"] = counter
             clock.in_flight(self, now, len(rows))
             self._queues[owner].append(rows)
+            self.queued += len(rows)
             if self.outbox is not None:
                 self.outbox.append((owner, rows))
             self._lots[owner].unpark_all()
@@ -128,6 +147,7 @@ class ExchangeNode(Node):
         self._ended = True  # (its consumers learn the end from the tracker, not from here)
         for lot in self._lots.values():
             lot.unpark_all()
+        self._room.unpark_all()
 
     def forward_barrier(self, n: int, log: bool = False) -> None:
         """Checkpoint barrier n to every peer, behind every record queued for it so far (an
@@ -176,6 +196,7 @@ class ExchangeNode(Node):
         for owner in np.unique(owners).tolist():
             self._queues[owner].append(rows[owners == owner])
             self._lots[owner].unpark_all()
+        self.queued += len(rows)
 
     def requeue(self, channel: str, segments: list) -> bool:
         """After a restore: the rows an unaligned checkpoint logged for peer j (its part
@@ -215,6 +236,9 @@ class ExchangeNode(Node):
                         piece = piece[:per_slot - count]
                     rows.append(piece)
                     count += len(piece)
+                self.queued -= count
+                if not self.backlogged():
+                    self._room.unpark_all()
                 if rows:
                     await sender.send_records(rows[0] if len(rows) == 1 else np.concatenate(rows))
                 elif queue:  # (rows may have queued while the send above waited)
@@ -243,6 +267,22 @@ class ExchangeNode(Node):
             finally:
                 clock.now = before
             clock.in_flight(self, time, a - b)
+
+
+RECHECK_S = 0.01  # a source waiting for room looks again this often whether a checkpoint lifted the bound
+
+
+def room_for_sources(exchanges, exempt=lambda: False):
+    """What an executor's source inputs await before each poll (`Input.throttle`): room in
+    every exchange's queues, unless `exempt()` (a checkpoint requested and not taken: its
+    barriers must not wait behind the bound)."""
+
+    async def throttle() -> None:
+        while (full := next((x for x in exchanges if x.backlogged()), None)) is not None and not exempt():
+            with trio.move_on_after(RECHECK_S):
+                await full.room()
+
+    return throttle
 
 
 class WindowRoute(InFrontOfWindow, ExchangeNode):

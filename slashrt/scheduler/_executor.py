@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Awaitable, Callable
 
 import attrs
 import numpy as np
@@ -87,6 +88,7 @@ class Input:
     blocked: trio.Event | None = None
     held: collections.deque = attrs.field(factory=collections.deque)
     run_cap: int = 1 << 30  # buffers per pipeline call (the executor shortens the runs of a slow pipeline)
+    throttle: Callable[[], Awaitable[None]] | None = None  # awaited before each poll: room downstream (a source's)
 
 
 class _Lane:
@@ -153,6 +155,8 @@ class Executor:
         while True:
             if inp.blocked is not None:  # aligning a barrier: its data waits in the ring
                 await inp.blocked.wait()
+            if inp.throttle is not None:  # its ring fills meanwhile: backpressure to its feeder
+                await inp.throttle()
             t0 = time.perf_counter()
             got = 0
             try:

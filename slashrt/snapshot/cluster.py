@@ -193,6 +193,11 @@ class AgentCheckpointing(Checkpointing):
     def _still_aligning(self, n: int) -> bool:
         return n in self._requested and n not in self._taken and not self._drained
 
+    def barrier_due(self) -> bool:
+        """A checkpoint is requested or aligning here and not yet taken (a source throttled by a
+        graph exchange's bound polls on meanwhile: `slashrt.ops.route.room_for_sources`)."""
+        return self.aligner.aligning is not None or any(self._still_aligning(n) for n in self._requested)
+
     async def _overtake_after(self, n: int, seconds: float) -> None:
         await trio.sleep(seconds)
         if self._still_aligning(n) and self.aligner.latest <= n and self._overtakes_exchanges:
