@@ -16,7 +16,8 @@ checkpoint's manifest is written, this executor's output not yet published); unt
 (its marker is in <directory>/marks) each batch takes 4 ms more, so that however fast the machine
 the job cannot end before the kill (a run at full speed completes only 4-6 checkpoints).
 SLASHRT_TEST_ALIGNMENT_TIMEOUT: the checkpoints' alignment_timeout (0: every periodic one
-unaligned); SLASHRT_TEST_KEEP: complete checkpoints kept (default 2). Prints "done" at the end; exits 3 with the error's sentence if the job failed."""
+unaligned; a cluster then computes one buffer a pipeline call, so that the paced sources' rings
+hold records whenever a checkpoint overtakes them, not only when their feeders last had a turn); SLASHRT_TEST_KEEP: complete checkpoints kept (default 2). Prints "done" at the end; exits 3 with the error's sentence if the job failed."""
 
 import os
 import signal
@@ -104,7 +105,7 @@ def main(directory: str, mode: str, transport: str, executors: str, kill: str, c
     try:
         result = trio.run(lambda: run_cluster_async(
             flow(directory, pace), {"r": records()}, executors=int(executors), transport=transport, mode=mode,
-            partitions=16, slots=8, slot_size=1024, exchange_slots=4, **checkpoints,
+            partitions=16, slots=8, slot_size=1024, exchange_slots=4, **checkpoints, **({"coalesce": 1} if ALIGNMENT else {}),
         ))
     except ClusterError as exc:
         print(f"failed: {exc}", flush=True)
