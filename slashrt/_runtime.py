@@ -260,8 +260,9 @@ def _check_options(options: dict, local: bool) -> None:
     """Refuse a keyword `run` does not know, listing those it does, before anything starts (its
     signature names them: a cluster run takes `run_async`'s too, each executor runs one)."""
     known = set(_RUN_DEFAULTS)
+    cluster_only = known - _keywords(run_async) - {"restart"}
     for name in options:
-        if local and name in known - _keywords(run_async) - {"restart"}:
+        if local and name in cluster_only:
             raise DataflowError(f"run(): {name}= is an option of multi-executor runs; give executors=N as well")
         if name not in known:
             raise DataflowError(

@@ -50,8 +50,8 @@ from slashrt.cluster._job import Ingest, Job, PerExecutor
 from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent, PeersUnreachable
 from slashrt.cluster._stall import stall_watch
 from slashrt.errors import ChannelClosed, OperatorError, unwrap_groups
-from slashrt.ops.sinks import Callback
 from slashrt.ops.route import ExchangeNode, room_for_sources
+from slashrt.ops.sinks import Callback
 from slashrt.scheduler import Input
 from slashrt.scheduler._bus_counts import initial_capabilities
 from slashrt.snapshot.cluster import agent_checkpointing

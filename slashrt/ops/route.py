@@ -87,7 +87,10 @@ class ExchangeNode(Node):
         self._queues[peer] = collections.deque()
         self._lots[peer] = trio.lowlevel.ParkingLot()
         if sender is not None:
-            self.bound += 2 * sender.spec.slots * max(1, sender.spec.payload_capacity // self.exchange_dtype.itemsize)
+            self.bound += 2 * sender.spec.slots * self._rows_per_slot(sender)
+
+    def _rows_per_slot(self, sender) -> int:
+        return max(1, sender.spec.payload_capacity // self.exchange_dtype.itemsize)
 
     def backlogged(self) -> bool:
         return self.queued > self.bound and not self._ended
@@ -222,7 +225,7 @@ class ExchangeNode(Node):
 
     async def _ship(self, peer: int) -> None:
         queue, lot, sender = self._queues[peer], self._lots[peer], self.senders[peer]
-        per_slot = max(1, sender.spec.payload_capacity // self.exchange_dtype.itemsize)
+        per_slot = self._rows_per_slot(sender)
         while True:
             while queue:
                 # what queued meanwhile goes as one slot at a time (fuller slots, fewer batches

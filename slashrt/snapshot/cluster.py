@@ -115,15 +115,11 @@ class AgentCheckpointing(Checkpointing):
         # unaligned checkpoints overtake the sources' rings (lane 0), the peers' channels (their
         # lanes) and the exchanges' queues (`_claim`)
         self._overtakes = config.unaligned_after is not None
-        self._overtakes_exchanges = self._overtakes and self._exchanges_may_overtake(plan, config)
+        self._overtakes_exchanges = self._overtakes and exchanges_may_overtake(plan, config)
         self._late: set[int] = set()  # checkpoints past their alignment timeout (`_overtaking` until taken)
         self._sources_overtaken: set[int] = set()
         self._scanned: dict[int, float] = {}  # lane -> when it last looked for barriers in its peers' rings
         self._in_flight: dict[str, list] = {}  # a restored checkpoint's channel states of peers' channels
-
-    @staticmethod
-    def _exchanges_may_overtake(plan, config) -> bool:
-        return exchanges_may_overtake(plan, config)
 
     # -- the coordinator's messages ----------------------------------------------------------------
     def on_message(self, kind: str, n) -> None:
@@ -461,8 +457,9 @@ def exchanges_may_overtake(plan, config) -> bool:
     window slides. Watermarks in flight leave its leaders fired up to different times, and a
     sliding window's partitions then cannot be merged on another executor count (its slices
     outlive the windows fired: `merge_partitions`); a default must keep checkpoints rescalable.
-    A timeout the user gives overtakes them (such a checkpoint may be refused on another count)."""
-    return config.alignment_timeout != AUTO or all(w.size == w.slide for w in plan.windows())
+    A timeout the user gives overtakes them (such a checkpoint may be refused on another count).
+    A graph flow's checkpoint is never rescaled (no leaders to merge): its exchanges overtake."""
+    return config.alignment_timeout != AUTO or plan.graph is not None or all(w.size == w.slide for w in plan.windows())
 
 
 class ClusterCheckpoints:

@@ -104,10 +104,6 @@ def upstream_inputs(exchanges, local: list[str], peer_inputs) -> dict[str, list[
 class GraphAgentCheckpointing(AgentCheckpointing):
     """`AgentCheckpointing` for a graph flow (see the module doc)."""
 
-    @staticmethod
-    def _exchanges_may_overtake(plan, config) -> bool:
-        return True  # (a graph flow's checkpoint is never rescaled: no leaders to merge)
-
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.upstream = upstream_inputs(self.exchanges, self.local, self.aligner.channels.inputs[len(self.local):])
