@@ -71,16 +71,29 @@ def until_fired(marks, kills: str) -> Paced:
     return Paced(seconds=0.004, until=(marks, len(kills.split(";"))))
 
 
-def paced_chunks(make, pace: Paced, records: int):
+def paced_chunks(make, pace: Paced, records: int, last_after=None):
     """A `PerExecutor` maker whose executor input is `make`'s in chunks of `records`, each after
     the first taking the time `pace` says: the pace of a flow whose steps the test cannot add a
-    filter to (an example's)."""
-    return functools.partial(_chunks, make, pace, records)
+    filter to (an example's). With `last_after=(directory, n)` the last chunk waits until the
+    directory holds n entries (e.g. the chaos kills' markers): the job cannot end before them,
+    however slowly its checkpoints come (the chunks are made in the feed's worker thread, so
+    barriers flow meanwhile)."""
+    return functools.partial(_chunks, make, pace, records, last_after)
 
 
-def _chunks(make, pace: Paced, records: int, index: int, executors: int):
+def _chunks(make, pace: Paced, records: int, last_after, index: int, executors: int):
     whole = make(index, executors)
     for start in range(0, len(whole), records):
+        if last_after is not None and start + records >= len(whole):
+            _wait_for_entries(*last_after)
         yield whole[start:start + records].copy()
         pace.seen += min(records, len(whole) - start)
         pace.hold()
+
+
+def _wait_for_entries(directory, n: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(os.listdir(directory)) < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{directory} did not get {n} entries in {timeout} s")
+        time.sleep(0.005)

@@ -119,13 +119,16 @@ def cc_rows(directory) -> np.ndarray:
 
 def test_connected_components_killed_mid_epoch_recover_to_scipy_labels(tmp_path, monkeypatch):
     """The loop's rounds cross executors (proposals by node owner): a SIGKILL while epochs
-    iterate (between pre-commit and commit of the second checkpoint), recovered from a checkpoint
+    iterate (between pre-commit and commit of the third checkpoint), recovered from a checkpoint
     holding the rounds in flight (notifications still requested); after every epoch the labels
     equal scipy's, and no change is published twice."""
-    chaos_env(monkeypatch, tmp_path, "pre_commit:2")
-    # (the edges in chunks of 5, each 4 ms slower until the kill fired: an epoch stays open while
-    # its edges come, and the job cannot end before the kill; a run completes ~5 checkpoints)
-    edges = paced_chunks(cc.share, until_fired(tmp_path / "marks", "pre_commit:2"), 5)
+    kills = "pre_commit:3"
+    chaos_env(monkeypatch, tmp_path, kills)
+    # (the edges in chunks of 5, each 4 ms slower until the kill fired, the last one held until it
+    # fired: the job cannot end before the kill. The second checkpoint, the one restored, comes after
+    # the first chunk: the first can come before any record, its barrier ahead of them)
+    marks = tmp_path / "marks"
+    edges = paced_chunks(cc.share, until_fired(marks, kills), 5, last_after=(marks, 1))
     inputs = {"edges": PerExecutor(edges, deterministic=True),
               "proposals": PerExecutor(lambda i, n: np.empty(0, MESSAGES), deterministic=True)}
     result = slashrt.run(
