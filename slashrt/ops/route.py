@@ -133,14 +133,20 @@ class ExchangeNode(Node):
                 rows["__t"] = now.epoch if batch.times is None else batch.times[take]
             for i, counter in enumerate(now.counters):
                 rows[f"__c{i}"] = counter
-            clock.in_flight(self, now, len(rows))
-            self._queues[owner].append(rows)
-            self.queued += len(rows)
-            if self.outbox is not None:
-                self.outbox.append((owner, rows))
-            self._lots[owner].unpark_all()
+            self._enqueue(owner, rows, now)
         if mine is not None:
             await self.emit(batch if len(mine) == len(batch) else batch.select(np.sort(mine)))
+
+    def _enqueue(self, owner: int, rows: np.ndarray, time: Timestamp) -> None:
+        """Queue `rows` (at logical `time`, in their hidden columns) for executor `owner`:
+        counted in flight at `time` until it takes them (`arrived`), logged while a checkpoint
+        logs what ships."""
+        self.clock.in_flight(self, time, len(rows))
+        self._queues[owner].append(rows)
+        self.queued += len(rows)
+        if self.outbox is not None:
+            self.outbox.append((owner, rows))
+        self._lots[owner].unpark_all()
 
     async def on_watermark(self, watermark: int) -> None:
         pass  # under pointstamp progress, the counts say what may still come
@@ -252,24 +258,29 @@ class ExchangeNode(Node):
             await lot.park()
 
     async def arrived(self, rows: np.ndarray) -> None:
-        """Records from a peer (one or more of its shipments): on downstream at their times."""
+        """Rows from a peer (one or more of its shipments): taken at their times (`take`), then
+        no longer in flight."""
         times = np.stack([rows[n] for n in self._times], axis=1)
         cuts = [0, *(np.flatnonzero((times[1:] != times[:-1]).any(axis=1)) + 1).tolist(), len(rows)]
-        out = np.empty(len(rows), self.spec.dtype)
-        for name in self.spec.dtype.names:
-            out[name] = rows[name]
         clock = self.clock
         for a, b in zip(cuts[:-1], cuts[1:]):
             time = Timestamp(int(times[a, 0]), tuple(int(c) for c in times[a, 1:]))
             before, clock.now = clock.now, time
-            piece = Batch(out[a:b])
-            if self.carries_times:
-                piece.times = rows["__t"][a:b].copy()  # (rows: a view into a channel slot)
             try:
-                await self.emit(piece)
+                await self.take(rows[a:b])
             finally:
                 clock.now = before
             clock.in_flight(self, time, a - b)
+
+    async def take(self, rows: np.ndarray) -> None:
+        """Shipped records of one logical time (`clock.now`): on downstream."""
+        out = np.empty(len(rows), self.spec.dtype)
+        for name in self.spec.dtype.names:
+            out[name] = rows[name]
+        piece = Batch(out)
+        if self.carries_times:
+            piece.times = rows["__t"].copy()  # (rows: a view into a channel slot)
+        await self.emit(piece)
 
 
 RECHECK_S = 0.01  # a source waiting for room looks again this often whether a checkpoint lifted the bound
