@@ -38,6 +38,7 @@ from slashrt.ops.operator import EnterNode, FeedbackNode, LeaveNode, OperatorNod
 from slashrt.ops.route import ExchangeNode, WindowRoute
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.stateless import ApplyNode, FilterNode, ProjectNode, WithColumnNode
+from slashrt.ops.ssb_route import SsbRoute
 from slashrt.ops.ssb_window import SsbWindowAggregate
 from slashrt.ops.uppar import RouteByOwner
 from slashrt.ops.window import WindowAggregate
@@ -45,7 +46,7 @@ from slashrt.progress import PROGRESS_MODES
 from slashrt.scheduler._pointstamp import progress_graph, resolve_mode
 from slashrt.ssb.partitions import Partitioning
 
-__all__ = ["Plan", "build_plan", "check_cluster_flow", "check_progress", "ClusterRole", "MODES"]
+__all__ = ["Plan", "build_plan", "check_cluster_flow", "check_progress", "default_mode", "ClusterRole", "MODES"]
 
 MODES = ("slash", "uppar")
 
@@ -82,14 +83,17 @@ class ClusterRole:
         )
 
     def graph_window(self, spec: WindowAggSpec, late: SinkNode | None, up) -> Node:
-        """A keyed window of a graph flow: its rows go to their key's owner (`WindowRoute`),
-        whose window (a plain one, or inside a loop a `LoopWindow`: one per iteration, the
-        rows' times with their loop counters travel with them) fires on the distributed
-        pointstamp frontier; no route where they arrive routed by that key already
-        (`exchange(key=)` of the window's key just before)."""
-        window = LoopWindow(spec, late) if spec.scope else WindowAggregate(spec, late)
+        """A keyed window of a graph flow, firing on the distributed pointstamp frontier. In
+        mode "uppar" its rows go to their key's owner (`WindowRoute`), whose window (a plain
+        one, or inside a loop a `LoopWindow`: one per iteration, the rows' times with their
+        loop counters travel with them) takes them; in mode "slash" every executor folds them
+        into fragments shipped to the owners as partial states (`SsbRoute`). No route where
+        they arrive routed by that key already (`exchange(key=)` of the window's key just before)."""
         if self.partitioning.executors == 1 or (isinstance(up, ExchangeSpec) and up.key == spec.key):
-            return window
+            return LoopWindow(spec, late) if spec.scope else WindowAggregate(spec, late)
+        if self.mode == "slash" and not spec.scope:  # (run() refuses mode="slash" given for windows in loops)
+            return SsbRoute(spec, late, index=self.index, partitioning=self.partitioning)
+        window = LoopWindow(spec, late) if spec.scope else WindowAggregate(spec, late)
         return WindowRoute(spec, window, index=self.index, partitioning=self.partitioning)
 
 
@@ -215,6 +219,13 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
     if not sinks:
         raise DataflowError(f"dataflow {flow.name!r} has no sink: nothing would see its results")
     return Plan(roots, sources, sinks, flow, steps, graph)
+
+
+def default_mode(flow: Dataflow) -> str:
+    """A cluster run's mode when none is given: the Slash State Backend for a tree flow's keyed
+    windows; a graph flow's route their records by key (mode="slash" puts those outside loops
+    on the SSB too: `slashrt.ops.ssb_route`)."""
+    return "uppar" if flow.is_graph() else "slash"
 
 
 def check_progress(progress: str) -> str:

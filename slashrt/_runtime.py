@@ -236,7 +236,7 @@ def prepare_run(
     if local:
         return lambda: run_async(flow, inputs, **options)
     return lambda: run_cluster_async(
-        flow, inputs, executors=executors, transport=transport or "shm", mode=mode or "slash", **options
+        flow, inputs, executors=executors, transport=transport or "shm", mode=mode, **options
     )
 
 
@@ -275,14 +275,22 @@ def _check_cluster_progress(flow: Dataflow, options: dict, mode: str | None = No
     """Multi-executor runs forward watermarks inside each executor and fire the gates where
     executors meet on `progress` ("watermark": the vector clock; "pointstamp": pointstamp
     counts); graph flows run on distributed pointstamp progress (`check_cluster_flow`), and
-    their keyed windows route records by key: the SSB's options would be ignored there."""
+    their SSB windows ship fragments as the frontier passes their windows: the epoch options
+    of a tree flow's SSB would be ignored there, and windows inside loops route their records."""
     check_cluster_flow(flow, options.get("progress"))
-    if flow.is_graph() and any(type(s).__name__ == "WindowAggSpec" for s in flow.steps.values()):
-        given = [f"{n}=" for n in ("epoch_bytes", "ssb_routing") if n in options] + (["mode='slash'"] if mode == "slash" else [])
+    windows = [s for s in flow.steps.values() if type(s).__name__ == "WindowAggSpec"]
+    if flow.is_graph() and windows:
+        given = [f"{n}=" for n in ("epoch_bytes", "ssb_routing") if n in options]
         if given:
             raise DataflowError(
-                f"run(): {', '.join(given)}: the keyed windows of dataflow {flow.name!r} (a graph flow) route their "
-                "records to the executor owning their key, not through the Slash State Backend; leave it out"
+                f"run(): {', '.join(given)}: the keyed windows of dataflow {flow.name!r} (a graph flow) ship their "
+                "fragments when the frontier passes their windows, not by epochs of bytes; leave it out"
+            )
+        looped = [s.step_id for s in windows if s.scope]
+        if mode == "slash" and looped:
+            raise DataflowError(
+                f"run(): mode='slash': the keyed windows {looped} of dataflow {flow.name!r} are inside a loop, where "
+                "they route their records to the executor owning their key; give mode='uppar'"
             )
 
 

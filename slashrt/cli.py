@@ -14,6 +14,7 @@
     slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
         [--executors K --transport shm|tcp]     ... labels partitioned over K executors
     slashrt bench progress [--executors K]      notify latency, loop round trip, progress traffic
+    slashrt bench union [--executors K] [--mode slash|uppar|both]   a graph flow's window: SSB vs routing records
     slashrt bench operators [--records N] [--baseline]   user operators on ms event times, per batch vs per time
         [--transport shm|tcp --epoch-gap-us G]  ... an epoch every G us instead of full speed
     slashrt frontiers REPORT [--json]           where a run stands (run(..., on_report=REPORT), run --report)
@@ -262,6 +263,17 @@ def _parser() -> argparse.ArgumentParser:
     prog.add_argument("--events", type=_positive_int, default=600_000, help="YSB events of the traffic run (all executors)")
     prog.add_argument("--json", action="store_true", help="print one JSON object with the results")
     _add_log_level(prog)
+
+    uni = queries.add_parser("union", help="a union into a keyed window: the Slash State Backend against routing "
+                             "its records by key (bytes shipped, throughput)")
+    uni.add_argument("--executors", type=_positive_int, default=2, help="executor processes (at least 2)")
+    uni.add_argument("--transport", choices=["shm", "tcp"], default="shm", help="medium between the executors")
+    uni.add_argument("--mode", dest="union_mode", choices=["slash", "uppar", "both"], default="both",
+                     help="the window on the state backend, routed by key, or both in one run (default)")
+    uni.add_argument("--events", type=_positive_int, default=2_000_000,
+                     help="YSB events of each of the two streams of each executor")
+    uni.add_argument("--json", action="store_true", help="print one JSON object with the results")
+    _add_log_level(uni)
 
     ops = queries.add_parser("operators", help="stateful user operators on millisecond event times: one call per "
                              "batch (per_time='grouped') against one per time")
@@ -561,7 +573,7 @@ def _refuse(given: set[str], dests, why: str) -> None:
 def _bench_path(args, given: set[str]) -> str:
     """Which benchmark runs ("single", "cluster", "channel" or the query's own), refusing
     options that the chosen path would ignore."""
-    if args.query in ("report", "spark-convert", "cc", "progress", "checkpoint", "chaos", "operators"):
+    if args.query in ("report", "spark-convert", "cc", "progress", "checkpoint", "chaos", "operators", "union"):
         return args.query
     cluster = args.query == "nexmark" or any(d in given for d in _CLUSTER_OPTIONS)
     if args.query == "ro":
@@ -652,6 +664,13 @@ def _run_bench(args, given: set[str]) -> dict:
 
         return progress_bench.bench(executors=args.executors, transport=args.transport, epochs=args.epochs,
                                     events=args.events, epoch_gap_us=args.epoch_gap_us)
+    if path == "union":
+        if args.executors < 2:
+            raise _Refused(f"--executors {args.executors}: `bench union` measures what executors ship each other; "
+                           "give --executors 2 or more")
+        from slashrt.bench import union
+
+        return union.bench(executors=args.executors, transport=args.transport, mode=args.union_mode, events=args.events)
     if path == "chaos" and args.faults is not None:
         from slashrt.bench import faults
 

@@ -458,3 +458,37 @@ def test_bench_progress_bad_arguments_exit_2(capsys, args, message):
         code = exc.code
     captured = capsys.readouterr()
     assert code == 2 and message in captured.err and captured.out == ""
+
+
+@pytest.mark.parametrize(("executors", "transport", "mode"), [("2", "shm", "both"), ("3", "tcp", "slash"), ("2", "tcp", "uppar")])
+def test_bench_union_measures_what_a_graph_flows_window_ships_and_checks_itself(capsys, executors, transport, mode):
+    argv = ["bench", "union", "--executors", executors, "--transport", transport, "--mode", mode, "--events", "60000",
+            "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["correct"] is True and out["executors"] == int(executors) and out["transport"] == transport
+    runs = {r["mode"]: r for r in out["runs"]}
+    assert list(runs) == (["slash", "uppar"] if mode == "both" else [mode])
+    for r in runs.values():
+        assert r["records_per_s"] > 0 and r["record_bytes"] == 2 * 60000 * int(executors) * 78
+    if "uppar" in runs:  # every record another executor owns
+        assert runs["uppar"]["bytes_shipped"] > runs["uppar"]["record_bytes"] // 10 // int(executors)
+    if "slash" in runs:  # a partial row per campaign and window
+        assert 0 < runs["slash"]["bytes_shipped"] and runs["slash"]["shipments"] > 0
+    if mode == "both":
+        assert out["bytes_ratio"] < 0.1 and out["speed_ratio"] > 0
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [(["--executors", "1"], "--executors 1: `bench union` measures what executors ship each other"),
+     (["--mode", "gossip"], "invalid choice: 'gossip'"), (["--events", "0"], "'0' must be positive"),
+     (["--transport", "pigeon"], "invalid choice: 'pigeon'")],
+)
+def test_bench_union_bad_arguments_exit_2(capsys, args, message):
+    try:
+        code = main(["bench", "union", *args, "--json"])
+    except SystemExit as exc:
+        code = exc.code
+    captured = capsys.readouterr()
+    assert code == 2 and message in captured.err and captured.out == ""

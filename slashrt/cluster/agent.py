@@ -250,6 +250,7 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
                         with trio.CancelScope(shield=True), contextlib.suppress(ChannelClosed):
                             await control.send("report", reporter.latest)
                 watch.cancel_scope.cancel()
+            result.stats[0].shipped_bytes = sum(x.shipped_bytes for x in plan.exchanges())
             if bus is not None:
                 result.stats[0].progress_bytes, result.stats[0].progress_messages = bus.stats.bytes, bus.stats.messages
             if result.savepoint is not None:

@@ -69,6 +69,7 @@ class ExchangeNode(Node):
         self._ended = False
         self.outbox: list | None = None  # (owner, rows) shipped since the last barrier, while a checkpoint logs them
         self.queued = 0  # rows in the queues, not yet handed to a channel
+        self.shipped_bytes = 0  # bytes of rows queued for peers so far
         self.bound = 0  # more than this queued: backlogged (two rings' worth of rows a peer)
         self._room = trio.lowlevel.ParkingLot()
         self._times = ["__epoch", *(f"__c{i}" for i in range(spec.depth))]
@@ -144,6 +145,7 @@ class ExchangeNode(Node):
         self.clock.in_flight(self, time, len(rows))
         self._queues[owner].append(rows)
         self.queued += len(rows)
+        self.shipped_bytes += rows.nbytes
         if self.outbox is not None:
             self.outbox.append((owner, rows))
         self._lots[owner].unpark_all()

@@ -499,3 +499,8 @@ class SsbWindowAggregate(WindowAggregate):
     @property
     def state_bytes(self) -> int:
         return super().state_bytes + self.merged.state_bytes
+
+    @property
+    def shipped_bytes(self) -> int:
+        """Bytes of delta rows sent to other leaders so far."""
+        return sum(e.shipped_bytes for e in self.epochs)

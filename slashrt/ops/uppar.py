@@ -67,6 +67,7 @@ class RouteByOwner(InFrontOfWindow, Node):
         self.senders: dict[int, Sender] = {}  # owner executor -> channel to it
         self.fired_until = NO_TIME  # windows ending at or before this are closed for this executor's records
         self._ended = False  # its outgoing channels are closed
+        self.shipped_bytes = 0  # bytes of rows sent to their owners so far
 
     def add_peer(self, peer: int, sender: Sender) -> None:
         """The channel carrying rows owned by executor `peer`."""
@@ -118,6 +119,7 @@ class RouteByOwner(InFrontOfWindow, Node):
                 await self.window.push_judged(Batch(rows), self.fired_until)
             else:
                 await self.senders[owner].send_records(rows)
+                self.shipped_bytes += rows.nbytes
 
     async def on_watermark(self, watermark: int) -> None:
         self.fired_until = max(self.fired_until, self.window.promise(watermark))

@@ -56,6 +56,7 @@ from slashrt.ops.operator import (
 )
 from slashrt.ops.stateless import FilterNode, ProjectNode, WithColumnNode
 from slashrt.ops.route import ExchangeNode, WindowRoute
+from slashrt.ops.ssb_route import SsbGraphWindow, SsbRoute
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.window import WindowAggregate
 from slashrt.progress import IDENTITY, INGRESS, Builder, Location, Reachability, Timestamp, Tracker, move_capability
@@ -186,6 +187,16 @@ class PointstampProgress:
         self._listeners = {
             i for i, node in enumerate(self.nodes) if isinstance(node, (WindowAggregate, LoopWindow, SinkNode, ExchangeNode))
         }
+        # an SSB window's route ships its fragments as the records' frontier passes their windows
+        # (the frontier at the output of the step before it: `SsbRoute.on_upstream`), and its
+        # window fires on the frontier at its output, where its fragments' capabilities are
+        self._upstream = {
+            i: Location.output(index[node.upstream], 0) for i, node in enumerate(self.nodes) if isinstance(node, SsbRoute)
+        }
+        self._watched: dict[Location, list[int]] = collections.defaultdict(list)
+        for i, location in self._upstream.items():
+            self._watched[location].append(i)
+            self._watched[Location.output(i, 0)].append(i)
 
     # --- what nodes call -----------------------------------------------------------------
     @staticmethod
@@ -274,7 +285,10 @@ class PointstampProgress:
             while self._dirty:
                 self._dirty = False
                 self._refresh_holds()
-                moved = {loc.node for loc, _, _ in self.tracker.propagate() if loc.kind == "in"}
+                changes = self.tracker.propagate()
+                moved = {loc.node for loc, _, _ in changes if loc.kind == "in"}
+                if self._watched:
+                    moved.update(i for loc, _, _ in changes if loc in self._watched for i in self._watched[loc])
                 self._stale.update(moved)
                 if self._held:  # a checkpoint's barrier went to peers: nothing fires before its snapshot
                     self._deferred.update(moved)
@@ -283,8 +297,13 @@ class PointstampProgress:
                 for i in moved:
                     if self.debug:
                         log.debug("frontier moved", step=self.steps[i], frontiers=self._input_frontiers(i))
+                    if i in self._upstream:
+                        upstream = self.tracker.frontier(self._upstream[i])
+                        await self.nodes[i].on_upstream(min((t.epoch for t in upstream), default=None))
+                        self._dirty = True  # its holds may have moved
                     if i in self._listeners:
-                        await self._frontier_moved(self.nodes[i], self.tracker.frontier(Location.input(i, 0)))
+                        at = Location.output(i, 0) if i in self._upstream else Location.input(i, 0)
+                        await self._frontier_moved(self.nodes[i], self.tracker.frontier(at))
                 await self._notify()
         finally:
             self._settling = False
@@ -484,7 +503,7 @@ def _downstream(root: Node):
 
 
 def _holds(window: WindowAggregate | LoopWindow) -> frozenset[Timestamp]:
-    if isinstance(window, LoopWindow):
+    if isinstance(window, (LoopWindow, SsbGraphWindow)):
         return window.holds()
     end = window.held()
     return frozenset() if end is None else frozenset((Timestamp(end),))

@@ -22,6 +22,7 @@ class ExecutorStats:
     failed_channels: int = 0
     progress_bytes: int = 0  # graph flows on several executors: bytes its progress bus posted (to all peers)
     progress_messages: int = 0  # and the messages it broadcast
+    shipped_bytes: int = 0  # several executors: bytes of rows its exchanges sent peers (records or partial states)
 
     def as_dict(self) -> dict:
         return attrs.asdict(self)

@@ -65,13 +65,17 @@ def results(result, late: sinks.Collect) -> dict:
     }
 
 
-@pytest.mark.parametrize(("executors", "transport"), [(2, "shm"), (3, "tcp")])
-def test_graph_windows_on_executors_equal_one_executor_and_the_rule(executors, transport):
+@pytest.mark.parametrize(("executors", "transport", "mode"), [(2, "shm", "uppar"), (3, "tcp", "uppar"), (2, "shm", "slash"), (3, "tcp", "slash")])
+def test_graph_windows_on_executors_equal_one_executor_and_the_rule(executors, transport, mode):
+    """mode="slash": the windows behind the union and after the loop fold their records into
+    fragments shipped as partial states (late-heavy sliding windows: tails of partly late
+    slices too); "uppar": their records go to their keys' owners."""
     sliding = Sliding(200, 50)
     flow, late = graph_windows(sliding)
     one = results(slashrt.run(flow, inputs(), slot_size=256, slots=4), late)
     flow, late = graph_windows(sliding)
-    many = results(slashrt.run(flow, inputs(), executors=executors, transport=transport, slot_size=256, slots=4), late)
+    many = results(slashrt.run(flow, inputs(), executors=executors, transport=transport, mode=mode, slot_size=256,
+                               slots=4), late)
     rows, late_records = expected(sliding)
     assert len(late_records) > N // 5  # late-heavy
     np.testing.assert_array_equal(one["sums"], rows[:, [0, 1, 3]])
@@ -92,8 +96,17 @@ def test_graph_windows_on_executors_equal_one_executor_and_the_rule(executors, t
         assert got["late_counts"]["gw.looped"] == len(a_late) > 0
 
 
-def test_graph_windows_refuse_the_options_of_the_state_backend():
+def test_graph_windows_refuse_the_epoch_options_of_the_state_backend_and_slash_inside_loops():
     flow, _ = graph_windows(Sliding(200, 50))
-    for options in ({"mode": "slash"}, {"epoch_bytes": 1 << 20, "executors": 2}, {"ssb_routing": "direct", "executors": 3}):
-        with pytest.raises(DataflowError, match=r"dataflow 'gw' \(a graph flow\) route their records to the executor"):
+    for options in ({"epoch_bytes": 1 << 20, "executors": 2}, {"ssb_routing": "direct", "executors": 3}):
+        with pytest.raises(DataflowError, match=r"dataflow 'gw' \(a graph flow\) ship their fragments when the frontier"):
             slashrt.run(flow, inputs(), **options)
+    looped = Dataflow("lw")
+    with looped.loop("rounds") as loop:
+        a = looped.source("a", SCHEMA, time="t", max_delay=MAX_DELAY)
+        step = loop.enter(a.with_column("n", lambda b: np.zeros(len(b), np.int64), dtype="<i8", name="zero"))
+        loop.feed_back(step.filter(lambda b: b["n"] > 0, name="never"))
+        step.window(Tumbling(100)).count(key="k", name="inside").sink(sinks.Collect(), name="out")
+    with pytest.raises(DataflowError, match=r"mode='slash': the keyed windows \['lw.inside'\] of dataflow 'lw' are "
+                                            r"inside a loop, where they route their records .*; give mode='uppar'"):
+        slashrt.run(looped, {"a": inputs()["a"]}, executors=2, mode="slash")

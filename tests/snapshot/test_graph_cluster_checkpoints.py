@@ -95,13 +95,16 @@ def chaos_env(monkeypatch, tmp_path, kills: str):
     monkeypatch.setenv(chaos.MARKS_ENV, str(tmp_path / "marks"))
 
 
-def test_sigkills_recovered_by_restart_publish_exactly_the_failure_free_output(tmp_path, monkeypatch, reference):
+@pytest.mark.parametrize("mode", ["uppar", "slash"])
+def test_sigkills_recovered_by_restart_publish_exactly_the_failure_free_output(tmp_path, monkeypatch, reference, mode):
+    """mode="slash": the keyed window folds its records into fragments, shipped to their
+    owners as partial states: both, and the partials on their way, are in the checkpoints."""
     kills = "align:2;async:4;pre_commit:7"  # during alignment, during the async write, between pre-commit and commit
     chaos_env(monkeypatch, tmp_path, kills)
     # (each batch of source a takes 4 ms more until all three fired: the job cannot end before them)
     pace = until_fired(tmp_path / "marks", kills)
     result = slashrt.run(
-        _graph_flow.flow(tmp_path / "out", pace=pace), _graph_flow.inputs(), executors=3, transport="tcp",
+        _graph_flow.flow(tmp_path / "out", pace=pace), _graph_flow.inputs(), executors=3, transport="tcp", mode=mode,
         checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", restart="fixed-delay:attempts=5,delay=0", **RINGS,
     )
     assert len(list((tmp_path / "marks").iterdir())) == 3 == len(result.recoveries)
@@ -110,6 +113,10 @@ def test_sigkills_recovered_by_restart_publish_exactly_the_failure_free_output(t
     restored = [r["checkpoint"] for r in result.recoveries if r["checkpoint"] is not None]
     assert any(fed(store.load(n).meta) > 0 and mid_job(store.load(n)) for n in restored)  # resumed mid-job
     assert outputs(tmp_path / "out") == reference
+    if mode == "slash":
+        kinds = {state.meta["kind"] for n in restored for (step, _), state in store.load(n).states.items()
+                 if step == "graph-ckpt.by_g"}
+        assert kinds == {"ssb_graph_window"}
 
 
 def cc_rows(directory) -> np.ndarray:

@@ -15,6 +15,8 @@ The kill trials of test_graph_cluster_checkpoints.py run with the default timeou
 10 ms interval), so their checkpoints are unaligned whenever an alignment takes longer.
 """
 
+import collections
+
 import numpy as np
 import pytest
 
@@ -25,6 +27,7 @@ from slashrt import Dataflow, Schema, Tumbling
 from slashrt.ops.sinks import Collect
 from slashrt.snapshot import SnapshotStore
 from slashrt.snapshot.channel_state import CHANNEL_KIND
+from slashrt.ssb.partitions import DEFAULT_PARTITIONS, Partitioning
 
 from tests.snapshot import _graph_flow
 from tests.snapshot.test_graph_cluster_checkpoints import RINGS as GRAPH_RINGS, chaos_env, published
@@ -49,13 +52,14 @@ def stream(seed: int) -> np.ndarray:
 INPUTS = {"a": stream(1), "b": stream(2)}
 
 
-def chained(slow) -> tuple[Dataflow, Collect]:
-    """Union, an exchange by k, the slow step, then a count per v over the whole stream (its
-    route: an exchange chained after the exchange): the counts are how many records went in."""
+def chained(slow, window_ms: int = 10**9) -> tuple[Dataflow, Collect]:
+    """Union, an exchange by k, the slow step, then a count per v (its route: an exchange
+    chained after the exchange; by default one window over the whole stream): summed over the
+    windows, the counts are how many records went in."""
     job = Dataflow("gcount")
     out = Collect(transactional=True)
     a, b = job.source("a", SCHEMA, time="t"), job.source("b", SCHEMA, time="t")
-    a.union(b).exchange(key="k").filter(slow, name="slow").window(Tumbling(ms=10**9)).count(key="v").sink(out, name="out")
+    a.union(b).exchange(key="k").filter(slow, name="slow").window(Tumbling(ms=window_ms)).count(key="v", name="counts").sink(out, name="out")
     return job, out
 
 
@@ -67,19 +71,34 @@ def channel_parts(checkpoint, kind: str) -> int:
                and len(state.arrays["records"]))
 
 
+def window_rows(out: Collect) -> np.ndarray:
+    rows = np.sort(out.records, order=["window_start", "v"])
+    return np.column_stack([rows["window_start"], rows["v"], rows["count"]])
+
+
+def reference_rows(window_ms: int) -> np.ndarray:
+    rows = np.concatenate([INPUTS["a"], INPUTS["b"]])
+    keys, n = np.unique(np.stack([rows["t"] // window_ms * window_ms, rows["v"]], axis=1), axis=0, return_counts=True)
+    return np.column_stack([keys, n])
+
+
 def counts(out: Collect) -> np.ndarray:
     got = np.zeros(300, np.int64)
     np.add.at(got, out.records["v"], out.records["count"])
     return got
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_a_slow_step_after_an_exchange_is_overtaken_and_a_resume_from_its_channel_state_is_exact(tmp_path, transport):
+@pytest.mark.parametrize(("transport", "mode"), [("shm", "uppar"), ("tcp", "uppar"), ("shm", "slash"), ("tcp", "slash")])
+def test_a_slow_step_after_an_exchange_is_overtaken_and_a_resume_from_its_channel_state_is_exact(tmp_path, transport, mode):
+    """mode="slash": the count folds into fragments shipped as partial states every 100 ms of
+    event time (30 windows), which the checkpoints hold, with the partials on their way."""
     expected = np.bincount(np.concatenate([INPUTS["a"]["v"], INPUTS["b"]["v"]]), minlength=300)
-    job, out = chained(SlowCalls(60e-6, 0.004))
-    result = slashrt.run(job, INPUTS, executors=2, transport=transport, checkpoint_dir=tmp_path, **RINGS,
+    window_ms = 100 if mode == "slash" else 10**9
+    job, out = chained(SlowCalls(60e-6, 0.004), window_ms)
+    result = slashrt.run(job, INPUTS, executors=2, transport=transport, mode=mode, checkpoint_dir=tmp_path, **RINGS,
                          checkpoint={"interval": 0.02, "keep": 1000, "alignment_timeout": 0})
     assert np.array_equal(counts(out), expected)
+    np.testing.assert_array_equal(window_rows(out), reference_rows(window_ms))
     store = SnapshotStore(tmp_path, job="gcount", keep=1000)
     checkpoints = {n: store.load(n) for n in store.checkpoints()}
     assert all(c.meta.get("unaligned") for c in checkpoints.values()
@@ -89,13 +108,30 @@ def test_a_slow_step_after_an_exchange_is_overtaken_and_a_resume_from_its_channe
     queued = [n for n, c in checkpoints.items() if channel_parts(c, "to")]
     assert overtook and queued, {n: sorted(step for step, _ in c.states) for n, c in checkpoints.items()}
     assert len([c for c in result.checkpoints if c["status"] == "completed"]) == len(checkpoints)
+    if mode == "slash":
+        assert len(result.epochs["gcount.counts"][0]) > 1  # shipped while the stream went on
+        assert {s.meta["kind"] for c in checkpoints.values() for (step, _), s in c.states.items()
+                if step == "gcount.counts"} == {"ssb_graph_window"}
     # a resume from one computes each record in flight once: the receiver replays what its
     # peers' channels held, the sender ships again what it had queued behind the barrier
     for n in sorted({(sorted(set(overtook) & set(queued)) or overtook)[-1], queued[0]}):
-        job, out = chained(SlowCalls(0, 0))
-        slashrt.run(job, INPUTS, executors=2, transport=transport, checkpoint_dir=tmp_path, **RINGS,
+        job, out = chained(SlowCalls(0, 0), window_ms)
+        slashrt.run(job, INPUTS, executors=2, transport=transport, mode=mode, checkpoint_dir=tmp_path, **RINGS,
                     checkpoint={"keep": 1000}, resume_from=n)
-        assert np.array_equal(counts(out), expected), n
+        # what n pre-committed (published by the restore) and all after: the windows each key's
+        # owner had not fired at the checkpoint before n, each exact (one window over the whole
+        # stream: every count; 100 ms windows: those from that cut on)
+        before = max((m for m in checkpoints if m < n), default=None)
+        fired = collections.defaultdict(lambda: np.iinfo(np.int64).min)
+        if before is not None:
+            fired.update({e: state.meta["fired_until"] for (step, e), state in checkpoints[before].states.items()
+                          if step == "gcount.counts"})
+        reference = reference_rows(window_ms)
+        owners = Partitioning(DEFAULT_PARTITIONS, 2).owner_of(reference[:, 1])
+        unfired = reference[reference[:, 0] + window_ms > np.array([fired[int(o)] for o in owners])]
+        assert len(unfired), n
+        np.testing.assert_array_equal(window_rows(out), unfired[np.lexsort((unfired[:, 1], unfired[:, 0]))],
+                                      err_msg=f"checkpoint {n}")
 
 
 def test_a_loop_shipping_every_round_with_unaligned_checkpoints_killed_and_resumed_is_exactly_once(tmp_path, monkeypatch):

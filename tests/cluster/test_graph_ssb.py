@@ -1,0 +1,83 @@
+"""The Slash State Backend in graph flows (`slashrt.ops.ssb_route`): a union, with a user
+operator in front of it, feeding a keyed tumbling count on several executors in real
+processes, over shm and tcp, with rings of four 256-byte slots that every channel wraps many
+times. The windows equal one executor's; every executor folds its records into fragments and
+ships one partial row per key and window, not a row per record (`RunResult.epochs` names the
+window); the same flow routed by key (`mode="uppar"`) ships every record another executor owns."""
+
+import numpy as np
+import pytest
+
+import slashrt
+from slashrt import Dataflow, Operator, Schema, Tumbling, sinks
+
+SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
+N = 20_000  # per source: ~1,900 slots of 256 bytes through each source's ring of 4
+KEYS = 50
+RINGS = {"slot_size": 256, "slots": 4}
+
+
+class Doubled(Operator):
+    """A user step in front of the union: every record twice (its state: how many it saw)."""
+
+    stateless = True
+
+    async def on_batch(self, ctx, port, batch):
+        rows = batch.to_numpy(SCHEMA.dtype)
+        await ctx.emit(np.concatenate([rows, rows]))
+
+
+def union_count() -> Dataflow:
+    flow = Dataflow("uc")
+    a = flow.source("a", SCHEMA, time="t")
+    b = flow.source("b", SCHEMA, time="t")
+    doubled = a.operator(Doubled(), name="doubled", schema=SCHEMA)
+    doubled.union(b).window(Tumbling(100)).count(key="k", name="counts").sink(sinks.Collect(), name="out")
+    return flow
+
+
+def inputs() -> dict:
+    rng = np.random.default_rng(3)
+    out = {}
+    for name in "ab":
+        data = np.zeros(N, SCHEMA.dtype)
+        data["t"] = np.arange(N) // 10
+        data["k"] = rng.integers(0, KEYS, N)
+        out[name] = data
+    return out
+
+
+def expected() -> np.ndarray:
+    data = inputs()
+    rows = np.concatenate([data["a"], data["a"], data["b"]])
+    keys, counts = np.unique(np.stack([rows["t"] // 100 * 100, rows["k"]], axis=1), axis=0, return_counts=True)
+    return np.column_stack([keys, counts])
+
+
+def windows(result) -> np.ndarray:
+    out = np.sort(result.outputs["uc.out"], order=["window_start", "k"])
+    return np.column_stack([out["window_start"], out["k"], out["count"]])
+
+
+@pytest.mark.parametrize(("executors", "transport"), [(2, "shm"), (3, "tcp")])
+def test_a_union_behind_a_user_step_counts_on_the_state_backend_and_ships_partials_not_records(executors, transport):
+    np.testing.assert_array_equal(windows(slashrt.run(union_count(), inputs(), **RINGS)), expected())
+    slash = slashrt.run(union_count(), inputs(), executors=executors, transport=transport, mode="slash", **RINGS)
+    uppar = slashrt.run(union_count(), inputs(), executors=executors, transport=transport, mode="uppar", **RINGS)
+    np.testing.assert_array_equal(windows(slash), expected())
+    np.testing.assert_array_equal(windows(uppar), expected())
+    assert list(slash.epochs) == ["uc.counts"] and len(slash.epochs["uc.counts"]) == executors
+    shipments = [e for per_executor in slash.epochs["uc.counts"] for e in per_executor]
+    assert sum(e.records for e in shipments) == 3 * N  # every record folded once, where it was read
+    windows_seen = 3 * N // 1000 + 1  # (windows of 100 ms, 10 records a ms per source)
+    assert sum(e.keys_touched for e in shipments) <= executors * KEYS * windows_seen  # a row per key and window
+    shipped = sum(s.shipped_bytes for s in slash.stats)
+    routed = sum(s.shipped_bytes for s in uppar.stats)
+    assert 0 < shipped == sum(e.shipped_bytes for e in shipments)
+    assert shipped * 10 < routed  # partial states, not records
+
+
+def test_one_executor_and_a_slash_cluster_report_no_shipment_where_nothing_crosses():
+    one = slashrt.run(union_count(), inputs(), executors=1, mode="slash", **RINGS)
+    np.testing.assert_array_equal(windows(one), expected())
+    assert sum(s.shipped_bytes for s in one.stats) == 0
