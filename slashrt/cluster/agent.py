@@ -35,7 +35,6 @@ import time
 import traceback
 
 import cloudpickle
-import numpy as np
 import structlog
 import trio
 

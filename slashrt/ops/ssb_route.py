@@ -109,12 +109,14 @@ class SsbGraphWindow(WindowAggregate):
         for s, closed, end in self.pieces():
             if until is not None and end > until:
                 continue
+            table = self.fragments.slices[s] if closed == NO_TIME else self.fragments.tails[(s, closed)]
+            if self.spec.overflow == "error" and table.overflowed:  # (a partial state does not carry the flag)
+                self._overflowed(f"the slice [{s * self.slice_len}, {(s + 1) * self.slice_len}) of this executor")
+            keys, counts, vals = table.export()
             if closed == NO_TIME:
-                table = self.fragments.slices[s]
-                keys, counts, vals = table.export()
                 self.fragments._drop_slice(s)
             else:
-                keys, counts, vals = self.fragments.tails.pop((s, closed)).export()
+                del self.fragments.tails[(s, closed)]
             if not len(keys):
                 continue
             rows = np.empty(len(keys), partial_dtype(self.value_dtype))
