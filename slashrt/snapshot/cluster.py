@@ -30,10 +30,11 @@ agent cancels its executor's run (no end of stream: open windows stay in n), sto
 channels and says "finished"; once all did, "release" lets them close the channels (docs/
 architecture.md, "Stop with a savepoint on a cluster"). If n aborts, "go_on": the sources feed on.
 
-Stop-the-world (mode "sync", tree flows): every checkpoint halts the sources as a savepoint does
+Stop-the-world (mode "sync", every flow): every checkpoint halts the sources as a savepoint does
 (`SourceBarriers.stop`: nothing fed after barrier n); each executor, once aligned (everything fed
-before the halt, through every exchange, processed), snapshots and writes while its loop waits,
-then acks; once all acked (drained everywhere), manifest, "commit" n, and only then "go_on" n.
+before the halt, through every exchange, processed; a graph flow's exchange by exchange, loops
+included), snapshots and writes while its loop waits, then acks; once all acked (drained
+everywhere), manifest, "commit" n, and only then "go_on" n.
 
 Alignment goes stage by stage because every executor is upstream and downstream of every other:
 lane k of an executor computes what peers send to its stage-k exchanges (`slashrt._plan`), and
@@ -65,7 +66,7 @@ import time
 import structlog
 import trio
 
-from slashrt.errors import OptionError, SlashError, SnapshotError, SnapshotWriteError, retryable_report
+from slashrt.errors import SlashError, SnapshotError, SnapshotWriteError, retryable_report
 from slashrt.snapshot import channel_state
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Snapshot
 from slashrt.snapshot.collected import COMMITTED, Outbox
@@ -692,11 +693,6 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
         return None
     config, keep = checkpoint_config(checkpoint)
     config = aligned_for_moved_positions(config, plan, inputs)
-    if config.mode == "sync" and role_plan.graph is not None:
-        raise OptionError(
-            f"run(): checkpoint mode 'sync' stops the world of tree flows on a cluster; {flow.name!r} is a graph flow "
-            "(pointstamp progress, loops): checkpoint it with barrier snapshots (mode 'abs')"
-        )
     refuse_uncheckpointable(flow, plan, inputs)
     steps = list(stateful_nodes(role_plan))
     if loop_feedbacks(role_plan):  # the feedback queues' logs and the exchanges' outboxes (`cluster_graph`)

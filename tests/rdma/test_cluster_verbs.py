@@ -1,7 +1,7 @@
 """Multi-executor jobs over verbs, inside the VM: every exchange mode, with every channel
 wrapping its small ring at least a hundred times, gives the single-executor result; the
-progress bus keeps the distributed protocol's laws over verbs queue pairs, and a loop whose
-records cross executors runs on it."""
+progress bus keeps the distributed protocol's laws over verbs queue pairs, a loop whose
+records cross executors runs on it, and so does a graph flow's window on the state backend."""
 
 import os
 import subprocess
@@ -17,6 +17,8 @@ from slashrt.testing._check_progress import WRAPS as PROGRESS_WRAPS
 from slashrt.transport._auth import generate_secret
 from cluster.test_graph_cluster import KEYED, exchange_flow
 from cluster.test_graph_cluster import K as HOPS
+from cluster.test_graph_ssb import N as SSB_N, RINGS as SSB_RINGS, expected as ssb_expected, inputs as ssb_inputs
+from cluster.test_graph_ssb import union_count, windows as ssb_windows
 
 MEDIUM = "verbs"
 
@@ -83,3 +85,17 @@ def test_a_loop_whose_records_cross_executors_over_verbs_equals_one_executor(rdm
     assert sorted(hopped.tolist()) == sorted(one.outputs["x.hopped"].tolist())
     assert sorted(many.outputs["x.per_key_out"].tolist()) == sorted(one.outputs["x.per_key_out"].tolist())
     rdma_report(f"a loop exchanging by key over {MEDIUM}, 2 executors: {n} records x {HOPS} hops: {many.seconds:.1f} s")
+
+
+def test_a_graph_flows_window_on_the_state_backend_over_verbs_ships_partials_and_equals_numpy(rdma_device, agents, rdma_report):
+    # mode="slash" in a graph flow (a union behind a user operator into a tumbling count):
+    # fragments shipped as partial states over verbs queue pairs, records never
+    addresses, secret = agents
+    result = slashrt.run(union_count(), ssb_inputs(), executors=addresses, transport=MEDIUM, secret=secret,
+                         mode="slash", **SSB_RINGS)
+    np.testing.assert_array_equal(ssb_windows(result), ssb_expected())
+    shipments = [e for per_executor in result.epochs["uc.counts"] for e in per_executor]
+    assert sum(e.records for e in shipments) == 3 * SSB_N
+    assert 0 < sum(s.shipped_bytes for s in result.stats) < 3 * SSB_N * 8  # partial rows, not a row per record
+    rdma_report(f"a graph flow's SSB window over {MEDIUM}, 2 executors: {3 * SSB_N} records, "
+                f"{sum(s.shipped_bytes for s in result.stats)} bytes shipped: {result.seconds:.1f} s")

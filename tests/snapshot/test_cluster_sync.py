@@ -10,7 +10,10 @@ n, and only then ("go_on" n) the sources feed on.
   "abs"), and every checkpoint's state holds exactly what the sources fed before it;
 - SIGKILL during a sync checkpoint (its write; between pre-commit and commit), then
   `restart=`: the committed output is the failure-free one;
-- graph flows are refused in one sentence.
+- graph flows too (pointstamp progress, aligned exchange by exchange): the halting check on an
+  exchange into a window (routed and on the state backend), the graph-flow test flow (union,
+  a user operator behind an exchange, a window chained after it, connect) and a loop shipping
+  every round equal one executor's, with checkpoints in the middle of the stream.
 """
 
 
@@ -21,11 +24,12 @@ import slashrt
 from slashrt import Dataflow, Tumbling
 from slashrt.bench.chaos import published
 from slashrt.cluster import PerExecutor
-from slashrt.errors import OptionError
 from slashrt.ops.sinks import Collect
 from slashrt.snapshot import SnapshotStore
 
-from tests.snapshot import _cluster_child
+from tests.snapshot import _cluster_child, _graph_flow
+from tests.snapshot._paced import Paced
+from tests.snapshot.test_graph_cluster_checkpoints import RINGS as GRAPH_RINGS
 from tests.snapshot.test_chained_checkpoints import N, SMALL, chaos_run, csv_lines, records, reference, two_stages
 from tests.snapshot.test_recovery import bounded
 
@@ -73,10 +77,15 @@ class Watch:
         return np.ones(len(t), bool)
 
 
-@pytest.mark.parametrize("mode,transport,executors", [("slash", "shm", 2), ("uppar", "tcp", 3)])
-def test_no_source_feeds_while_a_stop_the_world_checkpoint_is_in_progress(tmp_path, mode, transport, executors):
+@pytest.mark.parametrize("mode,transport,executors,graph", [
+    ("slash", "shm", 2, False), ("uppar", "tcp", 3, False), ("slash", "tcp", 3, True), ("uppar", "shm", 2, True),
+])
+def test_no_source_feeds_while_a_stop_the_world_checkpoint_is_in_progress(tmp_path, mode, transport, executors, graph):
+    """`graph`: an exchange by another key in front of the window makes it a graph flow."""
     job = Dataflow("halt")
     watched = job.source("r", _cluster_child.SCHEMA, time="t").filter(Watch(str(tmp_path), "halt"))
+    if graph:
+        watched = watched.exchange(key="t")
     # one window for the whole stream, a count per key: the state is how many records went in
     watched.window(Tumbling(ms=10**9)).count(key="k").sink(Collect(transactional=True), name="out")
     bounded(job, {"r": PerExecutor(numbered, deterministic=True)}, executors=executors, mode=mode, transport=transport,
@@ -117,9 +126,26 @@ def test_sigkill_during_a_stop_the_world_checkpoint_then_restart_is_exactly_once
     assert published(tmp_path / "out") == csv_lines(N)  # nothing lost, nothing twice
 
 
-def test_graph_flows_are_refused_stop_the_world_in_one_sentence(tmp_path):
-    job = Dataflow("graph")
-    job.source("r", _cluster_child.SCHEMA, time="t").exchange("k").sink(Collect())  # pointstamp progress
-    with pytest.raises(OptionError, match=r"mode 'sync' stops the world of tree flows on a cluster; 'graph' is a graph"):
-        slashrt.run(job, {"r": _cluster_child.records()[:1000]}, executors=2, checkpoint={"mode": "sync"},
-                    checkpoint_dir=tmp_path, **SMALL)
+@pytest.mark.parametrize("mode,transport,executors", [("uppar", "tcp", 3), ("slash", "shm", 2)])
+def test_a_graph_flow_checkpointed_stop_the_world_equals_one_executor(tmp_path, mode, transport, executors):
+    graph_sync = {"interval": 0.01, "mode": "sync", "keep": 1000}
+    slashrt.run(_graph_flow.flow(tmp_path / "ref"), _graph_flow.inputs(), checkpoint_dir=tmp_path / "ref-chk")
+    result = slashrt.run(_graph_flow.flow(tmp_path / "out", pace=Paced(seconds=0.002, batches=200)),
+                         _graph_flow.inputs(), executors=executors, transport=transport, mode=mode,
+                         checkpoint=graph_sync, checkpoint_dir=tmp_path / "chk", **GRAPH_RINGS)
+    for sink in _graph_flow.SINKS:
+        assert published(tmp_path / "out" / sink) == published(tmp_path / "ref" / sink), sink
+    periodic = [c for c in result.checkpoints if c["status"] == "completed" and not c["savepoint"]]
+    assert len(periodic) >= 2 and all(c["status"] == "completed" for c in result.checkpoints)
+    assert not any(c["unaligned"] for c in result.checkpoints)  # the world stopped: nothing in flight
+
+
+def test_a_loop_shipping_every_round_checkpointed_stop_the_world_equals_one_executor(tmp_path):
+    inputs = {"a": _graph_flow.inputs()["a"]}
+    slashrt.run(_graph_flow.hop_flow(tmp_path / "ref"), inputs, checkpoint_dir=tmp_path / "ref-chk")
+    result = slashrt.run(_graph_flow.hop_flow(tmp_path / "out", Paced(seconds=0.002, batches=200)), inputs,
+                         executors=2, transport="shm", checkpoint={"interval": 0.01, "mode": "sync", "keep": 1000},
+                         checkpoint_dir=tmp_path / "chk", **GRAPH_RINGS)
+    assert published(tmp_path / "out" / "hopped") == published(tmp_path / "ref" / "hopped")
+    periodic = [c for c in result.checkpoints if c["status"] == "completed" and not c["savepoint"]]
+    assert len(periodic) >= 2 and all(c["status"] == "completed" for c in result.checkpoints)

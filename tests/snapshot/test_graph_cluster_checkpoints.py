@@ -95,17 +95,19 @@ def chaos_env(monkeypatch, tmp_path, kills: str):
     monkeypatch.setenv(chaos.MARKS_ENV, str(tmp_path / "marks"))
 
 
-@pytest.mark.parametrize("mode", ["uppar", "slash"])
-def test_sigkills_recovered_by_restart_publish_exactly_the_failure_free_output(tmp_path, monkeypatch, reference, mode):
+@pytest.mark.parametrize(("mode", "checkpointing"), [("uppar", "abs"), ("slash", "abs"), ("slash", "sync")])
+def test_sigkills_recovered_by_restart_publish_exactly_the_failure_free_output(
+        tmp_path, monkeypatch, reference, mode, checkpointing):
     """mode="slash": the keyed window folds its records into fragments, shipped to their
-    owners as partial states: both, and the partials on their way, are in the checkpoints."""
+    owners as partial states: both, and the partials on their way, are in the checkpoints.
+    "sync": stop-the-world checkpoints (every source halted until n is committed)."""
     kills = "align:2;async:4;pre_commit:7"  # during alignment, during the async write, between pre-commit and commit
     chaos_env(monkeypatch, tmp_path, kills)
     # (each batch of source a takes 4 ms more until all three fired: the job cannot end before them)
     pace = until_fired(tmp_path / "marks", kills)
     result = slashrt.run(
         _graph_flow.flow(tmp_path / "out", pace=pace), _graph_flow.inputs(), executors=3, transport="tcp", mode=mode,
-        checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", restart="fixed-delay:attempts=5,delay=0", **RINGS,
+        checkpoint={**CHECKPOINTS, "mode": checkpointing}, checkpoint_dir=tmp_path / "chk", restart="fixed-delay:attempts=5,delay=0", **RINGS,
     )
     assert len(list((tmp_path / "marks").iterdir())) == 3 == len(result.recoveries)
     assert all("killed by signal 9 (SIGKILL)" in r["cause"] for r in result.recoveries), result.recoveries
