@@ -82,6 +82,13 @@ class ClusterRole:
             spec, WindowAggregate(spec, late), index=self.index, partitioning=self.partitioning, progress=self.progress
         )
 
+    def on_fragments(self, spec: WindowAggSpec, up) -> bool:
+        """Does this graph flow's keyed window run on the state backend (`SsbRoute`)? In mode
+        "slash", outside loops (run() refuses mode="slash" given for windows in loops), where
+        its records need a route."""
+        routed = isinstance(up, ExchangeSpec) and up.key == spec.key
+        return self.mode == "slash" and not spec.scope and self.partitioning.executors > 1 and not routed
+
     def graph_window(self, spec: WindowAggSpec, late: SinkNode | None, up) -> Node:
         """A keyed window of a graph flow, firing on the distributed pointstamp frontier. In
         mode "uppar" its rows go to their key's owner (`WindowRoute`), whose window (a plain
@@ -91,7 +98,7 @@ class ClusterRole:
         they arrive routed by that key already (`exchange(key=)` of the window's key just before)."""
         if self.partitioning.executors == 1 or (isinstance(up, ExchangeSpec) and up.key == spec.key):
             return LoopWindow(spec, late) if spec.scope else WindowAggregate(spec, late)
-        if self.mode == "slash" and not spec.scope:  # (run() refuses mode="slash" given for windows in loops)
+        if self.on_fragments(spec, up):
             return SsbRoute(spec, late, index=self.index, partitioning=self.partitioning)
         window = LoopWindow(spec, late) if spec.scope else WindowAggregate(spec, late)
         return WindowRoute(spec, window, index=self.index, partitioning=self.partitioning)
@@ -198,7 +205,11 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
 
     # a graph (loops, several inputs) is checked before it is wired: a cycle without a
     # feedback is refused naming its steps
-    graph = progress_graph(flow) if flow.is_graph() else None
+    fragments = frozenset(
+        s.step_id for s in flow.steps.values()
+        if isinstance(s, WindowAggSpec) and cluster is not None and cluster.on_fragments(s, flow.steps.get(s.up))
+    )
+    graph = progress_graph(flow, fragments) if flow.is_graph() else None
     # every step once; a step read by several (a union, a two-input operator, a loop's entry)
     # is reached through a Port naming the input, so it is called synchronously from each
     steps = {step_id: build(spec) for step_id, spec in flow.steps.items()}

@@ -8,15 +8,17 @@ before it: `PointstampProgress` hands it over, `on_upstream`) passes that window
 owner joins the partial states (a CRDT merge) into its window, which fires on the frontier
 at the step's input, as a routed window does (`slashrt.ops.route.WindowRoute`).
 
-Pointstamps keep that exact: a fragment is a capability of the step (counted at its output,
-with the owner's window's own: `SsbGraphWindow.holds`) at the time before the end of the
-first window it still joins, and its rows, shipped, are counted in flight at that time at the
-step's input until their owner took them, in the same progress update that drops the
-capability. The owner's window fires on the frontier at the step's output, which both hold
-back: it cannot fire a window before every executor's part of it arrived, whatever their
-speeds. (At the input alone, an owner taking rows before their sender's update reached it
-would cancel another executor's capability at the same time.) Fragments are due by the
-records' frontier one location upstream, which their capabilities never hold back.
+Pointstamps keep that exact: a fragment is a capability of the step at the time before the
+end of the first window it joins, counted at a second input port of the step that no edge
+feeds (`progress_graph(flow, fragments)`); shipped, its rows are counted in flight at the
+step's input at that time until their owner took them, in the same progress update that
+drops the capability. The owner's window fires on the frontier at both ports: no window fires
+before every executor's fragment of it arrived, whatever their speeds. (Counted at the input
+beside the rows, an owner taking rows before their sender's update reached it would cancel
+another executor's capability at the same pointstamp; at the output, beside the windows' own
+capabilities, every owner would wait for every other's earliest window: a progress round per
+window.) The records' frontier that makes fragments due is read one location upstream, which
+their capabilities never hold back.
 
 Lateness is judged where a record is read, by the rule of a plain window (the logical time
 of its batch closes the windows ending by it): a record partly late for a sliding window's
@@ -92,15 +94,12 @@ class SsbGraphWindow(WindowAggregate):
             out.append((s, closed, end))
         return out
 
-    def holds(self) -> frozenset[Timestamp]:
-        """The capabilities the step holds (`PointstampProgress` counts them at its output):
-        the end of the owner's earliest window still to fire, and each fragment holding state
-        at its first window's end - 1."""
+    def fragment_holds(self) -> frozenset[Timestamp]:
+        """The capabilities of the fragments holding state, each at its first window's end - 1
+        (`PointstampProgress` counts them at the step's second input port)."""
         tables = self.fragments.slices, self.fragments.tails
-        held = {Timestamp(end - 1) for s, closed, end in self.pieces()
-                if len(tables[closed != NO_TIME][s if closed == NO_TIME else (s, closed)])}
-        end = self.held()
-        return frozenset(held if end is None else held | {Timestamp(end)})
+        return frozenset(Timestamp(end - 1) for s, closed, end in self.pieces()
+                         if len(tables[closed != NO_TIME][s if closed == NO_TIME else (s, closed)]))
 
     def take_due(self, until: int | None) -> list[tuple[int, np.ndarray]]:
         """The fragment tables whose first window ends by `until` (None: all), as partial rows,

@@ -56,7 +56,7 @@ from slashrt.ops.operator import (
 )
 from slashrt.ops.stateless import FilterNode, ProjectNode, WithColumnNode
 from slashrt.ops.route import ExchangeNode, WindowRoute
-from slashrt.ops.ssb_route import SsbGraphWindow, SsbRoute
+from slashrt.ops.ssb_route import SsbRoute
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.window import WindowAggregate
 from slashrt.progress import IDENTITY, INGRESS, Builder, Location, Reachability, Timestamp, Tracker, move_capability
@@ -91,9 +91,11 @@ def resolve_mode(flow, mode: str | None) -> str:
 _GRAPH_NAMES = {"UnionSpec", "OperatorSpec", "EnterSpec", "FeedbackSpec", "LeaveSpec", "ExchangeSpec"}
 
 
-def progress_graph(flow) -> Reachability:
+def progress_graph(flow, fragments: frozenset[str] = frozenset()) -> Reachability:
     """The flow's steps as a progress graph (node i is the flow's i-th step, named by its step
-    id), checked: a cycle that does not pass a feedback is refused naming its steps."""
+    id), checked: a cycle that does not pass a feedback is refused naming its steps. The keyed
+    windows named in `fragments` run on the state backend (`SsbRoute`): a second input port,
+    which no edge feeds, holds their fragments' capabilities."""
     index = {step_id: i for i, step_id in enumerate(flow.steps)}
     builder = Builder()
     for step_id, spec in flow.steps.items():
@@ -104,6 +106,8 @@ def progress_graph(flow) -> Reachability:
             builder.add_node(step_id, 1, 0)
         elif isinstance(spec, (UnionSpec, OperatorSpec)):
             builder.add_node(step_id, ins, 1)
+        elif step_id in fragments:
+            builder.add_node(step_id, 2, 1)
         elif isinstance(spec, EnterSpec):
             builder.add_node(step_id, 2, 1, {(0, 0): INGRESS, (1, 0): IDENTITY})
         elif isinstance(spec, FeedbackSpec):
@@ -196,7 +200,7 @@ class PointstampProgress:
         self._watched: dict[Location, list[int]] = collections.defaultdict(list)
         for i, location in self._upstream.items():
             self._watched[location].append(i)
-            self._watched[Location.output(i, 0)].append(i)
+        self.fragments: dict[int, frozenset[Timestamp]] = {}  # SSB route -> its fragments' capabilities
 
     # --- what nodes call -----------------------------------------------------------------
     @staticmethod
@@ -302,8 +306,10 @@ class PointstampProgress:
                         await self.nodes[i].on_upstream(min((t.epoch for t in upstream), default=None))
                         self._dirty = True  # its holds may have moved
                     if i in self._listeners:
-                        at = Location.output(i, 0) if i in self._upstream else Location.input(i, 0)
-                        await self._frontier_moved(self.nodes[i], self.tracker.frontier(at))
+                        frontier = self.tracker.frontier(Location.input(i, 0))
+                        if i in self._upstream:  # and the fragments on their way, at its second port
+                            frontier = [*frontier, *self.tracker.frontier(Location.input(i, 1))]
+                        await self._frontier_moved(self.nodes[i], frontier)
                 await self._notify()
         finally:
             self._settling = False
@@ -374,6 +380,15 @@ class PointstampProgress:
             await node.on_watermark(epoch)
 
     def _refresh_holds(self) -> None:
+        for i in self._upstream:
+            new, old = self.nodes[i].window.fragment_holds(), self.fragments.get(i, frozenset())
+            if new != old:
+                location = Location.input(i, 1)
+                for time in new - old:
+                    self.tracker.update(location, time, 1)
+                for time in old - new:
+                    self.tracker.update(location, time, -1)
+                self.fragments[i] = new
         for i, window in self.windows:
             new = _holds(window)
             old = self.held.get(i, frozenset())
@@ -447,6 +462,8 @@ class PointstampProgress:
 
     def _what(self, location: Location) -> str:
         node, step = self.nodes[location.node], self.steps[location.node]
+        if location.kind == "in" and location.port == 1 and isinstance(node, SsbRoute):
+            return f"fragments of window {step} not shipped yet"
         if location.kind == "in" and isinstance(node, ExchangeNode):
             return f"records on their way between executors through {step}"
         if location.kind == "in":
@@ -503,7 +520,7 @@ def _downstream(root: Node):
 
 
 def _holds(window: WindowAggregate | LoopWindow) -> frozenset[Timestamp]:
-    if isinstance(window, (LoopWindow, SsbGraphWindow)):
+    if isinstance(window, LoopWindow):
         return window.holds()
     end = window.held()
     return frozenset() if end is None else frozenset((Timestamp(end),))
