@@ -186,6 +186,15 @@ def union_counts():
     return flow, {"a": records(), "b": records()}
 
 
+def union_window_counts():
+    """A graph flow with a keyed window behind a union: on several executors routed by key
+    (`--mode uppar`, a graph flow's default) or on the state backend (`--mode slash`)."""
+    flow = Dataflow("ucounts")
+    a, b = flow.source("a", SCHEMA, time="t"), flow.source("b", SCHEMA, time="t")
+    a.union(b).window(Tumbling(ms=WINDOW_MS)).count(key="k").sink(sinks.Collect(), name="out")
+    return flow, {"a": records(), "b": records()}
+
+
 def _poisoned(index: int, executors: int) -> np.ndarray:
     out = records()
     if index == 1:

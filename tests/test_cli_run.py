@@ -80,6 +80,14 @@ def test_a_job_runs_on_a_local_cluster_with_the_same_result(options):
     assert result["executors"] == executors and result["outputs"] == {"counts.out": ROWS}
 
 
+@pytest.mark.parametrize("options", [[], ["--executors", "2", "--mode", "slash"], ["--executors", "3", "--transport", "tcp",
+                                     "--mode", "uppar"], ["--executors", "2"]], ids=["one", "2-slash", "3-tcp-uppar", "2-default"])
+def test_a_graph_flows_window_runs_in_either_mode_with_the_same_result(options):
+    result = summary(f"{JOBS}:union_window_counts", *options)
+    assert result["outputs"] == {"ucounts.out": _cli_jobs.expected_rows()}
+    assert result["executors"] == (int(options[options.index("--executors") + 1]) if options else 1)
+
+
 def test_small_rings_on_one_executor():
     assert summary(JOBS, "--slots", "4", "--slot-size", "512")["outputs"] == {"counts.out": ROWS}
 
