@@ -84,10 +84,9 @@ class ClusterRole:
 
     def on_fragments(self, spec: WindowAggSpec, up) -> bool:
         """Does this graph flow's keyed window run on the state backend (`SsbRoute`)? In mode
-        "slash", outside loops (run() refuses mode="slash" given for windows in loops), where
-        its records need a route."""
+        "slash", where its records need a route."""
         routed = isinstance(up, ExchangeSpec) and up.key == spec.key
-        return self.mode == "slash" and not spec.scope and self.partitioning.executors > 1 and not routed
+        return self.mode == "slash" and self.partitioning.executors > 1 and not routed
 
     def graph_window(self, spec: WindowAggSpec, late: SinkNode | None, up) -> Node:
         """A keyed window of a graph flow, firing on the distributed pointstamp frontier. In
@@ -234,8 +233,8 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
 
 def default_mode(flow: Dataflow) -> str:
     """A cluster run's mode when none is given: the Slash State Backend for a tree flow's keyed
-    windows; a graph flow's route their records by key (mode="slash" puts those outside loops
-    on the SSB too: `slashrt.ops.ssb_route`)."""
+    windows; a graph flow's route their records by key (mode="slash" puts them on the SSB
+    too: `slashrt.ops.ssb_route`)."""
     return "uppar" if flow.is_graph() else "slash"
 
 

@@ -276,7 +276,7 @@ def _check_cluster_progress(flow: Dataflow, options: dict, mode: str | None = No
     executors meet on `progress` ("watermark": the vector clock; "pointstamp": pointstamp
     counts); graph flows run on distributed pointstamp progress (`check_cluster_flow`), and
     their SSB windows ship fragments as the frontier passes their windows: the epoch options
-    of a tree flow's SSB would be ignored there, and windows inside loops route their records."""
+    of a tree flow's SSB would be ignored there."""
     check_cluster_flow(flow, options.get("progress"))
     windows = [s for s in flow.steps.values() if type(s).__name__ == "WindowAggSpec"]
     if flow.is_graph() and windows:
@@ -286,12 +286,7 @@ def _check_cluster_progress(flow: Dataflow, options: dict, mode: str | None = No
                 f"run(): {', '.join(given)}: the keyed windows of dataflow {flow.name!r} (a graph flow) ship their "
                 "fragments when the frontier passes their windows, not by epochs of bytes; leave it out"
             )
-        looped = [s.step_id for s in windows if s.scope]
-        if mode == "slash" and looped:
-            raise DataflowError(
-                f"run(): mode='slash': the keyed windows {looped} of dataflow {flow.name!r} are inside a loop, where "
-                "they route their records to the executor owning their key; give mode='uppar'"
-            )
+
 
 
 def _check_rings(flow: Dataflow, options: dict) -> None:

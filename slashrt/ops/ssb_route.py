@@ -25,6 +25,11 @@ of its batch closes the windows ending by it): a record partly late for a slidin
 slice joins a *tail* of that slice, shipped with the end its windows closed at (`closed`),
 and the owner joins it only into later windows (`WindowAggregate.merge_slice`).
 
+Inside loops (`SsbLoopWindow`) every iteration has its fragments and its owner's window, as
+a `LoopWindow` has a window per iteration: a fragment is due when the records' frontier at its
+iteration passes its window (`iteration_watermark`), and its time, and its rows' hidden
+columns, carry the iteration's counters.
+
 A record crosses the network only inside a fragment: one row per key a slice saw on an
 executor, not one per record (`EpochStats` per shipment, `RunResult.epochs`).
 """
@@ -35,16 +40,16 @@ import numpy as np
 
 from slashrt._batch import Batch
 from slashrt._dataflow import ExchangeSpec, WindowAggSpec
-from slashrt.errors import DataflowError
 from slashrt.ops.route import WindowRoute
 from slashrt.ops.ssb_window import EpochStats
+from slashrt.ops.loop_window import LoopWindow, iteration_watermark
 from slashrt.ops.window import NO_TIME, WindowAggregate
 from slashrt.progress import Timestamp
 from slashrt.snapshot.operators import check, tagged
 from slashrt.snapshot.state_format import State
 from slashrt.ssb.partitions import Partitioning
 
-__all__ = ["SsbGraphWindow", "SsbRoute", "partial_dtype"]
+__all__ = ["SsbGraphWindow", "SsbLoopWindow", "SsbRoute", "partial_dtype"]
 
 
 def partial_dtype(value_dtype: np.dtype) -> np.dtype:
@@ -56,7 +61,77 @@ def partial_dtype(value_dtype: np.dtype) -> np.dtype:
     )
 
 
-class SsbGraphWindow(WindowAggregate):
+def _pieces(fragments: WindowAggregate) -> list[tuple[int, int, int]]:
+    """(slice, closed, end) of every table of `fragments`: the end of the first window it joins
+    (a slice's table may be empty: one made for its tail)."""
+    out = [(s, NO_TIME, int(fragments._earliest_end(s))) for s in fragments.slices]
+    for s, closed in fragments.tails:
+        first = int(fragments._earliest_end(s))
+        end = first if first > closed else first + ((closed - first) // fragments.slide + 1) * fragments.slide
+        out.append((s, closed, end))
+    return out
+
+
+def _held_ends(fragments: WindowAggregate) -> set[int]:
+    """The times the tables of `fragments` holding state are held at: their first window's end - 1."""
+    tables = fragments.slices, fragments.tails
+    return {end - 1 for s, closed, end in _pieces(fragments)
+            if len(tables[closed != NO_TIME][s if closed == NO_TIME else (s, closed)])}
+
+
+def _take_due(fragments: WindowAggregate, until: int | None, value_dtype) -> list[tuple[int, np.ndarray]]:
+    """The tables of `fragments` whose first window ends by `until` (None: all), as partial
+    rows, each with the time it is held at (its end - 1), removed from the fragments."""
+    due = []
+    for s, closed, end in _pieces(fragments):
+        if until is not None and end > until:
+            continue
+        table = fragments.slices[s] if closed == NO_TIME else fragments.tails[(s, closed)]
+        if fragments.spec.overflow == "error" and table.overflowed:  # (a partial state does not carry the flag)
+            fragments._overflowed(f"the slice [{s * fragments.slice_len}, {(s + 1) * fragments.slice_len}) here")
+        keys, counts, vals = table.export()
+        if closed == NO_TIME:
+            fragments._drop_slice(s)
+        else:
+            del fragments.tails[(s, closed)]
+        if not len(keys):
+            continue
+        rows = np.empty(len(keys), partial_dtype(value_dtype))
+        rows["slice"], rows["key"], rows["count"], rows["value"], rows["closed"] = s, keys, counts, vals, closed
+        due.append((end - 1, rows))
+    return due
+
+
+def _join(window: WindowAggregate, rows: np.ndarray) -> None:
+    """Partial rows of keys this executor owns (a shipment, or its own): into `window`."""
+    closed = rows["closed"]
+    values = np.unique(closed).tolist()
+    for c in values:
+        part = rows if len(values) == 1 else rows[closed == c]
+        window.merge_partials(part["slice"], part["key"], part["count"], part["value"], c)
+
+
+class _Shipments:
+    """What a window's fragments shipped (`RunResult.epochs`, named after the SSB's epochs)."""
+
+    def _start_counting(self) -> None:
+        self.epochs: list[EpochStats] = []  # one per shipment
+        self._input_bytes = self._records = 0
+
+    def _count_input(self, batch: Batch) -> None:
+        self._input_bytes += batch.nbytes
+        self._records += len(batch)
+
+    def shipped(self, rows: int, remote: int, nbytes: int, until: int | None) -> None:
+        """Count a shipment: `rows` partial rows, `remote` of them (`nbytes`) to other executors."""
+        self.epochs.append(EpochStats(
+            len(self.epochs) + 1, self._input_bytes, rows, remote, nbytes, NO_TIME if until is None else until,
+            self._records,
+        ))
+        self._input_bytes = self._records = 0
+
+
+class SsbGraphWindow(_Shipments, WindowAggregate):
     """The owner's window (the windows of the keys this executor owns, joined from every
     executor's fragments) and this executor's fragments (`fragments`, a window that never
     fires: its slices and tails are shipped instead)."""
@@ -66,8 +141,7 @@ class SsbGraphWindow(WindowAggregate):
     def __init__(self, spec: WindowAggSpec, late):
         super().__init__(spec, None)  # the owner judges nothing late: the fragments did
         self.fragments = WindowAggregate(spec, late)
-        self.epochs: list[EpochStats] = []  # one per shipment (named after the SSB's epochs)
-        self._input_bytes = self._records = 0
+        self._start_counting()
 
     @property
     def late_records(self) -> int:
@@ -81,63 +155,21 @@ class SsbGraphWindow(WindowAggregate):
         """Records at `clock.now`: into the fragments, the late ones split off and counted."""
         self.fragments.clock = clock
         await self.fragments.push(batch)
-        self._input_bytes += batch.nbytes
-        self._records += len(batch)
-
-    def pieces(self) -> list[tuple[int, int, int]]:
-        """(slice, closed, end) of every fragment table: the end of the first window it joins
-        (a slice's table may be empty: one made for its tail)."""
-        out = [(s, NO_TIME, int(self._earliest_end(s))) for s in self.fragments.slices]
-        for s, closed in self.fragments.tails:
-            first = int(self._earliest_end(s))
-            end = first if first > closed else first + ((closed - first) // self.slide + 1) * self.slide
-            out.append((s, closed, end))
-        return out
+        self._count_input(batch)
 
     def fragment_holds(self) -> frozenset[Timestamp]:
         """The capabilities of the fragments holding state, each at its first window's end - 1
         (`PointstampProgress` counts them at the step's second input port)."""
-        tables = self.fragments.slices, self.fragments.tails
-        return frozenset(Timestamp(end - 1) for s, closed, end in self.pieces()
-                         if len(tables[closed != NO_TIME][s if closed == NO_TIME else (s, closed)]))
+        return frozenset(Timestamp(t) for t in _held_ends(self.fragments))
 
-    def take_due(self, until: int | None) -> list[tuple[int, np.ndarray]]:
-        """The fragment tables whose first window ends by `until` (None: all), as partial rows,
-        each with the time it is held at (its end - 1), removed from the fragments."""
-        due = []
-        for s, closed, end in self.pieces():
-            if until is not None and end > until:
-                continue
-            table = self.fragments.slices[s] if closed == NO_TIME else self.fragments.tails[(s, closed)]
-            if self.spec.overflow == "error" and table.overflowed:  # (a partial state does not carry the flag)
-                self._overflowed(f"the slice [{s * self.slice_len}, {(s + 1) * self.slice_len}) of this executor")
-            keys, counts, vals = table.export()
-            if closed == NO_TIME:
-                self.fragments._drop_slice(s)
-            else:
-                del self.fragments.tails[(s, closed)]
-            if not len(keys):
-                continue
-            rows = np.empty(len(keys), partial_dtype(self.value_dtype))
-            rows["slice"], rows["key"], rows["count"], rows["value"], rows["closed"] = s, keys, counts, vals, closed
-            due.append((end - 1, rows))
-        return due
+    def take_due(self, frontier) -> list[tuple[Timestamp, np.ndarray]]:
+        """The fragments whose first window the records' `frontier` passed, as partial rows at
+        their times, removed from the fragments."""
+        until = min((t.epoch for t in frontier), default=None)
+        return [(Timestamp(t), rows) for t, rows in _take_due(self.fragments, until, self.value_dtype)]
 
-    def join(self, rows: np.ndarray) -> None:
-        """Partial rows of keys this executor owns (one shipment or its own): into its windows."""
-        closed = rows["closed"]
-        values = np.unique(closed).tolist()
-        for c in values:
-            part = rows if len(values) == 1 else rows[closed == c]
-            self.merge_partials(part["slice"], part["key"], part["count"], part["value"], c)
-
-    def shipped(self, rows: int, remote: int, nbytes: int, until: int | None) -> None:
-        """Count a shipment: `rows` partial rows, `remote` of them (`nbytes`) to other executors."""
-        self.epochs.append(EpochStats(
-            len(self.epochs) + 1, self._input_bytes, rows, remote, nbytes, NO_TIME if until is None else until,
-            self._records,
-        ))
-        self._input_bytes = self._records = 0
+    async def join(self, rows: np.ndarray, counters: tuple[int, ...] = ()) -> None:
+        _join(self, rows)
 
     # -- state: the owner's windows and the fragments ----------------------------------------------
     def snapshot(self) -> State:
@@ -153,54 +185,114 @@ class SsbGraphWindow(WindowAggregate):
         self._input_bytes, self._records = meta["counters"]
 
 
+class SsbLoopWindow(_Shipments, LoopWindow):
+    """Inside loops: the owner's windows, one per iteration (a `LoopWindow`), and this
+    executor's fragments, one window per iteration that never fires (`fragments`); a
+    fragment's time carries its iteration's counters."""
+
+    STATE_KIND, STATE_VERSION = "ssb_loop_window", 1
+
+    def __init__(self, spec: WindowAggSpec, late):
+        super().__init__(spec, None)  # the owner judges nothing late: the fragments did
+        self.fragments = LoopWindow(spec, late)
+        self._start_counting()
+
+    @property
+    def late_records(self) -> int:
+        return self.fragments.late_records
+
+    async def fold(self, batch: Batch, clock) -> None:
+        self.fragments.clock = clock
+        await self.fragments.push(batch)
+        self._count_input(batch)
+        if self.value_dtype is None:
+            self.value_dtype = self.fragments.value_dtype
+
+    def fragment_holds(self) -> frozenset[Timestamp]:
+        return frozenset(
+            Timestamp(t, counters) for counters, window in self.fragments.windows.items() for t in _held_ends(window)
+        )
+
+    def take_due(self, frontier) -> list[tuple[Timestamp, np.ndarray]]:
+        """Per iteration, the fragments its part of the records' `frontier` passed; an
+        iteration nothing can reach any more ships all and is forgotten (its late count kept)."""
+        due = []
+        for counters in sorted(self.fragments.windows):
+            window = self.fragments.windows[counters]
+            until = iteration_watermark(frontier, counters)
+            due += [(Timestamp(t, counters), rows) for t, rows in _take_due(window, until, self.value_dtype)]
+            if until is None:
+                self.fragments._forgotten_late += window.late_records
+                del self.fragments.windows[counters]
+        return due
+
+    async def join(self, rows: np.ndarray, counters: tuple[int, ...] = ()) -> None:
+        window = self.windows.get(counters)
+        if window is None:
+            window = self._window(counters)
+            if self.frontier is not None:  # it starts where the frontier stands (nothing to fire yet)
+                await window.on_frontier(iteration_watermark(self.frontier, counters))
+        _join(window, rows)
+
+    # -- state: the owner's windows and the fragments, each a loop window's ------------------------
+    def snapshot(self) -> State:
+        owner, fragments = LoopWindow.snapshot(self), self.fragments.snapshot()
+        arrays = {**owner.arrays, **{f"fragments.{k}": v for k, v in fragments.arrays.items()}}
+        meta = {**owner.meta, "fragments": fragments.meta, "counters": [self._input_bytes, self._records]}
+        return tagged(self.STATE_KIND, self.STATE_VERSION, arrays, **{k: v for k, v in meta.items() if k not in ("kind", "version")})
+
+    def restore(self, state: State) -> None:
+        meta = check(state, self.step_id, self.STATE_KIND, self.STATE_VERSION)
+        prefix = "fragments."
+        owner = {k: v for k, v in state.arrays.items() if not k.startswith(prefix)}
+        fragments = {k[len(prefix):]: v for k, v in state.arrays.items() if k.startswith(prefix)}
+        LoopWindow.restore(self, State(owner, meta))  # (it checks the kind it is: ours)
+        self.fragments.restore(State(fragments, meta["fragments"]))
+        self._input_bytes, self._records = meta["counters"]
+
+
 class SsbRoute(WindowRoute):
     """Stands where a keyed window is in a graph flow on several executors in `mode="slash"`:
-    folds its records into fragments, ships them to their keys' owners when due."""
+    folds its records into fragments, ships them to their keys' owners when due (inside loops
+    per iteration, the rows' hidden columns carrying its counters)."""
 
     def __init__(self, spec: WindowAggSpec, late, *, index: int, partitioning: Partitioning):
-        if spec.scope:
-            raise DataflowError(
-                f"step {spec.step_id!r}: a keyed window inside a loop routes its records by key (mode='uppar'); "
-                "mode='slash' runs the windows outside loops on the Slash State Backend"
-            )
-        window = SsbGraphWindow(spec, late)
+        window = SsbLoopWindow(spec, late) if spec.scope else SsbGraphWindow(spec, late)
         self.window = window
         self.upstream = spec.up  # the step whose output frontier says when fragments are due
         dtype = partial_dtype(window.value_dtype if window.value_dtype is not None else np.dtype("<i8"))
         super(WindowRoute, self).__init__(
-            ExchangeSpec(spec.step_id, spec.up, "key", dtype, 0), index=index, partitioning=partitioning
+            ExchangeSpec(spec.step_id, spec.up, "key", dtype, len(spec.scope)), index=index, partitioning=partitioning
         )
 
     async def push(self, batch: Batch) -> None:
         await self.window.fold(batch, self.clock)
 
-    async def on_upstream(self, epoch: int | None) -> None:
-        """The frontier of the records reaching this step moved (its least epoch; None: no
-        record can come any more): ship the fragments whose first window it passed."""
-        await self._ship_due(epoch)
-
-    async def _ship_due(self, until: int | None) -> None:
-        due = self.window.take_due(until)
+    async def on_upstream(self, frontier) -> None:
+        """The frontier of the records reaching this step moved (empty: no record can come any
+        more): ship the fragments whose first window it passed."""
+        due = self.window.take_due(frontier)
         if not due:
             return
         remote = total = nbytes = 0
-        for held, rows in due:
+        for time, rows in due:
             total += len(rows)
             owners = self.partitioning.owner_of(rows["key"])
             mine = owners == self.index
             if mine.any():
-                self.window.join(rows[mine])
-            time = Timestamp(held)
+                await self.window.join(rows[mine], time.counters)
             for owner in np.unique(owners[~mine]).tolist():
                 part = rows[owners == owner]
                 out = np.empty(len(part), self.exchange_dtype)
                 for name in part.dtype.names:
                     out[name] = part[name]
-                out["__epoch"] = held
+                out["__epoch"] = time.epoch
+                for i, counter in enumerate(time.counters):
+                    out[f"__c{i}"] = counter
                 self._enqueue(owner, out, time)
                 remote += len(part)
                 nbytes += out.nbytes
-        self.window.shipped(total, remote, nbytes, until)
+        self.window.shipped(total, remote, nbytes, min((t.epoch for t in frontier), default=None))
 
     async def take(self, rows: np.ndarray) -> None:
-        self.window.join(rows)
+        await self.window.join(rows, self.clock.now.counters)

@@ -302,8 +302,7 @@ class PointstampProgress:
                     if self.debug:
                         log.debug("frontier moved", step=self.steps[i], frontiers=self._input_frontiers(i))
                     if i in self._upstream:
-                        upstream = self.tracker.frontier(self._upstream[i])
-                        await self.nodes[i].on_upstream(min((t.epoch for t in upstream), default=None))
+                        await self.nodes[i].on_upstream(self.tracker.frontier(self._upstream[i]))
                         self._dirty = True  # its holds may have moved
                     if i in self._listeners:
                         frontier = self.tracker.frontier(Location.input(i, 0))

@@ -51,7 +51,7 @@ def tagged(kind: str, version: int, arrays: dict[str, np.ndarray], **meta) -> St
 
 
 # a graph flow's keyed window on several executors: the kind of its state says the mode it ran in
-_GRAPH_WINDOW_MODES = {"window": "uppar", "ssb_graph_window": "slash"}
+_GRAPH_WINDOW_MODES = {"window": "uppar", "ssb_graph_window": "slash", "loop_window": "uppar", "ssb_loop_window": "slash"}
 
 
 def check(state: State, step_id: str, kind: str, version: int) -> dict:
@@ -59,8 +59,8 @@ def check(state: State, step_id: str, kind: str, version: int) -> dict:
     meta = state.meta if isinstance(state, State) and isinstance(state.meta, dict) else None
     if meta is None or "kind" not in meta:
         raise SnapshotError(f"step {step_id!r}: the state to restore is not an operator state ({state!r:.80})")
-    if meta["kind"] != kind and {meta["kind"], kind} == set(_GRAPH_WINDOW_MODES):
-        found, wanted = _GRAPH_WINDOW_MODES[meta["kind"]], _GRAPH_WINDOW_MODES[kind]
+    found, wanted = _GRAPH_WINDOW_MODES.get(meta["kind"]), _GRAPH_WINDOW_MODES.get(kind)
+    if found is not None and wanted is not None and found != wanted:
         raise SnapshotError(
             f"step {step_id!r}: the checkpoint was taken with mode={found!r}, this run has mode={wanted!r}: resume it "
             f"with mode={found!r}"

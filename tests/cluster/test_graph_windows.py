@@ -96,17 +96,8 @@ def test_graph_windows_on_executors_equal_one_executor_and_the_rule(executors, t
         assert got["late_counts"]["gw.looped"] == len(a_late) > 0
 
 
-def test_graph_windows_refuse_the_epoch_options_of_the_state_backend_and_slash_inside_loops():
+def test_graph_windows_refuse_the_epoch_options_of_the_state_backend():
     flow, _ = graph_windows(Sliding(200, 50))
     for options in ({"epoch_bytes": 1 << 20, "executors": 2}, {"ssb_routing": "direct", "executors": 3}):
         with pytest.raises(DataflowError, match=r"dataflow 'gw' \(a graph flow\) ship their fragments when the frontier"):
             slashrt.run(flow, inputs(), **options)
-    looped = Dataflow("lw")
-    with looped.loop("rounds") as loop:
-        a = looped.source("a", SCHEMA, time="t", max_delay=MAX_DELAY)
-        step = loop.enter(a.with_column("n", lambda b: np.zeros(len(b), np.int64), dtype="<i8", name="zero"))
-        loop.feed_back(step.filter(lambda b: b["n"] > 0, name="never"))
-        step.window(Tumbling(100)).count(key="k", name="inside").sink(sinks.Collect(), name="out")
-    with pytest.raises(DataflowError, match=r"mode='slash': the keyed windows \['lw.inside'\] of dataflow 'lw' are "
-                                            r"inside a loop, where they route their records .*; give mode='uppar'"):
-        slashrt.run(looped, {"a": inputs()["a"]}, executors=2, mode="slash")

@@ -3,7 +3,9 @@
 iteration fires on the distributed frontier. The loops and numpy reference of
 tests/test_loop_windows.py give exactly one executor's windows per iteration and late records,
 over shm and tcp with rings of four 256-byte slots that every channel wraps many times. The
-loops feed rows back under the next key, so every iteration's rows cross executors."""
+loops feed rows back under the next key, so every iteration's rows cross executors. In mode
+"slash" every executor folds each iteration's rows into fragments shipped to their keys' owners
+as partial states at the iteration's counters (`SsbLoopWindow`): the same windows."""
 
 import numpy as np
 import pytest
@@ -57,26 +59,27 @@ def run_halving(data, **options):
     return per_iteration(out.records, 1), result
 
 
-@pytest.mark.parametrize(("executors", "transport"), [(2, "shm"), (3, "tcp")])
-def test_a_keyed_window_in_a_loop_on_executors_equals_one_executor(executors, transport):
+@pytest.mark.parametrize(("executors", "transport", "mode"), [(2, "shm", "uppar"), (3, "tcp", "uppar"),
+                                                             (2, "tcp", "slash"), (3, "shm", "slash")])
+def test_a_keyed_window_in_a_loop_on_executors_equals_one_executor(executors, transport, mode):
     data = input_records(1, 6000)  # ~1000 slots of 256 bytes through the 4-slot rings
     want = {(i,): as_rows(rows) for i, rows in enumerate(reference_loop(data, shift=SHIFT))}
     one, one_result = run_halving(data)
-    many, many_result = run_halving(data, executors=executors, transport=transport)
+    many, many_result = run_halving(data, executors=executors, transport=transport, mode=mode)
     assert len(want) > 4 and one == want
     assert many == one  # every iteration's windows, none missing, none fired twice
     assert many_result.late_records == one_result.late_records == {"lw.win": 0}
     assert all(f == [] for f in many_result.frontiers.values())
 
 
-@pytest.mark.parametrize("offset, late_rows", [(0, False), (-1, True)])
-def test_late_records_in_a_loop_on_executors_equal_one_executor(offset, late_rows):
+@pytest.mark.parametrize("offset, late_rows, mode", [(0, False, "uppar"), (-1, True, "uppar"), (-1, True, "slash")])
+def test_late_records_in_a_loop_on_executors_equal_one_executor(offset, late_rows, mode):
     """Every key's [0, 10) goes round once more at time (10, <1>), at event time 10 + offset: at
     9 each is late at iteration 1 on its owner as on one executor (counted, in the late sink):
     the epoch 10 of its time closed [0, 10), on any number of executors."""
     data = input_records(4, 3000)
     outcomes = []
-    for options in ({}, {"executors": 2, "transport": "shm"}):
+    for options in ({}, {"executors": 2, "transport": "shm", "mode": mode}):
         late = sinks.Collect()
         flow, out = late_loop(offset, Tag(1, "count"), late, schema=tagged(1, "count"))
         result = slashrt.run(flow, {"src": data}, **SLOTS, **options)
@@ -94,11 +97,12 @@ def test_late_records_in_a_loop_on_executors_equal_one_executor(offset, late_row
     np.testing.assert_array_equal(many_sink, one_sink)
 
 
-def test_windows_in_loops_nested_two_deep_on_two_executors():
+@pytest.mark.parametrize("mode", ["uppar", "slash"])
+def test_windows_in_loops_nested_two_deep_on_two_executors(mode):
     data = input_records(2, 5000)
     want = {c: as_rows(rows) for c, rows in reference_nested(data, SHIFT).items()}
     flow, out = nested_loops(Tag(2, "sum_v"), schema=tagged(2, "sum_v"), shift=SHIFT)
-    result = slashrt.run(flow, {"src": data}, executors=2, transport="shm", **SLOTS)
+    result = slashrt.run(flow, {"src": data}, executors=2, transport="shm", mode=mode, **SLOTS)
     assert max(o for o, _ in want) >= 2 and max(i for _, i in want) >= 3
     assert per_iteration(out.records, 2) == want
     assert result.late_records == {"nest.win": 0}
@@ -109,13 +113,17 @@ def test_a_window_in_a_loop_is_routed_with_its_loop_counters_unless_its_key_was_
     from slashrt._plan import ClusterRole, build_plan
     from slashrt.ops.loop_window import LoopWindow
     from slashrt.ops.route import ExchangeNode, WindowRoute
+    from slashrt.ops.ssb_route import SsbLoopWindow, SsbRoute
     from slashrt.ssb.partitions import Partitioning
     from tests.test_loop_windows import REC, SCHEMA, feed_back_step
 
     flow, _ = nested_loops(Tag(2, "sum_v"), schema=tagged(2, "sum_v"))
-    route = build_plan(flow, ClusterRole(1, Partitioning(16, 3), progress="pointstamp")).steps["nest.win"]
+    route = build_plan(flow, ClusterRole(1, Partitioning(16, 3), "uppar", progress="pointstamp")).steps["nest.win"]
     assert isinstance(route, WindowRoute) and isinstance(route.window, LoopWindow)
     assert route.exchange_dtype.names == ("t", "k", "v", "__epoch", "__c0", "__c1")
+    fragments = build_plan(flow, ClusterRole(1, Partitioning(16, 3), "slash", progress="pointstamp")).steps["nest.win"]
+    assert isinstance(fragments, SsbRoute) and isinstance(fragments.window, SsbLoopWindow)
+    assert fragments.exchange_dtype.names == ("slice", "key", "count", "value", "closed", "__epoch", "__c0", "__c1")
 
     flow = Dataflow("x")
     with flow.loop("l", max_iterations=3) as loop:
@@ -123,7 +131,7 @@ def test_a_window_in_a_loop_is_routed_with_its_loop_counters_unless_its_key_was_
         sums = sums.sum("v", key="k", name="win")
         loop.feed_back(sums.apply(feed_back_step(2), schema=SCHEMA))
         loop.leave(sums).sink(sinks.Collect())
-    plan = build_plan(flow, ClusterRole(0, Partitioning(16, 2), progress="pointstamp"))
+    plan = build_plan(flow, ClusterRole(0, Partitioning(16, 2), progress="pointstamp"))  # (mode "slash")
     assert isinstance(plan.steps["x.win"], LoopWindow)  # the exchange before it routed its rows by k already
     assert [type(n) for n in plan.exchanges()] == [ExchangeNode]
 
@@ -141,7 +149,7 @@ def test_the_peer_message_that_makes_the_view_idle_still_reaches_the_route_which
     from slashrt.ssb.partitions import Partitioning
 
     flow, _ = halving_loop(Tag(1, "sum_v"), schema=tagged(1, "sum_v"))
-    plan = build_plan(flow, ClusterRole(0, Partitioning(16, 2), progress="pointstamp"))
+    plan = build_plan(flow, ClusterRole(0, Partitioning(16, 2), "uppar", progress="pointstamp"))
 
     class Bus:  # the view as the progress bus keeps it; what this executor records is dropped
         exchange = type("Exchange", (), {"view": Tracker(plan.graph)})()

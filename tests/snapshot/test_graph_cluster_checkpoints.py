@@ -183,16 +183,21 @@ def test_a_loop_shipping_every_round_killed_on_tcp_and_resumed_from_latest_is_ex
     assert any(step.endswith(".outbox") for step in in_flight) and any("feedback" in step for step in in_flight)
 
 
-def test_windows_inside_a_loop_on_a_cluster_recover_exactly_once(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["uppar", "slash"])
+def test_windows_inside_a_loop_on_a_cluster_recover_exactly_once(tmp_path, monkeypatch, mode):
     """A keyed window inside a loop (a `LoopWindow` behind its route: every iteration's rows
-    cross executors): a SIGKILL between pre-commit and commit, recovered; the committed windows
-    of every iteration equal one executor's."""
+    cross executors; in mode "slash" every iteration's fragments and partial states): a SIGKILL
+    between pre-commit and commit, recovered; the committed windows of every iteration equal
+    one executor's."""
     flow, data = _graph_flow.loop_window_flow, _graph_flow.loop_window_inputs()
     slashrt.run(flow(tmp_path / "ref"), data, checkpoint_dir=tmp_path / "ref-chk")
     chaos_env(monkeypatch, tmp_path, "pre_commit:2")
     result = slashrt.run(flow(tmp_path / "out", until_fired(tmp_path / "marks", "pre_commit:2")), data, executors=2,
-                         transport="shm", checkpoint=CHECKPOINTS,
+                         transport="shm", mode=mode, checkpoint=CHECKPOINTS,
                          checkpoint_dir=tmp_path / "chk", restart="fixed-delay:attempts=3,delay=0", **RINGS)
     assert len(result.recoveries) == 1 and result.recoveries[0]["checkpoint"] is not None
     reference = published(tmp_path / "ref")
     assert sum(reference.values()) > 1000 and published(tmp_path / "out") == reference
+    restored = SnapshotStore(tmp_path / "chk", job=flow(tmp_path / "x").name, keep=1000).load(result.recoveries[0]["checkpoint"])
+    kinds = {state.meta["kind"] for (step, _), state in restored.states.items() if state.meta.get("kind", "").endswith("loop_window")}
+    assert kinds == {"ssb_loop_window" if mode == "slash" else "loop_window"}
