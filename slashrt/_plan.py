@@ -2,8 +2,9 @@
 
 In a multi-executor run (`ClusterRole` given) every keyed window becomes an *exchange*: an
 `SsbWindowAggregate` (mode "slash") or a `RouteByOwner` in front of a window (mode "uppar");
-in a graph flow a `WindowRoute` in front of a window (pointstamp progress, either mode; inside
-a loop a `LoopWindow`, one window per iteration).
+in a graph flow (pointstamp progress) an `SsbRoute` (mode "slash": fragments shipped as
+partial states) or a `WindowRoute` in front of a window (mode "uppar"), inside a loop one
+window per iteration.
 Exchanges talk to the other executors through channels that the cluster runtime wires with
 `add_peer` and `inbound`. In a tree flow an exchange's *stage* is how many exchanges its records
 crossed to reach it, itself included (a window fed by another's results is stage 2); the
@@ -46,7 +47,7 @@ from slashrt.progress import PROGRESS_MODES
 from slashrt.scheduler._pointstamp import progress_graph, resolve_mode
 from slashrt.ssb.partitions import Partitioning
 
-__all__ = ["Plan", "build_plan", "check_cluster_flow", "check_progress", "default_mode", "ClusterRole", "MODES"]
+__all__ = ["Plan", "build_plan", "check_cluster_flow", "check_progress", "ClusterRole", "MODES"]
 
 MODES = ("slash", "uppar")
 
@@ -229,13 +230,6 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
     if not sinks:
         raise DataflowError(f"dataflow {flow.name!r} has no sink: nothing would see its results")
     return Plan(roots, sources, sinks, flow, steps, graph)
-
-
-def default_mode(flow: Dataflow) -> str:
-    """A cluster run's mode when none is given: the Slash State Backend for a tree flow's keyed
-    windows; a graph flow's route their records by key (mode="slash" puts them on the SSB
-    too: `slashrt.ops.ssb_route`)."""
-    return "uppar" if flow.is_graph() else "slash"
 
 
 def check_progress(progress: str) -> str:

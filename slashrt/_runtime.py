@@ -236,7 +236,7 @@ def prepare_run(
     if local:
         return lambda: run_async(flow, inputs, **options)
     return lambda: run_cluster_async(
-        flow, inputs, executors=executors, transport=transport or "shm", mode=mode, **options
+        flow, inputs, executors=executors, transport=transport or "shm", mode=mode or "slash", **options
     )
 
 

@@ -392,7 +392,7 @@ def _add_run(sub) -> None:
     run.add_argument("job", metavar="FILE_OR_MODULE[:NAME]", help="a Python file or module, and the name in it")
     run.add_argument("--executors", type=_positive_int, help="run on this many executor processes (a local cluster)")
     run.add_argument("--transport", choices=["shm", "tcp", "verbs"], help="between executors (a local cluster; default shm)")
-    run.add_argument("--mode", choices=["slash", "uppar"], help="shared state backend or repartitioning (a local cluster; default slash, for a graph flow uppar)")
+    run.add_argument("--mode", choices=["slash", "uppar"], help="shared state backend or repartitioning (a local cluster; default slash)")
     run.add_argument("--checkpoint-dir", metavar="DIR", help="take barrier snapshots into DIR (a directory or fsspec URL)")
     run.add_argument("--checkpoint-interval", type=_seconds, metavar="S",
                      help="seconds between checkpoints (or '500ms'); default: only the final one")

@@ -187,8 +187,8 @@ def union_counts():
 
 
 def union_window_counts():
-    """A graph flow with a keyed window behind a union: on several executors routed by key
-    (`--mode uppar`, a graph flow's default) or on the state backend (`--mode slash`)."""
+    """A graph flow with a keyed window behind a union: on several executors on the state
+    backend (`--mode slash`, the default) or routed by key (`--mode uppar`)."""
     flow = Dataflow("ucounts")
     a, b = flow.source("a", SCHEMA, time="t"), flow.source("b", SCHEMA, time="t")
     a.union(b).window(Tumbling(ms=WINDOW_MS)).count(key="k").sink(sinks.Collect(), name="out")

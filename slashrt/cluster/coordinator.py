@@ -46,7 +46,7 @@ import structlog
 import trio
 
 from slashrt._frontier_report import lower_envelope
-from slashrt._plan import MODES, ClusterRole, build_plan, check_cluster_flow, check_progress, default_mode
+from slashrt._plan import MODES, ClusterRole, build_plan, check_cluster_flow, check_progress
 from slashrt._runtime import RunResult, _per_source
 from slashrt.cluster._job import Ingest, Job, PerExecutor, job_message, split_input
 from slashrt.cluster._reports import cluster_reports
@@ -542,7 +542,7 @@ async def _run_attempt(
     *,
     executors: int | list[str] = 2,
     transport: str = "shm",
-    mode: str | None = None,
+    mode: str = "slash",
     partitions: int = DEFAULT_PARTITIONS,
     epoch_bytes: int = DEFAULT_EPOCH_BYTES,
     secret: bytes | None = None,
@@ -567,7 +567,6 @@ async def _run_attempt(
     sinks committed (across the attempts of a recovery loop)."""
     plan = build_plan(flow)
     check_cluster_flow(flow, options.get("progress"))
-    mode = default_mode(flow) if mode is None else mode
     if mode not in MODES:
         raise DataflowError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
     if transport not in NETWORK_TRANSPORTS:
