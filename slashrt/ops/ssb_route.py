@@ -111,12 +111,27 @@ def _join(window: WindowAggregate, rows: np.ndarray) -> None:
         window.merge_partials(part["slice"], part["key"], part["count"], part["value"], c)
 
 
-class _Shipments:
-    """What a window's fragments shipped (`RunResult.epochs`, named after the SSB's epochs)."""
+class _OwnerAndFragments:
+    """What both SSB windows of graph flows share: the owner's window is the class itself
+    (a `WindowAggregate` or a `LoopWindow`), its fragments one of the same kind (`FRAGMENTS`)
+    that never fires, which judges lateness (the owner merges partial states only); and what
+    the fragments shipped (`RunResult.epochs`, named after the SSB's epochs)."""
 
-    def _start_counting(self) -> None:
+    FRAGMENTS: type
+
+    def __init__(self, spec: WindowAggSpec, late):
+        super().__init__(spec, None)  # the owner judges nothing late: the fragments did
+        self.fragments = self.FRAGMENTS(spec, late)
         self.epochs: list[EpochStats] = []  # one per shipment
         self._input_bytes = self._records = 0
+
+    @property
+    def late_records(self) -> int:
+        return self.fragments.late_records if hasattr(self, "fragments") else 0
+
+    @late_records.setter
+    def late_records(self, value: int) -> None:
+        pass  # (the owner's count stays 0: WindowAggregate's constructor and restore set it)
 
     def _count_input(self, batch: Batch) -> None:
         self._input_bytes += batch.nbytes
@@ -131,25 +146,13 @@ class _Shipments:
         self._input_bytes = self._records = 0
 
 
-class SsbGraphWindow(_Shipments, WindowAggregate):
+class SsbGraphWindow(_OwnerAndFragments, WindowAggregate):
     """The owner's window (the windows of the keys this executor owns, joined from every
     executor's fragments) and this executor's fragments (`fragments`, a window that never
     fires: its slices and tails are shipped instead)."""
 
     STATE_KIND, STATE_VERSION = "ssb_graph_window", 1
-
-    def __init__(self, spec: WindowAggSpec, late):
-        super().__init__(spec, None)  # the owner judges nothing late: the fragments did
-        self.fragments = WindowAggregate(spec, late)
-        self._start_counting()
-
-    @property
-    def late_records(self) -> int:
-        return self.fragments.late_records if hasattr(self, "fragments") else 0
-
-    @late_records.setter
-    def late_records(self, value: int) -> None:
-        pass  # (the owner's count stays 0: WindowAggregate's constructor and restore set it)
+    FRAGMENTS = WindowAggregate
 
     async def fold(self, batch: Batch, clock) -> None:
         """Records at `clock.now`: into the fragments, the late ones split off and counted."""
@@ -185,21 +188,13 @@ class SsbGraphWindow(_Shipments, WindowAggregate):
         self._input_bytes, self._records = meta["counters"]
 
 
-class SsbLoopWindow(_Shipments, LoopWindow):
+class SsbLoopWindow(_OwnerAndFragments, LoopWindow):
     """Inside loops: the owner's windows, one per iteration (a `LoopWindow`), and this
     executor's fragments, one window per iteration that never fires (`fragments`); a
     fragment's time carries its iteration's counters."""
 
     STATE_KIND, STATE_VERSION = "ssb_loop_window", 1
-
-    def __init__(self, spec: WindowAggSpec, late):
-        super().__init__(spec, None)  # the owner judges nothing late: the fragments did
-        self.fragments = LoopWindow(spec, late)
-        self._start_counting()
-
-    @property
-    def late_records(self) -> int:
-        return self.fragments.late_records
+    FRAGMENTS = LoopWindow
 
     async def fold(self, batch: Batch, clock) -> None:
         self.fragments.clock = clock
