@@ -286,7 +286,11 @@ class SnapshotStore:
         return final
 
     async def acomplete(self, n: int, meta: dict | None = None, parts=()) -> str:
-        return await trio.to_thread.run_sync(functools.partial(self.complete, n, meta, parts))
+        """`complete` in a worker thread; n counts as being written from now on, before the
+        thread starts: a newer checkpoint completing meanwhile (in another thread) must not
+        remove it, whose parts other processes wrote, so that this store's writes never marked it."""
+        with self._busy(n):
+            return await trio.to_thread.run_sync(functools.partial(self.complete, n, meta, parts))
 
     def discard(self, n: int) -> None:
         """Remove checkpoint n (e.g. one abandoned by a failed attempt)."""

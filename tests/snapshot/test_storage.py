@@ -13,6 +13,7 @@ import pytest
 import structlog
 import structlog.testing
 import trio
+import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -194,6 +195,32 @@ async def test_async_complete_and_latest(store):
     checkpoint = await store.alatest()
     assert checkpoint.meta == {"executors": 1} and checkpoint.state("op", 0).meta == {"w": 3}
     assert (await store.aload(1, executor=0)).state("op", 0).arrays["x"].tolist() == [0, 1, 2, 3, 4]
+
+
+async def test_a_checkpoint_whose_completion_began_survives_a_newer_ones_retention(tmp_path, monkeypatch):
+    """Forced interleaving (a cluster's coordinator completing acks of two executors): 11 is
+    complete in the coordinator's eyes and its manifest is due in a worker thread, but 12's
+    completion, with keep=1, runs its retention first. That pass must leave 11 (its parts were
+    written by other processes, so this store's writes do not mark it): 11 completes, then 12
+    and 11 are both in the store (the next pass keeps the newest only)."""
+    coordinator = SnapshotStore(tmp_path, job="j", keep=1)
+    agent = SnapshotStore(tmp_path, job="j", keep=1)
+    parts = {n: [agent.write_part(n, "op", 0, {"x": np.full(3, n)})] for n in (11, 12)}
+    real, go = coordinator.complete, threading.Event()
+
+    def complete(n, meta=None, parts=()):
+        if n == 11:
+            assert go.wait(30)  # (12 completes meanwhile)
+        return real(n, meta, parts)
+
+    monkeypatch.setattr(coordinator, "complete", complete)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(coordinator.acomplete, 11, {}, parts[11])
+        await trio.testing.wait_all_tasks_blocked()
+        await trio.to_thread.run_sync(real, 12, {}, parts[12])
+        go.set()
+    assert coordinator.checkpoints() == [11, 12]
+    assert SnapshotStore(tmp_path, job="j").load(11).state("op", 0).arrays["x"].tolist() == [11] * 3
 
 
 def test_latest_is_none_when_nothing_verifies_and_logs_each_skip(store):
