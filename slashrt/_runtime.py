@@ -232,7 +232,7 @@ def prepare_run(
     _check_options(options, local)
     _check_rings(flow, options)
     if not local:
-        _check_cluster_progress(flow, options, mode)
+        _check_cluster_progress(flow, options)
     if local:
         return lambda: run_async(flow, inputs, **options)
     return lambda: run_cluster_async(
@@ -271,7 +271,7 @@ def _check_options(options: dict, local: bool) -> None:
             )
 
 
-def _check_cluster_progress(flow: Dataflow, options: dict, mode: str | None = None) -> None:
+def _check_cluster_progress(flow: Dataflow, options: dict) -> None:
     """Multi-executor runs forward watermarks inside each executor and fire the gates where
     executors meet on `progress` ("watermark": the vector clock; "pointstamp": pointstamp
     counts); graph flows run on distributed pointstamp progress (`check_cluster_flow`), and
@@ -286,7 +286,6 @@ def _check_cluster_progress(flow: Dataflow, options: dict, mode: str | None = No
                 f"run(): {', '.join(given)}: the keyed windows of dataflow {flow.name!r} (a graph flow) ship their "
                 "fragments when the frontier passes their windows, not by epochs of bytes; leave it out"
             )
-
 
 
 def _check_rings(flow: Dataflow, options: dict) -> None:

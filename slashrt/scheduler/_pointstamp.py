@@ -193,7 +193,8 @@ class PointstampProgress:
         }
         # an SSB window's route ships its fragments as the records' frontier passes their windows
         # (the frontier at the output of the step before it: `SsbRoute.on_upstream`), and its
-        # window fires on the frontier at its output, where its fragments' capabilities are
+        # window fires on the frontiers at both its inputs (the second holds its fragments'
+        # capabilities)
         self._upstream = {
             i: Location.output(index[node.upstream], 0) for i, node in enumerate(self.nodes) if isinstance(node, SsbRoute)
         }
@@ -379,29 +380,26 @@ class PointstampProgress:
             await node.on_watermark(epoch)
 
     def _refresh_holds(self) -> None:
+        """Count the capabilities windows hold (at their output) and SSB routes' fragments hold
+        (at their second input port) as they are now."""
         for i in self._upstream:
-            new, old = self.nodes[i].window.fragment_holds(), self.fragments.get(i, frozenset())
-            if new != old:
-                location = Location.input(i, 1)
-                for time in new - old:
-                    self.tracker.update(location, time, 1)
-                for time in old - new:
-                    self.tracker.update(location, time, -1)
-                self.fragments[i] = new
+            self._recount(self.fragments, i, Location.input(i, 1), self.nodes[i].window.fragment_holds())
         for i, window in self.windows:
-            new = _holds(window)
-            old = self.held.get(i, frozenset())
-            if new == old:
-                continue
-            location = Location.output(i, 0)
-            for time in new - old:
-                self.tracker.update(location, time, 1)
-            for time in old - new:
-                self.tracker.update(location, time, -1)
-            if new:
-                self.held[i] = new
-            else:
-                del self.held[i]
+            self._recount(self.held, i, Location.output(i, 0), _holds(window))
+
+    def _recount(self, counted: dict, i: int, location: Location, new: frozenset[Timestamp]) -> None:
+        """Move node i's capabilities at `location` from those in `counted` to `new`."""
+        old = counted.get(i, frozenset())
+        if new == old:
+            return
+        for time in new - old:
+            self.tracker.update(location, time, 1)
+        for time in old - new:
+            self.tracker.update(location, time, -1)
+        if new:
+            counted[i] = new
+        else:
+            del counted[i]
 
     async def _notify(self) -> None:
         if not self._stale:
