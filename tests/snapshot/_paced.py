@@ -24,7 +24,8 @@ class Paced:
     fast the machine is) or a glob pattern (e.g. `.../chk-*/_manifest.json`: the job cannot end
     before n checkpoints completed, whatever their fsyncs cost); once there, it stays at full
     speed (retention may remove checkpoints later). With `fresh`, only the paths that came after
-    it began to slow count (n checkpoints taken after each executor's first `after` records)."""
+    it began to slow count (n checkpoints taken after each executor's first `after` records).
+    `until` may also be a callable without arguments: it slows while that returns False."""
 
     def __init__(self, after: int = 0, seconds: float = 0.0, batches: int = 10**9, tally=None, until=None,
                  fresh: bool = False):
@@ -32,7 +33,9 @@ class Paced:
         self.until, self.fresh, self.arrived, self.base = until, fresh, False, None
 
     def _arrived(self) -> bool:
-        if not self.arrived:
+        if not self.arrived and callable(self.until):
+            self.arrived = bool(self.until())
+        elif not self.arrived:
             where, n = self.until
             found = len(glob.glob(str(where)) if glob.has_magic(str(where)) else os.listdir(where))
             if self.fresh:
