@@ -98,6 +98,9 @@ class RunResult:
     # seconds from the failure to processing again, of them restore_s (agents reading the
     # state back), and the checkpoint resumed from
     recoveries: list[dict] = attrs.field(factory=list)
+    # multi-executor runs: seconds from the call until every executor was told to process (spawning,
+    # handshakes, jobs delivered, channels connected, inputs opened); of the first attempt
+    startup_s: float | None = None
 
     @property
     def records(self) -> int:

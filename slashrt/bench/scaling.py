@@ -146,13 +146,14 @@ def bench_with_result(
         )
         if v is not None
     }
-    best, correct, got = None, True, None
+    best, correct, got, startup = None, True, None, []
     for _ in range(repeat):
         sink = Collect()
         result = slashrt.run(
             q.flow(sink, **params), {q.source: source}, executors=executors, mode=mode, transport=transport, **extra, **options
         )
         got = q.to_result(sink.records)
+        startup.append(result.startup_s)
         correct = correct and bool(q.matches(got, expected()))
         if best is None or result.seconds < best.seconds:
             best = result
@@ -170,6 +171,8 @@ def bench_with_result(
         "correct": correct,
         "result_rows": len(got),
         "late_records": sum(best.late_records.values()),
+        # from the call until every executor processes: the slowest run's (None: one executor, in this process)
+        "startup_s": None if None in startup else round(max(startup), 3),
         **_epoch_fields(best),
         **{k: v for k, v in params.items() if np.isscalar(v)},  # not an --ads array
         **extra,

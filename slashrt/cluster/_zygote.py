@@ -1,12 +1,12 @@
 """A fork server for local agents: replacement executors in milliseconds, not an interpreter's start.
 
 A spawned agent (`python -m slashrt.cluster.agent`) spends most of a second, seconds on a
-loaded machine, starting Python and importing slashrt, numpy and trio before it listens: in
-a recovery that is most of the time to processing again. A run with a restart strategy
-therefore starts one zygote (`open_zygote`), a separate process (started with exec, so it
-holds no thread, socket or lock of the coordinator's) that imports the agent's modules once
-and then forks an agent for each request, a copy of an interpreter that has already imported
-them.
+loaded machine, starting Python and importing slashrt, numpy and trio before it listens: N of
+them on a few cores take N times that to start a job, and in a recovery it is most of the time
+to processing again. A run with local executors therefore starts one zygote (`open_zygote`), a
+separate process (started with exec, so it holds no thread, socket or lock of the
+coordinator's) that imports the agent's modules once and then forks an agent for each request,
+a copy of an interpreter that has already imported them.
 
 ::
 
@@ -320,7 +320,10 @@ def _serve(sock: socket.socket) -> None:
                 children.add(pid)
                 for fd in mine:
                     os.close(fd)
-                sock.sendall(_frame(("forked", pid)))
+                try:
+                    sock.sendall(_frame(("forked", pid)))
+                except OSError:  # the coordinator is gone (interrupted, killed) mid-request
+                    return
     finally:  # the coordinator is gone or done: nothing forked here outlives it
         for pid in children:
             with contextlib.suppress(ProcessLookupError):

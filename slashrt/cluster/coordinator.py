@@ -37,7 +37,6 @@ import collections
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -111,11 +110,6 @@ def _agent_argv() -> list[str]:
     return ["--listen", "127.0.0.1:0", "--once", "--with-parent", "--log-level", level_name()]
 
 
-def _agent_command() -> list[str]:
-    """How a local agent is started when no zygote forks it."""
-    return [sys.executable, "-m", "slashrt.cluster.agent", *_agent_argv()]
-
-
 def _cpu_ticks(pid: int) -> int | None:
     """The CPU time a process has used (user + system, in clock ticks), or None where /proc
     does not say: an agent that has not listened yet cannot answer a heartbeat, but while it
@@ -130,8 +124,8 @@ def _cpu_ticks(pid: int) -> int | None:
 
 @trio.lowlevel.enable_ki_protection  # a Ctrl-C waits for the next checkpoint, after procs[index] is set
 async def _spawn_agent(secret: bytes, index: int, procs: list, silent_s: float, relay: trio.Nursery,
-                       zygote: Zygote | None = None, frozen_s: float | None = None) -> tuple[str, int]:
-    """Start a local agent process (forked by `zygote` if given: `_zygote`), tracked in
+                       zygote: Zygote, frozen_s: float | None = None) -> tuple[str, int]:
+    """Start a local agent process (forked by `zygote`: `_zygote`), tracked in
     procs[index] from the moment it exists (so it is reaped on every path, a cancellation or
     Ctrl-C during the spawn too), and read the address it listens on (within `silent_s`; and,
     with `frozen_s`, the heartbeat timeout, failing as soon as its process used no CPU for that
@@ -142,20 +136,15 @@ async def _spawn_agent(secret: bytes, index: int, procs: list, silent_s: float, 
     # the agent imports what this process can (the job's functions are pickled by reference
     # when they live in importable modules, e.g. a test module or the user's package)
     env = dict(os.environ, SLASHRT_SECRET=secret.hex(), PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
-    if zygote is not None:
-        proc = None
-        with trio.move_on_after(silent_s):
-            try:
-                proc = procs[index] = await zygote.spawn(_agent_argv(), env)
-            except OSError as exc:
-                raise ClusterError(f"cannot start executor {index}: {exc}") from None
-        if proc is None:
-            raise ClusterError(f"cannot start executor {index}: the executors' fork server did not answer within "
-                               f"{silent_s:g} s")
-    else:
-        proc = procs[index] = await trio.lowlevel.open_process(
-            _agent_command(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
-        )
+    proc = None
+    with trio.move_on_after(silent_s):
+        try:
+            proc = procs[index] = await zygote.spawn(_agent_argv(), env)
+        except OSError as exc:
+            raise ClusterError(f"cannot start executor {index}: {exc}") from None
+    if proc is None:
+        raise ClusterError(f"cannot start executor {index}: the executors' fork server did not answer within "
+                           f"{silent_s:g} s")
     relay.start_soon(_relay_stderr, proc.stderr, name=f"stderr:executor {index}")
     line = b""
     frozen = False
@@ -471,24 +460,27 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, **options) -> R
     `ClusterError.retryable` says can be recovered: wait the strategy's delay, spawn the agents
     again and resume from the last complete checkpoint (`docs/architecture.md`, "The recovery
     loop"). A failure in the job itself fails at once; a strategy that gives up fails with one
-    sentence naming it and the last failure. `RunResult.recoveries` lists each recovery. With a
-    strategy, every attempt's agents are forked from one zygote (`_zygote`), started here and
-    stopped with the run."""
+    sentence naming it and the last failure. `RunResult.recoveries` lists each recovery. Local
+    agents, every attempt's, are forked from one zygote (`_zygote`), started here and stopped
+    with the run: an executor costs a fork, not an interpreter importing slashrt.
+    `RunResult.startup_s` is how long the first attempt took from this call to processing."""
+    called_at = time.monotonic()
     strategy = parse_restart(restart)
     if not isinstance(strategy, NoRestart):
         _check_restartable(flow, options)
     async with contextlib.AsyncExitStack() as stack:
-        # replacement agents are forked from a zygote that imported slashrt once (`_zygote`)
         zygote = None
-        if not isinstance(strategy, NoRestart) and isinstance(options.get("executors", 2), int):
+        if isinstance(options.get("executors", 2), int):
             # (it imports the job's modules too: the flow's and its inputs' makers, not arrays)
             makers = {name: v for name, v in inputs.items() if not isinstance(v, np.ndarray)}
             zygote = await stack.enter_async_context(open_zygote(preload=(flow, makers)))
-        return await _recovery_loop(flow, inputs, strategy, zygote, options)
+        return await _recovery_loop(flow, inputs, strategy, zygote, options, called_at)
 
 
-async def _recovery_loop(flow, inputs: dict, strategy, zygote: Zygote | None, options: dict) -> RunResult:
+async def _recovery_loop(flow, inputs: dict, strategy, zygote: Zygote | None, options: dict,
+                         called_at: float) -> RunResult:
     """The attempts of `run_cluster_async`, until one returns or the failure is not recovered."""
+    startup_s = None  # the first attempt's, from the call to processing
     recoveries: list[dict] = []
     committed = Committed()  # what in-memory sinks committed, kept across attempts
     while True:
@@ -515,11 +507,13 @@ async def _recovery_loop(flow, inputs: dict, strategy, zygote: Zygote | None, op
             options["resume_from"] = "latest"
             continue
         finally:
+            if startup_s is None and "started" in marks:
+                startup_s = marks["started"] - called_at
             if recovering is not None and "started" in marks:  # processing again: how long it took
                 recovering.update(seconds=marks["started"] - recovering["died_at"],
                                   respawn_s=marks["job_sent"] - recovering["failed_at"],
                                   restore_s=marks["ready"] - marks["job_sent"], checkpoint=marks["restore"])
-        result.recoveries = recoveries
+        result.recoveries, result.startup_s = recoveries, startup_s
         return result
 
 
@@ -554,8 +548,8 @@ async def _run_attempt(
     zygote: Zygote | None = None,
     **options,
 ) -> RunResult:
-    """Run `flow` on N executors once: `executors` is a count (local processes spawned here) or a
-    list of agents' "HOST:PORT" addresses (agents started with `slashrt executor`).
+    """Run `flow` on N executors once: `executors` is a count (local processes, forked by
+    `zygote`) or a list of agents' "HOST:PORT" addresses (agents started with `slashrt executor`).
     `progress` (an option) chooses what the exchanges' gates fire windows on: "watermark"
     (Slash's vector clock of executor watermarks, the default) or "pointstamp" (the same
     frontier derived from pointstamp counts by a progress tracker); results are identical.

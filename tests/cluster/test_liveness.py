@@ -26,7 +26,8 @@ from slashrt.ops.sinks import Collect
 from tests.cluster._processes import children
 
 SCHEMA = Schema([("ts", "<i8"), ("key", "<i8"), ("value", "<i8")])
-AGENT = b"slashrt.cluster.agent"
+AGENT = b"slashrt.cluster.agent"  # a spawned agent's command line
+ZYGOTE = b"slashrt.cluster._zygote"  # the zygote's, and that of every agent it forked
 
 
 # -- the heartbeat link, on in-memory streams and a mock clock -------------------------------------
@@ -344,14 +345,27 @@ def test_an_agent_killed_or_stopped_after_listening_before_the_driver_reached_it
                 proc.kill()
 
 
+STOP_FORKED = "SLASHRT_TEST_STOP_FORKED"
+
+
+def _stop_if_forked_by_a_zygote() -> None:
+    """In a child a zygote forked (its command line is the zygote's) while STOP_FORKED is set in
+    the zygote's environment: stop at once, before the agent can listen. The zygote imports this
+    module as it unpickles the job's flow (`_job`'s steps live here)."""
+    if os.environ.get(STOP_FORKED) and b"slashrt.cluster._zygote" in open("/proc/self/cmdline", "rb").read():
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+os.register_at_fork(after_in_child=_stop_if_forked_by_a_zygote)
+
+
 def test_an_agent_stopped_before_it_listens_fails_the_run_within_the_heartbeat_timeout(monkeypatch):
-    """A real SIGSTOP of a spawned agent before it could listen (it stops itself first thing):
-    it cannot answer heartbeats yet, but it uses no CPU either, so the driver names it after
-    the heartbeat timeout, not after the 30 s it allows an agent to import and listen."""
+    """A real SIGSTOP of a forked agent before it could listen (it stops itself as it is
+    forked): it cannot answer heartbeats yet, but it uses no CPU either, so the driver names it
+    after the heartbeat timeout, not after the 30 s it allows an agent to start and listen."""
     from slashrt.cluster import coordinator
 
-    command = coordinator._agent_command
-    monkeypatch.setattr(coordinator, "_agent_command", lambda: ["sh", "-c", 'kill -STOP $$; exec "$@"', "sh", *command()])
+    monkeypatch.setenv(STOP_FORKED, "1")  # (the zygote's environment: it starts with the run)
     began = time.monotonic()
     with pytest.raises(ClusterError, match=r"^executor [01] stopped answering for 1.5 s before listening \(its process "
                                            r"used no CPU: stopped or frozen\)$") as err:
@@ -549,14 +563,18 @@ def _marked(token: str) -> list[int]:
 
 
 def _agents(token: str, driver: int) -> list[int]:
+    """The trial's agents: spawned, or forked by the driver's zygote (a child of the driver)."""
     out = []
     for pid in _marked(token):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if pid != driver and AGENT in f.read():
-                    out.append(pid)
-        except OSError:
-            pass
+                cmdline = f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if pid != driver and (AGENT in cmdline or ZYGOTE in cmdline and parent != driver):
+            out.append(pid)
     return out
 
 

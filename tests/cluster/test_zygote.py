@@ -1,7 +1,8 @@
-"""The fork server of a run with a restart strategy (`slashrt.cluster._zygote`): its agents, the
-first ones and the replacements of killed ones, are forked from one zygote that imported
-slashrt once; their deaths are named as spawned agents' are; nothing outlives the run, nor a
-coordinator killed by SIGKILL."""
+"""The fork server of a run with local executors (`slashrt.cluster._zygote`): its agents, the
+first ones and (with a restart strategy) the replacements of killed ones, are forked from one
+zygote that imported slashrt once; their deaths are named as spawned agents' are; nothing
+outlives the run, nor a coordinator killed by SIGKILL; `RunResult.startup_s` says how long the
+run took to process."""
 
 import functools
 import os
@@ -88,6 +89,29 @@ def test_agents_and_their_replacements_are_forked_from_one_zygote_and_nothing_is
     assert children() - before == set()
     rows = published(tmp_path / "out")  # (exactness under kills: tests/snapshot/test_recovery.py)
     assert sum(rows.values()) == 40 * 20 and max(rows.values()) == 1
+
+
+@pytest.mark.parametrize("executors", [2, 3])
+def test_a_run_without_restarts_forks_its_agents_from_one_zygote_and_says_how_long_it_took_to_start(
+        tmp_path, executors):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    before = children()
+    started = time.monotonic()
+    result = slashrt.run(_flow(tmp_path / "out", notes), {"r": PerExecutor(_make, deterministic=True)},
+                         executors=executors, checkpoint_dir=tmp_path / "chk", slots=8, slot_size=1024, partitions=16)
+    called = time.monotonic() - started
+    parents = _parents(notes)
+    assert len(parents) == executors and len(set(parents.values())) == 1, parents
+    zygote, cmdline = next(iter(parents.values())).split("\n")
+    assert "slashrt.cluster._zygote" in cmdline and int(zygote) != os.getpid()
+    assert all(_gone(pid) for pid in [*parents, int(zygote)]) and children() - before == set(), parents
+    # from the call to processing: within the call, and before the processing it precedes
+    assert 0 < result.startup_s < called - result.seconds, (result.startup_s, called, result.seconds)
+    rows = published(tmp_path / "out")  # 40 windows x 20 keys, each 50 records of every executor
+    total = 50 * sum(range(executors))
+    assert sum(rows.values()) == 40 * 20 and max(rows.values()) == 1, rows
+    assert all(int(row.rsplit(",", 1)[1]) == total for row in rows), rows
 
 
 def _killing(mark, batch):

@@ -5,6 +5,7 @@ behind, and `slashrt spark-demo` (Spark ingesting into a 2-executor cluster)."""
 import functools
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -69,7 +70,7 @@ def agents_below(pid):
             todo.append(child)
             try:
                 with open(f"/proc/{child}/cmdline", "rb") as f:
-                    if b"slashrt.cluster.agent" in f.read():
+                    if re.search(rb"slashrt\.cluster\.(agent|_zygote)", f.read()):  # spawned, or forked (and the zygote)
                         found.append(child)
             except OSError:
                 pass
