@@ -50,7 +50,7 @@ def job():
 
 class SignalAt:
     """A pass-through filter: the first executor of a cluster to have seen `k` records sends
-    `signals` to the coordinator (its parent process), once for the whole job (`marker`, a file
+    `signals` to the coordinator (the parent of the zygote that forked it), once for the whole job (`marker`, a file
     made exclusively); from then on every batch of every executor takes 4 ms more, so the stop
     reaches the sources in the middle of the stream however loaded the machine is."""
 
@@ -70,10 +70,21 @@ class SignalAt:
             except FileExistsError:
                 pass
             else:
+                coordinator = _coordinator()
                 for name in self.signals:
-                    os.kill(os.getppid(), getattr(signal, name))
+                    os.kill(coordinator, getattr(signal, name))
             time.sleep(0.004)
         return np.ones(len(batch), bool)
+
+
+def _coordinator() -> int:
+    """The coordinator's pid, seen from an agent: its parent, or its zygote's parent."""
+    parent = os.getppid()
+    with open(f"/proc/{parent}/cmdline", "rb") as f:
+        if b"slashrt.cluster._zygote" not in f.read():
+            return parent
+    with open(f"/proc/{parent}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
 def cluster():
