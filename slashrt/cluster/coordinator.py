@@ -597,7 +597,6 @@ async def _run_attempt(
     secret = _secret(secret)
     procs: list[trio.Process | None] = [None] * n
     controls: list[trio.SocketStream] = []
-    links: list[Link] = []
     results = failure = agents = None
     stalls = OwnStalls(heartbeat_interval, heartbeat_timeout)  # the driver's own, not the agents' silence
     marks = {} if marks is None else marks  # the recovery loop's notes: when each phase began, agents' ends
@@ -606,18 +605,17 @@ async def _run_attempt(
         async with unwrap_groups(), trio.open_nursery() as nursery:
             nursery.start_soon(stalls.run)
             with trio.fail_after(START_TIMEOUT):
-                if local:
-                    addresses = [None] * n
+                # each executor is started (local), reached and authenticated by a task of its
+                # own: n of them take about as long as one
+                addresses = [None] * n if local else addresses
+                links: list[Link | None] = [None] * n
 
-                    async def spawn(i):
-                        addresses[i] = await _spawn_agent(secret, i, procs, max(LISTEN_TIMEOUT, heartbeat_timeout), nursery,
-                                                          zygote, frozen_s=heartbeat_timeout)
-
-                    async with trio.open_nursery() as spawning:
-                        for i in range(n):
-                            spawning.start_soon(spawn, i)
-                for i, (host, port) in enumerate(addresses):  # (an agent spawned here that fails now died)
-                    try:
+                async def reach(i: int) -> None:
+                    if local:
+                        addresses[i] = await _spawn_agent(secret, i, procs, max(LISTEN_TIMEOUT, heartbeat_timeout),
+                                                          nursery, zygote, frozen_s=heartbeat_timeout)
+                    host, port = addresses[i]
+                    try:  # (an agent spawned here that fails now died)
                         stream = await trio.open_tcp_stream(host, port)
                     except OSError as exc:
                         raise await _unreachable(i, procs, f"cannot reach executor {i} at {host}:{port}: {exc}",
@@ -631,8 +629,12 @@ async def _run_attempt(
                     except ChannelClosed as exc:
                         raise await _unreachable(i, procs, f"cannot authenticate executor {i} at {host}:{port}: {exc}",
                                                  marks.get("recovery", False)) from None
-                    links.append(Link(stream, interval=heartbeat_interval, timeout=heartbeat_timeout, stalls=stalls))
-                    links[-1].start(nursery)
+                    links[i] = Link(stream, interval=heartbeat_interval, timeout=heartbeat_timeout, stalls=stalls)
+                    links[i].start(nursery)
+
+                async with trio.open_nursery() as reaching:
+                    for i in range(n):
+                        reaching.start_soon(reach, i)
                 handlers = {} if checkpoints is None else {**checkpoints.handlers(), COMMITTED: committed.receive}
                 if reports is not None:  # executors' progress reports, handled as they come, never queued
                     handlers["report"] = reports.receive
