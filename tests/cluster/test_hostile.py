@@ -166,7 +166,9 @@ async def test_a_long_running_agent_survives_coordinators_that_misbehave():
             await run_job([address], secret)  # still serving
             await run_job([address], secret, seed=2)
     refused = [e for e in logs if e["event"] == "control connection dropped"]
-    assert len(refused) == 5, refused  # the last: the coordinator that could not reach executor 1
+    # the four above, and the coordinator that could not reach executor 1 if it had reached this
+    # agent first (it reaches its executors concurrently: it may have given up before)
+    assert 4 <= len(refused) <= 5, refused
 
 
 async def test_a_coordinator_arriving_while_another_is_served_waits_its_turn():
