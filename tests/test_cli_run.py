@@ -145,6 +145,8 @@ def test_alignment_timeout_is_honoured_on_every_path(tmp_path, options):
 def test_restart_none_is_honoured_on_every_path(tmp_path, options):
     done = summary(JOBS, *options, "--checkpoint-dir", str(tmp_path), "--restart", "none")
     assert done["recoveries"] == 0 and done["outputs"] == {"counts.out": ROWS}
+    # how long the executors took to start: a cluster's (its zygote, forks, mesh), none in this process
+    assert (done["startup_s"] is None) if not options else 0 < done["startup_s"] < 60, done
 
 
 def test_restart_recovers_a_sigkilled_executor_on_a_local_cluster(tmp_path):
