@@ -352,7 +352,7 @@ def _stop_if_forked_by_a_zygote() -> None:
     """In a child a zygote forked (its command line is the zygote's) while STOP_FORKED is set in
     the zygote's environment: stop at once, before the agent can listen. The zygote imports this
     module as it unpickles the job's flow (`_job`'s steps live here)."""
-    if os.environ.get(STOP_FORKED) and b"slashrt.cluster._zygote" in open("/proc/self/cmdline", "rb").read():
+    if os.environ.get(STOP_FORKED) and ZYGOTE in open("/proc/self/cmdline", "rb").read():
         os.kill(os.getpid(), signal.SIGSTOP)
 
 
