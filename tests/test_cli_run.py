@@ -92,21 +92,33 @@ def test_small_rings_on_one_executor():
     assert summary(JOBS, "--slots", "4", "--slot-size", "512")["outputs"] == {"counts.out": ROWS}
 
 
-def test_checkpoints_then_resume_from_latest_and_from_a_number(tmp_path):
-    first = summary(JOBS, "--checkpoint-dir", str(tmp_path), "--checkpoint-interval", "1ms", "--slots", "4",
+def test_checkpoints_then_resume_from_a_number_and_from_latest(tmp_path):
+    # the slow step makes the stream last about 1.7 s, so checkpoints every 1 ms land inside it
+    # however loaded the machine (at full speed a loaded run took only its first, before any
+    # record, and its final one)
+    slow = f"{JOBS}:slow_counts"
+    first = summary(slow, "--checkpoint-dir", str(tmp_path), "--checkpoint-interval", "1ms", "--slots", "4",
                     "--slot-size", "512")
-    assert first["checkpoints"] >= 2 and first["outputs"] == {"counts.out": ROWS}
-    final = first["latest_checkpoint"]
-    listed = json.loads(slashrt("checkpoints", str(tmp_path), "--json").stdout)
-    (job,) = listed["jobs"]
-    assert job["job"] == "counts" and job["checkpoints"][-1]["checkpoint"] == final
+    assert first["checkpoints"] >= 2 and first["outputs"] == {"slow-counts.out": ROWS}
+    (job,) = json.loads(slashrt("checkpoints", str(tmp_path), "--json").stdout)["jobs"]
+    assert job["job"] == "slow-counts" and job["checkpoints"][-1]["checkpoint"] == first["latest_checkpoint"]
     assert job["checkpoints"][-1]["kind"] == "final"
-    # the final checkpoint covers the whole input: a resume from it has nothing left to do
-    again = summary(JOBS, "--checkpoint-dir", str(tmp_path), "--resume-from", "latest")
-    assert again["resumed_from"] == final and again["records"] == 0
-    older = job["checkpoints"][-2]["checkpoint"]
-    from_number = summary(JOBS, "--checkpoint-dir", str(tmp_path), "--resume-from", str(older))
-    assert from_number["resumed_from"] == older and 0 < from_number["records"] < _cli_jobs.EVENTS
+    # one taken in the middle of the stream: the resume reads what it had not fed plus what it
+    # held in flight (replayed), and only that. Resumed first: a later run's checkpoints push the
+    # kept ones out.
+    fed = {c["checkpoint"]: sum(c["sources"].values()) for c in job["checkpoints"]}
+    older = max(n for n, records in fed.items() if 0 < records < _cli_jobs.EVENTS)
+    in_flight = {c["checkpoint"]: c["in_flight"] for c in job["checkpoints"]}[older]
+    from_number = summary(slow, "--checkpoint-dir", str(tmp_path), "--resume-from", str(older))
+    assert from_number["resumed_from"] == older, from_number
+    assert from_number["records"] == _cli_jobs.EVENTS - fed[older] + in_flight, (from_number, fed, in_flight)
+    assert 0 < from_number["outputs"]["slow-counts.out"] < ROWS  # the windows the first run had not fired
+    # the newest is now that resume's final checkpoint, which covers the whole input
+    (job,) = json.loads(slashrt("checkpoints", str(tmp_path), "--json").stdout)["jobs"]
+    newest = job["checkpoints"][-1]
+    assert newest["kind"] == "final" and newest["checkpoint"] == from_number["latest_checkpoint"] > first["latest_checkpoint"]
+    again = summary(slow, "--checkpoint-dir", str(tmp_path), "--resume-from", "latest")
+    assert again["resumed_from"] == newest["checkpoint"] and again["records"] == 0
 
 
 @pytest.mark.parametrize("options", [("--executors", "2"), ("--transport", "tcp"), ("--executors", "2", "--mode", "uppar")],
