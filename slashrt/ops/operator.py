@@ -49,6 +49,7 @@ __all__ = [
     "Port",
     "declares_state",
     "undeclared_state",
+    "keyed_rows",
 ]
 
 
@@ -74,10 +75,21 @@ class Operator:
     `notify_at` requests are taken and restored by slashrt, never by the operator. One whose
     attributes are configuration only (set in `__init__`, never changed) says so with
     `stateless = True`; any other operator with attributes and no `snapshot` is refused by a
-    checkpointed run before it starts."""
+    checkpointed run before it starts.
+
+    Keyed state (to resume on another number of executors): an operator behind
+    `exchange(key=...)` whose state is per key sets `keyed_by` to the name of the key's field
+    in its state. Every array of its `snapshot()` is then a table of records (a structured
+    array) with that integer field, and a resume on another executor count gives each
+    executor's `restore` the rows of the keys it now owns from every old executor, concatenated
+    in executor order, with the meta (which must be the same on every executor: what differs
+    per key goes in the tables). A notification is a time, not a key: every new executor is
+    notified at every time any old one had asked for, so `on_notify` acts on the rows it holds.
+    Operator state that is not keyed is not cut (a resume on another count is refused)."""
 
     stateless = False
     STATE_VERSION = 1
+    keyed_by: str | None = None
 
     # how batches reach on_batch (above; docs/guide.md, "Operators"): "grouped", True, False
     per_time = "grouped"
@@ -220,6 +232,11 @@ class OperatorNode(Node):
                 f"{GROUPED!r} (the default: whole batches, each record's time in ctx.times), True (one call per time) "
                 "or False (whole batches at their least time)"
             )
+        if spec.op.keyed_by is not None and not declares_state(spec.op):
+            raise DataflowError(
+                f"step {spec.step_id!r}: {type(spec.op).__name__}.keyed_by is {spec.op.keyed_by!r} but it declares no "
+                "state: define snapshot() -> slashrt.State (tables with that key field) and restore(state)"
+            )
         self.inputs = len(spec.ups)
         self._names = tuple(spec.fields)
         self.requested: set[Timestamp] = set()  # notifications asked for, not yet delivered
@@ -280,6 +297,7 @@ class OperatorNode(Node):
                         self.step_id, f"snapshot(): state array {name!r} is not a numpy array of numbers, bytes or "
                         "records (a State holds named numpy arrays; small values go in its meta)",
                     )
+                _check_keyed(self.step_id, op, name, array)
                 arrays[f"user.{name}"] = array.copy()  # the operator goes on changing its own
             try:
                 user = json.loads(json.dumps(state.meta))  # a copy, and JSON-able
@@ -287,7 +305,7 @@ class OperatorNode(Node):
                 raise OperatorError(self.step_id, f"snapshot(): the state's meta is not JSON-able: {exc}") from None
         return tagged(
             self.STATE_KIND, self.STATE_VERSION, arrays, step=self.step_id, operator=_name(op),
-            operator_version=op.STATE_VERSION, declared=declared, user=user,
+            operator_version=op.STATE_VERSION, declared=declared, user=user, keyed_by=op.keyed_by if declared else None,
         )
 
     def restore(self, state: State) -> None:
@@ -381,6 +399,42 @@ class FeedbackNode(Node):
         queued = Batch(records)
         queued.times = batch.times  # each record goes round at its own epoch
         self.clock.enqueue(self, queued, Timestamp(now.epoch, (*now.counters[:-1], iteration)))
+
+
+def _check_keyed(step_id: str, op: Operator, name: str, array: np.ndarray) -> None:
+    """A keyed state's array must be a table of records with the key's integer field."""
+    key = op.keyed_by
+    if key is None:
+        return
+    field = array.dtype.fields.get(key) if array.dtype.names else None
+    if array.ndim != 1 or field is None or field[0].kind not in "iu":
+        raise OperatorError(
+            step_id, f"snapshot(): {type(op).__name__}.keyed_by is {key!r}, so every state array is a table of records "
+            f"with an integer field {key!r} (cut by key on another executor count), and array {name!r} is "
+            f"{array.dtype if array.ndim == 1 else f'{array.ndim}-d'}",
+        )
+
+
+def keyed_rows(step_id: str, states: list[State], key: str, owned) -> State:
+    """One executor's `OperatorNode` state after a rescaling, out of every old executor's
+    (`states`, in executor order): the rows of its keyed state (field `key`) whose key `owned`
+    (int64 keys -> bool mask) says it owns, concatenated; every notification any old one had
+    requested; the meta, which must be the same on every old executor."""
+    first = states[0].meta
+    metas = {json.dumps(s.meta["user"], sort_keys=True) for s in states}
+    if len(metas) > 1:
+        raise SnapshotError(
+            f"step {step_id!r}: its keyed state's meta differs between the executors that took it, so it cannot be cut "
+            "by key: keep what differs per key in the state's tables (the meta is what every executor shares)"
+        )
+    requested = sorted({t for s in states for t in array_times(s.arrays["requested"])}, key=Timestamp.sort_key)
+    arrays = {"requested": times_array(requested) if requested else states[0].arrays["requested"][:0]}
+    for name in (n for n in states[0].arrays if n.startswith("user.")):
+        tables = [s.arrays[name] for s in states]
+        if len({t.dtype for t in tables}) > 1:
+            raise SnapshotError(f"step {step_id!r}: its keyed state's table {name[5:]!r} has another type on each executor")
+        arrays[name] = np.concatenate([t[owned(t[key].astype(np.int64, copy=False))] for t in tables])
+    return State(arrays, dict(first))
 
 
 def _name(op: Operator) -> str:

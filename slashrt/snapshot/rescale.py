@@ -30,7 +30,7 @@ __all__ = ["rescale", "reshaped", "resumed_inputs", "reshare", "reassigned", "as
 
 # the state kinds a rescaled resume reassigns: windows by key partition, sinks' pending
 # transactions to a successor; sources start afresh on their new shares
-RESCALABLE = {"ssb_window", "window", "route_by_owner", "sink", "source", "array_source"}
+RESCALABLE = {"ssb_window", "window", "route_by_owner", "ssb_graph_window", "operator", "sink", "source", "array_source"}
 
 
 def reshaped(restored, plan, executors: int) -> bool:
@@ -64,10 +64,7 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
     refuse = f"run(): checkpoint {n} was taken on {was} executor(s) and cannot resume on {executors}:"
     flying = _in_flight(restored)
     if role_plan.graph is not None:
-        raise SnapshotError(
-            f"{refuse} the state of a graph flow's operators and windows is not reassigned by key; resume it with "
-            f"executors={was}"
-        )
+        _refuse_in_graph(refuse, flow, role_plan, restored, was)
     for step_id, node in stateful_nodes(role_plan).items():
         if node.STATE_KIND not in RESCALABLE:
             raise SnapshotError(
@@ -76,7 +73,7 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
             )
     steps = set(stateful_nodes(role_plan))
     steps |= {f"{step}.route" for step in steps}  # an UpPar router's state goes with its window's
-    _refuse_diverged_leaders(refuse, restored, was)
+    _refuse_diverged_leaders(refuse, restored, was, graph=role_plan.graph is not None)
     unknown = sorted({step for step, _ in restored.states} - steps - {part_name(source) for source in flying})
     if unknown:
         raise SnapshotError(
@@ -170,19 +167,89 @@ def in_flight_between(checkpoint) -> dict[str, list[tuple[np.ndarray, int]]]:
     return pieces
 
 
-def _refuse_diverged_leaders(refuse: str, restored, was: int) -> None:
+def _refuse_in_graph(refuse: str, flow, plan, restored, was: int) -> None:
+    """What of a graph flow's checkpoint is not cut by key, refused in one sentence: loops
+    (their feedback logs and the windows inside them), records in flight between executors
+    (an unaligned checkpoint's exchanges), and user operators whose state is not keyed, or is
+    keyed but not behind an exchange by key."""
+    from slashrt.snapshot.loops import loop_feedbacks
+    from slashrt.snapshot.operators import stateful_nodes
+
+    if loop_feedbacks(plan):
+        raise SnapshotError(
+            f"{refuse} its loops' state (what was going round them, the windows inside them) is not cut by key "
+            f"partition; resume it with executors={was}"
+        )
+    sources = restored.meta.get("sources", {})
+    between = sorted({state.meta["source"] for state in restored.states.values()
+                      if isinstance(state.meta, dict) and state.meta.get("kind") == CHANNEL_KIND
+                      and state.meta["source"] not in sources})
+    if between:
+        raise SnapshotError(
+            f"{refuse} it was taken unaligned, with records in flight between executors ({between[0]}), which are not "
+            f"given to their keys' new owners in a graph flow; resume it with executors={was}, or from an aligned "
+            "checkpoint (a savepoint, or alignment_timeout=None)"
+        )
+    for step_id, node in stateful_nodes(plan).items():
+        if node.STATE_KIND != "operator":
+            continue
+        taken = [state.meta for (step, _), state in restored.states.items() if step == step_id]
+        if not any(meta.get("declared") for meta in taken):
+            continue  # no state of its own: its notifications go to every new executor
+        key = node.op.keyed_by
+        if key is None or any(meta.get("keyed_by") != key for meta in taken):
+            what = "is not keyed" if key is None else f"was taken without keyed_by={key!r}"
+            raise SnapshotError(
+                f"{refuse} the state of user operator {step_id!r} {what}, so it is not cut by key (as Flink's "
+                f"non-keyed operator state); resume it with executors={was}, or key it (Operator.keyed_by, behind "
+                "exchange(key=...))"
+            )
+        unkeyed = _reached_without_exchange(flow, step_id)
+        if unkeyed is not None:
+            raise SnapshotError(
+                f"{refuse} user operator {step_id!r} keeps keyed state, but its input from {unkeyed!r} does not pass "
+                f"an exchange(key=...), so its keys were not at their owners; resume it with executors={was}"
+            )
+
+
+def _reached_without_exchange(flow, step_id: str) -> str | None:
+    """The first step upstream of `step_id` reached without passing an exchange (through
+    stateless steps and unions), one that does not keep records of a key at its owner (a
+    source, another operator, a window, a loop's edge), or None: every input is exchanged."""
+    from slashrt._dataflow import ApplySpec, ExchangeSpec, FilterSpec, ProjectSpec, UnionSpec, WithColumnSpec, inputs_of
+
+    passing = (ApplySpec, FilterSpec, ProjectSpec, WithColumnSpec, UnionSpec)
+    todo = list(inputs_of(flow.steps[step_id]))
+    while todo:
+        spec = flow.steps[todo.pop()]
+        if isinstance(spec, ExchangeSpec):
+            continue
+        if not isinstance(spec, passing):
+            return spec.step_id
+        todo += inputs_of(spec)
+    return None
+
+
+def _refuse_diverged_leaders(refuse: str, restored, was: int, graph: bool = False) -> None:
     """A sliding window's key partitions are merged on the new executors only if their old
     leaders had fired it up to the same time (`merge_partitions`). An aligned checkpoint's
     leaders had (each computed every watermark sent before the barriers); an unaligned one's
     may not have: the watermarks still in flight to a leader are part of its channel state, so
-    refused in one sentence."""
+    refused in one sentence. A graph flow's windows fire on the progress each owner has heard
+    of, aligned or not."""
     fired: dict[str, set] = {}
     for (step, _), state in restored.states.items():
         kind = state.meta.get("kind") if isinstance(state.meta, dict) else None
-        if kind in ("ssb_window", "window") and state.meta["size"] != state.meta["slide"]:
+        if kind in ("ssb_window", "window", "ssb_graph_window") and state.meta["size"] != state.meta["slide"]:
             leader = state.meta["leader"] if kind == "ssb_window" else state.meta
             fired.setdefault(step, set()).add(leader["fired_until"])
     for step, times in sorted(fired.items()):
+        if len(times) > 1 and graph:
+            raise SnapshotError(
+                f"{refuse} the owners of sliding window {step!r} had fired it up to different times when it was taken "
+                f"(each fires on the progress it has heard of), so its key partitions cannot be merged anew; resume it "
+                f"with executors={was}, or from another checkpoint"
+            )
         if len(times) > 1 and restored.meta.get("unaligned"):
             raise SnapshotError(
                 f"{refuse} it was taken unaligned, and the executors of sliding window {step!r} had fired it up to different "
@@ -316,6 +383,7 @@ def reassigned(checkpoint, plan, index: int, executors: int, partitions: int) ->
     this run has (SSB, a whole window, an UpPar owner's window and its router); sinks' pending
     transactions of old executors index, index + executors, ... joined; sources start afresh on
     their new shares (`reshare`)."""
+    from slashrt.ops.operator import keyed_rows
     from slashrt.ssb.partitions import Partitioning
     from slashrt.snapshot.operators import stateful_nodes
 
@@ -335,6 +403,12 @@ def reassigned(checkpoint, plan, index: int, executors: int, partitions: int) ->
             states[step_id] = window(step_id)
         elif kind == "window":
             states[step_id] = as_window(window(step_id))
+        elif kind == "ssb_graph_window":
+            states[step_id] = as_graph_window(window(step_id))
+        elif kind == "operator":
+            owned = lambda keys: after.owner_of(keys) == index  # noqa: E731 (the exchanges' map)
+            taken = [_state(checkpoint, step_id, i) for i in range(old)]
+            states[step_id] = keyed_rows(step_id, taken, node.op.keyed_by, owned)
         elif kind == "route_by_owner":
             states[step_id] = as_route(window(node.window.step_id), step_id)
         elif kind == "sink":
@@ -380,6 +454,8 @@ def as_partitioned(state: State, route: State | None = None, executors: int = 1,
     kind = state.meta.get("kind") if isinstance(state.meta, dict) else None
     if kind == SSB_STATE:
         return state
+    if kind == "ssb_graph_window":
+        return _graph_as_partitioned(state, executors, index)
     step = state.meta.get("step", "?") if kind else "?"
     meta = check(state, step, "window", 1)
     window = {k: meta[k] for k in ("size", "slide", "slice_len", "aggregate", "value_dtype")}
@@ -395,6 +471,49 @@ def as_partitioned(state: State, route: State | None = None, executors: int = 1,
         "fired_until": meta["fired_until"], "late_records": 0},
         partitions=1, executors=executors, index=index, epoch=0, helper_epoch=[0] * executors, frontier=frontier,
         watermark=frontier[index], shipped_promise=judged, direct=False, epoch_counters=[0] * 6,
+    )
+
+
+def _graph_as_partitioned(state: State, executors: int, index: int) -> State:
+    """A graph flow's SSB window (`SsbGraphWindow`: the owner's windows and this executor's
+    fragments) as an SSB state: the owner's tables as leader state, the fragments as
+    fragments that shipped nothing yet (each holds its first window open: `merge_partitions`
+    joins it into that window), judged late up to where the fragments judged."""
+    from slashrt.ops.ssb_window import SSB_STATE, SSB_STATE_VERSION
+    from slashrt.snapshot.operators import check, tagged
+
+    meta = check(state, state.meta.get("step", "?"), "ssb_graph_window", 1)
+    parts = meta["fragments"]
+    window = {k: meta[k] for k in ("size", "slide", "slice_len", "aggregate")}
+    window["value_dtype"] = meta["value_dtype"] or parts["value_dtype"]
+    judged = parts["fired_until"]
+    prefix = "fragments."
+    arrays = {**{f"leader.{k}": v for k, v in state.arrays.items() if not k.startswith(prefix)},
+              **{k[len(prefix):]: v for k, v in state.arrays.items() if k.startswith(prefix)}}
+    return tagged(
+        SSB_STATE, SSB_STATE_VERSION, arrays, step=meta["step"], **window, next_start=parts["next_start"],
+        fired_until=judged, late_records=parts["late_records"], leader={**window, "next_start": meta["next_start"],
+        "fired_until": meta["fired_until"], "late_records": 0},
+        partitions=1, executors=executors, index=index, epoch=0, helper_epoch=[0] * executors,
+        frontier=[judged] * executors, watermark=judged, shipped_promise=NO_TIME, direct=False, epoch_counters=[0] * 6,
+    )
+
+
+def as_graph_window(state: State) -> State:
+    """A graph flow's SSB window state out of an SSB state that `merge_partitions` made: the
+    leader state as the owner's windows, no fragments (the old ones joined it), lateness judged
+    on from where the old fragments had judged it."""
+    from slashrt.snapshot.operators import tagged
+
+    meta = state.meta
+    owner = as_window(state)
+    parts = _no_tables(state.arrays)
+    fragments = {**{k: owner.meta[k] for k in ("size", "slide", "slice_len", "aggregate", "value_dtype")},
+                 "next_start": None, "fired_until": meta["fired_until"], "late_records": meta["late_records"]}
+    return tagged(
+        "ssb_graph_window", 1, {**owner.arrays, **{f"fragments.{k}": v for k, v in parts.items()}}, step=meta["step"],
+        **{k: v for k, v in owner.meta.items() if k not in ("kind", "version", "step")}, fragments=fragments,
+        counters=[0, 0],
     )
 
 

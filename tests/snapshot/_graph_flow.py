@@ -22,11 +22,18 @@ SINKS = ("sums", "windows", "both")
 N = 4_000  # per source: ~400 slots of 256 bytes, each ring (4 slots) wraps ~100 times
 
 
+HELD = np.dtype([("time", "<i8"), *SCHEMA.dtype.descr])
+SEEN = np.dtype([("k", "<i8"), ("count", "<i8")])
+
+
 class PerTimeSums(Operator):
     """Per time, once it is complete: each key's sum at that time and how many records of the
-    key it has seen so far (deterministic: notifications come in time order)."""
+    key it has seen so far (deterministic: notifications come in time order). Its state is
+    keyed by k (it runs behind exchange(key="k")): a resume on another executor count gives
+    each executor the held rows and counts of the keys it owns."""
 
     per_time = True  # its state is keyed by ctx.time: one call per time, every record at it
+    keyed_by = "k"
 
     def __init__(self):
         self.held: dict = {}
@@ -37,7 +44,10 @@ class PerTimeSums(Operator):
         ctx.notify_at(ctx.time)
 
     async def on_notify(self, ctx, time):
-        rows = np.concatenate(self.held.pop(time))
+        parts = self.held.pop(time, [])
+        if not parts:  # (a resume on another count notifies every executor at every requested time)
+            return
+        rows = np.concatenate(parts)
         keys, inverse = np.unique(rows["k"], return_inverse=True)
         out = np.zeros(len(keys), OUT)
         out["t"], out["k"], out["g"] = time.epoch, keys, keys % 7
@@ -49,23 +59,34 @@ class PerTimeSums(Operator):
         await ctx.emit(out)
 
     def snapshot(self) -> State:
-        times = sorted(self.held, key=lambda t: t.epoch)
-        held = [np.concatenate(self.held[t]) for t in times]
-        return State(
-            {"held": np.concatenate(held) if held else np.zeros(0, SCHEMA.dtype),
-             "bounds": np.cumsum([0, *map(len, held)]).astype(np.int64),
-             "keys": np.array(list(self.seen), np.int64), "counts": np.array(list(self.seen.values()), np.int64)},
-            {"times": [t.epoch for t in times]},
-        )
+        held = [np.concatenate(parts) for parts in self.held.values()]
+        table = np.zeros(sum(map(len, held)), HELD)
+        if held:
+            rows = np.concatenate(held)
+            table["time"] = np.repeat([t.epoch for t in self.held], [len(h) for h in held])
+            for name in SCHEMA.dtype.names:
+                table[name] = rows[name]
+        seen = np.zeros(len(self.seen), SEEN)
+        seen["k"], seen["count"] = list(self.seen), list(self.seen.values())
+        return State({"held": table, "seen": seen}, {})
 
     def restore(self, state: State) -> None:
         from slashrt.progress import Timestamp
 
-        bounds = state.arrays["bounds"].tolist()
-        self.held = {
-            Timestamp(e): [np.array(state.arrays["held"][a:b])] for e, a, b in zip(state.meta["times"], bounds, bounds[1:])
-        }
-        self.seen = dict(zip(state.arrays["keys"].tolist(), state.arrays["counts"].tolist()))
+        held = state.arrays["held"]
+        times = np.unique(held["time"])
+        order = np.argsort(held["time"], kind="stable")
+        groups = np.split(held[order], np.searchsorted(held["time"][order], times)[1:])
+        self.held = {Timestamp(int(t)): [_rows(g)] for t, g in zip(times.tolist(), groups)}
+        seen = state.arrays["seen"]
+        self.seen = dict(zip(seen["k"].tolist(), seen["count"].tolist()))
+
+
+def _rows(table: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(table), SCHEMA.dtype)
+    for name in SCHEMA.dtype.names:
+        out[name] = table[name]
+    return out
 
 
 def tag(batch, port):

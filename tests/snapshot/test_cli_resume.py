@@ -258,8 +258,9 @@ def test_a_second_signal_aborts_a_cluster_and_a_resume_is_still_exactly_once(tmp
 
 def test_sigterm_stops_a_graph_flow_on_a_cluster_and_a_resume_continues_exactly_once(tmp_path, capsys):
     """The acyclic graph flow (`_cli_job.graph`) on 2 executors over shm, rings of four 256-byte
-    slots: an operator's SIGTERM stops it with a savepoint mid-job; the resume publishes, with
-    what the stopped run committed, one uninterrupted run's output."""
+    slots: an operator's SIGTERM stops it with a savepoint mid-job; the resume on 3 executors
+    over tcp (the savepoint's windows and the user operator's keyed state cut by key) publishes,
+    with what the stopped run committed, one uninterrupted run's output."""
     import slashrt
     from tests.snapshot import _graph_flow
 
@@ -275,9 +276,10 @@ def test_sigterm_stops_a_graph_flow_on_a_cluster_and_a_resume_continues_exactly_
     assert (last["checkpoint"], last["kind"], last["executors"]) == (savepoint, "savepoint", 2)
     assert sum(last["sources"].values()) < 2 * _graph_flow.N  # mid-job
     assert published(tmp_path, _graph_flow.SINKS) != reference
-    with slashrt_run(tmp_path, *options, "--resume-from", "latest", "--json", job=f"{JOB}:graph") as proc:
+    rescaled = ("--executors", "3", "--transport", "tcp", "--slots", "4", "--slot-size", "256")
+    with slashrt_run(tmp_path, *rescaled, "--resume-from", "latest", "--json", job=f"{JOB}:graph") as proc:
         code, out, err = finish(proc)
     assert code == 0, err[-3000:]
-    assert json.loads(out)["resumed_from"] == savepoint
+    assert (json.loads(out)["resumed_from"], json.loads(out)["executors"]) == (savepoint, 3)
     assert published(tmp_path, _graph_flow.SINKS) == reference
 

@@ -1,0 +1,216 @@
+"""Rescaling a graph flow's checkpoint (`slashrt.snapshot.rescale`): resumed on another number
+of executors (or in the other mode) from a checkpoint in the middle of the previous run, the
+flow of tests/snapshot/_graph_flow.py (union, an exchange by key into a user operator with keyed
+state and notifications, a keyed window on another key behind it, connect(...).apply) publishes
+exactly one uninterrupted run's output. Real agent processes over shm and tcp, rings of four
+256-byte slots (every channel wraps ~100 times).
+
+- a chain of resumes: one executor -> 2 (slash, shm) -> 3 (uppar, tcp) -> 2 (slash, tcp) -> one;
+- what a graph flow's checkpoint cannot give another count is refused in one sentence before
+  any agent starts: an operator whose state is not keyed, keyed state not behind an exchange,
+  records in flight between executors, loops.
+"""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import slashrt
+from slashrt import Dataflow, Operator, Schema, State
+from slashrt.errors import SlashError
+from slashrt.snapshot import SnapshotStore
+
+from tests.snapshot import _graph_flow
+from tests.snapshot.test_graph_cluster_checkpoints import fed, outputs
+
+RINGS = {"slot_size": 256, "slots": 4}
+JOB = "graph-ckpt"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("reference")
+    slashrt.run(_graph_flow.flow(directory / "out"), _graph_flow.inputs(), checkpoint_dir=directory / "chk")
+    return outputs(directory / "out")
+
+
+def options(on) -> dict:
+    if on == "local":
+        return dict(RINGS)
+    executors, mode, transport = on
+    return dict(executors=executors, mode=mode, transport=transport, partitions=16, **RINGS)
+
+
+def stage(directory: Path, on, resume: bool):
+    # aligned: a checkpoint with records in flight between executors is not rescaled (refused below)
+    return slashrt.run(
+        _graph_flow.flow(directory / "out"), _graph_flow.inputs(), checkpoint={"interval": 0.002, "keep": 1000,
+        "alignment_timeout": None}, checkpoint_dir=directory / "chk", resume_from="latest" if resume else None,
+        **options(on),
+    )
+
+
+def crash_after_a_mid_run_checkpoint(directory: Path, resumed: int | None) -> tuple[Path, int]:
+    """What a crash right after a checkpoint in the middle of the run in `directory` committed
+    leaves: the output published up to it and the checkpoints up to it (in a new directory)."""
+    store = SnapshotStore(directory / "chk", job=JOB, keep=1000)
+    mine = [n for n in store.checkpoints() if resumed is None or n > resumed]
+    end = fed(store.load(mine[-1]).meta)
+    during = [n for n in mine[:-1] if 0 < fed(store.load(n).meta) < end]
+    assert during, [(n, fed(store.load(n).meta)) for n in mine]
+    mid = during[len(during) // 3]
+    after = directory.parent / f"{directory.name}+"
+    for name in _graph_flow.SINKS:
+        (after / "out" / name).mkdir(parents=True)
+        for part in (directory / "out" / name).glob("part-*.csv"):
+            if int(part.name.split("-")[1]) <= mid:
+                shutil.copy(part, after / "out" / name / part.name)
+    shutil.copytree(directory / "chk", after / "chk")
+    for n in store.checkpoints():
+        if n > mid:
+            shutil.rmtree(after / "chk" / JOB / f"chk-{n}")
+    return after, mid
+
+
+def count(on) -> int:
+    return 1 if on == "local" else on[0]
+
+
+CHAIN = ["local", (2, "slash", "shm"), (3, "uppar", "tcp"), (2, "slash", "tcp"), "local"]
+
+
+def test_a_graph_flow_resumed_on_other_executor_counts_publishes_one_runs_output(tmp_path, reference):
+    directory, resumed = tmp_path / "0", None
+    for k, on in enumerate(CHAIN):
+        result = stage(directory, on, resume=k > 0)
+        assert result.resumed_from == resumed
+        # the first runs' output up to their checkpoints and this run's: one run's output, exactly
+        assert outputs(directory / "out") == reference, (k, on)
+        store = SnapshotStore(directory / "chk", job=JOB, keep=1000)
+        assert store.load(store.checkpoints()[-1]).meta["executors"] == count(on)
+        if k + 1 < len(CHAIN):
+            directory, resumed = crash_after_a_mid_run_checkpoint(directory, resumed)
+            state = store.load(resumed).states
+            # resumed with work left: held rows or notifications of the keyed operator, open windows
+            held = sum(len(s.arrays["user.held"]) for (step, _), s in state.items() if step == f"{JOB}.per_time")
+            assert held or fed(store.load(resumed).meta) < 2 * _graph_flow.N, (k, resumed)
+
+
+# -- refused in one sentence --------------------------------------------------------------------------
+SCHEMA = Schema({"t": "i8", "k": "i8"})
+COUNTS = np.dtype([("k", "<i8"), ("n", "<i8")])
+
+
+class Counts(Operator):
+    """How many records of each key it saw, kept as a table keyed by k (`keyed_by`), or not."""
+
+    keyed_by = "k"
+
+    def __init__(self):
+        self.seen = np.zeros(0, COUNTS)
+
+    async def on_batch(self, ctx, port, batch):
+        keys = np.concatenate([self.seen["k"], batch["k"]])
+        merged, inverse = np.unique(keys, return_inverse=True)
+        table = np.zeros(len(merged), COUNTS)
+        table["k"] = merged
+        table["n"] = np.bincount(inverse, np.concatenate([self.seen["n"], np.ones(len(batch), np.int64)]))
+        self.seen = table
+
+    def snapshot(self) -> State:
+        return State({"seen": self.seen}, {})
+
+    def restore(self, state: State) -> None:
+        self.seen = state.arrays["seen"].copy()
+
+
+class UnkeyedCounts(Counts):
+    keyed_by = None
+
+
+class BadlyKeyed(Counts):
+    def snapshot(self) -> State:
+        return State({"seen": self.seen, "total": np.array([len(self.seen)])}, {})
+
+
+def counted(op, exchanged: bool = True) -> Dataflow:
+    flow = Dataflow("keyed")
+    stream = flow.source("s", SCHEMA, time="t")
+    (stream.exchange(key="k", name="by_k") if exchanged else stream).operator(op, name="counts").sink(
+        slashrt.sinks.Collect(), name="out")
+    return flow
+
+
+def one_executors_checkpoint(tmp_path, flow, inputs) -> Path:
+    slashrt.run(flow, inputs, checkpoint_dir=tmp_path / "chk")
+    return tmp_path / "chk"
+
+
+INPUT = {"s": np.array([(t, t % 13) for t in range(2000)], SCHEMA.dtype)}
+
+
+@pytest.mark.parametrize(("op", "exchanged", "why"), [
+    (UnkeyedCounts, True, r"the state of user operator 'keyed.counts' is not keyed, so it is not cut by key \(as Flink's "
+                          r"non-keyed operator state\); resume it with executors=1, or key it"),
+    (Counts, False, r"user operator 'keyed.counts' keeps keyed state, but its input from 'keyed.s' does not pass an "
+                    r"exchange\(key=...\), so its keys were not at their owners; resume it with executors=1"),
+])
+def test_operator_state_that_is_not_cut_by_key_is_refused(tmp_path, op, exchanged, why):
+    chk = one_executors_checkpoint(tmp_path, counted(op(), exchanged), INPUT)
+    with pytest.raises(SlashError, match=r"^run\(\): checkpoint \d+ was taken on 1 executor\(s\) and cannot resume on 2: " + why):
+        slashrt.run(counted(op(), exchanged), INPUT, executors=2, checkpoint_dir=chk, resume_from="latest")
+
+
+def test_loops_are_refused(tmp_path):
+    inputs = {"a": _graph_flow.inputs()["a"]}
+    slashrt.run(_graph_flow.hop_flow(tmp_path / "out"), inputs, checkpoint_dir=tmp_path / "chk")
+    with pytest.raises(SlashError, match=r"cannot resume on 2: its loops' state \(what was going round them, the windows "
+                                         r"inside them\) is not cut by key partition; resume it with executors=1"):
+        slashrt.run(_graph_flow.hop_flow(tmp_path / "out"), inputs, executors=2, checkpoint_dir=tmp_path / "chk",
+                    resume_from="latest")
+
+
+def test_a_keyed_state_is_checked_when_it_is_taken_and_when_it_is_cut(tmp_path):
+    from slashrt.errors import DataflowError, OperatorError
+    from slashrt.ops.operator import keyed_rows
+
+    # every array a table with the key's integer field: said when the checkpoint is taken
+    with pytest.raises(OperatorError, match=r"BadlyKeyed.keyed_by is 'k', so every state array is a table of records "
+                                            r"with an integer field 'k' .* and array 'total' is int64"):
+        slashrt.run(counted(BadlyKeyed()), INPUT, checkpoint_dir=tmp_path)
+
+    class NoState(Operator):
+        keyed_by = "k"
+
+        async def on_batch(self, ctx, port, batch):
+            pass
+
+    with pytest.raises(DataflowError, match="NoState.keyed_by is 'k' but it declares no state"):
+        slashrt.run(counted(NoState()), INPUT)
+    # cut: each executor the rows of its keys, every requested time; a meta that differs is refused
+    table = np.zeros(4, COUNTS)
+    table["k"], table["n"] = [1, 2, 3, 4], [10, 20, 30, 40]
+    requested = [np.array([[5]], np.int64), np.array([[7], [5]], np.int64)]
+    states = [State({"requested": r, "user.seen": table[i * 2:(i + 1) * 2]},
+                    {"kind": "operator", "version": 1, "user": {}, "keyed_by": "k"}) for i, r in enumerate(requested)]
+    odd = keyed_rows("x", states, "k", lambda keys: keys % 2 == 1)
+    assert odd.arrays["user.seen"].tolist() == [(1, 10), (3, 30)]
+    assert odd.arrays["requested"].tolist() == [[5], [7]]
+    states[1].meta["user"] = {"total": 2}
+    with pytest.raises(SlashError, match="step 'x': its keyed state's meta differs between the executors that took it"):
+        keyed_rows("x", states, "k", lambda keys: keys % 2 == 1)
+
+
+def test_a_sliding_graph_window_fired_to_different_times_by_its_owners_is_refused():
+    from types import SimpleNamespace
+
+    from slashrt.snapshot.rescale import _refuse_diverged_leaders
+
+    window = {"kind": "window", "size": 100, "slide": 50}
+    restored = SimpleNamespace(meta={}, states={("f.w", 0): State({}, {**window, "fired_until": 100}),
+                                                ("f.w", 1): State({}, {**window, "fired_until": 150})})
+    _refuse_diverged_leaders("run():", restored, 2)  # a tree flow's aligned leaders: merged as they are
+    with pytest.raises(SlashError, match=r"the owners of sliding window 'f.w' had fired it up to different times"):
+        _refuse_diverged_leaders("run():", restored, 2, graph=True)
