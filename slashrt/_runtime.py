@@ -371,12 +371,13 @@ def _checkpointing(flow: Dataflow, plan, inputs: dict, checkpoint, checkpoint_di
     checkpoints = runtime.Checkpointing(plan, config, store, restored, stop=stop, first=first)
     checkpoints.shares = {}
     if restored is not None:
-        from slashrt.snapshot.rescale import reassigned, rescale, resumed_inputs
+        from slashrt.snapshot.rescale import graph_in_flight, reassigned, rescale, resumed_inputs
         from slashrt.ssb.partitions import DEFAULT_PARTITIONS
 
         if restored.meta.get("executors", 1) != 1:  # taken on several: reassigned to one
             checkpoints.shares, checkpoints.reshared = rescale(flow, plan, plan, inputs, restored, 1)
             checkpoints.rescaled = reassigned(restored, plan, 0, 1, DEFAULT_PARTITIONS)
+            checkpoints.adopted = graph_in_flight(restored, plan, 0, 1, DEFAULT_PARTITIONS)
         else:  # a rescaled run's checkpoint: the same shares again
             checkpoints.shares, checkpoints.reshared = resumed_inputs(plan, inputs, restored.meta.get("reshared", []), 1)
     for step_id in plan.sources:  # a checkpoint of another dataflow: refused before any sink opens

@@ -47,7 +47,7 @@ from slashrt.ops.window import InFrontOfWindow
 from slashrt.progress import Timestamp
 from slashrt.ssb.partitions import Partitioning
 
-__all__ = ["ExchangeNode", "WindowRoute", "room_for_sources"]
+__all__ = ["ExchangeNode", "WindowRoute", "room_for_sources", "shipped_times"]
 
 _END = None
 
@@ -225,11 +225,8 @@ class ExchangeNode(Node):
     def count_in_flight(self, rows: np.ndarray) -> None:
         """Count `rows` (shipped rows, their times in the hidden columns) in flight at their times:
         after a restore, records on their way, which their receiver takes off again (`arrived`)."""
-        times = np.stack([rows[n] for n in self._times], axis=1)
-        keys, inverse = np.unique(times, axis=0, return_inverse=True)
-        counts = np.bincount(inverse.ravel(), minlength=len(keys))
-        for key, count in zip(keys.tolist(), counts.tolist()):
-            self.clock.in_flight(self, Timestamp(key[0], tuple(key[1:])), count)
+        for time, count in shipped_times(rows).items():
+            self.clock.in_flight(self, time, count)
 
     async def _ship(self, peer: int) -> None:
         queue, lot, sender = self._queues[peer], self._lots[peer], self.senders[peer]
@@ -283,6 +280,14 @@ class ExchangeNode(Node):
         if self.carries_times:
             piece.times = rows["__t"].copy()  # (rows: a view into a channel slot)
         await self.emit(piece)
+
+
+def shipped_times(rows: np.ndarray) -> dict[Timestamp, int]:
+    """Shipped rows' logical times (their hidden columns `__epoch`, `__c0`...) -> how many
+    rows are at each."""
+    names = [n for n in rows.dtype.names if n == "__epoch" or n.startswith("__c")]
+    keys, counts = np.unique(np.stack([rows[n] for n in names], axis=1), axis=0, return_counts=True)
+    return {Timestamp(k[0], tuple(k[1:])): c for k, c in zip(keys.tolist(), counts.tolist())}
 
 
 RECHECK_S = 0.01  # a source waiting for room looks again this often whether a checkpoint lifted the bound

@@ -71,7 +71,7 @@ from slashrt.snapshot import channel_state
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Snapshot
 from slashrt.snapshot.collected import COMMITTED, Outbox
 from slashrt.snapshot.coordinator import AckStats, CheckpointCoordinator
-from slashrt.snapshot.rescale import reassigned, rescale, reshaped, resumed_inputs
+from slashrt.snapshot.rescale import graph_in_flight, reassigned, rescale, reshaped, resumed_inputs
 from slashrt.snapshot.runtime import AUTO, Checkpointing
 
 __all__ = ["AgentCheckpointing", "ClusterCheckpoints"]
@@ -459,7 +459,9 @@ def exchanges_may_overtake(plan, config) -> bool:
     sliding window's partitions then cannot be merged on another executor count (its slices
     outlive the windows fired: `merge_partitions`); a default must keep checkpoints rescalable.
     A timeout the user gives overtakes them (such a checkpoint may be refused on another count).
-    A graph flow's checkpoint is never rescaled (no leaders to merge): its exchanges overtake."""
+    A graph flow's exchanges overtake: its rows in flight go to their keys' new owners on another
+    count (`rescale.graph_in_flight`), and a sliding window whose owners fired it up to
+    different times is refused there aligned or not (they fire on the progress each has heard of)."""
     return config.alignment_timeout != AUTO or plan.graph is not None or all(w.size == w.slide for w in plan.windows())
 
 
@@ -731,4 +733,5 @@ async def agent_checkpointing(job, plan, *, link, exchanges, peer_inputs) -> Age
     )
     if settings["rescale"]:
         checkpoints.rescaled = reassigned(restored, plan, job.index, job.executors, job.partitions)
+        checkpoints.adopted = graph_in_flight(restored, plan, job.index, job.executors, job.partitions)
     return checkpoints

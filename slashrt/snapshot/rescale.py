@@ -26,7 +26,8 @@ from slashrt.snapshot.channel_state import restored as channel_segments
 from slashrt.snapshot.runtime import source_position
 from slashrt.snapshot.state_format import State
 
-__all__ = ["rescale", "reshaped", "resumed_inputs", "reshare", "reassigned", "as_partitioned", "RESCALABLE"]
+__all__ = ["rescale", "reshaped", "resumed_inputs", "reshare", "reassigned", "as_partitioned", "graph_in_flight",
+           "RESCALABLE"]
 
 # the state kinds a rescaled resume reassigns: windows by key partition, sinks' pending
 # transactions to a successor; sources start afresh on their new shares
@@ -169,9 +170,8 @@ def in_flight_between(checkpoint) -> dict[str, list[tuple[np.ndarray, int]]]:
 
 def _refuse_in_graph(refuse: str, flow, plan, restored, was: int) -> None:
     """What of a graph flow's checkpoint is not cut by key, refused in one sentence: loops
-    (their feedback logs and the windows inside them), records in flight between executors
-    (an unaligned checkpoint's exchanges), and user operators whose state is not keyed, or is
-    keyed but not behind an exchange by key."""
+    (their feedback logs and the windows inside them), and user operators whose state is not
+    keyed, or is keyed but not behind an exchange by key."""
     from slashrt.snapshot.loops import loop_feedbacks
     from slashrt.snapshot.operators import stateful_nodes
 
@@ -179,16 +179,6 @@ def _refuse_in_graph(refuse: str, flow, plan, restored, was: int) -> None:
         raise SnapshotError(
             f"{refuse} its loops' state (what was going round them, the windows inside them) is not cut by key "
             f"partition; resume it with executors={was}"
-        )
-    sources = restored.meta.get("sources", {})
-    between = sorted({state.meta["source"] for state in restored.states.values()
-                      if isinstance(state.meta, dict) and state.meta.get("kind") == CHANNEL_KIND
-                      and state.meta["source"] not in sources})
-    if between:
-        raise SnapshotError(
-            f"{refuse} it was taken unaligned, with records in flight between executors ({between[0]}), which are not "
-            f"given to their keys' new owners in a graph flow; resume it with executors={was}, or from an aligned "
-            "checkpoint (a savepoint, or alignment_timeout=None)"
         )
     for step_id, node in stateful_nodes(plan).items():
         if node.STATE_KIND != "operator":
@@ -228,6 +218,37 @@ def _reached_without_exchange(flow, step_id: str) -> str | None:
             return spec.step_id
         todo += inputs_of(spec)
     return None
+
+
+def graph_in_flight(checkpoint, plan, index: int, executors: int, partitions: int) -> dict[str, np.ndarray]:
+    """A graph flow's unaligned checkpoint's rows in flight between executors (each exchange's
+    channel parts: what receivers had not taken, `<step>.from<j>`, and what senders had queued
+    behind the barrier, `<step>.to<j>`), by the step they were on their way to: those whose
+    key (a record's exchange key, a partial row's `key`) executor `index` of `executors` now
+    owns. They are taken on it as if they had just arrived (`ssb_route.adopt_in_flight`)."""
+    from slashrt.ssb.partitions import Partitioning
+
+    if plan.graph is None:
+        return {}
+    after, sources = Partitioning(partitions, executors), checkpoint.meta.get("sources", {})
+    pieces: dict[str, list] = {}
+    for (step, _), state in sorted(checkpoint.states.items()):
+        meta = state.meta if isinstance(state.meta, dict) else {}
+        if meta.get("kind") != CHANNEL_KIND or meta["source"] in sources:
+            continue
+        match = _EXCHANGE_CHANNEL.match(meta["source"])
+        if match is None or match["route"] or match["window"] not in plan.steps:
+            raise SnapshotError(
+                f"checkpoint {checkpoint.number} holds records in flight on channel {meta['source']!r}, which this "
+                "dataflow does not have: restore it into the dataflow that wrote it"
+            )
+        rows = [value for kind, value in channel_segments(state, step)[1] if kind == DATA and len(value)]
+        if not rows:
+            continue
+        rows = np.concatenate(rows)
+        key = "key" if {"slice", "closed"} <= set(rows.dtype.names) else plan.flow.steps[match["window"]].key
+        pieces.setdefault(match["window"], []).append(rows[after.owner_of(rows[key].astype(np.int64)) == index])
+    return {step: np.concatenate(parts) for step, parts in pieces.items() if sum(map(len, parts))}
 
 
 def _refuse_diverged_leaders(refuse: str, restored, was: int, graph: bool = False) -> None:

@@ -249,6 +249,10 @@ class Checkpointing:
         # resuming a checkpoint of another executor count: this executor's states, reassigned
         # (`slashrt.snapshot.rescale.reassigned`); sources start afresh on their new shares
         self.rescaled: dict | None = None
+        # and a graph flow's rows in flight between old executors whose keys this one now owns
+        # (`rescale.graph_in_flight`): counted in flight at the restore, taken by `replay`
+        self.adopted: dict = {}
+        self._progress = None
         self.reshared: list = []  # the rescalings the sources' shares come from (`rescale.resumed_inputs`)
 
     # -- recovery --------------------------------------------------------------------------------
@@ -321,9 +325,15 @@ class Checkpointing:
             if step_id in self.rescaled:
                 check(self.rescaled[step_id], step_id, node.STATE_KIND, node.STATE_VERSION)
                 node.restore(self.rescaled[step_id])
+        from slashrt.ops.route import shipped_times
         from slashrt.snapshot.rescale import in_flight_between
 
-        for window, pieces in in_flight_between(self.restored).items():  # to their keys' new owners
+        self._progress = progress
+        for step_id, rows in self.adopted.items():  # a graph flow's: taken first by `replay`
+            node = self.plan.steps[step_id]
+            for at, count in shipped_times(rows).items():
+                progress.in_flight(node, at, count)
+        for window, pieces in ({} if self.plan.graph is not None else in_flight_between(self.restored)).items():
             node = self.nodes.get(f"{window}.route") or self.nodes.get(window)
             if getattr(node, "adopt_in_flight", None) is None:
                 raise SnapshotError(
@@ -339,10 +349,17 @@ class Checkpointing:
         log.info("checkpoint restored", checkpoint=number, rescaled_from=self.restored.meta.get("executors", 1))
 
     async def replay(self) -> None:
-        """After `restore`, before any new input: the batches the back edges of loops held."""
+        """After `restore`, before any new input: the batches the back edges of loops held; after
+        a rescaled one, the rows in flight between old executors this executor now owns."""
         replay, self._replay = self._replay, []
         if replay:
             await self.loops.replay(replay)
+        adopted, self.adopted = self.adopted, {}
+        if adopted:
+            from slashrt.ops.ssb_route import adopt_in_flight
+
+            for step_id, rows in adopted.items():
+                await adopt_in_flight(self.plan.steps[step_id], rows, self._progress)
 
     # -- running ---------------------------------------------------------------------------------
     @contextlib.asynccontextmanager

@@ -5,7 +5,9 @@ progress, exchanges chained after exchanges, loops), in real agent processes ove
   what the peers' channels hold in front of it (`<exchange>.from<j>.channel`) and what the
   exchanges queued to ship (`<exchange>.to<j>.channel`); the output equals the reference, and a
   resume from a checkpoint holding both computes each exactly once (the receiver's replayed
-  records, the sender's shipped again, each counted in flight until they arrive);
+  records, the sender's shipped again, each counted in flight until they arrive), also on 3
+  executors, on one, and on 3 in the other mode (every row in flight taken by its key's new
+  owner: `rescale.graph_in_flight`);
 - a loop that ships every round across executors, with every checkpoint unaligned: its parts
   hold the feedback log, the outboxes and channel state, and a resume from the latest is exact;
 - the exchange's ship queue: barrier n moves ahead of the rows queued since the barrier before
@@ -112,18 +114,16 @@ def test_a_slow_step_after_an_exchange_is_overtaken_and_a_resume_from_its_channe
         assert len(result.epochs["gcount.counts"][0]) > 1  # shipped while the stream went on
         assert {s.meta["kind"] for c in checkpoints.values() for (step, _), s in c.states.items()
                 if step == "gcount.counts"} == {"ssb_graph_window"}
-    # its records in flight between executors do not go to new owners: another count is refused
-    # in one sentence before any agent starts
-    with pytest.raises(SlashError, match=r"taken unaligned, with records in flight between executors \(gcount\..*\.(from|to)\d\), "
-                       r"which are not given to their keys' new owners in a graph flow; resume it with executors=2"):
-        slashrt.run(chained(SlowCalls(0, 0), window_ms)[0], INPUTS, executors=3, transport=transport, mode=mode,
-                    checkpoint_dir=tmp_path, **RINGS, checkpoint={"keep": 1000}, resume_from=queued[0])
     # a resume from one computes each record in flight once: the receiver replays what its
-    # peers' channels held, the sender ships again what it had queued behind the barrier
-    for n in sorted({(sorted(set(overtook) & set(queued)) or overtook)[-1], queued[0]}):
+    # peers' channels held, the sender ships again what it had queued behind the barrier; on
+    # another executor count (3, and one; 3 in the other mode too) every row in flight goes to its
+    # key's new owner (records, or the SSB's partial rows, into whatever window the run has)
+    both, other = (sorted(set(overtook) & set(queued)) or overtook)[-1], {"slash": "uppar", "uppar": "slash"}[mode]
+    for n, executors, resumed in sorted({(both, 2, mode), (queued[0], 2, mode), (both, 3, mode), (both, 1, mode),
+                                         (both, 3, other)}):
         job, out = chained(SlowCalls(0, 0), window_ms)
-        slashrt.run(job, INPUTS, executors=2, transport=transport, mode=mode, checkpoint_dir=tmp_path, **RINGS,
-                    checkpoint={"keep": 1000}, resume_from=n)
+        slashrt.run(job, INPUTS, executors=executors, transport=transport, mode=resumed, checkpoint_dir=tmp_path,
+                    **RINGS, checkpoint={"keep": 1000}, resume_from=n)
         # what n pre-committed (published by the restore) and all after: the windows each key's
         # owner had not fired at the checkpoint before n, each exact (one window over the whole
         # stream: every count; 100 ms windows: those from that cut on)
@@ -137,7 +137,7 @@ def test_a_slow_step_after_an_exchange_is_overtaken_and_a_resume_from_its_channe
         unfired = reference[reference[:, 0] + window_ms > np.array([fired[int(o)] for o in owners])]
         assert len(unfired), n
         np.testing.assert_array_equal(window_rows(out), unfired[np.lexsort((unfired[:, 1], unfired[:, 0]))],
-                                      err_msg=f"checkpoint {n}")
+                                      err_msg=f"checkpoint {n} on {executors} executor(s), {resumed}")
 
 
 def test_a_loop_shipping_every_round_with_unaligned_checkpoints_killed_and_resumed_is_exactly_once(tmp_path, monkeypatch):
