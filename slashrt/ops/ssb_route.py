@@ -111,6 +111,16 @@ def _join(window: WindowAggregate, rows: np.ndarray) -> None:
         window.merge_partials(part["slice"], part["key"], part["count"], part["value"], c)
 
 
+async def _join_iteration(loop: LoopWindow, rows: np.ndarray, counters: tuple[int, ...]) -> None:
+    """Partial rows of one iteration into that iteration's window of `loop`."""
+    window = loop.windows.get(counters)
+    if window is None:
+        window = loop._window(counters)
+        if loop.frontier is not None:  # it starts where the frontier stands (nothing to fire yet)
+            await window.on_frontier(iteration_watermark(loop.frontier, counters))
+    _join(window, rows)
+
+
 class _OwnerAndFragments:
     """What both SSB windows of graph flows share: the owner's window is the class itself
     (a `WindowAggregate` or a `LoopWindow`), its fragments one of the same kind (`FRAGMENTS`)
@@ -222,12 +232,7 @@ class SsbLoopWindow(_OwnerAndFragments, LoopWindow):
         return due
 
     async def join(self, rows: np.ndarray, counters: tuple[int, ...] = ()) -> None:
-        window = self.windows.get(counters)
-        if window is None:
-            window = self._window(counters)
-            if self.frontier is not None:  # it starts where the frontier stands (nothing to fire yet)
-                await window.on_frontier(iteration_watermark(self.frontier, counters))
-        _join(window, rows)
+        await _join_iteration(self, rows, counters)
 
     # -- state: the owner's windows and the fragments, each a loop window's ------------------------
     def snapshot(self) -> State:
@@ -310,8 +315,11 @@ async def adopt_in_flight(node, rows: np.ndarray, clock) -> None:
         time = Timestamp(int(times[a, 0]), tuple(int(c) for c in times[a, 1:]))
         before, clock.now = clock.now, time
         try:
-            if partial:  # a fragment's rows: joined into the owner's window
-                _join(window, rows[a:b])
+            if partial:  # a fragment's rows: joined into the owner's window (inside loops, its iteration's)
+                if isinstance(window, LoopWindow):
+                    await _join_iteration(window, rows[a:b], time.counters)
+                else:
+                    _join(window, rows[a:b])
             elif isinstance(node, ExchangeNode) and not isinstance(node, SsbRoute):
                 await node.take(rows[a:b])  # on downstream (a route: into its window)
             else:  # records into the fragments (SSB) or the window (one executor)

@@ -125,6 +125,8 @@ class GraphAgentCheckpointing(AgentCheckpointing):
         states = {} if self.restored is None else self.restored.states
         outboxes = {key: states.pop(key) for key in list(states) if key[0].endswith(OUTBOX)}
         await super().restore(progress)
+        if self.rescaled is not None:  # (their rows went to their keys' new owners: `rescale.graph_in_flight`)
+            outboxes = {}
         for (step_id, _), state in outboxes.items():
             self.outboxes[step_id].restore(state)
         exchanges = {x.step_id: x for x in self.exchanges}

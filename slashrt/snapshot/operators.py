@@ -308,12 +308,13 @@ def merge_partitions(parts: list[State], partitioning, index: int) -> State:
     return State(arrays, meta)
 
 
-def _packed(prefix: str, by_id: dict, value_dtype) -> dict[str, np.ndarray]:
+def _packed(prefix: str, by_id: dict, value_dtype, width: int | None = None) -> dict[str, np.ndarray]:
     """`pack_tables`' layout from row pieces gathered per table id (pieces holding one key
-    twice are joined when the state is restored: a table merges what it is given)."""
+    twice are joined when the state is restored: a table merges what it is given); ids of
+    `width` ints (default: a window's, 1 for slices and 2 for tails)."""
     ids = sorted(by_id)
     pieces = [by_id[t] for t in ids]
-    width = 2 if prefix.endswith("tails") else 1
+    width = width if width is not None else 2 if prefix.endswith("tails") else 1
     bounds = np.zeros(len(ids) + 1, np.int64)
     np.cumsum([sum(len(k) for k in p[0]) for p in pieces], out=bounds[1:])
 

@@ -11,6 +11,14 @@ transactional sinks' pending transactions go to a successor (`reassigned`), or a
 (`rescale`) where an old executor has none. An unaligned checkpoint's records in flight between
 executors go to their keys' new owners, judged against the watermark their sender had sent
 before them (`in_flight_between`, `adopt_in_flight`).
+
+Graph flows the same way: a graph window's state (an owner's, or on the SSB the owner's and
+the fragments) enters the SSB layout and leaves it as the run's kind (`as_graph_window`),
+inside loops iteration by iteration (`_loop_window`); a user operator's keyed state goes by
+key to its new owners (`Operator.keyed_by`, `keyed_rows`); rows in flight between executors
+(channel parts, the loops' outboxes) go to their keys' new owners, taken before any new input
+(`graph_in_flight`, `ssb_route.adopt_in_flight`); the back edges' logs to new executor i % N
+(`_logs`). Operator state that is not keyed is refused (`_refuse_in_graph`).
 """
 
 from __future__ import annotations
@@ -31,7 +39,8 @@ __all__ = ["rescale", "reshaped", "resumed_inputs", "reshare", "reassigned", "as
 
 # the state kinds a rescaled resume reassigns: windows by key partition, sinks' pending
 # transactions to a successor; sources start afresh on their new shares
-RESCALABLE = {"ssb_window", "window", "route_by_owner", "ssb_graph_window", "operator", "sink", "source", "array_source"}
+RESCALABLE = {"ssb_window", "window", "route_by_owner", "ssb_graph_window", "loop_window", "ssb_loop_window", "operator",
+              "sink", "source", "array_source"}
 
 
 def reshaped(restored, plan, executors: int) -> bool:
@@ -58,7 +67,9 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
     rescalings (`resumed_inputs`)."""
     from slashrt._runtime import _per_source
     from slashrt.cluster._job import PerExecutor
+    from slashrt.snapshot.cluster_graph import OUTBOX
     from slashrt.snapshot.commit import recover
+    from slashrt.snapshot.loops import loop_feedbacks
     from slashrt.snapshot.operators import stateful_nodes
 
     was, n = restored.meta.get("executors", 1), restored.number
@@ -74,6 +85,8 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
             )
     steps = set(stateful_nodes(role_plan))
     steps |= {f"{step}.route" for step in steps}  # an UpPar router's state goes with its window's
+    # loops' logs, and exchanges' outboxes (on one executor its exchanges ship nothing: the flow's steps)
+    steps |= set(loop_feedbacks(role_plan)) | {step + OUTBOX for step in flow.steps}
     _refuse_diverged_leaders(refuse, restored, was, graph=role_plan.graph is not None)
     unknown = sorted({step for step, _ in restored.states} - steps - {part_name(source) for source in flying})
     if unknown:
@@ -169,17 +182,10 @@ def in_flight_between(checkpoint) -> dict[str, list[tuple[np.ndarray, int]]]:
 
 
 def _refuse_in_graph(refuse: str, flow, plan, restored, was: int) -> None:
-    """What of a graph flow's checkpoint is not cut by key, refused in one sentence: loops
-    (their feedback logs and the windows inside them), and user operators whose state is not
-    keyed, or is keyed but not behind an exchange by key."""
-    from slashrt.snapshot.loops import loop_feedbacks
+    """What of a graph flow's checkpoint is not cut by key, refused in one sentence: user
+    operators whose state is not keyed, or is keyed but not behind an exchange by key."""
     from slashrt.snapshot.operators import stateful_nodes
 
-    if loop_feedbacks(plan):
-        raise SnapshotError(
-            f"{refuse} its loops' state (what was going round them, the windows inside them) is not cut by key "
-            f"partition; resume it with executors={was}"
-        )
     for step_id, node in stateful_nodes(plan).items():
         if node.STATE_KIND != "operator":
             continue
@@ -230,24 +236,31 @@ def graph_in_flight(checkpoint, plan, index: int, executors: int, partitions: in
 
     if plan.graph is None:
         return {}
+    from slashrt.snapshot.cluster_graph import OUTBOX, Outbox
+
     after, sources = Partitioning(partitions, executors), checkpoint.meta.get("sources", {})
     pieces: dict[str, list] = {}
     for (step, _), state in sorted(checkpoint.states.items()):
         meta = state.meta if isinstance(state.meta, dict) else {}
-        if meta.get("kind") != CHANNEL_KIND or meta["source"] in sources:
+        if meta.get("kind") == Outbox.STATE_KIND:  # loops: shipped after the barrier, before the snapshot
+            target, rows = step[: -len(OUTBOX)], [state.arrays["rows"]]
+        elif meta.get("kind") == CHANNEL_KIND and meta["source"] not in sources:
+            match = _EXCHANGE_CHANNEL.match(meta["source"])
+            target = None if match is None or match["route"] else match["window"]
+            rows = [value for kind, value in channel_segments(state, step)[1] if kind == DATA]
+        else:
             continue
-        match = _EXCHANGE_CHANNEL.match(meta["source"])
-        if match is None or match["route"] or match["window"] not in plan.steps:
+        if target not in plan.steps:
             raise SnapshotError(
-                f"checkpoint {checkpoint.number} holds records in flight on channel {meta['source']!r}, which this "
-                "dataflow does not have: restore it into the dataflow that wrote it"
+                f"checkpoint {checkpoint.number} holds records in flight to step {target or meta.get('source')!r}, "
+                "which this dataflow does not have: restore it into the dataflow that wrote it"
             )
-        rows = [value for kind, value in channel_segments(state, step)[1] if kind == DATA and len(value)]
+        rows = [r for r in rows if len(r)]
         if not rows:
             continue
         rows = np.concatenate(rows)
-        key = "key" if {"slice", "closed"} <= set(rows.dtype.names) else plan.flow.steps[match["window"]].key
-        pieces.setdefault(match["window"], []).append(rows[after.owner_of(rows[key].astype(np.int64)) == index])
+        key = "key" if {"slice", "closed"} <= set(rows.dtype.names) else plan.flow.steps[target].key
+        pieces.setdefault(target, []).append(rows[after.owner_of(rows[key].astype(np.int64)) == index])
     return {step: np.concatenate(parts) for step, parts in pieces.items() if sum(map(len, parts))}
 
 
@@ -264,6 +277,9 @@ def _refuse_diverged_leaders(refuse: str, restored, was: int, graph: bool = Fals
         if kind in ("ssb_window", "window", "ssb_graph_window") and state.meta["size"] != state.meta["slide"]:
             leader = state.meta["leader"] if kind == "ssb_window" else state.meta
             fired.setdefault(step, set()).add(leader["fired_until"])
+        elif kind in ("loop_window", "ssb_loop_window") and state.meta["size"] != state.meta["slide"]:
+            for counters, at in zip(state.arrays["iterations"].tolist(), state.arrays["fired_until"].tolist()):
+                fired.setdefault(f"{step} (iteration {tuple(counters)})", set()).add(at)
     for step, times in sorted(fired.items()):
         if len(times) > 1 and graph:
             raise SnapshotError(
@@ -417,10 +433,12 @@ def reassigned(checkpoint, plan, index: int, executors: int, partitions: int) ->
             merged[step_id] = _merged_window(checkpoint, step_id, old, after, index)
         return merged[step_id]
 
-    states = {}
+    states = _logs(checkpoint, plan, index, executors, old)
     for step_id, node in stateful_nodes(plan).items():
         kind = node.STATE_KIND
-        if kind == "ssb_window":
+        if kind in ("loop_window", "ssb_loop_window"):
+            states[step_id] = _loop_window(checkpoint, step_id, kind, old, after, index)
+        elif kind == "ssb_window":
             states[step_id] = window(step_id)
         elif kind == "window":
             states[step_id] = as_window(window(step_id))
@@ -453,15 +471,151 @@ def _merged_window(checkpoint, step_id: str, old: int, after, index: int) -> Sta
     """Executor `index`'s SSB state under `after`: every old executor's window state of `step_id`
     (`as_partitioned`) cut by the partition of each key under `after`, the partitions `index`
     leads merged."""
+    routes = [checkpoint.states.get((f"{step_id}.route", i)) for i in range(old)]  # an UpPar owner's router
+    return _merged([as_partitioned(_state(checkpoint, step_id, i), routes[i], old, i) for i in range(old)], after, index)
+
+
+def _merged(states: list[State], after, index: int) -> State:
+    """Executor `index`'s SSB state under `after` from every old executor's (in the SSB layout)."""
     from slashrt.snapshot.operators import merge_partitions, split_partitions
 
     led = set(after.led_by(index).tolist())
-    parts = []
-    for i in range(old):
-        route = checkpoint.states.get((f"{step_id}.route", i))  # an UpPar owner's router
-        state = as_partitioned(_state(checkpoint, step_id, i), route, old, i)
-        parts += [part for p, part in split_partitions(state, after).items() if p in led]
+    parts = [part for state in states for p, part in split_partitions(state, after).items() if p in led]
     return merge_partitions(parts, after, index)
+
+
+# -- loops: windows by iteration, the back edges' logs ---------------------------------------------------
+def _loop_window(checkpoint, step_id: str, kind: str, old: int, after, index: int) -> State:
+    """Executor `index`'s state of a window inside loops (`LoopWindow`; on the state backend an
+    `SsbLoopWindow`: the owner's windows and the fragments, one of each per iteration) as
+    `kind`: each iteration's window cut and merged by key partition as a window outside loops
+    is, from every old executor's window of that iteration (of either kind)."""
+    from slashrt.snapshot.operators import tagged
+
+    by_iteration: dict[tuple, list] = {}
+    forgotten = 0
+    for i in range(old):
+        state = _state(checkpoint, step_id, i)
+        ssb = state.meta["kind"] == "ssb_loop_window"
+        owner, parts = _iterations(state.arrays, state.meta), {}
+        if ssb:
+            inner = {k[len("fragments."):]: v for k, v in state.arrays.items() if k.startswith("fragments.")}
+            parts = _iterations(inner, {**state.meta["fragments"], "step": step_id})
+        for counters in owner.keys() | parts.keys():
+            window = owner.get(counters) or _window_state(state.meta, step_id)
+            if ssb:  # an SsbGraphWindow's state of this iteration
+                part = parts.get(counters) or _window_state(state.meta["fragments"], step_id)
+                window = State({**window.arrays, **{f"fragments.{k}": v for k, v in part.arrays.items()}},
+                               {**window.meta, "kind": "ssb_graph_window", "fragments": part.meta, "counters": [0, 0]})
+            by_iteration.setdefault(counters, []).append(as_partitioned(window, None, old, i))
+        if index == 0:  # late counts once, on executor 0 (as a window's)
+            forgotten += state.meta["forgotten_late"] + (state.meta["fragments"]["forgotten_late"] if ssb else 0)
+    template = _state(checkpoint, step_id, 0).meta
+    if kind == "loop_window":
+        windows = {c: as_window(_merged(states, after, index)) for c, states in sorted(by_iteration.items())}
+        return _assembled(step_id, template, windows, forgotten)
+    windows = {c: as_graph_window(_merged(states, after, index)) for c, states in sorted(by_iteration.items())}
+    # (the fragments count what was late: the owner's windows judge nothing)
+    owner = _assembled(step_id, template, {c: State(w.arrays, {**w.meta, "late_records": 0}) for c, w in windows.items()}, 0)
+    parts = {c: State({k[len("fragments."):]: v for k, v in w.arrays.items() if k.startswith("fragments.")},
+                      w.meta["fragments"]) for c, w in windows.items()}
+    fragments = _assembled(step_id, template, parts, forgotten)
+    meta = {k: v for k, v in owner.meta.items() if k not in ("kind", "version")}
+    return tagged("ssb_loop_window", 1, {**owner.arrays, **{f"fragments.{k}": v for k, v in fragments.arrays.items()}},
+                  **meta, fragments=fragments.meta, counters=[0, 0])
+
+
+def _iterations(arrays: dict, meta: dict) -> dict[tuple, State]:
+    """A `LoopWindow` state's windows (`arrays`, `meta`), as one "window" state per iteration."""
+    from slashrt.snapshot.operators import _packed, tagged, unpack_tables
+
+    d = meta["depth"]
+    iterations = [tuple(c) for c in arrays["iterations"].tolist()]
+    tables = {c: {"slices": {}, "tails": {}} for c in iterations}
+    for name in ("slices", "tails"):
+        for table_id, keys, counts, vals, overflowed in unpack_tables(name, arrays):
+            local = table_id[d] if name == "slices" else tuple(table_id[d:])
+            tables[tuple(table_id[:d])][name][local] = [[keys], [counts], [vals], overflowed]
+    columns = zip(iterations, *(arrays[n].tolist() for n in ("next_start", "pending", "fired_until", "late_records")))
+    return {
+        counters: tagged(
+            "window", 1, {**_packed("slices", tables[counters]["slices"], meta["value_dtype"]),
+                          **_packed("tails", tables[counters]["tails"], meta["value_dtype"])},
+            step=meta["step"], **_grid(meta), next_start=next_start if pending else None, fired_until=fired_until,
+            late_records=late,
+        )
+        for counters, next_start, pending, fired_until, late in columns
+    }
+
+
+def _grid(meta: dict) -> dict:
+    return {k: meta[k] for k in ("size", "slide", "slice_len", "aggregate", "value_dtype")}
+
+
+def _window_state(meta: dict, step_id: str) -> State:
+    """An empty window's state of `meta`'s grid (an iteration one old executor did not have)."""
+    from slashrt.snapshot.operators import _packed, tagged
+
+    vdt = meta["value_dtype"]
+    return tagged("window", 1, {**_packed("slices", {}, vdt), **_packed("tails", {}, vdt)}, step=step_id, **_grid(meta),
+                  next_start=None, fired_until=NO_TIME, late_records=0)
+
+
+def _assembled(step_id: str, template: dict, windows: dict[tuple, State], forgotten_late: int) -> State:
+    """A `LoopWindow` state out of one "window" state per iteration (`_iterations` inverted),
+    told no frontier yet (the tracker tells it at once)."""
+    from slashrt.snapshot.operators import _packed, tagged, unpack_tables
+
+    d, order = template["depth"], sorted(windows)
+    vdt = next((windows[c].meta["value_dtype"] for c in order if windows[c].meta["value_dtype"]), template["value_dtype"])
+    tables: dict[str, dict] = {"slices": {}, "tails": {}}
+    for counters in order:
+        for name in tables:
+            for table_id, keys, counts, vals, overflowed in unpack_tables(name, windows[counters].arrays):
+                local = (table_id,) if name == "slices" else table_id
+                tables[name][(*counters, *local)] = [[keys], [counts], [vals], overflowed]
+    metas = [windows[c].meta for c in order]
+    arrays = {
+        **_packed("slices", tables["slices"], vdt, width=d + 1), **_packed("tails", tables["tails"], vdt, width=d + 2),
+        "iterations": np.array(order, np.int64).reshape(len(order), d),
+        "next_start": np.array([m["next_start"] or 0 for m in metas], np.int64),
+        "pending": np.array([m["next_start"] is not None for m in metas], bool),
+        "fired_until": np.array([m["fired_until"] for m in metas], np.int64),
+        "late_records": np.array([m["late_records"] for m in metas], np.int64),
+        "frontier": np.zeros((0, d + 1), np.int64),
+    }
+    return tagged("loop_window", 1, arrays, step=step_id, depth=d, told=False, forgotten_late=forgotten_late,
+                  **{**_grid(template), "value_dtype": vdt})
+
+
+def _logs(checkpoint, plan, index: int, executors: int, old: int) -> dict[str, State]:
+    """Executor `index`'s back-edge logs (a part per feedback step): those of old executors
+    index, index + executors, ..., one after another. What was going round a loop is records at
+    their times, which the loop's exchanges route by key wherever they enter it again."""
+    from slashrt.snapshot.loops import LOG_KIND, LOG_VERSION, _pack, _unpack, loop_feedbacks
+    from slashrt.snapshot.operators import array_times, tagged, times_array
+
+    feedbacks = list(loop_feedbacks(plan))
+    logs = {step: ([], [], []) for step in feedbacks}
+    base = 0
+    for i in range(index, old, executors) if feedbacks else ():
+        parts = {step: checkpoint.states.get((step, i)) for step in feedbacks}
+        if any(p is None or p.meta.get("kind") != LOG_KIND for p in parts.values()):
+            raise SnapshotError(
+                f"checkpoint {checkpoint.number} holds no back-edge log of every loop on executor {i}: it was written "
+                "by another dataflow; resume it with the dataflow that wrote it"
+            )
+        for step, part in parts.items():
+            records, times, seq = logs[step]
+            records += _unpack(part.arrays, part.meta["batches"])
+            times += array_times(part.arrays["times"])
+            seq += (part.arrays["seq"] + base).tolist()
+        base += sum(p.meta["batches"] for p in parts.values())
+    return {
+        step: tagged(LOG_KIND, LOG_VERSION, {"times": times_array(times), "seq": np.array(seq, np.int64), **_pack(records)},
+                     step=step, checkpoint=checkpoint.number, batches=len(records))
+        for step, (records, times, seq) in logs.items()
+    }
 
 
 def as_partitioned(state: State, route: State | None = None, executors: int = 1, index: int = 0) -> State:

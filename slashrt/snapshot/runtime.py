@@ -321,6 +321,9 @@ class Checkpointing:
 
     async def _restore_rescaled(self, progress) -> None:
         number = self.restored.number
+        logs = {step: self.rescaled.pop(step) for step in list(self.rescaled) if _kind(self.rescaled[step]) == LOG_KIND}
+        if self.loops is not None:  # what was going round the loops: replayed before any new input
+            self._replay = self.loops.restored(logs)
         for step_id, node in self.nodes.items():  # sources start afresh on their new shares
             if step_id in self.rescaled:
                 check(self.rescaled[step_id], step_id, node.STATE_KIND, node.STATE_VERSION)
