@@ -18,7 +18,7 @@ as they show a graph flow's:
 
 from __future__ import annotations
 
-from slashrt.ops.ssb_window import SsbWindowAggregate
+from slashrt.ssb.window import SsbWindowAggregate
 from slashrt.ops.uppar import RouteByOwner
 from slashrt.progress import PointstampClock, Timestamp
 from slashrt.progress.frontier import END_TIME

@@ -39,8 +39,8 @@ from slashrt.ops.operator import EnterNode, FeedbackNode, LeaveNode, OperatorNod
 from slashrt.ops.route import ExchangeNode, WindowRoute
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.stateless import ApplyNode, FilterNode, ProjectNode, WithColumnNode
-from slashrt.ops.ssb_route import SsbRoute
-from slashrt.ops.ssb_window import SsbWindowAggregate
+from slashrt.ssb.graph_window import SsbRoute
+from slashrt.ssb.window import SsbWindowAggregate
 from slashrt.ops.uppar import RouteByOwner
 from slashrt.ops.window import WindowAggregate
 from slashrt.progress import PROGRESS_MODES

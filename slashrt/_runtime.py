@@ -185,7 +185,7 @@ def run(
     pipeline at once.
 
     Clusters only (None: the default): `partitions` of the key space (256), `epoch_bytes` of an
-    SSB epoch (64 MiB), `ssb_routing` ("auto", "fragments" or "direct": `slashrt.ops.ssb_window`),
+    SSB epoch (64 MiB), `ssb_routing` ("auto", "fragments" or "direct": `slashrt.ssb.window`),
     the channels' `secret` (random by default), `on_ready({source: [IngestTarget]})` once every
     executor is ready (`Ingest` inputs need it), and the heartbeats between the coordinator
     and its agents: one every `heartbeat_interval` seconds, an executor silent for

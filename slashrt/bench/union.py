@@ -7,7 +7,7 @@ Two YSB streams per executor (views and clicks, each generated in the executor's
 with its own seed over the same event-time range), a user operator in front of the clicks
 (it keeps the clicks: `event_type` 1), their union, the ads mapped to their campaigns, and a
 tumbling 10 s count per campaign. On K executors in mode "slash" every executor folds what it
-reads into fragments and ships one partial row per campaign and window (`slashrt.ops.ssb_route`);
+reads into fragments and ships one partial row per campaign and window (`slashrt.ssb.graph_window`);
 in mode "uppar" it ships every record whose campaign another executor owns. Per mode:
 `records_per_s` (the input records, both streams of every executor, over the wall time),
 `bytes_shipped` (what the executors' exchanges sent each other), `record_bytes` (the input),

@@ -57,7 +57,7 @@ from slashrt.cluster._liveness import (
 from slashrt.errors import ChannelClosed, DataflowError, RetryableError, SlashError, retryable_report, unwrap_groups
 from slashrt.ops.sinks import Callback, Collect
 from slashrt.ops.sources import validate_input
-from slashrt.ops.ssb_window import DEFAULT_EPOCH_BYTES, check_routing
+from slashrt.ssb.window import DEFAULT_EPOCH_BYTES, check_routing
 from slashrt.snapshot.cluster import cluster_checkpoints
 from slashrt.snapshot.collected import COMMITTED, Committed
 from slashrt.snapshot.restart import GiveUp, NoRestart, parse_restart

@@ -56,7 +56,7 @@ from slashrt.ops.operator import (
 )
 from slashrt.ops.stateless import FilterNode, ProjectNode, WithColumnNode
 from slashrt.ops.route import ExchangeNode, WindowRoute
-from slashrt.ops.ssb_route import SsbRoute
+from slashrt.ssb.graph_window import SsbRoute
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.window import WindowAggregate
 from slashrt.progress import IDENTITY, INGRESS, Builder, Location, Reachability, Timestamp, Tracker, move_capability

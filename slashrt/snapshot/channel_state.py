@@ -23,7 +23,7 @@ A channel from a peer executor is cut at its barrier n, which must be in the rec
 (`reaches`): what is in front of it is the receiver's channel state, computed first on a resume
 (`replay_into`: the peer cannot post it again). An SSB exchange's shippers queue deltas before
 the ring; barrier n overtakes them too, and they are the sender's channel state
-(`slashrt.ops.ssb_window.Shipper.overtake`), queued again first on a resume.
+(`slashrt.ssb.window.Shipper.overtake`), queued again first on a resume.
 """
 
 from __future__ import annotations

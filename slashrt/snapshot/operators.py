@@ -241,7 +241,7 @@ def merge_partitions(parts: list[State], partitioning, index: int) -> State:
     the promise of the watermark their executor shipped last (windows closed there stay closed
     to them, as tails). Epochs restart from 0 on every new executor (they all restart together);
     the late-record count carries over to executor 0 only."""
-    from slashrt.ops.ssb_window import SSB_STATE, SSB_STATE_VERSION  # the operator owns its layout
+    from slashrt.ssb.window import SSB_STATE, SSB_STATE_VERSION  # the operator owns its layout
 
     if not parts:
         raise SnapshotError(f"no partition state to give executor {index}: pass the states of the partitions it leads")

@@ -17,7 +17,7 @@ the fragments) enters the SSB layout and leaves it as the run's kind (`as_graph_
 inside loops iteration by iteration (`_loop_window`); a user operator's keyed state goes by
 key to its new owners (`Operator.keyed_by`, `keyed_rows`); rows in flight between executors
 (channel parts, the loops' outboxes) go to their keys' new owners, taken before any new input
-(`graph_in_flight`, `ssb_route.adopt_in_flight`); the back edges' logs to new executor i % N
+(`graph_in_flight`, `ssb.graph_window.adopt_in_flight`); the back edges' logs to new executor i % N
 (`_logs`). Operator state that is not keyed is refused (`_refuse_in_graph`).
 """
 
@@ -231,7 +231,7 @@ def graph_in_flight(checkpoint, plan, index: int, executors: int, partitions: in
     channel parts: what receivers had not taken, `<step>.from<j>`, and what senders had queued
     behind the barrier, `<step>.to<j>`), by the step they were on their way to: those whose
     key (a record's exchange key, a partial row's `key`) executor `index` of `executors` now
-    owns. They are taken on it as if they had just arrived (`ssb_route.adopt_in_flight`)."""
+    owns. They are taken on it as if they had just arrived (`ssb.graph_window.adopt_in_flight`)."""
     from slashrt.ssb.partitions import Partitioning
 
     if plan.graph is None:
@@ -623,7 +623,7 @@ def as_partitioned(state: State, route: State | None = None, executors: int = 1,
     state as it is; a whole window (one executor's) or an UpPar owner's window (with its
     router's state `route`) as leader state without fragments, its records judged up to the
     router's `fired_until` (a whole window's own: it judged and fired at once)."""
-    from slashrt.ops.ssb_window import SSB_STATE, SSB_STATE_VERSION
+    from slashrt.ssb.window import SSB_STATE, SSB_STATE_VERSION
     from slashrt.snapshot.operators import check, tagged
 
     kind = state.meta.get("kind") if isinstance(state.meta, dict) else None
@@ -654,7 +654,7 @@ def _graph_as_partitioned(state: State, executors: int, index: int) -> State:
     fragments) as an SSB state: the owner's tables as leader state, the fragments as
     fragments that shipped nothing yet (each holds its first window open: `merge_partitions`
     joins it into that window), judged late up to where the fragments judged."""
-    from slashrt.ops.ssb_window import SSB_STATE, SSB_STATE_VERSION
+    from slashrt.ssb.window import SSB_STATE, SSB_STATE_VERSION
     from slashrt.snapshot.operators import check, tagged
 
     meta = check(state, state.meta.get("step", "?"), "ssb_graph_window", 1)

@@ -359,7 +359,7 @@ class Checkpointing:
             await self.loops.replay(replay)
         adopted, self.adopted = self.adopted, {}
         if adopted:
-            from slashrt.ops.ssb_route import adopt_in_flight
+            from slashrt.ssb.graph_window import adopt_in_flight
 
             for step_id, rows in adopted.items():
                 await adopt_in_flight(self.plan.steps[step_id], rows, self._progress)

@@ -1,4 +1,4 @@
-"""The Slash State Backend in graph flows (`slashrt.ops.ssb_route`): a union, with a user
+"""The Slash State Backend in graph flows (`slashrt.ssb.graph_window`): a union, with a user
 operator in front of it, feeding a keyed tumbling count on several executors in real
 processes, over shm and tcp, with rings of four 256-byte slots that every channel wraps many
 times. The windows equal one executor's; every executor folds its records into fragments and

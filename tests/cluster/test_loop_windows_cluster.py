@@ -113,7 +113,7 @@ def test_a_window_in_a_loop_is_routed_with_its_loop_counters_unless_its_key_was_
     from slashrt._plan import ClusterRole, build_plan
     from slashrt.ops.loop_window import LoopWindow
     from slashrt.ops.route import ExchangeNode, WindowRoute
-    from slashrt.ops.ssb_route import SsbLoopWindow, SsbRoute
+    from slashrt.ssb.graph_window import SsbLoopWindow, SsbRoute
     from slashrt.ssb.partitions import Partitioning
     from tests.test_loop_windows import REC, SCHEMA, feed_back_step
 

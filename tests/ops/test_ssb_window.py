@@ -10,7 +10,7 @@ from slashrt._batch import Batch
 from slashrt._plan import ClusterRole, build_plan
 from slashrt.errors import DataflowError, OperatorError
 from slashrt.ops.sinks import Collect
-from slashrt.ops.ssb_window import SsbWindowAggregate, delta_dtype
+from slashrt.ssb.window import SsbWindowAggregate, delta_dtype
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import RingSpec, open_inproc_channel
 

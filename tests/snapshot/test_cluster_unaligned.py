@@ -247,7 +247,7 @@ def test_a_slow_step_after_an_exchange_is_overtaken_on_the_peers_channels_and_a_
 
 async def test_a_shippers_barrier_overtakes_what_it_queued_since_the_barrier_before_it():
     from slashrt._buffer import Control
-    from slashrt.ops.ssb_window import Shipper
+    from slashrt.ssb.window import Shipper
     from slashrt.snapshot.channel_state import DATA, WATERMARK
 
     def fifo(shipper):

@@ -17,7 +17,7 @@ from slashrt.progress.frontier import END_TIME
 from slashrt.ops._node import Node
 from slashrt.ops.window import NO_TIME
 from slashrt.ops.sources import ChannelFeeder, feed_array
-from slashrt.ops.ssb_window import SsbWindowAggregate
+from slashrt.ssb.window import SsbWindowAggregate
 from slashrt.snapshot import State, decode_state, encode_state
 from slashrt.snapshot.operators import merge_partitions, restore_plan, snapshot_plan, split_partitions
 from slashrt.ssb.partitions import Partitioning

@@ -1,7 +1,7 @@
 """A graph flow's keyed window on the Slash State Backend (`mode="slash"` on several executors).
 
 Every executor folds the records that reach the window into its own *fragments* (a partial
-state per window slice, as the SSB's epochs do in a tree flow: `slashrt.ops.ssb_window`), and
+state per window slice, as the SSB's epochs do in a tree flow: `slashrt.ssb.window`), and
 ships a fragment to the owners of its keys once no more records can join its earliest
 window: when the frontier of the records arriving at the step (at the output of the step
 before it: `PointstampProgress` hands it over, `on_upstream`) passes that window's end. The
@@ -41,7 +41,7 @@ import numpy as np
 from slashrt._batch import Batch
 from slashrt._dataflow import ExchangeSpec, WindowAggSpec
 from slashrt.ops.route import ExchangeNode, WindowRoute
-from slashrt.ops.ssb_window import EpochStats
+from slashrt.ssb.window import EpochStats
 from slashrt.ops.loop_window import LoopWindow, iteration_watermark
 from slashrt.ops.window import NO_TIME, WindowAggregate
 from slashrt.progress import Timestamp
