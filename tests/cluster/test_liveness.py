@@ -23,7 +23,7 @@ from slashrt.cluster import ClusterError, PerExecutor, run_cluster_async
 from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent
 from slashrt.errors import DataflowError
 from slashrt.ops.sinks import Collect
-from tests.cluster._processes import children
+from tests.cluster._processes import children, parent
 
 SCHEMA = Schema([("ts", "<i8"), ("key", "<i8"), ("value", "<i8")])
 AGENT = b"slashrt.cluster.agent"  # a spawned agent's command line
@@ -569,11 +569,9 @@ def _agents(token: str, driver: int) -> list[int]:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmdline = f.read()
-            with open(f"/proc/{pid}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue
-        if pid != driver and (AGENT in cmdline or ZYGOTE in cmdline and parent != driver):
+        if pid != driver and (AGENT in cmdline or ZYGOTE in cmdline and parent(pid) not in (driver, None)):
             out.append(pid)
     return out
 

@@ -83,8 +83,9 @@ def _coordinator() -> int:
     with open(f"/proc/{parent}/cmdline", "rb") as f:
         if b"slashrt.cluster._zygote" not in f.read():
             return parent
-    with open(f"/proc/{parent}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+    from tests.cluster._processes import parent as parent_of
+
+    return parent_of(parent)
 
 
 def cluster():

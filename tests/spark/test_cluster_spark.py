@@ -22,6 +22,8 @@ from slashrt.cluster import ClusterError, Ingest, PerExecutor
 from slashrt.errors import DataflowError
 from slashrt.spark import run_on_spark
 
+from tests.cluster._processes import parent
+
 SCHEMA = Schema([("ts", "<i8"), ("key", "<i8"), ("value", "<i8")])
 
 # the functions of this module travel by value: Spark's workers and the agents cannot import
@@ -58,12 +60,7 @@ def agents_below(pid):
     children = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry))
-            except (OSError, IndexError, ValueError):
-                pass
+            children.setdefault(parent(entry), []).append(int(entry))
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
