@@ -47,7 +47,7 @@ from slashrt.ops.window import InFrontOfWindow
 from slashrt.progress import Timestamp
 from slashrt.ssb.partitions import Partitioning
 
-__all__ = ["ExchangeNode", "WindowRoute", "room_for_sources", "shipped_times"]
+__all__ = ["ExchangeNode", "WindowRoute", "room_for_sources", "shipped_times", "take_by_time", "time_columns"]
 
 _END = None
 
@@ -259,17 +259,7 @@ class ExchangeNode(Node):
     async def arrived(self, rows: np.ndarray) -> None:
         """Rows from a peer (one or more of its shipments): taken at their times (`take`), then
         no longer in flight."""
-        times = np.stack([rows[n] for n in self._times], axis=1)
-        cuts = [0, *(np.flatnonzero((times[1:] != times[:-1]).any(axis=1)) + 1).tolist(), len(rows)]
-        clock = self.clock
-        for a, b in zip(cuts[:-1], cuts[1:]):
-            time = Timestamp(int(times[a, 0]), tuple(int(c) for c in times[a, 1:]))
-            before, clock.now = clock.now, time
-            try:
-                await self.take(rows[a:b])
-            finally:
-                clock.now = before
-            clock.in_flight(self, time, a - b)
+        await take_by_time(self, rows, lambda run, time: self.take(run))
 
     async def take(self, rows: np.ndarray) -> None:
         """Shipped records of one logical time (`clock.now`): on downstream."""
@@ -282,12 +272,30 @@ class ExchangeNode(Node):
         await self.emit(piece)
 
 
+def time_columns(rows: np.ndarray) -> np.ndarray:
+    """Shipped rows' logical times, from their hidden columns `__epoch`, `__c0`...: a row each."""
+    return np.stack([rows[n] for n in rows.dtype.names if n == "__epoch" or n.startswith("__c")], axis=1)
+
+
 def shipped_times(rows: np.ndarray) -> dict[Timestamp, int]:
-    """Shipped rows' logical times (their hidden columns `__epoch`, `__c0`...) -> how many
-    rows are at each."""
-    names = [n for n in rows.dtype.names if n == "__epoch" or n.startswith("__c")]
-    keys, counts = np.unique(np.stack([rows[n] for n in names], axis=1), axis=0, return_counts=True)
+    """Shipped rows' logical times -> how many rows are at each."""
+    keys, counts = np.unique(time_columns(rows), axis=0, return_counts=True)
     return {Timestamp(k[0], tuple(k[1:])): c for k, c in zip(keys.tolist(), counts.tolist())}
+
+
+async def take_by_time(node: Node, rows: np.ndarray, take) -> None:
+    """Shipped `rows` that arrived at `node`'s input: each run of one logical time handed to
+    `await take(run, time)` with the clock's `now` at that time, then no longer in flight."""
+    times, clock = time_columns(rows), node.clock
+    cuts = [0, *(np.flatnonzero((times[1:] != times[:-1]).any(axis=1)) + 1).tolist(), len(rows)]
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        time = Timestamp(int(times[a, 0]), tuple(int(c) for c in times[a, 1:]))
+        before, clock.now = clock.now, time
+        try:
+            await take(rows[a:b], time)
+        finally:
+            clock.now = before
+        clock.in_flight(node, time, a - b)
 
 
 RECHECK_S = 0.01  # a source waiting for room looks again this often whether a checkpoint lifted the bound

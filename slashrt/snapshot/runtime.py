@@ -252,7 +252,6 @@ class Checkpointing:
         # and a graph flow's rows in flight between old executors whose keys this one now owns
         # (`rescale.graph_in_flight`): counted in flight at the restore, taken by `replay`
         self.adopted: dict = {}
-        self._progress = None
         self.reshared: list = []  # the rescalings the sources' shares come from (`rescale.resumed_inputs`)
 
     # -- recovery --------------------------------------------------------------------------------
@@ -331,7 +330,6 @@ class Checkpointing:
         from slashrt.ops.route import shipped_times
         from slashrt.snapshot.rescale import in_flight_between
 
-        self._progress = progress
         for step_id, rows in self.adopted.items():  # a graph flow's: taken first by `replay`
             node = self.plan.steps[step_id]
             for at, count in shipped_times(rows).items():
@@ -362,7 +360,7 @@ class Checkpointing:
             from slashrt.ssb.graph_window import adopt_in_flight
 
             for step_id, rows in adopted.items():
-                await adopt_in_flight(self.plan.steps[step_id], rows, self._progress)
+                await adopt_in_flight(self.plan.steps[step_id], rows)
 
     # -- running ---------------------------------------------------------------------------------
     @contextlib.asynccontextmanager

@@ -40,7 +40,7 @@ import numpy as np
 
 from slashrt._batch import Batch
 from slashrt._dataflow import ExchangeSpec, WindowAggSpec
-from slashrt.ops.route import ExchangeNode, WindowRoute
+from slashrt.ops.route import ExchangeNode, WindowRoute, time_columns, take_by_time
 from slashrt.ssb.window import EpochStats
 from slashrt.ops.loop_window import LoopWindow, iteration_watermark
 from slashrt.ops.window import NO_TIME, WindowAggregate
@@ -298,36 +298,31 @@ class SsbRoute(WindowRoute):
         await self.window.join(rows, self.clock.now.counters)
 
 
-async def adopt_in_flight(node, rows: np.ndarray, clock) -> None:
+async def adopt_in_flight(node, rows: np.ndarray) -> None:
     """After a rescaled restore (`slashrt.snapshot.rescale.graph_in_flight`): rows an old
     executor had in flight to the input of step `node` (shipped, not yet taken) whose keys this
     executor now owns, taken at their times as if they had just arrived, then no longer in
     flight (counted at the restore). Records, or an SSB window's partial rows, into whatever
     this run has at the step: an exchange, a window's route (either mode), or on one executor
     the window itself."""
-    times = np.stack([rows[n] for n in rows.dtype.names if n == "__epoch" or n.startswith("__c")], axis=1)
-    order = np.lexsort(times.T[::-1])
-    rows, times = rows[order], times[order]
-    cuts = [0, *(np.flatnonzero((times[1:] != times[:-1]).any(axis=1)) + 1).tolist(), len(rows)]
+    times = time_columns(rows)
+    rows = rows[np.lexsort(times.T[::-1])]  # (from several old executors: one run per time)
     partial = {"slice", "closed"} <= set(rows.dtype.names)
     window = node.window if isinstance(node, WindowRoute) else node
-    for a, b in zip(cuts[:-1], cuts[1:]):
-        time = Timestamp(int(times[a, 0]), tuple(int(c) for c in times[a, 1:]))
-        before, clock.now = clock.now, time
-        try:
-            if partial:  # a fragment's rows: joined into the owner's window (inside loops, its iteration's)
-                if isinstance(window, LoopWindow):
-                    await _join_iteration(window, rows[a:b], time.counters)
-                else:
-                    _join(window, rows[a:b])
-            elif isinstance(node, ExchangeNode) and not isinstance(node, SsbRoute):
-                await node.take(rows[a:b])  # on downstream (a route: into its window)
-            else:  # records into the fragments (SSB) or the window (one executor)
-                names = [n for n in rows.dtype.names if not n.startswith("__")]
-                out = np.empty(b - a, [(n, rows.dtype.fields[n][0]) for n in names])
-                for n in names:
-                    out[n] = rows[n][a:b]
-                await node.push(Batch(out))
-        finally:
-            clock.now = before
-        clock.in_flight(node, time, a - b)
+
+    async def take(run: np.ndarray, time: Timestamp) -> None:
+        if partial:  # a fragment's rows: joined into the owner's window (inside loops, its iteration's)
+            if isinstance(window, LoopWindow):
+                await _join_iteration(window, run, time.counters)
+            else:
+                _join(window, run)
+        elif isinstance(node, ExchangeNode) and not isinstance(node, SsbRoute):
+            await node.take(run)  # on downstream (a route: into its window)
+        else:  # records into the fragments (SSB) or the window (one executor)
+            names = [n for n in run.dtype.names if not n.startswith("__")]
+            out = np.empty(len(run), [(n, run.dtype.fields[n][0]) for n in names])
+            for n in names:
+                out[n] = run[n]
+            await node.push(Batch(out))
+
+    await take_by_time(node, rows, take)
