@@ -50,10 +50,10 @@ from slashrt.errors import SnapshotError
 from slashrt.ops._node import Node
 from slashrt.ops.window import WindowAggregate
 from slashrt.progress.timestamp import Timestamp
-from slashrt.snapshot.operators import array_times, check, pack_tables, tagged, times_array, unpack_tables
+from slashrt.snapshot.operators import _packed, array_times, check, pack_tables, tagged, times_array, unpack_tables
 from slashrt.snapshot.state_format import State
 
-__all__ = ["LoopWindow", "iteration_watermark"]
+__all__ = ["LoopWindow", "iteration_watermark", "iteration_states", "loop_window_state"]
 
 
 def iteration_watermark(frontier, counters: tuple[int, ...]) -> int | None:
@@ -175,3 +175,57 @@ class LoopWindow(Node):
     def state_bytes(self) -> int:
         """Bytes of every iteration's table rows."""
         return sum(w.state_bytes for w in self.windows.values())
+
+
+# -- the state's layout cut per iteration and put back (rescaling: slashrt.snapshot.rescale) -------------
+_GRID = ("size", "slide", "slice_len", "aggregate", "value_dtype")
+
+
+def iteration_states(arrays: dict, meta: dict) -> dict[tuple, State]:
+    """A `LoopWindow` state's windows (its `arrays` and `meta`), as one plain window's state
+    (`WindowAggregate.snapshot`'s layout) per iteration."""
+    d = meta["depth"]
+    iterations = [tuple(c) for c in arrays["iterations"].tolist()]
+    tables = {c: {"slices": {}, "tails": {}} for c in iterations}
+    for name in ("slices", "tails"):
+        for table_id, keys, counts, vals, overflowed in unpack_tables(name, arrays):
+            local = table_id[d] if name == "slices" else tuple(table_id[d:])
+            tables[tuple(table_id[:d])][name][local] = [[keys], [counts], [vals], overflowed]
+    columns = zip(iterations, *(arrays[n].tolist() for n in ("next_start", "pending", "fired_until", "late_records")))
+    return {
+        counters: tagged(
+            WindowAggregate.STATE_KIND, WindowAggregate.STATE_VERSION,
+            {**_packed("slices", tables[counters]["slices"], meta["value_dtype"]),
+             **_packed("tails", tables[counters]["tails"], meta["value_dtype"])},
+            step=meta["step"], **{k: meta[k] for k in _GRID}, next_start=next_start if pending else None,
+            fired_until=fired_until, late_records=late,
+        )
+        for counters, next_start, pending, fired_until, late in columns
+    }
+
+
+def loop_window_state(step_id: str, grid: dict, depth: int, windows: dict[tuple, State], forgotten_late: int) -> State:
+    """A `LoopWindow` state out of one plain window's state per iteration (`iteration_states`
+    inverted; `grid`: a state's meta with the window's grid), told no frontier yet (the
+    tracker tells it at once)."""
+    order = sorted(windows)
+    vdt = next((windows[c].meta["value_dtype"] for c in order if windows[c].meta["value_dtype"]), grid["value_dtype"])
+    tables: dict[str, dict] = {"slices": {}, "tails": {}}
+    for counters in order:
+        for name in tables:
+            for table_id, keys, counts, vals, overflowed in unpack_tables(name, windows[counters].arrays):
+                local = (table_id,) if name == "slices" else table_id
+                tables[name][(*counters, *local)] = [[keys], [counts], [vals], overflowed]
+    metas = [windows[c].meta for c in order]
+    arrays = {
+        **_packed("slices", tables["slices"], vdt, width=depth + 1),
+        **_packed("tails", tables["tails"], vdt, width=depth + 2),
+        "iterations": np.array(order, np.int64).reshape(len(order), depth),
+        "next_start": np.array([m["next_start"] or 0 for m in metas], np.int64),
+        "pending": np.array([m["next_start"] is not None for m in metas], bool),
+        "fired_until": np.array([m["fired_until"] for m in metas], np.int64),
+        "late_records": np.array([m["late_records"] for m in metas], np.int64),
+        "frontier": np.zeros((0, depth + 1), np.int64),
+    }
+    return tagged(LoopWindow.STATE_KIND, LoopWindow.STATE_VERSION, arrays, step=step_id, depth=depth, told=False,
+                  forgotten_late=forgotten_late, **{**{k: grid[k] for k in _GRID}, "value_dtype": vdt})

@@ -490,6 +490,7 @@ def _loop_window(checkpoint, step_id: str, kind: str, old: int, after, index: in
     `SsbLoopWindow`: the owner's windows and the fragments, one of each per iteration) as
     `kind`: each iteration's window cut and merged by key partition as a window outside loops
     is, from every old executor's window of that iteration (of either kind)."""
+    from slashrt.ops.loop_window import iteration_states, loop_window_state
     from slashrt.snapshot.operators import tagged
 
     by_iteration: dict[tuple, list] = {}
@@ -497,10 +498,10 @@ def _loop_window(checkpoint, step_id: str, kind: str, old: int, after, index: in
     for i in range(old):
         state = _state(checkpoint, step_id, i)
         ssb = state.meta["kind"] == "ssb_loop_window"
-        owner, parts = _iterations(state.arrays, state.meta), {}
+        owner, parts = iteration_states(state.arrays, state.meta), {}
         if ssb:
             inner = {k[len("fragments."):]: v for k, v in state.arrays.items() if k.startswith("fragments.")}
-            parts = _iterations(inner, {**state.meta["fragments"], "step": step_id})
+            parts = iteration_states(inner, {**state.meta["fragments"], "step": step_id})
         for counters in owner.keys() | parts.keys():
             window = owner.get(counters) or _window_state(state.meta, step_id)
             if ssb:  # an SsbGraphWindow's state of this iteration
@@ -513,43 +514,17 @@ def _loop_window(checkpoint, step_id: str, kind: str, old: int, after, index: in
     template = _state(checkpoint, step_id, 0).meta
     if kind == "loop_window":
         windows = {c: as_window(_merged(states, after, index)) for c, states in sorted(by_iteration.items())}
-        return _assembled(step_id, template, windows, forgotten)
+        return loop_window_state(step_id, template, template["depth"], windows, forgotten)
     windows = {c: as_graph_window(_merged(states, after, index)) for c, states in sorted(by_iteration.items())}
     # (the fragments count what was late: the owner's windows judge nothing)
-    owner = _assembled(step_id, template, {c: State(w.arrays, {**w.meta, "late_records": 0}) for c, w in windows.items()}, 0)
+    owner = loop_window_state(step_id, template, template["depth"],
+                              {c: State(w.arrays, {**w.meta, "late_records": 0}) for c, w in windows.items()}, 0)
     parts = {c: State({k[len("fragments."):]: v for k, v in w.arrays.items() if k.startswith("fragments.")},
                       w.meta["fragments"]) for c, w in windows.items()}
-    fragments = _assembled(step_id, template, parts, forgotten)
+    fragments = loop_window_state(step_id, template, template["depth"], parts, forgotten)
     meta = {k: v for k, v in owner.meta.items() if k not in ("kind", "version")}
     return tagged("ssb_loop_window", 1, {**owner.arrays, **{f"fragments.{k}": v for k, v in fragments.arrays.items()}},
                   **meta, fragments=fragments.meta, counters=[0, 0])
-
-
-def _iterations(arrays: dict, meta: dict) -> dict[tuple, State]:
-    """A `LoopWindow` state's windows (`arrays`, `meta`), as one "window" state per iteration."""
-    from slashrt.snapshot.operators import _packed, tagged, unpack_tables
-
-    d = meta["depth"]
-    iterations = [tuple(c) for c in arrays["iterations"].tolist()]
-    tables = {c: {"slices": {}, "tails": {}} for c in iterations}
-    for name in ("slices", "tails"):
-        for table_id, keys, counts, vals, overflowed in unpack_tables(name, arrays):
-            local = table_id[d] if name == "slices" else tuple(table_id[d:])
-            tables[tuple(table_id[:d])][name][local] = [[keys], [counts], [vals], overflowed]
-    columns = zip(iterations, *(arrays[n].tolist() for n in ("next_start", "pending", "fired_until", "late_records")))
-    return {
-        counters: tagged(
-            "window", 1, {**_packed("slices", tables[counters]["slices"], meta["value_dtype"]),
-                          **_packed("tails", tables[counters]["tails"], meta["value_dtype"])},
-            step=meta["step"], **_grid(meta), next_start=next_start if pending else None, fired_until=fired_until,
-            late_records=late,
-        )
-        for counters, next_start, pending, fired_until, late in columns
-    }
-
-
-def _grid(meta: dict) -> dict:
-    return {k: meta[k] for k in ("size", "slide", "slice_len", "aggregate", "value_dtype")}
 
 
 def _window_state(meta: dict, step_id: str) -> State:
@@ -557,35 +532,9 @@ def _window_state(meta: dict, step_id: str) -> State:
     from slashrt.snapshot.operators import _packed, tagged
 
     vdt = meta["value_dtype"]
-    return tagged("window", 1, {**_packed("slices", {}, vdt), **_packed("tails", {}, vdt)}, step=step_id, **_grid(meta),
+    return tagged("window", 1, {**_packed("slices", {}, vdt), **_packed("tails", {}, vdt)}, step=step_id,
+                  **{k: meta[k] for k in ("size", "slide", "slice_len", "aggregate", "value_dtype")},
                   next_start=None, fired_until=NO_TIME, late_records=0)
-
-
-def _assembled(step_id: str, template: dict, windows: dict[tuple, State], forgotten_late: int) -> State:
-    """A `LoopWindow` state out of one "window" state per iteration (`_iterations` inverted),
-    told no frontier yet (the tracker tells it at once)."""
-    from slashrt.snapshot.operators import _packed, tagged, unpack_tables
-
-    d, order = template["depth"], sorted(windows)
-    vdt = next((windows[c].meta["value_dtype"] for c in order if windows[c].meta["value_dtype"]), template["value_dtype"])
-    tables: dict[str, dict] = {"slices": {}, "tails": {}}
-    for counters in order:
-        for name in tables:
-            for table_id, keys, counts, vals, overflowed in unpack_tables(name, windows[counters].arrays):
-                local = (table_id,) if name == "slices" else table_id
-                tables[name][(*counters, *local)] = [[keys], [counts], [vals], overflowed]
-    metas = [windows[c].meta for c in order]
-    arrays = {
-        **_packed("slices", tables["slices"], vdt, width=d + 1), **_packed("tails", tables["tails"], vdt, width=d + 2),
-        "iterations": np.array(order, np.int64).reshape(len(order), d),
-        "next_start": np.array([m["next_start"] or 0 for m in metas], np.int64),
-        "pending": np.array([m["next_start"] is not None for m in metas], bool),
-        "fired_until": np.array([m["fired_until"] for m in metas], np.int64),
-        "late_records": np.array([m["late_records"] for m in metas], np.int64),
-        "frontier": np.zeros((0, d + 1), np.int64),
-    }
-    return tagged("loop_window", 1, arrays, step=step_id, depth=d, told=False, forgotten_late=forgotten_late,
-                  **{**_grid(template), "value_dtype": vdt})
 
 
 def _logs(checkpoint, plan, index: int, executors: int, old: int) -> dict[str, State]:
