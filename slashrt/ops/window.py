@@ -206,7 +206,9 @@ class WindowAggregate(Node):
             # it: the rule is never early, and a function of the input alone.
             closed = self.promise(clock.now.epoch)
             if closed > self.fired_until:
-                await self._push_closed(batch, closed)
+                rest = self._take_in_order(batch, closed)  # records of a slice no window of which closed
+                if rest is not None:
+                    await self._push_closed(rest, closed)
                 return
         await self._push(batch)
 
@@ -220,25 +222,32 @@ class WindowAggregate(Node):
             batch, _ = await self._split_late(batch, batch[self.spec.time] // self.slice_len, closed)
         await self.push_judged(batch, closed)
 
-    async def _push(self, batch: Batch) -> None:
-        # Fast path: the batch falls into the slice the last one fell into (a stream in time
-        # order). That slice's table takes the longest prefix whose times lie in the slice,
-        # checking them a segment at a time as it counts (no separate pass over the batch),
-        # straight from the fields in place (2-D views over a run of slots, never gathered).
+    def _take_in_order(self, batch: Batch, closed: int) -> Batch | None:
+        """Fast path: the batch falls into the slice the last one fell into (a stream in time
+        order), whose windows all end after `closed`. That slice's table takes the longest
+        prefix whose times lie in the slice, checking them a segment at a time as it counts (no
+        separate pass over the batch), straight from the fields in place (2-D views over a run
+        of slots, never gathered). Returns the rest (None: all taken)."""
         s = self._last_slice
-        if s is not None and s in self.slices and self._earliest_end(s) > self.fired_until:
-            times = batch.view(self.spec.time)
-            if times.dtype == np.int64:
-                keys, values = self._fields(batch)
-                if times.ndim != keys.ndim:  # a derived column (1-D) beside a field of a run (2-D)
-                    keys, values, times = _flat(keys), None if values is None else _flat(values), _flat(times)
-                first_t = max(s * self.slice_len, I64_MIN)
-                last_t = min((s + 1) * self.slice_len - 1, I64_MAX)
-                done = self.slices[s].update_within(keys, values, times, first_t, last_t)
-                if done == len(batch):
-                    return
-                if done:
-                    batch = batch.select(slice(done, None))
+        if s is None or s not in self.slices or self._earliest_end(s) <= closed:
+            return batch
+        times = batch.view(self.spec.time)
+        if times.dtype != np.int64:
+            return batch
+        keys, values = self._fields(batch)
+        if times.ndim != keys.ndim:  # a derived column (1-D) beside a field of a run (2-D)
+            keys, values, times = _flat(keys), None if values is None else _flat(values), _flat(times)
+        first_t = max(s * self.slice_len, I64_MIN)
+        last_t = min((s + 1) * self.slice_len - 1, I64_MAX)
+        done = self.slices[s].update_within(keys, values, times, first_t, last_t)
+        if done == len(batch):
+            return None
+        return batch.select(slice(done, None)) if done else batch
+
+    async def _push(self, batch: Batch) -> None:
+        batch = self._take_in_order(batch, self.fired_until)
+        if batch is None:
+            return
         # Slice bounds from the min and max event time (floor division is monotone): in the
         # common case the whole batch falls into one slice and no record is divided.
         tmin, tmax = minmax(batch.view(self.spec.time))
