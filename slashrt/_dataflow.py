@@ -16,12 +16,15 @@ appears in errors, logs, metrics and snapshot keys.
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from collections.abc import Callable
+from fractions import Fraction
 
 import attrs
 import numpy as np
 
+from slashrt._operator import Operator
 from slashrt._schema import Schema
 from slashrt.errors import DataflowError, SchemaError
 from slashrt.ssb.crdt import AggKind, result_dtype
@@ -46,6 +49,74 @@ def packed_dtype(fields: Fields) -> np.dtype | None:
     if any(dt is None for dt in fields.values()):
         return None
     return np.dtype([(name, dt) for name, dt in fields.items()])
+
+
+# -- window assigners: what `Stream.window` takes (the windows themselves: slashrt.ops.window) --
+
+_UNITS_PER_MS = {"s": Fraction(1, 1000), "ms": 1, "us": 1000, "ns": 1_000_000}
+
+
+def _length(ms, seconds, what: str) -> int:
+    if (ms is None) == (seconds is None):
+        raise DataflowError(f"{what}: give exactly one of ms= or seconds=")
+    value = ms if ms is not None else seconds * 1000
+    if value != int(value) or value <= 0:
+        raise DataflowError(f"{what}: length must be a positive whole number of milliseconds, got {value}")
+    return int(value)
+
+
+@attrs.frozen(init=False)
+class Sliding:
+    """Overlapping windows ``[s, s + size)`` starting every `slide`, at every multiple of it.
+
+    Lengths are given in milliseconds, positionally or as ``size_ms=`` and ``slide_ms=``, or in
+    seconds as ``seconds=`` and ``every_seconds=`` (``Sliding(60_000, 10_000)`` equals
+    ``Sliding(seconds=60, every_seconds=10)``), and apply in the unit of the source's event
+    times (``time_unit``, milliseconds by default). A record belongs to ``size / slide`` windows
+    (rounded up); the slide may not exceed the size (no gaps between windows).
+    """
+
+    size: int
+    slide: int
+
+    def __init__(self, size_ms=None, slide_ms=None, *, seconds=None, every_seconds=None):
+        size = _length(size_ms, seconds, "window size")
+        slide = _length(slide_ms, every_seconds, "window slide")
+        if slide > size:
+            raise DataflowError(f"slide {slide} ms is longer than the window size {size} ms (gaps between windows)")
+        self.__attrs_init__(size, slide)
+
+    @property
+    def slice_len(self) -> int:
+        return math.gcd(self.size, self.slide)
+
+    def in_unit(self, unit: str) -> Sliding:
+        """These windows with their lengths in `unit` ("s", "ms", "us" or "ns": an event-time
+        column's) instead of milliseconds."""
+        per_ms = _UNITS_PER_MS[unit]
+        size, slide = self.size * per_ms, self.slide * per_ms
+        if size != int(size) or slide != int(slide):
+            raise DataflowError(
+                f"window of {self.size} ms every {self.slide} ms is not a whole number of {unit}, the unit of its "
+                "event times (time_unit of the source)"
+            )
+        windows = object.__new__(type(self))
+        windows.__attrs_init__(int(size), int(slide))
+        return windows
+
+
+@attrs.frozen(init=False)
+class Tumbling(Sliding):
+    """Back-to-back windows ``[s, s + size)`` at every multiple of `size`.
+
+    The size is given in milliseconds, positionally or as ``ms=``, or in seconds as
+    ``seconds=`` (``Tumbling(10_000)`` equals ``Tumbling(seconds=10)``), and applies in the
+    unit of the source's event times (``time_unit``, milliseconds by default). Every record belongs to exactly one window.
+    """
+
+    def __init__(self, ms=None, *, seconds=None):
+        size = _length(ms, seconds, "window size")
+        self.__attrs_init__(size, size)
 
 
 @attrs.frozen
@@ -396,8 +467,6 @@ class Stream:
         Inside a loop every iteration has windows of its own, each firing once no record of
         its iteration or an earlier one can still reach it (`slashrt.ops.loop_window`).
         """
-        from slashrt.ops.window import Sliding  # (that module builds on this one)
-
         if not isinstance(assigner, Sliding):
             raise DataflowError(
                 f"window() after {self.step_id!r}: {assigner!r} is no window assigner; give slashrt.Tumbling(...) "
@@ -515,9 +584,16 @@ def _show(fields: Fields) -> list[str]:
     return [f"{n}:{'?' if dt is None else dt.str}" for n, dt in fields.items()]
 
 
-def _operator(streams: tuple[Stream, ...], op, name: str | None, schema) -> Stream:
-    from slashrt.ops.operator import Operator  # (that module builds on this one)
+_apply_both: list = []  # connect(...).apply(fn)'s operator class: `slashrt.ops.operator.ApplyBoth`
 
+
+def register_apply_both(cls) -> None:
+    """`slashrt.ops.operator` (which builds on this module) registers `ApplyBoth`, the operator
+    `ConnectedStreams.apply` runs its function in, when it is imported (importing slashrt does)."""
+    _apply_both[:] = [cls]
+
+
+def _operator(streams: tuple[Stream, ...], op, name: str | None, schema) -> Stream:
     first = streams[0]
     if isinstance(op, type) or not isinstance(op, Operator):
         raise DataflowError(
@@ -554,8 +630,6 @@ class ConnectedStreams:
     def apply(self, fn: Callable, *, name: str | None = None, schema: Schema | dict | None = None) -> Stream:
         """Run `fn(batch, port)` on the batches of both streams (port 0: the first, 1: the
         second); sync or async, it returns a Batch, a structured array or None."""
-        from slashrt.ops.operator import ApplyBoth
-
         if not callable(fn):
             raise DataflowError(f"connect(...).apply() needs a callable, got {fn!r}")
         default = getattr(fn, "__name__", None)
@@ -563,7 +637,7 @@ class ConnectedStreams:
             default = None
         if default is not None and f"{self.first.flow.name}.{default}" in self.first.flow.steps:
             default = None
-        return _operator((self.first, self.second), ApplyBoth(fn), name or default or None, schema)
+        return _operator((self.first, self.second), _apply_both[0](fn), name or default or None, schema)
 
     def operator(self, op, *, name: str | None = None, schema: Schema | dict | None = None) -> Stream:
         """Run a two-input user operator; `on_batch(ctx, port, batch)` gets port 0 or 1."""

@@ -21,17 +21,13 @@ slices that only the windows still open for them take.
 
 from __future__ import annotations
 
-import math
-from fractions import Fraction
-
-import attrs
 import numpy as np
 import structlog
 
 from slashrt._batch import Batch
-from slashrt._dataflow import WindowAggSpec
+from slashrt._dataflow import Sliding, Tumbling, WindowAggSpec  # (the assigners are part of the description)
 from slashrt._kernels import HashAgg, gather, minmax
-from slashrt.errors import DataflowError, OperatorError, SnapshotError
+from slashrt.errors import OperatorError, SnapshotError
 from slashrt.ops._node import Node
 from slashrt.ops.event_time import I64_MAX, I64_MIN, NO_TIME, window_promise
 from slashrt.snapshot.operators import check, pack_tables, tagged, unpack_tables
@@ -43,72 +39,6 @@ __all__ = ["Tumbling", "Sliding", "WindowAggregate", "InFrontOfWindow", "check_k
 log = structlog.get_logger("slashrt.window")
 
 _SPARE_TABLES = 2
-
-
-_UNITS_PER_MS = {"s": Fraction(1, 1000), "ms": 1, "us": 1000, "ns": 1_000_000}
-
-
-def _length(ms, seconds, what: str) -> int:
-    if (ms is None) == (seconds is None):
-        raise DataflowError(f"{what}: give exactly one of ms= or seconds=")
-    value = ms if ms is not None else seconds * 1000
-    if value != int(value) or value <= 0:
-        raise DataflowError(f"{what}: length must be a positive whole number of milliseconds, got {value}")
-    return int(value)
-
-
-@attrs.frozen(init=False)
-class Sliding:
-    """Overlapping windows ``[s, s + size)`` starting every `slide`, at every multiple of it.
-
-    Lengths are given in milliseconds, positionally or as ``size_ms=`` and ``slide_ms=``, or in
-    seconds as ``seconds=`` and ``every_seconds=`` (``Sliding(60_000, 10_000)`` equals
-    ``Sliding(seconds=60, every_seconds=10)``), and apply in the unit of the source's event
-    times (``time_unit``, milliseconds by default). A record belongs to ``size / slide`` windows
-    (rounded up); the slide may not exceed the size (no gaps between windows).
-    """
-
-    size: int
-    slide: int
-
-    def __init__(self, size_ms=None, slide_ms=None, *, seconds=None, every_seconds=None):
-        size = _length(size_ms, seconds, "window size")
-        slide = _length(slide_ms, every_seconds, "window slide")
-        if slide > size:
-            raise DataflowError(f"slide {slide} ms is longer than the window size {size} ms (gaps between windows)")
-        self.__attrs_init__(size, slide)
-
-    @property
-    def slice_len(self) -> int:
-        return math.gcd(self.size, self.slide)
-
-    def in_unit(self, unit: str) -> Sliding:
-        """These windows with their lengths in `unit` ("s", "ms", "us" or "ns": an event-time
-        column's) instead of milliseconds."""
-        per_ms = _UNITS_PER_MS[unit]
-        size, slide = self.size * per_ms, self.slide * per_ms
-        if size != int(size) or slide != int(slide):
-            raise DataflowError(
-                f"window of {self.size} ms every {self.slide} ms is not a whole number of {unit}, the unit of its "
-                "event times (time_unit of the source)"
-            )
-        windows = object.__new__(type(self))
-        windows.__attrs_init__(int(size), int(slide))
-        return windows
-
-
-@attrs.frozen(init=False)
-class Tumbling(Sliding):
-    """Back-to-back windows ``[s, s + size)`` at every multiple of `size`.
-
-    The size is given in milliseconds, positionally or as ``ms=``, or in seconds as
-    ``seconds=`` (``Tumbling(10_000)`` equals ``Tumbling(seconds=10)``), and applies in the
-    unit of the source's event times (``time_unit``, milliseconds by default). Every record belongs to exactly one window.
-    """
-
-    def __init__(self, ms=None, *, seconds=None):
-        size = _length(ms, seconds, "window size")
-        self.__attrs_init__(size, size)
 
 
 def is_delta(rows: np.ndarray) -> bool:
