@@ -55,6 +55,11 @@ class Node:
         for child in self.children:
             await child.on_end()
 
+    def window_grid(self) -> tuple[int, int] | None:
+        """(size, slide) of the event-time windows this node fires, None if it fires none: the
+        source above cuts its watermark exactly at their ends (`slashrt.ops.event_time`)."""
+        return None
+
     def walk(self):
         """This node and everything downstream of it."""
         yield self

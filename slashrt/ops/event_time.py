@@ -114,10 +114,7 @@ class SourceNode(Node):
 
     def watch(self) -> None:
         """Learn the windows downstream (their ends are where the watermark must be exact)."""
-        from slashrt.ops.loop_window import LoopWindow  # (the windows import this module)
-        from slashrt.ops.window import WindowAggregate
-
-        grids = {(n.size, n.slide) for n in self.walk() if isinstance(n, (WindowAggregate, LoopWindow))}
+        grids = {n.window_grid() for n in self.walk()} - {None}
         self.grids = sorted(grids)
 
     def carry(self, share: Share) -> None:

@@ -77,6 +77,9 @@ class LoopWindow(Node):
         self.frontier = None  # the input's frontier as last told (None: not told yet)
         self._forgotten_late = 0  # late records of iterations forgotten
 
+    def window_grid(self) -> tuple[int, int]:
+        return self.size, self.slide
+
     @property
     def late_records(self) -> int:
         return self._forgotten_late + sum(w.late_records for w in self.windows.values())

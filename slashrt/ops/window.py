@@ -113,6 +113,9 @@ class WindowAggregate(Node):
         self.first_time = first_start + self.size - self.slide
         self.last_time = (I64_MAX - self.size) // self.slide * self.slide + self.slide - 1
 
+    def window_grid(self) -> tuple[int, int]:
+        return self.size, self.slide
+
     # -- slice arithmetic (vectorised: works on ints and int64 arrays) ----------------------------
     def _earliest_end(self, slice_ids):
         """End of the first window containing each slice."""
