@@ -10,7 +10,8 @@ one sentence naming the step (`check`).
 Keyed tables (window slices, tails, SSB fragments) go in as one group of arrays per table set
 (`pack_tables` / `unpack_tables`): the rows of every table concatenated, with the table ids and
 their row bounds, so a state has the same few names whatever the number of slices, and is
-split by partition with one vectorised pass (`split_partitions`).
+split by partition with one vectorised pass (the SSB window's `split_partitions`,
+`slashrt.ssb.window`).
 
 Ragged groups of arrays by key (a user operator's batches kept per epoch or per `Timestamp`)
 go in the same way (`pack_groups` / `unpack_groups`): the keys as int64 rows, row bounds, and
@@ -25,7 +26,6 @@ from __future__ import annotations
 import numpy as np
 
 from slashrt.errors import SnapshotError
-from slashrt.progress.frontier import NO_TIME
 from slashrt.snapshot.state_format import State
 
 __all__ = [
@@ -40,8 +40,6 @@ __all__ = [
     "snapshot_plan",
     "restore_plan",
     "stateful_nodes",
-    "split_partitions",
-    "merge_partitions",
 ]
 
 
@@ -200,112 +198,6 @@ def restore_plan(plan, states: dict[str, State]) -> None:
         check(states[step_id], step_id, node.STATE_KIND, node.STATE_VERSION)
     for step_id, node in nodes.items():
         node.restore(states[step_id])
-
-
-# -- SSB partitions: the unit of state when the executor count changes ------------------------------
-_TABLE_SETS = ("slices", "tails", "leader.slices", "leader.tails")
-
-
-def split_partitions(state: State, partitioning) -> dict[int, State]:
-    """Cut one executor's SSB state (`SsbWindowAggregate.snapshot()`) by the partition of each
-    key: partition -> the rows of its keys in every table (leader state and fragments alike),
-    with the executor's meta. One vectorised pass per table set."""
-    parts = {p: {} for p in range(partitioning.partitions)}
-    for prefix in _TABLE_SETS:
-        keys = state.arrays[f"{prefix}.keys"]
-        owner = partitioning.partition_of(np.ascontiguousarray(keys, np.int64))
-        bounds = state.arrays[f"{prefix}.bounds"]
-        table_of_row = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
-        order = np.lexsort((table_of_row, owner))  # by partition, tables in order within one
-        cuts = np.searchsorted(owner[order], np.arange(partitioning.partitions + 1))
-        for p in range(partitioning.partitions):
-            rows = order[cuts[p] : cuts[p + 1]]
-            tables = table_of_row[rows]
-            counts = np.bincount(tables, minlength=len(bounds) - 1)
-            part_bounds = np.zeros(len(bounds), np.int64)
-            np.cumsum(counts, out=part_bounds[1:])
-            parts[p].update({
-                f"{prefix}.ids": state.arrays[f"{prefix}.ids"],
-                f"{prefix}.bounds": part_bounds,
-                f"{prefix}.overflowed": state.arrays[f"{prefix}.overflowed"],
-                **{f"{prefix}.{c}": state.arrays[f"{prefix}.{c}"][rows] for c in ("keys", "counts", "vals")},
-            })
-    return {p: State(arrays, dict(state.meta)) for p, arrays in parts.items()}
-
-
-def merge_partitions(parts: list[State], partitioning, index: int) -> State:
-    """The SSB state of executor `index` under `partitioning` (a new executor count), from the
-    partition states (`split_partitions`) of the partitions it now leads, from every old executor.
-
-    Old fragments join the leader state as their deltas would have at their epoch's end: under
-    the promise of the watermark their executor shipped last (windows closed there stay closed
-    to them, as tails). Epochs restart from 0 on every new executor (they all restart together);
-    the late-record count carries over to executor 0 only."""
-    from slashrt.ssb.window import SSB_STATE, SSB_STATE_VERSION  # the operator owns its layout
-
-    if not parts:
-        raise SnapshotError(f"no partition state to give executor {index}: pass the states of the partitions it leads")
-    metas = [check(part, part.meta.get("step", "?") if isinstance(part.meta, dict) else "?", SSB_STATE,
-                   SSB_STATE_VERSION) for part in parts]
-    first = metas[0]
-    size, slide, slice_len = first["size"], first["slide"], first["slice_len"]
-    fired = {m["leader"]["fired_until"] for m in metas}
-    # leaders of an unaligned checkpoint may have fired up to different times (watermarks were
-    # in flight to some): tumbling windows' fired slices are gone, so the earliest time is exact
-    # (the later leaders' windows up to their time hold nothing to fire again); a sliding
-    # window's slices outlive its fired windows, which would fire twice
-    if len(fired) > 1 and size != slide:
-        raise SnapshotError(
-            f"step {first['step']!r}: the partition states come from leaders that fired windows up to different "
-            f"times ({sorted(fired)}): they are not from one consistent checkpoint"
-        )
-    leader_fired = min(fired)
-    unfired = NO_TIME if leader_fired == NO_TIME else ((leader_fired - size) // slide + 1) * slide
-    starts = [m["leader"]["next_start"] for m in metas if m["leader"]["next_start"] is not None]
-    tables: dict[str, dict] = {"leader.slices": {}, "leader.tails": {}}
-    for part, meta in zip(parts, metas):
-        for prefix in _TABLE_SETS:
-            for table_id, keys, counts, vals, overflowed in unpack_tables(prefix, part.arrays):
-                if prefix.startswith("leader."):  # kept even empty: a tail's windows fire with its slice
-                    target, tid = prefix, table_id
-                elif not len(keys) and not overflowed:
-                    continue
-                else:  # a fragment: joined as its leader joins a shipped delta
-                    s = table_id if prefix == "slices" else table_id[0]
-                    closed = meta["shipped_promise"] if prefix == "slices" else max(table_id[1], meta["shipped_promise"])
-                    earliest = -((size - slice_len - s * slice_len) // slide) * slide + size
-                    target, tid = ("leader.slices", s) if earliest > closed else ("leader.tails", (s, closed))
-                    starts.append(max(earliest - size, unfired))
-                    if target == "leader.tails":
-                        tables["leader.slices"].setdefault(s, [[], [], [], False])  # so its windows fire
-                got = tables[target].setdefault(tid, [[], [], [], False])
-                got[0].append(keys), got[1].append(counts), got[2].append(vals)
-                got[3] = got[3] or overflowed
-    vdt = first["value_dtype"]
-    arrays = {**_packed("slices", {}, vdt), **_packed("tails", {}, vdt)}
-    for prefix, by_id in tables.items():
-        arrays.update(_packed(prefix, by_id, vdt))
-    frontier = min(min(m["frontier"]) for m in metas)
-    meta = {
-        **first,
-        "epoch": 0,
-        "helper_epoch": [0] * partitioning.executors,
-        "frontier": [frontier] * partitioning.executors,
-        "watermark": min(m["watermark"] for m in metas),
-        "shipped_promise": min(m["shipped_promise"] for m in metas),
-        "fired_until": min(m["fired_until"] for m in metas),
-        # each old executor's late count once (its meta is in every partition cut from it)
-        "late_records": sum({m["index"]: m["late_records"] for m in metas}.values()) if index == 0 else 0,
-        "next_start": None,
-        "direct": False,
-        "epoch_counters": [0] * len(first["epoch_counters"]),
-        "leader": {**first["leader"], "next_start": min(starts, default=None), "fired_until": leader_fired,
-                   "late_records": 0},
-        "partitions": partitioning.partitions,
-        "executors": partitioning.executors,
-        "index": index,
-    }
-    return State(arrays, meta)
 
 
 def _packed(prefix: str, by_id: dict, value_dtype, width: int | None = None) -> dict[str, np.ndarray]:

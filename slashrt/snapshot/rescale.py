@@ -477,7 +477,7 @@ def _merged_window(checkpoint, step_id: str, old: int, after, index: int) -> Sta
 
 def _merged(states: list[State], after, index: int) -> State:
     """Executor `index`'s SSB state under `after` from every old executor's (in the SSB layout)."""
-    from slashrt.snapshot.operators import merge_partitions, split_partitions
+    from slashrt.ssb.window import merge_partitions, split_partitions
 
     led = set(after.led_by(index).tolist())
     parts = [part for state in states for p, part in split_partitions(state, after).items() if p in led]

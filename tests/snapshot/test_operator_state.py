@@ -17,9 +17,9 @@ from slashrt.progress.frontier import END_TIME
 from slashrt.ops._node import Node
 from slashrt.ops.window import NO_TIME
 from slashrt.ops.sources import ChannelFeeder, feed_array
-from slashrt.ssb.window import SsbWindowAggregate
 from slashrt.snapshot import State, decode_state, encode_state
-from slashrt.snapshot.operators import merge_partitions, restore_plan, snapshot_plan, split_partitions
+from slashrt.snapshot.operators import restore_plan, snapshot_plan
+from slashrt.ssb.window import SsbWindowAggregate, merge_partitions, split_partitions
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import RingSpec, open_inproc_channel
 

@@ -37,7 +37,8 @@ from slashrt.cluster import PerExecutor
 from slashrt.errors import SlashError
 from slashrt.ops.window import WindowAggregate
 from slashrt.snapshot import SnapshotStore
-from slashrt.snapshot.operators import merge_partitions, split_partitions, unpack_tables
+from slashrt.snapshot.operators import unpack_tables
+from slashrt.ssb.window import merge_partitions, split_partitions
 from slashrt.snapshot.rescale import as_partitioned, as_route, as_window
 from slashrt.ssb.partitions import Partitioning
 
