@@ -36,8 +36,9 @@ from slashrt.progress.timestamp import Timestamp
 from slashrt.snapshot.state_format import State
 from slashrt.snapshot.stop import StopHandle
 from slashrt import sinks
+from slashrt import _version
 
-__version__ = "0.1.0"
+__version__ = _version.__version__
 
 __all__ = [
     "Batch",

@@ -51,6 +51,7 @@ import structlog
 import trio
 from fsspec.implementations.local import LocalFileSystem
 
+from slashrt._version import __version__
 from slashrt.errors import OptionError, SnapshotCorrupt, SnapshotError, SnapshotVersionError, SnapshotWriteError
 from slashrt.snapshot._durable import fsync_path
 from slashrt.snapshot.state_format import FORMAT_VERSION, State, decode_state, state_chunks, write_state
@@ -249,7 +250,7 @@ class SnapshotStore:
         body = {
             "manifest": MANIFEST_VERSION,
             "state_format": FORMAT_VERSION,
-            "slashrt": _slashrt_version(),
+            "slashrt": __version__,
             "job": self.job,
             "checkpoint": n,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
@@ -342,7 +343,7 @@ class SnapshotStore:
         if version != MANIFEST_VERSION or body.get("state_format") != FORMAT_VERSION:
             raise SnapshotVersionError(
                 f"manifest {path} was written by slashrt {body.get('slashrt')} (manifest version {version}, "
-                f"state format {body.get('state_format')}); this slashrt {_slashrt_version()} reads manifest "
+                f"state format {body.get('state_format')}); this slashrt {__version__} reads manifest "
                 f"version {MANIFEST_VERSION}, state format {FORMAT_VERSION}"
             )
         return body
@@ -413,12 +414,6 @@ def _parts(body: dict, path: str) -> tuple[Part, ...]:
 
 def _canonical(body: dict) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _slashrt_version() -> str:
-    import slashrt
-
-    return slashrt.__version__
 
 
 def _write_file(path: str, chunks) -> None:
