@@ -47,7 +47,7 @@ from slashrt.progress import PROGRESS_MODES
 from slashrt.scheduler._pointstamp import progress_graph, resolve_mode
 from slashrt.ssb.partitions import Partitioning
 
-__all__ = ["Plan", "build_plan", "check_cluster_flow", "check_progress", "ClusterRole", "MODES"]
+__all__ = ["Plan", "build_plan", "check_cluster_flow", "check_progress", "ClusterRole", "MODES", "per_source"]
 
 MODES = ("slash", "uppar")
 
@@ -266,3 +266,17 @@ def check_cluster_flow(flow: Dataflow, progress: str | None = None) -> None:
             f"step {spec.step_id!r}: a multi-executor run needs the type of the aggregated column {spec.column!r} "
             f"when the dataflow is built: {fix}"
         )
+
+
+def per_source(plan, given: dict, what: str):
+    """(step id, spec, value) for every source of the plan, the value looked up by the source's
+    name or step id in `given`; anything missing or left over is an error naming it."""
+    by_name = {sid.split(".", 1)[1]: sid for sid in plan.sources}
+    unknown = set(given) - set(by_name) - set(plan.sources)
+    if unknown:
+        raise DataflowError(f"{what}s for unknown sources {sorted(unknown)}; the sources are {sorted(by_name)}")
+    for name, step_id in by_name.items():
+        value = given.get(name, given.get(step_id))
+        if value is None:
+            raise DataflowError(f"no {what} given for source {name!r}")
+        yield step_id, plan.sources[step_id], value

@@ -25,7 +25,7 @@ from slashrt._buffer import DEFAULT_SLOT_SIZE, DEFAULT_SLOTS
 from slashrt._dataflow import Dataflow
 from slashrt._frontier_report import ReportFile
 from slashrt._gate_report import gate_progress
-from slashrt._plan import build_plan, check_cluster_flow
+from slashrt._plan import build_plan, check_cluster_flow, per_source
 from slashrt.errors import DataflowError, OptionError, SlashError, unwrap_groups
 from slashrt.ops.event_time import Share
 from slashrt.ops.sources import feed_array, validate_input
@@ -413,7 +413,7 @@ def check_rewindable(plan, inputs: dict, options: dict | None = None) -> None:
         plan = build_plan(plan)
     from slashrt.cluster._job import Ingest, PerExecutor
 
-    for step_id, _spec, value in _per_source(plan, inputs, "input"):
+    for step_id, _spec, value in per_source(plan, inputs, "input"):
         if isinstance(value, (np.ndarray, Share)) or getattr(value, "rewinds", False):
             continue  # arrays, and connectors that record their position (slashrt.connectors)
         if isinstance(value, PerExecutor):
@@ -445,7 +445,7 @@ def local_inputs(
 
     feeds = []
     executor_inputs = []
-    for step_id, spec, records in _per_source(plan, inputs, "input"):
+    for step_id, spec, records in per_source(plan, inputs, "input"):
         if isinstance(records, Receiver):
             plan.roots[step_id].follow_channel()  # its producer sends the watermark
             executor_inputs.append(Input(step_id, records, plan.roots[step_id], spec.schema.dtype))
@@ -487,24 +487,10 @@ async def run_receivers(flow: Dataflow, receivers: dict, **options) -> RunResult
     plan = build_plan(flow)
     check_rewindable(plan, receivers, options)
     executor_inputs = []
-    for step_id, spec, receiver in _per_source(plan, receivers, "channel"):
+    for step_id, spec, receiver in per_source(plan, receivers, "channel"):
         plan.roots[step_id].follow_channel()  # its producer sends the watermark
         executor_inputs.append(Input(step_id, receiver, plan.roots[step_id], spec.schema.dtype))
     return await execute(flow, plan, executor_inputs, **options)
-
-
-def _per_source(plan, given: dict, what: str):
-    """(step id, spec, value) for every source of the plan, the value looked up by the source's
-    name or step id in `given`; anything missing or left over is an error naming it."""
-    by_name = {sid.split(".", 1)[1]: sid for sid in plan.sources}
-    unknown = set(given) - set(by_name) - set(plan.sources)
-    if unknown:
-        raise DataflowError(f"{what}s for unknown sources {sorted(unknown)}; the sources are {sorted(by_name)}")
-    for name, step_id in by_name.items():
-        value = given.get(name, given.get(step_id))
-        if value is None:
-            raise DataflowError(f"no {what} given for source {name!r}")
-        yield step_id, plan.sources[step_id], value
 
 
 async def execute(

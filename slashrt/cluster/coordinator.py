@@ -46,7 +46,8 @@ import trio
 
 from slashrt._frontier_report import lower_envelope
 from slashrt._plan import MODES, ClusterRole, build_plan, check_cluster_flow, check_progress
-from slashrt._runtime import RunResult, _per_source
+from slashrt._plan import per_source
+from slashrt._runtime import RunResult
 from slashrt.cluster._job import Ingest, Job, PerExecutor, job_message, split_input
 from slashrt.cluster._reports import cluster_reports
 from slashrt.cluster._zygote import Zygote, open_zygote
@@ -407,7 +408,7 @@ class _Agents:
 
 def _shares(plan, inputs: dict, executors: int) -> list[dict]:
     shares: list[dict] = [{} for _ in range(executors)]
-    for step_id, spec, value in _per_source(plan, inputs, "input"):
+    for step_id, spec, value in per_source(plan, inputs, "input"):
         name = step_id.split(".", 1)[1]
         if callable(getattr(value, "feed", None)):  # a connector source (slashrt.connectors): its readers
             if not callable(getattr(value, "for_executor", None)):

@@ -27,6 +27,7 @@ import re
 
 import numpy as np
 
+from slashrt._plan import per_source
 from slashrt.errors import SnapshotError
 from slashrt.ops.event_time import NO_TIME
 from slashrt.snapshot.channel_state import CHANNEL_KIND, DATA, part_name
@@ -65,7 +66,6 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
     be (one sentence), settle the sinks of old executors that have no successor, and return
     every array source's new shares and every FileSource's new readers with the run's
     rescalings (`resumed_inputs`)."""
-    from slashrt._runtime import _per_source
     from slashrt.cluster._job import PerExecutor
     from slashrt.snapshot.cluster_graph import OUTBOX
     from slashrt.snapshot.commit import recover
@@ -95,7 +95,7 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
             "dataflow that wrote it"
         )
     fed, files, readers = {}, {}, {}
-    for step_id, _spec, value in _per_source(plan, inputs, "input"):
+    for step_id, _spec, value in per_source(plan, inputs, "input"):
         if isinstance(value, PerExecutor):
             raise SnapshotError(
                 f"{refuse} source {step_id!r} is a PerExecutor, whose stream make(index, executors) is another input "
@@ -341,12 +341,10 @@ def resumed_inputs(plan, inputs: dict, stages: list, executors: int) -> tuple[di
     ({source name: [share per executor]}, stages); none without rescalings (the
     input is split as always). Its checkpoints keep `stages`, so that resuming one (on this
     count or another) makes the same shares again."""
-    from slashrt._runtime import _per_source
-
     if not stages:
         return {}, []
     shares = {}
-    for step_id, spec, value in _per_source(plan, inputs, "input"):
+    for step_id, spec, value in per_source(plan, inputs, "input"):
         starts = stages[-1].get("files", {}).get(step_id)  # a FileSource: the last stage's starts say all
         if starts is not None and callable(getattr(value, "restarted", None)):
             shares[step_id.split(".", 1)[1]] = [value.restarted(starts, j, executors) for j in range(executors)]

@@ -39,6 +39,7 @@ import structlog
 import trio
 
 from slashrt._buffer import Control
+from slashrt._plan import per_source
 from slashrt.errors import ConnectorError, OptionError, SnapshotError, SnapshotWriteError
 from slashrt.snapshot import channel_state
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, LoopHead, Snapshot
@@ -63,11 +64,9 @@ def aligned_for_moved_positions(config, plan, inputs: dict):
     the readers' positions (`rescale`), which records in flight would not follow, and a default
     must not make a checkpoint unusable there. An explicit timeout still overtakes them (such a
     checkpoint resumes on as many executors as took it, `rescale` says so)."""
-    from slashrt._runtime import _per_source
-
     if config.alignment_timeout != AUTO or config.unaligned_after is None:
         return config
-    movable = [step_id for step_id, _, value in _per_source(plan, inputs, "input")
+    movable = [step_id for step_id, _, value in per_source(plan, inputs, "input")
                if callable(getattr(value, "rescaled_starts", None)) or callable(getattr(value, "rescaled", None))]
     if not movable:
         return config

@@ -41,7 +41,8 @@ import structlog
 import trio
 
 from slashrt._plan import build_plan, check_cluster_flow
-from slashrt._runtime import RunResult, _per_source
+from slashrt._plan import per_source
+from slashrt._runtime import RunResult
 from slashrt.cluster import ClusterError, Ingest, PerExecutor, run_cluster_async
 from slashrt.errors import DataflowError
 from slashrt.ops.sinks import Collect
@@ -179,7 +180,7 @@ def run_on_spark(
         raise DataflowError("Ingest inputs are for IngestCluster; a barrier-mode cluster takes arrays or PerExecutor")
     plan = build_plan(flow)  # a bad dataflow or input fails here, not in a task
     check_cluster_flow(flow)
-    for step_id, spec, value in _per_source(plan, inputs, "input"):
+    for step_id, spec, value in per_source(plan, inputs, "input"):
         if not isinstance(value, PerExecutor):
             validate_input(step_id, spec.schema, value)
     if host is None and sc.master.startswith("local"):
