@@ -298,7 +298,7 @@ class WindowAggregate(Node):
 
     async def adopt_in_flight(self, rows: np.ndarray, watermark: int) -> None:
         """Rows a checkpoint held in flight between executors, resumed on another executor count
-        (`slashrt.snapshot.rescale.in_flight_between`), for keys this window now holds: SSB delta
+        (`slashrt.snapshot.channel_state.in_flight_between`), for keys this window now holds: SSB delta
         rows' partial states joined, routed records inserted, as their leader would have taken
         them: windows closed by their sender's `watermark` stay closed to them."""
         if not len(rows):

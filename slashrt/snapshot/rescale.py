@@ -10,7 +10,7 @@ connector with `rescaled` (RedisStream) makes its new readers from the old posit
 transactional sinks' pending transactions go to a successor (`reassigned`), or are settled
 (`rescale`) where an old executor has none. An unaligned checkpoint's records in flight between
 executors go to their keys' new owners, judged against the watermark their sender had sent
-before them (`in_flight_between`, `adopt_in_flight`).
+before them (`channel_state.in_flight_between`, `adopt_in_flight`).
 
 Graph flows the same way: a graph window's state (an owner's, or on the SSB the owner's and
 the fragments) enters the SSB layout and leaves it as the run's kind (`as_graph_window`),
@@ -23,14 +23,12 @@ key to its new owners (`Operator.keyed_by`, `keyed_rows`); rows in flight betwee
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from slashrt._plan import per_source
 from slashrt.errors import SnapshotError
 from slashrt.ops.event_time import NO_TIME
-from slashrt.snapshot.channel_state import CHANNEL_KIND, DATA, part_name
+from slashrt.snapshot.channel_state import CHANNEL_KIND, DATA, EXCHANGE_CHANNEL, part_name
 from slashrt.snapshot.channel_state import restored as channel_segments
 from slashrt.snapshot.runtime import source_position
 from slashrt.snapshot.state_format import State
@@ -142,45 +140,6 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
     return {**shares, **readers}, stages
 
 
-_EXCHANGE_CHANNEL = re.compile(r"^(?P<window>.+?)(?P<route>\.route)?\.(?P<way>from|to)(?P<peer>\d+)$")
-
-
-def in_flight_between(checkpoint) -> dict[str, list[tuple[np.ndarray, int]]]:
-    """An unaligned checkpoint's records in flight between executors, by the window they were on
-    their way to, each run of rows with the watermark its sender had sent before it (its rows
-    were judged against that: `adopt_in_flight`). The channel from executor i to j is, in
-    order: what j computed (its frontier holds i's last watermark then), j's channel state of it
-    (`W.from<i>`), then what i's shipper still queued for j (`W.to<j>`). Its watermarks
-    themselves are left out: a rescaled run's sources send theirs again."""
-    streams: dict[tuple[str, int, int], list] = {}  # (window, sender, receiver) -> [(order, segments)]
-    frontiers: dict[tuple[str, int], list] = {}  # (window, receiver) -> its frontier (one entry per sender)
-    for (step, executor), state in checkpoint.states.items():
-        meta = state.meta if isinstance(state.meta, dict) else {}
-        if meta.get("kind") in ("ssb_window", "route_by_owner") and "frontier" in meta:
-            window = step[:-len(".route")] if meta["kind"] == "route_by_owner" else step
-            frontiers[(window, int(executor))] = list(meta["frontier"])
-        if meta.get("kind") != CHANNEL_KIND or meta["source"] in checkpoint.meta.get("sources", {}):
-            continue
-        match = _EXCHANGE_CHANNEL.match(meta["source"])
-        if match is None:
-            continue
-        peer, here = int(match["peer"]), int(executor)
-        sender, receiver = (peer, here) if match["way"] == "from" else (here, peer)
-        streams.setdefault((match["window"], sender, receiver), []).append(
-            (match["way"] == "to", channel_segments(state, step)[1]))
-    pieces: dict[str, list] = {}
-    for (window, sender, receiver), parts in sorted(streams.items()):
-        frontier = frontiers.get((window, receiver))
-        watermark = frontier[sender] if frontier is not None and sender < len(frontier) else NO_TIME
-        for _, segments in sorted(parts, key=lambda part: part[0]):  # the receiver's part, then the sender's
-            for kind, value in segments:
-                if kind == DATA:
-                    pieces.setdefault(window, []).append((value, watermark))
-                else:
-                    watermark = max(watermark, value)
-    return pieces
-
-
 def _refuse_in_graph(refuse: str, flow, plan, restored, was: int) -> None:
     """What of a graph flow's checkpoint is not cut by key, refused in one sentence: user
     operators whose state is not keyed, or is keyed but not behind an exchange by key."""
@@ -245,7 +204,7 @@ def graph_in_flight(checkpoint, plan, index: int, executors: int, partitions: in
         if meta.get("kind") == Outbox.STATE_KIND:  # loops: shipped after the barrier, before the snapshot
             target, rows = step[: -len(OUTBOX)], [state.arrays["rows"]]
         elif meta.get("kind") == CHANNEL_KIND and meta["source"] not in sources:
-            match = _EXCHANGE_CHANNEL.match(meta["source"])
+            match = EXCHANGE_CHANNEL.match(meta["source"])
             target = None if match is None or match["route"] else match["window"]
             rows = [value for kind, value in channel_segments(state, step)[1] if kind == DATA]
         else:

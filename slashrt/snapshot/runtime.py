@@ -327,13 +327,13 @@ class Checkpointing:
                 check(self.rescaled[step_id], step_id, node.STATE_KIND, node.STATE_VERSION)
                 node.restore(self.rescaled[step_id])
         from slashrt.ops.route import shipped_times
-        from slashrt.snapshot.rescale import in_flight_between
 
         for step_id, rows in self.adopted.items():  # a graph flow's: taken first by `replay`
             node = self.plan.steps[step_id]
             for at, count in shipped_times(rows).items():
                 progress.in_flight(node, at, count)
-        for window, pieces in ({} if self.plan.graph is not None else in_flight_between(self.restored)).items():
+        in_flight = {} if self.plan.graph is not None else channel_state.in_flight_between(self.restored)
+        for window, pieces in in_flight.items():
             node = self.nodes.get(f"{window}.route") or self.nodes.get(window)
             if getattr(node, "adopt_in_flight", None) is None:
                 raise SnapshotError(
