@@ -53,7 +53,7 @@ from slashrt.ops.route import ExchangeNode, room_for_sources
 from slashrt.ops.sinks import Callback
 from slashrt.scheduler import Input
 from slashrt.scheduler._bus_counts import initial_capabilities
-from slashrt.snapshot.cluster import agent_checkpointing
+from slashrt.snapshot.cluster_graph import agent_checkpointing
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import RingSpec
 from slashrt.transport._channel import ChannelSilent, Liveness

@@ -71,7 +71,7 @@ from slashrt.snapshot import channel_state
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Snapshot
 from slashrt.snapshot.collected import COMMITTED, Outbox
 from slashrt.snapshot.coordinator import AckStats, CheckpointCoordinator
-from slashrt.snapshot.rescale import graph_in_flight, reassigned, rescale, reshaped, resumed_inputs
+from slashrt.snapshot.rescale import rescale, reshaped, resumed_inputs
 from slashrt.snapshot.runtime import AUTO, Checkpointing
 
 __all__ = ["AgentCheckpointing", "ClusterCheckpoints"]
@@ -679,8 +679,7 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     checkpoint to restore). Pops the checkpoint options from `options`; refuses, in one sentence
     and before any agent starts, what clusters cannot checkpoint."""
     from slashrt._runtime import refuse_uncheckpointable
-    from slashrt.snapshot.cluster_graph import outbox_steps
-    from slashrt.snapshot.loops import loop_feedbacks
+    from slashrt.snapshot.loops import loop_feedbacks, outbox_steps
     from slashrt.snapshot.operators import stateful_nodes
     from slashrt.snapshot.published import check_run
     from slashrt.snapshot.runtime import aligned_for_moved_positions, checkpoint_config, load_restored
@@ -712,26 +711,3 @@ def cluster_checkpoints(flow, plan, role_plan, inputs: dict, executors: int, opt
     elif restored is not None:
         cluster.shares, cluster.reshared = resumed_inputs(plan, inputs, restored.meta.get("reshared", []), executors)
     return cluster
-
-
-async def agent_checkpointing(job, plan, *, link, exchanges, peer_inputs) -> AgentCheckpointing:
-    """An agent's `AgentCheckpointing` for `job` (its `checkpoint` settings), with its restored
-    checkpoint loaded (this executor's parts only, read in a thread: heartbeats go on)."""
-    from slashrt.snapshot.storage import SnapshotStore
-
-    settings = job.checkpoint
-    store = SnapshotStore(settings["location"], job=job.flow.name, keep=settings["keep"])
-    restored = None
-    if settings["restore"] is not None:  # rescaling: every executor's parts, to take its partitions
-        restored = await store.aload(settings["restore"], executor=None if settings["rescale"] else job.index)
-    from slashrt.snapshot.cluster_graph import GraphAgentCheckpointing
-
-    kind = AgentCheckpointing if plan.graph is None else GraphAgentCheckpointing
-    checkpoints = kind(
-        plan, settings["config"], store, restored, index=job.index, link=link, exchanges=exchanges,
-        peer_inputs=peer_inputs,
-    )
-    if settings["rescale"]:
-        checkpoints.rescaled = reassigned(restored, plan, job.index, job.executors, job.partitions)
-        checkpoints.adopted = graph_in_flight(restored, plan, job.index, job.executors, job.partitions)
-    return checkpoints

@@ -56,38 +56,12 @@ import numpy as np
 from slashrt.snapshot import channel_state
 from slashrt.snapshot.alignment import Abort, Snapshot
 from slashrt.snapshot.cluster import AgentCheckpointing
-from slashrt.snapshot.operators import check, tagged
+from slashrt.snapshot.loops import OUTBOX, Outbox
 from slashrt.snapshot.runtime import Checkpointing
-from slashrt.snapshot.state_format import State
+from slashrt.snapshot.rescale import graph_in_flight, reassigned
+from slashrt.snapshot.storage import SnapshotStore
 
-__all__ = ["GraphAgentCheckpointing", "outbox_steps", "upstream_inputs"]
-
-OUTBOX = ".outbox"  # an exchange's outbox part: <exchange step id>.outbox
-
-
-def outbox_steps(plan) -> list[str]:
-    """The outbox parts a checkpoint of a graph flow with loops holds per executor: one per exchange."""
-    return [x.step_id + OUTBOX for x in plan.exchanges()]
-
-
-class Outbox:
-    """An exchange's rows shipped after its barrier and before the executor's snapshot (loops
-    only): records in flight at the cut, which the receiver's snapshot does not hold."""
-
-    STATE_KIND, STATE_VERSION = "exchange_outbox", 1
-
-    def __init__(self, exchange):
-        self.exchange = exchange
-        self.step_id = exchange.step_id + OUTBOX
-
-    def snapshot(self) -> State:
-        owners, rows = self.exchange.take_outbox()
-        return tagged(self.STATE_KIND, self.STATE_VERSION, {"owners": owners, "rows": rows}, step=self.step_id)
-
-    def restore(self, state: State) -> None:
-        check(state, self.step_id, self.STATE_KIND, self.STATE_VERSION)
-        self.exchange.reship(state.arrays["owners"], state.arrays["rows"])
-
+__all__ = ["GraphAgentCheckpointing", "agent_checkpointing", "upstream_inputs"]
 
 def upstream_inputs(exchanges, local: list[str], peer_inputs) -> dict[str, list[str]]:
     """Exchange step id -> the inputs whose data can reach it: the executor's sources, and the
@@ -231,3 +205,22 @@ class GraphAgentCheckpointing(AgentCheckpointing):
         if self._holding is not None and n >= self._holding:
             self._holding = None
             self.progress.resume_deliveries()
+
+
+async def agent_checkpointing(job, plan, *, link, exchanges, peer_inputs) -> AgentCheckpointing:
+    """An agent's `AgentCheckpointing` for `job` (its `checkpoint` settings; a graph flow's:
+    `GraphAgentCheckpointing`), with its restored checkpoint loaded (this executor's parts only, read in a thread: heartbeats go on)."""
+    settings = job.checkpoint
+    store = SnapshotStore(settings["location"], job=job.flow.name, keep=settings["keep"])
+    restored = None
+    if settings["restore"] is not None:  # rescaling: every executor's parts, to take its partitions
+        restored = await store.aload(settings["restore"], executor=None if settings["rescale"] else job.index)
+    kind = AgentCheckpointing if plan.graph is None else GraphAgentCheckpointing
+    checkpoints = kind(
+        plan, settings["config"], store, restored, index=job.index, link=link, exchanges=exchanges,
+        peer_inputs=peer_inputs,
+    )
+    if settings["rescale"]:
+        checkpoints.rescaled = reassigned(restored, plan, job.index, job.executors, job.partitions)
+        checkpoints.adopted = graph_in_flight(restored, plan, job.index, job.executors, job.partitions)
+    return checkpoints

@@ -22,6 +22,9 @@ queues the logged batches again in that order and delivers each once, before any
 
 In the stop-the-world mode (and for the final checkpoint, taken after the executor ended)
 nothing runs between the snapshot and the log: the log is what the queue holds (`take`).
+
+On a cluster, a graph flow's exchanges with loops also log what they ship between their
+barrier and the snapshot: an `Outbox` part per exchange (`slashrt.snapshot.cluster_graph`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from slashrt.snapshot.alignment import LogComplete, LoopHead, LoopLog, back_edge
 from slashrt.snapshot.operators import array_times, check, tagged, times_array
 from slashrt.snapshot.state_format import State
 
-__all__ = ["BackEdgeLog", "LOG_KIND", "loop_feedbacks"]
+__all__ = ["BackEdgeLog", "LOG_KIND", "loop_feedbacks", "OUTBOX", "Outbox", "outbox_steps"]
 
 LOG_KIND, LOG_VERSION = "back_edge_log", 1
 
@@ -166,3 +169,33 @@ def _unpack(arrays: dict[str, np.ndarray], count: int) -> list[np.ndarray]:
         bounds = arrays["bounds"].tolist()
         return [arrays["records"][a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     return [arrays[f"batch.{i}"] for i in range(count)]
+
+
+# -- a graph flow's exchanges on a cluster, with loops: their outboxes (`snapshot.cluster_graph`) --
+
+OUTBOX = ".outbox"  # an exchange's outbox part: <exchange step id>.outbox
+
+
+def outbox_steps(plan) -> list[str]:
+    """The outbox parts a checkpoint of a graph flow with loops holds per executor: one per exchange."""
+    return [x.step_id + OUTBOX for x in plan.exchanges()]
+
+
+class Outbox:
+    """An exchange's rows shipped after its barrier and before the executor's snapshot (a graph
+    flow with loops on a cluster: `slashrt.snapshot.cluster_graph`): records in flight at the
+    cut, which the receiver's snapshot does not hold."""
+
+    STATE_KIND, STATE_VERSION = "exchange_outbox", 1
+
+    def __init__(self, exchange):
+        self.exchange = exchange
+        self.step_id = exchange.step_id + OUTBOX
+
+    def snapshot(self) -> State:
+        owners, rows = self.exchange.take_outbox()
+        return tagged(self.STATE_KIND, self.STATE_VERSION, {"owners": owners, "rows": rows}, step=self.step_id)
+
+    def restore(self, state: State) -> None:
+        check(state, self.step_id, self.STATE_KIND, self.STATE_VERSION)
+        self.exchange.reship(state.arrays["owners"], state.arrays["rows"])

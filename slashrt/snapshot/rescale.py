@@ -65,9 +65,8 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
     every array source's new shares and every FileSource's new readers with the run's
     rescalings (`resumed_inputs`)."""
     from slashrt.cluster._job import PerExecutor
-    from slashrt.snapshot.cluster_graph import OUTBOX
     from slashrt.snapshot.commit import recover
-    from slashrt.snapshot.loops import loop_feedbacks
+    from slashrt.snapshot.loops import OUTBOX, loop_feedbacks
     from slashrt.snapshot.operators import stateful_nodes
 
     was, n = restored.meta.get("executors", 1), restored.number
@@ -195,7 +194,7 @@ def graph_in_flight(checkpoint, plan, index: int, executors: int, partitions: in
 
     if plan.graph is None:
         return {}
-    from slashrt.snapshot.cluster_graph import OUTBOX, Outbox
+    from slashrt.snapshot.loops import OUTBOX, Outbox
 
     after, sources = Partitioning(partitions, executors), checkpoint.meta.get("sources", {})
     pieces: dict[str, list] = {}
