@@ -17,6 +17,7 @@ __all__ = [
     "ConnectorError",
     "RetryableError",
     "BrokerUnavailable",
+    "ClusterError",
     "retryable_report",
     "first_error",
     "unwrap_groups",
@@ -86,6 +87,17 @@ class BrokerUnavailable(ConnectorError, RetryableError):
     """A broker (its host:port and the step named) could not be reached or did not answer within
     its timeout: transient, like a service briefly away, so a restart strategy restarts the job
     from its last complete checkpoint and the connectors' two-phase commit keeps it exactly once."""
+
+
+class ClusterError(SlashError):
+    """An executor failed, vanished or could not be started; the job has no result.
+    `retryable`: the cause was an executor's death (killed, exited, silent, its connection
+    lost) or an operator's `RetryableError`, which a restart strategy may recover from; a
+    failure in the job itself (a bug in a user function) is not."""
+
+    def __init__(self, message: str, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
 
 
 def retryable_report(report: str) -> bool:

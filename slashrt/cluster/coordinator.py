@@ -45,8 +45,7 @@ import structlog
 import trio
 
 from slashrt._frontier_report import lower_envelope
-from slashrt._plan import MODES, ClusterRole, build_plan, check_cluster_flow, check_progress
-from slashrt._plan import per_source
+from slashrt._plan import MODES, ClusterRole, build_plan, check_cluster_flow, check_progress, per_source
 from slashrt._runtime import RunResult
 from slashrt.cluster._job import Ingest, Job, PerExecutor, job_message, split_input
 from slashrt.cluster._reports import cluster_reports
@@ -55,7 +54,7 @@ from slashrt.cluster._liveness import (
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Link, OwnStalls, PeerSilent, PeerStalled, PeersUnreachable,
     check_heartbeat,
 )
-from slashrt.errors import ChannelClosed, DataflowError, RetryableError, SlashError, retryable_report, unwrap_groups
+from slashrt.errors import ChannelClosed, ClusterError, DataflowError, RetryableError, retryable_report, unwrap_groups
 from slashrt.ops.sinks import Callback, Collect
 from slashrt.ops.sources import validate_input
 from slashrt.ssb.window import DEFAULT_EPOCH_BYTES, check_routing
@@ -75,17 +74,6 @@ START_TIMEOUT = 180.0  # spawning, connecting and wiring every executor
 # where it listens within this, or the heartbeat timeout if that is longer; one that uses no
 # CPU for the heartbeat timeout meanwhile (stopped, frozen) fails sooner (`_spawn_agent`)
 LISTEN_TIMEOUT = 30.0
-
-
-class ClusterError(SlashError):
-    """An executor failed, vanished or could not be started; the job has no result.
-    `retryable`: the cause was an executor's death (killed, exited, silent, its connection
-    lost) or an operator's `RetryableError`, which a restart strategy may recover from; a
-    failure in the job itself (a bug in a user function) is not."""
-
-    def __init__(self, message: str, retryable: bool = False):
-        super().__init__(message)
-        self.retryable = retryable
 
 
 def _parse_address(text: str) -> tuple[str, int]:

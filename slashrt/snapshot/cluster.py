@@ -66,7 +66,7 @@ import time
 import structlog
 import trio
 
-from slashrt.errors import SlashError, SnapshotError, SnapshotWriteError, retryable_report
+from slashrt.errors import ClusterError, SlashError, SnapshotError, SnapshotWriteError, retryable_report
 from slashrt.snapshot import channel_state
 from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Snapshot
 from slashrt.snapshot.collected import COMMITTED, Outbox
@@ -660,8 +660,6 @@ class ClusterCheckpoints:
             await trio.to_thread.run_sync(self.store.discard, n)
         sentence = self.coordinator.failing(cause, self._kinds.get(n), broker=sink_error is not None)
         if sentence is not None and sink_error is not None:
-            from slashrt.cluster.coordinator import ClusterError
-
             report = f"{sink_error}: {sentence}"
             raise ClusterError(report, retryable=retryable_report(report))
         if sentence is not None:
