@@ -25,6 +25,7 @@ from slashrt._buffer import DEFAULT_SLOT_SIZE, DEFAULT_SLOTS
 from slashrt._dataflow import Dataflow
 from slashrt._frontier_report import ReportFile
 from slashrt._gate_report import gate_progress
+from slashrt._inputs import Ingest, PerExecutor
 from slashrt._plan import build_plan, check_cluster_flow, per_source
 from slashrt.errors import DataflowError, OptionError, SlashError, unwrap_groups
 from slashrt.ops.event_time import Share
@@ -411,8 +412,6 @@ def check_rewindable(plan, inputs: dict, options: dict | None = None) -> None:
         return
     if isinstance(plan, Dataflow):
         plan = build_plan(plan)
-    from slashrt.cluster._job import Ingest, PerExecutor
-
     for step_id, _spec, value in per_source(plan, inputs, "input"):
         if isinstance(value, (np.ndarray, Share)) or getattr(value, "rewinds", False):
             continue  # arrays, and connectors that record their position (slashrt.connectors)
@@ -441,8 +440,6 @@ def local_inputs(
     connector, see `slashrt.connectors`) gets the channel and fills it itself; a `PerExecutor`
     function makes its array here (or its chunks, fed as the run goes: `slashrt.ops.chunks`). With `checkpoints`, every source resumes from its
     checkpointed position and carries the checkpoints' barriers."""
-    from slashrt.cluster._job import PerExecutor  # the cluster package imports this module
-
     feeds = []
     executor_inputs = []
     for step_id, spec, records in per_source(plan, inputs, "input"):

@@ -4,7 +4,7 @@
 executor` (`slashrt.cluster.agent`) is the process that runs one executor on a host.
 """
 
-from slashrt.cluster._job import Ingest, PerExecutor, share
+from slashrt._inputs import Ingest, PerExecutor, share
 from slashrt.cluster.coordinator import ClusterError, run_cluster_async
 
 __all__ = ["Ingest", "PerExecutor", "share", "ClusterError", "run_cluster_async"]

@@ -45,7 +45,8 @@ from slashrt._runtime import execute, local_inputs
 from slashrt.cluster._control import receive_message, send_message
 from slashrt.cluster._progress import open_progress_bus
 from slashrt.cluster._reports import AGENT_MARKER, AgentReporter
-from slashrt.cluster._job import Ingest, Job, PerExecutor
+from slashrt._inputs import Ingest, PerExecutor
+from slashrt.cluster._job import Job
 from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent, PeersUnreachable
 from slashrt.cluster._stall import stall_watch
 from slashrt.errors import ChannelClosed, OperatorError, unwrap_groups

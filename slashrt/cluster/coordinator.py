@@ -47,7 +47,8 @@ import trio
 from slashrt._frontier_report import lower_envelope
 from slashrt._plan import MODES, ClusterRole, build_plan, check_cluster_flow, check_progress, per_source
 from slashrt._runtime import RunResult
-from slashrt.cluster._job import Ingest, Job, PerExecutor, job_message, split_input
+from slashrt._inputs import Ingest, PerExecutor, split_input
+from slashrt.cluster._job import Job, job_message
 from slashrt.cluster._reports import cluster_reports
 from slashrt.cluster._zygote import Zygote, open_zygote
 from slashrt.cluster._liveness import (

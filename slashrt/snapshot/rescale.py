@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from slashrt._inputs import SPLIT_BLOCK, PerExecutor, share
 from slashrt._plan import per_source
 from slashrt.errors import SnapshotError
 from slashrt.ops.event_time import NO_TIME
@@ -64,7 +65,6 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
     be (one sentence), settle the sinks of old executors that have no successor, and return
     every array source's new shares and every FileSource's new readers with the run's
     rescalings (`resumed_inputs`)."""
-    from slashrt.cluster._job import PerExecutor
     from slashrt.snapshot.commit import recover
     from slashrt.snapshot.loops import OUTBOX, loop_feedbacks
     from slashrt.snapshot.operators import stateful_nodes
@@ -322,12 +322,11 @@ def resumed_inputs(plan, inputs: dict, stages: list, executors: int) -> tuple[di
 def reshare(records: np.ndarray, time: str | None, stages: list, executors: int) -> list:
     """Every executor's share of `records` after the rescalings `stages` ([(old executors, fed
     per old executor)], oldest first): at each, old executor i had fed the first `fed[i]`
-    records of its share (at the first stage `_job.share`); the rest, in the input's order, is
+    records of its share (at the first stage `_inputs.share`); the rest, in the input's order, is
     dealt out in contiguous runs (`_deal`) to the next stage's executors, at the last to
     `executors`. Each run carries the largest event time of the whole input before it (`Share`
     with irregular blocks), so lateness is judged as in a run without the rescaling. A run
     resumed from a rescaled run's checkpoint (on any count) makes its shares again this way."""
-    from slashrt.cluster._job import SPLIT_BLOCK, share
     from slashrt.ops.event_time import NO_TIME, Share
 
     rows = np.arange(len(records))

@@ -34,9 +34,9 @@ import trio
 
 from slashrt import _kernels as kernels
 from slashrt._buffer import Control
+from slashrt._inputs import Ingest
 from slashrt._runtime import RunResult, check_rewindable, run_receivers
 from slashrt._schema import Schema
-from slashrt.cluster import Ingest
 from slashrt.ops.event_time import watermark_of
 from slashrt.errors import ChannelClosed, DataflowError, MalformedBuffer, SlashError
 from slashrt.spark._protocol import (
