@@ -3,7 +3,7 @@
 The public surface is this module plus `slashrt.sinks`, `slashrt.testing` and
 `slashrt.transport`. Layers depend downwards only::
 
-    slashrt (Dataflow, run)          public API and runtime (_dataflow, _plan, _runtime, cli)
+    slashrt (Dataflow, run)          public API and runtime (_dataflow, _plan, _runtime, _run, cli)
       ├── slashrt.ops                operators: stateless, windows, sources, sinks
       │     └── slashrt.ssb          CRDT partial state (and the shared state backend)
       ├── slashrt.scheduler          the trio executor: compute and polling coroutines
@@ -20,7 +20,8 @@ _configure_from_environment()  # before anything logs: slashrt's events to stder
 
 from slashrt._batch import Batch
 from slashrt._dataflow import ConnectedStreams, Dataflow, Loop, Stream, WindowedStream
-from slashrt._runtime import ChannelFailed, RunResult, run, run_async
+from slashrt._run import run
+from slashrt._runtime import ChannelFailed, RunResult, run_async
 from slashrt._schema import Schema
 from slashrt.errors import (
     ChannelClosed,

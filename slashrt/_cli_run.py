@@ -136,7 +136,7 @@ async def _supervised(job, stop) -> object:
 
 def run_job(flow, inputs, *, executors, transport, mode, options: dict):
     """Run the job as `slashrt.run` would (its checks first), under `_supervised`."""
-    from slashrt._runtime import prepare_run
+    from slashrt._run import prepare_run
     from slashrt.snapshot.stop import StopHandle
 
     stop = StopHandle() if options.get("checkpoint_dir") is not None else None

@@ -254,7 +254,8 @@ def test_run_names_every_option_of_the_paths_it_takes_with_their_defaults():
     path's with the same default (`run` passes on only what differs from it)."""
     import inspect
 
-    from slashrt._runtime import _RUN_DEFAULTS, _keywords, run_async
+    from slashrt._run import _RUN_DEFAULTS, _keywords
+    from slashrt._runtime import run_async
     from slashrt.cluster import run_cluster_async
 
     local = inspect.signature(run_async).parameters

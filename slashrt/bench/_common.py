@@ -72,7 +72,7 @@ def run_best(make_flow, inputs: dict, *, repeat: int, to_result, check, show_pro
     `check` should build its reference lazily (see `lazy`), so that the peak memory reported
     is the run's, not the reference's."""
     from slashrt._progress_bar import ProgressBar
-    from slashrt._runtime import run
+    from slashrt._run import run
     from slashrt.ops.sinks import Collect
 
     total = sum(len(v) for v in inputs.values())

@@ -28,7 +28,7 @@ FORMATS = ("parquet", "csv", "npy")
 def bench(*, events: int, campaigns: int = 1000, parts: int = 4, repeat: int = 1, checkpoint_interval: float | None = None,
           **options) -> dict:
     from slashrt import sinks
-    from slashrt._runtime import run
+    from slashrt._run import run
     from slashrt.connectors import FileSource
 
     records = ysb.generate(events, campaigns)

@@ -42,7 +42,7 @@ def _server(redis_server):
 def _bench(url: str, events: int, campaigns: int, repeat: int, interval: float | None, options: dict) -> dict:
     import redis
 
-    from slashrt._runtime import run
+    from slashrt._run import run
     from slashrt.connectors import RedisStream, RedisStreamSink, read_stream, write_stream
 
     records = ysb.generate(events, campaigns)

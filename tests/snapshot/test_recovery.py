@@ -15,7 +15,7 @@ import trio
 
 import slashrt
 from slashrt import Dataflow, Tumbling
-from slashrt._runtime import prepare_run
+from slashrt._run import prepare_run
 from slashrt.bench import chaos
 from slashrt.bench.chaos import ChaosCsv, published
 from slashrt.errors import SlashError
