@@ -12,26 +12,31 @@ Exits 1 if either graph has a cycle, else 0.
 
 A module is a `.py` file or a C extension (built or not: those setup.py names, e.g.
 `slashrt._native`), so that `from slashrt import _native` depends on the extension, not on the
-package. Importing `a.b.c` also runs the
-packages' `__init__`s; that implicit edge is not counted (every module would depend on the
-root package, which re-exports the public API).
+package. Importing `a.b.c` also runs the packages' `__init__`s; that implicit edge is not
+counted (every module would depend on the root package, which re-exports the public API), so a
+lazy import of a module whose package `__init__` imports higher layers (`slashrt.spark`'s does)
+is a dependency on that module alone here.
 
-The layering the code follows (low to high; a module imports only modules below it, lazily
-or not):
+The layering the code follows (low to high, roughly; a module imports only modules below it,
+lazily or not, and a lazy import is only for start-up time or an optional dependency):
 
-    errors, _schema, _buffer, _version, _kernels (+ _native), _batch, progress/*, _logging
-    _dataflow            the description users build: Dataflow, Stream, window assigners
-                         (Sliding, Tumbling), the Operator base class
-    transport/*, spark/_protocol (the ingest wire protocol)
-    snapshot/{state_format,storage,operators,channel_state,loops,...}   per-operator state
-    ops/*                nodes; ops/inputs: what a source reads (PerExecutor, Ingest, shares)
-    ssb/*, scheduler/*
-    _plan                (per_source: a plan's sources matched with the given inputs)
-    snapshot/{runtime,rescale,coordinator,...}   one executor's checkpoints, resharing them
+    errors, _version, _schema, _buffer, _logging, _kernels (+ _native), _batch, progress/*,
+    ssb/crdt, ssb/partitions
+    snapshot/{state_format,storage,operators,alignment,commit,coordinator,published,restart,
+              stop,loops}            per-operator state and checkpoint machinery, no operators
+    transport/*; _operator (Operator, Context); _dataflow (the description users build:
+                         Dataflow, Stream, the window assigners Sliding and Tumbling)
+    ops/* (nodes), snapshot/channel_state, spark/_protocol (the ingest wire protocol),
+    scheduler/*, ssb/window, ssb/graph_window
+    _inputs (PerExecutor, Ingest, an array's shares per executor), connectors/*
+    _plan (build_plan, per_source)
+    snapshot/runtime, snapshot/rescale   one executor's checkpoints, and resharing them
     _runtime             one executor's run (run_async, execute)
-    snapshot/{cluster,cluster_graph}, cluster/* (agent, then _zygote, then coordinator)
-    _run                 slashrt.run: one executor or a cluster
-    slashrt (the package), spark/*, connectors/*, testing/*, examples/*, bench/*, cli
+    snapshot/cluster, snapshot/cluster_graph, spark/_endpoint
+    cluster/*            its helpers (_job, _control, _liveness, _progress, ...) low; then agent,
+                         _zygote (forks agents), coordinator
+    _run                 slashrt.run: one executor or a cluster (imports the cluster lazily)
+    slashrt (the package), spark/*, testing/*, examples/*, bench/*, _cli_run, cli
 """
 
 import ast
