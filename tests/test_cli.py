@@ -26,6 +26,8 @@ def test_bench_ysb_json_is_one_correct_object():
         assert field in result
     assert result["query"] == "ysb" and result["events"] == 300_000 and result["correct"] is True
     assert result["records_per_s"] > 0
+    # the CPU the executor used, and throughput per CPU second (what a loaded machine moves least)
+    assert result["cpu_s"] > 0 and result["records_per_cpu_s"] == pytest.approx(300_000 / result["cpu_s"], rel=1e-3)
     from slashrt._kernels import NATIVE
 
     # the C loop yardstick exists only with the native extension (SLASHRT_NATIVE=0: none)
@@ -152,6 +154,7 @@ def test_bench_on_two_executors_verifies_itself(query, extra, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["query"] == query and result["correct"] is True
     assert result["executors"] == 2 and result["events"] == 200_000 and result["events_per_executor"] == 100_000
+    assert result["cpu_s"] > 0 and result["records_per_cpu_s"] == pytest.approx(200_000 / result["cpu_s"], rel=1e-3)
     if result["mode"] == "slash":
         assert result["epochs"] > 0 and "state_bytes_shipped_per_epoch" in result
 

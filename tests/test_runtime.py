@@ -39,6 +39,7 @@ def test_ysb_equals_the_reference(slot_size, coalesce):
     assert result.late_records == {"ysb.count_window_2": 0}
     assert result.stats[0].failed_channels == 0
     assert result.stats[0].buffers == -(-len(events) // ((slot_size - 32) // ysb.YSB_SCHEMA.record_size))
+    assert 0 < result.stats[0].cpu_s  # the CPU seconds its run used, counted
 
 
 @pytest.mark.parametrize("slot_size", [4096, 65536])

@@ -10,7 +10,7 @@ import time
 import attrs
 import numpy as np
 
-__all__ = ["peak_rss_bytes", "zipf_choice", "generate_chunked", "Timer", "sort_rows", "run_best", "Measured", "throughput_fields", "lazy",
+__all__ = ["peak_rss_bytes", "zipf_choice", "generate_chunked", "Timer", "sort_rows", "run_best", "Measured", "throughput_fields", "cpu_fields", "lazy",
            "checkpointing", "checkpoint_fields", "best_interleaved"]
 
 GEN_CHUNK = 1 << 20
@@ -99,8 +99,17 @@ def throughput_fields(query: str, events: int, result, **extra) -> dict:
         "transport": "inproc",
         "seconds": round(result.seconds, 6),
         "records_per_s": round(events / result.seconds, 1),
+        **cpu_fields(events, result),
         **extra,
     }
+
+
+def cpu_fields(events: int, result) -> dict:
+    """The CPU seconds every executor used (`ExecutorStats.cpu_s`), and records per CPU second:
+    a ratio of two runs' `records_per_cpu_s` holds on a loaded machine, where wall-clock
+    throughput does not."""
+    cpu = sum(s.cpu_s for s in result.stats)
+    return {"cpu_s": round(cpu, 6), "records_per_cpu_s": round(events / cpu, 1) if cpu > 0 else None}
 
 
 def best_interleaved(repeat: int, run_once, variants) -> dict:

@@ -16,7 +16,7 @@ import attrs
 import numpy as np
 
 from slashrt.bench import cm, nexmark, ro, ysb
-from slashrt.bench._common import lazy
+from slashrt.bench._common import cpu_fields, lazy
 from slashrt.cluster import PerExecutor
 from slashrt.ops.sinks import Collect
 
@@ -168,6 +168,7 @@ def bench_with_result(
         "zipf": zipf,
         "seconds": round(best.seconds, 6),
         "records_per_s": round(total / best.seconds, 1),
+        **cpu_fields(total, best),
         "correct": correct,
         "result_rows": len(got),
         "late_records": sum(best.late_records.values()),

@@ -130,7 +130,7 @@ class Executor:
         return {i.name: i.error for i in self.inputs if i.error is not None}
 
     async def run(self) -> ExecutorStats:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         async with unwrap_groups(), trio.open_nursery() as drivers:
             # whoever opened a channel drives it already (`open_channels`): this call joins that
             # drive; it is the only one for receivers handed over by hand (an ingest endpoint's)
@@ -143,6 +143,7 @@ class Executor:
                     nursery.start_soon(self._compute, lane, name=f"compute:{n}")
             # every input ended or failed: stop moving bytes for them
             drivers.cancel_scope.cancel()
+        self.stats.cpu_s = time.process_time() - cpu
         if self.progress is not None and not self.failed and not self.progress.idle():
             raise self.progress.stuck()
         self.log.info("executor finished", seconds=round(time.perf_counter() - started, 6), **self.stats.as_dict())

@@ -19,6 +19,9 @@ class ExecutorStats:
     compute_s: float = 0.0  # seconds running operator pipelines
     poll_s: float = 0.0  # seconds reading footers
     parked_s: float = 0.0  # seconds parked waiting for data
+    # CPU seconds its process used during the run (every thread: a transport's, and on one
+    # executor the caller's): unlike the wall-clock seconds, barely moved by a loaded machine
+    cpu_s: float = 0.0
     failed_channels: int = 0
     progress_bytes: int = 0  # graph flows on several executors: bytes its progress bus posted (to all peers)
     progress_messages: int = 0  # and the messages it broadcast
