@@ -63,7 +63,7 @@ from slashrt.ssb.crdt import records_as_partials
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import Sender
 
-__all__ = ["SsbWindowAggregate", "SSB_STATE", "SSB_STATE_VERSION", "delta_dtype", "DEFAULT_EPOCH_BYTES", "ROUTINGS", "check_routing", "Shipper", "EpochStats",
+__all__ = ["SsbWindowAggregate", "SSB_STATE", "SSB_STATE_VERSION", "delta_dtype", "DEFAULT_EPOCH_BYTES", "ROUTINGS", "check_routing", "routes_directly", "Shipper", "EpochStats",
            "split_partitions", "merge_partitions"]
 
 log = structlog.get_logger("slashrt.ssb")
@@ -80,6 +80,18 @@ def check_routing(routing: str) -> str:
     if routing not in ROUTINGS:
         raise DataflowError(f"unknown SSB routing {routing!r}; choose one of {', '.join(ROUTINGS)}")
     return routing
+
+
+def routes_directly(direct: bool, rows: int, records: int, own_records: int, own_new: int) -> bool:
+    """`routing="auto"`: does the next epoch route records as they arrive, after an epoch of
+    `records` input records that shipped `rows` partial rows (`direct`: routed them), of which
+    `own_records` were of keys this executor owns, `own_new` of them new to their slice there?
+    Fragments turn direct once an epoch's delta held at least `DIRECT_AT` rows per record;
+    direct routing returns to fragments once fewer than `COMBINE_BELOW` of its own records
+    were new keys."""
+    if direct:
+        return not (own_records and own_new < COMBINE_BELOW * own_records)
+    return rows >= DIRECT_AT * records
 
 
 def delta_dtype(value_dtype: np.dtype) -> np.dtype:
@@ -422,10 +434,7 @@ class SsbWindowAggregate(WindowAggregate):
         self.epochs.append(stats)
         log.debug("epoch shipped", step=self.step_id, executor=self.index, stats=stats)
         if self.routing == "auto" and self._records:
-            if self.direct:
-                self.direct = not (self._own_records and self._own_new < COMBINE_BELOW * self._own_records)
-            else:
-                self.direct = touched >= DIRECT_AT * self._records
+            self.direct = routes_directly(self.direct, touched, self._records, self._own_records, self._own_new)
         self._bytes = self._records = 0
         self._own_records = self._own_new = self._routed = self._shipped = 0
         self._shipped_promise = self.promise(watermark) if not final else END_TIME
