@@ -60,7 +60,7 @@ class ClusterRole:
     partitioning: Partitioning
     mode: str = "slash"
     epoch_bytes: int = 64 << 20
-    ssb_routing: str = "auto"  # SsbWindowAggregate's routing: auto, fragments or direct
+    ssb_routing: str = "auto"  # the SSB windows' routing (SsbWindowAggregate, SsbRoute): auto, fragments or direct
     progress: str = "watermark"  # what the exchanges' gates fire on: see slashrt.progress.PROGRESS_MODES
 
     def __attrs_post_init__(self):
@@ -99,7 +99,8 @@ class ClusterRole:
         if self.partitioning.executors == 1 or (isinstance(up, ExchangeSpec) and up.key == spec.key):
             return LoopWindow(spec, late) if spec.scope else WindowAggregate(spec, late)
         if self.on_fragments(spec, up):
-            return SsbRoute(spec, late, index=self.index, partitioning=self.partitioning)
+            return SsbRoute(spec, late, index=self.index, partitioning=self.partitioning, epoch_bytes=self.epoch_bytes,
+                            routing=self.ssb_routing)
         window = LoopWindow(spec, late) if spec.scope else WindowAggregate(spec, late)
         return WindowRoute(spec, window, index=self.index, partitioning=self.partitioning)
 

@@ -92,8 +92,9 @@ def run(
     pipeline at once.
 
     Clusters only (None: the default): `partitions` of the key space (256), `epoch_bytes` of an
-    SSB epoch (64 MiB), `ssb_routing` ("auto", "fragments" or "direct": `slashrt.ssb.window`),
-    the channels' `secret` (random by default), `on_ready({source: [IngestTarget]})` once every
+    SSB window's epoch (64 MiB) and its `ssb_routing` ("auto", "fragments" or "direct"), the
+    same in tree and graph flows (`slashrt.ssb.window`, `slashrt.ssb.graph_window`), the
+    channels' `secret` (random by default), `on_ready({source: [IngestTarget]})` once every
     executor is ready (`Ingest` inputs need it), and the heartbeats between the coordinator
     and its agents: one every `heartbeat_interval` seconds, an executor silent for
     `heartbeat_timeout` seconds fails the job.
@@ -142,7 +143,7 @@ def prepare_run(
     _check_options(options, local)
     _check_rings(flow, options)
     if not local:
-        _check_cluster_progress(flow, options)
+        check_cluster_flow(flow, options.get("progress"))
     if local:
         return lambda: run_async(flow, inputs, **options)
     return lambda: run_cluster_async(
@@ -178,23 +179,6 @@ def _check_options(options: dict, local: bool) -> None:
             raise DataflowError(
                 f"run() got an unknown option {name}=; the options are executors, transport, mode and "
                 f"{', '.join(sorted(known))}"
-            )
-
-
-def _check_cluster_progress(flow: Dataflow, options: dict) -> None:
-    """Multi-executor runs forward watermarks inside each executor and fire the gates where
-    executors meet on `progress` ("watermark": the vector clock; "pointstamp": pointstamp
-    counts); graph flows run on distributed pointstamp progress (`check_cluster_flow`), and
-    their SSB windows ship fragments as the frontier passes their windows: the epoch options
-    of a tree flow's SSB would be ignored there."""
-    check_cluster_flow(flow, options.get("progress"))
-    windows = [s for s in flow.steps.values() if type(s).__name__ == "WindowAggSpec"]
-    if flow.is_graph() and windows:
-        given = [f"{n}=" for n in ("epoch_bytes", "ssb_routing") if n in options]
-        if given:
-            raise DataflowError(
-                f"run(): {', '.join(given)}: the keyed windows of dataflow {flow.name!r} (a graph flow) ship their "
-                "fragments when the frontier passes their windows, not by epochs of bytes; leave it out"
             )
 
 

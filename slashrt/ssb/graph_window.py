@@ -8,17 +8,36 @@ before it: `PointstampProgress` hands it over, `on_upstream`) passes that window
 owner joins the partial states (a CRDT merge) into its window, which fires on the frontier
 at the step's input, as a routed window does (`slashrt.ops.route.WindowRoute`).
 
+Epochs and routing mean what they mean in a tree flow (`epoch_bytes`, `ssb_routing`). An
+epoch ends every `epoch_bytes` of the window's input (checked after each batch): every
+fragment then ships what it holds, due or not (`take_all`: the delta since its last
+shipment, after which it restarts from the zero value), so a long window's fragments stay
+small. An epoch also ends at each shipment of due fragments. Routed *directly*, a record is
+judged late or not where it is read, as the fragments would judge it, and goes to its key's
+owner at once as a partial row of its own (count 1, under the NaN policy:
+`records_as_partials`), at the time its fragment would have been held at (`_as_partials`);
+such an epoch ends at `epoch_bytes` too, or once the records' frontier passed a window its
+rows joined. `routing="auto"` switches from epoch to epoch by the tree SSB's rule and ratios
+(`routes_directly`: `DIRECT_AT`, `COMBINE_BELOW`). `EpochStats` counts each epoch's input,
+its rows shipped (joined here or sent) and their bytes (`RunResult.epochs`).
+
 Pointstamps keep that exact: a fragment is a capability of the step at the time before the
 end of the first window it joins, counted at a second input port of the step that no edge
 feeds (`progress_graph(flow, fragments)`); shipped, its rows are counted in flight at the
 step's input at that time until their owner took them, in the same progress update that
-drops the capability. The owner's window fires on the frontier at both ports: no window fires
-before every executor's fragment of it arrived, whatever their speeds. (Counted at the input
-beside the rows, an owner taking rows before their sender's update reached it would cancel
-another executor's capability at the same pointstamp; at the output, beside the windows' own
-capabilities, every owner would wait for every other's earliest window: a progress round per
-window.) The records' frontier that makes fragments due is read one location upstream, which
-their capabilities never hold back.
+drops the capability. A fragment shipped at an epoch's end before it is due keeps its
+capability (`kept`, a checkpoint keeps it too) until the records' frontier passes its window,
+its last shipment: whatever joins it meanwhile ships at that time too. The owner's window
+fires on the frontier at both ports: no window fires before every executor's fragment of it
+arrived, whatever their speeds. (Counted at the input beside the rows, an owner taking rows
+before their sender's update reached it would cancel another executor's capability at the
+same pointstamp; at the output, beside the windows' own capabilities, every owner would wait
+for every other's earliest window: a progress round per window.) The records' frontier that
+makes fragments due is read one location upstream, which their capabilities never hold back.
+
+Deltas of one slice, from one executor (its epochs, in order on the channel) or several,
+before or after a checkpoint's restore, join in any order: partial states are CRDTs and each
+delta is shipped, and joined, once (a fragment restarts from the zero value after it).
 
 Lateness is judged where a record is read, by the rule of a plain window (the logical time
 of its batch closes the windows ending by it): a record partly late for a sliding window's
@@ -30,24 +49,27 @@ a `LoopWindow` has a window per iteration: a fragment is due when the records' f
 iteration passes its window (`iteration_watermark`), and its time, and its rows' hidden
 columns, carry the iteration's counters.
 
-A record crosses the network only inside a fragment: one row per key a slice saw on an
-executor, not one per record (`EpochStats` per shipment, `RunResult.epochs`).
+Folded, a record crosses the network only inside a fragment: one row per key a slice saw on
+an executor in an epoch, not one per record.
 """
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 
 from slashrt._batch import Batch
 from slashrt._dataflow import ExchangeSpec, WindowAggSpec
+from slashrt._kernels import minmax
 from slashrt.ops.route import ExchangeNode, WindowRoute, time_columns, take_by_time
-from slashrt.ssb.window import EpochStats
 from slashrt.ops.loop_window import LoopWindow, iteration_watermark
-from slashrt.ops.window import NO_TIME, WindowAggregate
+from slashrt.ops.window import NO_TIME, WindowAggregate, _flat
 from slashrt.progress import Timestamp
 from slashrt.snapshot.operators import check, tagged
 from slashrt.snapshot.state_format import State
+from slashrt.ssb.crdt import records_as_partials
 from slashrt.ssb.partitions import Partitioning
+from slashrt.ssb.window import DEFAULT_EPOCH_BYTES, EpochStats, check_routing, routes_directly
 
 __all__ = ["SsbGraphWindow", "SsbLoopWindow", "SsbRoute", "partial_dtype", "adopt_in_flight"]
 
@@ -61,14 +83,23 @@ def partial_dtype(value_dtype: np.dtype) -> np.dtype:
     )
 
 
+def _held_end(fragments: WindowAggregate, slice_ids, closed: int):
+    """The end of the first window a piece of each slice (in `slice_ids`) joins: a slice's first
+    window's end, or for a tail, whose windows ending by `closed` closed, the first after it."""
+    first = fragments._earliest_end(slice_ids)
+    if np.ndim(first) == 0:
+        return first if first > closed else first + ((closed - first) // fragments.slide + 1) * fragments.slide
+    tail = first <= closed
+    if tail.any():
+        first[tail] += ((closed - first[tail]) // fragments.slide + 1) * fragments.slide
+    return first
+
+
 def _pieces(fragments: WindowAggregate) -> list[tuple[int, int, int]]:
     """(slice, closed, end) of every table of `fragments`: the end of the first window it joins
     (a slice's table may be empty: one made for its tail)."""
     out = [(s, NO_TIME, int(fragments._earliest_end(s))) for s in fragments.slices]
-    for s, closed in fragments.tails:
-        first = int(fragments._earliest_end(s))
-        end = first if first > closed else first + ((closed - first) // fragments.slide + 1) * fragments.slide
-        out.append((s, closed, end))
+    out += [(s, closed, int(_held_end(fragments, s, closed))) for s, closed in fragments.tails]
     return out
 
 
@@ -81,7 +112,8 @@ def _held_ends(fragments: WindowAggregate) -> set[int]:
 
 def _take_due(fragments: WindowAggregate, until: int | None, value_dtype) -> list[tuple[int, np.ndarray]]:
     """The tables of `fragments` whose first window ends by `until` (None: all), as partial
-    rows, each with the time it is held at (its end - 1), removed from the fragments."""
+    rows, each with the time it is held at (its end - 1), removed from the fragments (a table
+    restarts from the zero value when a record joins its piece again)."""
     due = []
     for s, closed, end in _pieces(fragments):
         if until is not None and end > until:
@@ -102,38 +134,111 @@ def _take_due(fragments: WindowAggregate, until: int | None, value_dtype) -> lis
     return due
 
 
-def _join(window: WindowAggregate, rows: np.ndarray) -> None:
-    """Partial rows of keys this executor owns (a shipment, or its own): into `window`."""
+async def _as_partials(fragments: WindowAggregate, batch: Batch, epoch: int) -> list[tuple[int, np.ndarray]]:
+    """Direct routing: the records of `batch`, carried at `epoch`, judged as `fragments` judges
+    the records it folds (`WindowAggregate.push`: the late ones counted and sent to its late
+    sink, the partly late ones marked with the end their windows closed at), each as a partial
+    row of one record (count 1, under the NaN policy), in runs of the time its piece would be
+    held at (`_take_due`)."""
+    times = _flat(batch.view(fragments.spec.time))
+    if not len(times):
+        return []
+    fragments._check_times(*minmax(times))
+    closed = fragments.promise(epoch)
+    slice_ids = times // fragments.slice_len
+    if fragments._earliest_end(int(minmax(slice_ids)[0])) <= closed:
+        batch, slice_ids = await fragments._split_late(batch, slice_ids, closed)
+        if not len(batch):
+            return []
+    keys, values = fragments._fields(batch)
+    rows = np.empty(len(slice_ids), partial_dtype(fragments.value_dtype))
+    rows["slice"], rows["key"], rows["count"] = slice_ids, _flat(keys), 1
+    rows["value"] = 0 if values is None else _flat(values)
+    records_as_partials(fragments.kind, rows["count"], rows["value"])
+    first = fragments._earliest_end(slice_ids)
+    tail = first <= closed  # partly late: its windows ending by `closed` closed to it
+    rows["closed"] = np.where(tail, closed, NO_TIME)
+    ends = _held_end(fragments, slice_ids, closed) if tail.any() else first
+    lo, hi = minmax(ends)
+    if lo == hi:  # the common case: one window's slice
+        return [(int(lo) - 1, rows)]
+    order = np.argsort(ends, kind="stable")
+    rows, ends = rows[order], ends[order]
+    cuts = [0, *(np.flatnonzero(ends[1:] != ends[:-1]) + 1).tolist(), len(rows)]
+    return [(int(ends[a]) - 1, rows[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def _entries(window: WindowAggregate) -> int:
+    return sum(len(t) for tables in (window.slices, window.tails) for t in tables.values())
+
+
+def _join(window: WindowAggregate, rows: np.ndarray) -> int:
+    """Partial rows of keys this executor owns (a shipment, or its own): into `window`. Returns
+    how many (slice, key) entries were new to it (`routes_directly` weighs them)."""
+    before = _entries(window)
     closed = rows["closed"]
     values = np.unique(closed).tolist()
     for c in values:
         part = rows if len(values) == 1 else rows[closed == c]
         window.merge_partials(part["slice"], part["key"], part["count"], part["value"], c)
+    return _entries(window) - before
 
 
-async def _join_iteration(loop: LoopWindow, rows: np.ndarray, counters: tuple[int, ...]) -> None:
-    """Partial rows of one iteration into that iteration's window of `loop`."""
+async def _join_iteration(loop: LoopWindow, rows: np.ndarray, counters: tuple[int, ...]) -> int:
+    """Partial rows of one iteration into that iteration's window of `loop` (`_join`)."""
     window = loop.windows.get(counters)
     if window is None:
         window = loop._window(counters)
         if loop.frontier is not None:  # it starts where the frontier stands (nothing to fire yet)
             await window.on_frontier(iteration_watermark(loop.frontier, counters))
-    _join(window, rows)
+    return _join(window, rows)
+
+
+def _passed(frontier, times) -> set[Timestamp]:
+    """The `times` (pieces held at their first window's end - 1) the records' `frontier` passed
+    at their iteration: no record can join their windows any more."""
+    out = set()
+    for t in times:
+        until = iteration_watermark(frontier, t.counters)
+        if until is None or t.epoch < until:
+            out.add(t)
+    return out
+
+
+@attrs.define
+class _OpenEpoch:
+    """What the open epoch did so far (`EpochStats` once it ends)."""
+
+    input_bytes: int = 0  # of input read
+    records: int = 0
+    rows: int = 0  # partial rows shipped (joined here or sent)
+    remote: int = 0  # of them, sent to other executors
+    nbytes: int = 0  # their bytes
+    own_records: int = 0  # direct: records of keys this executor owns, joined here
+    own_new: int = 0  # of them, keys new to their slice here
+    routed: set = attrs.Factory(set)  # direct: the times of the rows routed
 
 
 class _OwnerAndFragments:
     """What both SSB windows of graph flows share: the owner's window is the class itself
     (a `WindowAggregate` or a `LoopWindow`), its fragments one of the same kind (`FRAGMENTS`)
-    that never fires, which judges lateness (the owner merges partial states only); and what
-    the fragments shipped (`RunResult.epochs`, named after the SSB's epochs)."""
+    that never fires, which judges lateness (the owner merges partial states only); the
+    epochs and their routing (`epoch_bytes`, `routing`); and what they shipped
+    (`RunResult.epochs`)."""
 
     FRAGMENTS: type
 
-    def __init__(self, spec: WindowAggSpec, late):
+    def __init__(self, spec: WindowAggSpec, late, *, epoch_bytes: int = DEFAULT_EPOCH_BYTES, routing: str = "auto"):
         super().__init__(spec, None)  # the owner judges nothing late: the fragments did
         self.fragments = self.FRAGMENTS(spec, late)
-        self.epochs: list[EpochStats] = []  # one per shipment
-        self._input_bytes = self._records = 0
+        self.epoch_bytes = epoch_bytes
+        self.routing = check_routing(routing)
+        self.direct = routing == "direct"  # the open epoch routes records as they are read
+        # capabilities of fragments that shipped at an epoch's end before they were due: held
+        # until the records' frontier passes their windows (their last shipment)
+        self.kept: set[Timestamp] = set()
+        self.epochs: list[EpochStats] = []  # one per epoch
+        self._open = _OpenEpoch()
 
     @property
     def late_records(self) -> int:
@@ -144,16 +249,76 @@ class _OwnerAndFragments:
         pass  # (the owner's count stays 0: WindowAggregate's constructor and restore set it)
 
     def _count_input(self, batch: Batch) -> None:
-        self._input_bytes += batch.nbytes
-        self._records += len(batch)
+        self._open.input_bytes += batch.nbytes
+        self._open.records += len(batch)
 
-    def shipped(self, rows: int, remote: int, nbytes: int, until: int | None) -> None:
-        """Count a shipment: `rows` partial rows, `remote` of them (`nbytes`) to other executors."""
+    # -- epochs ---------------------------------------------------------------------------------------
+    def epoch_full(self) -> bool:
+        """Has the open epoch read `epoch_bytes` of input?"""
+        return self._open.input_bytes >= self.epoch_bytes
+
+    def take_due(self, frontier) -> list[tuple[Timestamp, np.ndarray]]:
+        """The fragments whose first window the records' `frontier` passed, as partial rows at
+        their times, removed from the fragments; those shipped before stop holding their capability."""
+        self.kept -= _passed(frontier, self.kept)
+        return self._due_pieces(frontier)
+
+    def take_all(self) -> list[tuple[Timestamp, np.ndarray]]:
+        """An epoch's end: every fragment's content (its delta since its last shipment) as
+        partial rows at their times; each restarts from the zero value and keeps its capability
+        until it is due."""
+        pieces = self._all_pieces()
+        self.kept.update(time for time, _ in pieces)
+        return pieces
+
+    def shipped(self, rows: int, remote: int, nbytes: int) -> None:
+        """Count a shipment in the open epoch: `rows` partial rows, `remote` of them (`nbytes`)
+        to other executors."""
+        self._open.rows += rows
+        self._open.remote += remote
+        self._open.nbytes += nbytes
+
+    def routed_own(self, records: int, new: int) -> None:
+        """Direct routing joined `records` of keys this executor owns, `new` of them new to their slice."""
+        self._open.own_records += records
+        self._open.own_new += new
+
+    def epoch_ends(self, frontier) -> bool:
+        """Does the open epoch end at the records' `frontier` without a shipment of fragments?
+        A direct one once it passed a window its rows joined, any once it is empty (the last)."""
+        if not frontier:
+            return bool(self._open.records or self._open.rows)
+        return bool(_passed(frontier, self._open.routed))
+
+    def end_epoch(self, watermark: int | None) -> None:
+        """Close the open epoch (`RunResult.epochs`: `watermark`, the records' frontier or the
+        batch's time where it ended); under "auto" its ratios choose the next one's routing."""
+        e = self._open
+        watermark = NO_TIME if watermark is None else watermark
         self.epochs.append(EpochStats(
-            len(self.epochs) + 1, self._input_bytes, rows, remote, nbytes, NO_TIME if until is None else until,
-            self._records,
+            len(self.epochs) + 1, e.input_bytes, e.rows, e.remote, e.nbytes, watermark, e.records, self.direct
         ))
-        self._input_bytes = self._records = 0
+        if self.routing == "auto" and e.records:
+            self.direct = routes_directly(self.direct, e.rows, e.records, e.own_records, e.own_new)
+        self._open = _OpenEpoch()
+
+    # -- state: the epoch's, beside the owner's windows and the fragments -------------------------------
+    def _epoch_meta(self) -> dict:
+        e = self._open
+        return {
+            "counters": [e.input_bytes, e.records],
+            "open_epoch": [e.rows, e.remote, e.nbytes, e.own_records, e.own_new],
+            "routed": sorted([t.epoch, *t.counters] for t in e.routed), "direct": self.direct,
+            "kept": sorted([t.epoch, *t.counters] for t in self.kept),
+        }
+
+    def _restore_epoch(self, meta: dict) -> None:
+        # (a rescaled state has only the counters, zeros: its old fragments joined their owners;
+        # routing then starts anew as the run's option says)
+        self._open = _OpenEpoch(*meta["counters"], *meta.get("open_epoch", ()),
+                                routed={Timestamp(t[0], tuple(t[1:])) for t in meta.get("routed", ())})
+        self.direct = meta.get("direct", False) if self.routing == "auto" else self.routing == "direct"
+        self.kept = {Timestamp(t[0], tuple(t[1:])) for t in meta.get("kept", ())}
 
 
 class SsbGraphWindow(_OwnerAndFragments, WindowAggregate):
@@ -170,24 +335,33 @@ class SsbGraphWindow(_OwnerAndFragments, WindowAggregate):
         await self.fragments.push(batch)
         self._count_input(batch)
 
-    def fragment_holds(self) -> frozenset[Timestamp]:
-        """The capabilities of the fragments holding state, each at its first window's end - 1
-        (`PointstampProgress` counts them at the step's second input port)."""
-        return frozenset(Timestamp(t) for t in _held_ends(self.fragments))
+    async def route(self, batch: Batch, clock) -> list[tuple[Timestamp, np.ndarray]]:
+        """Direct routing: records at `clock.now` as partial rows of one record each (`_as_partials`)."""
+        pieces = await _as_partials(self.fragments, batch, clock.now.epoch)
+        self._count_input(batch)
+        out = [(Timestamp(t), rows) for t, rows in pieces]
+        self._open.routed.update(t for t, _ in out)
+        return out
 
-    def take_due(self, frontier) -> list[tuple[Timestamp, np.ndarray]]:
-        """The fragments whose first window the records' `frontier` passed, as partial rows at
-        their times, removed from the fragments."""
+    def fragment_holds(self) -> frozenset[Timestamp]:
+        """The capabilities of the fragments holding state, each at its first window's end - 1,
+        and of those shipped before they were due (`PointstampProgress` counts them at the
+        step's second input port)."""
+        return frozenset(Timestamp(t) for t in _held_ends(self.fragments)) | self.kept
+
+    def _due_pieces(self, frontier) -> list[tuple[Timestamp, np.ndarray]]:
         until = min((t.epoch for t in frontier), default=None)
         return [(Timestamp(t), rows) for t, rows in _take_due(self.fragments, until, self.value_dtype)]
 
-    async def join(self, rows: np.ndarray, counters: tuple[int, ...] = ()) -> None:
-        _join(self, rows)
+    def _all_pieces(self) -> list[tuple[Timestamp, np.ndarray]]:
+        return [(Timestamp(t), rows) for t, rows in _take_due(self.fragments, None, self.value_dtype)]
 
-    # -- state: the owner's windows and the fragments ----------------------------------------------
+    async def join(self, rows: np.ndarray, counters: tuple[int, ...] = ()) -> int:
+        return _join(self, rows)
+
+    # -- state: the owner's windows, the fragments and the open epoch ----------------------------
     def snapshot(self) -> State:
-        meta = {**self._window_meta(), "fragments": self.fragments._window_meta(),
-                "counters": [self._input_bytes, self._records]}
+        meta = {**self._window_meta(), "fragments": self.fragments._window_meta(), **self._epoch_meta()}
         arrays = {**self._window_arrays(), **self.fragments._window_arrays("fragments.")}
         return tagged(self.STATE_KIND, self.STATE_VERSION, arrays, step=self.step_id, **meta)
 
@@ -195,7 +369,7 @@ class SsbGraphWindow(_OwnerAndFragments, WindowAggregate):
         meta = check(state, self.step_id, self.STATE_KIND, self.STATE_VERSION)
         self._restore_window(state.arrays, meta)
         self.fragments._restore_window(state.arrays, meta["fragments"], "fragments.")
-        self._input_bytes, self._records = meta["counters"]
+        self._restore_epoch(meta)
 
 
 class SsbLoopWindow(_OwnerAndFragments, LoopWindow):
@@ -213,12 +387,28 @@ class SsbLoopWindow(_OwnerAndFragments, LoopWindow):
         if self.value_dtype is None:
             self.value_dtype = self.fragments.value_dtype
 
+    async def route(self, batch: Batch, clock) -> list[tuple[Timestamp, np.ndarray]]:
+        """Direct routing: records at `clock.now` as partial rows of one record each, judged by
+        the fragments of their iteration (`_as_partials`)."""
+        self.fragments.clock = clock
+        counters = clock.now.counters
+        window = self.fragments.windows.get(counters)
+        if window is None:
+            window = self.fragments._window(counters)
+        pieces = await _as_partials(window, batch, clock.now.epoch)
+        self._count_input(batch)
+        if self.value_dtype is None:  # (every iteration's, as `LoopWindow.push` decides it)
+            self.value_dtype = self.fragments.value_dtype = window.value_dtype
+        out = [(Timestamp(t, counters), rows) for t, rows in pieces]
+        self._open.routed.update(t for t, _ in out)
+        return out
+
     def fragment_holds(self) -> frozenset[Timestamp]:
         return frozenset(
             Timestamp(t, counters) for counters, window in self.fragments.windows.items() for t in _held_ends(window)
-        )
+        ) | self.kept
 
-    def take_due(self, frontier) -> list[tuple[Timestamp, np.ndarray]]:
+    def _due_pieces(self, frontier) -> list[tuple[Timestamp, np.ndarray]]:
         """Per iteration, the fragments its part of the records' `frontier` passed; an
         iteration nothing can reach any more ships all and is forgotten (its late count kept)."""
         due = []
@@ -231,14 +421,18 @@ class SsbLoopWindow(_OwnerAndFragments, LoopWindow):
                 del self.fragments.windows[counters]
         return due
 
-    async def join(self, rows: np.ndarray, counters: tuple[int, ...] = ()) -> None:
-        await _join_iteration(self, rows, counters)
+    def _all_pieces(self) -> list[tuple[Timestamp, np.ndarray]]:
+        return [(Timestamp(t, counters), rows) for counters in sorted(self.fragments.windows)
+                for t, rows in _take_due(self.fragments.windows[counters], None, self.value_dtype)]
 
-    # -- state: the owner's windows and the fragments, each a loop window's ------------------------
+    async def join(self, rows: np.ndarray, counters: tuple[int, ...] = ()) -> int:
+        return await _join_iteration(self, rows, counters)
+
+    # -- state: the owner's windows and the fragments, each a loop window's, and the open epoch ----
     def snapshot(self) -> State:
         owner, fragments = LoopWindow.snapshot(self), self.fragments.snapshot()
         arrays = {**owner.arrays, **{f"fragments.{k}": v for k, v in fragments.arrays.items()}}
-        meta = {**owner.meta, "fragments": fragments.meta, "counters": [self._input_bytes, self._records]}
+        meta = {**owner.meta, "fragments": fragments.meta, **self._epoch_meta()}
         return tagged(self.STATE_KIND, self.STATE_VERSION, arrays, **{k: v for k, v in meta.items() if k not in ("kind", "version")})
 
     def restore(self, state: State) -> None:
@@ -248,16 +442,19 @@ class SsbLoopWindow(_OwnerAndFragments, LoopWindow):
         fragments = {k[len(prefix):]: v for k, v in state.arrays.items() if k.startswith(prefix)}
         LoopWindow.restore(self, State(owner, meta))  # (it checks the kind it is: ours)
         self.fragments.restore(State(fragments, meta["fragments"]))
-        self._input_bytes, self._records = meta["counters"]
+        self._restore_epoch(meta)
 
 
 class SsbRoute(WindowRoute):
     """Stands where a keyed window is in a graph flow on several executors in `mode="slash"`:
-    folds its records into fragments, ships them to their keys' owners when due (inside loops
-    per iteration, the rows' hidden columns carrying its counters)."""
+    folds its records into fragments (or routes them directly), ships them to their keys'
+    owners when due and at each epoch's end (inside loops per iteration, the rows' hidden
+    columns carrying its counters)."""
 
-    def __init__(self, spec: WindowAggSpec, late, *, index: int, partitioning: Partitioning):
-        window = SsbLoopWindow(spec, late) if spec.scope else SsbGraphWindow(spec, late)
+    def __init__(self, spec: WindowAggSpec, late, *, index: int, partitioning: Partitioning,
+                 epoch_bytes: int = DEFAULT_EPOCH_BYTES, routing: str = "auto"):
+        kind = SsbLoopWindow if spec.scope else SsbGraphWindow
+        window = kind(spec, late, epoch_bytes=epoch_bytes, routing=routing)
         self.window = window
         self.upstream = spec.up  # the step whose output frontier says when fragments are due
         dtype = partial_dtype(window.value_dtype if window.value_dtype is not None else np.dtype("<i8"))
@@ -266,21 +463,37 @@ class SsbRoute(WindowRoute):
         )
 
     async def push(self, batch: Batch) -> None:
-        await self.window.fold(batch, self.clock)
+        window = self.window
+        if window.direct:
+            await self._ship_pieces(await window.route(batch, self.clock), direct=True)
+        else:
+            await window.fold(batch, self.clock)
+        if window.epoch_full():
+            await self._ship_pieces(window.take_all())
+            window.end_epoch(self.clock.now.epoch)
 
     async def on_upstream(self, frontier) -> None:
         """The frontier of the records reaching this step moved (empty: no record can come any
         more): ship the fragments whose first window it passed."""
-        due = self.window.take_due(frontier)
-        if not due:
-            return
-        remote = total = nbytes = 0
-        for time, rows in due:
+        window = self.window
+        due = window.take_due(frontier)
+        if due:
+            await self._ship_pieces(due)
+        if due or window.epoch_ends(frontier):
+            window.end_epoch(min((t.epoch for t in frontier), default=None))
+
+    async def _ship_pieces(self, pieces: list[tuple[Timestamp, np.ndarray]], direct: bool = False) -> None:
+        """Partial rows, in pieces of one time each, to their keys' owners: their own joined at
+        once, the others queued for their owners, counted in flight at the step's input at
+        that time (`_enqueue`). `direct`: records routed as they were read."""
+        total = remote = nbytes = own = new = 0
+        for time, rows in pieces:
             total += len(rows)
             owners = self.partitioning.owner_of(rows["key"])
             mine = owners == self.index
             if mine.any():
-                await self.window.join(rows[mine], time.counters)
+                own += int(mine.sum())
+                new += await self.window.join(rows[mine], time.counters)
             for owner in np.unique(owners[~mine]).tolist():
                 part = rows[owners == owner]
                 out = np.empty(len(part), self.exchange_dtype)
@@ -292,7 +505,9 @@ class SsbRoute(WindowRoute):
                 self._enqueue(owner, out, time)
                 remote += len(part)
                 nbytes += out.nbytes
-        self.window.shipped(total, remote, nbytes, min((t.epoch for t in frontier), default=None))
+        self.window.shipped(total, remote, nbytes)
+        if direct:
+            self.window.routed_own(own, new)
 
     async def take(self, rows: np.ndarray) -> None:
         await self.window.join(rows, self.clock.now.counters)

@@ -29,30 +29,32 @@ class Doubled(Operator):
         await ctx.emit(np.concatenate([rows, rows]))
 
 
-def union_count() -> Dataflow:
+def union_count(size: int = 100) -> Dataflow:
     flow = Dataflow("uc")
     a = flow.source("a", SCHEMA, time="t")
     b = flow.source("b", SCHEMA, time="t")
     doubled = a.operator(Doubled(), name="doubled", schema=SCHEMA)
-    doubled.union(b).window(Tumbling(100)).count(key="k", name="counts").sink(sinks.Collect(), name="out")
+    doubled.union(b).window(Tumbling(size)).count(key="k", name="counts").sink(sinks.Collect(), name="out")
     return flow
 
 
-def inputs() -> dict:
+def inputs(keys=None) -> dict:
+    """Each source's N records, 10 a ms, of KEYS keys drawn at random (`keys(rng)`: others)."""
     rng = np.random.default_rng(3)
     out = {}
     for name in "ab":
         data = np.zeros(N, SCHEMA.dtype)
         data["t"] = np.arange(N) // 10
-        data["k"] = rng.integers(0, KEYS, N)
+        data["k"] = rng.integers(0, KEYS, N) if keys is None else keys(rng)
         out[name] = data
     return out
 
 
-def expected() -> np.ndarray:
-    data = inputs()
+def expected(size: int = 100, data: dict | None = None) -> np.ndarray:
+    """numpy's count per window of `size` ms and key of `data` (by default `inputs()`)."""
+    data = inputs() if data is None else data
     rows = np.concatenate([data["a"], data["a"], data["b"]])
-    keys, counts = np.unique(np.stack([rows["t"] // 100 * 100, rows["k"]], axis=1), axis=0, return_counts=True)
+    keys, counts = np.unique(np.stack([rows["t"] // size * size, rows["k"]], axis=1), axis=0, return_counts=True)
     return np.column_stack([keys, counts])
 
 

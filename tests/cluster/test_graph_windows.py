@@ -8,7 +8,6 @@ import pytest
 
 import slashrt
 from slashrt import Dataflow, Sliding, Tumbling, sinks
-from slashrt.errors import DataflowError
 from tests.test_lateness import MAX_DELAY, SCHEMA, late_heavy, reference
 
 N = 8_000  # per source: ~750 slots of 256 bytes through each source's ring of 4
@@ -96,8 +95,33 @@ def test_graph_windows_on_executors_equal_one_executor_and_the_rule(executors, t
         assert got["late_counts"]["gw.looped"] == len(a_late) > 0
 
 
-def test_graph_windows_refuse_the_epoch_options_of_the_state_backend():
-    flow, _ = graph_windows(Sliding(200, 50))
-    for options in ({"epoch_bytes": 1 << 20, "executors": 2}, {"ssb_routing": "direct", "executors": 3}):
-        with pytest.raises(DataflowError, match=r"dataflow 'gw' \(a graph flow\) ship their fragments when the frontier"):
-            slashrt.run(flow, inputs(), **options)
+@pytest.mark.parametrize(("executors", "transport", "routing"),
+                         [(2, "shm", "fragments"), (3, "tcp", "fragments"), (2, "shm", "direct"), (3, "tcp", "auto")])
+def test_graph_windows_in_epochs_of_bytes_equal_one_executor_whatever_the_routing(executors, transport, routing):
+    """`epoch_bytes=` and `ssb_routing=` mean for a graph flow what they mean for a tree flow:
+    with epochs of 1 KiB the late-heavy sliding window's fragments (its slices, and the tails
+    of partly late ones) ship many times before their windows are due, or each record on its
+    own (direct); the windows, late counts and late records are one executor's either way."""
+    sliding = Sliding(200, 50)
+    flow, late = graph_windows(sliding)
+    one = results(slashrt.run(flow, inputs(), slot_size=256, slots=4), late)
+    flow, late = graph_windows(sliding)
+    result = slashrt.run(flow, inputs(), executors=executors, transport=transport, epoch_bytes=1024,
+                         ssb_routing=routing, slot_size=256, slots=4)
+    many = results(result, late)
+    for name in ("sums", "counts", "looped", "late"):
+        np.testing.assert_array_equal(many[name], one[name], err_msg=name)
+    assert many["late_counts"] == one["late_counts"]
+    rows, late_records = expected(sliding)
+    np.testing.assert_array_equal(many["sums"], rows[:, [0, 1, 3]])
+    np.testing.assert_array_equal(many["late"], late_records)
+    for step, records in (("gw.sums", 2 * N), ("gw.looped", N)):  # (the windows on the state backend)
+        epochs = [e for per_executor in result.epochs[step] for e in per_executor]
+        assert sum(e.records for e in epochs) == records
+        # epochs of 1 KiB (cut after the batch that fills them, of a few KiB at most); without
+        # epoch_bytes a dozen shipments in all (the late-heavy stream holds the windows open)
+        assert len(epochs) > records * SCHEMA.record_size // 4096
+        if routing != "auto":
+            assert {e.direct for e in epochs} == {routing == "direct"}
+        if routing == "direct":  # a row per record, but for those late for every window of theirs
+            assert records - one["late_counts"][step] <= sum(e.keys_touched for e in epochs) <= records

@@ -13,7 +13,7 @@ import pytest
 import slashrt
 from slashrt import Operator, sinks
 from tests.test_loop_windows import (
-    SIZE, as_rows, halving_loop, input_records, late_loop, nested_loops, reference_loop, reference_nested,
+    REC, SIZE, as_rows, halved, halving_loop, input_records, late_loop, nested_loops, reference_loop, reference_nested,
 )
 
 SLOTS = {"slot_size": 256, "slots": 4}
@@ -70,6 +70,33 @@ def test_a_keyed_window_in_a_loop_on_executors_equals_one_executor(executors, tr
     assert many == one  # every iteration's windows, none missing, none fired twice
     assert many_result.late_records == one_result.late_records == {"lw.win": 0}
     assert all(f == [] for f in many_result.frontiers.values())
+
+
+@pytest.mark.parametrize(("executors", "transport", "routing"), [(2, "shm", "fragments"), (3, "tcp", "fragments"),
+                                                                 (2, "tcp", "direct"), (3, "shm", "auto")])
+def test_a_keyed_window_in_a_loop_in_epochs_of_bytes_equals_one_executor(executors, transport, routing):
+    """`epoch_bytes=` and `ssb_routing=` inside loops: with epochs of 512 bytes each iteration's
+    fragments ship many times before their windows are due, their rows at the iteration's
+    counters (or each record on its own, direct), each keeping its capability until due; every
+    iteration's windows equal one executor's."""
+    data = input_records(1, 6000)
+    iterations = reference_loop(data, shift=SHIFT)
+    records = len(data) + sum(len(halved(rows, 2, SHIFT)) for rows in iterations)  # what enters the window
+    one, _ = run_halving(data)
+    many, result = run_halving(data, executors=executors, transport=transport, mode="slash", epoch_bytes=512,
+                               ssb_routing=routing)
+    assert one == {(i,): as_rows(rows) for i, rows in enumerate(iterations)}
+    assert many == one
+    assert result.late_records == {"lw.win": 0}
+    epochs = [e for per_executor in result.epochs["lw.win"] for e in per_executor]
+    assert sum(e.records for e in epochs) == records
+    # epochs of 512 bytes, cut after the batch that fills them (~100 shipments without: one per
+    # window and iteration due)
+    assert len(epochs) > records * REC.itemsize // 1024
+    if routing == "direct":
+        assert all(e.direct and e.keys_touched == e.records for e in epochs)
+    elif routing == "fragments":
+        assert not any(e.direct for e in epochs) and sum(e.keys_touched for e in epochs) < records
 
 
 @pytest.mark.parametrize("offset, late_rows, mode", [(0, False, "uppar"), (-1, True, "uppar"), (-1, True, "slash")])
