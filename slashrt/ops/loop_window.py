@@ -68,17 +68,31 @@ class LoopWindow(Node):
 
     def __init__(self, spec: WindowAggSpec, late_node: Node | None = None):
         super().__init__(spec.step_id)
+        self.windows: dict[tuple[int, ...], WindowAggregate] = {}  # counters -> that iteration's window
+        self._clock = None
         self.spec = spec
         self.size, self.slide = spec.assigner.size, spec.assigner.slide
         self.depth = len(spec.scope)  # loop counters per iteration
         self.late_node = late_node
         self.value_dtype = spec.value_dtype  # every iteration's (decided at the step's first batch if not known)
-        self.windows: dict[tuple[int, ...], WindowAggregate] = {}  # counters -> that iteration's window
         self.frontier = None  # the input's frontier as last told (None: not told yet)
         self._forgotten_late = 0  # late records of iterations forgotten
 
     def window_grid(self) -> tuple[int, int]:
         return self.size, self.slide
+
+    @property
+    def clock(self):
+        return self._clock
+
+    @clock.setter
+    def clock(self, clock) -> None:
+        # its windows judge lateness and emit on it: those made before it was told (a restore
+        # makes them before an SSB window's fragments are told theirs, at their first batch) too
+        if clock is not self._clock:
+            self._clock = clock
+            for window in self.windows.values():
+                window.clock = clock
 
     @property
     def late_records(self) -> int:

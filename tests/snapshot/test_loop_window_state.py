@@ -1,7 +1,8 @@
 """The state of a window inside a loop (`LoopWindow`, kind "loop_window"): restore equals the
 state snapshotted over seeded random states (one and two loops deep, tables and tails per
 iteration, fired-until, late counts, the frontier), the snapshot shares nothing with the live
-tables, the tracker counts a restored window's capabilities per iteration, and a state of
+tables, the tracker counts a restored window's capabilities per iteration, its iterations judge
+lateness on a clock it is told after the restore (an SSB window's fragments), and a state of
 another loop depth, grid or kind is refused in one sentence naming the step, and a run of
 windows in nested loops checkpointed by barriers or stop-the-world gives the numpy reference.
 (Killed and resumed runs: tests/snapshot/test_checkpoint_loops.py.)"""
@@ -176,3 +177,30 @@ def test_a_checkpointed_run_of_windows_in_nested_loops_gives_the_reference(tmp_p
     iterations = [len(s.arrays["iterations"]) for n in store.checkpoints() for s in store.load(n).states.values()
                   if s.meta["kind"] == "loop_window"]
     assert max(iterations) >= 2  # some checkpoint held several iterations' windows
+
+
+async def test_a_restored_loop_windows_iterations_judge_lateness_on_the_clock_it_is_told_later():
+    """An SSB window's fragments (a `LoopWindow` outside the plan) are told their clock at their
+    first batch, after a restore made their iterations' windows: those judge a batch by its
+    time then, as a new iteration's window does (late for the windows ending by its epoch)."""
+    from slashrt import Batch
+    from tests.snapshot.test_operator_state import Recorder
+
+    flow = Dataflow("lw")
+    with flow.loop("l") as loop:
+        loop.leave(loop.enter(flow.source("src", SCHEMA, time="t")).window(Sliding(30, 10)).sum(
+            "v", key="k", name="win")).sink(sinks.Collect())
+    late = Recorder()
+    progress = PointstampProgress(build_plan(flow))
+    taken = LoopWindow(flow.steps["lw.win"], late)
+    taken.clock = progress
+    progress.now = Timestamp(0, (0,))
+    await taken.push(Batch(np.array([(5, 1, 1)], SCHEMA.dtype)))  # iteration 0's window, before the snapshot
+    fragments = LoopWindow(flow.steps["lw.win"], late)
+    fragments.restore(through_the_format({"s": taken.snapshot()})["s"])
+    fragments.clock = progress  # (`SsbLoopWindow.fold`, at the first batch after the restore)
+    progress.now = Timestamp(40, (0,))  # closes the windows ending by 40 of iteration 0
+    await fragments.push(Batch(np.array([(6, 1, 1), (25, 1, 1)], SCHEMA.dtype)))
+    # 6 in no window after 40, 25 still in the one ending 50 (a tail of its slice, closed at 40)
+    assert fragments.late_records == 2 and late.rows()["t"].tolist() == [6, 25]
+    assert list(fragments.windows[(0,)].tails) == [(2, 40)]
