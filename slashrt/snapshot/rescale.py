@@ -10,7 +10,12 @@ connector with `rescaled` (RedisStream) makes its new readers from the old posit
 transactional sinks' pending transactions go to a successor (`reassigned`), or are settled
 (`rescale`) where an old executor has none. An unaligned checkpoint's records in flight between
 executors go to their keys' new owners, judged against the watermark their sender had sent
-before them (`channel_state.in_flight_between`, `adopt_in_flight`).
+before them (`channel_state.in_flight_between`, `adopt_in_flight`). A window's old leaders may
+have fired it up to different times (an unaligned checkpoint's watermarks in flight to some;
+a graph flow's owners fire on the progress each has heard of): the merged window has fired up
+to the least of them, and a leader's tables that had fired further join it as tails closed at
+its time, so the windows in between fire again with the keys of the leaders that had not fired
+them only (`merge_partitions`); inside loops iteration by iteration.
 
 Graph flows the same way: a graph window's state (an owner's, or on the SSB the owner's and
 the fragments) enters the SSB layout and leaves it as the run's kind (`as_graph_window`),
@@ -84,7 +89,6 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
     steps |= {f"{step}.route" for step in steps}  # an UpPar router's state goes with its window's
     # loops' logs, and exchanges' outboxes (on one executor its exchanges ship nothing: the flow's steps)
     steps |= set(loop_feedbacks(role_plan)) | {step + OUTBOX for step in flow.steps}
-    _refuse_diverged_leaders(refuse, restored, was, graph=role_plan.graph is not None)
     unknown = sorted({step for step, _ in restored.states} - steps - {part_name(source) for source in flying})
     if unknown:
         raise SnapshotError(
@@ -220,37 +224,6 @@ def graph_in_flight(checkpoint, plan, index: int, executors: int, partitions: in
         key = "key" if {"slice", "closed"} <= set(rows.dtype.names) else plan.flow.steps[target].key
         pieces.setdefault(target, []).append(rows[after.owner_of(rows[key].astype(np.int64)) == index])
     return {step: np.concatenate(parts) for step, parts in pieces.items() if sum(map(len, parts))}
-
-
-def _refuse_diverged_leaders(refuse: str, restored, was: int, graph: bool = False) -> None:
-    """A sliding window's key partitions are merged on the new executors only if their old
-    leaders had fired it up to the same time (`merge_partitions`). An aligned checkpoint's
-    leaders had (each computed every watermark sent before the barriers); an unaligned one's
-    may not have: the watermarks still in flight to a leader are part of its channel state, so
-    refused in one sentence. A graph flow's windows fire on the progress each owner has heard
-    of, aligned or not."""
-    fired: dict[str, set] = {}
-    for (step, _), state in restored.states.items():
-        kind = state.meta.get("kind") if isinstance(state.meta, dict) else None
-        if kind in ("ssb_window", "window", "ssb_graph_window") and state.meta["size"] != state.meta["slide"]:
-            leader = state.meta["leader"] if kind == "ssb_window" else state.meta
-            fired.setdefault(step, set()).add(leader["fired_until"])
-        elif kind in ("loop_window", "ssb_loop_window") and state.meta["size"] != state.meta["slide"]:
-            for counters, at in zip(state.arrays["iterations"].tolist(), state.arrays["fired_until"].tolist()):
-                fired.setdefault(f"{step} (iteration {tuple(counters)})", set()).add(at)
-    for step, times in sorted(fired.items()):
-        if len(times) > 1 and graph:
-            raise SnapshotError(
-                f"{refuse} the owners of sliding window {step!r} had fired it up to different times when it was taken "
-                f"(each fires on the progress it has heard of), so its key partitions cannot be merged anew; resume it "
-                f"with executors={was}, or from another checkpoint"
-            )
-        if len(times) > 1 and restored.meta.get("unaligned"):
-            raise SnapshotError(
-                f"{refuse} it was taken unaligned, and the executors of sliding window {step!r} had fired it up to different "
-                f"times (watermarks were still in flight to some of them), so its key partitions cannot be merged "
-                f"anew; resume it with executors={was}, or from an aligned checkpoint (a savepoint)"
-            )
 
 
 def _in_flight(restored) -> dict[str, dict[int, int]]:
@@ -444,11 +417,14 @@ def _loop_window(checkpoint, step_id: str, kind: str, old: int, after, index: in
     """Executor `index`'s state of a window inside loops (`LoopWindow`; on the state backend an
     `SsbLoopWindow`: the owner's windows and the fragments, one of each per iteration) as
     `kind`: each iteration's window cut and merged by key partition as a window outside loops
-    is, from every old executor's window of that iteration (of either kind)."""
+    is, from every old executor's window of that iteration (of either kind). An old executor
+    that had not made an iteration's window (it held none of its keys) stands in with an empty
+    one fired as far as the least of those that were made: it holds back nothing
+    (`merge_partitions` fires the merged windows from the least time their owners had)."""
     from slashrt.ops.loop_window import iteration_states, loop_window_state
     from slashrt.snapshot.operators import tagged
 
-    by_iteration: dict[tuple, list] = {}
+    made: dict[tuple, dict] = {}  # iteration -> old executor -> (its owner's window, its fragments)
     forgotten = 0
     for i in range(old):
         state = _state(checkpoint, step_id, i)
@@ -458,14 +434,21 @@ def _loop_window(checkpoint, step_id: str, kind: str, old: int, after, index: in
             inner = {k[len("fragments."):]: v for k, v in state.arrays.items() if k.startswith("fragments.")}
             parts = iteration_states(inner, {**state.meta["fragments"], "step": step_id})
         for counters in owner.keys() | parts.keys():
-            window = owner.get(counters) or _window_state(state.meta, step_id)
-            if ssb:  # an SsbGraphWindow's state of this iteration
-                part = parts.get(counters) or _window_state(state.meta["fragments"], step_id)
+            made.setdefault(counters, {})[i] = (owner.get(counters), parts.get(counters) if ssb else None)
+        if index == 0:  # late counts once, on executor 0 (as a window's)
+            forgotten += state.meta["forgotten_late"] + (state.meta["fragments"]["forgotten_late"] if ssb else 0)
+    by_iteration: dict[tuple, list] = {}
+    for counters, windows in made.items():
+        owners_fired = _least_fired(w for w, _ in windows.values())
+        parts_fired = _least_fired(p for _, p in windows.values())
+        for i, (window, part) in windows.items():
+            meta = _state(checkpoint, step_id, i).meta
+            window = window or _window_state(meta, step_id, owners_fired)
+            if meta["kind"] == "ssb_loop_window":  # an SsbGraphWindow's state of this iteration
+                part = part or _window_state(meta["fragments"], step_id, parts_fired)
                 window = State({**window.arrays, **{f"fragments.{k}": v for k, v in part.arrays.items()}},
                                {**window.meta, "kind": "ssb_graph_window", "fragments": part.meta, "counters": [0, 0]})
             by_iteration.setdefault(counters, []).append(as_partitioned(window, None, old, i))
-        if index == 0:  # late counts once, on executor 0 (as a window's)
-            forgotten += state.meta["forgotten_late"] + (state.meta["fragments"]["forgotten_late"] if ssb else 0)
     template = _state(checkpoint, step_id, 0).meta
     if kind == "loop_window":
         windows = {c: as_window(_merged(states, after, index)) for c, states in sorted(by_iteration.items())}
@@ -482,14 +465,20 @@ def _loop_window(checkpoint, step_id: str, kind: str, old: int, after, index: in
                   **meta, fragments=fragments.meta, counters=[0, 0])
 
 
-def _window_state(meta: dict, step_id: str) -> State:
-    """An empty window's state of `meta`'s grid (an iteration one old executor did not have)."""
+def _least_fired(windows) -> int:
+    """The least time any of `windows` (states, None where not made) had fired up to."""
+    return min((w.meta["fired_until"] for w in windows if w is not None), default=NO_TIME)
+
+
+def _window_state(meta: dict, step_id: str, fired_until: int = NO_TIME) -> State:
+    """An empty window's state of `meta`'s grid (an iteration one old executor did not have),
+    fired up to `fired_until`."""
     from slashrt.snapshot.operators import _packed, tagged
 
     vdt = meta["value_dtype"]
     return tagged("window", 1, {**_packed("slices", {}, vdt), **_packed("tails", {}, vdt)}, step=step_id,
                   **{k: meta[k] for k in ("size", "slide", "slice_len", "aggregate", "value_dtype")},
-                  next_start=None, fired_until=NO_TIME, late_records=0)
+                  next_start=None, fired_until=fired_until, late_records=0)
 
 
 def _logs(checkpoint, plan, index: int, executors: int, old: int) -> dict[str, State]:

@@ -553,43 +553,44 @@ def merge_partitions(parts: list[State], partitioning, index: int) -> State:
 
     Old fragments join the leader state as their deltas would have at their epoch's end: under
     the promise of the watermark their executor shipped last (windows closed there stay closed
-    to them, as tails). Epochs restart from 0 on every new executor (they all restart together);
-    the late-record count carries over to executor 0 only."""
+    to them, as tails). Old leaders may have fired up to different times (an unaligned
+    checkpoint's watermarks in flight to some; a graph flow's owners, each on the progress it
+    had heard of): the merged windows have fired up to the least of them, and the tables of a
+    leader that had fired further join as tails closed at its time, so that the windows up to
+    it fire again with the other leaders' keys only (its own were emitted). Epochs restart from
+    0 on every new executor (they all restart together); the late-record count carries over to
+    executor 0 only."""
     if not parts:
         raise SnapshotError(f"no partition state to give executor {index}: pass the states of the partitions it leads")
     metas = [check(part, part.meta.get("step", "?") if isinstance(part.meta, dict) else "?", SSB_STATE,
                    SSB_STATE_VERSION) for part in parts]
     first = metas[0]
     size, slide, slice_len = first["size"], first["slide"], first["slice_len"]
-    fired = {m["leader"]["fired_until"] for m in metas}
-    # leaders of an unaligned checkpoint may have fired up to different times (watermarks were
-    # in flight to some): tumbling windows' fired slices are gone, so the earliest time is exact
-    # (the later leaders' windows up to their time hold nothing to fire again); a sliding
-    # window's slices outlive its fired windows, which would fire twice
-    if len(fired) > 1 and size != slide:
-        raise SnapshotError(
-            f"step {first['step']!r}: the partition states come from leaders that fired windows up to different "
-            f"times ({sorted(fired)}): they are not from one consistent checkpoint"
-        )
-    leader_fired = min(fired)
+    leader_fired = min(m["leader"]["fired_until"] for m in metas)
     unfired = NO_TIME if leader_fired == NO_TIME else ((leader_fired - size) // slide + 1) * slide
     starts = [m["leader"]["next_start"] for m in metas if m["leader"]["next_start"] is not None]
     tables: dict[str, dict] = {"leader.slices": {}, "leader.tails": {}}
     for part, meta in zip(parts, metas):
+        fired = meta["leader"]["fired_until"]
+        past = fired if fired > leader_fired else NO_TIME  # its leader fired the windows up to it
         for prefix in _TABLE_SETS:
+            leader = prefix.startswith("leader.")
             for table_id, keys, counts, vals, overflowed in unpack_tables(prefix, part.arrays):
-                if prefix.startswith("leader."):  # kept even empty: a tail's windows fire with its slice
-                    target, tid = prefix, table_id
-                elif not len(keys) and not overflowed:
+                empty = not len(keys) and not overflowed
+                if empty and not leader:  # (a leader's are kept: a tail's windows fire with its slice)
                     continue
-                else:  # a fragment: joined as its leader joins a shipped delta
-                    s = table_id if prefix == "slices" else table_id[0]
-                    closed = meta["shipped_promise"] if prefix == "slices" else max(table_id[1], meta["shipped_promise"])
-                    earliest = -((size - slice_len - s * slice_len) // slide) * slide + size
-                    target, tid = ("leader.slices", s) if earliest > closed else ("leader.tails", (s, closed))
+                # the end of the last window it must not join: a leader's table, the windows its
+                # leader fired past the merged ones; a fragment, those closed when it was folded
+                s, closed = (table_id, NO_TIME) if prefix.endswith("slices") else table_id
+                closed = max(closed, past if leader else meta["shipped_promise"])
+                earliest = -((size - slice_len - s * slice_len) // slide) * slide + size
+                target, tid = ("leader.slices", s) if earliest > closed else ("leader.tails", (s, closed))
+                if not leader:
                     starts.append(max(earliest - size, unfired))
-                    if target == "leader.tails":
-                        tables["leader.slices"].setdefault(s, [[], [], [], False])  # so its windows fire
+                if target == "leader.tails":
+                    tables["leader.slices"].setdefault(s, [[], [], [], False])  # so its windows fire
+                    if empty:
+                        continue
                 got = tables[target].setdefault(tid, [[], [], [], False])
                 got[0].append(keys), got[1].append(counts), got[2].append(vals)
                 got[3] = got[3] or overflowed
@@ -597,15 +598,19 @@ def merge_partitions(parts: list[State], partitioning, index: int) -> State:
     arrays = {**_packed("slices", {}, vdt), **_packed("tails", {}, vdt)}
     for prefix, by_id in tables.items():
         arrays.update(_packed(prefix, by_id, vdt))
-    frontier = min(min(m["frontier"]) for m in metas)
+    # Every new executor starts where the least advanced old one whose stream had not ended
+    # stood (the records left were all read after one's watermark): it has shipped that
+    # watermark, and the gates hold each executor there, so a leader closes to a helper's delta
+    # the windows the helper closed (whatever watermarks were in flight to the old leaders).
+    live = [m for m in metas if END_TIME not in (m["watermark"], m["shipped_promise"])] or metas
     meta = {
         **first,
         "epoch": 0,
         "helper_epoch": [0] * partitioning.executors,
-        "frontier": [frontier] * partitioning.executors,
-        "watermark": min(m["watermark"] for m in metas),
-        "shipped_promise": min(m["shipped_promise"] for m in metas),
-        "fired_until": min(m["fired_until"] for m in metas),
+        "frontier": [min(m["watermark"] for m in live)] * partitioning.executors,
+        "watermark": min(m["watermark"] for m in live),
+        "shipped_promise": min(m["shipped_promise"] for m in live),
+        "fired_until": min(m["fired_until"] for m in live),
         # each old executor's late count once (its meta is in every partition cut from it)
         "late_records": sum({m["index"]: m["late_records"] for m in metas}.values()) if index == 0 else 0,
         "next_start": None,

@@ -11,6 +11,7 @@ from slashrt import Dataflow, Sliding, Tumbling
 from slashrt.ops.sinks import CsvFile
 
 from tests.snapshot import _cluster_child
+from tests.snapshot._paced import behind
 
 SCHEMA = _cluster_child.SCHEMA
 N = 30_000
@@ -24,9 +25,10 @@ def records() -> np.ndarray:
     return _cluster_child.records(N, seed=11, span=3_000, disorder=160, keys=2003)
 
 
-def flow(directory) -> Dataflow:
+def flow(directory, pace=None) -> Dataflow:
+    """`pace`: a pass-through filter behind the source (`tests.snapshot._paced.Paced`), or none."""
     job = Dataflow("rescale")
-    source = job.source("r", SCHEMA, time="t", max_delay=MAX_DELAY)
+    source = behind(job.source("r", SCHEMA, time="t", max_delay=MAX_DELAY), pace)
     for w, (size, slide) in WINDOWS.items():
         windows = Tumbling(ms=size) if size == slide else Sliding(size, slide)
         late = CsvFile(f"{directory}/late_{w}", transactional=True)

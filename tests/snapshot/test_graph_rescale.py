@@ -9,8 +9,10 @@ iteration's window cut by key partition). Real agent processes over shm and tcp,
 
 - a chain of resumes: one executor -> 2 (slash, shm) -> 3 (uppar, tcp) -> 2 (slash, tcp) -> one;
 - what a graph flow's checkpoint cannot give another count is refused in one sentence before
-  any agent starts: an operator whose state is not keyed, keyed state not behind an exchange,
-  a sliding window its owners had fired up to different times.
+  any agent starts: an operator whose state is not keyed, keyed state not behind an exchange;
+- a sliding window with late records whose owners had fired it up to different times (each on
+  the progress it had heard of), behind a union and inside a loop, taken on 3 executors and
+  resumed on 2 and on 4, publishes exactly one uninterrupted run's windows.
 """
 
 import shutil
@@ -24,7 +26,8 @@ from slashrt import Dataflow, Operator, Schema, State
 from slashrt.errors import SlashError
 from slashrt.snapshot import SnapshotStore
 
-from tests.snapshot import _graph_flow
+from tests.snapshot import _fired_apart, _graph_flow
+from tests.snapshot._paced import Paced
 from slashrt.bench.chaos import published
 
 from tests.snapshot.test_graph_cluster_checkpoints import fed
@@ -82,17 +85,22 @@ def crash_after_a_mid_run_checkpoint(job: Job, directory: Path, resumed: int | N
     during = [n for n in mine[:-1] if 0 < fed(store.load(n).meta) < end]
     assert during, [(n, fed(store.load(n).meta)) for n in mine]
     mid = during[len(during) // 3]
-    after = directory.parent / f"{directory.name}+"
+    return crash_after(job, directory, mid, directory.parent / f"{directory.name}+"), mid
+
+
+def crash_after(job: Job, directory: Path, n: int, after: Path) -> Path:
+    """What a crash right after checkpoint n of the run in `directory` committed leaves, in
+    `after`: the output published up to it and the checkpoints up to it."""
     for name in job.sinks:
         (after / "out" / name).mkdir(parents=True)
         for part in (directory / "out" / name).glob("part-*.csv"):
-            if int(part.name.split("-")[1]) <= mid:
+            if int(part.name.split("-")[1]) <= n:
                 shutil.copy(part, after / "out" / name / part.name)
     shutil.copytree(directory / "chk", after / "chk")
-    for n in store.checkpoints():
-        if n > mid:
-            shutil.rmtree(after / "chk" / job.name / f"chk-{n}")
-    return after, mid
+    for m in SnapshotStore(directory / "chk", job=job.name, keep=1000).checkpoints():
+        if m > n:
+            shutil.rmtree(after / "chk" / job.name / f"chk-{m}")
+    return after
 
 
 def count(on) -> int:
@@ -216,22 +224,40 @@ def test_a_keyed_state_is_checked_when_it_is_taken_and_when_it_is_cut(tmp_path):
         keyed_rows("x", states, "k", lambda keys: keys % 2 == 1)
 
 
-def test_a_sliding_graph_window_fired_to_different_times_by_its_owners_is_refused():
-    from types import SimpleNamespace
+# -- a sliding window its owners had fired up to different times --------------------------------------
+FIRED_APART = {
+    "union": Job("fa", _fired_apart.union_flow, ("out", "late"), _fired_apart.union_inputs),
+    "loop": Job("fal", _fired_apart.loop_flow, ("out", "late"), _fired_apart.loop_inputs),
+}
 
-    from slashrt.snapshot.rescale import _refuse_diverged_leaders
 
-    window = {"kind": "window", "size": 100, "slide": 50}
-    restored = SimpleNamespace(meta={}, states={("f.w", 0): State({}, {**window, "fired_until": 100}),
-                                                ("f.w", 1): State({}, {**window, "fired_until": 150})})
-    _refuse_diverged_leaders("run():", restored, 2)  # a tree flow's aligned leaders: merged as they are
-    with pytest.raises(SlashError, match=r"the owners of sliding window 'f.w' had fired it up to different times"):
-        _refuse_diverged_leaders("run():", restored, 2, graph=True)
-    # inside a loop: iteration by iteration (iteration 0 alike, iteration 1 not)
-    loop = {"kind": "loop_window", "size": 100, "slide": 50}
-    restored.states = {("f.l", i): State({"iterations": np.array([[0], [1]]), "fired_until": np.array([100, 100 + 50 * i])},
-                                         loop) for i in range(2)}
-    with pytest.raises(SlashError, match=r"sliding window 'f.l \(iteration \(1,\)\)' had fired it up to different"):
-        _refuse_diverged_leaders("run():", restored, 2, graph=True)
-    restored.states[("f.l", 1)].arrays["fired_until"][1] = 100
-    _refuse_diverged_leaders("run():", restored, 2, graph=True)
+@pytest.mark.parametrize("mode", ["uppar", "slash"])
+@pytest.mark.parametrize("name", list(FIRED_APART))
+def test_a_sliding_window_its_owners_had_fired_to_different_times_resumes_on_2_and_4_exactly(tmp_path, name, mode):
+    """Each owner of a graph flow's window fires on the progress it has heard of: a checkpoint
+    taken on 3 executors in the middle of the stream (which stays slow until one completed)
+    whose owners of a sliding window with late records had fired it up to different times
+    (inside a loop: some iteration's), resumed on 2 executors and on 4 in the other mode,
+    publishes exactly one uninterrupted run's windows and late records: the windows between
+    the owners' times fire again with the keys of the owners that had not fired them only."""
+    job = FIRED_APART[name]
+    slashrt.run(job.flow(tmp_path / "reference"), job.inputs(), checkpoint_dir=tmp_path / "reference" / "chk")
+    reference = job.outputs(tmp_path / "reference")
+    assert all(sum(rows.values()) > 100 for rows in reference.values()), reference.keys()  # late records too
+    directory, step, records = tmp_path / "3", f"{job.name}.win", sum(map(len, job.inputs().values()))
+    pace = Paced(seconds=0.004, until=_fired_apart.FiredApart(directory / "chk", job.name, step, records))
+    slashrt.run(job.make(directory / "out", pace), job.inputs(), checkpoint={"interval": 0.002, "keep": 1000},
+                checkpoint_dir=directory / "chk", **options((3, mode, "shm")))
+    assert job.outputs(directory) == reference
+    store = SnapshotStore(directory / "chk", job=job.name, keep=1000)
+    taken = {n: store.load(n) for n in store.checkpoints()}
+    apart = {n: _fired_apart.fired_apart(c, step) for n, c in taken.items() if _fired_apart.fed(c) < records}
+    n = min((n for n, where in apart.items() if where), default=None)
+    assert n is not None, apart
+    other = {"slash": "uppar", "uppar": "slash"}[mode]
+    for on in [(2, mode, "tcp"), (4, other, "shm")]:
+        after = crash_after(job, directory, n, tmp_path / f"{on[0]}")
+        result = slashrt.run(job.flow(after), job.inputs(), checkpoint={"keep": 1000}, checkpoint_dir=after / "chk",
+                             resume_from=n, **options(on))
+        assert result.resumed_from == n
+        assert job.outputs(after) == reference, (n, apart[n], on)
