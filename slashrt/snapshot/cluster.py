@@ -53,9 +53,8 @@ its request overtakes, until it is taken, the sources' rings at lane 0's turns
 lane k's turns once barrier n is in their rings (`_overtake_peers`: the buffers in front of it),
 and the deltas the SSB shippers queued for their channels (`_overtake_queued`: barrier n goes
 ahead of them). Those are its channel state; the inputs count as having delivered n, and the
-forwards that makes due go out at once. Not the channels between executors under the default
-where a window slides (`exchanges_may_overtake`). Graph flows overtake on lane 0, with their
-exchanges' ship queues: `slashrt.snapshot.cluster_graph`.
+forwards that makes due go out at once. Graph flows overtake on lane 0, with their exchanges'
+ship queues: `slashrt.snapshot.cluster_graph`.
 """
 
 from __future__ import annotations
@@ -72,7 +71,7 @@ from slashrt.snapshot.alignment import Abort, AlignmentStats, BarrierAligner, Sn
 from slashrt.snapshot.collected import COMMITTED, Outbox
 from slashrt.snapshot.coordinator import AckStats, CheckpointCoordinator
 from slashrt.snapshot.rescale import rescale, reshaped, resumed_inputs
-from slashrt.snapshot.runtime import AUTO, Checkpointing
+from slashrt.snapshot.runtime import Checkpointing
 
 __all__ = ["AgentCheckpointing", "ClusterCheckpoints"]
 
@@ -116,7 +115,6 @@ class AgentCheckpointing(Checkpointing):
         # unaligned checkpoints overtake the sources' rings (lane 0), the peers' channels (their
         # lanes) and the exchanges' queues (`_claim`)
         self._overtakes = config.unaligned_after is not None
-        self._overtakes_exchanges = self._overtakes and exchanges_may_overtake(plan, config)
         self._late: set[int] = set()  # checkpoints past their alignment timeout (`_overtaking` until taken)
         self._sources_overtaken: set[int] = set()
         self._scanned: dict[int, float] = {}  # lane -> when it last looked for barriers in its peers' rings
@@ -197,7 +195,7 @@ class AgentCheckpointing(Checkpointing):
 
     async def _overtake_after(self, n: int, seconds: float) -> None:
         await trio.sleep(seconds)
-        if self._still_aligning(n) and self.aligner.latest <= n and self._overtakes_exchanges:
+        if self._still_aligning(n) and self.aligner.latest <= n and self._overtakes:
             self._late.add(n)
             self._overtake_forwarded(n)
         await super()._overtake_after(n, 0)
@@ -230,7 +228,7 @@ class AgentCheckpointing(Checkpointing):
                        for s in self.sources.values()):  # (else a source has no position to take yet)
                     self._sources_overtaken.add(n)
                     self._overtake_sources(n)
-            if self._overtakes_exchanges and lane in self._peer_lanes and \
+            if self._overtakes and lane in self._peer_lanes and \
                     time.perf_counter() - self._scanned.get(lane, 0.0) >= self.SCAN_EVERY:
                 self._scanned[lane] = time.perf_counter()
                 self._overtake_peers(n, lane)
@@ -450,19 +448,6 @@ class AgentCheckpointing(Checkpointing):
         if not stats:
             stats[NO_STATE] = AckStats(alignment_s, 0.0, 0.0, extra)
         await self._send("ack", (n, stats, parts, positions))
-
-
-def exchanges_may_overtake(plan, config) -> bool:
-    """Whether unaligned checkpoints overtake what is in flight between executors too (their
-    sources' rings are overtaken in any case): not under the default timeout ("auto") where a
-    window slides. Watermarks in flight leave its leaders fired up to different times, and a
-    sliding window's partitions then cannot be merged on another executor count (its slices
-    outlive the windows fired: `merge_partitions`); a default must keep checkpoints rescalable.
-    A timeout the user gives overtakes them (such a checkpoint may be refused on another count).
-    A graph flow's exchanges overtake: its rows in flight go to their keys' new owners on another
-    count (`rescale.graph_in_flight`), and a sliding window whose owners fired it up to
-    different times is refused there aligned or not (they fire on the progress each has heard of)."""
-    return config.alignment_timeout != AUTO or plan.graph is not None or all(w.size == w.slide for w in plan.windows())
 
 
 class ClusterCheckpoints:

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import slashrt
-from slashrt import Dataflow, Sliding, Tumbling
+from slashrt import Dataflow, Tumbling
 from slashrt.ops.sinks import Collect
 from slashrt.snapshot import SnapshotStore
 from slashrt.snapshot.alignment import BarrierAligner, Snapshot
@@ -274,30 +274,6 @@ async def test_a_shippers_barrier_overtakes_what_it_queued_since_the_barrier_bef
     restored = Shipper(1, sender=None)
     restored.requeue(flying)
     assert fifo(restored) == [(None, [10, 11]), (Control.WATERMARK, 7)] and restored.queued_bytes == b.nbytes
-
-
-@pytest.mark.parametrize("window,timeout,overtakes,graph", [
-    (Tumbling(ms=10), "auto", True, False), (Sliding(20, 10), "auto", False, False), (Sliding(20, 10), 0, True, False),
-    (Sliding(20, 10), "auto", True, True),
-])
-def test_exchanges_overtake_by_default_unless_a_window_slides(window, timeout, overtakes, graph):
-    """A sliding window's leaders fired up to different times cannot be merged on another
-    executor count: under the default its exchanges align (its checkpoints stay rescalable).
-    A graph flow's checkpoint is never rescaled: its exchanges overtake."""
-    from slashrt._plan import ClusterRole, build_plan
-    from slashrt.snapshot.cluster import exchanges_may_overtake
-    from slashrt.snapshot.coordinator import CheckpointConfig
-    from slashrt.ssb.partitions import Partitioning
-
-    job = Dataflow("w")
-    stream = job.source("r", _cluster_child.SCHEMA, time="t")
-    if graph:  # (a union makes it one)
-        stream = stream.union(job.source("q", _cluster_child.SCHEMA, time="t"))
-    stream.window(window).count(key="k").sink(Collect())
-    plan = build_plan(job, ClusterRole(0, Partitioning(8, 2)))
-    assert (plan.graph is not None) is graph
-    config = CheckpointConfig.from_options(interval=0.1, alignment_timeout=timeout)
-    assert exchanges_may_overtake(plan, config) is overtakes
 
 
 def test_the_aligner_counts_overtaken_inputs_as_delivered():
