@@ -87,12 +87,8 @@ def _held_end(fragments: WindowAggregate, slice_ids, closed: int):
     """The end of the first window a piece of each slice (in `slice_ids`) joins: a slice's first
     window's end, or for a tail, whose windows ending by `closed` closed, the first after it."""
     first = fragments._earliest_end(slice_ids)
-    if np.ndim(first) == 0:
-        return first if first > closed else first + ((closed - first) // fragments.slide + 1) * fragments.slide
-    tail = first <= closed
-    if tail.any():
-        first[tail] += ((closed - first[tail]) // fragments.slide + 1) * fragments.slide
-    return first
+    # (one expression for a slice id and an array of them)
+    return np.where(first > closed, first, first + ((closed - first) // fragments.slide + 1) * fragments.slide)
 
 
 def _pieces(fragments: WindowAggregate) -> list[tuple[int, int, int]]:
