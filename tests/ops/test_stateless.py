@@ -4,6 +4,9 @@ User code is checked where it meets the runtime: its exceptions and wrong result
 OperatorError naming the step, and the run shuts down instead of hanging.
 """
 
+import subprocess
+import sys
+
 import numpy as np
 import pyarrow.csv
 import pyarrow.parquet
@@ -277,6 +280,35 @@ def test_parquet_file_round_trip_keeps_types_and_bytes(tmp_path):
     for name in ("t", "k", "v"):
         assert np.array_equal(table[name].to_numpy(), a[name])
     assert table["tag"].to_pylist() == [x.decode() for x in a["tag"]]  # as numpy shows them: "xy", not "xy\0"
+
+
+NUMBERS = Schema({"i": "i2", "u": "u8", "f": "f4", "b": "?"})
+
+
+def test_file_sinks_write_numbers_and_bools_as_their_types_without_importing_pandas(tmp_path):
+    """Every executor process writes its own files: pyarrow's `pa.array` would import pandas in
+    each (about 0.5 s of CPU at its first write)."""
+    code = f"""
+import sys
+import numpy as np
+import pyarrow.csv, pyarrow.parquet
+from slashrt import Schema
+from slashrt.ops.sinks import CsvFile, ParquetFile
+
+a = np.zeros(9, Schema({dict(NUMBERS.dtype.descr)!r}).dtype)
+a["i"], a["u"], a["f"], a["b"] = np.arange(-4, 5), 2**64 - 1 - np.arange(9, dtype=np.uint64), np.arange(9) / 4, np.arange(9) % 3 == 0
+for sink in (CsvFile({str(tmp_path / "n.csv")!r}), ParquetFile({str(tmp_path / "n.parquet")!r})):
+    sink.open(); sink.write(a[1:]); sink.close()
+assert "pandas" not in sys.modules, "pandas was imported"
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    csv, parquet = pyarrow.csv.read_csv(tmp_path / "n.csv"), pyarrow.parquet.read_table(tmp_path / "n.parquet")
+    assert csv.column("b").to_pylist() == parquet.column("b").to_pylist() == [x % 3 == 0 for x in range(1, 9)]
+    assert [str(parquet.schema.field(n).type) for n in "iufb"] == ["int16", "uint64", "float", "bool"]
+    assert parquet.column("i").to_pylist() == csv.column("i").to_pylist() == list(range(-3, 5))
+    assert parquet.column("u").to_pylist() == [2**64 - 1 - x for x in range(1, 9)]
+    assert parquet.column("f").to_pylist() == csv.column("f").to_pylist() == [x / 4 for x in range(1, 9)]
 
 
 BYTES = Schema({"name": "S6", "raw": "V3"})
