@@ -60,6 +60,24 @@ JOBS = {
 }
 
 
+@pytest.fixture(scope="module")
+def one_run(tmp_path_factory):
+    """`one_run(job)`: one uninterrupted run's outputs of `job` on one executor (its final
+    checkpoint commits them), run once for every test and mode that compares with it."""
+    outputs = {}
+
+    def of(job: Job) -> dict:
+        if job.name not in outputs:
+            directory = tmp_path_factory.mktemp(f"reference-{job.name}")
+            slashrt.run(job.flow(directory), job.inputs(), checkpoint_dir=directory / "chk")
+            outputs[job.name] = job.outputs(directory)
+            # (a fired-apart flow's late records too)
+            assert all(sum(rows.values()) > 100 for rows in outputs[job.name].values()), outputs[job.name].keys()
+        return outputs[job.name]
+
+    return of
+
+
 def options(on) -> dict:
     if on == "local":
         return dict(RINGS)
@@ -111,11 +129,9 @@ CHAIN = ["local", (2, "slash", "shm"), (3, "uppar", "tcp"), (2, "slash", "tcp"),
 
 
 @pytest.mark.parametrize("name", list(JOBS))
-def test_a_graph_flow_resumed_on_other_executor_counts_publishes_one_runs_output(tmp_path, name):
+def test_a_graph_flow_resumed_on_other_executor_counts_publishes_one_runs_output(tmp_path, one_run, name):
     job = JOBS[name]
-    slashrt.run(job.flow(tmp_path / "reference"), job.inputs(), checkpoint_dir=tmp_path / "reference" / "chk")
-    reference = job.outputs(tmp_path / "reference")
-    assert all(sum(rows.values()) > 100 for rows in reference.values()), reference.keys()
+    reference = one_run(job)
     directory, resumed = tmp_path / "0", None
     for k, on in enumerate(CHAIN):
         result = stage(job, directory, on, resume=k > 0)
@@ -233,7 +249,7 @@ FIRED_APART = {
 
 @pytest.mark.parametrize("mode", ["uppar", "slash"])
 @pytest.mark.parametrize("name", list(FIRED_APART))
-def test_a_sliding_window_its_owners_had_fired_to_different_times_resumes_on_2_and_4_exactly(tmp_path, name, mode):
+def test_a_sliding_window_its_owners_had_fired_to_different_times_resumes_on_2_and_4_exactly(tmp_path, one_run, name, mode):
     """Each owner of a graph flow's window fires on the progress it has heard of: a checkpoint
     taken on 3 executors in the middle of the stream (which stays slow until one completed)
     whose owners of a sliding window with late records had fired it up to different times
@@ -241,9 +257,7 @@ def test_a_sliding_window_its_owners_had_fired_to_different_times_resumes_on_2_a
     publishes exactly one uninterrupted run's windows and late records: the windows between
     the owners' times fire again with the keys of the owners that had not fired them only."""
     job = FIRED_APART[name]
-    slashrt.run(job.flow(tmp_path / "reference"), job.inputs(), checkpoint_dir=tmp_path / "reference" / "chk")
-    reference = job.outputs(tmp_path / "reference")
-    assert all(sum(rows.values()) > 100 for rows in reference.values()), reference.keys()  # late records too
+    reference = one_run(job)
     directory, step, records = tmp_path / "3", f"{job.name}.win", sum(map(len, job.inputs().values()))
     pace = Paced(seconds=0.004, until=_fired_apart.FiredApart(directory / "chk", job.name, step, records))
     slashrt.run(job.make(directory / "out", pace), job.inputs(), checkpoint={"interval": 0.002, "keep": 1000},
