@@ -87,6 +87,9 @@ class ProgressExchange:
         """Send whatever is buffered."""
         return [self._send()] if not self._buffer.is_empty() else []
 
+    def holds_nothing(self) -> bool:
+        return self._buffer.is_empty()
+
     @property
     def buffered(self) -> list[tuple[Pointstamp, int]]:
         return self._buffer.items()

@@ -2,7 +2,8 @@
 updates unblocks one of them (then the buffer should be published now, not when it goes idle).
 
 An executor in a multi-executor run buffers its pointstamp updates and records them on the
-progress bus when it goes idle (netted: a busy stretch's capability moves are one update).
+progress bus when it goes idle (netted: a busy stretch's capability moves are one update;
+`slashrt.scheduler._bus_counts`).
 Someone waits on that buffer when it drops a pointstamp that holds back a time a notification
 or a window waits for: that drop is what the notification, on this executor and on the
 others, needs to hear about. `Waits` says where pointstamps stand for someone waiting (an

@@ -4,21 +4,22 @@ progress bus, its frontiers come from the bus's view of the global counts.
 Every executor runs every step of the flow, and its steps are the flow's steps in the flow's
 order, so a `Location` (step index, port) already is the logical location the protocol counts
 (the projection is the identity). `BusCounts` stands where `PointstampProgress` keeps its
-`Tracker` on one executor: `update` only buffers; `flush`, when the executor goes idle,
-records what was buffered on the bus (`ProgressExchange` decides what to broadcast and applies
-it to the view) and sends what the exchange held; `propagate` returns the view's frontier
-changes, its own and those that other executors' messages made, in the order they happened.
+`Tracker` on one executor: `update` only buffers; the buffer is recorded on the bus
+(`ProgressExchange` decides what to broadcast and applies it to the view) and what the exchange
+held is sent when someone waits for it (below), or when the executor goes idle (`idle`,
+`flush`); `propagate` returns the view's frontier changes, its own and those that other
+executors' messages made, in the order they happened. The view moves only when the buffer is
+recorded or a peer's message arrives (`must_settle`).
 
-Why record only when idle: a source feeding operators moves its capability at every
-watermark change (once per millisecond of event time on YSB), and each move retires a
-pointstamp the peers know, which the exchange must send at once; recording the executor's
-busy stretch as one batch nets those moves to one (+1 at the last, -1 at the first) and the
-batches' +1s against their -1s. It is safe: everything buffered is covered by a pointstamp
-the view holds (the published capability it came from), whose -1 is buffered too, so the
-view only stays behind (a notification waits, never comes early).
-`RECORD_EVERY` buffered updates are recorded anyway, so a busy executor's memory stays bounded.
-The view never runs ahead of the global counts, so a frontier read here never lets a
-notification or a sink's end through early on any executor.
+Why record only then: a source feeding operators moves its capability at every watermark
+change (once per millisecond of event time on YSB), and each move retires a pointstamp the
+peers know, which the exchange must send at once; recording the executor's busy stretch as one
+batch nets those moves to one (+1 at the last, -1 at the first) and the batches' +1s against
+their -1s. It is safe: everything buffered is covered by a pointstamp the view holds (the
+published capability it came from), whose -1 is buffered too, so the view only stays behind (a
+notification waits, never comes early). `RECORD_EVERY` buffered updates are recorded anyway, so
+a busy executor's memory stays bounded. The view never runs ahead of the global counts, so a
+frontier read here never lets a notification or a sink's end through early on any executor.
 
 Except when someone waits for it: if the buffer drops a pointstamp that could-result-in a
 time this executor waits for (its operators' notification requests, its windows' ends:
@@ -26,16 +27,25 @@ time this executor waits for (its operators' notification requests, its windows'
 recorded and the exchange flushed at once, in the middle of the busy stretch. That is the
 update the notification waits for, here and on the other executors (which run the same
 operators); the moves between two waited-for times (a source's millisecond watermarks inside
-a 10 s window) still net to one. A time only another executor waits for is published at this
-one's next idle moment, as before. And the peers' messages that arrived while this executor
-was busy are applied at every `propagate` (`ProgressBus.poll`), not only when it next yields
-to the bus's receive tasks; after an urgent flush the executor yields once (`published`), so
-channels whose bytes a task reads (tcp) take in what peers sent meanwhile.
+a 10 s window) still net to one.
+
+A time only another executor waits for (a window it holds that this one has no key in, a
+notification only it requested) is published when this executor goes idle: at once when its
+inputs ended (a loop's rounds, the run's end: `PointstampProgress.quiet`), and while they
+still stream once it has been idle for `GRACE_S`, and at least every `STALE_S` while it has
+something to publish. An executor between two
+buffers of a stream is idle for microseconds: publishing at every such moment was one message
+to every peer, and one settle on each, per buffer. The peers' messages that arrived while this
+executor was busy are applied at every `propagate` (`ProgressBus.poll`), not only when it next
+yields to the bus's receive tasks; after an urgent flush the executor yields once (`published`),
+so channels whose bytes a task reads (tcp) take in what peers sent meanwhile.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+
+import trio
 
 from slashrt.progress import Location, Timestamp
 from slashrt.progress.antichain import Antichain, ChangeBatch
@@ -43,9 +53,11 @@ from slashrt.progress.timestamp import MIN_EPOCH
 from slashrt.progress.tracker import Pointstamp
 from slashrt.progress.waiters import Waiters, Waits
 
-__all__ = ["BusCounts", "initial_capabilities", "RECORD_EVERY"]
+__all__ = ["BusCounts", "initial_capabilities", "RECORD_EVERY", "GRACE_S", "STALE_S"]
 
 RECORD_EVERY = 4096
+GRACE_S = 0.001  # an idle executor waits this long for more work before it publishes what no one here waits for
+STALE_S = 0.02  # and publishes it at least this often while it has any (busy or idle)
 
 
 def initial_capabilities(sources: Iterable[int], executors: int) -> list[tuple[Pointstamp, int]]:
@@ -69,6 +81,8 @@ class BusCounts:
         # elsewhere only holds more back)
         self._recheck = False
         self.published = False  # an urgent flush happened (the executor yields once: `settle`)
+        # trio time of the first look at the buffer after the last flush (None: not looked yet)
+        self._flushed_at: float | None = None
 
         def changed(changes) -> None:  # from record/flush here, or a peer's message
             self._changes.extend(changes)
@@ -95,6 +109,17 @@ class BusCounts:
             elif delta < 0:
                 self._recheck = True
 
+    def must_settle(self) -> bool:
+        """Would `propagate` record the buffer now? Only then can a frontier move (a peer's
+        message wakes the executor by itself). Looked at without the windows' holds counted:
+        the holds only add pointstamps, which can make the buffer less urgent, never more."""
+        if len(self._pending) > RECORD_EVERY or self._stale():
+            return True
+        if self._recheck and self._urgent():
+            self._recheck = True  # (`propagate` looks again, with the holds counted)
+            return True
+        return False
+
     def propagate(self) -> list[tuple[Location, Timestamp, int]]:
         self.bus.poll()  # peers' news that arrived while this executor was busy
         if len(self._pending) > RECORD_EVERY:
@@ -102,15 +127,38 @@ class BusCounts:
         elif self._recheck and self._urgent():
             self.flush()
             self.published = True
+        elif self._stale():
+            self.flush()
         self._changes.extend(self.view.propagate())  # the initial capabilities, the first time
         changes, self._changes = self._changes, []
         return changes
 
+    def idle(self) -> float | None:
+        """The executor has nothing to do: how long it waits for more work before it calls
+        `flush` (None: nothing to publish, or published now because it was stale)."""
+        if self._pending.is_empty() and self.bus.exchange.holds_nothing():
+            return None
+        if self._stale():
+            self.flush()
+            return None
+        return GRACE_S
+
     def flush(self) -> None:
-        """The executor goes idle: what the exchange holds back goes out now (the frontier
-        changes wait for the next `propagate`)."""
+        """What the exchange holds back goes out now (the frontier changes wait for the next
+        `propagate`)."""
         self._record()
         self.bus.flush()
+        self._flushed_at = None
+
+    def _stale(self) -> bool:
+        """Something is buffered, and nothing was published for `STALE_S` (trio's clock: a
+        test's mock clock too)."""
+        if self._pending.is_empty():
+            return False
+        now = trio.current_time()
+        if self._flushed_at is None:  # (the first look since a flush counts as the flush)
+            self._flushed_at = now
+        return now - self._flushed_at > STALE_S
 
     def _record(self) -> None:
         if not self._pending.is_empty():

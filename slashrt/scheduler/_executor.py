@@ -39,7 +39,8 @@ Under pointstamp progress (`progress` given, one lane) the compute coroutine als
 batches loops feed back (`PointstampProgress.queue`), alternating with channel input, and
 settles the tracker after every item; it finishes when every input ended and the queue is
 empty, and then nothing may be outstanding. On several executors it also settles what peers'
-progress messages changed, flushes the progress bus before it sleeps, and finishes only when
+progress messages changed, publishes what the progress bus holds back before it sleeps (while
+its inputs stream, only once it stayed idle for `BusCounts`' grace), and finishes only when
 no executor has work outstanding (`PointstampProgress.waiting`). At debug level it logs,
 before it parks, what holds each frontier not at the end (`PointstampProgress.idle_holds`).
 
@@ -230,12 +231,18 @@ class Executor:
                         await trio.lowlevel.checkpoint()
                     continue
                 if not ready:
-                    if progress is not None and progress.quiet():
+                    if progress is not None and progress.quiet(streaming=lane.open > 0):
                         await progress.settle()
                     else:
                         if progress is not None and progress.debug and (holds := progress.idle_holds()) is not None:
                             self.log.debug("idle, frontiers held", inputs=holds)  # where is it stuck
-                        await lane.lot.park()
+                        if progress is None or progress.grace is None:
+                            await lane.lot.park()
+                        else:  # progress to publish, unless work comes within the grace
+                            with trio.move_on_after(progress.grace) as grace:
+                                await lane.lot.park()
+                            if grace.cancelled_caught:
+                                progress.publish()
                     continue
                 inp, buf = ready.popleft()
                 if inp.blocked is not None:  # polled before its barrier was computed: wait

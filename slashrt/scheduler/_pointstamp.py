@@ -33,9 +33,11 @@ from forwarding its barrier to peers until its snapshot (`slashrt.snapshot.clust
 On several executors (`bus` given) every executor runs every step on its share of the input;
 the counts are the cluster's (`BusCounts`): updates go to the progress bus, frontiers come
 from its view, and a peer's message that moves a frontier marks the tracker dirty and wakes
-the executor (`wake`), which settles it like a local event. The executor flushes the bus when
-it goes idle (`quiet`), or at once when its own notifications or windows wait for what it holds
-(`BusCounts`, `_waits`), and runs until every executor's work is done (`waiting`).
+the executor (`wake`), which settles it like a local event. A source's capability moves wait
+in the bus's buffer without a settle (no frontier moves before they are recorded); the executor
+publishes them at once when its own notifications or windows wait for them (`BusCounts`,
+`_waits`), else when it goes idle (`quiet`: while its inputs stream, once it stayed idle for a
+grace), and runs until every executor's work is done (`waiting`).
 """
 
 from __future__ import annotations
@@ -163,6 +165,7 @@ class PointstampProgress:
         # computed only at debug level
         self.debug = level_name() == "debug"
         self._idle_holds: dict | None = None  # what `idle_holds` last returned
+        self.grace: float | None = None  # `quiet`
         for i, (step_id, node) in enumerate(zip(self.steps, self.nodes)):
             node.clock = self
             spec = flow.steps[step_id]
@@ -209,8 +212,11 @@ class PointstampProgress:
         return Timestamp(epoch, counters)
 
     async def advance(self, source: Node, old: Timestamp, new: Timestamp) -> None:
-        """A source's watermark moved: its capability follows."""
+        """A source's watermark moved: its capability follows. On several executors the move
+        waits in `BusCounts`' buffer, and no frontier moves, unless someone waits for it."""
         self.tracker.update_iter(move_capability(Location.output(self.index[id(source)], 0), old, new))
+        if self.bus is not None and not self.tracker.must_settle():
+            return
         self._dirty = True
         await self.settle()
 
@@ -341,12 +347,23 @@ class PointstampProgress:
         frontiers: a route hears from it that nothing can send more, and ends its channels.)"""
         return self.bus is not None and (self._dirty or not self.tracker.is_idle())
 
-    def quiet(self) -> bool:
-        """The executor has nothing to do: send what the bus holds back; True if there is
-        news to settle before it may sleep."""
+    def quiet(self, streaming: bool = False) -> bool:
+        """The executor has nothing to do: True if there is news to settle before it may
+        sleep. While its inputs still stream (more is coming), `grace` says how long it may
+        sleep before it calls `publish` (None: as long as nothing wakes it); else it
+        publishes at once (a loop's rounds, a run's end: someone elsewhere waits for it)."""
+        self.grace = None
         if self.bus is not None:
-            self.tracker.flush()
+            self._refresh_holds()  # (a source's moves were buffered without: `advance`)
+            if streaming:
+                self.grace = self.tracker.idle()
+            else:
+                self.tracker.flush()
         return self._dirty
+
+    def publish(self) -> None:
+        """The executor stayed idle for its `grace`: send what the bus holds back."""
+        self.tracker.flush()
 
     def _news(self) -> None:
         self._dirty = True
