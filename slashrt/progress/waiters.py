@@ -50,7 +50,10 @@ class Waiters:
     def __init__(self, graph: Reachability, waits: Waits):
         self.graph = graph
         self.waits = dict(waits)
-        outside = {output for output, (inputs, _) in self.waits.items() if not any(graph.depths[x] for x in (output, *inputs))}
+        # (a port no edge feeds, an SSB window's fragments' second input, has no depth of its
+        # own: it is where its node is, which the caller checks)
+        outside = {output for output, (inputs, _) in self.waits.items()
+                   if not any(graph.depths.get(x, 0) for x in (output, *inputs))}
         for output, (_, before) in self.waits.items():
             if before and output not in outside:
                 raise ValueError(f"{graph.name(output)}: waiting before a time is for locations outside loops")

@@ -373,13 +373,18 @@ class PointstampProgress:
     def _waits(self) -> Waits:
         """Where pointstamps stand for someone waiting (`slashrt.progress.waiters`): operators'
         notification requests (at every input, up to their time) and windows' capabilities
-        outside loops (at the input, before the window's end)."""
+        outside loops (at the input, before the window's end; a routed window's too, and an
+        SSB window's at both its inputs), and an SSB window's fragments (at its second input,
+        up to their time: they ship when the records' frontier passes it)."""
         waits = {}
         for i, node in enumerate(self.nodes):
             if isinstance(node, OperatorNode):
                 waits[Location.output(i, 0)] = (tuple(Location.input(i, p) for p in range(node.inputs)), False)
-            elif isinstance(node, WindowAggregate) and self.graph.depths[Location.input(i, 0)] == 0:
-                waits[Location.output(i, 0)] = ((Location.input(i, 0),), True)
+            elif isinstance(_window_of(node), WindowAggregate) and self.graph.depths[Location.input(i, 0)] == 0:
+                ssb = isinstance(node, SsbRoute)
+                waits[Location.output(i, 0)] = ((Location.input(i, 0), *([Location.input(i, 1)] if ssb else [])), True)
+                if ssb:
+                    waits[Location.input(i, 1)] = ((Location.input(i, 0),), False)
         return waits
 
     async def _frontier_moved(self, node: Node, frontier) -> None:

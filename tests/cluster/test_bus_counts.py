@@ -53,4 +53,4 @@ def test_a_stream_of_thousands_of_buffers_sends_a_few_progress_messages_per_wind
     np.testing.assert_array_equal(windows(result), expected())
     epochs = N // 10 // 100
     assert min(s.buffers for s in result.stats) > 1_500
-    assert max(s.progress_messages for s in result.stats) <= 2 * epochs
+    assert max(s.progress_messages for s in result.stats) <= 5 * epochs  # (421 when every idle moment published)

@@ -8,6 +8,7 @@ Every run is bounded (`bounded`, 60 s): a hang (the known checkpoint-protocol de
 snapshot/cluster.py, being fixed apart) fails its test instead of blocking the suite."""
 
 import collections
+import re
 
 import numpy as np
 import pytest
@@ -94,8 +95,9 @@ def test_fixed_delay_gives_up_after_its_attempts_in_one_sentence(tmp_path, monke
             monkeypatch=monkeypatch)
     message = str(failed.value)
     assert message.startswith("gave up recovering (FixedDelay(attempts=1, delay=0)): the job failed 2 times")
-    assert message.endswith("the last failure: executor 0 was killed by signal 9 (SIGKILL)") or \
-        message.endswith("the last failure: executor 1 was killed by signal 9 (SIGKILL)"), message
+    # (a peer's broken channel, if its report came first, follows the death that caused it)
+    assert re.search(r"the last failure: executor [01] was killed by signal 9 \(SIGKILL\)( \(then .*\(on executor [01]\)\))?$",
+                     message), message
     assert "\n" not in message
 
 
