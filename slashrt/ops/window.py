@@ -80,6 +80,14 @@ def check_uint64_values(spec: WindowAggSpec, values: np.ndarray) -> None:
         )
 
 
+def earliest_end(slice_ids, size: int, slide: int, slice_len: int):
+    """End of the first window of the grid (`size`, `slide`, slices of `slice_len`) containing
+    each slice (an id or an array of them): also for a state's tables without a window object
+    (`slashrt.ssb.window.merge_partitions`)."""
+    first_start = -((size - slice_len - slice_ids * slice_len) // slide) * slide
+    return first_start + size
+
+
 class WindowAggregate(Node):
     """Keyed windowed aggregate over slices (count, sum, min, max, mean)."""
 
@@ -119,9 +127,7 @@ class WindowAggregate(Node):
     # -- slice arithmetic (vectorised: works on ints and int64 arrays) ----------------------------
     def _earliest_end(self, slice_ids):
         """End of the first window containing each slice."""
-        a = slice_ids * self.slice_len
-        first_start = -((self.size - self.slice_len - a) // self.slide) * self.slide
-        return first_start + self.size
+        return earliest_end(slice_ids, self.size, self.slide, self.slice_len)
 
     def _latest_end(self, slice_ids):
         return (slice_ids * self.slice_len) // self.slide * self.slide + self.size

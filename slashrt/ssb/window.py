@@ -53,7 +53,7 @@ from slashrt._dataflow import WindowAggSpec
 from slashrt.errors import DataflowError, OperatorError, SnapshotError
 from slashrt.ops._node import Node
 from slashrt.ops.exchange import FrontierGate, Inbound
-from slashrt.ops.window import NO_TIME, WindowAggregate, _flat, in_flight_keys
+from slashrt.ops.window import NO_TIME, WindowAggregate, _flat, earliest_end, in_flight_keys
 from slashrt.progress import make_frontier
 from slashrt.progress.frontier import END_TIME
 from slashrt.snapshot.channel_state import DATA, WATERMARK
@@ -583,7 +583,7 @@ def merge_partitions(parts: list[State], partitioning, index: int) -> State:
                 # leader fired past the merged ones; a fragment, those closed when it was folded
                 s, closed = (table_id, NO_TIME) if prefix.endswith("slices") else table_id
                 closed = max(closed, past if leader else meta["shipped_promise"])
-                earliest = -((size - slice_len - s * slice_len) // slide) * slide + size
+                earliest = earliest_end(s, size, slide, slice_len)
                 target, tid = ("leader.slices", s) if earliest > closed else ("leader.tails", (s, closed))
                 if not leader:
                     starts.append(max(earliest - size, unfired))
