@@ -31,7 +31,7 @@ a 10 s window) still net to one.
 
 A time only another executor waits for (a window it holds that this one has no key in, a
 notification only it requested) is published when this executor goes idle: at once when its
-inputs ended (a loop's rounds, the run's end: `PointstampProgress.quiet`), and while they
+inputs ended or its flow has loops (the run's end, a loop's rounds: `PointstampProgress.quiet`), and while they
 still stream once it has been idle for `GRACE_S`, and at least every `STALE_S` while it has
 something to publish. An executor between two
 buffers of a stream is idle for microseconds: publishing at every such moment was one message

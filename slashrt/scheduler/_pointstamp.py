@@ -349,13 +349,14 @@ class PointstampProgress:
 
     def quiet(self, streaming: bool = False) -> bool:
         """The executor has nothing to do: True if there is news to settle before it may
-        sleep. While its inputs still stream (more is coming), `grace` says how long it may
-        sleep before it calls `publish` (None: as long as nothing wakes it); else it
-        publishes at once (a loop's rounds, a run's end: someone elsewhere waits for it)."""
+        sleep. While its inputs still stream (more is coming) and the flow has no loop, `grace`
+        says how long it may sleep before it calls `publish` (None: as long as nothing wakes
+        it); else it publishes at once (a loop's rounds, a run's end: someone elsewhere waits
+        for it)."""
         self.grace = None
         if self.bus is not None:
             self._refresh_holds()  # (a source's moves were buffered without: `advance`)
-            if streaming:
+            if streaming and not self.feedbacks_into:  # (a loop's rounds: peers wait for each)
                 self.grace = self.tracker.idle()
             else:
                 self.tracker.flush()
