@@ -261,37 +261,39 @@ class WindowAggregate(Node):
 
     def merge_partials(
         self, slice_ids: np.ndarray, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray, closed_until: int = NO_TIME
-    ) -> None:
+    ) -> int:
         """Join partial states (CRDT merge) into their slices: a leader taking a helper's delta.
         The columns may be fields read in place (2-D for a run of ring slots). Rows come grouped
         by slice (as epochs ship them); rows of one slice (the common case) are joined in place,
         one merge per slot, and mixed slices one merge per run of a slice. `closed_until`: the
-        promise of the sender's watermark; its windows ending by it closed for these rows."""
+        promise of the sender's watermark; its windows ending by it closed for these rows.
+        Returns how many keys were new to their slice."""
         if not keys.size:
-            return
+            return 0
         lo, hi = minmax(slice_ids)
         if lo == hi:
             if keys.ndim == 1:
-                self.merge_slice(lo, keys, counts, vals, closed_until)
-            else:
-                for slot in range(len(keys)):
-                    self.merge_slice(lo, keys[slot], counts[slot], vals[slot], closed_until)
-            return
+                return self.merge_slice(lo, keys, counts, vals, closed_until)
+            return sum(self.merge_slice(lo, keys[slot], counts[slot], vals[slot], closed_until) for slot in range(len(keys)))
         slice_ids, keys, counts, vals = (_flat(a) for a in (slice_ids, keys, counts, vals))
         cuts = np.flatnonzero(slice_ids[1:] != slice_ids[:-1]) + 1
         bounds = [0, *cuts.tolist(), len(keys)]
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            self.merge_slice(int(slice_ids[a]), keys[a:b], counts[a:b], vals[a:b], closed_until)
+        return sum(self.merge_slice(int(slice_ids[a]), keys[a:b], counts[a:b], vals[a:b], closed_until)
+                   for a, b in zip(bounds[:-1], bounds[1:]))
 
     def merge_slice(
         self, slice_id: int, keys: np.ndarray, counts: np.ndarray, vals: np.ndarray, closed_until: int = NO_TIME
-    ) -> None:
-        """Join partial states of one slice into it (into its windows ending after `closed_until`)."""
+    ) -> int:
+        """Join partial states of one slice into it (into its windows ending after
+        `closed_until`). Returns how many keys were new to the slice."""
         if not len(keys):
-            return
+            return 0
         if self.value_dtype is None:
             self.value_dtype = vals.dtype.newbyteorder("<")
-        self._open_slice(slice_id, "partial state", closed_until).merge(keys, counts, vals)
+        agg = self._open_slice(slice_id, "partial state", closed_until)
+        before = len(agg)
+        agg.merge(keys, counts, vals)
+        return len(agg) - before
 
     def update_slice(self, slice_id: int, keys: np.ndarray, values: np.ndarray | None, closed_until: int = NO_TIME) -> int:
         """Fold records of one slice (their keys and values) into it (into its windows ending

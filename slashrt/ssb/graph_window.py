@@ -106,10 +106,25 @@ def _held_ends(fragments: WindowAggregate) -> set[int]:
             if len(tables[closed != NO_TIME][s if closed == NO_TIME else (s, closed)])}
 
 
-def _take_due(fragments: WindowAggregate, until: int | None, value_dtype) -> list[tuple[int, np.ndarray]]:
-    """The tables of `fragments` whose first window ends by `until` (None: all), as partial
-    rows, each with the time it is held at (its end - 1), removed from the fragments (a table
-    restarts from the zero value when a record joins its piece again)."""
+@attrs.frozen
+class _Piece:
+    """Partial states to ship at one logical `time` (a fragment's table, or records routed
+    directly): their slices (one id, or one per row), keys, counts (None: records, one each)
+    and values (None: a count's records carry none), and `closed`, the end of the last window
+    of their slices they must not join (NO_TIME: none)."""
+
+    time: Timestamp
+    slices: int | np.ndarray
+    keys: np.ndarray
+    counts: np.ndarray | None
+    vals: np.ndarray | None
+    closed: int = NO_TIME
+
+
+def _take_due(fragments: WindowAggregate, until: int | None, counters: tuple[int, ...] = ()) -> list[_Piece]:
+    """The tables of `fragments` whose first window ends by `until` (None: all), as pieces at
+    the time each is held at (its end - 1, in the iteration of `counters`), removed from the
+    fragments (a table restarts from the zero value when a record joins its piece again)."""
     due = []
     for s, closed, end in _pieces(fragments):
         if until is not None and end > until:
@@ -122,20 +137,17 @@ def _take_due(fragments: WindowAggregate, until: int | None, value_dtype) -> lis
             fragments._drop_slice(s)
         else:
             del fragments.tails[(s, closed)]
-        if not len(keys):
-            continue
-        rows = np.empty(len(keys), partial_dtype(value_dtype))
-        rows["slice"], rows["key"], rows["count"], rows["value"], rows["closed"] = s, keys, counts, vals, closed
-        due.append((end - 1, rows))
+        if len(keys):
+            due.append(_Piece(Timestamp(end - 1, counters), s, keys, counts, vals, closed))
     return due
 
 
-async def _as_partials(fragments: WindowAggregate, batch: Batch, epoch: int) -> list[tuple[int, np.ndarray]]:
-    """Direct routing: the records of `batch`, carried at `epoch`, judged as `fragments` judges
-    the records it folds (`WindowAggregate.push`: the late ones counted and sent to its late
-    sink, the partly late ones marked with the end their windows closed at), each as a partial
-    row of one record (count 1, under the NaN policy), in runs of the time its piece would be
-    held at (`_take_due`)."""
+async def _as_partials(fragments: WindowAggregate, batch: Batch, epoch: int, counters: tuple[int, ...] = ()) -> list[_Piece]:
+    """Direct routing: the records of `batch`, carried at `epoch` (in the iteration of
+    `counters`), judged as `fragments` judges the records it folds (`WindowAggregate.push`:
+    the late ones counted and sent to its late sink, the partly late ones marked with the end
+    their windows closed at), in pieces of the time their table would be held at
+    (`_take_due`) and one `closed` each."""
     times = _flat(batch.view(fragments.spec.time))
     if not len(times):
         return []
@@ -147,47 +159,40 @@ async def _as_partials(fragments: WindowAggregate, batch: Batch, epoch: int) -> 
         if not len(batch):
             return []
     keys, values = fragments._fields(batch)
-    rows = np.empty(len(slice_ids), partial_dtype(fragments.value_dtype))
-    rows["slice"], rows["key"], rows["count"] = slice_ids, _flat(keys), 1
-    rows["value"] = 0 if values is None else _flat(values)
-    records_as_partials(fragments.kind, rows["count"], rows["value"])
+    keys, values = _flat(keys), None if values is None else _flat(values)
     first = fragments._earliest_end(slice_ids)
     tail = first <= closed  # partly late: its windows ending by `closed` closed to it
-    rows["closed"] = np.where(tail, closed, NO_TIME)
-    ends = _held_end(fragments, slice_ids, closed) if tail.any() else first
-    lo, hi = minmax(ends)
-    if lo == hi:  # the common case: one window's slice
-        return [(int(lo) - 1, rows)]
-    order = np.argsort(ends, kind="stable")
-    rows, ends = rows[order], ends[order]
-    cuts = [0, *(np.flatnonzero(ends[1:] != ends[:-1]) + 1).tolist(), len(rows)]
-    return [(int(ends[a]) - 1, rows[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+    lo, hi = minmax(slice_ids)
+    if lo == hi and not tail[0]:  # the common case: one slice, none of its windows closed
+        return [_Piece(Timestamp(int(first[0]) - 1, counters), slice_ids, keys, None, values)]
+    ends = _held_end(fragments, slice_ids, closed)
+    order = np.lexsort((slice_ids, tail, ends))  # (a piece's slices in runs: one merge each at the owner)
+    ends, tail = ends[order], tail[order]
+    cuts = [0, *(np.flatnonzero((ends[1:] != ends[:-1]) | (tail[1:] != tail[:-1])) + 1).tolist(), len(order)]
+    return [
+        _Piece(Timestamp(int(ends[a]) - 1, counters), slice_ids[order[a:b]], keys[order[a:b]], None,
+               None if values is None else values[order[a:b]], closed if tail[a] else NO_TIME)
+        for a, b in zip(cuts[:-1], cuts[1:])
+    ]
 
 
-def _entries(window: WindowAggregate) -> int:
-    return sum(len(t) for tables in (window.slices, window.tails) for t in tables.values())
-
-
-def _join(window: WindowAggregate, rows: np.ndarray) -> int:
-    """Partial rows of keys this executor owns (a shipment, or its own): into `window`. Returns
-    how many (slice, key) entries were new to it (`routes_directly` weighs them)."""
-    before = _entries(window)
+def _join(window: WindowAggregate, rows: np.ndarray) -> None:
+    """Partial rows of keys this executor owns (a shipment) into `window`."""
     closed = rows["closed"]
-    values = np.unique(closed).tolist()
-    for c in values:
-        part = rows if len(values) == 1 else rows[closed == c]
-        window.merge_partials(part["slice"], part["key"], part["count"], part["value"], c)
-    return _entries(window) - before
+    lo, hi = minmax(closed)
+    for c in [lo] if lo == hi else np.unique(closed).tolist():
+        part = rows if lo == hi else rows[closed == c]
+        window.merge_partials(part["slice"], part["key"], part["count"], part["value"], int(c))
 
 
-async def _join_iteration(loop: LoopWindow, rows: np.ndarray, counters: tuple[int, ...]) -> int:
-    """Partial rows of one iteration into that iteration's window of `loop` (`_join`)."""
+async def _iteration_window(loop: LoopWindow, counters: tuple[int, ...]) -> WindowAggregate:
+    """The window of `loop` of the iteration of `counters` (made if new)."""
     window = loop.windows.get(counters)
     if window is None:
         window = loop._window(counters)
         if loop.frontier is not None:  # it starts where the frontier stands (nothing to fire yet)
             await window.on_frontier(iteration_watermark(loop.frontier, counters))
-    return _join(window, rows)
+    return window
 
 
 def _passed(frontier, times) -> set[Timestamp]:
@@ -253,18 +258,18 @@ class _OwnerAndFragments:
         """Has the open epoch read `epoch_bytes` of input?"""
         return self._open.input_bytes >= self.epoch_bytes
 
-    def take_due(self, frontier) -> list[tuple[Timestamp, np.ndarray]]:
-        """The fragments whose first window the records' `frontier` passed, as partial rows at
-        their times, removed from the fragments; those shipped before stop holding their capability."""
+    def take_due(self, frontier) -> list[_Piece]:
+        """The fragments whose first window the records' `frontier` passed, as pieces at their
+        times, removed from the fragments; those shipped before stop holding their capability."""
         self.kept -= _passed(frontier, self.kept)
         return self._due_pieces(frontier)
 
-    def take_all(self) -> list[tuple[Timestamp, np.ndarray]]:
+    def take_all(self) -> list[_Piece]:
         """An epoch's end: every fragment's content (its delta since its last shipment) as
-        partial rows at their times; each restarts from the zero value and keeps its capability
+        pieces at their times; each restarts from the zero value and keeps its capability
         until it is due."""
         pieces = self._all_pieces()
-        self.kept.update(time for time, _ in pieces)
+        self.kept.update(piece.time for piece in pieces)
         return pieces
 
     def shipped(self, rows: int, remote: int, nbytes: int) -> None:
@@ -331,13 +336,12 @@ class SsbGraphWindow(_OwnerAndFragments, WindowAggregate):
         await self.fragments.push(batch)
         self._count_input(batch)
 
-    async def route(self, batch: Batch, clock) -> list[tuple[Timestamp, np.ndarray]]:
-        """Direct routing: records at `clock.now` as partial rows of one record each (`_as_partials`)."""
+    async def route(self, batch: Batch, clock) -> list[_Piece]:
+        """Direct routing: records at `clock.now` in pieces to ship as they are (`_as_partials`)."""
         pieces = await _as_partials(self.fragments, batch, clock.now.epoch)
         self._count_input(batch)
-        out = [(Timestamp(t), rows) for t, rows in pieces]
-        self._open.routed.update(t for t, _ in out)
-        return out
+        self._open.routed.update(piece.time for piece in pieces)
+        return pieces
 
     def fragment_holds(self) -> frozenset[Timestamp]:
         """The capabilities of the fragments holding state, each at its first window's end - 1,
@@ -345,15 +349,15 @@ class SsbGraphWindow(_OwnerAndFragments, WindowAggregate):
         step's second input port)."""
         return frozenset(Timestamp(t) for t in _held_ends(self.fragments)) | self.kept
 
-    def _due_pieces(self, frontier) -> list[tuple[Timestamp, np.ndarray]]:
-        until = min((t.epoch for t in frontier), default=None)
-        return [(Timestamp(t), rows) for t, rows in _take_due(self.fragments, until, self.value_dtype)]
+    def _due_pieces(self, frontier) -> list[_Piece]:
+        return _take_due(self.fragments, min((t.epoch for t in frontier), default=None))
 
-    def _all_pieces(self) -> list[tuple[Timestamp, np.ndarray]]:
-        return [(Timestamp(t), rows) for t, rows in _take_due(self.fragments, None, self.value_dtype)]
+    def _all_pieces(self) -> list[_Piece]:
+        return _take_due(self.fragments, None)
 
-    async def join(self, rows: np.ndarray, counters: tuple[int, ...] = ()) -> int:
-        return _join(self, rows)
+    async def owner_window(self, counters: tuple[int, ...] = ()) -> WindowAggregate:
+        """The window joining what this executor owns (of the iteration of `counters`)."""
+        return self
 
     # -- state: the owner's windows, the fragments and the open epoch ----------------------------
     def snapshot(self) -> State:
@@ -383,46 +387,45 @@ class SsbLoopWindow(_OwnerAndFragments, LoopWindow):
         if self.value_dtype is None:
             self.value_dtype = self.fragments.value_dtype
 
-    async def route(self, batch: Batch, clock) -> list[tuple[Timestamp, np.ndarray]]:
-        """Direct routing: records at `clock.now` as partial rows of one record each, judged by
-        the fragments of their iteration (`_as_partials`)."""
+    async def route(self, batch: Batch, clock) -> list[_Piece]:
+        """Direct routing: records at `clock.now` in pieces to ship as they are, judged by the
+        fragments of their iteration (`_as_partials`)."""
         self.fragments.clock = clock
         counters = clock.now.counters
         window = self.fragments.windows.get(counters)
         if window is None:
             window = self.fragments._window(counters)
-        pieces = await _as_partials(window, batch, clock.now.epoch)
+        pieces = await _as_partials(window, batch, clock.now.epoch, counters)
         self._count_input(batch)
         if self.value_dtype is None:  # (every iteration's, as `LoopWindow.push` decides it)
             self.value_dtype = self.fragments.value_dtype = window.value_dtype
-        out = [(Timestamp(t, counters), rows) for t, rows in pieces]
-        self._open.routed.update(t for t, _ in out)
-        return out
+        self._open.routed.update(piece.time for piece in pieces)
+        return pieces
 
     def fragment_holds(self) -> frozenset[Timestamp]:
         return frozenset(
             Timestamp(t, counters) for counters, window in self.fragments.windows.items() for t in _held_ends(window)
         ) | self.kept
 
-    def _due_pieces(self, frontier) -> list[tuple[Timestamp, np.ndarray]]:
+    def _due_pieces(self, frontier) -> list[_Piece]:
         """Per iteration, the fragments its part of the records' `frontier` passed; an
         iteration nothing can reach any more ships all and is forgotten (its late count kept)."""
         due = []
         for counters in sorted(self.fragments.windows):
             window = self.fragments.windows[counters]
             until = iteration_watermark(frontier, counters)
-            due += [(Timestamp(t, counters), rows) for t, rows in _take_due(window, until, self.value_dtype)]
+            due += _take_due(window, until, counters)
             if until is None:
                 self.fragments._forgotten_late += window.late_records
                 del self.fragments.windows[counters]
         return due
 
-    def _all_pieces(self) -> list[tuple[Timestamp, np.ndarray]]:
-        return [(Timestamp(t, counters), rows) for counters in sorted(self.fragments.windows)
-                for t, rows in _take_due(self.fragments.windows[counters], None, self.value_dtype)]
+    def _all_pieces(self) -> list[_Piece]:
+        return [piece for counters in sorted(self.fragments.windows)
+                for piece in _take_due(self.fragments.windows[counters], None, counters)]
 
-    async def join(self, rows: np.ndarray, counters: tuple[int, ...] = ()) -> int:
-        return await _join_iteration(self, rows, counters)
+    async def owner_window(self, counters: tuple[int, ...] = ()) -> WindowAggregate:
+        return await _iteration_window(self, counters)
 
     # -- state: the owner's windows and the fragments, each a loop window's, and the open epoch ----
     def snapshot(self) -> State:
@@ -478,35 +481,56 @@ class SsbRoute(WindowRoute):
         if due or window.epoch_ends(frontier):
             window.end_epoch(min((t.epoch for t in frontier), default=None))
 
-    async def _ship_pieces(self, pieces: list[tuple[Timestamp, np.ndarray]], direct: bool = False) -> None:
-        """Partial rows, in pieces of one time each, to their keys' owners: their own joined at
-        once, the others queued for their owners, counted in flight at the step's input at
-        that time (`_enqueue`). `direct`: records routed as they were read."""
+    async def _ship_pieces(self, pieces: list[_Piece], direct: bool = False) -> None:
+        """Pieces of one time each to their keys' owners: their own joined at once, the others queued for their owners, counted in
+        flight at the step's input at that time (`_enqueue`). `direct`: records routed as
+        they were read."""
         total = remote = nbytes = own = new = 0
-        for time, rows in pieces:
+        for piece in pieces:
+            rows, parts = self._rows(piece)
             total += len(rows)
-            owners = self.partitioning.owner_of(rows["key"])
-            mine = owners == self.index
-            if mine.any():
-                own += int(mine.sum())
-                new += await self.window.join(rows[mine], time.counters)
-            for owner in np.unique(owners[~mine]).tolist():
-                part = rows[owners == owner]
-                out = np.empty(len(part), self.exchange_dtype)
-                for name in part.dtype.names:
-                    out[name] = part[name]
-                out["__epoch"] = time.epoch
-                for i, counter in enumerate(time.counters):
-                    out[f"__c{i}"] = counter
-                self._enqueue(owner, out, time)
-                remote += len(part)
-                nbytes += out.nbytes
+            for owner, part in enumerate(parts):
+                if part.start == part.stop:
+                    continue
+                if owner != self.index:
+                    self._enqueue(owner, rows[part], piece.time)
+                    remote += part.stop - part.start
+                    nbytes += rows[part].nbytes
+                    continue
+                mine = rows[part]
+                window = await self.window.owner_window(piece.time.counters)
+                own += len(mine)
+                new += window.merge_partials(mine["slice"], mine["key"], mine["count"], mine["value"], piece.closed)
         self.window.shipped(total, remote, nbytes)
         if direct:
             self.window.routed_own(own, new)
 
+    def _rows(self, piece: _Piece) -> tuple[np.ndarray, list[slice]]:
+        """`piece` as rows to ship, grouped by their keys' owners in one native pass
+        (`Partitioning.route`), and the slice of each owner's rows; records become partial
+        states of one record each (count 1, under the NaN policy)."""
+        rows = np.empty(len(piece.keys), self.exchange_dtype)
+        value = rows.dtype["value"]
+        if piece.counts is None:  # records: their slice ids are routed in the count's place
+            vals = piece.keys if piece.vals is None else piece.vals.astype(value, copy=False)  # (a count's: dummies)
+            parts = self.partitioning.route(piece.keys, piece.slices, vals, (rows["key"], rows["slice"], rows["value"]))
+            rows["count"] = 1
+            if piece.vals is None:
+                rows["value"] = 0
+            else:
+                records_as_partials(self.window.spec.kind, rows["count"], rows["value"])
+        else:
+            parts = self.partitioning.route(piece.keys, piece.counts, piece.vals.astype(value, copy=False),
+                                            (rows["key"], rows["count"], rows["value"]))
+            rows["slice"] = piece.slices
+        rows["closed"] = piece.closed
+        rows["__epoch"] = piece.time.epoch
+        for i, counter in enumerate(piece.time.counters):
+            rows[f"__c{i}"] = counter
+        return rows, parts
+
     async def take(self, rows: np.ndarray) -> None:
-        await self.window.join(rows, self.clock.now.counters)
+        _join(await self.window.owner_window(self.clock.now.counters), rows)
 
 
 async def adopt_in_flight(node, rows: np.ndarray) -> None:
@@ -523,10 +547,7 @@ async def adopt_in_flight(node, rows: np.ndarray) -> None:
 
     async def take(run: np.ndarray, time: Timestamp) -> None:
         if partial:  # a fragment's rows: joined into the owner's window (inside loops, its iteration's)
-            if isinstance(window, LoopWindow):
-                await _join_iteration(window, run, time.counters)
-            else:
-                _join(window, run)
+            _join(await _iteration_window(window, time.counters) if isinstance(window, LoopWindow) else window, run)
         elif isinstance(node, ExchangeNode) and not isinstance(node, SsbRoute):
             await node.take(run)  # on downstream (a route: into its window)
         else:  # records into the fragments (SSB) or the window (one executor)

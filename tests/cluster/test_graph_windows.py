@@ -95,14 +95,19 @@ def test_graph_windows_on_executors_equal_one_executor_and_the_rule(executors, t
         assert got["late_counts"]["gw.looped"] == len(a_late) > 0
 
 
-@pytest.mark.parametrize(("executors", "transport", "routing"),
-                         [(2, "shm", "fragments"), (3, "tcp", "fragments"), (2, "shm", "direct"), (3, "tcp", "auto")])
-def test_graph_windows_in_epochs_of_bytes_equal_one_executor_whatever_the_routing(executors, transport, routing):
+@pytest.mark.parametrize(("executors", "transport", "routing", "sliding"),
+                         [(2, "shm", "fragments", Sliding(200, 50)), (3, "tcp", "fragments", Sliding(200, 50)),
+                          (2, "shm", "direct", Sliding(200, 50)), (3, "tcp", "auto", Sliding(200, 50)),
+                          (2, "shm", "direct", Sliding(200, 80)), (3, "tcp", "fragments", Sliding(200, 80))],
+                         ids=["2-shm-fragments", "3-tcp-fragments", "2-shm-direct", "3-tcp-auto", "2-shm-direct-slices-of-40",
+                              "3-tcp-fragments-slices-of-40"])
+def test_graph_windows_in_epochs_of_bytes_equal_one_executor_whatever_the_routing(executors, transport, routing, sliding):
     """`epoch_bytes=` and `ssb_routing=` mean for a graph flow what they mean for a tree flow:
     with epochs of 1 KiB the late-heavy sliding window's fragments (its slices, and the tails
     of partly late ones) ship many times before their windows are due, or each record on its
-    own (direct); the windows, late counts and late records are one executor's either way."""
-    sliding = Sliding(200, 50)
+    own (direct); the windows, late counts and late records are one executor's either way.
+    Windows of 200 ms every 80 ms are cut into slices of 40 ms, of which two have the same
+    first window: routed directly, a batch's rows of both ship at one time."""
     flow, late = graph_windows(sliding)
     one = results(slashrt.run(flow, inputs(), slot_size=256, slots=4), late)
     flow, late = graph_windows(sliding)
