@@ -29,7 +29,8 @@ batch as parts of the epoch's delta, which the epoch's watermark closes as it cl
 fragment's. Under `routing="auto"` (the default) an epoch whose delta held at least
 `DIRECT_AT` rows per input record switches the next epochs to direct routing, and direct
 routing returns to fragments once fewer than `COMBINE_BELOW` of the own records it routed in
-an epoch were keys new to their slice. The epoch protocol, the order of deltas and the CRDT
+an epoch were keys new to their slice (an epoch of fewer than `JUDGED_FROM` records, cut
+short by a window's end, keeps the routing). The epoch protocol, the order of deltas and the CRDT
 join are the same either way, so results do not depend on the routing.
 
 Records arriving at an executor below the watermark it already shipped are late *here*: the
@@ -72,6 +73,7 @@ DEFAULT_EPOCH_BYTES = 64 << 20  # as in the paper
 ROUTINGS = ("auto", "fragments", "direct")
 DIRECT_AT = 0.5  # auto: delta rows per input record from which the next epoch routes directly
 COMBINE_BELOW = 0.25  # auto: share of new keys among direct own records below which fragments return
+JUDGED_FROM = 256  # auto: an epoch of fewer input records keeps the routing (too few to tell whether keys repeat)
 SHIP_QUEUE_BYTES = 4 << 20  # compute waits while more than this is queued for one peer
 SSB_STATE, SSB_STATE_VERSION = "ssb_window", 1  # the kind and layout of its snapshot
 
@@ -88,7 +90,10 @@ def routes_directly(direct: bool, rows: int, records: int, own_records: int, own
     `own_records` were of keys this executor owns, `own_new` of them new to their slice there?
     Fragments turn direct once an epoch's delta held at least `DIRECT_AT` rows per record;
     direct routing returns to fragments once fewer than `COMBINE_BELOW` of its own records
-    were new keys."""
+    were new keys. An epoch of fewer than `JUDGED_FROM` records (one a window's end cut short)
+    changes nothing: 90 records of 50 keys would read as mostly new keys."""
+    if records < JUDGED_FROM:
+        return direct
     if direct:
         return not (own_records and own_new < COMBINE_BELOW * own_records)
     return rows >= DIRECT_AT * records

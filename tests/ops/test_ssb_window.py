@@ -142,3 +142,18 @@ async def test_a_stalled_leader_holds_its_helpers_queue_flat_while_the_input_dou
     # and nothing was lost once the leader came back
     assert (arrived + local, arrived2 + local2) == (100_000, 200_000)
     assert arrived > 40_000 and arrived2 > 80_000
+
+
+def test_auto_routing_judges_an_epoch_only_from_enough_records():
+    """`routes_directly`: a delta of a row per two records turns fragments direct, and direct
+    routing whose own records were mostly old keys folds again; an epoch of fewer than
+    `JUDGED_FROM` records (one a window's end cut short: 90 records of 50 keys) changes neither."""
+    from slashrt.ssb.window import JUDGED_FROM, routes_directly
+
+    big = JUDGED_FROM
+    assert routes_directly(False, rows=big // 2, records=big, own_records=0, own_new=0)
+    assert not routes_directly(False, rows=big // 2 - 1, records=big, own_records=0, own_new=0)
+    assert not routes_directly(True, rows=big, records=big, own_records=big // 2, own_new=0)
+    assert routes_directly(True, rows=big, records=big, own_records=big // 2, own_new=big // 4)
+    assert not routes_directly(False, rows=50, records=90, own_records=0, own_new=0)
+    assert routes_directly(True, rows=90, records=90, own_records=45, own_new=0)
