@@ -18,7 +18,8 @@ owner at once as a partial row of its own (count 1, under the NaN policy:
 `records_as_partials`), at the time its fragment would have been held at (`_as_partials`);
 such an epoch ends at `epoch_bytes` too, or once the records' frontier passed a window its
 rows joined. `routing="auto"` switches from epoch to epoch by the tree SSB's rule and ratios
-(`routes_directly`: `DIRECT_AT`, `COMBINE_BELOW`). `EpochStats` counts each epoch's input,
+(`routes_directly`: `DIRECT_AT`, `COMBINE_BELOW`; `keys_unrepeated` ends a folding epoch
+early). `EpochStats` counts each epoch's input,
 its rows shipped (joined here or sent) and their bytes (`RunResult.epochs`).
 
 Pointstamps keep that exact: a fragment is a capability of the step at the time before the
@@ -69,7 +70,7 @@ from slashrt.snapshot.operators import check, tagged
 from slashrt.snapshot.state_format import State
 from slashrt.ssb.crdt import records_as_partials
 from slashrt.ssb.partitions import Partitioning
-from slashrt.ssb.window import DEFAULT_EPOCH_BYTES, EpochStats, check_routing, routes_directly
+from slashrt.ssb.window import DEFAULT_EPOCH_BYTES, EpochStats, check_routing, keys_unrepeated, routes_directly
 
 __all__ = ["SsbGraphWindow", "SsbLoopWindow", "SsbRoute", "partial_dtype", "adopt_in_flight"]
 
@@ -176,6 +177,11 @@ async def _as_partials(fragments: WindowAggregate, batch: Batch, epoch: int, cou
     ]
 
 
+def _entries(window: WindowAggregate) -> int:
+    """(slice, key) entries the tables of `window` hold."""
+    return sum(len(t) for tables in (window.slices, window.tails) for t in tables.values())
+
+
 def _join(window: WindowAggregate, rows: np.ndarray) -> None:
     """Partial rows of keys this executor owns (a shipment) into `window`."""
     closed = rows["closed"]
@@ -255,8 +261,10 @@ class _OwnerAndFragments:
 
     # -- epochs ---------------------------------------------------------------------------------------
     def epoch_full(self) -> bool:
-        """Has the open epoch read `epoch_bytes` of input?"""
-        return self._open.input_bytes >= self.epoch_bytes
+        """Has the open epoch read `epoch_bytes` of input, or (`auto`, folding) shown that its
+        keys do not repeat (`keys_unrepeated`)?"""
+        e = self._open
+        return e.input_bytes >= self.epoch_bytes or keys_unrepeated(self.routing, self.direct, e.records, self._entries)
 
     def take_due(self, frontier) -> list[_Piece]:
         """The fragments whose first window the records' `frontier` passed, as pieces at their
@@ -343,6 +351,9 @@ class SsbGraphWindow(_OwnerAndFragments, WindowAggregate):
         self._open.routed.update(piece.time for piece in pieces)
         return pieces
 
+    def _entries(self) -> int:
+        return _entries(self.fragments)
+
     def fragment_holds(self) -> frozenset[Timestamp]:
         """The capabilities of the fragments holding state, each at its first window's end - 1,
         and of those shipped before they were due (`PointstampProgress` counts them at the
@@ -401,6 +412,9 @@ class SsbLoopWindow(_OwnerAndFragments, LoopWindow):
             self.value_dtype = self.fragments.value_dtype = window.value_dtype
         self._open.routed.update(piece.time for piece in pieces)
         return pieces
+
+    def _entries(self) -> int:
+        return sum(_entries(window) for window in self.fragments.windows.values())
 
     def fragment_holds(self) -> frozenset[Timestamp]:
         return frozenset(

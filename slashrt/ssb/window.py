@@ -30,8 +30,9 @@ fragment's. Under `routing="auto"` (the default) an epoch whose delta held at le
 `DIRECT_AT` rows per input record switches the next epochs to direct routing, and direct
 routing returns to fragments once fewer than `COMBINE_BELOW` of the own records it routed in
 an epoch were keys new to their slice (an epoch of fewer than `JUDGED_FROM` records, cut
-short by a window's end, keeps the routing). The epoch protocol, the order of deltas and the CRDT
-join are the same either way, so results do not depend on the routing.
+short by a window's end, keeps the routing; a folding epoch ends early once `SAMPLE_RECORDS`
+records showed that keys do not repeat: `keys_unrepeated`). The epoch protocol, the order of
+deltas and the CRDT join are the same either way, so results do not depend on the routing.
 
 Records arriving at an executor below the watermark it already shipped are late *here*: the
 windows they belong to may have fired at their leader. They are counted and sent to the late
@@ -74,6 +75,7 @@ ROUTINGS = ("auto", "fragments", "direct")
 DIRECT_AT = 0.5  # auto: delta rows per input record from which the next epoch routes directly
 COMBINE_BELOW = 0.25  # auto: share of new keys among direct own records below which fragments return
 JUDGED_FROM = 256  # auto: an epoch of fewer input records keeps the routing (too few to tell whether keys repeat)
+SAMPLE_RECORDS = 1 << 16  # auto: a folding epoch this long whose fragments hold DIRECT_AT entries per record ends
 SHIP_QUEUE_BYTES = 4 << 20  # compute waits while more than this is queued for one peer
 SSB_STATE, SSB_STATE_VERSION = "ssb_window", 1  # the kind and layout of its snapshot
 
@@ -97,6 +99,15 @@ def routes_directly(direct: bool, rows: int, records: int, own_records: int, own
     if direct:
         return not (own_records and own_new < COMBINE_BELOW * own_records)
     return rows >= DIRECT_AT * records
+
+
+def keys_unrepeated(routing: str, direct: bool, records: int, entries) -> bool:
+    """`routing="auto"`: does a folding epoch end now, at `records` input records whose
+    fragments hold `entries()` (slice, key) entries (asked only past the sample)? Once it read `SAMPLE_RECORDS` of which at
+    least `DIRECT_AT` per record were new entries, folding more saves nothing (the keys do not
+    repeat): the epoch ends, and `routes_directly` turns the next one direct, instead of
+    folding a whole window (a million records of distinct keys) first."""
+    return routing == "auto" and not direct and records >= SAMPLE_RECORDS and entries() >= DIRECT_AT * records
 
 
 def delta_dtype(value_dtype: np.dtype) -> np.dtype:
@@ -336,8 +347,12 @@ class SsbWindowAggregate(WindowAggregate):
             await super().push(batch)
         self._bytes += batch.nbytes
         self._records += len(batch)
-        if self._bytes >= self.epoch_bytes:
+        if self._bytes >= self.epoch_bytes or keys_unrepeated(self.routing, self.direct, self._records, self.entries):
             await self._end_epoch()
+
+    def entries(self) -> int:
+        """(slice, key) entries the fragments hold."""
+        return sum(len(t) for tables in (self.slices, self.tails) for t in tables.values())
 
     async def _route(self, batch: Batch) -> None:
         """Direct routing: own partitions' records into the leader state, the others' into

@@ -429,3 +429,33 @@ def test_watermark_and_pointstamp_progress_give_identical_results(query, mode):
     np.testing.assert_array_equal(rows_v, rows_p)
     assert late_v == late_p
     assert sum(late_v.values()) > 0  # the input is late-heavy enough to tell lateness apart
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["tree", "graph"])
+def test_auto_routing_ends_a_folding_epoch_once_a_sample_shows_keys_do_not_repeat(graph):
+    """One 10 s window, 150,000 records an executor: five keys in the first 30,000, then every
+    key new; epochs of 64 MiB. `auto` folds until an epoch's `SAMPLE_RECORDS` records held as
+    many entries as `DIRECT_AT` a record (`keys_unrepeated`), ends that epoch and routes the
+    rest directly, instead of folding the whole window first. A flow with a union is planned
+    as a graph (`ssb.graph_window`), one without as a tree (whose first epoch ends at the first
+    watermark, folding)."""
+    from slashrt.ssb.window import SAMPLE_RECORDS
+
+    data = records(300_000, keys=5, zipf=0.0, disorder=0, seed=9, per_ms=100)
+    data["key"][30_000:] = np.random.default_rng(2).permutation(10_000_000)[: len(data) - 30_000]
+    sink = Collect()
+    f = Dataflow("sample")
+    stream = f.source("r", SCHEMA, time="ts")
+    if graph:
+        stream = stream.union(f.source("none", SCHEMA, time="ts"))
+    stream.window(Tumbling(ms=10_000)).count(key="key").sink(sink)
+    inputs = {"r": data, **({"none": data[:0]} if graph else {})}
+    r = slashrt.run(f, inputs, executors=2, coalesce=4)
+    assert sink.records["count"].sum() == len(data) and len(sink.records) == len(np.unique(data["key"]))
+    (per_executor,) = r.epochs.values()
+    for epochs in per_executor:
+        epochs = [e for e in epochs if e.records]
+        folded = [e for e in epochs if not e.direct]
+        assert epochs[:len(folded)] == folded and len(folded) <= 2, epochs  # folding, then direct
+        assert SAMPLE_RECORDS <= folded[-1].records < SAMPLE_RECORDS + 20_000, folded
+        assert sum(e.records for e in epochs[len(folded):]) > 50_000
