@@ -497,7 +497,11 @@ class WindowAggregate(Node):
     def state_bytes(self) -> int:
         """Bytes of the state's rows (key, count, value per key of every slice and tail)."""
         row = 16 + (8 if self.value_dtype is None else self.value_dtype.itemsize)
-        return row * sum(len(t) for tables in (self.slices, self.tails) for t in tables.values())
+        return row * self.entries()
+
+    def entries(self) -> int:
+        """(slice, key) entries its slices and tails hold."""
+        return sum(len(t) for tables in (self.slices, self.tails) for t in tables.values())
 
     def _window_arrays(self, prefix: str = "") -> dict[str, np.ndarray]:
         return {

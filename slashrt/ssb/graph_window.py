@@ -177,11 +177,6 @@ async def _as_partials(fragments: WindowAggregate, batch: Batch, epoch: int, cou
     ]
 
 
-def _entries(window: WindowAggregate) -> int:
-    """(slice, key) entries the tables of `window` hold."""
-    return sum(len(t) for tables in (window.slices, window.tails) for t in tables.values())
-
-
 def _join(window: WindowAggregate, rows: np.ndarray) -> None:
     """Partial rows of keys this executor owns (a shipment) into `window`."""
     closed = rows["closed"]
@@ -264,7 +259,7 @@ class _OwnerAndFragments:
         """Has the open epoch read `epoch_bytes` of input, or (`auto`, folding) shown that its
         keys do not repeat (`keys_unrepeated`)?"""
         e = self._open
-        return e.input_bytes >= self.epoch_bytes or keys_unrepeated(self.routing, self.direct, e.records, self._entries)
+        return e.input_bytes >= self.epoch_bytes or keys_unrepeated(self.routing, self.direct, e.records, self._fragment_entries)
 
     def take_due(self, frontier) -> list[_Piece]:
         """The fragments whose first window the records' `frontier` passed, as pieces at their
@@ -351,8 +346,8 @@ class SsbGraphWindow(_OwnerAndFragments, WindowAggregate):
         self._open.routed.update(piece.time for piece in pieces)
         return pieces
 
-    def _entries(self) -> int:
-        return _entries(self.fragments)
+    def _fragment_entries(self) -> int:
+        return self.fragments.entries()
 
     def fragment_holds(self) -> frozenset[Timestamp]:
         """The capabilities of the fragments holding state, each at its first window's end - 1,
@@ -413,8 +408,8 @@ class SsbLoopWindow(_OwnerAndFragments, LoopWindow):
         self._open.routed.update(piece.time for piece in pieces)
         return pieces
 
-    def _entries(self) -> int:
-        return sum(_entries(window) for window in self.fragments.windows.values())
+    def _fragment_entries(self) -> int:
+        return sum(window.entries() for window in self.fragments.windows.values())
 
     def fragment_holds(self) -> frozenset[Timestamp]:
         return frozenset(
@@ -496,25 +491,25 @@ class SsbRoute(WindowRoute):
             window.end_epoch(min((t.epoch for t in frontier), default=None))
 
     async def _ship_pieces(self, pieces: list[_Piece], direct: bool = False) -> None:
-        """Pieces of one time each to their keys' owners: their own joined at once, the others queued for their owners, counted in
-        flight at the step's input at that time (`_enqueue`). `direct`: records routed as
-        they were read."""
+        """Pieces of one time each to their keys' owners: their own joined at once, the others
+        queued for their owners, counted in flight at the step's input at that time
+        (`_enqueue`). `direct`: records routed as they were read."""
         total = remote = nbytes = own = new = 0
         for piece in pieces:
             rows, parts = self._rows(piece)
             total += len(rows)
             for owner, part in enumerate(parts):
-                if part.start == part.stop:
+                those = rows[part]
+                if not len(those):
                     continue
                 if owner != self.index:
-                    self._enqueue(owner, rows[part], piece.time)
-                    remote += part.stop - part.start
-                    nbytes += rows[part].nbytes
+                    self._enqueue(owner, those, piece.time)
+                    remote += len(those)
+                    nbytes += those.nbytes
                     continue
-                mine = rows[part]
                 window = await self.window.owner_window(piece.time.counters)
-                own += len(mine)
-                new += window.merge_partials(mine["slice"], mine["key"], mine["count"], mine["value"], piece.closed)
+                own += len(those)
+                new += window.merge_partials(those["slice"], those["key"], those["count"], those["value"], piece.closed)
         self.window.shipped(total, remote, nbytes)
         if direct:
             self.window.routed_own(own, new)

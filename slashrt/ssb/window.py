@@ -103,8 +103,8 @@ def routes_directly(direct: bool, rows: int, records: int, own_records: int, own
 
 def keys_unrepeated(routing: str, direct: bool, records: int, entries) -> bool:
     """`routing="auto"`: does a folding epoch end now, at `records` input records whose
-    fragments hold `entries()` (slice, key) entries (asked only past the sample)? Once it read `SAMPLE_RECORDS` of which at
-    least `DIRECT_AT` per record were new entries, folding more saves nothing (the keys do not
+    fragments hold `entries()` (slice, key) entries (asked only past the sample)? Once it read
+    `SAMPLE_RECORDS` of which at least `DIRECT_AT` per record were new entries, folding more saves nothing (the keys do not
     repeat): the epoch ends, and `routes_directly` turns the next one direct, instead of
     folding a whole window (a million records of distinct keys) first."""
     return routing == "auto" and not direct and records >= SAMPLE_RECORDS and entries() >= DIRECT_AT * records
@@ -349,10 +349,6 @@ class SsbWindowAggregate(WindowAggregate):
         self._records += len(batch)
         if self._bytes >= self.epoch_bytes or keys_unrepeated(self.routing, self.direct, self._records, self.entries):
             await self._end_epoch()
-
-    def entries(self) -> int:
-        """(slice, key) entries the fragments hold."""
-        return sum(len(t) for tables in (self.slices, self.tails) for t in tables.values())
 
     async def _route(self, batch: Batch) -> None:
         """Direct routing: own partitions' records into the leader state, the others' into
