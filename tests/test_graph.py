@@ -192,6 +192,59 @@ def test_ysb_is_identical_in_both_modes():
     assert np.array_equal(a, b)
 
 
+def _advances(monkeypatch):
+    """Count the source capability moves the pointstamp tracker is told of."""
+    from slashrt.scheduler._pointstamp import PointstampProgress
+
+    moves = []
+    advance = PointstampProgress.advance
+
+    async def counted(self, source, old, new):
+        moves.append((old.epoch, new.epoch))
+        await advance(self, source, old, new)
+
+    monkeypatch.setattr(PointstampProgress, "advance", counted)
+    return moves
+
+
+def test_in_band_watermarks_move_the_capability_only_at_window_ends(monkeypatch):
+    # a watermark in every slot (hundreds per window): the tracker, settled at each capability
+    # move, would pay for each; only those reaching a window's end can fire anything
+    moves = _advances(monkeypatch)
+    events = ysb.generate(100_000, campaigns=20, events_per_ms=1)
+    out = sinks.Collect()
+    slashrt.run(ysb.dataflow(ysb.campaign_map(20), out), {"events": events}, progress="pointstamp",
+                slot_size=4096, slots=8, watermark_every=1)
+    got = ysb.to_result(out.records)
+    assert np.array_equal(got, ysb.reference(events, ysb.campaign_map(20)))
+    windows = len(np.unique(got["window_start_ms"]))
+    assert windows >= 5
+    assert len(moves) <= windows + 2, f"{len(moves)} capability moves for {windows} windows"
+
+
+def test_a_sink_passing_watermarks_on_gets_every_in_band_watermark(monkeypatch):
+    class Forwarding(sinks.Collect):
+        def __init__(self):
+            super().__init__()
+            self.watermarks = []
+
+        async def awatermark(self, watermark):
+            self.watermarks.append(watermark)
+
+    flow = Dataflow("fw")
+    events = flow.source("e", REC, time="t")
+    out, forwarding = sinks.Collect(), Forwarding()
+    events.window(Tumbling(ms=1_000)).count(key="k").sink(out)
+    events.sink(forwarding, name="forward")
+    n = 20_000
+    slashrt.run(flow, {"e": records(np.arange(n) % 7, np.arange(n) // 4)}, progress="pointstamp",
+                slot_size=256, slots=8, watermark_every=1)
+    # one window end (t = 1000) and about 1,300 slots, each with its watermark after it
+    assert len(forwarding.watermarks) > 100
+    assert forwarding.watermarks == sorted(forwarding.watermarks)
+    assert sum(out.records["count"]) == n
+
+
 def test_nexmark_q7_is_identical_in_both_modes():
     bids = nexmark.generate(30_000, auctions=100)
     results = []

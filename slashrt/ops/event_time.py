@@ -100,6 +100,7 @@ class SourceNode(Node):
         self.position = 0  # records of the input seen so far
         self._next_end = NO_TIME  # the first window end downstream after the announced watermark
         self.follows_channel = False  # the channel's producer owns the watermark
+        self.forwards = True  # `watch`: every in-band watermark moves the capability
         # pointstamp progress: the logical time of the records now pushed (the capability held);
         # `exact`: a step below needs each batch at one time (a user operator: its ctx.time and
         # notifications), so batches are cut where the watermark changes; `every_batch`: graph
@@ -114,8 +115,11 @@ class SourceNode(Node):
 
     def watch(self) -> None:
         """Learn the windows downstream (their ends are where the watermark must be exact)."""
-        grids = {n.window_grid() for n in self.walk()} - {None}
+        below = list(self.walk())
+        grids = {n.window_grid() for n in below} - {None}
         self.grids = sorted(grids)
+        # no window below, or a sink passing watermarks on (`ChannelSink`): every one is news
+        self.forwards = not grids or any(getattr(getattr(n, "sink", None), "awatermark", None) for n in below)
 
     def carry(self, share: Share) -> None:
         self.before, self.share = share.before, share
@@ -264,8 +268,10 @@ class SourceNode(Node):
             self.clock.now = self.now
 
     async def on_watermark(self, watermark: int) -> None:
-        # a watermark in band (from the source's channel) is a floor for the records after it
-        await self._announce(watermark, always=True)
+        # a watermark in band (from the source's channel) is a floor for the records after it.
+        # Under pointstamp progress it moves the capability only where it reaches a window's
+        # end (as the records' own watermarks do), unless a step below takes every watermark
+        await self._announce(watermark, always=self.clock is None or self.every_batch or self.forwards)
 
     async def on_end(self) -> None:
         if self.clock is None:
