@@ -222,7 +222,7 @@ def test_in_band_watermarks_move_the_capability_only_at_window_ends(monkeypatch)
     assert len(moves) <= windows + 2, f"{len(moves)} capability moves for {windows} windows"
 
 
-def test_a_sink_passing_watermarks_on_gets_every_in_band_watermark(monkeypatch):
+def test_a_sink_passing_watermarks_on_gets_every_in_band_watermark():
     class Forwarding(sinks.Collect):
         def __init__(self):
             super().__init__()
@@ -239,7 +239,7 @@ def test_a_sink_passing_watermarks_on_gets_every_in_band_watermark(monkeypatch):
     n = 20_000
     slashrt.run(flow, {"e": records(np.arange(n) % 7, np.arange(n) // 4)}, progress="pointstamp",
                 slot_size=256, slots=8, watermark_every=1)
-    # one window end (t = 1000) and about 1,300 slots, each with its watermark after it
+    # five windows of 1 s (times 0-4999) and about 1,300 slots, each with a watermark after it
     assert len(forwarding.watermarks) > 100
     assert forwarding.watermarks == sorted(forwarding.watermarks)
     assert sum(out.records["count"]) == n

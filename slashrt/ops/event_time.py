@@ -147,9 +147,7 @@ class SourceNode(Node):
             )
         self.position, self.high = meta["position"], meta["high"]
         self.announced = meta["announced"]
-        self._next_end = NO_TIME if self.announced == NO_TIME else min(
-            (int(window_promise(self.announced, size, slide)) + slide for size, slide in self.grids), default=I64_MAX
-        )
+        self._next_end = NO_TIME if self.announced == NO_TIME else self._end_after(self.announced)
 
     def follow_channel(self) -> None:
         """Take the watermark from the channel alone: a producer that sends its own (an ingest
@@ -251,14 +249,16 @@ class SourceNode(Node):
                 return False
         return True
 
+    def _end_after(self, watermark: int) -> int:
+        """The first window end downstream after the windows complete at `watermark`."""
+        return min((int(window_promise(watermark, size, slide)) + slide for size, slide in self.grids), default=I64_MAX)
+
     async def _announce(self, watermark: int, *, always: bool = False) -> None:
         """Send `watermark` downstream if it is news: higher than the last one and (unless
         `always`) reaching the end of a window downstream, the only thing that changes there."""
         if watermark > self.announced and (always or watermark >= self._next_end):
             self.announced = watermark
-            self._next_end = min(
-                (int(window_promise(watermark, size, slide)) + slide for size, slide in self.grids), default=I64_MAX
-            )
+            self._next_end = self._end_after(watermark)
             if self.clock is None:
                 await super().on_watermark(watermark)
                 return

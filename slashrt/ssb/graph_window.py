@@ -19,8 +19,8 @@ owner at once as a partial row of its own (count 1, under the NaN policy:
 such an epoch ends at `epoch_bytes` too, or once the records' frontier passed a window its
 rows joined. `routing="auto"` switches from epoch to epoch by the tree SSB's rule and ratios
 (`routes_directly`: `DIRECT_AT`, `COMBINE_BELOW`; `keys_unrepeated` ends a folding epoch
-early). `EpochStats` counts each epoch's input,
-its rows shipped (joined here or sent) and their bytes (`RunResult.epochs`).
+early). `EpochStats` counts each epoch's input, its rows shipped (joined here or sent) and
+their bytes (`RunResult.epochs`).
 
 Pointstamps keep that exact: a fragment is a capability of the step at the time before the
 end of the first window it joins, counted at a second input port of the step that no edge
@@ -259,7 +259,9 @@ class _OwnerAndFragments:
         """Has the open epoch read `epoch_bytes` of input, or (`auto`, folding) shown that its
         keys do not repeat (`keys_unrepeated`)?"""
         e = self._open
-        return e.input_bytes >= self.epoch_bytes or keys_unrepeated(self.routing, self.direct, e.records, self._fragment_entries)
+        return e.input_bytes >= self.epoch_bytes or keys_unrepeated(
+            self.routing, self.direct, e.records, self._fragment_entries
+        )
 
     def take_due(self, frontier) -> list[_Piece]:
         """The fragments whose first window the records' `frontier` passed, as pieces at their

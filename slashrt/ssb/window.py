@@ -75,7 +75,8 @@ ROUTINGS = ("auto", "fragments", "direct")
 DIRECT_AT = 0.5  # auto: delta rows per input record from which the next epoch routes directly
 COMBINE_BELOW = 0.25  # auto: share of new keys among direct own records below which fragments return
 JUDGED_FROM = 256  # auto: an epoch of fewer input records keeps the routing (too few to tell whether keys repeat)
-SAMPLE_RECORDS = 1 << 16  # auto: a folding epoch this long whose fragments hold DIRECT_AT entries per record ends
+# auto: a folding epoch this long whose fragments hold DIRECT_AT entries per record ends
+SAMPLE_RECORDS = 1 << 16
 SHIP_QUEUE_BYTES = 4 << 20  # compute waits while more than this is queued for one peer
 SSB_STATE, SSB_STATE_VERSION = "ssb_window", 1  # the kind and layout of its snapshot
 
@@ -104,9 +105,10 @@ def routes_directly(direct: bool, rows: int, records: int, own_records: int, own
 def keys_unrepeated(routing: str, direct: bool, records: int, entries) -> bool:
     """`routing="auto"`: does a folding epoch end now, at `records` input records whose
     fragments hold `entries()` (slice, key) entries (asked only past the sample)? Once it read
-    `SAMPLE_RECORDS` of which at least `DIRECT_AT` per record were new entries, folding more saves nothing (the keys do not
-    repeat): the epoch ends, and `routes_directly` turns the next one direct, instead of
-    folding a whole window (a million records of distinct keys) first."""
+    `SAMPLE_RECORDS` of which at least `DIRECT_AT` per record were new entries, folding more
+    saves nothing (the keys do not repeat): the epoch ends, and `routes_directly` turns the
+    next one direct, instead of folding a whole window (a million records of distinct keys)
+    first."""
     return routing == "auto" and not direct and records >= SAMPLE_RECORDS and entries() >= DIRECT_AT * records
 
 
