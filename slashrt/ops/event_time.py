@@ -119,7 +119,7 @@ class SourceNode(Node):
         grids = {n.window_grid() for n in below} - {None}
         self.grids = sorted(grids)
         # no window below, or a sink passing watermarks on (`ChannelSink`): every one is news
-        self.forwards = not grids or any(getattr(getattr(n, "sink", None), "awatermark", None) for n in below)
+        self.forwards = not grids or any(getattr(n, "forwards_watermarks", False) for n in below)
 
     def carry(self, share: Share) -> None:
         self.before, self.share = share.before, share

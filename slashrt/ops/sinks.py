@@ -335,6 +335,11 @@ class SinkNode(Node):
             raise TypeError(f"step {step_id!r}: sink {sink!r} has no write() or awrite() method")
         self._dtype = getattr(sink, "dtype", None)  # the record layout the sink wants, if any
 
+    @property
+    def forwards_watermarks(self) -> bool:
+        """Does the sink pass the stream's watermarks on (`awatermark`)? Then each is news."""
+        return getattr(self.sink, "awatermark", None) is not None
+
     def open(self) -> None:
         self.sink.open()
 

@@ -33,7 +33,9 @@ A time only another executor waits for (a window it holds that this one has no k
 notification only it requested) is published when this executor goes idle: at once when its
 inputs ended or its flow has loops (the run's end, a loop's rounds: `PointstampProgress.quiet`), and while they
 still stream once it has been idle for `GRACE_S`, and at least every `STALE_S` while it has
-something to publish. An executor between two
+something to publish. An update at a location from which no waiting input (nor a sink passing
+watermarks on) is reachable, e.g. a fired window's capability above a plain sink, gets no grace
+(`silent`): it goes with the next news, or once stale. An executor between two
 buffers of a stream is idle for microseconds: publishing at every such moment was one message
 to every peer, and one settle on each, per buffer. The peers' messages that arrived while this
 executor was busy are applied at every `propagate` (`ProgressBus.poll`), not only when it next
@@ -69,8 +71,12 @@ def initial_capabilities(sources: Iterable[int], executors: int) -> list[tuple[P
 class BusCounts:
     """The `Tracker` calls `PointstampProgress` makes, answered by a `ProgressBus`."""
 
-    def __init__(self, bus, on_news: Callable[[], None], waits: Waits | None = None):
+    def __init__(
+        self, bus, on_news: Callable[[], None], waits: Waits | None = None, silent: frozenset[Location] = frozenset()
+    ):
+        """`silent`: locations whose updates no one waits for (`idle`)."""
         self.bus = bus
+        self._silent = silent
         self.view = bus.exchange.view
         self.graph = self.view.graph
         self._pending = ChangeBatch()  # a busy stretch's updates, netted
@@ -141,6 +147,8 @@ class BusCounts:
         if self._stale():
             self.flush()
             return None
+        if self.bus.exchange.holds_nothing() and all(location in self._silent for (location, _), _ in self._pending.items()):
+            return None  # (e.g. a fired window's capability: goes with the next news, or when stale)
         return GRACE_S
 
     def flush(self) -> None:

@@ -146,7 +146,11 @@ class PointstampProgress:
         index = {step_id: i for i, step_id in enumerate(self.steps)}
         self.graph = plan.graph if plan.graph is not None else progress_graph(flow)
         self.wake = lambda: None  # the executor's compute wakes up to settle a peer's news
-        self.tracker = Tracker(self.graph) if bus is None else BusCounts(bus, self._news, self._waits())
+        if bus is None:
+            self.tracker = Tracker(self.graph)
+        else:
+            waits = self._waits()
+            self.tracker = BusCounts(bus, self._news, waits, self._silent(waits))
         self.bus = bus
         self.index = {id(node): i for i, node in enumerate(self.nodes)}
         self.now = Timestamp(MIN_EPOCH)
@@ -165,6 +169,7 @@ class PointstampProgress:
         # computed only at debug level
         self.debug = level_name() == "debug"
         self._idle_holds: dict | None = None  # what `idle_holds` last returned
+        self._moved_uncounted = False  # `advance` buffered a source's move; the holds were not recounted since
         self.grace: float | None = None  # `quiet`
         for i, (step_id, node) in enumerate(zip(self.steps, self.nodes)):
             node.clock = self
@@ -216,6 +221,7 @@ class PointstampProgress:
         waits in `BusCounts`' buffer, and no frontier moves, unless someone waits for it."""
         self.tracker.update_iter(move_capability(Location.output(self.index[id(source)], 0), old, new))
         if self.bus is not None and not self.tracker.must_settle():
+            self._moved_uncounted = True
             return
         self._dirty = True
         await self.settle()
@@ -355,7 +361,8 @@ class PointstampProgress:
         for it)."""
         self.grace = None
         if self.bus is not None:
-            self._refresh_holds()  # (a source's moves were buffered without: `advance`)
+            if self._moved_uncounted:  # (a source's move was buffered without: `advance`)
+                self._refresh_holds()
             if streaming and not self.feedbacks_into:  # (a loop's rounds: peers wait for each)
                 self.grace = self.tracker.idle()
             else:
@@ -402,9 +409,21 @@ class PointstampProgress:
         elif epoch != MIN_EPOCH:
             await node.on_watermark(epoch)
 
+    def _silent(self, waits) -> frozenset[Location]:
+        """The locations whose pointstamps no executor needs promptly: no input that waits
+        (`waits`) or that passes watermarks on (a sink's) is reachable from them, e.g. a window's
+        capability above a plain sink. An idle executor publishes their updates with its next
+        news, not after a grace of its own (`BusCounts.idle`)."""
+        prompt = {x for inputs, _ in waits.values() for x in inputs}
+        prompt.update(Location.input(i, 0) for i, node in enumerate(self.nodes) if getattr(node, "forwards_watermarks", False))
+        return frozenset(loc for loc in self.graph.locations if prompt.isdisjoint(self.graph.reachable_from(loc)))
+
     def _refresh_holds(self) -> None:
         """Count the capabilities windows hold (at their output) and SSB routes' fragments hold
-        (at their second input port) as they are now."""
+        (at their second input port) as they are now. (Between two counts the capability of
+        the source whose records they took covers them: it has not moved past them uncounted,
+        `_moved_uncounted`.)"""
+        self._moved_uncounted = False
         for i in self._upstream:
             self._recount(self.fragments, i, Location.input(i, 1), self.nodes[i].window.fragment_holds())
         for i, window in self.windows:

@@ -29,12 +29,12 @@ class Doubled(Operator):
         await ctx.emit(np.concatenate([rows, rows]))
 
 
-def union_count(size: int = 100) -> Dataflow:
+def union_count(size: int = 100, sink=None) -> Dataflow:
     flow = Dataflow("uc")
     a = flow.source("a", SCHEMA, time="t")
     b = flow.source("b", SCHEMA, time="t")
     doubled = a.operator(Doubled(), name="doubled", schema=SCHEMA)
-    doubled.union(b).window(Tumbling(size)).count(key="k", name="counts").sink(sinks.Collect(), name="out")
+    doubled.union(b).window(Tumbling(size)).count(key="k", name="counts").sink(sink or sinks.Collect(), name="out")
     return flow
 
 
