@@ -35,6 +35,7 @@ malformed message is a MalformedBuffer naming its sender.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -54,10 +55,9 @@ from slashrt.transport._channel import Receiver, RingSpec, Sender
 from slashrt.transport._channel import Liveness
 from slashrt.transport._registry import Channels, open_channels
 
-__all__ = ["ProgressBus", "ProgressStats", "open_progress_bus", "PROGRESS_RING", "CONNECT_TIMEOUT"]
+__all__ = ["ProgressBus", "ProgressStats", "open_progress_bus", "PROGRESS_RING"]
 
 PROGRESS_RING = RingSpec(slots=16, slot_size=4096)  # a slot holds ~170 updates outside loops
-CONNECT_TIMEOUT = 60.0
 
 
 @attrs.define
@@ -295,7 +295,7 @@ async def open_progress_bus(
     initial: Iterable[tuple[Pointstamp, int]] = (),
     spec: RingSpec = PROGRESS_RING,
     history: bool = False,
-    connect_timeout: float = CONNECT_TIMEOUT,
+    connect_timeout: float = math.inf,
     dial: Dial | None = None,
     liveness: Liveness | None = None,
     **where,
@@ -306,12 +306,12 @@ async def open_progress_bus(
     `await swap_addresses({peer: address peer must connect to})`, which must return {peer:
     address of the peer's listener for this executor}; then it connects every channel, by
     `await dial(channels, peer, address, spec)` if given (default: a plain connect), and
-    accepts every peer's within `connect_timeout` (PeersMissing names the missing ones).
-    `initial`: the pointstamps every executor starts with (e.g. each source instance's first
-    capability). On leaving the block the bus flushes, ends its channels and waits until every
-    peer has ended its own. With `liveness`, its
-    channels are watched as the exchanges' are (`transport._channel.Liveness`): a silent one
-    raises `ChannelSilent` out of the block."""
+    accepts every peer's within `connect_timeout` (PeersMissing names the missing ones; the
+    default waits, as `Channels.accept_each` does: the caller bounds it). `initial`: the
+    pointstamps every executor starts with (e.g. each source instance's first capability). On
+    leaving the block the bus flushes, ends its channels and waits until every peer has ended
+    its own. With `liveness`, its channels are watched as the exchanges' are
+    (`transport._channel.Liveness`): a silent one raises `ChannelSilent` out of the block."""
     peers = [p for p in range(executors) if p != index]
     async with open_channels(liveness) as channels:
         if transport == "shm":
