@@ -23,17 +23,19 @@ per peer): an executor too busy to yield to them calls it between events.
 
 `open_progress_bus` listens, swaps addresses through the caller (the agent's control
 connection, a test harness's pipes), connects every channel both ways through an
-`open_channels` owner, and runs the bus's tasks until the block ends; then it flushes, ends
-its channels after everything queued, and waits for every peer to end theirs (a closed bus
-records nothing more, and receiving with an empty buffer never produces a message, so the
-close needs no further round). A peer that vanishes fails the bus with one ChannelClosed in
-the cluster's words ("executor 2 lost its progress channel: ..."); a malformed message is a
-MalformedBuffer naming its sender.
+`open_channels` owner (dialling through the caller's `dial` if it gives one: the agent's
+names a partition as its exchanges' do), and runs the bus's tasks until the block ends; then
+it flushes, ends its channels after everything queued, and waits for every peer to end
+theirs (a closed bus records nothing more, and receiving with an empty buffer never produces
+a message, so the close needs no further round). A peer that vanishes fails the bus with one
+ChannelClosed in the cluster's words ("executor 2 lost its progress channel: ..."); a
+malformed message is a MalformedBuffer naming its sender.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -51,12 +53,11 @@ from slashrt.progress.tracker import Pointstamp
 from slashrt.progress.wire import ProgressCodec
 from slashrt.transport._channel import Receiver, RingSpec, Sender
 from slashrt.transport._channel import Liveness
-from slashrt.transport._registry import open_channels
+from slashrt.transport._registry import Channels, open_channels
 
-__all__ = ["ProgressBus", "ProgressStats", "open_progress_bus", "PROGRESS_RING", "CONNECT_TIMEOUT"]
+__all__ = ["ProgressBus", "ProgressStats", "open_progress_bus", "PROGRESS_RING"]
 
 PROGRESS_RING = RingSpec(slots=16, slot_size=4096)  # a slot holds ~170 updates outside loops
-CONNECT_TIMEOUT = 60.0
 
 
 @attrs.define
@@ -278,6 +279,8 @@ class ProgressBus:
 
 
 SwapAddresses = Callable[[dict[int, object]], Awaitable[dict[int, object]]]
+# (channels, peer, address of the peer's listener, spec) -> a sender connected to it
+Dial = Callable[[Channels, int, object, RingSpec], Awaitable[Sender]]
 
 
 @contextlib.asynccontextmanager
@@ -292,7 +295,8 @@ async def open_progress_bus(
     initial: Iterable[tuple[Pointstamp, int]] = (),
     spec: RingSpec = PROGRESS_RING,
     history: bool = False,
-    connect_timeout: float = CONNECT_TIMEOUT,
+    connect_timeout: float = math.inf,
+    dial: Dial | None = None,
     liveness: Liveness | None = None,
     **where,
 ) -> AsyncIterator[ProgressBus]:
@@ -300,12 +304,14 @@ async def open_progress_bus(
 
     It opens a listener per peer (bound where `where` says, e.g. host= for tcp) and calls
     `await swap_addresses({peer: address peer must connect to})`, which must return {peer:
-    address of the peer's listener for this executor}; then it connects and accepts every
-    channel within `connect_timeout`. `initial`: the pointstamps every executor starts with
-    (e.g. each source instance's first capability). On leaving the block the bus flushes,
-    ends its channels and waits until every peer has ended its own. With `liveness`, its
-    channels are watched as the exchanges' are (`transport._channel.Liveness`): a silent one
-    raises `ChannelSilent` out of the block."""
+    address of the peer's listener for this executor}; then it connects every channel, by
+    `await dial(channels, peer, address, spec)` if given (default: a plain connect), and
+    accepts every peer's within `connect_timeout` (PeersMissing names the missing ones; the
+    default waits, as `Channels.accept_each` does: the caller bounds it). `initial`: the
+    pointstamps every executor starts with (e.g. each source instance's first capability). On
+    leaving the block the bus flushes, ends its channels and waits until every peer has ended
+    its own. With `liveness`, its channels are watched as the exchanges' are
+    (`transport._channel.Liveness`): a silent one raises `ChannelSilent` out of the block."""
     peers = [p for p in range(executors) if p != index]
     async with open_channels(liveness) as channels:
         if transport == "shm":
@@ -317,8 +323,11 @@ async def open_progress_bus(
         senders: dict[int, Sender] = {}
         receivers: dict[int, Receiver] = {}
 
-        async def dial(peer: int) -> None:
-            senders[peer] = await channels.connect(transport, directory[peer], spec, secret)
+        async def connect(channels: Channels, peer: int, address, spec: RingSpec) -> Sender:
+            return await channels.connect(transport, address, spec, secret)
+
+        async def dial_peer(peer: int) -> None:
+            senders[peer] = await (dial or connect)(channels, peer, directory[peer], spec)
 
         async def accept() -> None:
             describe = lambda peer: f"executor {peer}'s progress channel"  # noqa: E731
@@ -328,7 +337,7 @@ async def open_progress_bus(
             async with unwrap_groups(), trio.open_nursery() as nursery:
                 nursery.start_soon(accept)
                 for peer in peers:
-                    nursery.start_soon(dial, peer)
+                    nursery.start_soon(dial_peer, peer)
         bus = ProgressBus(
             index, ProgressExchange(graph, initial), ProgressCodec(graph), senders, receivers, history=history
         )

@@ -151,12 +151,18 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
             directory.update(everyone)
             return {peer: directory[peer][("progress", job.index)] for peer in progress_listeners}
 
+        async def dial_progress(channels, dst: int, address, spec: RingSpec):
+            # as the exchanges' channels are dialled: silence or a refusing route names a partition
+            return await connect_to_peer(channels, job.transport, job.index, dst, address, spec, secret,
+                                         timeout=control.timeout)
+
         bus = None
         if plan.graph is not None and job.executors > 1:  # a graph flow: distributed pointstamp progress
             sources = [i for i, spec in enumerate(job.flow.steps.values()) if spec.step_id in plan.sources]
             bus = await stack.enter_async_context(open_progress_bus(
                 job.index, job.executors, plan.graph, transport=job.transport, secret=secret,
                 swap_addresses=swap_addresses, initial=initial_capabilities(sources, job.executors),
+                connect_timeout=CONNECT_TIMEOUT, dial=dial_progress,
                 liveness=Liveness(control.interval, control.timeout), **where,
             ))
             peer_of.update(bus.peer_of)

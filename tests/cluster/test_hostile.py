@@ -49,9 +49,19 @@ def records(n: int, seed: int) -> np.ndarray:
     return out
 
 
-def flow(sink) -> Dataflow:
+def through_a_union(stream):
+    """The same rows, split by key and joined again by a union: a graph flow, whose executors
+    also open a progress bus (`cluster._progress`), dialled before any exchange's channel."""
+    even = stream.filter(lambda b: b["key"] % 2 == 0, name="even")
+    return even.union(stream.filter(lambda b: b["key"] % 2 == 1, name="odd"))
+
+
+def flow(sink, graph: bool = False) -> Dataflow:
+    """A keyed window sum; with `graph`, its records go `through_a_union` first."""
     f = Dataflow("hostile")
-    f.source("r", SCHEMA, time="ts").window(Tumbling(ms=100)).sum("value", key="key", output="out").sink(sink, name="out")
+    r = f.source("r", SCHEMA, time="ts")
+    r = through_a_union(r) if graph else r
+    r.window(Tumbling(ms=100)).sum("value", key="key", output="out").sink(sink, name="out")
     return f
 
 
@@ -73,10 +83,10 @@ async def agents(n: int, secret: bytes):
         nursery.cancel_scope.cancel()
 
 
-async def run_job(addresses, secret, transport="tcp", seed=0):
+async def run_job(addresses, secret, transport="tcp", seed=0, graph=False):
     data = records(20_000, seed)
     sink = Collect()
-    await run_cluster_async(flow(sink), {"r": data}, executors=addresses, transport=transport, secret=secret)
+    await run_cluster_async(flow(sink, graph), {"r": data}, executors=addresses, transport=transport, secret=secret)
     np.testing.assert_array_equal(sort_rows(sink.records, "window_start", "key"), await expected(data))
 
 
@@ -110,9 +120,11 @@ async def test_strangers_on_every_listener_of_a_job_change_nothing(transport, mo
     assert all(a.connected == STRANGERS for a in attacks)
 
 
-async def test_a_peer_that_never_connects_fails_the_job_naming_it(monkeypatch):
+@pytest.mark.parametrize("graph", [False, True], ids=["tree", "graph"])
+async def test_a_peer_that_never_connects_fails_the_job_naming_it(monkeypatch, graph):
     """One executor's channel never arrives (its dial hangs): the other accepts strangers and
-    nothing else until CONNECT_TIMEOUT, then fails the job saying whose channel is missing."""
+    nothing else until CONNECT_TIMEOUT, then fails the job saying whose channel is missing. In
+    a graph flow the first dial is the progress bus's, under the same timeout."""
     secret = generate_secret()
     dials = []
 
@@ -128,8 +140,9 @@ async def test_a_peer_that_never_connects_fails_the_job_naming_it(monkeypatch):
     monkeypatch.setattr(agent, "CONNECT_TIMEOUT", 1.0)
     with trio.fail_after(WITHIN):
         async with agents(2, secret) as addresses:
-            with pytest.raises(ClusterError, match=r"not connected within 1 s \(no peer proved the cluster secret\): executor [01]'s \S+ channel \(on executor [01]\)$"):
-                await run_job(addresses, secret)
+            with pytest.raises(ClusterError, match=r"not connected within 1 s \(no peer proved the cluster secret\): executor [01]'s \S+ channel \(on executor [01]\)$") as failed:
+                await run_job(addresses, secret, graph=graph)
+    assert ("progress" in str(failed.value)) is graph  # (the bus's dial was the one that hung)
 
 
 async def test_a_long_running_agent_survives_coordinators_that_misbehave():
