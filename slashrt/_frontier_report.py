@@ -10,12 +10,19 @@ On several executors every executor reports its own view of the global counts to
 coordinator (`slashrt.cluster._reports`), which keeps one report of the same shape
 (`combine`): each input's frontier as far back as any executor sees it (the minimal elements
 of all their frontiers), every executor's pointstamps and holds, each naming the executors
-whose view holds it, and per executor its own report and state under "executors".
+whose view has it (its "executors"), and per executor its own report and state under the
+report's "executors". Every view counts the whole cluster's pointstamps, so to say who holds one each
+executor also reports those it holds itself ("own_pointstamps": its sources' capabilities,
+its windows', its operators' requests...), and `combine` names in every pointstamp's and
+hold's "held_by" the executors whose own list has its (at, time); on one executor the
+tracker's report has "held_by": [0] throughout. None: records on a channel between executors
+(only their receiver takes them off), or a retirement not every view has heard of yet.
 
 A tree flow on several executors reports its gates in the same shape
 (`slashrt._gate_report`): the inputs are its keyed windows' ("step.in0"), and a pointstamp or
 hold is an executor's watermark there, "at": "executor J" (its "what" names the source, or the
-window before, whose watermark it is). A time of no watermark yet (MIN_EPOCH) shows as -inf.
+window before, whose watermark it is), and each executor's own watermarks are its
+"own_pointstamps". A time of no watermark yet (MIN_EPOCH) shows as -inf.
 """
 
 from __future__ import annotations
@@ -88,6 +95,14 @@ def combine(reports: list[tuple[dict, str, str | None] | None]) -> dict:
 
     got = [(i, r) for i, r in enumerate(reports) if r is not None]
     frontiers = lower_envelope([{n: [_timestamp(t) for t in ts] for n, ts in r[0]["frontiers"].items()} for _, r in got])
+    owners: dict[tuple[str, tuple[int, ...]], list[int]] = {}  # (at, time) -> the executors holding it
+    for i, (report, _, _) in got:
+        for own in report.get("own_pointstamps", ()):
+            owners.setdefault((own["at"], tuple(own["time"])), []).append(i)
+
+    def held_by(entry: dict) -> list[int]:
+        return owners.get((entry["at"], tuple(entry["time"])), [])
+
     holding: dict[str, dict] = {}
     for i, (report, _, _) in got:
         for name, holds in report["holding"].items():
@@ -95,10 +110,14 @@ def combine(reports: list[tuple[dict, str, str | None] | None]) -> dict:
                 continue
             for hold in holds:
                 key = (hold["at"], tuple(hold["time"]), hold["what"])
-                holding.setdefault(name, {}).setdefault(key, {**hold, "executors": []})["executors"].append(i)
+                holding.setdefault(name, {}).setdefault(
+                    key, {**hold, "executors": [], "held_by": held_by(hold)}
+                )["executors"].append(i)
     return {
         "frontiers": {name: [plain(t) for t in ts] for name, ts in frontiers.items()},
-        "pointstamps": [{**p, "executor": i} for i, (report, _, _) in got for p in report["pointstamps"]],
+        "pointstamps": [
+            {**p, "executor": i, "held_by": held_by(p)} for i, (report, _, _) in got for p in report["pointstamps"]
+        ],
         "holding": {name: list(holds.values()) for name, holds in holding.items()},
         "queued_batches": sum(report.get("queued_batches", 0) for _, (report, _, _) in got),
         "executors": [
@@ -118,6 +137,16 @@ def _time(t: list[int]) -> str:
     return f"({epoch})" if len(t) == 1 else f"({epoch}, <{', '.join(map(str, t[1:]))}>)"
 
 
+def _holders(hold: dict) -> str:
+    """Which executor holds it itself (a report without "held_by", from before it: nothing)."""
+    if "held_by" not in hold:
+        return ""
+    if not hold["held_by"]:
+        return ", held by no executor now (on its way between them)"
+    many = len(hold["held_by"]) > 1
+    return f", held by executor{'s' if many else ''} {', '.join(map(str, hold['held_by']))}"
+
+
 def describe(report: dict) -> str:
     """Lines for people: the job's state, then every input with its frontier and what holds it."""
     lines = [f"flow {report['flow']}: {report['state']}" + (f" ({report['error']})" if report.get("error") else "")]
@@ -129,5 +158,6 @@ def describe(report: dict) -> str:
         lines.append(f"  {name:<{width}}  {shown}")
         for hold in report["holding"].get(name, []):
             seen = f" (seen by executors {', '.join(map(str, hold['executors']))})" if "executors" in hold else ""
-            lines.append(f"  {'':<{width}}    held by {hold['what']} at {hold['at']} {_time(hold['time'])}{seen}")
+            lines.append(f"  {'':<{width}}    held by {hold['what']} at {hold['at']} {_time(hold['time'])}{seen}"
+                         + _holders(hold))
     return "\n".join(lines)

@@ -139,7 +139,26 @@ def held_counts():
 HELD_WINDOW = "counts.count_window_1.in0"
 
 
-def _held_chunks(report: str, index: int, executors: int):
+def held_union_counts():
+    """A graph flow: `held_counts`' source (its chunks, the executor that waits) and a second
+    one in a union before the count; the waiting executor goes on once the report names it as
+    holding the window back ("held_by")."""
+    import functools
+    import os
+
+    from slashrt.cluster import PerExecutor
+
+    flow = Dataflow("ucounts")
+    a, b = flow.source("events", SCHEMA, time="t"), flow.source("more", SCHEMA, time="t")
+    a.union(b).window(Tumbling(ms=WINDOW_MS)).count(key="k", name="counts").sink(sinks.Collect(), name="out")
+    chunks = functools.partial(_held_chunks, os.environ["CLI_JOBS_REPORT"], waits_for=_held_by)
+    return flow, {"events": PerExecutor(chunks), "more": records()}
+
+
+HELD_UNION_WINDOW = "ucounts.counts.in0"
+
+
+def _held_chunks(report: str, index: int, executors: int, waits_for=None):
     import json
     import time
     from pathlib import Path
@@ -154,7 +173,7 @@ def _held_chunks(report: str, index: int, executors: int):
                 stands = json.loads(Path(report).read_text())
             except (FileNotFoundError, json.JSONDecodeError):
                 stands = None
-            if stands is not None and _waits_for(stands, index, executors, last):
+            if stands is not None and (waits_for or _waits_for)(stands, index, executors, last):
                 Path(report + ".stuck").write_text(json.dumps(stands))
                 break
             if time.monotonic() > deadline:
@@ -168,6 +187,16 @@ def _waits_for(report: dict, index: int, executors: int, last: int) -> bool:
     frontier, holds = report["frontiers"].get(HELD_WINDOW), report["holding"].get(HELD_WINDOW, [])
     return bool(frontier and holds) and 0 <= frontier[0][0] <= last and all(
         "source counts.events" in h["what"] and (executors == 1 or h["at"] == f"executor {index}") for h in holds
+    )
+
+
+def _held_by(report: dict, index: int, executors: int, last: int) -> bool:
+    """The graph window's frontier is inside the first chunk, held only by the waiting
+    executor's source, and the report names that executor as its holder."""
+    frontier, holds = report["frontiers"].get(HELD_UNION_WINDOW), report["holding"].get(HELD_UNION_WINDOW, [])
+    return bool(frontier and holds) and 0 <= frontier[0][0] <= last and all(
+        h["what"] == "capability of source ucounts.events (its watermark)" and h.get("held_by") == [index]
+        for h in holds
     )
 
 

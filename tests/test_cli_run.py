@@ -283,6 +283,33 @@ def test_report_keeps_where_the_job_stands_while_it_runs_and_after(tmp_path, opt
     assert len(final.get("executors", [None])) == executors
 
 
+@pytest.mark.parametrize(
+    "options",
+    [[], ["--executors", "2", "--slots", "8"], ["--executors", "3", "--transport", "tcp", "--slots", "8",
+                                                 "--slot-size", "2048"]],
+    ids=["one-executor", "2-shm", "3-tcp"],
+)
+def test_report_of_a_graph_flow_names_the_executor_holding_the_window_back(tmp_path, options):
+    """A union before the count (`_cli_jobs.held_union_counts`): every executor's view counts
+    the waiting source's capability; the report names the one executor holding it, and
+    `slashrt frontiers` says so."""
+    report = tmp_path / "job.json"
+    result = summary(f"{JOBS}:held_union_counts", "--report", str(report), "--report-every", "20ms", *options,
+                     env={"CLI_JOBS_REPORT": str(report)})
+    assert result["outputs"] == {"ucounts.out": ROWS}
+    holder = min(1, result["executors"] - 1)
+    stuck = json.loads(Path(f"{report}.stuck").read_text())
+    (hold,) = stuck["holding"][_cli_jobs.HELD_UNION_WINDOW]
+    assert hold["at"] == "ucounts.events.out0" and hold["held_by"] == [holder]
+    shown = slashrt("frontiers", f"{report}.stuck")
+    assert shown.returncode == 0, shown.stderr
+    assert f"held by capability of source ucounts.events (its watermark) at ucounts.events.out0 ({hold['time'][0]})" \
+        in shown.stdout and f", held by executor {holder}" in shown.stdout, shown.stdout
+    final = json.loads(report.read_text())
+    assert final["state"] == "finished" and final["holding"] == {} and final["pointstamps"] == []
+    assert all(f == [] for f in final["frontiers"].values())
+
+
 # -- mistakes: one line, exit 2 --------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def checkpointed(tmp_path_factory) -> Path:

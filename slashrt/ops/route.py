@@ -194,6 +194,12 @@ class ExchangeNode(Node):
             moved += sum(len(r) for r in rows)
         return moved
 
+    def queued_times(self) -> dict[Timestamp, int]:
+        """The logical times of the rows queued for peers and not yet handed to a channel,
+        and how many rows are at each (a progress report: the records this executor holds)."""
+        rows = [item for queue in self._queues.values() for item in queue if not isinstance(item, int)]
+        return shipped_times(np.concatenate(rows)) if rows else {}
+
     def take_outbox(self) -> tuple[np.ndarray, np.ndarray]:
         """(owners, rows) shipped since the last barrier, and stop logging."""
         logged, self.outbox = self.outbox or [], None

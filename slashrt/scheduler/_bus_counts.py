@@ -185,6 +185,11 @@ class BusCounts:
     def pointstamps(self) -> Iterator[tuple[Pointstamp, int]]:
         return self.view.pointstamps()
 
+    def unpublished(self) -> list[tuple[Pointstamp, int]]:
+        """This executor's updates no other executor's view has yet: the buffer, and what the
+        exchange holds back (a report's `own` pointstamps stay where the views have them)."""
+        return self._pending.items() + self.bus.exchange.buffered
+
     def is_idle(self) -> bool:
         """Nothing outstanding on any executor (as far as this view knows)."""
         return self._pending.is_empty() and self.view.is_idle()

@@ -61,7 +61,9 @@ from slashrt.ops.route import ExchangeNode, WindowRoute
 from slashrt.ssb.graph_window import SsbRoute
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.window import WindowAggregate
-from slashrt.progress import IDENTITY, INGRESS, Builder, Location, Reachability, Timestamp, Tracker, move_capability
+from slashrt.progress import (
+    IDENTITY, INGRESS, Builder, ChangeBatch, Location, Reachability, Timestamp, Tracker, move_capability,
+)
 from slashrt.progress.frontier import PROGRESS_MODES
 from slashrt.progress.timestamp import MIN_EPOCH
 from slashrt.progress.waiters import Waits
@@ -152,6 +154,7 @@ class PointstampProgress:
             waits = self._waits()
             self.tracker = BusCounts(bus, self._news, waits, self._silent(waits))
         self.bus = bus
+        self.released: set[int] = set()  # sources whose input ended: they hold no capability
         self.index = {id(node): i for i, node in enumerate(self.nodes)}
         self.now = Timestamp(MIN_EPOCH)
         self.queue: collections.deque = collections.deque()  # (feedback node, batch, time, location)
@@ -228,6 +231,7 @@ class PointstampProgress:
 
     async def release(self, source: Node, time: Timestamp) -> None:
         """A source's input ended: it drops its capability."""
+        self.released.add(self.index[id(source)])
         self.tracker.update(Location.output(self.index[id(source)], 0), time, -1)
         self._dirty = True
         await self.settle()
@@ -476,28 +480,68 @@ class PointstampProgress:
     def report(self) -> dict:
         """JSON-able: every input's frontier, every outstanding pointstamp (where and what),
         and for each input with a frontier the pointstamps holding it back: those whose image
-        there under a least path summary is an element of the frontier."""
+        there under a least path summary is an element of the frontier. Each of those names
+        in "held_by" this executor if it holds it itself (`own`, listed in "own_pointstamps"):
+        on one executor always; on several `combine` names every executor holding it."""
         outstanding = list(self.tracker.pointstamps())
-        held = [
-            {"at": self.graph.name(location), "time": _plain(time), "count": count, "what": self._what(location)}
-            for (location, time), count in outstanding
-        ]
+        own = self.own()
+        mine = {pointstamp for pointstamp, _ in own}
+        executor = 0 if self.bus is None else self.bus.index
+
+        def entry(at: Location, time: Timestamp, **count) -> dict:
+            return {"at": self.graph.name(at), "time": _plain(time), **count, "what": self._what(at)}
+
+        def held(at: Location, time: Timestamp, **count) -> dict:
+            return {**entry(at, time, **count), "held_by": [executor] if (at, time) in mine else []}
+
         holding = {}
         for loc in self.graph.locations:
             frontier = self.tracker.frontier(loc) if loc.kind == "in" else ()
             if not frontier:
                 continue
             holding[self.graph.name(loc)] = [
-                {"at": self.graph.name(at), "time": _plain(time), "what": self._what(at)}
+                held(at, time)
                 for (at, time), _ in outstanding
                 if any(s.apply(time) in frontier for s in self.graph.summaries(at, loc))
             ]
         return {
             "frontiers": {name: [_plain(t) for t in ts] for name, ts in self.frontiers().items()},
-            "pointstamps": sorted(held, key=lambda h: (h["at"], h["time"])),
+            "pointstamps": _in_order(held(at, time, count=count) for (at, time), count in outstanding),
             "holding": holding,
-            "queued_batches": sum(1 for entry in self.queue if entry[3] is not None),  # not barriers
+            "queued_batches": sum(1 for item in self.queue if item[3] is not None),  # not barriers
+            "own_pointstamps": _in_order(entry(at, time, count=count) for (at, time), count in own),
         }
+
+    def own(self) -> list[tuple[tuple[Location, Timestamp], int]]:
+        """The pointstamps this executor holds itself, with their counts: its sources'
+        capabilities (until their input ends), its operators' notification requests, its
+        windows' and SSB fragments' capabilities, the batches on its feedback queues, and the
+        records its exchanges queued for peers and not yet handed to a channel (once on a
+        channel, their receiver's view takes them off; no executor knows they are there
+        until then). On several executors, as the views know them: what it counted and has
+        not published yet (`BusCounts.unpublished`) stays at the time it was published at."""
+        mine = ChangeBatch()
+        for i, node in enumerate(self.nodes):
+            if isinstance(node, SourceNode) and i not in self.released:
+                mine.update((Location.output(i, 0), node.now), 1)
+            elif isinstance(node, OperatorNode):
+                mine.extend(((Location.output(i, 0), time), 1) for time in node.requested)
+        for i, times in self.held.items():
+            mine.extend(((Location.output(i, 0), time), 1) for time in times)
+        for i, times in self.fragments.items():
+            mine.extend(((Location.input(i, 1), time), 1) for time in times)
+        mine.extend(((location, time), 1) for _, _, time, location in self.queue if location is not None)
+        exchanges = {i for i, node in enumerate(self.nodes) if isinstance(node, ExchangeNode)}
+        if self.bus is not None:
+            # (records in flight are counted +n by their sender, -n by their receiver: not
+            # what either holds; its queues say what the sender still holds)
+            mine.extend(
+                ((location, time), -delta) for (location, time), delta in self.tracker.unpublished()
+                if not (location.kind == "in" and location.port == 0 and location.node in exchanges)
+            )
+        for i in exchanges:
+            mine.extend(((Location.input(i, 0), time), n) for time, n in self.nodes[i].queued_times().items())
+        return [(pointstamp, count) for pointstamp, count in mine.items() if count > 0]
 
     def _what(self, location: Location) -> str:
         node, step = self.nodes[location.node], self.steps[location.node]
@@ -521,8 +565,10 @@ class PointstampProgress:
         pointstamps holding it back, if that changed since the executor last parked, else
         None (a job waiting for its input parks often, held by the same pointstamps)."""
         report = self.report()
-        holds = {
-            name: {"frontier": report["frontiers"][name], "held_by": holding}
+        holds = {  # (each hold's own "held_by", whether this executor holds it, left out)
+            name: {"frontier": report["frontiers"][name], "held_by": [
+                {k: v for k, v in h.items() if k != "held_by"} for h in holding
+            ]}
             for name, holding in report["holding"].items()
         }
         if holds == self._idle_holds:
@@ -571,6 +617,10 @@ def _window_of(node: Node) -> WindowAggregate | LoopWindow | None:
     if isinstance(node, (WindowAggregate, LoopWindow)):
         return node
     return node.window if isinstance(node, WindowRoute) else None
+
+
+def _in_order(entries) -> list[dict]:
+    return sorted(entries, key=lambda e: (e["at"], e["time"]))
 
 
 def _plain(time: Timestamp) -> list[int]:

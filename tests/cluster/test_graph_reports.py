@@ -1,0 +1,241 @@
+"""Where is it stuck, naming who holds it: a graph flow's report (`PointstampProgress.report`,
+`combine`) says which executor holds each pointstamp and hold itself ("held_by"), where the
+views' global counts alone cannot (every executor's view has the same pointstamps). A union
+behind a user step feeds a keyed tumbling count (on the state backend, or routed by key in
+mode "uppar"); executor 1's source waits inside its stream, so the window's input is held by
+that source's capability, which only executor 1 holds: the report names it while the job
+runs, on one executor every holder is executor 0, and a run that fails leaves its report with
+the failure and the holder.
+While the sources stream, what an executor reports as its own is where it published it.
+
+Executor 1's chunk stream (`PerExecutor`) makes its second chunk only once the file `marker`
+exists, and the marker is touched by whoever reads the reports (the coordinator's process)
+when one shows the hold: the run can only finish after a report saw it, no sleep decides.
+The rings (four 256-byte slots) wrap many times over the run."""
+
+import functools
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+
+import slashrt
+import slashrt.cluster
+from slashrt import Dataflow, Operator, Schema, Tumbling, sinks
+from slashrt._frontier_report import describe
+from slashrt.cluster import PerExecutor
+from slashrt.errors import unwrap_groups
+
+SCHEMA = Schema({"t": "i8", "k": "i8"})
+CHUNK = 4_000  # records per chunk: 1000 ms of event time
+RINGS = {"slot_size": 256, "slots": 4}
+WINDOW = "g.counts.in0"
+SOURCE = "capability of source g.a (its watermark)"
+WAIT_S = 60  # a report that never shows the hold fails the test instead of hanging it
+
+
+class Passing(Operator):
+    """A user step in front of the union: every record as it came."""
+
+    stateless = True
+
+    async def on_batch(self, ctx, port, batch):
+        await ctx.emit(batch.to_numpy(SCHEMA.dtype))
+
+
+def flow() -> Dataflow:
+    f = Dataflow("g")
+    a, b = f.source("a", SCHEMA, time="t"), f.source("b", SCHEMA, time="t")
+    a.operator(Passing(), name="step", schema=SCHEMA).union(b).window(Tumbling(ms=100)).count(
+        key="k", name="counts").sink(sinks.Collect(), name="out")
+    return f
+
+
+def chunk(executor: int, i: int) -> np.ndarray:
+    out = np.zeros(CHUNK, SCHEMA.dtype)
+    out["t"] = (i * CHUNK + np.arange(CHUNK)) // 4
+    out["k"] = np.random.default_rng([executor, i]).integers(0, 20, CHUNK)
+    return out
+
+
+def others() -> np.ndarray:
+    """Source b's records (shared out between the executors)."""
+    return np.concatenate([chunk(9, 0), chunk(9, 1)])
+
+
+def waiting(marker: str, index: int, executors: int):
+    """Two chunks (event times 0-999, then 1000-1999); executor 1 (0 when alone) makes its
+    second chunk only once `marker` exists."""
+    yield chunk(index, 0)
+    if index == min(1, executors - 1):
+        deadline = time.monotonic() + WAIT_S
+        while not Path(marker).exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no report showed executor {index} holding the window back")
+            time.sleep(0.01)
+    yield chunk(index, 1)
+
+
+def expected(executors: int) -> int:
+    """Rows of the count: one per (window, key) with records anywhere."""
+    t = np.concatenate([chunk(e, i) for e in range(executors) for i in range(2)] + [others()])
+    return len(np.unique(t["t"] // 100 * 20 + t["k"]))
+
+
+def held(report: dict, holder: int) -> bool:
+    """The window's input waits inside the first chunk, held by executor `holder`'s source
+    alone, and the report names it as the holder."""
+    frontier, holds = report["frontiers"].get(WINDOW), report["holding"].get(WINDOW, [])
+    return (
+        bool(frontier) and 0 <= frontier[0][0] < 1000 and bool(holds)
+        and all(h["what"] == SOURCE and h.get("held_by") == [holder] for h in holds)
+    )
+
+
+def check_stuck(stuck: dict, executors: int, holder: int) -> None:
+    json.dumps(stuck)
+    (hold,) = stuck["holding"][WINDOW]
+    at = stuck["frontiers"][WINDOW][0]
+    assert hold["at"] == "g.a.out0" and hold["time"] == at and hold["held_by"] == [holder]
+    # every view counts the source's capability there; only the holder's own report has it
+    source = [p for p in stuck["pointstamps"] if p["at"] == "g.a.out0" and p["time"] == at]
+    assert {p["executor"] for p in source} == set(range(executors)) and all(p["held_by"] == [holder] for p in source)
+    for e in stuck["executors"]:
+        owns = any(p["at"] == "g.a.out0" and p["time"] == at for p in e["own_pointstamps"])
+        assert owns == (e["executor"] == holder), e["own_pointstamps"]
+    text = describe({"flow": "g", "state": "running", **stuck})
+    assert f"held by {SOURCE} at g.a.out0 ({at[0]}) (seen by executors {', '.join(map(str, hold['executors']))})" \
+           f", held by executor {holder}" in text, text
+
+
+def test_a_function_sees_the_window_held_by_the_executor_whose_source_waits(tmp_path):
+    marker = tmp_path / "seen"
+    reports = []
+
+    def on_report(report):
+        reports.append(report)
+        if held(report, 1):
+            marker.touch()
+
+    result = slashrt.run(
+        flow(), {"a": PerExecutor(functools.partial(waiting, str(marker))), "b": others()}, executors=2,
+        transport="shm", on_report=on_report, report_every=0.02, **RINGS,
+    )
+    assert len(result.outputs["g.out"]) == expected(2)
+    check_stuck(next(r for r in reports if held(r, 1)), 2, 1)
+    assert all(f == [] for f in result.frontiers.values())
+
+
+def test_a_report_file_of_3_executors_over_tcp_names_the_holder_and_then_the_end(tmp_path):
+    """Executor 1 of 3 waits (in mode "uppar": the window behind a route by key)."""
+    path, marker, stuck_path = tmp_path / "job.json", tmp_path / "seen", tmp_path / "stuck.json"
+
+    async def watch_file():
+        while True:
+            if path.exists() and held(report := json.loads(path.read_text()), 1):
+                stuck_path.write_text(json.dumps(report))
+                marker.touch()
+                return
+            await trio.sleep(0.01)
+
+    async def main():
+        from slashrt.cluster import run_cluster_async
+
+        async with unwrap_groups(), trio.open_nursery() as nursery:
+            nursery.start_soon(watch_file)
+            result = await run_cluster_async(
+                flow(), {"a": PerExecutor(functools.partial(waiting, str(marker))), "b": others()}, executors=3,
+                transport="tcp", mode="uppar", on_report=str(path), report_every=0.02, **RINGS,
+            )
+            nursery.cancel_scope.cancel()
+        return result
+
+    result = trio.run(main)
+    assert len(result.outputs["g.out"]) == expected(3)
+    check_stuck(json.loads(stuck_path.read_text()), 3, 1)
+    final = json.loads(path.read_text())
+    assert final["state"] == "finished" and final["holding"] == {} and final["pointstamps"] == []
+    assert all(e["own_pointstamps"] == [] for e in final["executors"])
+
+
+def test_on_one_executor_every_pointstamp_is_held_by_executor_0(tmp_path):
+    marker = tmp_path / "seen"
+    reports = []
+
+    def on_report(report):
+        reports.append(report)
+        if held(report, 0):
+            marker.touch()
+
+    result = slashrt.run(
+        flow(), {"a": PerExecutor(functools.partial(waiting, str(marker))), "b": others()}, on_report=on_report,
+        report_every=0.02,
+    )
+    assert len(result.outputs["g.out"]) == expected(1)
+    stuck = next(r for r in reports if held(r, 0))
+    # the tracker's counts are its own: every pointstamp and hold is executor 0's
+    assert stuck["pointstamps"] and all(p["held_by"] == [0] for p in stuck["pointstamps"])
+    assert all(h["held_by"] == [0] for holds in stuck["holding"].values() for h in holds)
+    assert sorted((p["at"], p["time"], p["count"]) for p in stuck["own_pointstamps"]) == sorted(
+        (p["at"], p["time"], p["count"]) for p in stuck["pointstamps"])
+    assert ", held by executor 0" in describe({"flow": "g", "state": "running", **stuck})
+
+
+def failing(report: str, index: int, executors: int):
+    """Executor 1 fails once the report file shows the window waiting for it."""
+    yield chunk(index, 0)
+    if index == 1:
+        deadline = time.monotonic() + WAIT_S
+        while not (Path(report).exists() and held(json.loads(Path(report).read_text()), 1)):
+            if time.monotonic() > deadline:
+                raise TimeoutError("no report showed executor 1 holding the window back")
+            time.sleep(0.01)
+        raise OSError("the disk with executor 1's second chunk is gone")
+    yield chunk(index, 1)
+
+
+def test_a_failed_run_leaves_the_report_with_the_failure_and_the_holder(tmp_path):
+    path = tmp_path / "job.json"
+    with pytest.raises(slashrt.cluster.ClusterError, match="disk with executor 1's second chunk is gone"):
+        slashrt.run(flow(), {"a": PerExecutor(functools.partial(failing, str(path))), "b": others()}, executors=2,
+                    transport="shm", on_report=path, report_every=0.02, **RINGS)
+    final = json.loads(path.read_text())
+    assert final["state"] == "failed" and "second chunk is gone" in final["error"]
+    assert [e["state"] for e in final["executors"]][1] == "failed"
+    # the executors' last views: the user step's input waits for executor 1's source alone; the
+    # window's may wait for records executor 0 shipped to executor 1 too (in its queue, or on the
+    # channel to the failed executor), else for that source as well
+    step = final["holding"]["g.step.in0"]
+    assert step and all(h["what"] == SOURCE and h["held_by"] == [1] for h in step), step
+    window = final["holding"][WINDOW]
+    assert window and all(h["held_by"] == [1] if h["what"] == SOURCE else "on their way" in h["what"]
+                          for h in window), window
+    assert f"held by {SOURCE} at g.a.out0 ({step[0]['time'][0]}) (seen by executors " \
+           f"{', '.join(map(str, step[0]['executors']))}), held by executor 1" in describe(final)
+
+
+def test_an_executor_reports_as_its_own_only_what_every_view_can_have_from_it():
+    """While the executors are busy, a source's capability moves wait in the executor's buffer
+    (`BusCounts`): its own pointstamps are where it published them, so each is in its own view
+    (which has every update it published, at once) at the same moment. Records on their way
+    are the exception: the sender's own are its queued rows, whose count it may not have
+    published yet."""
+    reports = []
+    n = 150_000
+    big = {name: np.zeros(n, SCHEMA.dtype) for name in "ab"}
+    for name, data in big.items():
+        data["t"], data["k"] = np.arange(n) // 40, np.random.default_rng(7).integers(0, 50, n)
+    result = slashrt.run(flow(), big, executors=2, transport="shm", on_report=reports.append, report_every=0.005,
+                         **RINGS)
+    assert len(result.outputs["g.out"]) == len(np.unique(big["a"]["t"] // 100 * 50 + big["a"]["k"]))
+    seen = [e for r in reports for e in r["executors"] if e["state"] == "running"]
+    moved = [e for e in seen if any(p["at"] == "g.a.out0" and p["time"][0] > 0 for p in e["own_pointstamps"])]
+    assert len(moved) >= 5, len(moved)  # reports taken while the sources streamed
+    for e in seen:
+        counts = {(p["at"], tuple(p["time"])): p["count"] for p in e["pointstamps"]}
+        for p in e["own_pointstamps"]:
+            if "on their way" not in p["what"]:
+                assert counts.get((p["at"], tuple(p["time"])), 0) >= p["count"], (e["executor"], p, e["pointstamps"])
