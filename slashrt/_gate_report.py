@@ -13,7 +13,10 @@ as they show a graph flow's:
 - "pointstamps": every executor's watermark at each gate whose stream has not ended there,
   "at": "executor J";
 - "holding": per input not yet complete, the executors whose watermark is that least one
-  ("at": "executor J", "time": [low], "what": the source, or window, whose watermark it is).
+  ("at": "executor J", "time": [low], "what": the source, or window, whose watermark it is);
+- "own_pointstamps": this executor's own watermark at each gate ("at": "executor I"), which
+  `combine` matches to name the executor holding each pointstamp and hold ("held_by"), as
+  it does for a graph flow's.
 """
 
 from __future__ import annotations
@@ -29,22 +32,25 @@ __all__ = ["GateProgress", "gate_progress"]
 class GateProgress:
     """The gates of one executor's plan of a tree flow, read as a progress report."""
 
-    def __init__(self, gates: list[tuple[str, object, str]]):
+    def __init__(self, gates: list[tuple[str, object, str]], index: int):
         self.gates = gates  # (the window's input, the exchange holding its gate, whose watermark meets there)
+        self.index = index  # this executor's
 
     def frontiers(self) -> dict[str, list[Timestamp]]:
         return {name: [] if x.gate.frontier.low == END_TIME else [Timestamp(x.gate.frontier.low)]
                 for name, x, _ in self.gates}
 
     def report(self) -> dict:
-        pointstamps, holding = [], {}
+        pointstamps, holding, own = [], {}, []
         for name, x, upstream in self.gates:
             frontier = x.gate.frontier  # (replaced by a restore: read it now)
             what = (f"capability of {upstream} (its watermark)" if isinstance(frontier, PointstampClock)
                     else f"watermark of {upstream}")
             entries = list(frontier.entries)
-            pointstamps += [{"at": f"executor {j}", "time": [t], "count": 1, "what": f"{what} at {name}"}
-                            for j, t in enumerate(entries) if t != END_TIME]
+            mine = [{"at": f"executor {j}", "time": [t], "count": 1, "what": f"{what} at {name}"}
+                    for j, t in enumerate(entries) if t != END_TIME]
+            pointstamps += mine
+            own += [p for p in mine if p["at"] == f"executor {self.index}"]
             low = frontier.low
             if low != END_TIME:
                 holding[name] = [{"at": f"executor {j}", "time": [low], "what": what}
@@ -53,13 +59,14 @@ class GateProgress:
             "frontiers": {name: [[t.epoch] for t in ts] for name, ts in self.frontiers().items()},
             "pointstamps": sorted(pointstamps, key=lambda p: (p["at"], p["what"])),
             "holding": holding,
+            "own_pointstamps": own,
         }
 
 
-def gate_progress(plan) -> GateProgress | None:
-    """The gates of `plan` (a tree flow's, built for one executor of several), each with what
-    feeds it: its source's watermark, or the windows' of an exchange before it; None without
-    any."""
+def gate_progress(plan, index: int) -> GateProgress | None:
+    """The gates of `plan` (a tree flow's, built for executor `index` of several), each with
+    what feeds it: its source's watermark, or the windows' of an exchange before it; None
+    without any."""
     gates = []
 
     def walk(node, upstream: str) -> None:
@@ -71,4 +78,4 @@ def gate_progress(plan) -> GateProgress | None:
 
     for step_id, root in plan.roots.items():
         walk(root, f"source {step_id}")
-    return GateProgress(gates) if gates else None
+    return GateProgress(gates, index) if gates else None

@@ -336,7 +336,7 @@ async def execute(
     tracker = PointstampProgress(plan, progress_bus) if pointstamp else None
     # where is it stuck: the tracker's counts, or (a tree flow on several executors) the gates
     # where the executors' watermarks meet its keyed windows
-    progress_view = tracker if tracker is not None else gate_progress(plan)
+    progress_view = tracker if tracker is not None else gate_progress(plan, index)
     if isinstance(on_report, (str, os.PathLike)):
         on_report = ReportFile(on_report, flow.name)
     if on_report is not None and progress_view is None:
