@@ -44,6 +44,11 @@ its inputs stream, only once it stayed idle for `BusCounts`' grace), and finishe
 no executor has work outstanding (`PointstampProgress.waiting`). At debug level it logs,
 before it parks, what holds each frontier not at the end (`PointstampProgress.idle_holds`).
 
+Stop with a savepoint: once the executor took the savepoint's snapshot it computes nothing more
+(`halt`: no input, no fed-back batch, no frontier delivered) until the run is cancelled, or the
+savepoint failed (`go_on`): what it would compute there, the run resuming the savepoint computes
+again, so a sink that is not transactional would get it twice.
+
 A channel that delivers a malformed buffer is closed and reported; the other channels and
 their pipelines go on. An exception from an operator fails the executor (trio cancels every
 coroutine, nothing hangs).
@@ -123,6 +128,7 @@ class Executor:
         self.coalesce = coalesce
         self._lanes = {n: _Lane([i for i in inputs if i.lane == n], n) for n in sorted({i.lane for i in inputs})}
         self.log = log.bind(executor=index)
+        self._halted: trio.Event | None = None  # set by `go_on`: a stop's savepoint is taken (`halt`)
         if checkpoints is not None:
             checkpoints.attach(self)
 
@@ -222,6 +228,9 @@ class Executor:
                     lane.turns.unpark_all()
                 if checkpoints is not None:  # between two batches: what a checkpoint may do only here
                     checkpoints.between(lane.number)
+                if self._halted is not None:  # (its pollers wait for a turn: the rings keep their data)
+                    await self._halted.wait()
+                    continue
                 if queue and (not ready or handled % 2):  # fed-back batches alternate with input
                     t0 = time.perf_counter()
                     await progress.run_queued()
@@ -274,7 +283,7 @@ class Executor:
                     # (pollers, sources, checkpoints' triggers and writes) run between two calls
                     took = time.perf_counter() - t0
                     inp.run_cap = self.coalesce if took * self.coalesce <= n * self.SLICE_S else max(1, int(n * self.SLICE_S / took))
-                if progress is not None:
+                if progress is not None and self._halted is None:  # (halted by the barrier just computed)
                     await progress.settle()
                 stats.compute_s += time.perf_counter() - t0
                 handled += 1
@@ -325,6 +334,18 @@ class Executor:
         """Wake the compute coroutines (a checkpoint waits for their next turn: `between`)."""
         for lane in self._lanes.values():
             lane.lot.unpark_all()
+
+    def halt(self) -> None:
+        """A stop's savepoint is taken: compute nothing more until the run is cancelled or `go_on`."""
+        if self._halted is None:
+            self._halted = trio.Event()
+
+    def go_on(self) -> None:
+        """The savepoint failed: compute again (what waited in the rings, the queue, the tracker)."""
+        if self._halted is not None:
+            self._halted.set()
+            self._halted = None
+            self.wake()
 
     def unblock_all(self) -> None:
         """Consume every input again."""

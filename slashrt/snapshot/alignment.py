@@ -343,6 +343,11 @@ class LoopHead:
         now = self.aligner.clock()
         return self._opening([Snapshot(n, AlignmentStats(n, now, now))])
 
+    def taken(self, n: int) -> None:
+        """n's log was taken whole, as the back edges held it at the snapshot (a stop's
+        savepoint: nothing runs after it): no barrier n is sent round, none is waited for."""
+        self._open.pop(n, None)
+
     def record(self, input: Input, batch: object) -> None:
         """`batch` arrived on `input`; logged if it is a back edge that a log waits on. The log
         keeps `batch` itself: pass one the ring will not overwrite (a copy of the slot)."""

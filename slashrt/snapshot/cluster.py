@@ -25,10 +25,11 @@ cannot write (`CheckpointCoordinator.failing`: past `tolerable_failures` in a ro
 a broker's failure is retried by a restart strategy).
 
 Stop with a savepoint (`stop`, a StopHandle, asked before every agent drained): "savepoint" n
-(the sources feed nothing after barrier n), acks, manifest, "commit" n, then "stop" n: each
-agent cancels its executor's run (no end of stream: open windows stay in n), stops driving its
+(the sources feed nothing after barrier n; from its snapshot the executor computes nothing:
+`Executor.halt`), acks, manifest, "commit" n, then "stop" n: each agent cancels its executor's run (no end of stream: open windows stay in n), stops driving its
 channels and says "finished"; once all did, "release" lets them close the channels (docs/
-architecture.md, "Stop with a savepoint on a cluster"). If n aborts, "go_on": the sources feed on.
+architecture.md, "Stop with a savepoint on a cluster"). If n aborts, "go_on": the sources feed on,
+the executor computes again.
 
 Stop-the-world (mode "sync", every flow): every checkpoint halts the sources as a savepoint does
 (`SourceBarriers.stop`: nothing fed after barrier n); each executor, once aligned (everything fed
@@ -124,10 +125,13 @@ class AgentCheckpointing(Checkpointing):
     def on_message(self, kind: str, n) -> None:
         if kind in ("checkpoint", "savepoint"):  # a savepoint stops: its sources feed nothing after its barrier
             if n in self._requested:  # a peer's barrier came first and it was taken then (`_obey`)
+                if kind == "savepoint" and self._executor is not None:  # (its sources had ended): from now on
+                    self._halting = True
+                    self._executor.halt()
                 return
             self._requested.add(n)
             if kind == "savepoint":  # an in-memory transactional sink commits it at once (`_take`), as on one executor
-                self._kinds[n] = "savepoint"
+                self._kinds[n], self._halting = "savepoint", True
             self._request(n, stop=kind == "savepoint")
             if kind == "checkpoint" and self._overtakes:  # savepoints and the final checkpoint align
                 self._spawn(self._overtake_after, n, self.config.unaligned_after)
@@ -137,7 +141,9 @@ class AgentCheckpointing(Checkpointing):
             self.savepoint = n
             self._body.cancel()
             self._released.set()
-        elif kind == "go_on":  # stop-the-world checkpoint n is committed or aborted (None: the savepoint aborted)
+        elif kind == "go_on" and n is None:  # the savepoint aborted: the sources feed on, the executor computes again
+            self._go_on()
+        elif kind == "go_on":  # stop-the-world checkpoint n is committed or aborted
             for source in self.sources.values():
                 source.go_on(n)
         elif kind == "commit":

@@ -45,8 +45,12 @@ peers' channels' records in flight with the recount; lane 0 computes those first
 Stop with a savepoint: "savepoint" n is aligned as any checkpoint (its sources feed nothing
 after barrier n, and, like a "checkpoint" request, it wakes the executor to forward at once what
 ended sources owe). Nothing drains: notifications, open windows and the loops' log and outboxes
-stay in n; what fires or iterates after the snapshot, until "stop", goes into n + 1, which a
-resume aborts.
+stay in n. From the snapshot until "stop" the executor computes nothing (`Executor.halt`, from
+`Checkpointing._take`): no window fires, no notification, no end, no fed-back batch, no input
+(a peer's outbox rows wait in the ring), though a peer's progress may still move the frontier
+(a source's capability a peer publishes only once it halted): whatever fired there the resumed
+run would fire again, twice into a sink that is not transactional. If n aborts, "go_on" lets it
+compute again.
 """
 
 from __future__ import annotations

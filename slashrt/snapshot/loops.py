@@ -20,8 +20,9 @@ layouts, which a step without a schema may send, each as `batch.<i>`), their tim
 the queue's order across edges (`seq`). Recovery restores the nodes' state, then `replay`
 queues the logged batches again in that order and delivers each once, before any new input.
 
-In the stop-the-world mode (and for the final checkpoint, taken after the executor ended)
-nothing runs between the snapshot and the log: the log is what the queue holds (`take`).
+In the stop-the-world mode, for a stop's savepoint (the executor computes nothing after it) and
+for the final checkpoint (taken after the executor ended) nothing runs between the snapshot and
+the log: the log is what the queue holds (`take`).
 
 On a cluster, a graph flow's exchanges with loops also log what they ship between their
 barrier and the snapshot: an `Outbox` part per exchange (`slashrt.snapshot.cluster_graph`).
@@ -81,10 +82,11 @@ class BackEdgeLog:
             self.progress.enqueue_barrier(feedback, n)
 
     def take(self, n: int) -> None:
-        """Nothing runs until the log is written (stop-the-world, or the executor ended): the
-        log of n is what the queue holds now."""
+        """Nothing runs until the log is written (stop-the-world, a stop's savepoint, or the
+        executor ended): the log of n is what the queue holds now."""
         queued = () if self.progress is None else self.progress.queue
         entries = [(f.step_id, (batch, t)) for f, batch, t, location in queued if location is not None]
+        self.head.taken(n)
         self._close(LoopLog(n, tuple(entries)))
 
     def ended(self) -> None:

@@ -18,8 +18,10 @@
 When every input has ended, the run takes a final checkpoint, so a transactional sink publishes
 everything and a resume from it finds nothing left to do. Stop with a savepoint (`stop`, a
 `StopHandle`): the coordinator's `stop_with_savepoint` n goes to every source, which halts after
-sending barrier n; once n is written and its sinks committed, the run ends (the executor's run is
-cancelled: nothing came after the barrier) and `savepoint` is n; resuming from n continues there. `restore` (resume_from) restores every
+sending barrier n; from n's snapshot the executor computes nothing more (`Executor.halt`: its loops'
+log is what their back edges hold then); once n is written and its sinks committed, the run ends
+(the executor's run is cancelled: nothing came after the barrier) and `savepoint` is n; resuming
+from n continues there. `restore` (resume_from) restores every
 stateful node, and settles each 2PC sink (`commit.recover_async`: a broker's sink from its
 worker thread); `positions` rewinds the sources.
 
@@ -211,6 +213,7 @@ class Checkpointing:
         self.stop = stop  # a StopHandle, or None
         self.savepoint: int | None = None  # the run stopped with this savepoint
         self._kinds: dict[int, str] = {}  # savepoint and final checkpoints (in their manifest's meta)
+        self._halting = False  # a stop's savepoint is asked, and has not failed: its snapshot halts the executor
         self.config = config
         self.store = store
         self.restored = restored
@@ -405,7 +408,7 @@ class Checkpointing:
             while self.config.mode == "sync" and (self.coordinator.pending or self._writing):
                 await self._changed.wait()  # stop-the-world: one checkpoint stops the world at a time
             n = self.coordinator.stop_with_savepoint().checkpoint
-            self._kinds[n] = "savepoint"
+            self._kinds[n], self._halting = "savepoint", True
             log.info("stopping with a savepoint", checkpoint=n)
             self._request(n, stop=True)
             while self.coordinator.state == "stopping" or n in self._writing:
@@ -415,8 +418,16 @@ class Checkpointing:
                 body.cancel()
                 return
             log.warning("stop with a savepoint failed", reason=self.coordinator.stop_failure)
-            for source in self.sources.values():
-                source.go_on()
+            self._go_on()
+
+    def _go_on(self) -> None:
+        """A stop's savepoint failed: the sources feed on, the executor computes again (or, if
+        the failure came before its snapshot, goes on computing at it)."""
+        self._halting = False
+        for source in self.sources.values():
+            source.go_on()
+        if self._executor is not None:
+            self._executor.go_on()
 
     async def _trigger(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         with trio.CancelScope() as scope:
@@ -589,7 +600,12 @@ class Checkpointing:
         in its worker thread: begun here, so after every write before the barrier and before any
         after it, and finished in the background before n is acked (`_write`). Loops: barrier n
         goes round them while the run goes on (`running`, asynchronous snapshots), else the log
-        is what their back edges hold now."""
+        is what their back edges hold now. A stop's savepoint: the log is what they hold now, and
+        the executor computes nothing more (`Executor.halt`) until the run stops, else what it
+        fired or iterated after the snapshot the resumed run would again: twice, into a sink
+        that is not transactional (a transactional one aborts it with n + 1)."""
+        stopping = self._kinds.get(n) == "savepoint"
+        running = running and not stopping
         self._taken.add(n)
         self._writing.add(n)
         started = time.perf_counter()
@@ -611,6 +627,8 @@ class Checkpointing:
         if self.loops is not None:
             self.loops.open(n) if running else self.loops.take(n)
         positions = source_positions(self.sources.values(), n)
+        if stopping and self._halting and self._executor is not None:
+            self._executor.halt()
         log.debug("checkpoint snapshot", checkpoint=n, sync_s=time.perf_counter() - started)
         if not self._spawn(self._write, n, states, sync, positions, alignment.seconds, pre_commits):
             for pre_commit in pre_commits:  # the run ended: nothing awaits them

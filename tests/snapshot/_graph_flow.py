@@ -122,10 +122,12 @@ def inputs() -> dict:
 ROUNDS = 4
 
 
-def hop_flow(directory, pace=None) -> Dataflow:
+def hop_flow(directory, pace=None, sink=None) -> Dataflow:
     """A loop whose every round sends each record to the executor owning its key (k + round):
     what comes back round the feedback is shipped again at once (the outbox of a checkpoint).
-    `pace`: a pass-through filter on the feedback edge (the rounds after the first), or none."""
+    `pace`: a pass-through filter on the feedback edge (the rounds after the first), or none;
+    `sink`: where the records go after their last round (default: a transactional CSV directory
+    `<directory>/hopped`)."""
     job = Dataflow("hop-ckpt")
     source = job.source("a", SCHEMA, time="t")
     with job.loop("rounds") as loop:
@@ -134,7 +136,7 @@ def hop_flow(directory, pace=None) -> Dataflow:
         again = step.filter(lambda b: b["n"] < ROUNDS, name="again")
         loop.feed_back(behind(again, pace))
         left = loop.leave(step.filter(lambda b: b["n"] >= ROUNDS, name="done"))
-    left.sink(ChaosCsv(f"{directory}/hopped", transactional=True), name="hopped")
+    left.sink(ChaosCsv(f"{directory}/hopped", transactional=True) if sink is None else sink, name="hopped")
     return job
 
 

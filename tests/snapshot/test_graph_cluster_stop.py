@@ -13,7 +13,12 @@ processes over rings of four 256-byte slots that every channel wraps many times.
 - connected components (notifications per epoch inside the loop) stopped while an epoch's rounds
   are in flight, its sources ended: after the resume, every epoch's labels equal scipy's,
   nothing published twice;
-- a keyed window inside a loop (`LoopWindow`) stopped with windows open: exactly once.
+- a keyed window inside a loop (`LoopWindow`) stopped with windows open: exactly once;
+- into sinks that are not transactional (plain Collects, whose every write is output at once),
+  a union in front of a keyed window (1 executor, 2 over shm and tcp) and a loop that ships every
+  round (1 executor, 2 over shm): the stopped run's output and the resumed run's together equal
+  one uninterrupted run's, nothing twice (an executor computes nothing after the savepoint's
+  snapshot: what it would fire or iterate there, the resumed run does again).
 
 (Stop with `restart=`, a kill before the stop: tests/snapshot/test_cluster_stop.py.)
 """
@@ -24,9 +29,10 @@ import numpy as np
 import pytest
 
 import slashrt
-from slashrt import StopHandle
+from slashrt import Dataflow, StopHandle, Tumbling
 from slashrt.bench.chaos import ChaosCsv, published
 from slashrt.cluster import PerExecutor
+from slashrt.ops.sinks import Collect
 from slashrt.examples.cc_partitioned import MESSAGES, cc_partitioned_flow, labels_after
 from slashrt.snapshot import SnapshotStore, storage
 from slashrt.snapshot.alignment import BarrierAligner
@@ -36,7 +42,7 @@ from slashrt.snapshot.runtime import SourceBarriers
 
 from tests.cluster import test_cc_partitioned as cc
 from tests.snapshot import _graph_flow
-from tests.snapshot._paced import Paced, paced_chunks
+from tests.snapshot._paced import Paced, behind, paced_chunks
 from tests.snapshot.test_cluster_stop import stop_after_manifest
 from tests.snapshot.test_graph_cluster_checkpoints import RINGS, cc_rows, fed, outputs
 
@@ -201,3 +207,64 @@ def test_a_savepoint_request_wakes_the_executor_to_forward_its_barriers():
     assert agent._due and agent.progress.woken == 1
     assert 7 in agent.sources["s"]._held and agent._kinds[7] == "savepoint"  # halts after barrier 7
 
+
+def plain_union_flow(out: Collect, pace: Paced) -> Dataflow:
+    """A union in front of a keyed tumbling window (a graph flow), into `out`, not transactional."""
+    job = Dataflow("plain-stop")
+    records = behind(job.source("r", _graph_flow.SCHEMA, time="t", max_delay=20), pace)
+    even = records.filter(lambda b: b["k"] % 2 == 0, name="even")
+    odd = records.filter(lambda b: b["k"] % 2 == 1, name="odd")
+    even.union(odd).window(Tumbling(100)).sum("v", key="k", output="total").sink(out, name="out")
+    return job
+
+
+def plain_records(n: int = 30_000) -> np.ndarray:
+    """5 time units a record (a 1 KiB slot of 42 records spans two windows), 13 keys."""
+    out = np.zeros(n, _graph_flow.SCHEMA.dtype)
+    out["t"] = np.arange(n) * 5
+    out["k"], out["v"] = out["t"] * 7919 % 13, out["t"] % 101 - 50
+    return out
+
+
+def plain_hop_flow(out: Collect, pace: Paced) -> Dataflow:
+    """`_graph_flow.hop_flow` into `out`, not transactional."""
+    return _graph_flow.hop_flow(None, pace, sink=out)
+
+
+PLAIN = {  # flow, input, records after which (each executor) the pace slows each batch until the savepoint
+    "union": (plain_union_flow, {"r": plain_records()}, dict(after=1_000, seconds=0.02)),
+    "loop": (plain_hop_flow, {"a": _graph_flow.inputs()["a"][:1_500]}, dict(seconds=0.02)),
+}
+
+
+@pytest.mark.parametrize("case, executors, transport", [
+    ("union", 1, None), ("union", 2, "shm"), ("union", 2, "tcp"), ("loop", 1, None), ("loop", 2, "shm"),
+])
+def test_a_graph_flow_stopped_into_a_plain_sink_emits_nothing_after_its_savepoint(tmp_path, monkeypatch, case,
+                                                                                    executors, transport):
+    """Before, an executor went on computing between the savepoint's snapshot and the stop: on a
+    cluster windows that a peer's progress, arriving after the snapshot, closed fired (the union);
+    a loop went on iterating (on one executor until barrier n came back round it, on a cluster
+    computing the rows its peers' exchanges shipped after their barriers). A transactional sink
+    left that output in n + 1, which a resume aborts; a plain one kept it, and the resumed run,
+    from the savepoint, emitted it again."""
+    flow, data, slow = PLAIN[case]
+    reference = Collect()
+    slashrt.run(flow(reference, Paced()), data)
+    stop, saved = StopHandle(), tmp_path / "saved"
+    saved.mkdir()
+    stop_after_manifest(monkeypatch, stop, 2, saved)
+    options = dict(checkpoint=CHECKPOINTS, checkpoint_dir=tmp_path / "chk", slots=4, slot_size=1024)
+    if executors > 1:
+        options.update(executors=executors, transport=transport)
+    first = Collect()
+    stopped = slashrt.run(flow(first, Paced(**slow, until=(saved, 1))), data, stop=stop, **options)
+    stopped_savepoint(stopped, tmp_path / "chk", flow(Collect(), Paced()).name)
+    assert 0 < len(first.records) < len(reference.records)  # stopped in the middle
+    monkeypatch.undo()
+    second = Collect()
+    resumed = slashrt.run(flow(second, Paced()), data, resume_from="latest", **options)
+    assert resumed.resumed_from == stopped.savepoint
+    both = np.concatenate([first.records, second.records])
+    assert len(np.unique(both)) == len(both)  # nothing twice
+    np.testing.assert_array_equal(np.sort(both), np.sort(reference.records))
