@@ -72,7 +72,7 @@ from slashrt.ssb.crdt import records_as_partials
 from slashrt.ssb.partitions import Partitioning
 from slashrt.ssb.window import DEFAULT_EPOCH_BYTES, EpochStats, check_routing, keys_unrepeated, routes_directly
 
-__all__ = ["SsbGraphWindow", "SsbLoopWindow", "SsbRoute", "partial_dtype", "adopt_in_flight"]
+__all__ = ["SsbGraphWindow", "SsbLoopWindow", "SsbRoute", "partial_dtype", "is_partial", "adopt_in_flight"]
 
 
 def partial_dtype(value_dtype: np.dtype) -> np.dtype:
@@ -82,6 +82,12 @@ def partial_dtype(value_dtype: np.dtype) -> np.dtype:
         [("slice", "<i8"), ("key", "<i8"), ("count", "<i8"), ("value", np.dtype(value_dtype).newbyteorder("<")),
          ("closed", "<i8")]
     )
+
+
+def is_partial(rows: np.ndarray) -> bool:
+    """Are `rows` (shipped to a window's step, or in flight there in a checkpoint) partial rows
+    of fragments (`partial_dtype`), not records?"""
+    return {"slice", "closed"} <= set(rows.dtype.names)
 
 
 def _held_end(fragments: WindowAggregate, slice_ids, closed: int):
@@ -553,7 +559,7 @@ async def adopt_in_flight(node, rows: np.ndarray) -> None:
     the window itself."""
     times = time_columns(rows)
     rows = rows[np.lexsort(times.T[::-1])]  # (from several old executors: one run per time)
-    partial = {"slice", "closed"} <= set(rows.dtype.names)
+    partial = is_partial(rows)
     window = node.window if isinstance(node, WindowRoute) else node
 
     async def take(run: np.ndarray, time: Timestamp) -> None:
