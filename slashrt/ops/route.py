@@ -208,7 +208,10 @@ class ExchangeNode(Node):
         return owners, rows
 
     def reship(self, owners: np.ndarray, rows: np.ndarray) -> None:
-        """After a restore: ship again what a checkpoint's outbox holds, counted in flight at each row's time."""
+        """After a restore: ship again what a checkpoint's outbox holds, counted in flight at each row's time
+        (rows a checkpoint holds in an older layout, with columns this one's rows lost, in this one)."""
+        if rows.dtype != self.exchange_dtype:
+            rows = Batch(rows).to_numpy(self.exchange_dtype)
         self.count_in_flight(rows)
         for owner in np.unique(owners).tolist():
             self._queues[owner].append(rows[owners == owner])

@@ -194,6 +194,7 @@ def graph_in_flight(checkpoint, plan, index: int, executors: int, partitions: in
     behind the barrier, `<step>.to<j>`), by the step they were on their way to: those whose
     key (a record's exchange key, a partial row's `key`) executor `index` of `executors` now
     owns. They are taken on it as if they had just arrived (`ssb.graph_window.adopt_in_flight`)."""
+    from slashrt.ssb.graph_window import is_partial
     from slashrt.ssb.partitions import Partitioning
 
     if plan.graph is None:
@@ -221,7 +222,7 @@ def graph_in_flight(checkpoint, plan, index: int, executors: int, partitions: in
         if not rows:
             continue
         rows = np.concatenate(rows)
-        key = "key" if {"slice", "closed"} <= set(rows.dtype.names) else plan.flow.steps[target].key
+        key = "key" if is_partial(rows) else plan.flow.steps[target].key
         pieces.setdefault(target, []).append(rows[after.owner_of(rows[key].astype(np.int64)) == index])
     return {step: np.concatenate(parts) for step, parts in pieces.items() if sum(map(len, parts))}
 

@@ -42,8 +42,13 @@ delta is shipped, and joined, once (a fragment restarts from the zero value afte
 
 Lateness is judged where a record is read, by the rule of a plain window (the logical time
 of its batch closes the windows ending by it): a record partly late for a sliding window's
-slice joins a *tail* of that slice, shipped with the end its windows closed at (`closed`),
-and the owner joins it only into later windows (`WindowAggregate.merge_slice`).
+slice joins a *tail* of that slice, kept apart by the end its windows closed at. A partial row
+carries no such end: its time says it. A piece is shipped at the time before the end of the
+first window it joins (`_held_end`: a slice's first, a tail's the first after the closed
+ones), so the owner joins a row at time t into the windows of its slice ending after t
+(`_join`; `WindowAggregate.merge_slice`): for a tail the windows after those closed, there
+being no window end in between; for a slice all of them. A row is 40 bytes (slice, key,
+count, value and its time), as the tree SSB's delta rows.
 
 Inside loops (`SsbLoopWindow`) every iteration has its fragments and its owner's window, as
 a `LoopWindow` has a window per iteration: a fragment is due when the records' frontier at its
@@ -72,16 +77,28 @@ from slashrt.ssb.crdt import records_as_partials
 from slashrt.ssb.partitions import Partitioning
 from slashrt.ssb.window import DEFAULT_EPOCH_BYTES, EpochStats, check_routing, keys_unrepeated, routes_directly
 
-__all__ = ["SsbGraphWindow", "SsbLoopWindow", "SsbRoute", "partial_dtype", "adopt_in_flight"]
+__all__ = ["SsbGraphWindow", "SsbLoopWindow", "SsbRoute", "partial_dtype", "is_partial", "adopt_in_flight"]
+
+
+PARTIAL_FIELDS = ("slice", "key", "count", "value")
 
 
 def partial_dtype(value_dtype: np.dtype) -> np.dtype:
-    """A fragment's row: a key's partial state in one slice, and the end of the last window of
-    the slice it must not join (NO_TIME: none)."""
+    """A fragment's row: a key's partial state in one slice (the windows of the slice it joins
+    follow from the time it ships at: `_join`)."""
     return np.dtype(
-        [("slice", "<i8"), ("key", "<i8"), ("count", "<i8"), ("value", np.dtype(value_dtype).newbyteorder("<")),
-         ("closed", "<i8")]
+        [("slice", "<i8"), ("key", "<i8"), ("count", "<i8"), ("value", np.dtype(value_dtype).newbyteorder("<"))]
     )
+
+
+def is_partial(rows: np.ndarray) -> bool:
+    """Are `rows` (shipped to a window's step, or in flight there in a checkpoint) partial rows
+    of fragments (`partial_dtype`), not records? Routed records carry at most three columns of
+    their own (`routed_dtype`), an exchange's their times (`__t`). Partial rows of checkpoints
+    taken before rows lost their `closed` column (its end of the windows a tail must not join,
+    which their time always said too) are partial rows: read by name, the column left aside."""
+    names = [n for n in rows.dtype.names if not n.startswith("__")]
+    return "__t" not in rows.dtype.names and names in (list(PARTIAL_FIELDS), [*PARTIAL_FIELDS, "closed"])
 
 
 def _held_end(fragments: WindowAggregate, slice_ids, closed: int):
@@ -109,17 +126,15 @@ def _held_ends(fragments: WindowAggregate) -> set[int]:
 
 @attrs.frozen
 class _Piece:
-    """Partial states to ship at one logical `time` (a fragment's table, or records routed
-    directly): their slices (one id, or one per row), keys, counts (None: records, one each)
-    and values (None: a count's records carry none), and `closed`, the end of the last window
-    of their slices they must not join (NO_TIME: none)."""
+    """Partial states to ship at one logical `time`, the end of the first window they join - 1
+    (a fragment's table, or records routed directly): their slices (one id, or one per row),
+    keys, counts (None: records, one each) and values (None: a count's records carry none)."""
 
     time: Timestamp
     slices: int | np.ndarray
     keys: np.ndarray
     counts: np.ndarray | None
     vals: np.ndarray | None
-    closed: int = NO_TIME
 
 
 def _take_due(fragments: WindowAggregate, until: int | None, counters: tuple[int, ...] = ()) -> list[_Piece]:
@@ -139,16 +154,15 @@ def _take_due(fragments: WindowAggregate, until: int | None, counters: tuple[int
         else:
             del fragments.tails[(s, closed)]
         if len(keys):
-            due.append(_Piece(Timestamp(end - 1, counters), s, keys, counts, vals, closed))
+            due.append(_Piece(Timestamp(end - 1, counters), s, keys, counts, vals))
     return due
 
 
 async def _as_partials(fragments: WindowAggregate, batch: Batch, epoch: int, counters: tuple[int, ...] = ()) -> list[_Piece]:
     """Direct routing: the records of `batch`, carried at `epoch` (in the iteration of
     `counters`), judged as `fragments` judges the records it folds (`WindowAggregate.push`:
-    the late ones counted and sent to its late sink, the partly late ones marked with the end
-    their windows closed at), in pieces of the time their table would be held at
-    (`_take_due`) and one `closed` each."""
+    the late ones counted and sent to its late sink, the partly late ones kept out of the
+    windows that closed), in pieces of the time their table would be held at (`_take_due`)."""
     times = _flat(batch.view(fragments.spec.time))
     if not len(times):
         return []
@@ -161,29 +175,27 @@ async def _as_partials(fragments: WindowAggregate, batch: Batch, epoch: int, cou
             return []
     keys, values = fragments._fields(batch)
     keys, values = _flat(keys), None if values is None else _flat(values)
-    first = fragments._earliest_end(slice_ids)
-    tail = first <= closed  # partly late: its windows ending by `closed` closed to it
     lo, hi = minmax(slice_ids)
-    if lo == hi and not tail[0]:  # the common case: one slice, none of its windows closed
-        return [_Piece(Timestamp(int(first[0]) - 1, counters), slice_ids, keys, None, values)]
-    ends = _held_end(fragments, slice_ids, closed)
-    order = np.lexsort((slice_ids, tail, ends))  # (a piece's slices in runs: one merge each at the owner)
-    ends, tail = ends[order], tail[order]
-    cuts = [0, *(np.flatnonzero((ends[1:] != ends[:-1]) | (tail[1:] != tail[:-1])) + 1).tolist(), len(order)]
+    if lo == hi:  # the common case: one slice
+        end = int(_held_end(fragments, int(lo), closed))
+        return [_Piece(Timestamp(end - 1, counters), slice_ids, keys, None, values)]
+    ends = _held_end(fragments, slice_ids, closed)  # (a partly late slice's: after the closed windows)
+    order = np.lexsort((slice_ids, ends))  # (a piece's slices in runs: one merge each at the owner)
+    ends = ends[order]
+    cuts = [0, *(np.flatnonzero(ends[1:] != ends[:-1]) + 1).tolist(), len(order)]
     return [
         _Piece(Timestamp(int(ends[a]) - 1, counters), slice_ids[order[a:b]], keys[order[a:b]], None,
-               None if values is None else values[order[a:b]], closed if tail[a] else NO_TIME)
+               None if values is None else values[order[a:b]])
         for a, b in zip(cuts[:-1], cuts[1:])
     ]
 
 
-def _join(window: WindowAggregate, rows: np.ndarray) -> None:
-    """Partial rows of keys this executor owns (a shipment) into `window`."""
-    closed = rows["closed"]
-    lo, hi = minmax(closed)
-    for c in [lo] if lo == hi else np.unique(closed).tolist():
-        part = rows if lo == hi else rows[closed == c]
-        window.merge_partials(part["slice"], part["key"], part["count"], part["value"], int(c))
+def _join(window: WindowAggregate, rows: np.ndarray, held: int) -> int:
+    """Partial rows of keys this executor owns, shipped at time `held` (in the iteration
+    `window` aggregates), into `window`: into their slices' windows ending after `held`, the
+    end of the first window they join - 1 (a tail's windows ending by it closed where it was
+    judged; a slice has none ending by it). Returns how many keys were new to their slice."""
+    return window.merge_partials(rows["slice"], rows["key"], rows["count"], rows["value"], held)
 
 
 async def _iteration_window(loop: LoopWindow, counters: tuple[int, ...]) -> WindowAggregate:
@@ -509,9 +521,8 @@ class SsbRoute(WindowRoute):
                     remote += len(those)
                     nbytes += those.nbytes
                     continue
-                window = await self.window.owner_window(piece.time.counters)
                 own += len(those)
-                new += window.merge_partials(those["slice"], those["key"], those["count"], those["value"], piece.closed)
+                new += _join(await self.window.owner_window(piece.time.counters), those, piece.time.epoch)
         self.window.shipped(total, remote, nbytes)
         if direct:
             self.window.routed_own(own, new)
@@ -534,14 +545,14 @@ class SsbRoute(WindowRoute):
             parts = self.partitioning.route(piece.keys, piece.counts, piece.vals.astype(value, copy=False),
                                             (rows["key"], rows["count"], rows["value"]))
             rows["slice"] = piece.slices
-        rows["closed"] = piece.closed
         rows["__epoch"] = piece.time.epoch
         for i, counter in enumerate(piece.time.counters):
             rows[f"__c{i}"] = counter
         return rows, parts
 
     async def take(self, rows: np.ndarray) -> None:
-        _join(await self.window.owner_window(self.clock.now.counters), rows)
+        now = self.clock.now
+        _join(await self.window.owner_window(now.counters), rows, now.epoch)
 
 
 async def adopt_in_flight(node, rows: np.ndarray) -> None:
@@ -553,12 +564,13 @@ async def adopt_in_flight(node, rows: np.ndarray) -> None:
     the window itself."""
     times = time_columns(rows)
     rows = rows[np.lexsort(times.T[::-1])]  # (from several old executors: one run per time)
-    partial = {"slice", "closed"} <= set(rows.dtype.names)
+    partial = is_partial(rows)
     window = node.window if isinstance(node, WindowRoute) else node
 
     async def take(run: np.ndarray, time: Timestamp) -> None:
         if partial:  # a fragment's rows: joined into the owner's window (inside loops, its iteration's)
-            _join(await _iteration_window(window, time.counters) if isinstance(window, LoopWindow) else window, run)
+            owner = await _iteration_window(window, time.counters) if isinstance(window, LoopWindow) else window
+            _join(owner, run, time.epoch)
         elif isinstance(node, ExchangeNode) and not isinstance(node, SsbRoute):
             await node.take(run)  # on downstream (a route: into its window)
         else:  # records into the fragments (SSB) or the window (one executor)

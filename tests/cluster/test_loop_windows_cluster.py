@@ -150,7 +150,7 @@ def test_a_window_in_a_loop_is_routed_with_its_loop_counters_unless_its_key_was_
     assert route.exchange_dtype.names == ("t", "k", "v", "__epoch", "__c0", "__c1")
     fragments = build_plan(flow, ClusterRole(1, Partitioning(16, 3), "slash", progress="pointstamp")).steps["nest.win"]
     assert isinstance(fragments, SsbRoute) and isinstance(fragments.window, SsbLoopWindow)
-    assert fragments.exchange_dtype.names == ("slice", "key", "count", "value", "closed", "__epoch", "__c0", "__c1")
+    assert fragments.exchange_dtype.names == ("slice", "key", "count", "value", "__epoch", "__c0", "__c1")
 
     flow = Dataflow("x")
     with flow.loop("l", max_iterations=3) as loop:
