@@ -7,7 +7,7 @@ import trio.testing
 
 from slashrt import Dataflow, Schema, Tumbling
 from slashrt._batch import Batch
-from slashrt._plan import ClusterRole, build_plan
+from slashrt._plan import ClusterRole, build_plan, check_cluster_flow
 from slashrt.errors import DataflowError, OperatorError
 from slashrt.ops.sinks import Collect
 from slashrt.ssb.window import SsbWindowAggregate, delta_dtype
@@ -58,8 +58,12 @@ def test_a_computed_column_of_unknown_type_is_refused_in_a_cluster():
     f = Dataflow("w")
     s = f.source("r", SCHEMA, time="ts").with_column("v2", lambda b: b["value"] * 2)
     s.window(Tumbling(ms=100)).sum("v2", key="key").sink(Collect())
-    with pytest.raises(DataflowError, match="dtype="):
-        build_plan(f, ClusterRole(0, Partitioning(8, 2)))
+    sentence = r"^step 'w\.sum_window_\d+': a multi-executor run needs the type of the aggregated column 'v2' .*dtype="
+    for mode in ("slash", "uppar"):  # planned for a cluster: where the SSB (or the route) learns its type
+        with pytest.raises(DataflowError, match=sentence):
+            build_plan(f, ClusterRole(0, Partitioning(8, 2), mode))
+    with pytest.raises(DataflowError, match=sentence):
+        check_cluster_flow(f)  # run(executors=...) says the same before any executor starts
     build_plan(f, ClusterRole(0, Partitioning(8, 1)))  # one executor: a plain window decides at run time
 
 
