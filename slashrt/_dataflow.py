@@ -175,6 +175,26 @@ class WindowAggSpec:
     overflow: str = "wrap"  # an int64 sum leaving the range: "wrap" or "error"
     scope: tuple[str, ...] = ()  # the loops it runs in (one window per iteration: ops/loop_window.py)
 
+    def shared_value_dtype(self, steps: dict | None = None) -> np.dtype:
+        """The accumulator type, for a window whose rows or partial states executors exchange
+        (fixed-size rows: it must be known when the dataflow is built, not guessed). Unknown (a
+        column computed without a declared type): refused in one sentence, naming the
+        with_column to give a dtype= when the flow's `steps` are given to find it."""
+        if self.value_dtype is not None:
+            return self.value_dtype
+        made = steps.get(self.up) if steps else None
+        while made is not None and not (isinstance(made, WithColumnSpec) and made.name == self.column):
+            made = steps.get(getattr(made, "up", None))
+        fix = (
+            f"give with_column({self.column!r}, ..., dtype=...) in step {made.step_id!r} a dtype"
+            if made is not None
+            else "declare its type where it is made (with_column's dtype=, apply's or operator's schema=)"
+        )
+        raise DataflowError(
+            f"step {self.step_id!r}: a multi-executor run needs the type of the aggregated column {self.column!r} "
+            f"when the dataflow is built: {fix}"
+        )
+
 
 @attrs.frozen
 class UnionSpec:

@@ -253,20 +253,8 @@ def check_cluster_flow(flow: Dataflow, progress: str | None = None) -> None:
                 "type must be known when the dataflow is built (give apply/operator a schema=, with_column a dtype=)"
             )
     for spec in flow.steps.values():
-        if not isinstance(spec, WindowAggSpec) or spec.value_dtype is not None:
-            continue
-        made = flow.steps.get(spec.up)
-        while made is not None and not (isinstance(made, WithColumnSpec) and made.name == spec.column):
-            made = flow.steps.get(getattr(made, "up", None))
-        fix = (
-            f"give with_column({spec.column!r}, ..., dtype=...) in step {made.step_id!r} a dtype"
-            if made is not None
-            else "declare its type where it is made"
-        )
-        raise DataflowError(
-            f"step {spec.step_id!r}: a multi-executor run needs the type of the aggregated column {spec.column!r} "
-            f"when the dataflow is built: {fix}"
-        )
+        if isinstance(spec, WindowAggSpec):  # the sentence its node says when planned, naming the with_column
+            spec.shared_value_dtype(flow.steps)
 
 
 def per_source(plan, given: dict, what: str):

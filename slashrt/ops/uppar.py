@@ -18,7 +18,7 @@ from slashrt._batch import Batch
 from slashrt._buffer import Control
 from slashrt._dataflow import WindowAggSpec
 from slashrt._kernels import minmax
-from slashrt.errors import DataflowError, SnapshotError
+from slashrt.errors import SnapshotError
 from slashrt.ops._node import Node
 from slashrt.ops.event_time import NO_TIME
 from slashrt.ops.exchange import FrontierGate, Inbound
@@ -35,14 +35,10 @@ __all__ = ["RouteByOwner", "routed_dtype"]
 
 def routed_dtype(spec: WindowAggSpec) -> np.dtype:
     """The rows that cross the network: only the fields the window reads."""
-    if spec.value_dtype is None:
-        raise DataflowError(
-            f"{spec.step_id}: in a multi-executor run the type of column {spec.column!r} must be known when the "
-            "dataflow is built (give with_column a dtype=)"
-        )
+    value_dtype = spec.shared_value_dtype()
     fields = [(spec.time, "<i8"), (spec.key, "<i8" if spec.key_dtype is None else spec.key_dtype)]
     if spec.column is not None:
-        fields.append((spec.column, spec.value_dtype))
+        fields.append((spec.column, value_dtype))
     return np.dtype(fields)
 
 

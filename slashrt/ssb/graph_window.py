@@ -475,11 +475,11 @@ class SsbRoute(WindowRoute):
 
     def __init__(self, spec: WindowAggSpec, late, *, index: int, partitioning: Partitioning,
                  epoch_bytes: int = DEFAULT_EPOCH_BYTES, routing: str = "auto"):
+        dtype = partial_dtype(spec.shared_value_dtype())  # rows of a fixed size: refused if not known
         kind = SsbLoopWindow if spec.scope else SsbGraphWindow
         window = kind(spec, late, epoch_bytes=epoch_bytes, routing=routing)
         self.window = window
         self.upstream = spec.up  # the step whose output frontier says when fragments are due
-        dtype = partial_dtype(window.value_dtype if window.value_dtype is not None else np.dtype("<i8"))
         super(WindowRoute, self).__init__(
             ExchangeSpec(spec.step_id, spec.up, "key", dtype, len(spec.scope)), index=index, partitioning=partitioning
         )

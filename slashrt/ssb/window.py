@@ -258,11 +258,7 @@ class SsbWindowAggregate(WindowAggregate):
         routing: str = "auto",
         progress: str = "watermark",
     ):
-        if spec.value_dtype is None:
-            raise DataflowError(
-                f"{spec.step_id}: in a multi-executor run the type of column {spec.column!r} must be known when the "
-                "dataflow is built (give with_column a dtype=)"
-            )
+        spec.shared_value_dtype()  # the deltas' rows are of a fixed size: refused here if not known
         if epoch_bytes < 1:
             raise DataflowError(f"epoch size must be at least one byte, got {epoch_bytes}")
         check_routing(routing)

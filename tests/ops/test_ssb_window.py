@@ -7,7 +7,7 @@ import trio.testing
 
 from slashrt import Dataflow, Schema, Tumbling
 from slashrt._batch import Batch
-from slashrt._plan import ClusterRole, build_plan
+from slashrt._plan import ClusterRole, build_plan, check_cluster_flow
 from slashrt.errors import DataflowError, OperatorError
 from slashrt.ops.sinks import Collect
 from slashrt.ssb.window import SsbWindowAggregate, delta_dtype
@@ -54,12 +54,24 @@ async def test_a_leader_fires_only_when_every_executor_passed_the_window():
     assert sorted(got["key"].tolist()) == [10, 11] and (got["sum_value"] == 5).all()
 
 
-def test_a_computed_column_of_unknown_type_is_refused_in_a_cluster():
+def _split_and_joined(s):
+    """A graph flow: the stream split in two and joined again by a union (the window behind it
+    runs as an `SsbRoute` in a cluster)."""
+    return s.filter(lambda b: b["key"] % 2 == 0).union(s.filter(lambda b: b["key"] % 2 == 1))
+
+
+@pytest.mark.parametrize("shape", [lambda s: s, _split_and_joined], ids=["tree", "graph"])
+def test_a_computed_column_of_unknown_type_is_refused_in_a_cluster(shape):
     f = Dataflow("w")
     s = f.source("r", SCHEMA, time="ts").with_column("v2", lambda b: b["value"] * 2)
-    s.window(Tumbling(ms=100)).sum("v2", key="key").sink(Collect())
-    with pytest.raises(DataflowError, match="dtype="):
-        build_plan(f, ClusterRole(0, Partitioning(8, 2)))
+    shape(s).window(Tumbling(ms=100)).sum("v2", key="key").sink(Collect())
+    assert f.is_graph() or shape is not _split_and_joined
+    sentence = r"^step 'w\.sum_window_\d+': a multi-executor run needs the type of the aggregated column 'v2' .*dtype="
+    for mode in ("slash", "uppar"):  # planned for a cluster: where the SSB (or the route) learns its type
+        with pytest.raises(DataflowError, match=sentence):
+            build_plan(f, ClusterRole(0, Partitioning(8, 2), mode))
+    with pytest.raises(DataflowError, match=sentence):
+        check_cluster_flow(f)  # run(executors=...) says the same before any executor starts
     build_plan(f, ClusterRole(0, Partitioning(8, 1)))  # one executor: a plain window decides at run time
 
 
