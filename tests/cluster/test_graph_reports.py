@@ -20,14 +20,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import trio
 
 import slashrt
 import slashrt.cluster
 from slashrt import Dataflow, Operator, Schema, Tumbling, sinks
 from slashrt._frontier_report import describe
 from slashrt.cluster import PerExecutor
-from slashrt.errors import unwrap_groups
+
+from tests.cluster._reports import collecting, run_watching_file
 
 SCHEMA = Schema({"t": "i8", "k": "i8"})
 CHUNK = 4_000  # records per chunk: 1000 ms of event time
@@ -113,13 +113,7 @@ def check_stuck(stuck: dict, executors: int, holder: int) -> None:
 
 def test_a_function_sees_the_window_held_by_the_executor_whose_source_waits(tmp_path):
     marker = tmp_path / "seen"
-    reports = []
-
-    def on_report(report):
-        reports.append(report)
-        if held(report, 1):
-            marker.touch()
-
+    reports, on_report = collecting(lambda report: held(report, 1), marker)
     result = slashrt.run(
         flow(), {"a": PerExecutor(functools.partial(waiting, str(marker))), "b": others()}, executors=2,
         transport="shm", on_report=on_report, report_every=0.02, **RINGS,
@@ -131,31 +125,13 @@ def test_a_function_sees_the_window_held_by_the_executor_whose_source_waits(tmp_
 
 def test_a_report_file_of_3_executors_over_tcp_names_the_holder_and_then_the_end(tmp_path):
     """Executor 1 of 3 waits (in mode "uppar": the window behind a route by key)."""
-    path, marker, stuck_path = tmp_path / "job.json", tmp_path / "seen", tmp_path / "stuck.json"
-
-    async def watch_file():
-        while True:
-            if path.exists() and held(report := json.loads(path.read_text()), 1):
-                stuck_path.write_text(json.dumps(report))
-                marker.touch()
-                return
-            await trio.sleep(0.01)
-
-    async def main():
-        from slashrt.cluster import run_cluster_async
-
-        async with unwrap_groups(), trio.open_nursery() as nursery:
-            nursery.start_soon(watch_file)
-            result = await run_cluster_async(
-                flow(), {"a": PerExecutor(functools.partial(waiting, str(marker))), "b": others()}, executors=3,
-                transport="tcp", mode="uppar", on_report=str(path), report_every=0.02, **RINGS,
-            )
-            nursery.cancel_scope.cancel()
-        return result
-
-    result = trio.run(main)
+    path, marker = tmp_path / "job.json", tmp_path / "seen"
+    result, stuck = run_watching_file(
+        flow(), {"a": PerExecutor(functools.partial(waiting, str(marker))), "b": others()}, path, marker,
+        lambda report: held(report, 1), executors=3, transport="tcp", mode="uppar", report_every=0.02, **RINGS,
+    )
     assert len(result.outputs["g.out"]) == expected(3)
-    check_stuck(json.loads(stuck_path.read_text()), 3, 1)
+    check_stuck(stuck, 3, 1)
     final = json.loads(path.read_text())
     assert final["state"] == "finished" and final["holding"] == {} and final["pointstamps"] == []
     assert all(e["own_pointstamps"] == [] for e in final["executors"])
@@ -163,13 +139,7 @@ def test_a_report_file_of_3_executors_over_tcp_names_the_holder_and_then_the_end
 
 def test_on_one_executor_every_pointstamp_is_held_by_executor_0(tmp_path):
     marker = tmp_path / "seen"
-    reports = []
-
-    def on_report(report):
-        reports.append(report)
-        if held(report, 0):
-            marker.touch()
-
+    reports, on_report = collecting(lambda report: held(report, 0), marker)
     result = slashrt.run(
         flow(), {"a": PerExecutor(functools.partial(waiting, str(marker))), "b": others()}, on_report=on_report,
         report_every=0.02,

@@ -18,14 +18,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import trio
 
 import slashrt
 import slashrt.cluster
 from slashrt import Dataflow, Schema, Tumbling, sinks
 from slashrt._frontier_report import describe
 from slashrt.cluster import PerExecutor
-from slashrt.errors import DataflowError, unwrap_groups
+from slashrt.errors import DataflowError
+
+from tests.cluster._reports import collecting, run_watching_file
 from slashrt.progress.frontier import NO_TIME
 
 SCHEMA = Schema({"t": "i8", "k": "i8"})
@@ -93,13 +94,7 @@ def check_stuck(stuck: dict, executors: int, what: str) -> None:
                          ids=["inside-the-stream", "before-any-record"])
 def test_a_function_sees_the_window_held_by_the_executor_whose_source_waits(tmp_path, wait_at, low, high):
     marker = tmp_path / "seen"
-    reports = []
-
-    def on_report(report):
-        reports.append(report)
-        if held(report, low, high):
-            marker.touch()
-
+    reports, on_report = collecting(lambda report: held(report, low, high), marker)
     result = slashrt.run(
         counted_flow(), {"a": PerExecutor(functools.partial(stream, str(marker), wait_at=wait_at))}, executors=2,
         transport="shm", on_report=on_report, report_every=0.02, **RING,
@@ -120,33 +115,13 @@ def _cli(*args) -> subprocess.CompletedProcess:
 def test_a_report_file_of_3_executors_over_tcp_shows_the_holder_and_then_the_end(tmp_path):
     """UpPar (a router's gate) on pointstamp progress: the capability of executor 1's source."""
     path, marker, stuck_path = tmp_path / "job.json", tmp_path / "seen", tmp_path / "stuck.json"
-
-    async def watch_file():
-        while True:
-            if path.exists():
-                report = json.loads(path.read_text())
-                if held(report):
-                    stuck_path.write_text(json.dumps(report))
-                    marker.touch()
-                    return
-            await trio.sleep(0.01)
-
-    async def main():
-        from slashrt.cluster import run_cluster_async
-
-        async with unwrap_groups(), trio.open_nursery() as nursery:
-            nursery.start_soon(watch_file)
-            result = await run_cluster_async(
-                counted_flow(), {"a": PerExecutor(functools.partial(stream, str(marker)))}, executors=3,
-                transport="tcp", mode="uppar", progress="pointstamp", on_report=str(path), report_every=0.02, **RING,
-            )
-            nursery.cancel_scope.cancel()
-        return result
-
-    result = trio.run(main)
+    result, stuck = run_watching_file(
+        counted_flow(), {"a": PerExecutor(functools.partial(stream, str(marker)))}, path, marker, held, executors=3,
+        transport="tcp", mode="uppar", progress="pointstamp", report_every=0.02, **RING,
+    )
+    stuck_path.write_text(json.dumps(stuck))
     assert len(result.outputs["st.out"]) == expected(3)
     assert result.frontiers == {WINDOW: []}
-    stuck = json.loads(stuck_path.read_text())
     check_stuck(stuck, 3, "capability of source st.a (its watermark)")
     at = stuck["frontiers"][WINDOW][0][0]
     shown = _cli("frontiers", str(stuck_path))
