@@ -3,11 +3,30 @@ waiting source of the job goes on once `marker` exists, which the watcher touche
 `is_stuck` (so the run can only finish after a report saw it, no sleep decides)."""
 
 import json
+import time
 from pathlib import Path
 
 import trio
 
 from slashrt.errors import unwrap_groups
+
+
+WAIT_S = 60  # a report that never shows it fails the test instead of hanging it
+
+
+def wait_until(ready, index: int = 1) -> None:
+    """Until `ready()` (a report showed the hold): executor `index`'s chunk stream waits here,
+    in its agent's process, before it goes on or fails."""
+    deadline = time.monotonic() + WAIT_S
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no report showed executor {index} holding the window back")
+        time.sleep(0.01)
+
+
+def shown_in_file(path: str, is_stuck):
+    """`ready` for `wait_until`: the report file at `path` shows what `is_stuck` waits for."""
+    return lambda: Path(path).exists() and is_stuck(json.loads(Path(path).read_text()))
 
 
 def collecting(is_stuck, marker: Path):

@@ -15,7 +15,6 @@ The rings (four 256-byte slots) wrap many times over the run."""
 
 import functools
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,14 +26,13 @@ from slashrt import Dataflow, Operator, Schema, Tumbling, sinks
 from slashrt._frontier_report import describe
 from slashrt.cluster import PerExecutor
 
-from tests.cluster._reports import collecting, run_watching_file
+from tests.cluster._reports import collecting, run_watching_file, shown_in_file, wait_until
 
 SCHEMA = Schema({"t": "i8", "k": "i8"})
 CHUNK = 4_000  # records per chunk: 1000 ms of event time
 RINGS = {"slot_size": 256, "slots": 4}
 WINDOW = "g.counts.in0"
 SOURCE = "capability of source g.a (its watermark)"
-WAIT_S = 60  # a report that never shows the hold fails the test instead of hanging it
 
 
 class Passing(Operator):
@@ -71,11 +69,7 @@ def waiting(marker: str, index: int, executors: int):
     second chunk only once `marker` exists."""
     yield chunk(index, 0)
     if index == min(1, executors - 1):
-        deadline = time.monotonic() + WAIT_S
-        while not Path(marker).exists():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no report showed executor {index} holding the window back")
-            time.sleep(0.01)
+        wait_until(Path(marker).exists, index)
     yield chunk(index, 1)
 
 
@@ -158,11 +152,7 @@ def failing(report: str, index: int, executors: int):
     """Executor 1 fails once the report file shows the window waiting for it."""
     yield chunk(index, 0)
     if index == 1:
-        deadline = time.monotonic() + WAIT_S
-        while not (Path(report).exists() and held(json.loads(Path(report).read_text()), 1)):
-            if time.monotonic() > deadline:
-                raise TimeoutError("no report showed executor 1 holding the window back")
-            time.sleep(0.01)
+        wait_until(shown_in_file(report, lambda shown: held(shown, 1)))
         raise OSError("the disk with executor 1's second chunk is gone")
     yield chunk(index, 1)
 

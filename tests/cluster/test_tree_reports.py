@@ -13,7 +13,6 @@ import functools
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,14 +25,13 @@ from slashrt._frontier_report import describe
 from slashrt.cluster import PerExecutor
 from slashrt.errors import DataflowError
 
-from tests.cluster._reports import collecting, run_watching_file
+from tests.cluster._reports import collecting, run_watching_file, shown_in_file, wait_until
 from slashrt.progress.frontier import NO_TIME
 
 SCHEMA = Schema({"t": "i8", "k": "i8"})
 CHUNK = 4_000  # records per chunk: 1000 ms of event time, 64 slots of the 4-slot rings below
 RING = {"slots": 4, "slot_size": 1024}
 WINDOW = "st.count_window_1.in0"
-WAIT_S = 60  # a report that never shows the hold fails the test instead of hanging it
 
 
 def chunk(executor: int, i: int) -> np.ndarray:
@@ -48,11 +46,7 @@ def stream(marker: str, index: int, executors: int, wait_at: int = 1):
     once `marker` exists."""
     for i in range(2):
         if index == 1 and i == wait_at:
-            deadline = time.monotonic() + WAIT_S
-            while not Path(marker).exists():
-                if time.monotonic() > deadline:
-                    raise TimeoutError("no report showed executor 1 holding the window back")
-                time.sleep(0.01)
+            wait_until(Path(marker).exists)
         yield chunk(index, i)
 
 
@@ -138,11 +132,7 @@ def failing_stream(report: str, index: int, executors: int):
     """Executor 1 fails once the report file shows the window waiting for it."""
     yield chunk(index, 0)
     if index == 1:
-        deadline = time.monotonic() + WAIT_S
-        while not (Path(report).exists() and held(json.loads(Path(report).read_text()))):
-            if time.monotonic() > deadline:
-                raise TimeoutError("no report showed executor 1 holding the window back")
-            time.sleep(0.01)
+        wait_until(shown_in_file(report, held))
         raise OSError("the disk with executor 1's second chunk is gone")
     yield chunk(index, 1)
 
