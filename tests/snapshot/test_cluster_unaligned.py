@@ -28,21 +28,11 @@ from slashrt.snapshot.alignment import BarrierAligner, Snapshot
 from slashrt.snapshot.channel_state import CHANNEL_KIND
 
 from tests.snapshot import _cluster_child
+from tests.snapshot._in_flight import in_flight
 from tests.snapshot._paced import Paced
 from tests.snapshot.test_cluster_checkpoints import child, published, reference  # noqa: F401 (a fixture)
 
 SMALL_RINGS = {"slots": 8, "slot_size": 1024, "partitions": 16}
-
-
-def in_flight(checkpoint, sources=True) -> int:
-    """Records in flight in the sources' rings (`sources`), or else between executors: on the
-    peers' channels and in the SSB shippers' queues (a delta row counts the records folded into it)."""
-    flying = 0
-    for state in checkpoint.states.values():
-        if state.meta.get("kind") == CHANNEL_KIND and (state.meta["source"] in checkpoint.meta["sources"]) == sources:
-            records = state.arrays["records"]
-            flying += int(records["count"].sum()) if "epoch" in records.dtype.names else len(records)
-    return flying
 
 
 def counting(pace) -> tuple[Dataflow, Collect]:
