@@ -19,7 +19,6 @@ import pytest
 
 import slashrt
 from slashrt import Dataflow, Tumbling
-from slashrt.errors import SlashError
 from slashrt.ops.sinks import Collect
 from slashrt.snapshot import SnapshotStore
 
