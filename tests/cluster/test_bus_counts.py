@@ -69,8 +69,9 @@ async def test_updates_no_executor_needs_promptly_take_no_grace_and_go_with_the_
         assert received[1] == (((SOURCE, Timestamp(2)), 1), ((BODY, Timestamp(2, (0,))), 1), ((SOURCE, Timestamp(1)), -1))
 
 
-class _ViewOnly:
-    """A progress bus reduced to its view: what the executor records is dropped."""
+class ViewOnlyBus:
+    """A progress bus reduced to its view: what the executor records is dropped, and no peer
+    messages arrive but those a test applies to the view itself."""
 
     def __init__(self, graph):
         self.exchange = type("Exchange", (), {"view": Tracker(graph), "holds_nothing": lambda self: True})()
@@ -95,7 +96,7 @@ class _Forwarding(sinks.Collect):
 def test_a_windows_capability_is_silent_unless_a_sink_below_passes_watermarks_on(sink):
     flow = union_count(sink=sink())
     plan = build_plan(flow, ClusterRole(0, Partitioning(16, 2), "slash", progress="pointstamp"))
-    progress = PointstampProgress(plan, _ViewOnly(plan.graph))
+    progress = PointstampProgress(plan, ViewOnlyBus(plan.graph))
     at = {step: Location.output(i, 0) for i, step in enumerate(flow.steps)}
     silent = progress.tracker._silent
     assert at["uc.counts"] in silent if sink is sinks.Collect else at["uc.counts"] not in silent
@@ -105,7 +106,7 @@ def test_a_windows_capability_is_silent_unless_a_sink_below_passes_watermarks_on
 
 async def test_an_idle_executor_recounts_the_windows_holds_only_after_a_source_moved_uncounted(monkeypatch):
     plan = build_plan(union_count(), ClusterRole(0, Partitioning(16, 2), "slash", progress="pointstamp"))
-    progress = PointstampProgress(plan, _ViewOnly(plan.graph))
+    progress = PointstampProgress(plan, ViewOnlyBus(plan.graph))
     route = plan.steps["uc.counts"]
     looks = []
     monkeypatch.setattr(route.window, "fragment_holds", lambda: looks.append(1) or frozenset())

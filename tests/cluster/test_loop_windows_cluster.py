@@ -170,28 +170,16 @@ def test_the_peer_message_that_makes_the_view_idle_still_reaches_the_route_which
     import trio
 
     from slashrt._plan import ClusterRole, build_plan
-    from slashrt.progress import Location, Timestamp, Tracker
+    from slashrt.progress import Location, Timestamp
     from slashrt.progress.timestamp import MIN_EPOCH
     from slashrt.scheduler._pointstamp import PointstampProgress
     from slashrt.ssb.partitions import Partitioning
+    from tests.cluster.test_bus_counts import ViewOnlyBus
 
     flow, _ = halving_loop(Tag(1, "sum_v"), schema=tagged(1, "sum_v"))
     plan = build_plan(flow, ClusterRole(0, Partitioning(16, 2), "uppar", progress="pointstamp"))
 
-    class Bus:  # the view as the progress bus keeps it; what this executor records is dropped
-        exchange = type("Exchange", (), {"view": Tracker(plan.graph), "holds_nothing": lambda self: True})()
-        on_frontier_change = None
-
-        def record(self, updates):
-            pass
-
-        def flush(self):
-            pass
-
-        def poll(self):  # no peer messages but those the test delivers
-            return False
-
-    bus = Bus()
+    bus = ViewOnlyBus(plan.graph)
     source = Location.output(list(flow.steps).index("lw.src"), 0)
     bus.exchange.view.update(source, Timestamp(MIN_EPOCH), 1)  # the peer's source, still reading
     progress = PointstampProgress(plan, bus)
