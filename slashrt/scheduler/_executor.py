@@ -128,7 +128,7 @@ class Executor:
         self.coalesce = coalesce
         self._lanes = {n: _Lane([i for i in inputs if i.lane == n], n) for n in sorted({i.lane for i in inputs})}
         self.log = log.bind(executor=index)
-        self._halted: trio.Event | None = None  # set by `go_on`: a stop's savepoint is taken (`halt`)
+        self._halted: trio.Event | None = None  # a stop's savepoint is taken (`halt`); set by `go_on`
         if checkpoints is not None:
             checkpoints.attach(self)
 
