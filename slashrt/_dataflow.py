@@ -245,9 +245,6 @@ class ExchangeSpec:
     depth: int  # loop counters of its timestamps (they cross with the records)
 
 
-GRAPH_SPECS = (UnionSpec, OperatorSpec, EnterSpec, FeedbackSpec, LeaveSpec, ExchangeSpec)  # need pointstamp progress
-
-
 def inputs_of(spec) -> tuple[str, ...]:
     """The step ids a step reads, in input-port order (a feedback's way back is not listed)."""
     ups = getattr(spec, "ups", None)
@@ -345,10 +342,6 @@ class Dataflow:
         if isinstance(spec, FeedbackSpec):
             out.append((self.steps[spec.into], 1))
         return out
-
-    def is_graph(self) -> bool:
-        """Does the flow use union, connect, user operators or loops (pointstamp progress only)?"""
-        return any(isinstance(s, GRAPH_SPECS) for s in self.steps.values())
 
     def loop(self, name: str, max_iterations: int | None = None) -> Loop:
         """A loop scope (a context manager): `enter` streams, `feed_back` results into them one

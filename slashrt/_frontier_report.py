@@ -1,6 +1,6 @@
 """Where is it stuck: a run's progress report kept in a JSON file, and read back for people.
 
-`run(..., progress="pointstamp", on_report="job.json")` replaces the file atomically (a
+`run(..., on_report="job.json")` replaces the file atomically (a
 temporary file renamed over it) every `report_every` seconds while the job runs, and once more
 when it ends (`"state"`: "running", "finished" or "failed" with the error's sentence);
 `slashrt frontiers job.json [--json]` shows it: every input's frontier and, for each one not
@@ -17,12 +17,7 @@ its windows', its operators' requests...), and `combine` names in every pointsta
 hold's "held_by" the executors whose own list has its (at, time); on one executor the
 tracker's report has "held_by": [0] throughout. None: records on a channel between executors
 (only their receiver takes them off), or a retirement not every view has heard of yet.
-
-A tree flow on several executors reports its gates in the same shape
-(`slashrt._gate_report`): the inputs are its keyed windows' ("step.in0"), and a pointstamp or
-hold is an executor's watermark there, "at": "executor J" (its "what" names the source, or the
-window before, whose watermark it is), and each executor's own watermarks are its
-"own_pointstamps". A time of no watermark yet (MIN_EPOCH) shows as -inf.
+A time of no watermark yet (MIN_EPOCH) shows as -inf.
 """
 
 from __future__ import annotations

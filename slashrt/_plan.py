@@ -1,14 +1,14 @@
-"""Turn a Dataflow's step specs into runtime operator trees, one fused pipeline per source.
+"""Turn a Dataflow's step specs into runtime nodes wired as its graph: one node per step, fused
+into a pipeline where a step has one reader, reached through a `Port` where it has several.
 
-In a multi-executor run (`ClusterRole` given) every keyed window becomes an *exchange*: an
-`SsbWindowAggregate` (mode "slash") or a `RouteByOwner` in front of a window (mode "uppar");
-in a graph flow (pointstamp progress) an `SsbRoute` (mode "slash": fragments shipped as
-partial states) or a `WindowRoute` in front of a window (mode "uppar"), inside a loop one
-window per iteration.
-Exchanges talk to the other executors through channels that the cluster runtime wires with
-`add_peer` and `inbound`. In a tree flow an exchange's *stage* is how many exchanges its records
-crossed to reach it, itself included (a window fed by another's results is stage 2); the
-channels arriving at a stage-k exchange are computed by lane k of the executor (`lane`).
+Every flow is a dataflow graph (a linear one is a graph without fan-in) whose operators learn
+that a time is complete from one pointstamp tracker (`slashrt.scheduler._pointstamp`). In a
+multi-executor run (`ClusterRole` given) a keyed window becomes an *exchange*: mode "slash"
+folds its records into fragments shipped to the keys' owners as partial states (`SsbRoute`,
+the Slash State Backend), mode "uppar" routes the records to their key's owner (`WindowRoute`
+in front of the window); inside a loop one window per iteration. An `exchange(key=)` step
+routes records by key (`ExchangeNode`). Exchanges talk to the other executors through
+channels that the cluster runtime wires with `add_peer` and `inbound`.
 """
 
 from __future__ import annotations
@@ -40,14 +40,11 @@ from slashrt.ops.route import ExchangeNode, WindowRoute
 from slashrt.ops.sinks import SinkNode
 from slashrt.ops.stateless import ApplyNode, FilterNode, ProjectNode, WithColumnNode
 from slashrt.ssb.graph_window import SsbRoute
-from slashrt.ssb.window import SsbWindowAggregate
-from slashrt.ops.uppar import RouteByOwner
 from slashrt.ops.window import WindowAggregate
-from slashrt.progress import PROGRESS_MODES
-from slashrt.scheduler._pointstamp import progress_graph, resolve_mode
+from slashrt.scheduler._pointstamp import progress_graph
 from slashrt.ssb.partitions import Partitioning
 
-__all__ = ["Plan", "build_plan", "check_cluster_flow", "check_progress", "ClusterRole", "MODES", "per_source"]
+__all__ = ["Plan", "build_plan", "check_cluster_flow", "ClusterRole", "MODES", "per_source"]
 
 MODES = ("slash", "uppar")
 
@@ -60,37 +57,23 @@ class ClusterRole:
     partitioning: Partitioning
     mode: str = "slash"
     epoch_bytes: int = 64 << 20
-    ssb_routing: str = "auto"  # the SSB windows' routing (SsbWindowAggregate, SsbRoute): auto, fragments or direct
-    progress: str = "watermark"  # what the exchanges' gates fire on: see slashrt.progress.PROGRESS_MODES
+    ssb_routing: str = "auto"  # the SSB windows' routing (`SsbRoute`): auto, fragments or direct
 
     def __attrs_post_init__(self):
         if self.mode not in MODES:
             raise DataflowError(f"unknown mode {self.mode!r}; choose one of {list(MODES)}")
-        check_progress(self.progress)
 
     def exchange(self, spec: ExchangeSpec) -> ExchangeNode:
         return ExchangeNode(spec, index=self.index, partitioning=self.partitioning)
 
-    def window(self, spec: WindowAggSpec, late: SinkNode | None) -> Node:
-        if self.partitioning.executors == 1:
-            return WindowAggregate(spec, late)  # no helpers, nobody to route to: nothing to share
-        if self.mode == "slash":
-            return SsbWindowAggregate(
-                spec, late, index=self.index, partitioning=self.partitioning, epoch_bytes=self.epoch_bytes,
-                routing=self.ssb_routing, progress=self.progress,
-            )
-        return RouteByOwner(
-            spec, WindowAggregate(spec, late), index=self.index, partitioning=self.partitioning, progress=self.progress
-        )
-
     def on_fragments(self, spec: WindowAggSpec, up) -> bool:
-        """Does this graph flow's keyed window run on the state backend (`SsbRoute`)? In mode
-        "slash", where its records need a route."""
+        """Does this keyed window run on the state backend (`SsbRoute`)? In mode "slash", where
+        its records need a route."""
         routed = isinstance(up, ExchangeSpec) and up.key == spec.key
         return self.mode == "slash" and self.partitioning.executors > 1 and not routed
 
-    def graph_window(self, spec: WindowAggSpec, late: SinkNode | None, up) -> Node:
-        """A keyed window of a graph flow, firing on the distributed pointstamp frontier. In
+    def window(self, spec: WindowAggSpec, late: SinkNode | None, up) -> Node:
+        """A keyed window, firing on the distributed pointstamp frontier. In
         mode "uppar" its rows go to their key's owner (`WindowRoute`), whose window (a plain
         one, or inside a loop a `LoopWindow`: one per iteration, the rows' times with their
         loop counters travel with them) takes them; in mode "slash" every executor folds them
@@ -115,7 +98,7 @@ class Plan:
         self.sinks = sinks
         self.flow = flow
         self.steps = steps or {}  # step id -> its node (every step once, in the flow's order)
-        self.graph = graph  # the progress graph (a Reachability), checked when the flow is a graph
+        self.graph = graph  # the progress graph (a Reachability), checked
 
     def nodes(self):
         """Every runtime node reachable from a source, once (a node read by several steps is
@@ -130,29 +113,9 @@ class Plan:
     def windows(self) -> list[WindowAggregate | LoopWindow]:
         return [n for n in self.nodes() if isinstance(n, (WindowAggregate, LoopWindow))]
 
-    def exchanges(self) -> list[SsbWindowAggregate | RouteByOwner]:
+    def exchanges(self) -> list[ExchangeNode]:
         """The operators that exchange state or records with other executors."""
-        return [
-            n for n in self.nodes()
-            if isinstance(n, (SsbWindowAggregate, RouteByOwner)) or (isinstance(n, ExchangeNode) and n.partitioning)
-        ]
-
-
-def _number_stages(roots: dict[str, Node]) -> None:
-    """Give each exchange of a tree flow its stage as its `lane`: what its peers send it is
-    computed by a lane of its own, so a lane waits for peers' credits only on channels that a
-    later lane consumes (lane k sends on stage k+1's channels), never in a cycle: exchanges fed
-    by exchanges cannot deadlock through their rings however small they are."""
-
-    def walk(node: Node, stage: int) -> None:
-        if isinstance(node, (SsbWindowAggregate, RouteByOwner)):
-            stage += 1
-            node.lane = stage
-        for child in node.children:
-            walk(child, stage)
-
-    for root in roots.values():
-        walk(root, 0)
+        return [n for n in self.nodes() if isinstance(n, ExchangeNode) and n.partitioning]
 
 
 def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
@@ -189,10 +152,8 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
             if spec.late is not None:
                 late = SinkNode(f"{spec.step_id}.late", spec.late, spec.late_dtype)
                 sinks.append(late)
-            if cluster is not None and flow.is_graph():  # pointstamp progress over the whole graph: no gates
-                node = cluster.graph_window(spec, late, flow.steps.get(spec.up))
-            elif cluster is not None:
-                node = cluster.window(spec, late)
+            if cluster is not None:
+                node = cluster.window(spec, late, flow.steps.get(spec.up))
             elif spec.scope:  # inside a loop: a window per iteration
                 node = LoopWindow(spec, late)
             else:
@@ -210,7 +171,7 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
         s.step_id for s in flow.steps.values()
         if isinstance(s, WindowAggSpec) and cluster is not None and cluster.on_fragments(s, flow.steps.get(s.up))
     )
-    graph = progress_graph(flow, fragments) if flow.is_graph() else None
+    graph = progress_graph(flow, fragments)
     # every step once; a step read by several (a union, a two-input operator, a loop's entry)
     # is reached through a Port naming the input, so it is called synchronously from each
     steps = {step_id: build(spec) for step_id, spec in flow.steps.items()}
@@ -226,32 +187,21 @@ def build_plan(flow: Dataflow, cluster: ClusterRole | None = None) -> Plan:
     roots = {step_id: steps[step_id] for step_id in sources}
     for root in roots.values():
         root.watch()
-    if graph is None:
-        _number_stages(roots)
     if not sinks:
         raise DataflowError(f"dataflow {flow.name!r} has no sink: nothing would see its results")
     return Plan(roots, sources, sinks, flow, steps, graph)
 
 
-def check_progress(progress: str) -> str:
-    if progress not in PROGRESS_MODES:
-        raise DataflowError(f"run(): progress must be one of {', '.join(PROGRESS_MODES)}, got {progress!r}")
-    return progress
-
-
-def check_cluster_flow(flow: Dataflow, progress: str | None = None) -> None:
+def check_cluster_flow(flow: Dataflow) -> None:
     """What a multi-executor run needs beyond a local one, checked before any executor starts:
-    a graph flow (union, connect, operators, loops) runs on distributed pointstamp progress
-    (its keyed windows, inside loops too, route their rows by key, `ClusterRole.graph_window`); the type of every
-    aggregated column is known (executors exchange it in fixed-size rows)."""
-    if flow.is_graph():
-        resolve_mode(flow, progress)  # progress="watermark" is refused, naming the graph's steps
-        untyped = [s.step_id for s in flow.steps.values() if isinstance(s, ExchangeSpec) and s.dtype is None]
-        if untyped:
-            raise DataflowError(
-                f"dataflow {flow.name!r}: exchange steps {untyped} ship records between executors, so every column's "
-                "type must be known when the dataflow is built (give apply/operator a schema=, with_column a dtype=)"
-            )
+    the type of every column an exchange step ships, and of every aggregated column, is known
+    (executors exchange them in fixed-size rows)."""
+    untyped = [s.step_id for s in flow.steps.values() if isinstance(s, ExchangeSpec) and s.dtype is None]
+    if untyped:
+        raise DataflowError(
+            f"dataflow {flow.name!r}: exchange steps {untyped} ship records between executors, so every column's "
+            "type must be known when the dataflow is built (give apply/operator a schema=, with_column a dtype=)"
+        )
     for spec in flow.steps.values():
         if isinstance(spec, WindowAggSpec):  # the sentence its node says when planned, naming the with_column
             spec.shared_value_dtype(flow.steps)

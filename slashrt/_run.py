@@ -43,7 +43,6 @@ def run(
     resume_from: int | str | None = None,
     stop: StopHandle | None = None,
     restart: str | object | None = None,
-    progress: str | None = None,
     on_records: Callable[[int], None] | None = None,
     on_report: Callable[[dict], None] | str | os.PathLike | None = None,
     report_every: float = 0.5,
@@ -76,13 +75,9 @@ def run(
     savepoint; `restart` (clusters: "fixed-delay:attempts=3,delay=1s", "failure-rate:...",
     "none") recovers from an executor's death from the last complete checkpoint.
 
-    `progress` chooses how operators learn that a time is complete: "pointstamp" (a tracker
-    of pointstamps over the dataflow graph; union, connect, user operators and loops need it)
-    or "watermark" (watermarks travel down each source's pipeline); by default pointstamp for
-    flows that need it, else watermark. Both give the same results on flows both can run.
     `on_records(n)` is called now and then with the records processed so far;
-    `on_report(report)` gets the pointstamp tracker's `report()` every `report_every` seconds
-    (a tree flow on several executors: its gates', `slashrt._gate_report`); given a path
+    `on_report(report)` gets the progress tracker's `report()` every `report_every` seconds
+    (where each input's frontier stands and what holds it back); given a path
     instead, the report is kept in that JSON file, also after the run ended or failed
     (`slashrt frontiers PATH` shows it).
 
@@ -92,8 +87,8 @@ def run(
     pipeline at once.
 
     Clusters only (None: the default): `partitions` of the key space (256), `epoch_bytes` of an
-    SSB window's epoch (64 MiB) and its `ssb_routing` ("auto", "fragments" or "direct"), the
-    same in tree and graph flows (`slashrt.ssb.window`, `slashrt.ssb.graph_window`), the
+    SSB window's epoch (64 MiB) and its `ssb_routing` ("auto", "fragments" or "direct",
+    `slashrt.ssb.graph_window`), the
     channels' `secret` (random by default), `on_ready({source: [IngestTarget]})` once every
     executor is ready (`Ingest` inputs need it), and the heartbeats between the coordinator
     and its agents: one every `heartbeat_interval` seconds, an executor silent for
@@ -143,7 +138,7 @@ def prepare_run(
     _check_options(options, local)
     _check_rings(flow, options)
     if not local:
-        check_cluster_flow(flow, options.get("progress"))
+        check_cluster_flow(flow)
     if local:
         return lambda: run_async(flow, inputs, **options)
     return lambda: run_cluster_async(

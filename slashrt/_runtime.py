@@ -24,14 +24,13 @@ from slashrt import _kernels as kernels
 from slashrt._buffer import DEFAULT_SLOT_SIZE, DEFAULT_SLOTS
 from slashrt._dataflow import Dataflow
 from slashrt._frontier_report import ReportFile
-from slashrt._gate_report import gate_progress
 from slashrt._inputs import Ingest, PerExecutor
 from slashrt._plan import build_plan, per_source
 from slashrt.errors import DataflowError, SlashError, unwrap_groups
 from slashrt.ops.event_time import Share
 from slashrt.ops.sources import feed_array, validate_input
 from slashrt.scheduler import Executor, ExecutorStats, Input
-from slashrt.scheduler._pointstamp import PointstampProgress, resolve_mode
+from slashrt.scheduler._pointstamp import PointstampProgress
 from slashrt.transport import Receiver, RingSpec, open_inproc_channel
 
 if TYPE_CHECKING:
@@ -118,8 +117,7 @@ async def _report_records(executor: Executor, on_records) -> None:
 
 
 async def _report_progress(progress, on_report, every: float) -> None:
-    """`on_report(progress.report())` every `every` seconds: a `PointstampProgress`'s, or a
-    tree flow's gates' (`GateProgress`)."""
+    """`on_report(progress.report())` every `every` seconds (a `PointstampProgress`'s)."""
     while True:
         await trio.sleep(every)
         on_report(progress.report())
@@ -134,7 +132,6 @@ async def run_async(
     watermark_every: int | None = None,
     yield_every: int = Executor.YIELD_EVERY,
     coalesce: int = Executor.COALESCE,
-    progress: str | None = None,
     on_records: Callable[[int], None] | None = None,
     on_report: Callable[[dict], None] | str | os.PathLike | None = None,
     report_every: float = 0.5,
@@ -167,7 +164,7 @@ async def run_async(
         plan, inputs, slot_size=slot_size, slots=slots, watermark_every=watermark_every, checkpoints=checkpoints
     )
     return await execute(
-        flow, plan, executor_inputs, start=sources, yield_every=yield_every, coalesce=coalesce, progress=progress,
+        flow, plan, executor_inputs, start=sources, yield_every=yield_every, coalesce=coalesce,
         on_records=on_records, on_report=on_report, report_every=report_every, checkpoints=checkpoints,
     )
 
@@ -321,7 +318,6 @@ async def execute(
     index: int = 0,
     yield_every: int = Executor.YIELD_EVERY,
     coalesce: int = Executor.COALESCE,
-    progress: str | None = None,
     on_records=None,
     on_report=None,
     report_every: float = 0.5,
@@ -330,17 +326,11 @@ async def execute(
 ) -> RunResult:
     """Run one executor over `executor_inputs` to the end of every input; `start(nursery)`
     starts whatever feeds them (sources) beside it. Opens and closes the plan's sinks.
-    `progress_bus`: this executor's `ProgressBus` when it runs a graph flow with others.
+    `progress_bus`: this executor's `ProgressBus` when it runs with others.
     `checkpoints` (`slashrt.snapshot.runtime.Checkpointing`) restores and checkpoints the run."""
-    pointstamp = resolve_mode(flow, progress) == "pointstamp"
-    tracker = PointstampProgress(plan, progress_bus) if pointstamp else None
-    # where is it stuck: the tracker's counts, or (a tree flow on several executors) the gates
-    # where the executors' watermarks meet its keyed windows
-    progress_view = tracker if tracker is not None else gate_progress(plan, index)
+    tracker = PointstampProgress(plan, progress_bus)
     if isinstance(on_report, (str, os.PathLike)):
         on_report = ReportFile(on_report, flow.name)
-    if on_report is not None and progress_view is None:
-        raise DataflowError("run(): on_report= reports pointstamp progress; give progress='pointstamp' too")
     if not report_every > 0:
         raise DataflowError(f"run(): report_every must be a positive number of seconds, got {report_every!r}")
     executor = Executor(
@@ -360,7 +350,7 @@ async def execute(
             if on_records is not None:
                 nursery.start_soon(_report_records, executor, on_records)
             if on_report is not None:
-                nursery.start_soon(_report_progress, progress_view, on_report, report_every)
+                nursery.start_soon(_report_progress, tracker, on_report, report_every)
             async with checkpoints.running() if checkpoints is not None else contextlib.nullcontext():
                 await executor.run()
             if on_records is not None:
@@ -369,18 +359,18 @@ async def execute(
             nursery.cancel_scope.cancel()
     except BaseException as exc:
         if getattr(on_report, "reports_end", False):
-            on_report(progress_view.report(), "failed", str(exc) or type(exc).__name__)
+            on_report(tracker.report(), "failed", str(exc) or type(exc).__name__)
         raise
     else:
         if getattr(on_report, "reports_end", False):
-            on_report(progress_view.report(), "failed" if executor.failed else "finished")
+            on_report(tracker.report(), "failed" if executor.failed else "finished")
     finally:
         for sink in plan.sinks:
             sink.close()
     seconds = time.perf_counter() - started
     outputs = _CollectedOutputs({s.step_id: s.sink for s in plan.sinks if hasattr(s.sink, "records")})
     epochs = {w.step_id: [w.epochs] for w in plan.windows() if hasattr(w, "epochs")}
-    frontiers = {} if progress_view is None else progress_view.frontiers()
+    frontiers = tracker.frontiers()
     result = RunResult(
         seconds, [executor.stats], {w.step_id: w.late_records for w in plan.windows()}, outputs, epochs, frontiers,
         [] if checkpoints is None else checkpoints.report(),

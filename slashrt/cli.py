@@ -38,7 +38,6 @@ from slashrt._buffer import DEFAULT_SLOT_SIZE
 from slashrt._cli_run import Interrupted
 from slashrt._logging import ENV_VAR, LEVELS
 from slashrt.errors import SlashError
-from slashrt.progress.frontier import PROGRESS_MODES
 
 __all__ = ["main"]
 
@@ -138,11 +137,6 @@ def _add_cluster_options(p: argparse.ArgumentParser, *, transport: bool = True) 
         "--ssb-routing", choices=["auto", "fragments", "direct"],
         help="SSB: fold records into fragments first, or route each to its leader at once (default auto: by "
         "how many keys an epoch touches per record)",
-    )
-    g.add_argument(
-        "--progress", choices=list(PROGRESS_MODES),
-        help="what windows fire on where executors meet: Slash's vector clock of executor watermarks (default "
-        "watermark) or the same frontier derived from pointstamp counts by a progress tracker",
     )
     if transport:
         g.add_argument("--transport", choices=["shm", "tcp", "verbs"], help="between executors (default shm)")
@@ -409,9 +403,6 @@ def _add_run(sub) -> None:
                      help="with --executors N and --checkpoint-dir: after an executor dies, restart from the last "
                      "complete checkpoint: 'fixed-delay:attempts=3,delay=1s', 'failure-rate:max-failures=3,"
                      "interval=1min,delay=1s' or 'none' (one executor: rerun with --resume-from latest instead)")
-    run.add_argument("--progress", choices=list(PROGRESS_MODES),
-                     help="how windows learn a time is complete: watermarks (default for tree flows) or pointstamp "
-                     "progress (graph flows always; a tree flow on one executor needs it for --report)")
     run.add_argument("--report", metavar="PATH",
                      help="keep where the job stands in this JSON file while it runs and after: every window's or "
                      "operator input's frontier and what holds it back (show it with `slashrt frontiers PATH`)")
@@ -445,10 +436,7 @@ def _run_user_job(args, given: set[str]) -> int:
     _check_report(args, given)
     flow, inputs = _cli_run.load_job(args.job)
     _check_transport(args.transport)
-    if args.report is not None and local and not flow.is_graph() and args.progress != "pointstamp":
-        raise _Refused(f"--report on one executor reports pointstamp progress, and tree flow {flow.name!r} runs on "
-                       "watermarks unless asked: give --progress pointstamp too")
-    options = {k: v for k, v in (("slot_size", args.slot_size), ("slots", args.slots), ("progress", args.progress),
+    options = {k: v for k, v in (("slot_size", args.slot_size), ("slots", args.slots),
                                  ("on_report", args.report), ("report_every", args.report_every)) if v is not None}
     if args.checkpoint_dir is not None:
         checkpoint = args.checkpoint_interval
@@ -557,7 +545,7 @@ def _given(argv: list[str]) -> set[str]:
     return set(vars(parser.parse_args(argv)))
 
 
-_CLUSTER_OPTIONS = ("executors", "mode", "epoch_bytes", "partitions", "ssb_routing", "progress")
+_CLUSTER_OPTIONS = ("executors", "mode", "epoch_bytes", "partitions", "ssb_routing")
 
 
 def _flag(dest: str) -> str:
@@ -627,7 +615,6 @@ def _cluster_bench(args) -> dict:
         epoch_bytes=args.epoch_bytes,
         partitions=args.partitions,
         ssb_routing=args.ssb_routing,
-        progress=args.progress,
         params=params,
         records=records,
         **_runtime_options(args),

@@ -177,7 +177,7 @@ def _run(kind: str, per_time, clicks, profiles) -> dict:
         click.connect(profile).operator(op, name="op", schema={n: "<i8" for n in ENRICHED.names}).sink(out, name="out")
         inputs, want = {"clicks": clicks, "profiles": profiles}, _join_reference(clicks, profiles)
     started = time.perf_counter()
-    result = slashrt.run(flow, inputs, progress="pointstamp")
+    result = slashrt.run(flow, inputs)
     seconds = time.perf_counter() - started
     got = result.outputs[f"{kind}.out"]
     correct = len(got) == len(want) and bool(np.array_equal(_rows(got.astype(want.dtype)), _rows(want)))

@@ -4,8 +4,6 @@
 
 Microseconds per operation, in this process, best of 7 runs of N operations each:
 
-- `clock_advance`: `PointstampClock.advance` (4 sources taking turns; every call moves one
-  source's watermark, and every fourth moves the frontier), beside `VectorClock.advance`.
 - `chain_move_<n>`: a depth-0 graph, a source and a chain of operators with `n` locations in
   all; the source moves its capability from k to k + 1 (`move_capability`, `update_iter`) and
   the frontier at the chain's last input is queried (`is_complete`): one propagation through
@@ -31,7 +29,6 @@ import time
 
 from slashrt.bench.progress_bus import pingpong_graph
 from slashrt.progress.exchange import ProgressExchange
-from slashrt.progress.frontier import PointstampClock, VectorClock
 from slashrt.progress.reachability import Builder, Location
 from slashrt.progress.timestamp import Timestamp
 from slashrt.progress.tracker import Tracker, move_capability
@@ -51,17 +48,6 @@ def _best(run, repeat: int) -> float:
         run(repeat)
         best = min(best, time.perf_counter() - started)
     return round(best / repeat * 1e6, 2)
-
-
-def clock_advance(repeat: int, clock_type=PointstampClock) -> float:
-    def run(n):
-        clock = clock_type(4, start=0)
-        advance = clock.advance
-        for k in range(n):
-            advance(k % 4, k // 4 + 1)
-        assert clock.low == (n - 1) // 4 + (1 if n % 4 == 0 else 0)
-
-    return _best(run, repeat)
 
 
 def _chain(locations: int):
@@ -180,8 +166,6 @@ def codec_round_trip(repeat: int) -> float:
 
 
 CASES = {
-    "clock_advance": clock_advance,
-    "vector_clock_advance": lambda repeat: clock_advance(repeat, VectorClock),
     "chain_move_6": lambda repeat: chain_move(repeat, 6),
     "chain_move_10": lambda repeat: chain_move(repeat, 10),
     "chain_move_20": lambda repeat: chain_move(repeat, 20),

@@ -120,7 +120,6 @@ def bench_with_result(
     epoch_bytes: int | None = None,
     partitions: int | None = None,
     ssb_routing: str | None = None,
-    progress: str | None = None,
     params: dict | None = None,
     records: np.ndarray | None = None,
     **options,
@@ -141,9 +140,7 @@ def bench_with_result(
         expected = lazy(lambda: q.reference(np.concatenate([make.make(i, executors) for i in range(executors)]), **params))
     extra = {
         k: v
-        for k, v in (
-            ("epoch_bytes", epoch_bytes), ("partitions", partitions), ("ssb_routing", ssb_routing), ("progress", progress)
-        )
+        for k, v in (("epoch_bytes", epoch_bytes), ("partitions", partitions), ("ssb_routing", ssb_routing))
         if v is not None
     }
     best, correct, got, startup = None, True, None, []

@@ -10,9 +10,7 @@ the coordinator into one (`run(..., executors=N, on_report=fn | PATH)`).
         at the end: a PATH gets the last one with "finished", or "failed" and the error
 
 The user's function or path stays in the coordinator's process; agents get a marker
-(`AGENT_MARKER`) in place of it. A graph flow's executors report their pointstamps; a tree
-flow's report the gates where every executor's watermark meets its keyed windows
-(`slashrt._gate_report`), in the same shape.
+(`AGENT_MARKER`) in place of it.
 """
 
 from __future__ import annotations
@@ -83,18 +81,7 @@ class ClusterReports:
 
 
 def cluster_reports(options: dict, flow, executors: int) -> ClusterReports | None:
-    """Take `on_report` out of the options that travel to the agents (a marker goes instead);
-    refused for a tree flow without gates to report (no keyed window, or one executor)."""
-    if not flow.is_graph() and ("on_report" in options or "report_every" in options):
-        windows = [s.step_id for s in flow.steps.values() if type(s).__name__ == "WindowAggSpec"]
-        if not windows or executors == 1:
-            name = "on_report" if "on_report" in options else "report_every"
-            raise DataflowError(
-                f"run(): {name}= on tree flow {flow.name!r} reports the gates where the executors' watermarks meet its "
-                f"keyed windows, and on {executors} executor(s) it has none"
-                + ("" if windows else " (it has no keyed window)")
-                + ": run a graph flow, or one executor with progress='pointstamp'"
-            )
+    """Take `on_report` out of the options that travel to the agents (a marker goes instead)."""
     on_report = options.pop("on_report", None)
     if on_report is None:
         return None

@@ -113,10 +113,7 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
     # run(..., on_report=): this executor's reports go to the coordinator, which gathers them
     reporter = AgentReporter() if opts.pop("on_report", None) == AGENT_MARKER else None
     routing = opts.pop("ssb_routing", "auto")
-    progress = opts.pop("progress", "watermark")
-    role = ClusterRole(
-        job.index, Partitioning(job.partitions, job.executors), job.mode, job.epoch_bytes, routing, progress
-    )
+    role = ClusterRole(job.index, Partitioning(job.partitions, job.executors), job.mode, job.epoch_bytes, routing)
     plan = build_plan(job.flow, role)
     _executor_sinks(plan, job.index, job.checkpoint is not None)
     setup.note("plan")
@@ -157,7 +154,7 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
                                          timeout=control.timeout)
 
         bus = None
-        if plan.graph is not None and job.executors > 1:  # a graph flow: distributed pointstamp progress
+        if job.executors > 1:  # distributed pointstamp progress
             sources = [i for i, spec in enumerate(job.flow.steps.values()) if spec.step_id in plan.sources]
             bus = await stack.enter_async_context(open_progress_bus(
                 job.index, job.executors, plan.graph, transport=job.transport, secret=secret,

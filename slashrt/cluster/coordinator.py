@@ -45,7 +45,7 @@ import structlog
 import trio
 
 from slashrt._frontier_report import lower_envelope
-from slashrt._plan import MODES, ClusterRole, build_plan, check_cluster_flow, check_progress, per_source
+from slashrt._plan import MODES, ClusterRole, build_plan, check_cluster_flow, per_source
 from slashrt._runtime import RunResult
 from slashrt._inputs import Ingest, PerExecutor, split_input
 from slashrt.cluster._job import Job, job_message
@@ -58,7 +58,7 @@ from slashrt.cluster._liveness import (
 from slashrt.errors import ChannelClosed, ClusterError, DataflowError, RetryableError, retryable_report, unwrap_groups
 from slashrt.ops.sinks import Callback, Collect
 from slashrt.ops.sources import validate_input
-from slashrt.ssb.window import DEFAULT_EPOCH_BYTES, check_routing
+from slashrt.ssb.epochs import DEFAULT_EPOCH_BYTES, check_routing
 from slashrt.snapshot.cluster import cluster_checkpoints
 from slashrt.snapshot.collected import COMMITTED, Committed
 from slashrt.snapshot.restart import GiveUp, NoRestart, parse_restart
@@ -540,9 +540,6 @@ async def _run_attempt(
 ) -> RunResult:
     """Run `flow` on N executors once: `executors` is a count (local processes, forked by
     `zygote`) or a list of agents' "HOST:PORT" addresses (agents started with `slashrt executor`).
-    `progress` (an option) chooses what the exchanges' gates fire windows on: "watermark"
-    (Slash's vector clock of executor watermarks, the default) or "pointstamp" (the same
-    frontier derived from pointstamp counts by a progress tracker); results are identical.
     `on_ready({source: [IngestTarget per executor]})` is called once every executor is ready,
     before the run starts; `Ingest` inputs need it (it is how their producers find them).
     The coordinator and every agent send each other a heartbeat every `heartbeat_interval`
@@ -550,7 +547,7 @@ async def _run_attempt(
     whose coordinator is silent that long stops its job). `committed` keeps what in-memory
     sinks committed (across the attempts of a recovery loop)."""
     plan = build_plan(flow)
-    check_cluster_flow(flow, options.get("progress"))
+    check_cluster_flow(flow)
     if mode not in MODES:
         raise DataflowError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
     if transport not in NETWORK_TRANSPORTS:
@@ -558,7 +555,6 @@ async def _run_attempt(
     if partitions < 1 or epoch_bytes < 1:
         raise DataflowError(f"partitions and epoch_bytes must be positive, got {partitions} and {epoch_bytes}")
     check_routing(options.get("ssb_routing", "auto"))
-    check_progress(options.get("progress", "watermark"))
     check_heartbeat(heartbeat_interval, heartbeat_timeout)
     options.pop("on_records", None)  # records processed are reported by each executor's log, not here
     local = isinstance(executors, int)

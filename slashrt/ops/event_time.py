@@ -36,10 +36,11 @@ from slashrt.ops._node import Node
 from slashrt.snapshot.operators import check, tagged
 from slashrt.snapshot.state_format import State
 
-__all__ = ["SourceNode", "Share", "blocks_before", "watermark_of", "window_promise", "NO_TIME", "I64_MIN", "I64_MAX"]
+__all__ = ["SourceNode", "Share", "blocks_before", "watermark_of", "window_promise", "NO_TIME", "END_TIME", "I64_MIN", "I64_MAX"]
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
 NO_TIME = I64_MIN  # no watermark yet
+END_TIME = I64_MAX  # a source's watermark once its stream has ended
 
 
 def watermark_of(high: int, max_delay: int) -> int:

@@ -1,4 +1,4 @@
-"""`stream.exchange(key=...)` in a graph flow: records go to the executor owning their key.
+"""`stream.exchange(key=...)`: records go to the executor owning their key.
 
 On one executor the step passes batches on. On several, a batch at logical time t is split
 by the owner of each record's key (`Partitioning.owner_of`, the map windows use): its own
@@ -21,7 +21,9 @@ When the step's input frontier is empty (nothing anywhere can send more), the qu
 END_OF_STREAM, which ends the peers' inputs. A checkpoint's barrier goes into every queue behind
 the records before it (`forward_barrier`, `slashrt.snapshot.cluster`) and out in band.
 
-`WindowRoute` is a graph flow's keyed window on several executors: the same exchange, keyed
+`WindowRoute` is a keyed window on several executors in mode "uppar" (the repartitioning
+baseline the Slash paper measures against: every record crosses a channel once unless its
+key's owner read it): the same exchange, keyed
 by the window's key and shipping only the columns the window reads, in front of a plain
 window on each key's owner, which fires on the frontier at its input (the records on their
 way hold it back) and judges lateness by the logical time each batch carries. Inside a loop
@@ -42,14 +44,22 @@ from slashrt._dataflow import ExchangeSpec, WindowAggSpec
 from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
 from slashrt.ops.loop_window import LoopWindow
-from slashrt.ops.uppar import routed_dtype
 from slashrt.ops.window import InFrontOfWindow
 from slashrt.progress import Timestamp
 from slashrt.ssb.partitions import Partitioning
 
-__all__ = ["ExchangeNode", "WindowRoute", "room_for_sources", "shipped_times", "take_by_time", "time_columns"]
+__all__ = ["ExchangeNode", "WindowRoute", "room_for_sources", "routed_dtype", "shipped_times", "take_by_time", "time_columns"]
 
 _END = None
+
+
+def routed_dtype(spec: WindowAggSpec) -> np.dtype:
+    """The rows of a keyed window that cross the network: only the fields the window reads."""
+    value_dtype = spec.shared_value_dtype()
+    fields = [(spec.time, "<i8"), (spec.key, "<i8" if spec.key_dtype is None else spec.key_dtype)]
+    if spec.column is not None:
+        fields.append((spec.column, value_dtype))
+    return np.dtype(fields)
 
 
 class ExchangeNode(Node):

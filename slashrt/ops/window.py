@@ -41,16 +41,6 @@ log = structlog.get_logger("slashrt.window")
 _SPARE_TABLES = 2
 
 
-def is_delta(rows: np.ndarray) -> bool:
-    """Are these an SSB epoch's delta rows (partial states), not records?"""
-    return rows.dtype.names is not None and {"epoch", "slice", "key", "count", "value"} <= set(rows.dtype.names)
-
-
-def in_flight_keys(rows: np.ndarray, key: str) -> np.ndarray:
-    """The keys of rows in flight between executors (`adopt_in_flight`): delta rows' or records'."""
-    return rows["key"] if is_delta(rows) else rows[key]
-
-
 def _flat(a: np.ndarray) -> np.ndarray:
     """1-D: a 2-D field view of a run of slots gathered in one native pass."""
     return gather(a) if a.ndim > 1 else a
@@ -83,7 +73,7 @@ def check_uint64_values(spec: WindowAggSpec, values: np.ndarray) -> None:
 def earliest_end(slice_ids, size: int, slide: int, slice_len: int):
     """End of the first window of the grid (`size`, `slide`, slices of `slice_len`) containing
     each slice (an id or an array of them): also for a state's tables without a window object
-    (`slashrt.ssb.window.merge_partitions`)."""
+    (`slashrt.ssb.partitioned.merge_partitions`)."""
     first_start = -((size - slice_len - slice_ids * slice_len) // slide) * slide
     return first_start + size
 
@@ -303,19 +293,6 @@ class WindowAggregate(Node):
         before = len(agg)
         agg.update(keys, values)
         return len(agg) - before
-
-    async def adopt_in_flight(self, rows: np.ndarray, watermark: int) -> None:
-        """Rows a checkpoint held in flight between executors, resumed on another executor count
-        (`slashrt.snapshot.channel_state.in_flight_between`), for keys this window now holds: SSB delta
-        rows' partial states joined, routed records inserted, as their leader would have taken
-        them: windows closed by their sender's `watermark` stay closed to them."""
-        if not len(rows):
-            return
-        closed = self.promise(watermark)
-        if is_delta(rows):
-            self.merge_partials(rows["slice"], rows["key"], rows["count"], rows["value"], closed)
-        else:
-            await self.push_judged(Batch(rows), closed)
 
     async def push_judged(self, batch: Batch, closed_until: int) -> None:
         """Records judged late or not where they were read, against a watermark whose windows

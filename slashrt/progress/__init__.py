@@ -1,12 +1,7 @@
 """Progress tracking: when can a window fire? (Slash's property P1.)
 
-`Frontier` is the small interface the SSB's epoch protocol asks; `VectorClock` is Slash's
-implementation (the vector of every executor's low watermark, carried with epoch deltas) and
-`PointstampClock` the same frontier derived from pointstamps by a `Tracker`; a run picks one
-(`progress="watermark" | "pointstamp"`).
-
-Naiad-style pointstamp tracking is built beside it, one pure concept per module (no I/O, no
-trio), each with its laws in its docstring and a property test per law in tests/progress/:
+Naiad-style pointstamp tracking, one pure concept per module (no I/O, no trio), each with its
+laws in its docstring and a property test per law in tests/progress/:
 
 - `timestamp`:    `Timestamp` (epoch, loop counters) and its partial order; event time is the epoch
 - `summary`:      `PathSummary` (ingress, egress, feedback, identity), applied and composed
@@ -19,7 +14,6 @@ trio), each with its laws in its docstring and a property test per law in tests/
 
 from slashrt.progress.antichain import Antichain, ChangeBatch, MutableAntichain
 from slashrt.progress.exchange import ProgressExchange, project
-from slashrt.progress.frontier import PROGRESS_MODES, Frontier, PointstampClock, VectorClock, make_frontier
 from slashrt.progress.reachability import Builder, Location, Reachability
 from slashrt.progress.summary import EGRESS, IDENTITY, INGRESS, PathSummary, feedback
 from slashrt.progress.timestamp import Timestamp
@@ -31,22 +25,17 @@ __all__ = [
     "Builder",
     "ChangeBatch",
     "EGRESS",
-    "Frontier",
     "IDENTITY",
     "INGRESS",
     "Location",
     "MutableAntichain",
     "PathSummary",
-    "PointstampClock",
-    "PROGRESS_MODES",
     "ProgressCodec",
     "ProgressExchange",
     "Reachability",
     "Timestamp",
     "Tracker",
-    "VectorClock",
     "feedback",
-    "make_frontier",
     "move_capability",
     "project",
 ]

@@ -32,7 +32,7 @@ from operator import itemgetter
 
 __all__ = ["Timestamp", "MIN_EPOCH", "MAX_EPOCH"]
 
-MIN_EPOCH = -(2**63)  # the event time of "no time yet" (slashrt.progress.frontier.NO_TIME)
+MIN_EPOCH = -(2**63)  # the event time of "no time yet" (slashrt.ops.event_time.NO_TIME)
 MAX_EPOCH = 2**63 - 1
 
 

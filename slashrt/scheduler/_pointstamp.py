@@ -64,35 +64,13 @@ from slashrt.ops.window import WindowAggregate
 from slashrt.progress import (
     IDENTITY, INGRESS, Builder, ChangeBatch, Location, Reachability, Timestamp, Tracker, move_capability,
 )
-from slashrt.progress.frontier import PROGRESS_MODES
 from slashrt.progress.timestamp import MIN_EPOCH
 from slashrt.progress.waiters import Waits
 from slashrt.scheduler._bus_counts import BusCounts
 
-__all__ = ["PointstampProgress", "MODES", "progress_graph", "resolve_mode"]
-
-MODES = PROGRESS_MODES
+__all__ = ["PointstampProgress", "progress_graph"]
 
 log = structlog.get_logger("slashrt.progress")
-
-
-def resolve_mode(flow, mode: str | None) -> str:
-    """The progress mode of a run: pointstamp for flows with union, connect, user operators
-    or loops (they need it), else watermark unless asked (same results, no tracker to pay)."""
-    if mode is not None and mode not in MODES:
-        raise DataflowError(f"run(): progress must be one of {', '.join(MODES)}, got {mode!r}")
-    if flow.is_graph():
-        if mode == "watermark":
-            steps = [s.step_id for s in flow.steps.values() if type(s).__name__ in _GRAPH_NAMES][:3]
-            raise DataflowError(
-                f"run(): progress='watermark' cannot run dataflow {flow.name!r}: steps {steps} (union, connect, "
-                "operator or loop) need progress='pointstamp'"
-            )
-        return "pointstamp"
-    return mode or "watermark"
-
-
-_GRAPH_NAMES = {"UnionSpec", "OperatorSpec", "EnterSpec", "FeedbackSpec", "LeaveSpec", "ExchangeSpec"}
 
 
 def progress_graph(flow, fragments: frozenset[str] = frozenset()) -> Reachability:
@@ -146,7 +124,7 @@ class PointstampProgress:
         self.steps: list[str] = list(flow.steps)
         self.nodes: list[Node] = [plan.steps[s] for s in self.steps]
         index = {step_id: i for i, step_id in enumerate(self.steps)}
-        self.graph = plan.graph if plan.graph is not None else progress_graph(flow)
+        self.graph = plan.graph
         self.wake = lambda: None  # the executor's compute wakes up to settle a peer's news
         if bus is None:
             self.tracker = Tracker(self.graph)

@@ -21,10 +21,11 @@ arrays (one copy per run of buffers), never record by record.
 
 A channel from a peer executor is cut at its barrier n, which must be in the receiver's ring
 (`reaches`): what is in front of it is the receiver's channel state, computed first on a resume
-(`replay_into`: the peer cannot post it again). An SSB exchange's shippers queue deltas before
-the ring; barrier n overtakes them too, and they are the sender's channel state
-(`slashrt.ssb.window.Shipper.overtake`), queued again first on a resume. On another executor
-count, what was in flight between executors is read back per window (`in_flight_between`).
+(`replay_into`: the peer cannot post it again). An exchange queues rows to ship before the
+ring; barrier n overtakes them too, and they are the sender's channel state
+(`slashrt.ops.route.ExchangeNode.overtake`), shipped again first on a resume. On another
+executor count, what was in flight between executors goes to its keys' new owners
+(`slashrt.snapshot.rescale.graph_in_flight`).
 """
 
 from __future__ import annotations
@@ -35,13 +36,12 @@ import numpy as np
 
 from slashrt._batch import Batch
 from slashrt._buffer import Control
-from slashrt.progress.frontier import NO_TIME
 from slashrt.snapshot.operators import check, tagged
 from slashrt.snapshot.state_format import State
 from slashrt.transport import DataRun
 
 __all__ = [
-    "CHANNEL_KIND", "EXCHANGE_CHANNEL", "capture", "in_flight_between", "part_name", "reaches", "replay", "replay_into",
+    "CHANNEL_KIND", "EXCHANGE_CHANNEL", "capture", "part_name", "reaches", "replay", "replay_into",
     "restored", "to_state",
 ]
 
@@ -143,39 +143,3 @@ async def replay(sender, segments: list) -> None:
 
 # a peer channel's part: <window>[.route].from<i> (the receiver's ring) or .to<j> (the sender's queue)
 EXCHANGE_CHANNEL = re.compile(r"^(?P<window>.+?)(?P<route>\.route)?\.(?P<way>from|to)(?P<peer>\d+)$")
-
-
-def in_flight_between(checkpoint) -> dict[str, list[tuple[np.ndarray, int]]]:
-    """An unaligned checkpoint's records in flight between executors, by the window they were on
-    their way to, each run of rows with the watermark its sender had sent before it (its rows
-    were judged against that: `adopt_in_flight`). The channel from executor i to j is, in
-    order: what j computed (its frontier holds i's last watermark then), j's channel state of it
-    (`W.from<i>`), then what i's shipper still queued for j (`W.to<j>`). Its watermarks
-    themselves are left out: a rescaled run's sources send theirs again."""
-    streams: dict[tuple[str, int, int], list] = {}  # (window, sender, receiver) -> [(order, segments)]
-    frontiers: dict[tuple[str, int], list] = {}  # (window, receiver) -> its frontier (one entry per sender)
-    for (step, executor), state in checkpoint.states.items():
-        meta = state.meta if isinstance(state.meta, dict) else {}
-        if meta.get("kind") in ("ssb_window", "route_by_owner") and "frontier" in meta:
-            window = step[:-len(".route")] if meta["kind"] == "route_by_owner" else step
-            frontiers[(window, int(executor))] = list(meta["frontier"])
-        if meta.get("kind") != CHANNEL_KIND or meta["source"] in checkpoint.meta.get("sources", {}):
-            continue
-        match = EXCHANGE_CHANNEL.match(meta["source"])
-        if match is None:
-            continue
-        peer, here = int(match["peer"]), int(executor)
-        sender, receiver = (peer, here) if match["way"] == "from" else (here, peer)
-        streams.setdefault((match["window"], sender, receiver), []).append(
-            (match["way"] == "to", restored(state, step)[1]))
-    pieces: dict[str, list] = {}
-    for (window, sender, receiver), parts in sorted(streams.items()):
-        frontier = frontiers.get((window, receiver))
-        watermark = frontier[sender] if frontier is not None and sender < len(frontier) else NO_TIME
-        for _, segments in sorted(parts, key=lambda part: part[0]):  # the receiver's part, then the sender's
-            for kind, value in segments:
-                if kind == DATA:
-                    pieces.setdefault(window, []).append((value, watermark))
-                else:
-                    watermark = max(watermark, value)
-    return pieces

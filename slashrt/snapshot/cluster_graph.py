@@ -219,8 +219,7 @@ async def agent_checkpointing(job, plan, *, link, exchanges, peer_inputs) -> Age
     restored = None
     if settings["restore"] is not None:  # rescaling: every executor's parts, to take its partitions
         restored = await store.aload(settings["restore"], executor=None if settings["rescale"] else job.index)
-    kind = AgentCheckpointing if plan.graph is None else GraphAgentCheckpointing
-    checkpoints = kind(
+    checkpoints = GraphAgentCheckpointing(
         plan, settings["config"], store, restored, index=job.index, link=link, exchanges=exchanges,
         peer_inputs=peer_inputs,
     )

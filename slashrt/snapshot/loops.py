@@ -48,8 +48,6 @@ LOG_KIND, LOG_VERSION = "back_edge_log", 1
 
 def loop_feedbacks(plan) -> dict:
     """Feedback step id -> its node, for every back edge of the plan's graph (none: {})."""
-    if plan.graph is None:
-        return {}
     steps = list(plan.flow.steps)
     return {steps[out.node]: plan.steps[steps[out.node]] for out, _ in back_edges_of(plan.graph)}
 

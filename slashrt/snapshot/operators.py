@@ -10,8 +10,7 @@ one sentence naming the step (`check`).
 Keyed tables (window slices, tails, SSB fragments) go in as one group of arrays per table set
 (`pack_tables` / `unpack_tables`): the rows of every table concatenated, with the table ids and
 their row bounds, so a state has the same few names whatever the number of slices, and is
-split by partition with one vectorised pass (the SSB window's `split_partitions`,
-`slashrt.ssb.window`).
+split by partition with one vectorised pass (`slashrt.ssb.partitioned.split_partitions`).
 
 Ragged groups of arrays by key (a user operator's batches kept per epoch or per `Timestamp`)
 go in the same way (`pack_groups` / `unpack_groups`): the keys as int64 rows, row bounds, and

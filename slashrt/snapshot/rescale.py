@@ -48,21 +48,17 @@ RESCALABLE = {"ssb_window", "window", "route_by_owner", "ssb_graph_window", "loo
               "sink", "source", "array_source"}
 
 
+# the window states of the per-source plans of slashrt before every flow was a graph: a resume
+# takes them through the rescaling path, which reads them (`as_partitioned`)
+RETIRED = {"ssb_window", "route_by_owner"}
+
+
 def reshaped(restored, plan, executors: int) -> bool:
     """Whether checkpoint `restored` was taken on another number of executors than `executors`,
-    or with other kinds of window state than `plan` keeps (another mode: SSB or UpPar)."""
-    from slashrt.snapshot.operators import stateful_nodes
-
+    or holds window state of a retired kind (`RETIRED`)."""
     if restored.meta.get("executors", 1) != executors:
         return True
-    if plan.graph is not None:  # one kind of windows; its loops' logs and outboxes are parts of no node
-        return False
-    nodes = stateful_nodes(plan)
-    return any(  # (an unaligned checkpoint's channel state is no node's: its feeder replays it)
-        step not in nodes or state.meta.get("kind") != nodes[step].STATE_KIND
-        for (step, _), state in restored.states.items()
-        if isinstance(state.meta, dict) and state.meta.get("kind") != CHANNEL_KIND
-    )
+    return any(isinstance(state.meta, dict) and state.meta.get("kind") in RETIRED for state in restored.states.values())
 
 
 def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tuple[dict, list]:
@@ -77,8 +73,7 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
     was, n = restored.meta.get("executors", 1), restored.number
     refuse = f"run(): checkpoint {n} was taken on {was} executor(s) and cannot resume on {executors}:"
     flying = _in_flight(restored)
-    if role_plan.graph is not None:
-        _refuse_in_graph(refuse, flow, role_plan, restored, was)
+    _refuse_in_graph(refuse, flow, role_plan, restored, was)
     for step_id, node in stateful_nodes(role_plan).items():
         if node.STATE_KIND not in RESCALABLE:
             raise SnapshotError(
@@ -197,8 +192,6 @@ def graph_in_flight(checkpoint, plan, index: int, executors: int, partitions: in
     from slashrt.ssb.graph_window import is_partial
     from slashrt.ssb.partitions import Partitioning
 
-    if plan.graph is None:
-        return {}
     from slashrt.snapshot.loops import OUTBOX, Outbox
 
     after, sources = Partitioning(partitions, executors), checkpoint.meta.get("sources", {})
@@ -406,7 +399,7 @@ def _merged_window(checkpoint, step_id: str, old: int, after, index: int) -> Sta
 
 def _merged(states: list[State], after, index: int) -> State:
     """Executor `index`'s SSB state under `after` from every old executor's (in the SSB layout)."""
-    from slashrt.ssb.window import merge_partitions, split_partitions
+    from slashrt.ssb.partitioned import merge_partitions, split_partitions
 
     led = set(after.led_by(index).tolist())
     parts = [part for state in states for p, part in split_partitions(state, after).items() if p in led]
@@ -517,7 +510,7 @@ def as_partitioned(state: State, route: State | None = None, executors: int = 1,
     state as it is; a whole window (one executor's) or an UpPar owner's window (with its
     router's state `route`) as leader state without fragments, its records judged up to the
     router's `fired_until` (a whole window's own: it judged and fired at once)."""
-    from slashrt.ssb.window import SSB_STATE, SSB_STATE_VERSION
+    from slashrt.ssb.partitioned import SSB_STATE, SSB_STATE_VERSION
     from slashrt.snapshot.operators import check, tagged
 
     kind = state.meta.get("kind") if isinstance(state.meta, dict) else None
@@ -548,7 +541,7 @@ def _graph_as_partitioned(state: State, executors: int, index: int) -> State:
     fragments) as an SSB state: the owner's tables as leader state, the fragments as
     fragments that shipped nothing yet (each holds its first window open: `merge_partitions`
     joins it into that window), judged late up to where the fragments judged."""
-    from slashrt.ssb.window import SSB_STATE, SSB_STATE_VERSION
+    from slashrt.ssb.partitioned import SSB_STATE, SSB_STATE_VERSION
     from slashrt.snapshot.operators import check, tagged
 
     meta = check(state, state.meta.get("step", "?"), "ssb_graph_window", 1)

@@ -335,16 +335,6 @@ class Checkpointing:
             node = self.plan.steps[step_id]
             for at, count in shipped_times(rows).items():
                 progress.in_flight(node, at, count)
-        in_flight = {} if self.plan.graph is not None else channel_state.in_flight_between(self.restored)
-        for window, pieces in in_flight.items():
-            node = self.nodes.get(f"{window}.route") or self.nodes.get(window)
-            if getattr(node, "adopt_in_flight", None) is None:
-                raise SnapshotError(
-                    f"checkpoint {number} holds records in flight to window {window!r}, which this dataflow does "
-                    "not have: restore it into the dataflow that wrote it"
-                )
-            for rows, watermark in pieces:
-                await node.adopt_in_flight(rows, watermark)
         if progress is not None:
             progress.recount()
         for sink in self.sinks:

@@ -1,15 +1,14 @@
-"""A graph flow's keyed window on the Slash State Backend (`mode="slash"` on several executors).
+"""A keyed window on the Slash State Backend (`mode="slash"` on several executors).
 
 Every executor folds the records that reach the window into its own *fragments* (a partial
-state per window slice, as the SSB's epochs do in a tree flow: `slashrt.ssb.window`), and
+state per window slice), and
 ships a fragment to the owners of its keys once no more records can join its earliest
 window: when the frontier of the records arriving at the step (at the output of the step
 before it: `PointstampProgress` hands it over, `on_upstream`) passes that window's end. The
 owner joins the partial states (a CRDT merge) into its window, which fires on the frontier
 at the step's input, as a routed window does (`slashrt.ops.route.WindowRoute`).
 
-Epochs and routing mean what they mean in a tree flow (`epoch_bytes`, `ssb_routing`). An
-epoch ends every `epoch_bytes` of the window's input (checked after each batch): every
+Epochs and routing (`epoch_bytes`, `ssb_routing`: `slashrt.ssb.epochs`). An epoch ends every `epoch_bytes` of the window's input (checked after each batch): every
 fragment then ships what it holds, due or not (`take_all`: the delta since its last
 shipment, after which it restarts from the zero value), so a long window's fragments stay
 small. An epoch also ends at each shipment of due fragments. Routed *directly*, a record is
@@ -17,7 +16,7 @@ judged late or not where it is read, as the fragments would judge it, and goes t
 owner at once as a partial row of its own (count 1, under the NaN policy:
 `records_as_partials`), at the time its fragment would have been held at (`_as_partials`);
 such an epoch ends at `epoch_bytes` too, or once the records' frontier passed a window its
-rows joined. `routing="auto"` switches from epoch to epoch by the tree SSB's rule and ratios
+rows joined. `routing="auto"` switches from epoch to epoch
 (`routes_directly`: `DIRECT_AT`, `COMBINE_BELOW`; `keys_unrepeated` ends a folding epoch
 early). `EpochStats` counts each epoch's input, its rows shipped (joined here or sent) and
 their bytes (`RunResult.epochs`).
@@ -48,7 +47,7 @@ first window it joins (`_held_end`: a slice's first, a tail's the first after th
 ones), so the owner joins a row at time t into the windows of its slice ending after t
 (`_join`; `WindowAggregate.merge_slice`): for a tail the windows after those closed, there
 being no window end in between; for a slice all of them. A row is 40 bytes (slice, key,
-count, value and its time), as the tree SSB's delta rows.
+count, value and its time).
 
 Inside loops (`SsbLoopWindow`) every iteration has its fragments and its owner's window, as
 a `LoopWindow` has a window per iteration: a fragment is due when the records' frontier at its
@@ -75,7 +74,7 @@ from slashrt.snapshot.operators import check, tagged
 from slashrt.snapshot.state_format import State
 from slashrt.ssb.crdt import records_as_partials
 from slashrt.ssb.partitions import Partitioning
-from slashrt.ssb.window import DEFAULT_EPOCH_BYTES, EpochStats, check_routing, keys_unrepeated, routes_directly
+from slashrt.ssb.epochs import DEFAULT_EPOCH_BYTES, EpochStats, check_routing, keys_unrepeated, routes_directly
 
 __all__ = ["SsbGraphWindow", "SsbLoopWindow", "SsbRoute", "partial_dtype", "is_partial", "adopt_in_flight"]
 
