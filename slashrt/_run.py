@@ -162,12 +162,18 @@ def _keywords(fn) -> set[str]:
     return {p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY}
 
 
+# options of earlier slashrt that no longer mean anything -> why
+_REMOVED = {"progress": "every dataflow runs on pointstamp progress (one tracker over its graph)"}
+
+
 def _check_options(options: dict, local: bool) -> None:
     """Refuse a keyword `run` does not know, listing those it does, before anything starts (its
     signature names them: a cluster run takes `run_async`'s too, each executor runs one)."""
     known = set(_RUN_DEFAULTS)
     cluster_only = known - _keywords(run_async) - {"restart"}
     for name in options:
+        if name in _REMOVED:
+            raise DataflowError(f"run(): {name}= was removed: {_REMOVED[name]}; leave it out")
         if local and name in cluster_only:
             raise DataflowError(f"run(): {name}= is an option of multi-executor runs; give executors=N as well")
         if name not in known:

@@ -14,7 +14,6 @@ import pytest
 import slashrt
 from slashrt import Dataflow, Schema, Sliding, Tumbling, sinks
 from slashrt.errors import OperatorError
-from slashrt.progress import PROGRESS_MODES
 
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
 MAX_DELAY = 300
@@ -106,20 +105,17 @@ def test_late_records_and_windows_do_not_depend_on_buffers_or_rings(assigner):
         assert np.array_equal(rows, want_rows), options
 
 
-@pytest.mark.parametrize("progress", PROGRESS_MODES)
 @pytest.mark.parametrize(
     ("mode", "executors", "assigner"),
     [("slash", (2,), Tumbling(100)), ("slash", (3,), Sliding(200, 50)), ("uppar", (3,), Sliding(200, 50))],
     ids=["slash", "slash-sliding", "uppar-sliding"],
 )
-def test_executors_sharing_one_input_judge_lateness_by_its_order(mode, executors, assigner, progress):
+def test_executors_sharing_one_input_judge_lateness_by_its_order(mode, executors, assigner):
     # blocks of 4096 records round robin: every executor's share runs ahead of or behind the others'
     data = late_heavy(30_000, seed=11)
     want_rows, want_late = reference(data, assigner.size, assigner.slide, MAX_DELAY)
     for n in executors:
-        rows, late, counted = run(
-            data, assigner, executors=n, mode=mode, slot_size=4096, epoch_bytes=64 << 10, progress=progress
-        )
+        rows, late, counted = run(data, assigner, executors=n, mode=mode, slot_size=4096, epoch_bytes=64 << 10)
         assert np.array_equal(late, want_late), n
         assert counted == {"late.sums": len(want_late), "late.counts": len(want_late)}
         assert np.array_equal(rows, want_rows), n

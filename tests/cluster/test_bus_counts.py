@@ -95,7 +95,7 @@ class _Forwarding(sinks.Collect):
 @pytest.mark.parametrize("sink", [sinks.Collect, _Forwarding])
 def test_a_windows_capability_is_silent_unless_a_sink_below_passes_watermarks_on(sink):
     flow = union_count(sink=sink())
-    plan = build_plan(flow, ClusterRole(0, Partitioning(16, 2), "slash", progress="pointstamp"))
+    plan = build_plan(flow, ClusterRole(0, Partitioning(16, 2), "slash"))
     progress = PointstampProgress(plan, ViewOnlyBus(plan.graph))
     at = {step: Location.output(i, 0) for i, step in enumerate(flow.steps)}
     silent = progress.tracker._silent
@@ -105,7 +105,7 @@ def test_a_windows_capability_is_silent_unless_a_sink_below_passes_watermarks_on
 
 
 async def test_an_idle_executor_recounts_the_windows_holds_only_after_a_source_moved_uncounted(monkeypatch):
-    plan = build_plan(union_count(), ClusterRole(0, Partitioning(16, 2), "slash", progress="pointstamp"))
+    plan = build_plan(union_count(), ClusterRole(0, Partitioning(16, 2), "slash"))
     progress = PointstampProgress(plan, ViewOnlyBus(plan.graph))
     route = plan.steps["uc.counts"]
     looks = []

@@ -14,7 +14,6 @@ from slashrt import Dataflow, Schema, Sliding, Tumbling
 from slashrt.bench._common import sort_rows, zipf_choice
 from slashrt.cluster import ClusterError, PerExecutor, share
 from slashrt.errors import DataflowError
-from slashrt.progress import PROGRESS_MODES
 from slashrt.ops.sinks import Collect, CsvFile
 from slashrt.testing import EXCHANGE_MODES, WRAPS, check_exchanges
 
@@ -66,10 +65,9 @@ def sequential(kind, assigner, data, max_delay) -> np.ndarray:
     sliding=st.booleans(),
     mode=st.sampled_from(["slash", "uppar"]),
     routing=st.sampled_from(["auto", "fragments", "direct"]),
-    progress=st.sampled_from(PROGRESS_MODES),
     seed=st.integers(0, 1000),
 )
-def test_p2_cluster_equals_sequential(executors, epoch_bytes, zipf, n, keys, kind, sliding, mode, routing, progress, seed):
+def test_p2_cluster_equals_sequential(executors, epoch_bytes, zipf, n, keys, kind, sliding, mode, routing, seed):
     data = records(n, keys=keys, zipf=zipf, disorder=30, seed=seed)
     assigner = Sliding(size_ms=300, slide_ms=100) if sliding else Tumbling(ms=250)
     expected = sequential(kind, assigner, data, 30)
@@ -82,7 +80,6 @@ def test_p2_cluster_equals_sequential(executors, epoch_bytes, zipf, n, keys, kin
         epoch_bytes=epoch_bytes,
         partitions=16,
         ssb_routing=routing,
-        progress=progress,
     )
     got = result(sink)
     assert got.dtype == expected.dtype
@@ -92,22 +89,21 @@ def test_p2_cluster_equals_sequential(executors, epoch_bytes, zipf, n, keys, kin
 
 
 def union_flow(sink) -> Dataflow:
-    """`flow`'s count of 1 s windows as a graph flow: two sources (the records' halves) in a union."""
+    """`flow`'s count of 1 s windows with fan-in: two sources (the records' halves) in a union."""
     f = Dataflow("p2")
     a, b = (f.source(name, SCHEMA, time="ts", max_delay=0) for name in "ab")
     a.union(b).window(Tumbling(ms=1000)).count(key="key").sink(sink, name="out")
     return f
 
 
-@pytest.mark.parametrize("graph", [False, True], ids=["tree", "graph"])
-def test_state_shipped_per_epoch_follows_distinct_keys_not_input(graph):
+@pytest.mark.parametrize("union", [False, True], ids=["linear", "union"])
+def test_state_shipped_per_epoch_follows_distinct_keys_not_input(union):
     # 2 executors, 5 distinct keys, epochs of 16 KiB (an epoch ends after the batch that
     # crosses the bound: one 64 KiB buffer per batch here): each epoch ships at most 5 keys per
-    # slice, in rows of 40 bytes (epoch or time, slice, key, count, value) in a tree flow and a
-    # graph flow alike
+    # slice, in rows of 40 bytes (slice, key, count, value and its time), with a union or without
     data = records(200_000, keys=5, zipf=0.0, disorder=0, seed=3, per_ms=1000)
     sink = Collect()
-    if graph:
+    if union:
         job, inputs = union_flow(sink), {"a": data[: len(data) // 2], "b": data[len(data) // 2 :]}
     else:
         job, inputs = flow(sink, kind="count", assigner=Tumbling(ms=1000), max_delay=0), {"r": data}
@@ -115,8 +111,8 @@ def test_state_shipped_per_epoch_follows_distinct_keys_not_input(graph):
     np.testing.assert_array_equal(result(sink), sequential("count", Tumbling(ms=1000), data, 0))
     (per_executor,) = r.epochs.values()
     epochs = [e for ex in per_executor for e in ex]
-    # many epochs of the 16 KiB bound, not only window ends (a graph flow's epoch also ends at
-    # each shipment of due fragments: those read less)
+    # many epochs of the 16 KiB bound, not only window ends (an epoch also ends at each
+    # shipment of due fragments: those read less)
     assert sum(e.input_bytes >= 16 << 10 for e in epochs) > 20
     assert sum(e.input_bytes for e in epochs) == data.nbytes
     for e in epochs:
@@ -124,8 +120,6 @@ def test_state_shipped_per_epoch_follows_distinct_keys_not_input(graph):
         assert e.shipped_bytes == e.shipped_rows * 40
     assert sum(e.shipped_rows for e in epochs) > 0
     assert max(e.shipped_bytes for e in epochs) < 1000
-    if not graph:
-        assert 1000 < min(e.input_bytes for e in epochs if e.input_bytes)
 
 
 def test_auto_routing_goes_direct_while_epochs_bring_mostly_new_keys_and_back_when_they_repeat():
@@ -184,8 +178,7 @@ def _slow_on_executor_1(batch):
     return batch
 
 
-@pytest.mark.parametrize("progress", PROGRESS_MODES)
-def test_p1_a_slow_executor_holds_back_every_window(progress):
+def test_p1_a_slow_executor_holds_back_every_window():
     def make(index, executors):
         d = records(20_000, keys=20, zipf=0.0, disorder=0, seed=7 + index, per_ms=10)
         d["value"] = d["value"] * 2 + index  # odd values mark executor 1's stream
@@ -197,7 +190,7 @@ def test_p1_a_slow_executor_holds_back_every_window(progress):
     s.window(Tumbling(ms=100)).sum("value", key="key", output="out").sink(fired, name="out")
     # one buffer per batch and a watermark after each: executor 0 races ahead, epoch after epoch
     r = slashrt.run(
-        f, {"r": PerExecutor(make)}, executors=2, epoch_bytes=4096, coalesce=1, watermark_every=1, progress=progress
+        f, {"r": PerExecutor(make)}, executors=2, epoch_bytes=4096, coalesce=1, watermark_every=1
     )
     whole = np.concatenate([make(i, 2) for i in range(2)])
     whole = whole[np.argsort(whole["ts"], kind="stable")]
@@ -315,7 +308,7 @@ def test_file_sinks_write_one_part_per_executor(tmp_path):
         (dict(executors=["10.1.2.3:7000"], transport="shm"), "one machine"),
         (dict(executors=2, partitions=0), "must be positive"),
         (dict(executors=2, ssb_routing="sideways"), "unknown SSB routing 'sideways'"),
-        (dict(executors=2, progress="lamport"), "progress must be one of watermark, pointstamp, got 'lamport'"),
+        (dict(executors=2, progress="watermark"), "progress= was removed"),
     ],
 )
 def test_bad_cluster_arguments_are_refused(options, message):
@@ -420,9 +413,10 @@ async def test_every_exchange_wraps_its_small_ring_many_times_and_equals_one_exe
 
 @pytest.mark.parametrize("mode", ["slash", "uppar"])
 @pytest.mark.parametrize("query", ["ysb", "q7"])
-def test_watermark_and_pointstamp_progress_give_identical_results(query, mode):
-    """The SSB's epoch protocol (and UpPar's gate) on either frontier: same windows, same late
-    records, same epochs shipped, on out-of-order input with late records."""
+def test_two_executors_give_one_executors_windows_and_late_records(query, mode):
+    """The SSB's epochs (and UpPar's routes) on the pointstamp frontier of two executors: the
+    windows and late records of one executor, on out-of-order input with late records (the
+    executors read the input's halves in its order, so lateness is judged as on one)."""
     from slashrt.bench import nexmark, ysb
 
     if query == "ysb":
@@ -434,37 +428,30 @@ def test_watermark_and_pointstamp_progress_give_identical_results(query, mode):
         data["date_time"] = np.maximum(data["date_time"] - np.random.default_rng(3).integers(0, 4000, len(data)), 0)
         make, inputs = nexmark.dataflow, {"bids": data}
     runs = {}
-    for progress in PROGRESS_MODES:
+    for executors in (1, 2):
         sink = Collect()
-        r = slashrt.run(make(sink), inputs, executors=2, mode=mode, epoch_bytes=8192, progress=progress)
-        runs[progress] = (sort_rows(sink.records, *sink.records.dtype.names[:3]), r.late_records)
-    (rows_v, late_v), (rows_p, late_p) = runs["watermark"], runs["pointstamp"]
+        r = slashrt.run(make(sink), inputs, executors=executors, mode=mode, epoch_bytes=8192)
+        runs[executors] = (sort_rows(sink.records, *sink.records.dtype.names[:3]), r.late_records)
+    (rows_v, late_v), (rows_p, late_p) = runs[1], runs[2]
     assert len(rows_v) >= 10
     np.testing.assert_array_equal(rows_v, rows_p)
     assert late_v == late_p
     assert sum(late_v.values()) > 0  # the input is late-heavy enough to tell lateness apart
 
 
-@pytest.mark.parametrize("graph", [False, True], ids=["tree", "graph"])
-def test_auto_routing_ends_a_folding_epoch_once_a_sample_shows_keys_do_not_repeat(graph):
+def test_auto_routing_ends_a_folding_epoch_once_a_sample_shows_keys_do_not_repeat():
     """One 10 s window, 150,000 records an executor: five keys in the first 30,000, then every
     key new; epochs of 64 MiB. `auto` folds until an epoch's `SAMPLE_RECORDS` records held as
     many entries as `DIRECT_AT` a record (`keys_unrepeated`), ends that epoch and routes the
-    rest directly, instead of folding the whole window first. A flow with a union is planned
-    as a graph (`ssb.graph_window`), one without as a tree (whose first epoch ends at the first
-    watermark, folding)."""
-    from slashrt.ssb.window import SAMPLE_RECORDS
+    rest directly, instead of folding the whole window first."""
+    from slashrt.ssb.epochs import SAMPLE_RECORDS
 
     data = records(300_000, keys=5, zipf=0.0, disorder=0, seed=9, per_ms=100)
     data["key"][30_000:] = np.random.default_rng(2).permutation(10_000_000)[: len(data) - 30_000]
     sink = Collect()
     f = Dataflow("sample")
-    stream = f.source("r", SCHEMA, time="ts")
-    if graph:
-        stream = stream.union(f.source("none", SCHEMA, time="ts"))
-    stream.window(Tumbling(ms=10_000)).count(key="key").sink(sink)
-    inputs = {"r": data, **({"none": data[:0]} if graph else {})}
-    r = slashrt.run(f, inputs, executors=2, coalesce=4)
+    f.source("r", SCHEMA, time="ts").window(Tumbling(ms=10_000)).count(key="key").sink(sink)
+    r = slashrt.run(f, {"r": data}, executors=2, coalesce=4)
     assert sink.records["count"].sum() == len(data) and len(sink.records) == len(np.unique(data["key"]))
     (per_executor,) = r.epochs.values()
     for epochs in per_executor:

@@ -14,7 +14,7 @@ import pytest
 
 import slashrt
 from slashrt.ops.event_time import NO_TIME
-from slashrt.ssb.window import ROUTINGS
+from slashrt.ssb.epochs import ROUTINGS
 
 from tests.cluster.test_graph_ssb import KEYS, N, RINGS, expected, inputs, union_count, windows
 
@@ -105,8 +105,7 @@ def test_a_fragment_shipped_at_an_epochs_end_keeps_its_capability_until_its_wind
     from slashrt.ssb.partitions import Partitioning
 
     flow = union_count()
-    plan = build_plan(flow, ClusterRole(0, Partitioning(16, 2), epoch_bytes=1000, ssb_routing="fragments",
-                                        progress="pointstamp"))
+    plan = build_plan(flow, ClusterRole(0, Partitioning(16, 2), epoch_bytes=1000, ssb_routing="fragments"))
     route, at = plan.steps["uc.counts"], list(flow.steps).index("uc.counts")
     route.add_peer(1, sender=None)  # (its queue is read below, not sent)
     progress = PointstampProgress(plan, None)

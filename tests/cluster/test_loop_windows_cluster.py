@@ -145,10 +145,10 @@ def test_a_window_in_a_loop_is_routed_with_its_loop_counters_unless_its_key_was_
     from tests.test_loop_windows import REC, SCHEMA, feed_back_step
 
     flow, _ = nested_loops(Tag(2, "sum_v"), schema=tagged(2, "sum_v"))
-    route = build_plan(flow, ClusterRole(1, Partitioning(16, 3), "uppar", progress="pointstamp")).steps["nest.win"]
+    route = build_plan(flow, ClusterRole(1, Partitioning(16, 3), "uppar")).steps["nest.win"]
     assert isinstance(route, WindowRoute) and isinstance(route.window, LoopWindow)
     assert route.exchange_dtype.names == ("t", "k", "v", "__epoch", "__c0", "__c1")
-    fragments = build_plan(flow, ClusterRole(1, Partitioning(16, 3), "slash", progress="pointstamp")).steps["nest.win"]
+    fragments = build_plan(flow, ClusterRole(1, Partitioning(16, 3), "slash")).steps["nest.win"]
     assert isinstance(fragments, SsbRoute) and isinstance(fragments.window, SsbLoopWindow)
     assert fragments.exchange_dtype.names == ("slice", "key", "count", "value", "__epoch", "__c0", "__c1")
 
@@ -158,7 +158,7 @@ def test_a_window_in_a_loop_is_routed_with_its_loop_counters_unless_its_key_was_
         sums = sums.sum("v", key="k", name="win")
         loop.feed_back(sums.apply(feed_back_step(2), schema=SCHEMA))
         loop.leave(sums).sink(sinks.Collect())
-    plan = build_plan(flow, ClusterRole(0, Partitioning(16, 2), progress="pointstamp"))  # (mode "slash")
+    plan = build_plan(flow, ClusterRole(0, Partitioning(16, 2)))  # (mode "slash")
     assert isinstance(plan.steps["x.win"], LoopWindow)  # the exchange before it routed its rows by k already
     assert [type(n) for n in plan.exchanges()] == [ExchangeNode]
 
@@ -177,7 +177,7 @@ def test_the_peer_message_that_makes_the_view_idle_still_reaches_the_route_which
     from tests.cluster.test_bus_counts import ViewOnlyBus
 
     flow, _ = halving_loop(Tag(1, "sum_v"), schema=tagged(1, "sum_v"))
-    plan = build_plan(flow, ClusterRole(0, Partitioning(16, 2), "uppar", progress="pointstamp"))
+    plan = build_plan(flow, ClusterRole(0, Partitioning(16, 2), "uppar"))
 
     bus = ViewOnlyBus(plan.graph)
     source = Location.output(list(flow.steps).index("lw.src"), 0)

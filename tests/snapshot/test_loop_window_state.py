@@ -19,7 +19,7 @@ from slashrt._plan import build_plan
 from slashrt.errors import SnapshotError
 from slashrt.ops.loop_window import LoopWindow
 from slashrt.progress import Location
-from slashrt.progress.frontier import NO_TIME
+from slashrt.ops.event_time import NO_TIME
 from slashrt.scheduler._pointstamp import PointstampProgress
 
 from tests.snapshot.test_operator_state import canonical, through_the_format

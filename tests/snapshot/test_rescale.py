@@ -42,7 +42,7 @@ from slashrt.errors import SlashError
 from slashrt.ops.window import WindowAggregate
 from slashrt.snapshot import SnapshotStore
 from slashrt.snapshot.operators import unpack_tables
-from slashrt.ssb.window import merge_partitions, split_partitions
+from slashrt.ssb.partitioned import merge_partitions, split_partitions
 from slashrt.snapshot.rescale import as_partitioned, as_route, as_window
 from slashrt.ssb.partitions import Partitioning
 
