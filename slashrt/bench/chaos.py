@@ -192,7 +192,7 @@ def _install_hooks() -> None:
         return
     _installed = True
     from slashrt.snapshot import alignment
-    from slashrt.snapshot.cluster import AgentCheckpointing
+    from slashrt.snapshot.cluster_agent import AgentCheckpointing
     from slashrt.snapshot.storage import SnapshotStore
 
     barrier, write_part = alignment._Idle.barrier, SnapshotStore.write_part

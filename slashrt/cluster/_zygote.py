@@ -55,7 +55,7 @@ log = structlog.get_logger("slashrt.cluster")
 # checkpointed one's store, graph flows' checkpointing, chunked inputs), and numpy.ma, which
 # numpy imports at the first `np.unique` (an SSB window's join): 10 ms of every agent's run otherwise
 _PRELOAD = ("slashrt.cluster.agent", "slashrt.transport.shm", "slashrt.transport.tcp", "slashrt.snapshot.storage",
-            "slashrt.snapshot.cluster_graph", "slashrt.ops.chunks", "numpy.ma")
+            "slashrt.snapshot.cluster_agent", "slashrt.ops.chunks", "numpy.ma")
 _HEADER = struct.Struct("!I")
 _MAIN = "from slashrt.cluster._zygote import main; main()"  # (its command line names it: `slashrt.bench.chaos`)
 _FDS = 2  # the child's stdout and stderr

@@ -6,15 +6,15 @@ The agent listens for the coordinator's control connection (cluster secret from
 $SLASHRT_SECRET or $SLASHRT_SECRET_FILE), prints ``slashrt-agent listening HOST PORT`` once
 it listens, and for each job:
 
-1. builds its plan: every keyed window is an exchange (SSB or UpPar, see `slashrt._plan`);
+1. builds its plan: every keyed window is an exchange (`SsbRoute` or `WindowRoute`, and every
+   `exchange(key=)` step: see `slashrt._plan`), and opens the progress bus to its peers;
 2. opens a data listener per (exchange, peer), reports the addresses, gets everyone's back;
 3. connects a channel to every peer per exchange and accepts every peer's, then makes its
    own input (its share of arrays, or a `PerExecutor`'s array or chunks) and reports ready; an
    `Ingest` input opens an ingest endpoint instead (slashrt.spark), whose `IngestTarget` the
    "ready" message carries ({source: target}; empty without such inputs);
-4. on "start", runs one executor: its sources in lane 0, the peers' channels of each exchange
-   in the lane of its stage (1, or 2 for a window fed by another's results, ...: `_plan`), the
-   exchanges' shippers beside it; sends the `RunResult` back, or the failure.
+4. on "start", runs one executor over its sources and the peers' channels of each exchange,
+   the exchanges' ship queues drained beside it; sends the `RunResult` back, or the failure.
 
 The control connection carries heartbeats both ways (`slashrt.cluster._liveness`): if the
 coordinator goes away mid-job, or stops answering for the job's heartbeat timeout, the agent
@@ -50,11 +50,11 @@ from slashrt.cluster._job import Job
 from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent, PeersUnreachable
 from slashrt.cluster._stall import stall_watch
 from slashrt.errors import ChannelClosed, OperatorError, unwrap_groups
-from slashrt.ops.route import ExchangeNode, room_for_sources
+from slashrt.ops.route import room_for_sources
 from slashrt.ops.sinks import Callback
 from slashrt.scheduler import Input
 from slashrt.scheduler._bus_counts import initial_capabilities
-from slashrt.snapshot.cluster_graph import agent_checkpointing
+from slashrt.snapshot.cluster_agent import agent_checkpointing
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import RingSpec
 from slashrt.transport._channel import ChannelSilent, Liveness
@@ -208,7 +208,7 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
                 if job.checkpoint is not None:
                     checkpoints = await agent_checkpointing(
                         job, plan, link=control, exchanges=exchanges.values(),
-                        peer_inputs={f"{step_id}.from{src}": getattr(x, "lane", 1) for step_id, x in exchanges.items() for src in peers},
+                        peer_inputs=[f"{step_id}.from{src}" for step_id in exchanges for src in peers],
                     )
                 setup.note("restore_state")
                 executor_inputs, sources = local_inputs(
@@ -218,9 +218,9 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
                 setup.note("rings_and_seek")
             for (step_id, src), receiver in sorted(receivers.items()):
                 x = exchanges[step_id]
-                executor_inputs.append(Input(f"{step_id}.from{src}", receiver, x.inbound(src), x.exchange_dtype, lane=getattr(x, "lane", 1)))
-            shipping = [x for x in exchanges.values() if isinstance(x, ExchangeNode)]
-            if shipping:  # a graph flow's ship queues are bounded at its sources (`room_for_sources`)
+                executor_inputs.append(Input(f"{step_id}.from{src}", receiver, x.inbound(src), x.exchange_dtype))
+            shipping = list(exchanges.values())
+            if shipping:  # the ship queues are bounded at the sources (`room_for_sources`)
                 throttle = room_for_sources(shipping, checkpoints.barrier_due if checkpoints is not None else lambda: False)
                 for inp in executor_inputs:
                     if inp.name in plan.sources:

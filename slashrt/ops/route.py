@@ -63,7 +63,6 @@ def routed_dtype(spec: WindowAggSpec) -> np.dtype:
 
 
 class ExchangeNode(Node):
-    lane = 0  # its peers' channels are computed with the rest of the graph (one tracker, one `now`)
     # each record's own time (`Batch.times`) travels in `__t`, for user operators below
     # (shipped rows are counted at the batch's time, `__epoch`, the least of them)
     carries_times = True

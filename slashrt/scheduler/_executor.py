@@ -10,8 +10,8 @@ One tick of a poller: read every posted slot of its channel into the ready queue
 compute coroutine; if nothing was there, count an empty poll and yield at once, so an empty or
 slow channel never blocks the others. When the whole executor is idle (nothing ready, nothing
 being computed), pollers park on their channel's notification (an eventfd, a socket, a verbs
-completion channel or, in process, a trio parking lot) instead of spinning. When their lane's
-compute still has this channel's buffers to finish (ready, or polled and not yet released), they
+completion channel or, in process, a trio parking lot) instead of spinning. When compute
+still has this channel's buffers to finish (ready, or polled and not yet released), they
 wait for its next turn instead: a compute that awaits a worker thread (a broker's sink, a file
 source) would otherwise find its loop spinning through empty polls, holding the GIL the thread
 needs, and crawl at one GIL hand-over (5 ms) per call the thread makes.
@@ -26,17 +26,13 @@ instead of once per 64 KiB. A slow pipeline's runs are cut so that a call takes 
 `SLICE_S`, and a longer call yields at once: the loop's other tasks (a checkpoint's trigger and
 write among them) never wait for a whole run of slow buffers.
 
-Inputs belong to lanes, one compute coroutine each (usually one lane). A multi-executor run puts
-the channels arriving from other executors in a lane of their own: a pipeline that waits for a
-peer's credits then never stops this executor from consuming what its peers send it, which is
-what returns their credits (two executors repartitioning into each other cannot deadlock);
-an exchange fed by another exchange's results has its peers' channels in the next lane, so
-lane k only ever waits for the credits of lane k+1 elsewhere.
-A graph flow's exchanges (`ops/route.py`) stay in lane 0, with the one tracker: they ship from
-background tasks instead, so compute never waits for a peer's credits.
+One compute coroutine runs every input, the sources' and the channels arriving from other
+executors alike, with the one tracker: exchanges (`ops/route.py`) ship from background tasks,
+so compute never waits for a peer's credits, and two executors sending to each other cannot
+deadlock.
 
-Under pointstamp progress (`progress` given, one lane) the compute coroutine also runs the
-batches loops feed back (`PointstampProgress.queue`), alternating with channel input, and
+With its tracker (`progress`; unit tests run an executor without one) the compute coroutine
+also runs the batches loops feed back (`PointstampProgress.queue`), alternating with channel input, and
 settles the tracker after every item; it finishes when every input ended and the queue is
 empty, and then nothing may be outstanding. On several executors it also settles what peers'
 progress messages changed, publishes what the progress bus holds back before it sleeps (while
@@ -86,7 +82,6 @@ class Input:
     receiver: Receiver
     pipeline: Node
     dtype: np.dtype
-    lane: int = 0  # inputs of different lanes are computed by different coroutines
     ended: bool = False
     error: BaseException | None = None
     # barrier alignment (checkpoints): a blocked input is neither polled nor computed; what was
@@ -95,18 +90,6 @@ class Input:
     held: collections.deque = attrs.field(factory=collections.deque)
     run_cap: int = 1 << 30  # buffers per pipeline call (the executor shortens the runs of a slow pipeline)
     throttle: Callable[[], Awaitable[None]] | None = None  # awaited before each poll: room downstream (a source's)
-
-
-class _Lane:
-    """One compute coroutine's share: the inputs it runs, their ready buffers, its wake-up."""
-
-    def __init__(self, inputs: list[Input], number: int = 0):
-        self.number = number  # lane 0: the sources' inputs; lane k: the peers' stage-k channels
-        self.inputs = inputs
-        self.ready: collections.deque[tuple[Input, Buffer | DataRun | None]] = collections.deque()
-        self.lot = trio.lowlevel.ParkingLot()
-        self.turns = trio.lowlevel.ParkingLot()  # pollers waiting for compute's next turn
-        self.open = len(inputs)  # inputs whose end (or failure) compute has not handled yet
 
 
 class Executor:
@@ -122,11 +105,14 @@ class Executor:
     ):
         self.inputs = inputs
         self.checkpoints = checkpoints  # slashrt.snapshot.runtime.ExecutorCheckpoints, or None
-        self.progress = progress  # PointstampProgress, or None: watermarks travel down the pipelines
+        self.progress = progress  # PointstampProgress (None in unit tests of polling: watermarks alone)
         self.stats = ExecutorStats(executor=index)
         self.yield_every = yield_every
         self.coalesce = coalesce
-        self._lanes = {n: _Lane([i for i in inputs if i.lane == n], n) for n in sorted({i.lane for i in inputs})}
+        self._ready: collections.deque[tuple[Input, Buffer | DataRun | None]] = collections.deque()
+        self._lot = trio.lowlevel.ParkingLot()  # compute waits here for work
+        self._turns = trio.lowlevel.ParkingLot()  # pollers waiting for compute's next turn
+        self._open = len(inputs)  # inputs whose end (or failure) compute has not handled yet
         self.log = log.bind(executor=index)
         self._halted: trio.Event | None = None  # a stop's savepoint is taken (`halt`); set by `go_on`
         if checkpoints is not None:
@@ -146,8 +132,7 @@ class Executor:
             async with trio.open_nursery() as nursery:
                 for inp in self.inputs:
                     nursery.start_soon(self._poller, inp, name=f"poller:{inp.name}")
-                for n, lane in self._lanes.items():
-                    nursery.start_soon(self._compute, lane, name=f"compute:{n}")
+                nursery.start_soon(self._compute, name="compute")
             # every input ended or failed: stop moving bytes for them
             drivers.cancel_scope.cancel()
         self.stats.cpu_s = time.process_time() - cpu
@@ -158,8 +143,7 @@ class Executor:
 
     # -- polling -----------------------------------------------------------------------------------
     async def _poller(self, inp: Input) -> None:
-        lane = self._lanes[inp.lane]
-        rx, stats, ready, coalesce = inp.receiver, self.stats, lane.ready, self.coalesce
+        rx, stats, ready, coalesce = inp.receiver, self.stats, self._ready, self.coalesce
         while True:
             if inp.blocked is not None:  # aligning a barrier: its data waits in the ring
                 await inp.blocked.wait()
@@ -181,7 +165,7 @@ class Executor:
             finally:
                 stats.poll_s += time.perf_counter() - t0
             if got:
-                lane.lot.unpark_all()
+                self._lot.unpark_all()
             if rx.finished:
                 return
             if got == 0:
@@ -189,7 +173,7 @@ class Executor:
             if got == 0 and (ready or rx.outstanding):
                 # nothing new, compute has work: polling again before its next turn finds nothing
                 stats.waits += 1
-                await lane.turns.park()
+                await self._turns.park()
             elif got == 0 and self._idle():
                 # the whole executor is idle as far as this channel can tell: park, don't spin
                 stats.parks += 1
@@ -204,30 +188,29 @@ class Executor:
         self.stats.failed_channels += 1
         getattr(self.log, fault_level(exc))("channel closed after bad input", channel=inp.name, error=str(exc))
         # buffers polled before the bad one are good: compute handles them, then this marker
-        lane = self._lanes[inp.lane]
-        lane.ready.append((inp, None))
-        lane.lot.unpark_all()
+        self._ready.append((inp, None))
+        self._lot.unpark_all()
 
     def _idle(self) -> bool:
-        return not any(lane.ready for lane in self._lanes.values())
+        return not self._ready
 
     # -- computing ---------------------------------------------------------------------------------
-    async def _compute(self, lane: _Lane) -> None:
-        ready, stats, progress = lane.ready, self.stats, self.progress
+    async def _compute(self) -> None:
+        ready, stats, progress = self._ready, self.stats, self.progress
         queue = () if progress is None else progress.queue
         if progress is not None:
-            progress.wake = lane.lot.unpark_all  # a peer executor's progress news
+            progress.wake = self._lot.unpark_all  # a peer executor's progress news
         checkpoints = self.checkpoints
         handled = 0
         try:
             if checkpoints is not None:  # a restored checkpoint's records in flight on a peer's channel come first
-                for inp in lane.inputs:
+                for inp in self.inputs:
                     await checkpoints.replay_input(inp)
-            while lane.open > 0 or queue or (progress is not None and progress.waiting()):
-                if lane.turns:  # a poller waits for this turn: it runs at the next yield
-                    lane.turns.unpark_all()
+            while self._open > 0 or queue or (progress is not None and progress.waiting()):
+                if self._turns:  # a poller waits for this turn: it runs at the next yield
+                    self._turns.unpark_all()
                 if checkpoints is not None:  # between two batches: what a checkpoint may do only here
-                    checkpoints.between(lane.number)
+                    checkpoints.between()
                 if self._halted is not None:  # (its pollers wait for a turn: the rings keep their data)
                     await self._halted.wait()
                     continue
@@ -240,16 +223,16 @@ class Executor:
                         await trio.lowlevel.checkpoint()
                     continue
                 if not ready:
-                    if progress is not None and progress.quiet(streaming=lane.open > 0):
+                    if progress is not None and progress.quiet(streaming=self._open > 0):
                         await progress.settle()
                     else:
                         if progress is not None and progress.debug and (holds := progress.idle_holds()) is not None:
                             self.log.debug("idle, frontiers held", inputs=holds)  # where is it stuck
                         if progress is None or progress.grace is None:
-                            await lane.lot.park()
+                            await self._lot.park()
                         else:  # progress to publish, unless work comes within the grace
                             with trio.move_on_after(progress.grace) as grace:
-                                await lane.lot.park()
+                                await self._lot.park()
                             if grace.cancelled_caught:
                                 progress.publish()
                     continue
@@ -258,7 +241,7 @@ class Executor:
                     inp.held.append(buf)
                     continue
                 if buf is None:  # the channel failed after the buffers before this marker
-                    lane.open -= 1
+                    self._open -= 1
                     if self.checkpoints is not None:  # it delivers no more barriers: never wait for one
                         await self.checkpoints.on_end(self, inp)
                     continue
@@ -291,7 +274,7 @@ class Executor:
                 if handled % self.yield_every == 0 or time.perf_counter() - t0 > self.SLICE_S:
                     await trio.lowlevel.checkpoint()
         finally:  # (a poller waiting for a turn that will not come)
-            lane.turns.unpark_all()
+            self._turns.unpark_all()
 
     async def _handle_control(self, inp: Input, buf: Buffer) -> None:
         self.stats.control += 1
@@ -301,7 +284,7 @@ class Executor:
         elif ctype is Control.END_OF_STREAM:
             await inp.pipeline.on_end()
             inp.ended = True
-            self._lanes[inp.lane].open -= 1
+            self._open -= 1
             if self.checkpoints is not None:
                 await self.checkpoints.on_end(self, inp)
         elif ctype is Control.BARRIER and self.checkpoints is not None:
@@ -316,24 +299,22 @@ class Executor:
         """Consume `inp` again; what waited of it goes first, in its order."""
         if inp.blocked is None:
             return
-        lane = self._lanes[inp.lane]
-        lane.ready.extendleft((inp, buf) for buf in reversed(inp.held))
+        self._ready.extendleft((inp, buf) for buf in reversed(inp.held))
         inp.held.clear()
         inp.blocked.set()
         inp.blocked = None
-        lane.lot.unpark_all()
+        self._lot.unpark_all()
 
     def unconsumed(self, inp: Input) -> list:
         """`inp`'s buffers not computed yet, oldest first: held behind a barrier, polled and
         ready, still in the ring (an unaligned checkpoint's in-flight data). Views: copy them
         before the next batch."""
-        ready = [buf for i, buf in self._lanes[inp.lane].ready if i is inp]
+        ready = [buf for i, buf in self._ready if i is inp]
         return [*inp.held, *ready, *([] if inp.receiver.finished else inp.receiver.posted_unpolled())]
 
     def wake(self) -> None:
-        """Wake the compute coroutines (a checkpoint waits for their next turn: `between`)."""
-        for lane in self._lanes.values():
-            lane.lot.unpark_all()
+        """Wake the compute coroutine (a checkpoint waits for its next turn: `between`)."""
+        self._lot.unpark_all()
 
     def halt(self) -> None:
         """A stop's savepoint is taken: compute nothing more until the run is cancelled or `go_on`."""

@@ -25,7 +25,7 @@ for the final checkpoint (taken after the executor ended) nothing runs between t
 the log: the log is what the queue holds (`take`).
 
 On a cluster, a graph flow's exchanges with loops also log what they ship between their
-barrier and the snapshot: an `Outbox` part per exchange (`slashrt.snapshot.cluster_graph`).
+barrier and the snapshot: an `Outbox` part per exchange (`slashrt.snapshot.cluster_agent`).
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def _unpack(arrays: dict[str, np.ndarray], count: int) -> list[np.ndarray]:
     return [arrays[f"batch.{i}"] for i in range(count)]
 
 
-# -- a graph flow's exchanges on a cluster, with loops: their outboxes (`snapshot.cluster_graph`) --
+# -- exchanges on a cluster, with loops: their outboxes (`snapshot.cluster_agent`) --
 
 OUTBOX = ".outbox"  # an exchange's outbox part: <exchange step id>.outbox
 
@@ -183,7 +183,7 @@ def outbox_steps(plan) -> list[str]:
 
 class Outbox:
     """An exchange's rows shipped after its barrier and before the executor's snapshot (a graph
-    flow with loops on a cluster: `slashrt.snapshot.cluster_graph`): records in flight at the
+    flow with loops on a cluster: `slashrt.snapshot.cluster_agent`): records in flight at the
     cut, which the receiver's snapshot does not hold."""
 
     STATE_KIND, STATE_VERSION = "exchange_outbox", 1

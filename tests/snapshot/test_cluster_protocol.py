@@ -24,7 +24,8 @@ import trio.testing
 from slashrt import StopHandle
 from slashrt.cluster.coordinator import ClusterError
 from slashrt.errors import first_error, unwrap_groups
-from slashrt.snapshot.cluster import AgentCheckpointing, ClusterCheckpoints
+from slashrt.snapshot.cluster import ClusterCheckpoints
+from slashrt.snapshot.cluster_agent import AgentCheckpointing
 from slashrt.snapshot.coordinator import AckStats, CheckpointConfig
 from slashrt.snapshot.state_format import State
 from slashrt.snapshot.storage import SnapshotStore

@@ -1,5 +1,5 @@
 """Barrier snapshots of graph flows on clusters (distributed pointstamp progress,
-`slashrt.snapshot.cluster_graph`), in real agent processes over shm and tcp with rings of four
+`slashrt.snapshot.cluster_agent`), in real agent processes over shm and tcp with rings of four
 256-byte slots that every channel wraps ~100 times. The flow (tests/snapshot/_graph_flow.py):
 union, an exchange by key into a stateful user operator with notifications, a keyed window on
 another key behind it (an exchange chained after an exchange), connect(...).apply, three

@@ -1,4 +1,4 @@
-"""Stop with a savepoint of graph flows on clusters (`GraphAgentCheckpointing`), in real agent
+"""Stop with a savepoint of graph flows on clusters (`AgentCheckpointing`), in real agent
 processes over rings of four 256-byte slots that every channel wraps many times.
 
 - the acyclic graph flow of tests/snapshot/_graph_flow.py (union, exchange by key into a user
@@ -36,7 +36,7 @@ from slashrt.ops.sinks import Collect
 from slashrt.examples.cc_partitioned import MESSAGES, cc_partitioned_flow, labels_after
 from slashrt.snapshot import SnapshotStore, storage
 from slashrt.snapshot.alignment import BarrierAligner
-from slashrt.snapshot.cluster_graph import GraphAgentCheckpointing
+from slashrt.snapshot.cluster_agent import AgentCheckpointing
 from slashrt.snapshot.coordinator import CheckpointConfig
 from slashrt.snapshot.runtime import SourceBarriers
 
@@ -198,7 +198,7 @@ def test_a_savepoint_request_wakes_the_executor_to_forward_its_barriers():
         def wake(self):
             self.woken += 1
 
-    agent = object.__new__(GraphAgentCheckpointing)  # (only what on_message reads)
+    agent = object.__new__(AgentCheckpointing)  # (only what on_message reads)
     agent._requested, agent._kinds, agent._drained, agent._due = set(), {}, False, False
     agent.config, agent.progress = CheckpointConfig(), Tracker()
     agent.sources = {"s": SourceBarriers("s")}

@@ -1,4 +1,4 @@
-"""Unaligned checkpoints of graph flows on clusters (`GraphAgentCheckpointing`: pointstamp
+"""Unaligned checkpoints of graph flows on clusters (`AgentCheckpointing`: pointstamp
 progress, exchanges chained after exchanges, loops), in real agent processes over shm and tcp.
 
 - a slow step after an exchange: past the alignment timeout (0: at once) barrier n overtakes

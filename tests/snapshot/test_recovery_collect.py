@@ -19,7 +19,7 @@ from slashrt import Dataflow, Tumbling
 from slashrt.bench import chaos
 from slashrt.errors import SlashError
 from slashrt.ops.sinks import Collect
-from slashrt.snapshot.cluster import AgentCheckpointing
+from slashrt.snapshot.cluster_agent import AgentCheckpointing
 from slashrt.snapshot.collected import COMMITTED, Committed, Outbox
 
 from tests.snapshot import _cluster_child

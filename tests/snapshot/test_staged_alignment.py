@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import trio
 import trio.testing
 
-from slashrt.snapshot.cluster import AgentCheckpointing
+from slashrt.snapshot.cluster_agent import AgentCheckpointing
 from slashrt.snapshot.coordinator import CheckpointConfig
 from slashrt.snapshot.storage import SnapshotStore
 
