@@ -17,6 +17,7 @@ before the stop takes the savepoint at once and its run ends on "stop", as the o
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import trio
 import trio.testing
@@ -24,6 +25,7 @@ import trio.testing
 from slashrt import StopHandle
 from slashrt.cluster.coordinator import ClusterError
 from slashrt.errors import first_error, unwrap_groups
+from slashrt.progress import Builder
 from slashrt.snapshot.cluster import ClusterCheckpoints
 from slashrt.snapshot.cluster_agent import AgentCheckpointing
 from slashrt.snapshot.coordinator import AckStats, CheckpointConfig
@@ -84,11 +86,33 @@ class Link:
 
 
 class Exchange:
-    def __init__(self):
+    """An exchange as the agent's checkpoints drive it: `downstream` are the exchanges its
+    records reach (their senders are fed by its peers' channels)."""
+
+    def __init__(self, step_id: str = "x", downstream=()):
+        self.step_id = step_id
+        self.downstream = list(downstream)
         self.forwarded = []
 
-    async def forward_barrier(self, n):
+    def walk(self):
+        yield self
+        for x in self.downstream:
+            yield from x.walk()
+
+    def forward_barrier(self, n, log=False):
         self.forwarded.append(n)
+
+    def overtake(self, n):
+        pass
+
+    def take_outbox(self):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+
+
+def plan_of(*sources):
+    """A plan as checkpoints read it: its sources, no stateful step, no loop."""
+    return SimpleNamespace(nodes=lambda: [], sinks=[], sources=list(sources), flow=SimpleNamespace(steps={}),
+                           graph=Builder().build())
 
 
 class Executor:
@@ -116,8 +140,7 @@ ENDED = SimpleNamespace(snapshot=lambda step_id: State({}, {"fed": 10}))  # a fe
 
 def one_source_agent(tmp_path, link, exchange) -> AgentCheckpointing:
     """Executor 0's side, with source "r" and a channel from executor 1 ("x.from1")."""
-    plan = SimpleNamespace(nodes=lambda: [], sinks=[], sources=["r"], graph=None)
-    return AgentCheckpointing(plan, CheckpointConfig(), SnapshotStore(tmp_path, job="j"), None, index=0, link=link,
+    return AgentCheckpointing(plan_of("r"), CheckpointConfig(), SnapshotStore(tmp_path, job="j"), None, index=0, link=link,
                               exchanges=[exchange], peer_inputs=["x.from1"])
 
 
@@ -155,7 +178,7 @@ def test_an_aborted_alignment_releases_its_inputs_when_the_next_one_blocks_anoth
 
     async def main():
         agent = AgentCheckpointing(
-            plan=SimpleNamespace(nodes=lambda: [], sinks=[], sources=["r"], graph=None), config=CheckpointConfig(),
+            plan=plan_of("r"), config=CheckpointConfig(),
             store=SnapshotStore(tmp_path, job="j"), restored=None, index=0, link=link, exchanges=[exchange],
             peer_inputs=["x.from1", "x.from2"],
         )
@@ -164,7 +187,7 @@ def test_an_aborted_alignment_releases_its_inputs_when_the_next_one_blocks_anoth
             agent.on_message("checkpoint", 1)
             agent.on_message("checkpoint", 2)
             await agent.on_barrier(executor, SimpleNamespace(name="r"), 1)
-            assert executor.held() == {"r"} and exchange.forwarded == [1]  # stage 1: sent on to the peers
+            assert executor.held() == {"r"} and exchange.forwarded == [1]  # its upstream delivered 1: sent on
             # executor 1 skipped 1 (it aborted it): 1 cannot complete here, 2 starts with x.from1 held
             await agent.on_barrier(executor, SimpleNamespace(name="x.from1"), 2)
             assert executor.held() == {"x.from1"}  # r is free to deliver barrier 2
@@ -341,7 +364,7 @@ def test_nothing_starts_while_a_failed_runs_tasks_are_cancelled(tmp_path, side):
     async def main():
         nonlocal agent
         agent = one_source_agent(tmp_path, link, exchange) if side == "agent" else Checkpointing(
-            SimpleNamespace(nodes=lambda: [], sinks=[], sources=["r"], graph=None), CheckpointConfig(),
+            plan_of("r"), CheckpointConfig(),
             SnapshotStore(tmp_path, job="j"), None)
         with pytest.raises(ValueError, match="the operator failed"):
             async with unwrap_groups(), agent.running():
