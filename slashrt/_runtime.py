@@ -86,8 +86,7 @@ class RunResult:
     outputs: collections.abc.Mapping  # Collect sink step id -> collected records (see Collect.records)
     # multi-executor runs: SSB window step id -> per executor, the EpochStats of each epoch
     epochs: dict[str, list] = attrs.field(factory=dict)
-    # pointstamp progress: every step input ("step.in0") -> its frontier at the end (Timestamps);
-    # a tree flow on several executors: every keyed window's input, where executors' watermarks meet
+    # every step input ("step.in0") -> its frontier at the end (Timestamps)
     frontiers: dict[str, list] = attrs.field(factory=dict)
     # checkpoint_dir= given: per checkpoint its status, seconds, bytes, alignment / sync / async seconds
     checkpoints: list[dict] = attrs.field(factory=list)

@@ -7,7 +7,7 @@ default rings (96 slots): the rings fill and every aligned barrier queues behind
 campaign in 10 ms windows, the slow step on each window's counts (`slow_step_ms` a window, on
 the executor owning its campaigns), then their sums per 10 s window (YSB's result): the
 channels between executors and the SSB shippers' queues back up, and an aligned barrier waits
-behind them. `--slow-after graph` (a cluster) runs YSB as a graph flow (pointstamp progress):
+behind them. `--slow-after graph` (a cluster) runs YSB with a user step behind an exchange:
 an exchange by ad right after the source, the slow step behind it (`slow_step_ms` per buffer of
 records), then YSB's views, campaigns and windows (the window's route: an exchange chained after
 the first); the peers' channels back up and the ship queues grow behind them. Checkpoints every `interval` with `max_in_flight` 1 and the given
@@ -126,7 +126,7 @@ def _behind_exchange(ad_to_campaign: np.ndarray, sink, step) -> Dataflow:
 
 
 def _graph_flow(ad_to_campaign: np.ndarray, sink, step) -> Dataflow:
-    """YSB as a graph flow with `step` behind an exchange by ad (its window's route is a second
+    """YSB with `step` behind an exchange by ad (its window's route is a second
     exchange, chained after the first)."""
     flow = Dataflow("ysb")
     events = flow.source("events", ysb.YSB_SCHEMA, time="event_time").exchange(key="ad_id", name="by_ad")

@@ -3,7 +3,7 @@ progress traffic, on real executor processes (`slashrt bench progress`).
 
     slashrt bench progress [--executors K] [--transport shm|tcp] [--epochs E] [--epoch-gap-us G] --json
 
-Three runs of graph flows on K executors (every executor gets the same generated stream, so
+Three runs of flows on K executors (every executor gets the same generated stream, so
 every executor sees every epoch); user operators stamp their events with CLOCK_MONOTONIC (one
 clock for every process of the machine) and the executor's pid, and the stamps come back
 through the sinks:
@@ -19,7 +19,7 @@ through the sinks:
   with n + 1: from the last executor's `on_notify((e, i))` to the last one's `on_notify((e, i + 1))`,
   a feedback, the queue, the progress exchange and the next notification
   (`loop_round_trip_us_p50`);
-- progress traffic on a YSB-shaped graph flow: views -> campaign -> a user operator counting
+- progress traffic on a YSB-shaped flow: views -> campaign -> a user operator counting
   views per campaign per 10 s window, emitting on the window end's notification. Progress bytes
   (every executor's bus, to all peers) per byte of input records, and progress messages per
   epoch (10 s window) (`progress_bytes_per_data_byte`, `progress_messages_per_epoch`).

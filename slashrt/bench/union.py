@@ -1,4 +1,4 @@
-"""A graph flow's keyed window on the Slash State Backend against routing its records by key
+"""A keyed window after a union on the Slash State Backend against routing its records by key
 (`slashrt bench union`).
 
     slashrt bench union [--executors K] [--transport shm|tcp] [--mode slash|uppar|both] [--events N] --json

@@ -52,7 +52,7 @@ __all__ = ["ForkedAgent", "Zygote", "open_zygote"]
 log = structlog.get_logger("slashrt.cluster")
 
 # the agent, and what it imports only as a job's set-up needs it (the shm and tcp channels, a
-# checkpointed one's store, graph flows' checkpointing, chunked inputs), and numpy.ma, which
+# checkpointed one's store, the agents' checkpointing, chunked inputs), and numpy.ma, which
 # numpy imports at the first `np.unique` (an SSB window's join): 10 ms of every agent's run otherwise
 _PRELOAD = ("slashrt.cluster.agent", "slashrt.transport.shm", "slashrt.transport.tcp", "slashrt.snapshot.storage",
             "slashrt.snapshot.cluster_agent", "slashrt.ops.chunks", "numpy.ma")

@@ -63,8 +63,7 @@ def iteration_watermark(frontier, counters: tuple[int, ...]) -> int | None:
 
 
 class LoopWindow(Node):
-    """Keyed windowed aggregate inside a loop: a `WindowAggregate` per iteration (pointstamp
-    progress only: graph flows run on it)."""
+    """Keyed windowed aggregate inside a loop: a `WindowAggregate` per iteration."""
 
     def __init__(self, spec: WindowAggSpec, late_node: Node | None = None):
         super().__init__(spec.step_id)

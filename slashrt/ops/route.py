@@ -10,7 +10,7 @@ has pushed them downstream at t, so the frontier behind the step cannot pass t w
 at t are on their way.
 
 Records to ship wait in a queue per peer that a background task drains, a slot at a time (no
-backpressure into compute: a graph flow's exchange channels are read by the same compute
+backpressure into compute: the exchange channels are read by the same compute
 coroutine that sends, so waiting for a peer's credits there could deadlock two executors
 sending to each other). The queues are bounded from further up instead: while an exchange
 holds more than two rings' worth of rows a peer (`backlogged`), the executor polls its sources
@@ -333,7 +333,7 @@ def room_for_sources(exchanges, exempt=lambda: False):
 
 
 class WindowRoute(InFrontOfWindow, ExchangeNode):
-    """Stands where a keyed window is in a graph flow on several executors: its rows go to
+    """Stands where a keyed window is on several executors in mode "uppar": its rows go to
     their key's owner, whose `window` (a plain one) takes them at their logical time."""
 
     carries_times = False  # a window reads none

@@ -590,7 +590,7 @@ def _holds(window: WindowAggregate | LoopWindow) -> frozenset[Timestamp]:
 
 
 def _window_of(node: Node) -> WindowAggregate | LoopWindow | None:
-    """The window a step runs: the node itself, or the window behind a graph flow's route
+    """The window a step runs: the node itself, or the window behind a route
     of a keyed window on several executors (`WindowRoute`)."""
     if isinstance(node, (WindowAggregate, LoopWindow)):
         return node

@@ -23,7 +23,7 @@ class ExecutorStats:
     # executor the caller's): unlike the wall-clock seconds, barely moved by a loaded machine
     cpu_s: float = 0.0
     failed_channels: int = 0
-    progress_bytes: int = 0  # graph flows on several executors: bytes its progress bus posted (to all peers)
+    progress_bytes: int = 0  # on several executors: bytes its progress bus posted (to all peers)
     progress_messages: int = 0  # and the messages it broadcast
     shipped_bytes: int = 0  # several executors: bytes of rows its exchanges sent peers (records or partial states)
 

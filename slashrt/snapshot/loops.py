@@ -24,7 +24,7 @@ In the stop-the-world mode, for a stop's savepoint (the executor computes nothin
 for the final checkpoint (taken after the executor ended) nothing runs between the snapshot and
 the log: the log is what the queue holds (`take`).
 
-On a cluster, a graph flow's exchanges with loops also log what they ship between their
+On a cluster, exchanges with loops also log what they ship between their
 barrier and the snapshot: an `Outbox` part per exchange (`slashrt.snapshot.cluster_agent`).
 """
 
@@ -177,7 +177,7 @@ OUTBOX = ".outbox"  # an exchange's outbox part: <exchange step id>.outbox
 
 
 def outbox_steps(plan) -> list[str]:
-    """The outbox parts a checkpoint of a graph flow with loops holds per executor: one per exchange."""
+    """The outbox parts a checkpoint of a flow with loops holds per executor: one per exchange."""
     return [x.step_id + OUTBOX for x in plan.exchanges()]
 
 

@@ -47,7 +47,7 @@ def tagged(kind: str, version: int, arrays: dict[str, np.ndarray], **meta) -> St
     return State(arrays, {"kind": kind, "version": version, **meta})
 
 
-# a graph flow's keyed window on several executors: the kind of its state says the mode it ran in
+# a keyed window on several executors: the kind of its state says the mode it ran in
 _GRAPH_WINDOW_MODES = {"window": "uppar", "ssb_graph_window": "slash", "loop_window": "uppar", "ssb_loop_window": "slash"}
 
 

@@ -12,7 +12,7 @@ transactional sinks' pending transactions go to a successor (`reassigned`), or a
 executors go to their keys' new owners, judged against the watermark their sender had sent
 before them (`channel_state.in_flight_between`, `adopt_in_flight`). A window's old leaders may
 have fired it up to different times (an unaligned checkpoint's watermarks in flight to some;
-a graph flow's owners fire on the progress each has heard of): the merged window has fired up
+owners fire on the progress each has heard of): the merged window has fired up
 to the least of them, and a leader's tables that had fired further join it as tails closed at
 its time, so the windows in between fire again with the keys of the leaders that had not fired
 them only (`merge_partitions`); inside loops iteration by iteration.
@@ -139,7 +139,7 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
 
 
 def _refuse_in_graph(refuse: str, flow, plan, restored, was: int) -> None:
-    """What of a graph flow's checkpoint is not cut by key, refused in one sentence: user
+    """What of a checkpoint is not cut by key, refused in one sentence: user
     operators whose state is not keyed, or is keyed but not behind an exchange by key."""
     from slashrt.snapshot.operators import stateful_nodes
 
@@ -184,7 +184,7 @@ def _reached_without_exchange(flow, step_id: str) -> str | None:
 
 
 def graph_in_flight(checkpoint, plan, index: int, executors: int, partitions: int) -> dict[str, np.ndarray]:
-    """A graph flow's unaligned checkpoint's rows in flight between executors (each exchange's
+    """An unaligned checkpoint's rows in flight between executors (each exchange's
     channel parts: what receivers had not taken, `<step>.from<j>`, and what senders had queued
     behind the barrier, `<step>.to<j>`), by the step they were on their way to: those whose
     key (a record's exchange key, a partial row's `key`) executor `index` of `executors` now
@@ -537,7 +537,7 @@ def as_partitioned(state: State, route: State | None = None, executors: int = 1,
 
 
 def _graph_as_partitioned(state: State, executors: int, index: int) -> State:
-    """A graph flow's SSB window (`SsbGraphWindow`: the owner's windows and this executor's
+    """An SSB window (`SsbGraphWindow`: the owner's windows and this executor's
     fragments) as an SSB state: the owner's tables as leader state, the fragments as
     fragments that shipped nothing yet (each holds its first window open: `merge_partitions`
     joins it into that window), judged late up to where the fragments judged."""
@@ -562,7 +562,7 @@ def _graph_as_partitioned(state: State, executors: int, index: int) -> State:
 
 
 def as_graph_window(state: State) -> State:
-    """A graph flow's SSB window state out of an SSB state that `merge_partitions` made: the
+    """An SSB window's state out of an SSB state that `merge_partitions` made: the
     leader state as the owner's windows, no fragments (the old ones joined it), lateness judged
     on from where the old fragments had judged it."""
     from slashrt.snapshot.operators import tagged

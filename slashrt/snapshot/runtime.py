@@ -251,7 +251,7 @@ class Checkpointing:
         # resuming a checkpoint of another executor count: this executor's states, reassigned
         # (`slashrt.snapshot.rescale.reassigned`); sources start afresh on their new shares
         self.rescaled: dict | None = None
-        # and a graph flow's rows in flight between old executors whose keys this one now owns
+        # and the rows in flight between old executors whose keys this one now owns
         # (`rescale.graph_in_flight`): counted in flight at the restore, taken by `replay`
         self.adopted: dict = {}
         self.reshared: list = []  # the rescalings the sources' shares come from (`rescale.resumed_inputs`)
@@ -331,7 +331,7 @@ class Checkpointing:
                 node.restore(self.rescaled[step_id])
         from slashrt.ops.route import shipped_times
 
-        for step_id, rows in self.adopted.items():  # a graph flow's: taken first by `replay`
+        for step_id, rows in self.adopted.items():  # (taken first by `replay`)
             node = self.plan.steps[step_id]
             for at, count in shipped_times(rows).items():
                 progress.in_flight(node, at, count)

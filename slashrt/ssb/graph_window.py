@@ -233,7 +233,7 @@ class _OpenEpoch:
 
 
 class _OwnerAndFragments:
-    """What both SSB windows of graph flows share: the owner's window is the class itself
+    """What both SSB windows share: the owner's window is the class itself
     (a `WindowAggregate` or a `LoopWindow`), its fragments one of the same kind (`FRAGMENTS`)
     that never fires, which judges lateness (the owner merges partial states only); the
     epochs and their routing (`epoch_bytes`, `routing`); and what they shipped
@@ -467,7 +467,7 @@ class SsbLoopWindow(_OwnerAndFragments, LoopWindow):
 
 
 class SsbRoute(WindowRoute):
-    """Stands where a keyed window is in a graph flow on several executors in `mode="slash"`:
+    """Stands where a keyed window is on several executors in `mode="slash"`:
     folds its records into fragments (or routes them directly), ships them to their keys'
     owners when due and at each epoch's end (inside loops per iteration, the rows' hidden
     columns carrying its counters)."""

@@ -60,7 +60,7 @@ def merge_partitions(parts: list[State], partitioning, index: int) -> State:
     Old fragments join the leader state as their deltas would have at their epoch's end: under
     the promise of the watermark their executor shipped last (windows closed there stay closed
     to them, as tails). Old leaders may have fired up to different times (an unaligned
-    checkpoint's watermarks in flight to some; a graph flow's owners, each on the progress it
+    checkpoint's watermarks in flight to some; owners, each on the progress it
     had heard of): the merged windows have fired up to the least of them, and the tables of a
     leader that had fired further join as tails closed at its time, so that the windows up to
     it fire again with the other leaders' keys only (its own were emitted). Epochs restart from

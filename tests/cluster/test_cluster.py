@@ -188,9 +188,9 @@ def test_p1_a_slow_executor_holds_back_every_window():
     f = Dataflow("p1")
     s = f.source("r", SCHEMA, time="ts").apply(_slow_on_executor_1)
     s.window(Tumbling(ms=100)).sum("value", key="key", output="out").sink(fired, name="out")
-    # one buffer per batch and a watermark after each: executor 0 races ahead, epoch after epoch
+    # one 4 KiB buffer per batch and a watermark after each: executor 0 races ahead, epoch after epoch
     r = slashrt.run(
-        f, {"r": PerExecutor(make)}, executors=2, epoch_bytes=4096, coalesce=1, watermark_every=1
+        f, {"r": PerExecutor(make)}, executors=2, epoch_bytes=4096, coalesce=1, watermark_every=1, slot_size=4096
     )
     whole = np.concatenate([make(i, 2) for i in range(2)])
     whole = whole[np.argsort(whole["ts"], kind="stable")]
