@@ -21,18 +21,18 @@ The layering the code follows (low to high, roughly; a module imports only modul
 lazily or not, and a lazy import is only for start-up time or an optional dependency):
 
     errors, _version, _schema, _buffer, _logging, _kernels (+ _native), _batch, progress/*,
-    ssb/crdt, ssb/partitions
+    ssb/crdt, ssb/partitions, ssb/epochs
     snapshot/{state_format,storage,operators,alignment,commit,coordinator,published,restart,
               stop,loops}            per-operator state and checkpoint machinery, no operators
     transport/*; _operator (Operator, Context); _dataflow (the description users build:
                          Dataflow, Stream, the window assigners Sliding and Tumbling)
     ops/* (nodes), snapshot/channel_state, spark/_protocol (the ingest wire protocol),
-    scheduler/*, ssb/window, ssb/graph_window
+    scheduler/*, ssb/graph_window, ssb/partitioned
     _inputs (PerExecutor, Ingest, an array's shares per executor), connectors/*
     _plan (build_plan, per_source)
     snapshot/runtime, snapshot/rescale   one executor's checkpoints, and resharing them
     _runtime             one executor's run (run_async, execute)
-    snapshot/cluster, snapshot/cluster_graph, spark/_endpoint
+    snapshot/cluster_agent, snapshot/cluster, spark/_endpoint
     cluster/*            its helpers (_job, _control, _liveness, _progress, ...) low; then agent,
                          _zygote (forks agents), coordinator
     _run                 slashrt.run: one executor or a cluster (imports the cluster lazily)

@@ -6,7 +6,7 @@ default rings (96 slots): the rings fill and every aligned barrier queues behind
 `--slow-after exchange` (a cluster) puts it behind the exchange instead: YSB's counts per
 campaign in 10 ms windows, the slow step on each window's counts (`slow_step_ms` a window, on
 the executor owning its campaigns), then their sums per 10 s window (YSB's result): the
-channels between executors and the SSB shippers' queues back up, and an aligned barrier waits
+channels between executors and the SSB's ship queues back up, and an aligned barrier waits
 behind them. `--slow-after graph` (a cluster) runs YSB with a user step behind an exchange:
 an exchange by ad right after the source, the slow step behind it (`slow_step_ms` per buffer of
 records), then YSB's views, campaigns and windows (the window's route: an exchange chained after

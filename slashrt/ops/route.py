@@ -78,6 +78,7 @@ class ExchangeNode(Node):
         self._ended = False
         self.outbox: list | None = None  # (owner, rows) shipped since the last barrier, while a checkpoint logs them
         self.queued = 0  # rows in the queues, not yet handed to a channel
+        self.queued_peak = 0  # the most rows queued at once since whoever reads it reset it
         self.shipped_bytes = 0  # bytes of rows queued for peers so far
         self.bound = 0  # more than this queued: backlogged (two rings' worth of rows a peer)
         self._room = trio.lowlevel.ParkingLot()
@@ -154,6 +155,7 @@ class ExchangeNode(Node):
         self.clock.in_flight(self, time, len(rows))
         self._queues[owner].append(rows)
         self.queued += len(rows)
+        self.queued_peak = max(self.queued_peak, self.queued)
         self.shipped_bytes += rows.nbytes
         if self.outbox is not None:
             self.outbox.append((owner, rows))

@@ -15,7 +15,7 @@ class ExecutorStats:
     control: int = 0  # control buffers (watermarks, end of stream, barriers)
     empty_polls: int = 0  # polls that found nothing and yielded at once
     parks: int = 0  # times a poller parked on its channel's notification
-    waits: int = 0  # times a poller waited for its lane's compute to take a turn (it had work)
+    waits: int = 0  # times a poller waited for compute to take a turn (it had work)
     compute_s: float = 0.0  # seconds running operator pipelines
     poll_s: float = 0.0  # seconds reading footers
     parked_s: float = 0.0  # seconds parked waiting for data

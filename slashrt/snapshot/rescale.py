@@ -1,29 +1,32 @@
 """Rescaling: resuming a checkpoint on another number of executors.
 
 SSB partitions are the unit of state (as Flink's key groups are): each old executor's window
-state is cut by the partition of each key (`split_partitions`) and each new executor merges the
-partitions it now leads (`merge_partitions`). Array sources start afresh on new shares of what
-no old executor had fed (`reshare`), lateness judged as in a run without the rescaling; a
-FileSource's files are splits with offsets (each new executor reads its files from where the
-old ones had stopped in them: `FileSource.rescaled_starts`, `restarted`); a
-connector with `rescaled` (RedisStream) makes its new readers from the old positions; the
-transactional sinks' pending transactions go to a successor (`reassigned`), or are settled
-(`rescale`) where an old executor has none. An unaligned checkpoint's records in flight between
-executors go to their keys' new owners, judged against the watermark their sender had sent
-before them (`channel_state.in_flight_between`, `adopt_in_flight`). A window's old leaders may
-have fired it up to different times (an unaligned checkpoint's watermarks in flight to some;
-owners fire on the progress each has heard of): the merged window has fired up
-to the least of them, and a leader's tables that had fired further join it as tails closed at
-its time, so the windows in between fire again with the keys of the leaders that had not fired
-them only (`merge_partitions`); inside loops iteration by iteration.
+state enters the partitioned layout (`as_partitioned`: an owner's windows as leader state, on
+the SSB its fragments as fragments), is cut by the partition of each key (`split_partitions`),
+and each new executor merges the partitions it now leads (`merge_partitions`) and leaves the
+layout as the kind of window the run has (`as_window`, `as_graph_window`), inside loops
+iteration by iteration (`_loop_window`). A window's old owners may have fired it up to
+different times (each fires on the progress it has heard of): the merged window has fired up
+to the least of them, and an owner's tables that had fired further join it as tails closed at
+its time, so the windows in between fire again with the keys of the owners that had not fired
+them only (`merge_partitions`). A user operator's keyed state goes by key to its new owners
+(`Operator.keyed_by`, `keyed_rows`); operator state that is not keyed is refused
+(`_refuse_unkeyed_state`). Rows in flight between executors (an unaligned checkpoint's channel
+parts, the loops' outboxes) go to their keys' new owners, taken before any new input
+(`graph_in_flight`, `ssb.graph_window.adopt_in_flight`); the back edges' logs to new executor
+i % N (`_logs`).
 
-Graph flows the same way: a graph window's state (an owner's, or on the SSB the owner's and
-the fragments) enters the SSB layout and leaves it as the run's kind (`as_graph_window`),
-inside loops iteration by iteration (`_loop_window`); a user operator's keyed state goes by
-key to its new owners (`Operator.keyed_by`, `keyed_rows`); rows in flight between executors
-(channel parts, the loops' outboxes) go to their keys' new owners, taken before any new input
-(`graph_in_flight`, `ssb.graph_window.adopt_in_flight`); the back edges' logs to new executor i % N
-(`_logs`). Operator state that is not keyed is refused (`_refuse_in_graph`).
+Array sources start afresh on new shares of what no old executor had fed (`reshare`),
+lateness judged as in a run without the rescaling; a FileSource's files are splits with
+offsets (each new executor reads its files from where the old ones had stopped in them:
+`FileSource.rescaled_starts`, `restarted`); a connector with `rescaled` (RedisStream) makes its
+new readers from the old positions; the transactional sinks' pending transactions go to a
+successor (`reassigned`), or are settled (`rescale`) where an old executor has none.
+
+Checkpoints of slashrt's earlier per-source plans hold their keyed windows as kinds no node has
+any more (`RETIRED`: the partitioned layout itself, or an UpPar owner's window with its
+router's state `<window>.route`): a resume of one takes this path on any executor count
+(`reshaped`), which reads them (`as_partitioned`).
 """
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ __all__ = ["rescale", "reshaped", "resumed_inputs", "reshare", "reassigned", "as
 
 # the state kinds a rescaled resume reassigns: windows by key partition, sinks' pending
 # transactions to a successor; sources start afresh on their new shares
-RESCALABLE = {"ssb_window", "window", "route_by_owner", "ssb_graph_window", "loop_window", "ssb_loop_window", "operator",
-              "sink", "source", "array_source"}
+RESCALABLE = {"window", "ssb_graph_window", "loop_window", "ssb_loop_window", "operator", "sink", "source",
+              "array_source"}
 
 
 # the window states of the per-source plans of slashrt before every flow was a graph: a resume
@@ -73,7 +76,7 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
     was, n = restored.meta.get("executors", 1), restored.number
     refuse = f"run(): checkpoint {n} was taken on {was} executor(s) and cannot resume on {executors}:"
     flying = _in_flight(restored)
-    _refuse_in_graph(refuse, flow, role_plan, restored, was)
+    _refuse_unkeyed_state(refuse, flow, role_plan, restored, was)
     for step_id, node in stateful_nodes(role_plan).items():
         if node.STATE_KIND not in RESCALABLE:
             raise SnapshotError(
@@ -81,7 +84,7 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
                 f"it with executors={was}"
             )
     steps = set(stateful_nodes(role_plan))
-    steps |= {f"{step}.route" for step in steps}  # an UpPar router's state goes with its window's
+    steps |= {f"{step}.route" for step in steps}  # (an earlier plan's UpPar router: read with its window's)
     # loops' logs, and exchanges' outboxes (on one executor its exchanges ship nothing: the flow's steps)
     steps |= set(loop_feedbacks(role_plan)) | {step + OUTBOX for step in flow.steps}
     unknown = sorted({step for step, _ in restored.states} - steps - {part_name(source) for source in flying})
@@ -138,7 +141,7 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
     return {**shares, **readers}, stages
 
 
-def _refuse_in_graph(refuse: str, flow, plan, restored, was: int) -> None:
+def _refuse_unkeyed_state(refuse: str, flow, plan, restored, was: int) -> None:
     """What of a checkpoint is not cut by key, refused in one sentence: user
     operators whose state is not keyed, or is keyed but not behind an exchange by key."""
     from slashrt.snapshot.operators import stateful_nodes
@@ -360,8 +363,6 @@ def reassigned(checkpoint, plan, index: int, executors: int, partitions: int) ->
         kind = node.STATE_KIND
         if kind in ("loop_window", "ssb_loop_window"):
             states[step_id] = _loop_window(checkpoint, step_id, kind, old, after, index)
-        elif kind == "ssb_window":
-            states[step_id] = window(step_id)
         elif kind == "window":
             states[step_id] = as_window(window(step_id))
         elif kind == "ssb_graph_window":
@@ -370,8 +371,6 @@ def reassigned(checkpoint, plan, index: int, executors: int, partitions: int) ->
             owned = lambda keys: after.owner_of(keys) == index  # noqa: E731 (the exchanges' map)
             taken = [_state(checkpoint, step_id, i) for i in range(old)]
             states[step_id] = keyed_rows(step_id, taken, node.op.keyed_by, owned)
-        elif kind == "route_by_owner":
-            states[step_id] = as_route(window(node.window.step_id), step_id)
         elif kind == "sink":
             mine = [_state(checkpoint, step_id, i) for i in range(index, old, executors)]
             if mine:
@@ -601,17 +600,6 @@ def as_window(state: State) -> State:
         "window", 1, arrays, step=meta["step"], **{k: leader[k] for k in ("size", "slide", "slice_len", "aggregate",
         "value_dtype", "next_start", "fired_until")}, late_records=meta["late_records"],
     )
-
-
-def as_route(state: State, step_id: str) -> State:
-    """An UpPar router's state out of its window's SSB state (`merge_partitions` made it): the
-    new executor judges its records up to where the old ones all had, and its window's gate
-    holds the least watermark any old executor had sent."""
-    from slashrt.snapshot.operators import tagged
-
-    meta = state.meta
-    return tagged("route_by_owner", 1, {}, step=step_id, fired_until=meta["fired_until"],
-                  executors=meta["executors"], frontier=list(meta["frontier"]))
 
 
 def _joined_sink_states(states: list[State]) -> State:

@@ -490,8 +490,8 @@ class Checkpointing:
     async def on_end(self, executor, inp) -> None:
         await self._obey(executor, self.aligner.end(inp.name))
 
-    def between(self, lane: int = 0) -> None:
-        """The executor is between two batches (the compute loop of `lane` calls it every turn):
+    def between(self) -> None:
+        """The executor is between two batches (its compute loop calls it every turn):
         checkpoints past their alignment timeout are taken unaligned, those triggered after every
         input ended snapshot now (the loops log their back edges as after a barrier)."""
         later = []

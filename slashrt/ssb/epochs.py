@@ -79,4 +79,4 @@ class EpochStats:
     watermark: int
     records: int = 0  # input records of this epoch
     direct: bool = False  # routed as they arrived, not folded into fragments first
-    queued_peak: int = 0  # the most bytes of rows queued for one peer at once during the epoch
+    queued_peak: int = 0  # the most bytes of rows queued for the peers at once during the epoch

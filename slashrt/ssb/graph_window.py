@@ -307,13 +307,15 @@ class _OwnerAndFragments:
             return bool(self._open.records or self._open.rows)
         return bool(_passed(frontier, self._open.routed))
 
-    def end_epoch(self, watermark: int | None) -> None:
+    def end_epoch(self, watermark: int | None, queued_peak: int = 0) -> None:
         """Close the open epoch (`RunResult.epochs`: `watermark`, the records' frontier or the
-        batch's time where it ended); under "auto" its ratios choose the next one's routing."""
+        batch's time where it ended; `queued_peak`, the most bytes its route held queued for
+        the peers at once); under "auto" its ratios choose the next one's routing."""
         e = self._open
         watermark = NO_TIME if watermark is None else watermark
         self.epochs.append(EpochStats(
-            len(self.epochs) + 1, e.input_bytes, e.rows, e.remote, e.nbytes, watermark, e.records, self.direct
+            len(self.epochs) + 1, e.input_bytes, e.rows, e.remote, e.nbytes, watermark, e.records, self.direct,
+            queued_peak,
         ))
         if self.routing == "auto" and e.records:
             self.direct = routes_directly(self.direct, e.rows, e.records, e.own_records, e.own_new)
@@ -491,7 +493,7 @@ class SsbRoute(WindowRoute):
             await window.fold(batch, self.clock)
         if window.epoch_full():
             await self._ship_pieces(window.take_all())
-            window.end_epoch(self.clock.now.epoch)
+            self._end_epoch(self.clock.now.epoch)
 
     async def on_upstream(self, frontier) -> None:
         """The frontier of the records reaching this step moved (empty: no record can come any
@@ -501,7 +503,11 @@ class SsbRoute(WindowRoute):
         if due:
             await self._ship_pieces(due)
         if due or window.epoch_ends(frontier):
-            window.end_epoch(min((t.epoch for t in frontier), default=None))
+            self._end_epoch(min((t.epoch for t in frontier), default=None))
+
+    def _end_epoch(self, watermark: int | None) -> None:
+        self.window.end_epoch(watermark, self.queued_peak * self.exchange_dtype.itemsize)
+        self.queued_peak = self.queued  # (the next epoch's peak starts from what is still queued)
 
     async def _ship_pieces(self, pieces: list[_Piece], direct: bool = False) -> None:
         """Pieces of one time each to their keys' owners: their own joined at once, the others

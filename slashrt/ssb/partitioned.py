@@ -105,9 +105,9 @@ def merge_partitions(parts: list[State], partitioning, index: int) -> State:
     for prefix, by_id in tables.items():
         arrays.update(_packed(prefix, by_id, vdt))
     # Every new executor starts where the least advanced old one whose stream had not ended
-    # stood (the records left were all read after one's watermark): it has shipped that
-    # watermark, and the gates hold each executor there, so a leader closes to a helper's delta
-    # the windows the helper closed (whatever watermarks were in flight to the old leaders).
+    # stood (the records left were all read after one's watermark): it has shipped up to that
+    # watermark, so an owner closes to a helper's fragments the windows the helper closed
+    # (whatever had been in flight to the old owners).
     live = [m for m in metas if END_TIME not in (m["watermark"], m["shipped_promise"])] or metas
     meta = {
         **first,
