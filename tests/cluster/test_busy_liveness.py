@@ -111,7 +111,7 @@ def test_reports_keep_their_period_while_operators_run_many_short_calls(tmp_path
     path = tmp_path / "report.json"
     path.write_text("{}")
     f, _ = _flow(UntilReported(str(path)))
-    result = slashrt.run(f, {"r": _make(0, 1)}, progress="pointstamp", on_report=str(path), report_every=0.05)
+    result = slashrt.run(f, {"r": _make(0, 1)}, on_report=str(path), report_every=0.05)
     seen = result.outputs["busy.out"]["key"]
     assert len(seen) == TIMES and seen.any(), "no report was written while the operator ran"
     assert seen[-TIMES // 2:].all()  # within the first half of the calls (0.75 s of 1.5 s)

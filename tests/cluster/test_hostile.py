@@ -50,17 +50,17 @@ def records(n: int, seed: int) -> np.ndarray:
 
 
 def through_a_union(stream):
-    """The same rows, split by key and joined again by a union: a graph flow, whose executors
-    also open a progress bus (`cluster._progress`), dialled before any exchange's channel."""
+    """The same rows, split by key and joined again by a union (the progress bus,
+    `cluster._progress`, is dialled before any exchange's channel, as in any flow)."""
     even = stream.filter(lambda b: b["key"] % 2 == 0, name="even")
     return even.union(stream.filter(lambda b: b["key"] % 2 == 1, name="odd"))
 
 
-def flow(sink, graph: bool = False) -> Dataflow:
-    """A keyed window sum; with `graph`, its records go `through_a_union` first."""
+def flow(sink, union: bool = False) -> Dataflow:
+    """A keyed window sum; with `union`, its records go `through_a_union` first."""
     f = Dataflow("hostile")
     r = f.source("r", SCHEMA, time="ts")
-    r = through_a_union(r) if graph else r
+    r = through_a_union(r) if union else r
     r.window(Tumbling(ms=100)).sum("value", key="key", output="out").sink(sink, name="out")
     return f
 
@@ -83,10 +83,10 @@ async def agents(n: int, secret: bytes):
         nursery.cancel_scope.cancel()
 
 
-async def run_job(addresses, secret, transport="tcp", seed=0, graph=False):
+async def run_job(addresses, secret, transport="tcp", seed=0, union=False):
     data = records(20_000, seed)
     sink = Collect()
-    await run_cluster_async(flow(sink, graph), {"r": data}, executors=addresses, transport=transport, secret=secret)
+    await run_cluster_async(flow(sink, union), {"r": data}, executors=addresses, transport=transport, secret=secret)
     np.testing.assert_array_equal(sort_rows(sink.records, "window_start", "key"), await expected(data))
 
 
@@ -120,11 +120,11 @@ async def test_strangers_on_every_listener_of_a_job_change_nothing(transport, mo
     assert all(a.connected == STRANGERS for a in attacks)
 
 
-@pytest.mark.parametrize("graph", [False, True], ids=["tree", "graph"])
-async def test_a_peer_that_never_connects_fails_the_job_naming_it(monkeypatch, graph):
+@pytest.mark.parametrize("union", [False, True], ids=["linear", "union"])
+async def test_a_peer_that_never_connects_fails_the_job_naming_it(monkeypatch, union):
     """One executor's channel never arrives (its dial hangs): the other accepts strangers and
-    nothing else until CONNECT_TIMEOUT, then fails the job saying whose channel is missing. In
-    a graph flow the first dial is the progress bus's, under the same timeout."""
+    nothing else until CONNECT_TIMEOUT, then fails the job saying whose channel is missing. The
+    first dial is the progress bus's, under the same timeout."""
     secret = generate_secret()
     dials = []
 
@@ -141,8 +141,8 @@ async def test_a_peer_that_never_connects_fails_the_job_naming_it(monkeypatch, g
     with trio.fail_after(WITHIN):
         async with agents(2, secret) as addresses:
             with pytest.raises(ClusterError, match=r"not connected within 1 s \(no peer proved the cluster secret\): executor [01]'s \S+ channel \(on executor [01]\)$") as failed:
-                await run_job(addresses, secret, graph=graph)
-    assert ("progress" in str(failed.value)) is graph  # (the bus's dial was the one that hung)
+                await run_job(addresses, secret, union=union)
+    assert "progress" in str(failed.value)  # (the bus's dial was the one that hung)
 
 
 async def test_a_long_running_agent_survives_coordinators_that_misbehave():
