@@ -47,13 +47,13 @@ def _stream(index: int, executors: int) -> np.ndarray:
     return out
 
 
-def _flow(sink, graph: bool = False) -> Dataflow:
-    """A keyed window sum; with `graph`, its records go through a union first (a graph flow)."""
+def _flow(sink, union: bool = False) -> Dataflow:
+    """A keyed window sum; with `union`, its records go through a union first."""
     from tests.cluster.test_hostile import through_a_union
 
     f = Dataflow("netns")
     r = f.source("r", SCHEMA, time="ts")
-    r = through_a_union(r) if graph else r
+    r = through_a_union(r) if union else r
     r.window(Tumbling(ms=200)).sum("value", key="key", output="total").sink(sink)
     return f
 
@@ -288,12 +288,12 @@ def test_the_partition_fault_of_bench_chaos_recovers_exactly_once():
     assert fields["cause"].startswith("executors 1 and 2 cannot reach each other: no traffic on their channel for 3 s")
 
 
-@pytest.mark.parametrize("graph", [False, True], ids=["tree", "graph"])
-async def test_a_partition_before_the_job_fails_it_naming_both_executors_within_the_heartbeat_timeout(hosts, graph):
+@pytest.mark.parametrize("union", [False, True], ids=["linear", "union"])
+async def test_a_partition_before_the_job_fails_it_naming_both_executors_within_the_heartbeat_timeout(hosts, union):
     """Hosts 1 and 2 cannot reach each other when the job arrives (say, a recovery re-submitted
     before the partition healed): their channels' connections go unanswered, and the job fails
     within the heartbeat timeout naming both (before: after a minute of TCP retries, naming a
-    missing channel). In a graph flow the first channels dialled are the progress bus's."""
+    missing channel). The first channels dialled are the progress bus's."""
     from slashrt.cluster.coordinator import run_cluster_async
 
     names, addresses = hosts
@@ -303,7 +303,7 @@ async def test_a_partition_before_the_job_fails_it_naming_both_executors_within_
     try:
         began = trio.current_time()
         with trio.fail_after(60), pytest.raises(ClusterError) as failed:
-            await run_cluster_async(_flow(Collect(), graph), {"r": PerExecutor(_stream)},
+            await run_cluster_async(_flow(Collect(), union), {"r": PerExecutor(_stream)},
                                     executors=[f"{a}:{AGENT_PORT}" for a in addresses], transport="tcp", secret=secret,
                                     **HEARTBEAT)
         took = trio.current_time() - began
