@@ -566,8 +566,7 @@ async def _run_attempt(
         raise DataflowError("shm joins processes of one machine: use transport='tcp' or 'verbs' across hosts")
     reports = cluster_reports(options, flow, n)  # run(..., on_report=): gathered here
     shares = _shares(plan, inputs, n)
-    role = ClusterRole(0, Partitioning(partitions, n), mode, epoch_bytes, options.get("ssb_routing", "auto"),
-                       options.get("progress", "watermark"))
+    role = ClusterRole(0, Partitioning(partitions, n), mode, epoch_bytes, options.get("ssb_routing", "auto"))
     try:
         checkpoints = cluster_checkpoints(flow, plan, build_plan(flow, role), inputs, n, options)
     except RetryableError as exc:  # (a broker a sink asks what it published is away: an attempt's failure)
