@@ -47,8 +47,9 @@ def collecting(is_stuck, marker: Path):
 
 
 def run_watching_file(flow, inputs, path: Path, marker: Path, is_stuck, **options):
-    """Run `flow` on a cluster writing its report to `path` (`on_report=str(path)`), read while
-    it runs; returns the result and the first report that `is_stuck`."""
+    """Run `flow` (`slashrt.run`'s options: in this process, or on a cluster) writing its report
+    to `path` (`on_report=str(path)`), read while it runs; returns the result and the first
+    report that `is_stuck`."""
     stuck = {}
 
     async def watch_file():
@@ -60,11 +61,11 @@ def run_watching_file(flow, inputs, path: Path, marker: Path, is_stuck, **option
             await trio.sleep(0.01)
 
     async def main():
-        from slashrt.cluster import run_cluster_async
+        from slashrt._run import prepare_run
 
         async with unwrap_groups(), trio.open_nursery() as nursery:
             nursery.start_soon(watch_file)
-            result = await run_cluster_async(flow, inputs, on_report=str(path), **options)
+            result = await prepare_run(flow, inputs, on_report=str(path), **options)()
             nursery.cancel_scope.cancel()
         return result
 
