@@ -548,6 +548,17 @@ def _given(argv: list[str]) -> set[str]:
 _CLUSTER_OPTIONS = ("executors", "mode", "epoch_bytes", "partitions", "ssb_routing")
 
 
+def _removed(unknown: list[str]) -> str | None:
+    """Why an option of earlier slashrt among the `unknown` arguments is gone (None: none is)."""
+    from slashrt._run import REMOVED_OPTIONS
+
+    for word in unknown:
+        flag = word.split("=", 1)[0]
+        if flag.startswith("--") and (why := REMOVED_OPTIONS.get(flag[2:].replace("-", "_"))) is not None:
+            return f"{flag} was removed: {why}; leave it out"
+    return None
+
+
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
@@ -847,7 +858,13 @@ def _frontiers(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # (what parse_args does, but for an option that was removed: one sentence why)
+        removed = _removed(unknown)
+        if removed is None:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        print(f"slashrt: error: {removed}", file=sys.stderr)
+        return 2
     from slashrt._logging import configure_logging
 
     if args.command == "executor":
