@@ -162,8 +162,8 @@ def _keywords(fn) -> set[str]:
     return {p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY}
 
 
-# options of earlier slashrt that no longer mean anything -> why
-_REMOVED = {"progress": "every dataflow runs on pointstamp progress (one tracker over its graph)"}
+# options of earlier slashrt that no longer mean anything -> why (`slashrt`'s --OPTION too)
+REMOVED_OPTIONS = {"progress": "every dataflow runs on pointstamp progress (one tracker over its graph)"}
 
 
 def _check_options(options: dict, local: bool) -> None:
@@ -172,8 +172,8 @@ def _check_options(options: dict, local: bool) -> None:
     known = set(_RUN_DEFAULTS)
     cluster_only = known - _keywords(run_async) - {"restart"}
     for name in options:
-        if name in _REMOVED:
-            raise DataflowError(f"run(): {name}= was removed: {_REMOVED[name]}; leave it out")
+        if name in REMOVED_OPTIONS:
+            raise DataflowError(f"run(): {name}= was removed: {REMOVED_OPTIONS[name]}; leave it out")
         if local and name in cluster_only:
             raise DataflowError(f"run(): {name}= is an option of multi-executor runs; give executors=N as well")
         if name not in known:

@@ -14,7 +14,7 @@
     slashrt bench cc --edges N --epochs E       connected components in a loop, against scipy and NetworkX
         [--executors K --transport shm|tcp]     ... labels partitioned over K executors
     slashrt bench progress [--executors K]      notify latency, loop round trip, progress traffic
-    slashrt bench union [--executors K] [--mode slash|uppar|both]   a window after a union: SSB vs routing records
+    slashrt bench union [--executors K] [--mode slash|uppar|both]   a window behind a union: SSB vs routing records
     slashrt bench operators [--records N] [--baseline]   user operators on ms event times, per batch vs per time
         [--transport shm|tcp --epoch-gap-us G]  ... an epoch every G us instead of full speed
     slashrt frontiers REPORT [--json]           where a run stands (run(..., on_report=REPORT), run --report)
@@ -291,7 +291,7 @@ def _parser() -> argparse.ArgumentParser:
     chk.add_argument("--slow-after", choices=["source", "exchange", "graph"], default="source",
                      help="with --slow-step-ms: the slow step right after the source (MS a buffer), or behind the "
                      "exchange (a cluster: MS per 10 ms window of YSB's counts, whose sums per 10 s window are the result), "
-                     "or behind an exchange by ad in YSB (a cluster: MS a buffer)")
+                     "or behind an exchange by ad right after the source in YSB (a cluster: MS a buffer)")
     chk.add_argument("--alignment-timeout", type=_alignment_timeout, default="auto", metavar="S|auto|none",
                      help="with --slow-step-ms: take a checkpoint still aligning after S seconds unaligned (auto: half "
                      "the interval, the default; none: always aligned; 0: unaligned at once)")
@@ -546,6 +546,17 @@ def _given(argv: list[str]) -> set[str]:
 
 
 _CLUSTER_OPTIONS = ("executors", "mode", "epoch_bytes", "partitions", "ssb_routing")
+
+
+def _removed(unknown: list[str]) -> str | None:
+    """Why an option of earlier slashrt among the `unknown` arguments is gone (None: none is)."""
+    from slashrt._run import REMOVED_OPTIONS
+
+    for word in unknown:
+        flag = word.split("=", 1)[0]
+        if flag.startswith("--") and (why := REMOVED_OPTIONS.get(flag[2:].replace("-", "_"))) is not None:
+            return f"{flag} was removed: {why}; leave it out"
+    return None
 
 
 def _flag(dest: str) -> str:
@@ -847,7 +858,13 @@ def _frontiers(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # (what parse_args does, but for an option that was removed: one sentence why)
+        removed = _removed(unknown)
+        if removed is None:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        print(f"slashrt: error: {removed}", file=sys.stderr)
+        return 2
     from slashrt._logging import configure_logging
 
     if args.command == "executor":

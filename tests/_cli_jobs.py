@@ -125,7 +125,7 @@ def paused():
 
 def held_counts():
     """`counts` from chunks (`PerExecutor`), whose executor 1 (0 on one executor) makes its second
-    chunk only once the report file $CLI_JOBS_REPORT shows the window waiting for its source; it
+    chunk only once the report file $CLI_JOBS_REPORT names it as holding the window back; it
     keeps that report in $CLI_JOBS_REPORT.stuck (`slashrt run --report`)."""
     import functools
     import os
@@ -133,16 +133,16 @@ def held_counts():
     from slashrt.cluster import PerExecutor
 
     flow, _ = counts()
-    return flow, {"events": PerExecutor(functools.partial(_held_chunks, os.environ["CLI_JOBS_REPORT"]))}
+    chunks = functools.partial(_held_chunks, os.environ["CLI_JOBS_REPORT"], HELD_WINDOW, "counts.events")
+    return flow, {"events": PerExecutor(chunks)}
 
 
 HELD_WINDOW = "counts.count_window_1.in0"
 
 
 def held_union_counts():
-    """A graph flow: `held_counts`' source (its chunks, the executor that waits) and a second
-    one in a union before the count; the waiting executor goes on once the report names it as
-    holding the window back ("held_by")."""
+    """`held_counts` with a union before the count: its source (its chunks, the executor that
+    waits) and a second one."""
     import functools
     import os
 
@@ -151,14 +151,14 @@ def held_union_counts():
     flow = Dataflow("ucounts")
     a, b = flow.source("events", SCHEMA, time="t"), flow.source("more", SCHEMA, time="t")
     a.union(b).window(Tumbling(ms=WINDOW_MS)).count(key="k", name="counts").sink(sinks.Collect(), name="out")
-    chunks = functools.partial(_held_chunks, os.environ["CLI_JOBS_REPORT"], waits_for=_held_by)
+    chunks = functools.partial(_held_chunks, os.environ["CLI_JOBS_REPORT"], HELD_UNION_WINDOW, "ucounts.events")
     return flow, {"events": PerExecutor(chunks), "more": records()}
 
 
 HELD_UNION_WINDOW = "ucounts.counts.in0"
 
 
-def _held_chunks(report: str, index: int, executors: int, waits_for=None):
+def _held_chunks(report: str, window: str, source: str, index: int, executors: int):
     import json
     import time
     from pathlib import Path
@@ -173,7 +173,7 @@ def _held_chunks(report: str, index: int, executors: int, waits_for=None):
                 stands = json.loads(Path(report).read_text())
             except (FileNotFoundError, json.JSONDecodeError):
                 stands = None
-            if stands is not None and (waits_for or _waits_for)(stands, index, executors, last):
+            if stands is not None and _held_by(stands, window, source, index, last):
                 Path(report + ".stuck").write_text(json.dumps(stands))
                 break
             if time.monotonic() > deadline:
@@ -182,42 +182,18 @@ def _held_chunks(report: str, index: int, executors: int, waits_for=None):
     yield rest
 
 
-def _waits_for(report: dict, index: int, executors: int, last: int) -> bool:
-    """The window's frontier is inside the first chunk, and held only by the waiting source."""
-    frontier, holds = report["frontiers"].get(HELD_WINDOW), report["holding"].get(HELD_WINDOW, [])
+def _held_by(report: dict, window: str, source: str, index: int, last: int) -> bool:
+    """`window`'s frontier is inside the first chunk, held only by `source`'s capability, and
+    the report names executor `index` (the waiting one) as its holder."""
+    frontier, holds = report["frontiers"].get(window), report["holding"].get(window, [])
     return bool(frontier and holds) and 0 <= frontier[0][0] <= last and all(
-        "source counts.events" in h["what"] and (executors == 1 or h["at"] == f"executor {index}") for h in holds
+        h["what"] == f"capability of source {source} (its watermark)" and h.get("held_by") == [index] for h in holds
     )
-
-
-def _held_by(report: dict, index: int, executors: int, last: int) -> bool:
-    """The graph window's frontier is inside the first chunk, held only by the waiting
-    executor's source, and the report names that executor as its holder."""
-    frontier, holds = report["frontiers"].get(HELD_UNION_WINDOW), report["holding"].get(HELD_UNION_WINDOW, [])
-    return bool(frontier and holds) and 0 <= frontier[0][0] <= last and all(
-        h["what"] == "capability of source ucounts.events (its watermark)" and h.get("held_by") == [index]
-        for h in holds
-    )
-
-
-def no_window():
-    """A tree flow without a keyed window: on several executors, nothing where they meet to report."""
-    flow = Dataflow("plain")
-    flow.source("events", SCHEMA, time="t").sink(sinks.Collect(), name="out")
-    return flow, {"events": records()}
-
-
-def union_counts():
-    """A graph flow (a union): it runs on pointstamp progress only."""
-    flow = Dataflow("union")
-    a, b = flow.source("a", SCHEMA, time="t"), flow.source("b", SCHEMA, time="t")
-    a.union(b).sink(sinks.Collect(), name="out")
-    return flow, {"a": records(), "b": records()}
 
 
 def union_window_counts():
-    """A graph flow with a keyed window behind a union: on several executors on the state
-    backend (`--mode slash`, the default) or routed by key (`--mode uppar`)."""
+    """A keyed window behind a union: on several executors on the state backend (`--mode
+    slash`, the default) or routed by key (`--mode uppar`)."""
     flow = Dataflow("ucounts")
     a, b = flow.source("a", SCHEMA, time="t"), flow.source("b", SCHEMA, time="t")
     a.union(b).window(Tumbling(ms=WINDOW_MS)).count(key="k").sink(sinks.Collect(), name="out")

@@ -397,30 +397,24 @@ def test_the_guides_command_list_names_every_command_and_its_options():
                 if flag.startswith("--") and flag not in ("--help", "--log-level"):
                     assert re.search(rf"{flag}\b", text), f"slashrt {' '.join(words)} {flag}: not in the guide's list"
 
-# --- --progress: what windows fire on where executors meet -------------------------------------
+# --- one progress tracker on every path: --progress is gone ------------------------------------
 
 
 @pytest.mark.parametrize("query", ["ysb", "nexmark"])
 @pytest.mark.parametrize("mode", ["slash", "uppar"])
-def test_progress_is_honoured_on_every_cluster_path(capsys, query, mode):
-    argv = ["bench", query, "--events", "20000", "--executors", "2", "--mode", mode, "--progress", "pointstamp",
-            "--repeat", "1", "--json"]
+def test_every_cluster_path_checks_itself(capsys, query, mode):
+    argv = ["bench", query, "--events", "20000", "--executors", "2", "--mode", mode, "--repeat", "1", "--json"]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["correct"] is True and result["progress"] == "pointstamp" and result["executors"] == 2
+    assert result["correct"] is True and result["mode"] == mode and result["executors"] == 2
 
 
-def test_progress_alone_runs_on_a_cluster(capsys):
-    assert main(["bench", "ysb", "--events", "20000", "--campaigns", "10", "--progress", "watermark",
-                 "--repeat", "1", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["correct"] is True and result["progress"] == "watermark" and result["executors"] == 1
-
-
-def test_an_unknown_progress_mode_is_one_line_and_exit_2():
-    done = run_cli("bench", "ysb", "--executors", "2", "--progress", "lamport")
-    assert done.returncode == 2
-    assert "invalid choice: 'lamport'" in done.stderr and "Traceback" not in done.stderr
+@pytest.mark.parametrize("args", [["--progress", "watermark"], ["--executors", "2", "--progress=lamport"]])
+def test_the_removed_progress_option_is_one_line_and_exit_2(args):
+    done = run_cli("bench", "ysb", *args)
+    assert done.returncode == 2 and done.stdout == ""
+    assert one_error_line(done.stderr) == ("slashrt: error: --progress was removed: every dataflow runs on pointstamp "
+                                           "progress (one tracker over its graph); leave it out")
 
 
 @pytest.mark.parametrize(("executors", "transport", "gap"), [("2", "shm", "0"), ("3", "tcp", "0"), ("2", "tcp", "500"), ("3", "shm", "500")])
@@ -464,7 +458,7 @@ def test_bench_progress_and_union_bad_arguments_exit_2(capsys, bench, args, mess
 
 
 @pytest.mark.parametrize(("executors", "transport", "mode"), [("2", "shm", "both"), ("3", "tcp", "slash"), ("2", "tcp", "uppar")])
-def test_bench_union_measures_what_a_graph_flows_window_ships_and_checks_itself(capsys, executors, transport, mode):
+def test_bench_union_measures_what_a_window_behind_a_union_ships_and_checks_itself(capsys, executors, transport, mode):
     argv = ["bench", "union", "--executors", executors, "--transport", transport, "--mode", mode, "--events", "60000",
             "--json"]
     assert main(argv) == 0

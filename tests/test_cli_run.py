@@ -82,7 +82,7 @@ def test_a_job_runs_on_a_local_cluster_with_the_same_result(options):
 
 @pytest.mark.parametrize("options", [[], ["--executors", "2", "--mode", "slash"], ["--executors", "3", "--transport", "tcp",
                                      "--mode", "uppar"], ["--executors", "2"]], ids=["one", "2-slash", "3-tcp-uppar", "2-default"])
-def test_a_graph_flows_window_runs_in_either_mode_with_the_same_result(options):
+def test_a_window_behind_a_union_runs_in_either_mode_with_the_same_result(options):
     result = summary(f"{JOBS}:union_window_counts", *options)
     assert result["outputs"] == {"ucounts.out": _cli_jobs.expected_rows()}
     assert result["executors"] == (int(options[options.index("--executors") + 1]) if options else 1)
@@ -257,57 +257,40 @@ def test_a_failed_cluster_run_says_its_cause_once_without_the_other_executors_ec
                                            "a negative key (on executor 1)")
 
 
-@pytest.mark.parametrize(
-    "options",
-    [["--progress", "pointstamp"], ["--executors", "2", "--mode", "uppar", "--progress", "pointstamp", "--slots", "8"],
-     ["--executors", "3", "--transport", "tcp", "--slots", "8", "--slot-size", "2048"]],
-    ids=["one-executor", "2-shm-uppar-pointstamp", "3-tcp"],
-)
-def test_report_keeps_where_the_job_stands_while_it_runs_and_after(tmp_path, options):
-    """The job's waiting source goes on only once the report file shows the window held by it
-    (`_cli_jobs.held_counts`): the file was written while the job ran, and again at its end."""
-    report = tmp_path / "job.json"
-    result = summary(f"{JOBS}:held_counts", "--report", str(report), "--report-every", "20ms", *options,
-                     env={"CLI_JOBS_REPORT": str(report)})
-    assert result["outputs"] == {"counts.out": ROWS}
-    stuck = json.loads(Path(f"{report}.stuck").read_text())
-    assert stuck["state"] == "running" and stuck["holding"][_cli_jobs.HELD_WINDOW]
-    shown = slashrt("frontiers", f"{report}.stuck")
-    assert shown.returncode == 0 and "flow counts: running" in shown.stdout, shown.stderr
-    executors = result["executors"]
-    where = f"at executor 1 ({stuck['frontiers'][_cli_jobs.HELD_WINDOW][0][0]})" if executors > 1 else "(its watermark)"
-    assert "held by " in shown.stdout and "source counts.events" in shown.stdout and where in shown.stdout, shown.stdout
-    final = json.loads(report.read_text())
-    assert final["state"] == "finished" and final["frontiers"][_cli_jobs.HELD_WINDOW] == []
-    assert all(f == [] for f in final["frontiers"].values()) and final["holding"] == {}
-    assert len(final.get("executors", [None])) == executors
+LINEAR = ("held_counts", "counts.out", _cli_jobs.HELD_WINDOW, "counts.events")
+UNION = ("held_union_counts", "ucounts.out", _cli_jobs.HELD_UNION_WINDOW, "ucounts.events")
 
 
 @pytest.mark.parametrize(
-    "options",
-    [[], ["--executors", "2", "--slots", "8"], ["--executors", "3", "--transport", "tcp", "--slots", "8",
-                                                 "--slot-size", "2048"]],
-    ids=["one-executor", "2-shm", "3-tcp"],
+    "job, options",
+    [(LINEAR, []), (LINEAR, ["--executors", "2", "--mode", "uppar", "--slots", "8"]),
+     (LINEAR, ["--executors", "3", "--transport", "tcp", "--slots", "8", "--slot-size", "2048"]),
+     (UNION, []), (UNION, ["--executors", "2", "--slots", "8"]),
+     (UNION, ["--executors", "3", "--transport", "tcp", "--slots", "8", "--slot-size", "2048"])],
+    ids=["linear-one-executor", "linear-2-shm-uppar", "linear-3-tcp", "union-one-executor", "union-2-shm", "union-3-tcp"],
 )
-def test_report_of_a_graph_flow_names_the_executor_holding_the_window_back(tmp_path, options):
-    """A union before the count (`_cli_jobs.held_union_counts`): every executor's view counts
-    the waiting source's capability; the report names the one executor holding it, and
-    `slashrt frontiers` says so."""
+def test_report_names_the_executor_holding_the_window_back_while_the_job_runs_and_after(tmp_path, job, options):
+    """The job's waiting source goes on only once the report file names its executor as holding
+    the window back (`_cli_jobs.held_counts`, and with a union before the count
+    `held_union_counts`): the file was written while the job ran (every executor's view counts
+    the waiting source's capability, the one executor holding it is named), and again at its end."""
+    name, output, window, source = job
     report = tmp_path / "job.json"
-    result = summary(f"{JOBS}:held_union_counts", "--report", str(report), "--report-every", "20ms", *options,
+    result = summary(f"{JOBS}:{name}", "--report", str(report), "--report-every", "20ms", *options,
                      env={"CLI_JOBS_REPORT": str(report)})
-    assert result["outputs"] == {"ucounts.out": ROWS}
-    holder = min(1, result["executors"] - 1)
+    assert result["outputs"] == {output: ROWS}
+    executors, holder = result["executors"], min(1, result["executors"] - 1)
     stuck = json.loads(Path(f"{report}.stuck").read_text())
-    (hold,) = stuck["holding"][_cli_jobs.HELD_UNION_WINDOW]
-    assert hold["at"] == "ucounts.events.out0" and hold["held_by"] == [holder]
+    (hold,) = stuck["holding"][window]
+    assert stuck["state"] == "running" and hold["at"] == f"{source}.out0" and hold["held_by"] == [holder]
     shown = slashrt("frontiers", f"{report}.stuck")
-    assert shown.returncode == 0, shown.stderr
-    assert f"held by capability of source ucounts.events (its watermark) at ucounts.events.out0 ({hold['time'][0]})" \
+    assert shown.returncode == 0 and f"flow {output.split('.')[0]}: running" in shown.stdout, shown.stderr
+    assert f"held by capability of source {source} (its watermark) at {source}.out0 ({hold['time'][0]})" \
         in shown.stdout and f", held by executor {holder}" in shown.stdout, shown.stdout
     final = json.loads(report.read_text())
-    assert final["state"] == "finished" and final["holding"] == {} and final["pointstamps"] == []
-    assert all(f == [] for f in final["frontiers"].values())
+    assert final["state"] == "finished" and final["frontiers"][window] == [] and final["holding"] == {}
+    assert all(f == [] for f in final["frontiers"].values()) and final["pointstamps"] == []
+    assert len(final.get("executors", [None])) == executors
 
 
 # -- mistakes: one line, exit 2 --------------------------------------------------------------------
@@ -352,11 +335,9 @@ def checkpointed(tmp_path_factory) -> Path:
         (["bench", "chaos", "--redis", "--sink", "collect"], "--sink: the --redis trial writes to a transactional Redis"),
         (["run", JOBS, "--report-every", "1"], "--report-every needs --report"),
         (["run", JOBS, "--report", "nowhere/at/job.json"], "--report nowhere/at/job.json: directory nowhere/at does not exist"),
-        (["run", JOBS, "--report", "CHK/job.json"],
-         "--report on one executor reports pointstamp progress, and tree flow 'counts' runs on watermarks unless asked"),
-        (["run", f"{JOBS}:no_window", "--executors", "2", "--report", "CHK/job.json"],
-         "it has none (it has no keyed window)"),
-        (["run", f"{JOBS}:union_counts", "--progress", "watermark"], "progress='watermark' cannot run dataflow 'union'"),
+        (["run", JOBS, "--progress", "pointstamp"],
+         "--progress was removed: every dataflow runs on pointstamp progress (one tracker over its graph); leave it out"),
+        (["run", "--progress=watermark", f"{JOBS}:union_window_counts", "--executors", "2"], "--progress was removed: "),
         (["checkpoints", "nowhere/at/all"], "nowhere/at/all is not a directory"),
         (["checkpoints", "CHK", "--job", "orders"], "no checkpoints of job 'orders' in "),
     ],
@@ -380,7 +361,6 @@ def test_a_mistake_is_one_line_and_exit_2(capsys, checkpointed, argv, message):
         (["run", JOBS, "--executors", "0"], "must be positive"),
         (["run", JOBS, "--mode", "fast"], "invalid choice"),
         (["run", JOBS, "--report", "r.json", "--report-every", "-1"], "the interval must be a duration > 0"),
-        (["run", JOBS, "--progress", "fast"], "invalid choice"),
         (["run", JOBS, "--restart", "sometimes"], "restart strategy must be one of none, fixed-delay, failure-rate"),
         (["run", JOBS, "--restart", "fixed-delay:attempts=-1"], "attempts must be a whole number >= 0"),
     ],

@@ -1,11 +1,11 @@
-"""Where is it stuck, naming who holds it: a graph flow's report (`PointstampProgress.report`,
-`combine`) says which executor holds each pointstamp and hold itself ("held_by"), where the
-views' global counts alone cannot (every executor's view has the same pointstamps). A union
-behind a user step feeds a keyed tumbling count (on the state backend, or routed by key in
-mode "uppar"); executor 1's source waits inside its stream, so the window's input is held by
-that source's capability, which only executor 1 holds: the report names it while the job
-runs, on one executor every holder is executor 0, and a run that fails leaves its report with
-the failure and the holder.
+"""Where is it stuck, naming who holds it: the progress tracker's report
+(`PointstampProgress.report`, `combine`) says which executor holds each pointstamp and hold
+itself ("held_by"), where the views' global counts alone cannot (every executor's view has the
+same pointstamps). A union behind a user step feeds a keyed tumbling count (on the state
+backend, or routed by key in mode "uppar"); executor 1's source waits inside its stream, so the
+window's input is held by that source's capability, which only executor 1 holds: the report
+names it while the job runs, on one executor every holder is executor 0, and a run that fails
+leaves its report with the failure and the holder.
 While the sources stream, what an executor reports as its own is where it published it.
 
 Executor 1's chunk stream (`PerExecutor`) makes its second chunk only once the file `marker`
@@ -26,13 +26,15 @@ from slashrt import Dataflow, Operator, Schema, Tumbling, sinks
 from slashrt._frontier_report import describe
 from slashrt.cluster import PerExecutor
 
-from tests.cluster._reports import collecting, run_watching_file, shown_in_file, wait_until
+from tests.cluster._reports import (
+    capability, check_named, collecting, held_by_source, run_watching_file, shown_in_file, wait_until,
+)
 
 SCHEMA = Schema({"t": "i8", "k": "i8"})
 CHUNK = 4_000  # records per chunk: 1000 ms of event time
 RINGS = {"slot_size": 256, "slots": 4}
 WINDOW = "g.counts.in0"
-SOURCE = "capability of source g.a (its watermark)"
+SOURCE = capability("g.a")
 
 
 class Passing(Operator):
@@ -80,29 +82,8 @@ def expected(executors: int) -> int:
 
 
 def held(report: dict, holder: int) -> bool:
-    """The window's input waits inside the first chunk, held by executor `holder`'s source
-    alone, and the report names it as the holder."""
-    frontier, holds = report["frontiers"].get(WINDOW), report["holding"].get(WINDOW, [])
-    return (
-        bool(frontier) and 0 <= frontier[0][0] < 1000 and bool(holds)
-        and all(h["what"] == SOURCE and h.get("held_by") == [holder] for h in holds)
-    )
-
-
-def check_stuck(stuck: dict, executors: int, holder: int) -> None:
-    json.dumps(stuck)
-    (hold,) = stuck["holding"][WINDOW]
-    at = stuck["frontiers"][WINDOW][0]
-    assert hold["at"] == "g.a.out0" and hold["time"] == at and hold["held_by"] == [holder]
-    # every view counts the source's capability there; only the holder's own report has it
-    source = [p for p in stuck["pointstamps"] if p["at"] == "g.a.out0" and p["time"] == at]
-    assert {p["executor"] for p in source} == set(range(executors)) and all(p["held_by"] == [holder] for p in source)
-    for e in stuck["executors"]:
-        owns = any(p["at"] == "g.a.out0" and p["time"] == at for p in e["own_pointstamps"])
-        assert owns == (e["executor"] == holder), e["own_pointstamps"]
-    text = describe({"flow": "g", "state": "running", **stuck})
-    assert f"held by {SOURCE} at g.a.out0 ({at[0]}) (seen by executors {', '.join(map(str, hold['executors']))})" \
-           f", held by executor {holder}" in text, text
+    """The window's input waits inside the first chunk, held by executor `holder`'s source alone."""
+    return held_by_source(report, WINDOW, "g.a", holder)
 
 
 def test_a_function_sees_the_window_held_by_the_executor_whose_source_waits(tmp_path):
@@ -113,7 +94,7 @@ def test_a_function_sees_the_window_held_by_the_executor_whose_source_waits(tmp_
         transport="shm", on_report=on_report, report_every=0.02, **RINGS,
     )
     assert len(result.outputs["g.out"]) == expected(2)
-    check_stuck(next(r for r in reports if held(r, 1)), 2, 1)
+    check_named(next(r for r in reports if held(r, 1)), WINDOW, "g.a", 2, 1)
     assert all(f == [] for f in result.frontiers.values())
 
 
@@ -125,7 +106,7 @@ def test_a_report_file_of_3_executors_over_tcp_names_the_holder_and_then_the_end
         lambda report: held(report, 1), executors=3, transport="tcp", mode="uppar", report_every=0.02, **RINGS,
     )
     assert len(result.outputs["g.out"]) == expected(3)
-    check_stuck(stuck, 3, 1)
+    check_named(stuck, WINDOW, "g.a", 3, 1)
     final = json.loads(path.read_text())
     assert final["state"] == "finished" and final["holding"] == {} and final["pointstamps"] == []
     assert all(e["own_pointstamps"] == [] for e in final["executors"])
