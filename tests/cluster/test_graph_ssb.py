@@ -4,14 +4,22 @@ processes, over shm and tcp, with rings of four 256-byte slots that every channe
 times. The windows equal one executor's; every executor folds its records into fragments and
 ships one partial row per key and window, not a row per record (`RunResult.epochs` names the
 window); the same flow routed by key (`mode="uppar"`) ships every record another executor owns.
-A checkpoint resumes only in the mode that took it (one sentence otherwise)."""
+A checkpoint resumes only in the mode that took it (one sentence otherwise). An owner that
+stalls holds the rows queued for it on the executors shipping to it at a bound set by the rings,
+not by their input (`EpochStats.queued_peak`)."""
+
+import time
 
 import numpy as np
 import pytest
 
 import slashrt
 from slashrt import Dataflow, Operator, Schema, Tumbling, sinks
+from slashrt.cluster import PerExecutor
+from slashrt.cluster.agent import EXCHANGE_SLOTS
+from slashrt._buffer import FOOTER_SIZE
 from slashrt.errors import SlashError
+from slashrt.ssb.partitions import DEFAULT_PARTITIONS, Partitioning
 
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
 N = 20_000  # per source: ~1,900 slots of 256 bytes through each source's ring of 4
@@ -96,3 +104,67 @@ def test_a_checkpoint_resumes_only_in_the_mode_that_took_it(tmp_path):
                                              rf"run has mode='{other}': resume it with mode='{taken}'"):
             slashrt.run(union_count(), inputs(), executors=2, mode=other, checkpoint_dir=tmp_path / taken,
                         resume_from="latest", **RINGS)
+
+
+class StallOnce:
+    """A pass-through filter that stalls its executor for `seconds` at the first batch holding a
+    record flagged v=1 (only executor 1's are): its whole loop waits, channels and all."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.stalled = seconds, False
+
+    def __call__(self, batch):
+        if not self.stalled and batch["v"].any():
+            self.stalled = True
+            time.sleep(self.seconds)
+        return np.ones(len(batch), bool)
+
+
+def owned_by_1(n: int, executors: int, skip: int = 0) -> np.ndarray:
+    """`n` distinct keys that executor 1 of `executors` owns, after the first `skip` of them."""
+    keys = np.arange(2 * executors * (n + skip) + 1000)
+    return keys[Partitioning(DEFAULT_PARTITIONS, executors).owner_of(keys) == 1][skip : skip + n]
+
+
+def shipping_to_a_stalled_owner(n: int):
+    """Each executor's stream: executor 1's, 1,000 records of 50 keys it owns, flagged (it stalls
+    at the first); every other executor's, `n` records of keys new to the window, which executor
+    1 owns: every one of them is shipped to it, folded (an epoch of 1 KiB holds no key twice) or
+    routed directly."""
+
+    def make(index: int, executors: int) -> np.ndarray:
+        out = np.zeros(1000 if index == 1 else n, SCHEMA.dtype)
+        out["t"] = np.arange(len(out)) // 10
+        if index == 1:
+            out["k"], out["v"] = owned_by_1(50, executors)[np.arange(1000) % 50], 1
+        else:
+            out["k"] = owned_by_1(n, executors, skip=50 + index * n)
+        return out
+
+    return PerExecutor(make)
+
+
+@pytest.mark.parametrize(("executors", "transport", "routing"), [(2, "shm", "fragments"), (3, "tcp", "direct")])
+def test_a_stalled_owner_holds_the_queues_shipping_to_it_flat_while_their_input_doubles(executors, transport, routing):
+    """Executor 1 stalls for 0.3 s at its first batch. Every other executor ships it all it
+    reads: its queue for executor 1 stays at the bound of two exchange rings' worth of rows a
+    peer (`ExchangeNode.backlogged`: its sources are read no more meanwhile), plus what it
+    had read (a source ring's records) and an epoch's rows, with 20,000 records as with 40,000;
+    without the bound it would queue all it reads. The counts are exact."""
+    row = 48  # a partial row and its time
+    bound = (executors - 1) * 2 * EXCHANGE_SLOTS * ((RINGS["slot_size"] - FOOTER_SIZE) // row)
+    read = RINGS["slots"] * ((RINGS["slot_size"] - FOOTER_SIZE) // SCHEMA.record_size)  # a ring of records
+    epoch = 1024 // SCHEMA.record_size + 1
+    peaks = []
+    for n in (20_000, 40_000):
+        flow, out = Dataflow("stall"), sinks.Collect()
+        flow.source("r", SCHEMA, time="t").filter(StallOnce(0.3), name="stall").window(Tumbling(10**9)).count(
+            key="k", name="counts").sink(out, name="out")
+        result = slashrt.run(flow, {"r": shipping_to_a_stalled_owner(n)}, executors=executors, transport=transport,
+                             mode="slash", epoch_bytes=1024, ssb_routing=routing, **RINGS)
+        counted = dict(zip(out.records["k"].tolist(), out.records["count"].tolist()))
+        assert sum(counted.values()) == (executors - 1) * n + 1000 and len(counted) == (executors - 1) * n + 50
+        shippers = [epochs for i, epochs in enumerate(result.epochs["stall.counts"]) if i != 1]
+        assert all(sum(e.shipped_rows for e in epochs) == n for epochs in shippers)  # every record to executor 1
+        peaks.append(max(e.queued_peak for epochs in shippers for e in epochs))
+    assert 0 < max(peaks) <= (bound + read + epoch) * row, (peaks, (bound + read + epoch) * row)
