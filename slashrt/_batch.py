@@ -150,6 +150,13 @@ class Batch:
             out[name] = self.column(name)
         return out
 
+    def as_records(self, dtype: np.dtype) -> np.ndarray:
+        """The rows as records of `dtype`: in place where the batch is whole records of that
+        dtype (a slot's, 1-D, or a run of slots', 2-D: slots x records), else a packed copy."""
+        if not self._cols and self._sel is None and self._records is not None and self._records.dtype == dtype:
+            return self._records
+        return self.to_numpy(dtype)
+
     def __repr__(self) -> str:
         return f"Batch({self._len} rows, columns={list(self.names)})"
 

@@ -7,7 +7,9 @@ channels, with t in hidden columns (`__epoch`, `__c0`...). Pointstamp accounting
 notifications honest across executors: the sender counts +n at (this step's input, t) for n
 records it ships (covered by the capability it holds while pushing), the receiver -n once it
 has pushed them downstream at t, so the frontier behind the step cannot pass t while records
-at t are on their way.
+at t are on their way. The receiver reads them in the channel's slots (`take_by_time`): a run
+of slots whose rows are all at one time as one 2-D view, which an SSB owner joins in place
+(`slashrt.ssb.graph_window`); records going downstream are copied once, out of the ring.
 
 Records to ship wait in a queue per peer that a background task drains, a slot at a time (no
 backpressure into compute: the exchange channels are read by the same compute
@@ -41,6 +43,7 @@ import trio
 from slashrt._batch import Batch
 from slashrt._buffer import Control
 from slashrt._dataflow import ExchangeSpec, WindowAggSpec
+from slashrt._kernels import minmax
 from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
 from slashrt.ops.loop_window import LoopWindow
@@ -277,12 +280,13 @@ class ExchangeNode(Node):
             await lot.park()
 
     async def arrived(self, rows: np.ndarray) -> None:
-        """Rows from a peer (one or more of its shipments): taken at their times (`take`), then
-        no longer in flight."""
+        """Rows from a peer (one or more of its shipments, read in the channel's slots: 2-D for
+        a run of them): taken at their times (`take`), then no longer in flight."""
         await take_by_time(self, rows, lambda run, time: self.take(run))
 
     async def take(self, rows: np.ndarray) -> None:
         """Shipped records of one logical time (`clock.now`): on downstream."""
+        rows = rows.reshape(-1)  # (a run of slots: in one copy)
         out = np.empty(len(rows), self.spec.dtype)
         for name in self.spec.dtype.names:
             out[name] = rows[name]
@@ -292,9 +296,14 @@ class ExchangeNode(Node):
         await self.emit(piece)
 
 
+def _time_names(dtype: np.dtype) -> list[str]:
+    """The hidden columns of shipped rows that hold their logical time: `__epoch`, `__c0`..."""
+    return [n for n in dtype.names if n == "__epoch" or n.startswith("__c")]
+
+
 def time_columns(rows: np.ndarray) -> np.ndarray:
     """Shipped rows' logical times, from their hidden columns `__epoch`, `__c0`...: a row each."""
-    return np.stack([rows[n] for n in rows.dtype.names if n == "__epoch" or n.startswith("__c")], axis=1)
+    return np.stack([rows[n] for n in _time_names(rows.dtype)], axis=1)
 
 
 def shipped_times(rows: np.ndarray) -> dict[Timestamp, int]:
@@ -305,17 +314,28 @@ def shipped_times(rows: np.ndarray) -> dict[Timestamp, int]:
 
 async def take_by_time(node: Node, rows: np.ndarray, take) -> None:
     """Shipped `rows` that arrived at `node`'s input: each run of one logical time handed to
-    `await take(run, time)` with the clock's `now` at that time, then no longer in flight."""
-    times, clock = time_columns(rows), node.clock
-    cuts = [0, *(np.flatnonzero((times[1:] != times[:-1]).any(axis=1)) + 1).tolist(), len(rows)]
-    for a, b in zip(cuts[:-1], cuts[1:]):
-        time = Timestamp(int(times[a, 0]), tuple(int(c) for c in times[a, 1:]))
+    `await take(run, time)` with the clock's `now` at that time, then no longer in flight.
+    Rows of a run of channel slots (2-D, slots x rows) all at one time go as they are, read in
+    place; others are cut by time in one copy."""
+    clock = node.clock
+    if rows.ndim > 1:
+        first, names = rows[0, 0], _time_names(rows.dtype)
+        if all(minmax(rows[n]) == (first[n], first[n]) for n in names):
+            runs = [(rows, Timestamp(int(first["__epoch"]), tuple(int(first[n]) for n in names[1:])))]
+        else:
+            rows = rows.reshape(-1)
+    if rows.ndim == 1:
+        times = time_columns(rows)
+        cuts = [0, *(np.flatnonzero((times[1:] != times[:-1]).any(axis=1)) + 1).tolist(), len(rows)]
+        runs = [(rows[a:b], Timestamp(int(times[a, 0]), tuple(int(c) for c in times[a, 1:])))
+                for a, b in zip(cuts[:-1], cuts[1:])]
+    for run, time in runs:
         before, clock.now = clock.now, time
         try:
-            await take(rows[a:b], time)
+            await take(run, time)
         finally:
             clock.now = before
-        clock.in_flight(node, time, a - b)
+        clock.in_flight(node, time, -run.size)
 
 
 RECHECK_S = 0.01  # a source waiting for room looks again this often whether a checkpoint lifted the bound
@@ -366,7 +386,7 @@ class _Inbound(Node):
         self.exchange = exchange
 
     async def push(self, batch: Batch) -> None:
-        await self.exchange.arrived(batch.to_numpy(self.exchange.exchange_dtype))
+        await self.exchange.arrived(batch.as_records(self.exchange.exchange_dtype))
 
     async def on_watermark(self, watermark: int) -> None:
         pass

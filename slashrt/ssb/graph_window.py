@@ -193,7 +193,9 @@ def _join(window: WindowAggregate, rows: np.ndarray, held: int) -> int:
     """Partial rows of keys this executor owns, shipped at time `held` (in the iteration
     `window` aggregates), into `window`: into their slices' windows ending after `held`, the
     end of the first window they join - 1 (a tail's windows ending by it closed where it was
-    judged; a slice has none ending by it). Returns how many keys were new to their slice."""
+    judged; a slice has none ending by it). `rows` arrived in a run of channel slots are 2-D
+    (slots x rows), their fields read in place (`WindowAggregate.merge_partials`). Returns how
+    many keys were new to their slice."""
     return window.merge_partials(rows["slice"], rows["key"], rows["count"], rows["value"], held)
 
 
