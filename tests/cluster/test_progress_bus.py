@@ -73,8 +73,9 @@ T0 = Timestamp(0)
 
 
 @contextlib.asynccontextmanager
-async def two_buses(transport="shm", spec=RingSpec(slots=4, slot_size=256), initial=((SOURCE, T0), 2)):
-    """Executors 0 and 1 as two tasks, their addresses swapped through memory."""
+async def two_buses(transport="shm", spec=RingSpec(slots=4, slot_size=256), initial=((SOURCE, T0), 2), graph=GRAPH):
+    """Executors 0 and 1 as two tasks, their addresses swapped through memory (the progress
+    graph `graph`, whose pointstamps at the start are `initial`)."""
     secret, offers, swapped = generate_secret(), {}, trio.Event()
     buses, opened, leave = {}, trio.Event(), trio.Event()
 
@@ -88,7 +89,7 @@ async def two_buses(transport="shm", spec=RingSpec(slots=4, slot_size=256), init
     async def executor(index):
         where = {"host": "127.0.0.1"} if transport == "tcp" else {}
         async with open_progress_bus(
-            index, 2, GRAPH, transport=transport, secret=secret, swap_addresses=lambda a: swap(index, a),
+            index, 2, graph, transport=transport, secret=secret, swap_addresses=lambda a: swap(index, a),
             initial=[initial], spec=spec, history=True, **where,
         ) as bus:
             buses[index] = bus
