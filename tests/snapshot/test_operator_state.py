@@ -1,8 +1,11 @@
 """Operator state: a run snapshotted part-way, its states written and read back in the snapshot
-format and restored into a new plan, gives what an uninterrupted run gives; restore then
-snapshot gives the state back; a state for another operator, a later layout or another step is
-refused; SSB state cut by partition and reassigned to another executor count fires the same
-windows."""
+format and restored into a new plan, gives what an uninterrupted run gives (a window; an SSB
+window, `SsbRoute`: the owner's windows, the fragments, the open epoch); restore then snapshot
+gives the state back; a state for another operator, a later layout or another step is refused;
+an SSB window's state in the partitioned layout of a rescale (`rescale.as_partitioned`), cut by
+partition and merged on another executor count (`slashrt.ssb.partitioned`), fires the same
+windows, also from owners that had fired up to different times. (Whole windows cut and merged:
+tests/snapshot/test_rescale.py.)"""
 
 import numpy as np
 import pytest
@@ -13,13 +16,16 @@ from hypothesis import strategies as st
 from slashrt import Batch, Dataflow, Schema, Sliding, Tumbling, sinks
 from slashrt._plan import ClusterRole, build_plan
 from slashrt.errors import OperatorError, SnapshotError
-from slashrt.progress.frontier import END_TIME
 from slashrt.ops._node import Node
 from slashrt.ops.window import NO_TIME
 from slashrt.ops.sources import ChannelFeeder, feed_array
+from slashrt.progress import Timestamp
+from slashrt.scheduler._pointstamp import PointstampProgress
 from slashrt.snapshot import State, decode_state, encode_state
 from slashrt.snapshot.operators import restore_plan, snapshot_plan, unpack_tables
-from slashrt.ssb.window import SsbWindowAggregate, merge_partitions, split_partitions
+from slashrt.snapshot.rescale import as_graph_window, as_partitioned, as_window
+from slashrt.ssb.graph_window import SsbGraphWindow, SsbRoute, _join, partial_dtype
+from slashrt.ssb.partitioned import merge_partitions, split_partitions
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import RingSpec, open_inproc_channel
 
@@ -178,7 +184,7 @@ async def test_restoring_another_kind_a_later_layout_or_another_step_is_refused(
         other_agg.roots["w.src"].children[0].restore(states["w.agg"])
 
 
-# -- the SSB window at the object level -------------------------------------------------------------------
+# -- the SSB window (`SsbRoute`: the owner's windows and the fragments) ---------------------------------
 class Recorder(Node):
     def __init__(self):
         super().__init__("rec")
@@ -191,28 +197,69 @@ class Recorder(Node):
         return rows(self.batches)
 
 
-def ssb(partitioning: Partitioning, index: int = 0, window=Sliding(100, 25), kind="sum", epoch_bytes=2000):
-    flow = Dataflow("w")
-    win = flow.source("src", SCHEMA, time="t").window(window)
-    getattr(win, kind)(*(() if kind == "count" else ("v",)), key="k", name="agg").sink(sinks.Collect())
-    spec = flow.steps["w.agg"]
-    op = SsbWindowAggregate(spec, None, index=index, partitioning=partitioning, epoch_bytes=epoch_bytes, routing="fragments")
-    rec = Recorder()
-    op.children = [rec]
-    return op, rec
+class LoneExecutor:
+    """Executor `index`'s plan (under `partitioning`) of a keyed window with late records, in
+    mode "slash" (where it has peers an `SsbRoute`: the owner's windows beside the fragments,
+    which ship in epochs of `epoch_bytes`; on one executor a plain window), on a tracker of its
+    own: the rows it ships to its peers wait in its queues, counted in flight at their times
+    (they hold its owner's windows back) until `taken_by_peers`."""
+
+    def __init__(self, partitioning: Partitioning, index: int = 0, window=Sliding(100, 25), kind="sum",
+                 epoch_bytes=2000):
+        flow = Dataflow("w")
+        self.out, self.late = sinks.Collect(), sinks.Collect()
+        win = flow.source("src", SCHEMA, time="t", max_delay=MAX_DELAY).window(window, late=self.late)
+        getattr(win, kind)(*(() if kind == "count" else ("v",)), key="k", name="agg").sink(self.out, name="out")
+        self.plan = build_plan(flow, ClusterRole(index, partitioning, "slash", epoch_bytes, "fragments"))
+        for node in self.plan.sinks:
+            node.open()
+        self.step = self.plan.steps["w.agg"]
+        self.window = self.step.window if isinstance(self.step, SsbRoute) else self.step
+        for peer in range(partitioning.executors) if isinstance(self.step, SsbRoute) else ():
+            if peer != index:
+                self.step.add_peer(peer, None)  # (its queue is read below, not sent)
+        self.progress = PointstampProgress(self.plan)
+
+    async def feed(self, chunks) -> None:
+        for chunk in chunks:
+            await self.plan.roots["w.src"].push(Batch(chunk))
+            await self.progress.settle()
+
+    async def end(self) -> None:
+        """Its input ends: every window fires that no row on its way to a peer holds back."""
+        await self.plan.roots["w.src"].on_end()
+
+    async def taken_by_peers(self) -> None:
+        """The peers took what it queued for them (their updates: no longer in flight)."""
+        for time, n in self.step.queued_times().items():
+            self.progress.in_flight(self.step, time, -n)
+        for queue in self.step._queues.values():
+            queue.clear()
+        await self.progress.settle()
+
+    async def restore(self, state: State) -> None:
+        """Its window's state `state` (written and read back), counted by its tracker, which
+        settles (as an executor does before its first input)."""
+        (state,) = through_the_format({"s": state}).values()
+        self.window.restore(state)
+        self.progress.recount()
+        await self.progress.settle()
+
+    def emitted(self) -> np.ndarray:
+        return rows([self.out.records])
 
 
-def ssb_input(n: int, seed: int, disorder: int) -> list:
-    """Six batches, each followed by the watermark of the input so far: 12 events, so that a
-    cut may fall between a batch and its watermark (fragments not shipped yet)."""
-    chunks = [c for c in np.array_split(make_input(n, seed, disorder), 6) if len(c)]  # no empty batch
-    tops = np.maximum.accumulate([int(c["t"].max()) for c in chunks])
-    return [event for c, top in zip(chunks, tops.tolist()) for event in (c, top - MAX_DELAY)]
+BEFORE = Partitioning(8, 2)
 
 
-async def feed_ssb(op, events) -> None:
-    for event in events:
-        await (op.on_watermark(event) if isinstance(event, int) else op.push(Batch(event)))
+def ssb_input(n: int, seed: int, disorder: int, owned_by_0: Partitioning | None = None) -> list:
+    """`make_input` in 12 batches (some may be empty); with `owned_by_0`, of 12 keys that
+    executor 0 owns under that partitioning."""
+    records = make_input(n, seed, disorder)
+    if owned_by_0 is not None:
+        keys = np.arange(-40, 40)[owned_by_0.owner_of(np.arange(-40, 40)) == 0][:12]
+        records["k"] = keys[(records["k"] + 6) % len(keys)]
+    return np.array_split(records, 12)
 
 
 @settings(max_examples=30, deadline=None)
@@ -223,181 +270,191 @@ async def feed_ssb(op, events) -> None:
 def test_an_ssb_window_restored_from_its_snapshot_continues_as_an_uninterrupted_run(
     n, seed, window, kind, at, epoch_bytes, disorder
 ):
-    chunks = ssb_input(n, seed, disorder)
+    """Executor 0 of 2 with the keys it owns (its fragments ship to its own windows): its
+    plan's state (the source's position, the owner's windows, the fragments, the open epoch,
+    the capabilities of fragments shipped early) after `at` of 12 batches, written and read back
+    and restored into a new plan, which goes on with the rest: what both emit, and the late
+    records, are an uninterrupted run's; restore then snapshot gives the state back."""
+    chunks = ssb_input(n, seed, disorder, BEFORE)
+
+    def make():
+        return LoneExecutor(BEFORE, window=window, kind=kind, epoch_bytes=epoch_bytes)
 
     async def main():
-        whole, whole_rec = ssb(Partitioning(8, 1), window=window, kind=kind, epoch_bytes=epoch_bytes)
-        await feed_ssb(whole, chunks)
-        await whole.on_end()
-        first, rec1 = ssb(Partitioning(8, 1), window=window, kind=kind, epoch_bytes=epoch_bytes)
-        await feed_ssb(first, chunks[:at])
-        (state,) = through_the_format({"s": first.snapshot()}).values()
-        second, rec2 = ssb(Partitioning(8, 1), window=window, kind=kind, epoch_bytes=epoch_bytes)
-        second.restore(state)
-        assert canonical(second.snapshot()) == canonical(state)  # restore gives the state back
-        assert second.state_bytes == first.state_bytes
-        fired = len(rec1.batches)
-        await feed_ssb(first, chunks[at:])  # the original runs on: the snapshot shares nothing with it
-        await first.on_end()
-        await feed_ssb(second, chunks[at:])
-        await second.on_end()
-        assert second.late_records == first.late_records == whole.late_records
-        return whole_rec.rows(), rows(rec1.batches[:fired] + rec2.batches), rec1.rows()
+        whole = make()
+        await whole.feed(chunks)
+        await whole.end()
+        first = make()
+        await first.feed(chunks[:at])
+        states = through_the_format(snapshot_plan(first.plan))
+        assert states["w.agg"].meta["kind"] == "ssb_graph_window"
+        emitted = [None if c.records is None else c.records.copy() for c in (first.out, first.late)]
+        second = make()
+        restore_plan(second.plan, states)
+        second.progress.recount()
+        assert {k: canonical(s) for k, s in snapshot_plan(second.plan).items()} == {
+            k: canonical(s) for k, s in states.items()}
+        await second.progress.settle()  # (as an executor does before its first input)
+        await first.feed(chunks[at:])  # the original runs on: the snapshot shares nothing with it
+        await first.end()
+        await second.feed(chunks[at:])
+        await second.end()
+        assert second.window.late_records == first.window.late_records == whole.window.late_records
+        assert np.array_equal(rows([emitted[0], second.out.records]), whole.emitted())
+        assert np.array_equal(rows([emitted[1], second.late.records]), rows([whole.late.records]))
+        assert np.array_equal(first.emitted(), whole.emitted())
 
-    whole, resumed, original = trio.run(main)
-    assert np.array_equal(whole, resumed) and np.array_equal(whole, original)
-
-
-async def test_a_restored_leader_keeps_each_helpers_epoch_and_watermark():
-    op, _ = ssb(Partitioning(8, 2))
-    delta = np.zeros(2, op.exchange_dtype)
-    delta["epoch"], delta["key"], delta["count"], delta["value"] = 3, [1, 2], 1, 5
-    await op._merge_delta(1, Batch(delta))
-    await op.gate.advance(1, 60)
-    again, _ = ssb(Partitioning(8, 2))
-    again.restore(op.snapshot())
-    assert again.gate.frontier.entries == [-(2**63), 60]
-    stale = delta.copy()
-    stale["epoch"] = 2
-    with pytest.raises(OperatorError, match="sent epoch 2 after epoch 3"):
-        await again._merge_delta(1, Batch(stale))
-    with pytest.raises(SnapshotError, match="cut it by partition and reassign"):
-        ssb(Partitioning(8, 3))[0].restore(op.snapshot())
-    with pytest.raises(SnapshotError, match="ssb_window operator and cannot restore the state of a window"):
-        again.restore(State({}, {**op.snapshot().meta, "kind": "window"}))
+    trio.run(main)
 
 
 @settings(max_examples=60, deadline=None)
 @given(
     n=st.integers(1, 600), seed=st.integers(0, 2**16), window=st.sampled_from(WINDOWS), kind=st.sampled_from(KINDS),
     at=st.integers(0, 12), executors=st.integers(1, 4), partitions=st.sampled_from([1, 4, 16]),
-    disorder=st.sampled_from([0, 60]), leader_lags=st.booleans(), epoch_bytes=st.sampled_from([700, 1 << 20]),
+    disorder=st.sampled_from([0, 60]), peer_keys=st.booleans(), epoch_bytes=st.sampled_from([700, 1 << 20]),
 )
-@example(  # a fragment holding records late here for a window its lagging leader has still to fire
-    n=300, seed=0, window=Sliding(100, 25), kind="count", at=3, executors=1, partitions=4, disorder=60,
-    leader_lags=True, epoch_bytes=1 << 20,
+@example(  # records late where they were read for windows its owner (held by rows in flight: it fired up to
+    # -75) has still to fire: tails in its fragments (2) and in its owner's windows (13)
+    n=300, seed=0, window=Sliding(100, 25), kind="count", at=5, executors=1, partitions=4, disorder=60,
+    peer_keys=True, epoch_bytes=1 << 20,
 )
 def test_ssb_state_cut_by_partition_and_reassigned_fires_the_same_windows(
-    n, seed, window, kind, at, executors, partitions, disorder, leader_lags, epoch_bytes
+    n, seed, window, kind, at, executors, partitions, disorder, peer_keys, epoch_bytes
 ):
-    """The old executor 0 of 1, or of 2 with a peer that never answers (its leader state then
-    fires nothing, and records late here for windows still open there wait in tails): the
-    windows of its partitions fire the same from the old operator and from the new executors."""
-    chunks = ssb_input(n, seed, disorder)
-    before = Partitioning(partitions, 2 if leader_lags else 1)
+    """The old executor 0 of 2, with the keys it owns only or with its peer's too (the rows it
+    ships to its peer wait, counted in flight: they hold back its windows, while its fragments
+    judge records late by their own times, those still in windows open there in tails), after
+    `at` of 12 batches: its window state in the partitioned layout (`as_partitioned`), cut by
+    partition (`split_partitions`), merged on 1 to 4 new executors (`merge_partitions`) and
+    restored as each one's window (`as_graph_window`; on one, a plain one: `as_window`), fires
+    the windows of the keys it owned as the old executor goes on to fire them (its peer having
+    taken its rows)."""
+    before = Partitioning(partitions, 2)
+    chunks = ssb_input(n, seed, disorder, None if peer_keys else before)
 
     def of_executor_0(out: np.ndarray) -> np.ndarray:
         return out[before.owner_of(out["k"]) == 0] if len(out) else out
 
     async def main():
-        old, rec = ssb(before, window=window, kind=kind, epoch_bytes=epoch_bytes)
-        if leader_lags:  # deltas for executor 1 queue up, unread; its watermark never comes
-            sender, _ = open_inproc_channel(RingSpec(slots=2, slot_size=4096, record_size=old.exchange_dtype.itemsize))
-            old.add_peer(1, sender)
-            old.shippers[1].limit = 1 << 40
-        await feed_ssb(old, chunks[:at])
-        fired = len(rec.batches)
-        by_partition = split_partitions(old.snapshot(), old.partitioning)
-        await old.on_end()  # the reference: the rest of its windows
-        if leader_lags:
-            await old.gate.advance(1, END_TIME)
-        reference = rows(rec.batches[fired:])
-        new = Partitioning(partitions, executors)
+        old = LoneExecutor(before, window=window, kind=kind, epoch_bytes=epoch_bytes)
+        await old.feed(chunks[:at])
+        fired = len(old.out.records)
+        state = old.window.snapshot()
+        await old.end()  # the reference: the rest of its windows
+        await old.taken_by_peers()
+        reference = rows([old.out.records[fired:]])
+        after = Partitioning(partitions, executors)
+        by_partition = split_partitions(as_partitioned(state, None, 2, 0), after)
         got = []
         for i in range(executors):
-            led = new.led_by(i).tolist()
+            led = after.led_by(i).tolist()
             if not led:
                 continue
-            state = merge_partitions([by_partition[p] for p in led], new, i)
-            (state,) = through_the_format({"s": state}).values()
-            op, out = ssb(new, i, window=window, kind=kind)
-            op.restore(state)
-            await op.merged.on_end()
-            got.extend(out.batches)
+            merged = merge_partitions([by_partition[p] for p in led], after, i)
+            new = LoneExecutor(after, i, window=window, kind=kind)
+            await new.restore(as_graph_window(merged) if executors > 1 else as_window(merged))
+            await new.end()
+            got.append(new.out.records)
         return of_executor_0(reference), of_executor_0(rows(got))
 
     reference, got = trio.run(main)
     assert got.tolist() == reference.tolist()
 
 
-def judged(op: SsbWindowAggregate, chunk: np.ndarray, watermark: int) -> tuple[Batch, int]:
-    """What a helper ships of `chunk`, read after `watermark`: the records some window of which
-    is still open for them, and the end of the last window closed for them."""
-    closed = op.promise(watermark)
-    return Batch(chunk[op._latest_end(chunk["t"] // op.slice_len) > closed]), closed
+def owner(window=Sliding(100, 25), kind="sum") -> tuple[SsbGraphWindow, Recorder]:
+    """An SSB window (its owner's windows: its fragments left aside), its output kept."""
+    plan, _, _ = window_flow(window, kind)
+    node = SsbGraphWindow(plan.flow.steps["w.agg"], None, routing="fragments")
+    rec = Recorder()
+    node.children = [rec]
+    return node, rec
 
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**16), window=st.sampled_from(WINDOWS), kind=st.sampled_from(["count", "sum", "max"]),
        cut=st.integers(1, 11), lag=st.integers(1, 6), executors=st.integers(1, 3))
 @example(seed=0, window=Sliding(100, 25), kind="sum", cut=8, lag=4, executors=1)
-def test_partitions_of_leaders_that_fired_up_to_different_times_merge_exactly(seed, window, kind, cut, lag, executors):
-    """Two leaders take the same stream of partial states (records read behind a watermark,
-    the partly late ones only into the windows still open for them: tails); leader 0 has not
-    heard the last `lag` watermarks before the cut that leader 1 has (an unaligned
-    checkpoint's watermarks in flight; a graph flow's owners, each on the progress it heard
-    of). Their partitions merged on `executors` new leaders fire the windows in between again
-    with leader 0's keys only: before and after the cut, every window of every key once,
-    exactly as one leader of every key uninterrupted."""
-    before = Partitioning(4, 2)
+def test_partitions_of_owners_that_fired_up_to_different_times_merge_exactly(seed, window, kind, cut, lag, executors):
+    """Fragments fold batch after batch, each at the time of the watermark before it (records
+    late, or partly late into tails, by that time), and ship all they hold at each batch's end
+    (epochs of a batch); owners 0 and 1 of 2 join the partial rows of their keys, each firing on
+    the frontier it has heard of: owner 0 has not heard of the last `lag` watermarks before the
+    cut that owner 1 has. Their states in the partitioned layout, cut and merged on
+    `executors` new owners, fire the windows in between again with owner 0's keys only: before
+    and after the cut, every window of every key once, exactly as one owner of every key
+    uninterrupted."""
+    before, after = Partitioning(4, 2), Partitioning(4, executors)
     chunks = [c for c in np.array_split(make_input(600, seed, 60), 12) if len(c)]
     watermarks = (np.maximum.accumulate([int(c["t"].max()) for c in chunks]) - MAX_DELAY).tolist()
-    heard = [w if i < cut - lag else NO_TIME for i, w in enumerate(watermarks)]  # leader 0's
+    heard = [w if i < cut - lag else NO_TIME for i, w in enumerate(watermarks)]  # owner 0's
 
     async def main():
-        reference, reference_rec = ssb(Partitioning(4, 1), window=window, kind=kind)
-        old = [ssb(before, index, window=window, kind=kind) for index in (0, 1)]
-        for i, chunk in enumerate(chunks):
-            batch, closed = judged(reference, chunk, watermarks[i - 1] if i else NO_TIME)
-            await reference.merged.push_judged(batch, closed)
-            await reference.merged.on_watermark(watermarks[i])
-            if i >= cut:
-                continue
-            owners = before.owner_of(batch["k"])
-            for index, (op, _) in enumerate(old):
-                await op.merged.push_judged(batch.select(owners == index), closed)
-                await op.merged.on_watermark(heard[i] if index == 0 else watermarks[i])
-        await reference.merged.on_end()
-        fired = [op.merged.fired_until for op, _ in old]
-        parts = [part for op, _ in old for part in split_partitions(op.snapshot(), before).values()]
-        emitted = [b for _, rec in old for b in rec.batches]
-        after = Partitioning(4, executors)
+        clock = PointstampProgress(window_flow(window, kind)[0])
+        shipping, _ = owner(window=window, kind=kind)  # (its fragments: its own windows take nothing)
+        reference, reference_rec = owner(window=window, kind=kind)
+
+        async def ship(i: int, owners: list, partitioning: Partitioning) -> None:
+            """Batch i folded at the watermark before it and shipped: every piece's rows to the
+            reference and to their owners among `owners`."""
+            clock.now = Timestamp(watermarks[i - 1] if i else NO_TIME)
+            await shipping.fold(Batch(chunks[i]), clock)
+            for piece in shipping.take_all():
+                shipped = np.zeros(len(piece.keys), partial_dtype(piece.vals.dtype))
+                shipped["slice"], shipped["key"] = piece.slices, piece.keys
+                shipped["count"], shipped["value"] = piece.counts, piece.vals
+                _join(reference, shipped, piece.time.epoch)
+                owned = partitioning.owner_of(shipped["key"])
+                for index, (node, _) in enumerate(owners):
+                    _join(node, shipped[owned == index], piece.time.epoch)
+
+        old = [owner(window, kind) for _ in (0, 1)]
+        for i in range(min(cut, len(chunks))):
+            await ship(i, old, before)
+            await reference.on_frontier(watermarks[i])
+            for index, (node, _) in enumerate(old):
+                await node.on_frontier(heard[i] if index == 0 else watermarks[i])
+        fired = [node.fired_until for node, _ in old]
+        parts = [split_partitions(as_partitioned(node.snapshot(), None, 2, index), after)
+                 for index, (node, _) in enumerate(old)]
+        new = []
         for index in range(executors):
-            led = set(after.led_by(index).tolist())
-            state = merge_partitions([parts[p] for p in range(len(parts)) if p % 4 in led], after, index)
-            (state,) = through_the_format({"s": state}).values()
-            new, rec = ssb(after, index, window=window, kind=kind)
-            new.restore(state)
-            assert new.merged.fired_until == min(fired)
-            for i in range(cut, len(chunks)):
-                batch, closed = judged(new, chunks[i], watermarks[i - 1])
-                await new.merged.push_judged(batch.select(after.owner_of(batch["k"]) == index), closed)
-                await new.merged.on_watermark(watermarks[i])
-            await new.merged.on_end()
-            emitted += rec.batches
-        return fired, rows(emitted), reference_rec.rows()
+            led = after.led_by(index).tolist()
+            state = merge_partitions([part[p] for part in parts for p in led], after, index)
+            (state,) = through_the_format({"s": as_graph_window(state)}).values()
+            node, rec = owner(window, kind)
+            node.restore(state)
+            assert node.fired_until == min(fired)
+            new.append((node, rec))
+        for i in range(cut, len(chunks)):
+            await ship(i, new, after)
+            await reference.on_frontier(watermarks[i])
+            for node, _ in new:
+                await node.on_frontier(watermarks[i])
+        for node, _ in [(reference, None), *new]:
+            await node.on_frontier(None)
+        return fired, rows([b for _, rec in old + new for b in rec.batches]), reference_rec.rows()
 
     fired, got, reference = trio.run(main)
     assert fired[0] <= fired[1]
     assert got.tolist() == reference.tolist()
 
 
-def test_leaders_fired_up_to_different_times_join_the_merged_windows_as_tails_closed_at_their_times():
-    """The later leader's slices whose first windows it fired become tails closed at its time
-    (its own tails too, where they closed earlier); the earlier leader's stay as they are."""
+def test_owners_fired_up_to_different_times_join_the_merged_windows_as_tails_closed_at_their_times():
+    """The later owner's slices whose first windows it fired become tails closed at its time
+    (its own tails too, where they closed earlier); the earlier owner's stay as they are."""
     before = Partitioning(4, 2)
 
-    async def leader(index: int, fired_to: int):
-        op, _ = ssb(before, index)  # Sliding(100, 25): slices of 25
+    async def fired_to(index: int, time: int):
+        node, _ = owner()  # Sliding(100, 25): slices of 25
         keys = np.array([k for k in range(40) if before.owner_of(np.array([k]))[0] == index][:3], np.int64)
         ones = np.ones(len(keys), np.int64)
-        op.merged.merge_slice(3, keys, ones, ones)  # [75, 100): windows ending 100 to 175
-        op.merged.merge_slice(4, keys, ones, ones, 125)  # a tail of [100, 125): windows ending 150 to 200
-        op.merged.merge_slice(5, keys, ones, ones)  # [125, 150): windows ending 150 to 225
-        await op.merged.on_watermark(fired_to)
-        return [part for part in split_partitions(op.snapshot(), before).values()]
+        node.merge_slice(3, keys, ones, ones)  # [75, 100): windows ending 100 to 175
+        node.merge_slice(4, keys, ones, ones, 125)  # a tail of [100, 125): windows ending 150 to 200
+        node.merge_slice(5, keys, ones, ones)  # [125, 150): windows ending 150 to 225
+        await node.on_frontier(time)
+        return list(split_partitions(as_partitioned(node.snapshot(), None, 2, index), before).values())
 
-    parts = trio.run(leader, 0, 100) + trio.run(leader, 1, 150)
+    parts = trio.run(fired_to, 0, 100) + trio.run(fired_to, 1, 150)
     state = merge_partitions(parts, Partitioning(4, 1), 0)
     assert state.meta["leader"]["fired_until"] == 100 and state.meta["leader"]["next_start"] == 25
     tails = {tid: len(keys) for tid, keys, *_ in unpack_tables("leader.tails", state.arrays)}
@@ -489,22 +546,6 @@ async def test_a_file_sink_state_names_its_pending_parts_only(tmp_path):
     out.pre_commit(7)
     state = snapshot_plan(plan)["w.out"]
     assert state.meta["pending"] == [7] and state.arrays == {}
-
-
-async def test_an_uppar_router_keeps_where_it_judges_and_the_watermarks_seen():
-    mode = "uppar"
-    flow = Dataflow("w")
-    flow.source("src", SCHEMA, time="t").window(Tumbling(ms=50)).sum("v", key="k", name="agg").sink(sinks.Collect())
-    plan = build_plan(flow, ClusterRole(0, Partitioning(8, 2), mode))
-    (router,) = plan.exchanges()
-    await router.gate.advance(1, 80)
-    router.fired_until = 50
-    states = snapshot_plan(plan)
-    assert {"w.src", "w.agg.route", "w.agg"} <= set(states)
-    again = build_plan(flow, ClusterRole(0, Partitioning(8, 2), mode))
-    restore_plan(again, through_the_format(states))
-    (router2,) = again.exchanges()
-    assert router2.fired_until == 50 and router2.gate.frontier.entries == [-(2**63), 80]
 
 
 def test_the_snapshot_cost_benchmark_restores_what_it_snapshotted():
