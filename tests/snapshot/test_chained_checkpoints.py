@@ -1,12 +1,14 @@
-"""Barrier snapshots of cluster pipelines whose exchanges feed exchanges (`AgentCheckpointing`'s
-alignment stage by stage): a count per key and window, then a sum of those counts per another key
-(`g = k % G`) and window, on real agent processes with rings that wrap many times.
+"""Barrier snapshots of cluster pipelines whose exchanges feed exchanges (alignment exchange by
+exchange: `slashrt.snapshot.cluster_graph`): a count per key and window, then a sum of those
+counts per another key (`g = k % G`) and window, on real agent processes with rings that wrap
+many times.
 
 - checkpointed runs (SSB and UpPar; 2 executors over shm, 3 over tcp) give a numpy reference,
   as the unchecked cluster run does;
 - every checkpoint is a consistent cut through both stages: the records its sources fed before
-  their barriers are exactly the counts left in stage 1's windows plus the counts summed in
-  stage 2's (nothing in flight, nothing twice), also while SSB epochs of both stages are open;
+  their barriers are exactly the counts left in stage 1's windows (fragments and owners') plus
+  the counts summed in stage 2's, plus what the channel state holds in flight (an SSB partial
+  row standing for its count), also while SSB epochs of both stages are open;
   resuming from such a checkpoint in the middle gives the reference;
 - SIGKILL of an agent at chosen points (the chaos hooks), recovered by `restart=`, or resumed on
   another number of executors (SSB partitions of both stages reassigned): the committed output
@@ -24,6 +26,7 @@ from slashrt.bench.chaos import ChaosCsv, published
 from slashrt.errors import SlashError
 from slashrt.ops.sinks import Collect
 from slashrt.snapshot import SnapshotStore
+from slashrt.ssb.graph_window import is_partial
 
 from tests.snapshot._paced import Paced, behind
 from tests.snapshot.test_recovery import bounded
@@ -71,7 +74,7 @@ def test_a_checkpointed_chained_pipeline_equals_the_unchecked_run_and_numpy(tmp_
     data = records()
     options = {"executors": executors, "mode": mode, "transport": transport, "epoch_bytes": 4096, **SMALL}
     expected = reference(data)
-    if mode == "uppar":  # the unchecked cluster run (it deadlocked before each stage had a lane of its own)
+    if mode == "uppar":  # the unchecked cluster run too
         plain = Collect()
         bounded(two_stages("chain", plain), {"r": data}, **options)
         np.testing.assert_array_equal(np.sort(plain.records), expected)
@@ -87,7 +90,7 @@ def test_a_checkpointed_chained_pipeline_equals_the_unchecked_run_and_numpy(tmp_
 
 
 def test_three_stages_align_as_two_do(tmp_path):
-    # the sums per g feed a third window keyed by g % 3: lanes 0..2 feed stage 3, no case per depth
+    # the sums per g feed a third window keyed by g % 3: three chained exchanges, no case per depth
     data = records()
     job = Dataflow("three")
     counts = job.source("r", SCHEMA, time="t").window(Tumbling(ms=100)).count(key="k", output="n")
@@ -119,11 +122,11 @@ def held(checkpoint, step: str, column: str) -> int:
 
 def stands_for(channel, second: str) -> int:
     """The input records a channel state stands for: a source's records and stage 1's routed
-    rows one each, stage 2's rows their counts `n`; an SSB delta row its count (stage 1) or its
-    sum of counts (stage 2)."""
+    rows one each, stage 2's rows their counts `n`; an SSB partial row its count (stage 1) or
+    its sum of counts (stage 2)."""
     records = channel.arrays["records"]
     to_second = channel.meta["source"].startswith(second)
-    if "epoch" in (records.dtype.names or ()):  # SSB deltas
+    if is_partial(records):
         return int(records["value" if to_second else "count"].sum())
     return int(records["n"].sum()) if to_second else len(records)
 
@@ -132,8 +135,9 @@ def stands_for(channel, second: str) -> int:
 def test_every_chained_checkpoint_is_a_consistent_cut_through_both_stages_and_resumes_to_the_reference(tmp_path, mode):
     # stage 1 fires every 200 ms of event time into stage 2, whose one window lasts the whole run:
     # every record is counted in stage 1's open windows or in stage 2's sums, never both, never lost.
-    # Epochs: stage 1's end where its windows complete (1 watermark in ~20), stage 2's every
-    # 256 KiB of counts (~2 firings), so most barriers find an epoch open in both
+    # Epochs: stage 1's end where its fragments are due (every 200 ms of event time) and every
+    # 256 KiB of input, stage 2's every 256 KiB of counts (~2 firings), so most barriers find an
+    # epoch open in both
     data = records(5 * N)
     options = {"executors": 2, "mode": mode, "epoch_bytes": 1 << 18, **SMALL}
     # past a third of its records, each executor's batches take 4 ms more until 4 more checkpoints
@@ -158,9 +162,9 @@ def test_every_chained_checkpoint_is_a_consistent_cut_through_both_stages_and_re
         assert counted + summed + flying == fed, (n, counted, summed, flying, fed)
         if counted and summed:
             middle.append(n)
-        ssb = [s.meta for (step, _), s in checkpoint.states.items() if s.meta.get("kind") == "ssb_window"]
-        open_epochs = {m["step"] for m in ssb if m["epoch_counters"][0] > 0 and m["epoch"] > 0}
-        if summed and open_epochs == {first, second}:  # both stages shipped epochs and have one open
+        ssb = [s.meta for (step, _), s in checkpoint.states.items() if s.meta.get("kind") == "ssb_graph_window"]
+        open_epochs = {m["step"] for m in ssb if m["counters"][0] > 0}
+        if summed and open_epochs == {first, second}:  # stage 2 took what stage 1 shipped, both have an epoch open
             in_flight.append(n)
     assert middle  # a cut in the middle of the stream, through both stages
     if mode == "slash":
