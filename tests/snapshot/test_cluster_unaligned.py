@@ -1,9 +1,11 @@
 """Unaligned checkpoints on clusters of real agent processes (`AgentCheckpointing._overtake_sources`).
 
 - past its alignment timeout (0: at once), an executor's checkpoint overtakes what its sources'
-  rings hold: every checkpoint's window state plus the records in flight (channel state) is
-  exactly what the sources fed at their positions, on both executors, while a slow step keeps the
-  rings full; a resume from one replays them once: the output is exact;
+  rings hold, and what is in flight between executors (on the peers' channels, in the
+  exchanges' ship queues; in mode slash partial rows, with epochs short enough to ship while
+  the stream goes on): every checkpoint's window state plus the records in flight (channel
+  state) is exactly what the sources fed at their positions, on both executors, while a slow
+  step keeps the rings full; a resume from one replays them once: the output is exact;
 - exactly once under fire: agents SIGKILLed at chosen points while every periodic checkpoint is
   unaligned (the kill test's job of test_cluster_checkpoints.py, SSB over shm and UpPar over tcp);
 - the cadence: with a slow step after the source, more checkpoints complete while the sources
@@ -12,7 +14,8 @@
   another count (arrays) each old executor's share starts again at its first record in flight;
 - `slashrt bench checkpoint --slow-step-ms --executors 2` reports the cadence over the stream;
 - the aligner counts overtaken inputs as delivered and their later barriers as stale;
-- graph flows' unaligned checkpoints (exchanges' ship queues, loops): test_graph_cluster_unaligned.py.
+- a slow step after an exchange (the peers' channels and the ship queues overtaken), loops, and
+  an exchange's queue overtaken barrier by barrier: test_graph_cluster_unaligned.py.
 """
 
 import time
@@ -25,10 +28,9 @@ from slashrt import Dataflow, Tumbling
 from slashrt.ops.sinks import Collect
 from slashrt.snapshot import SnapshotStore
 from slashrt.snapshot.alignment import BarrierAligner, Snapshot
-from slashrt.snapshot.channel_state import CHANNEL_KIND
 
 from tests.snapshot import _cluster_child
-from tests.snapshot._in_flight import in_flight
+from tests.snapshot._in_flight import SHIPPING_EPOCHS, in_flight
 from tests.snapshot._paced import Paced
 from tests.snapshot.test_cluster_checkpoints import child, published, reference  # noqa: F401 (a fixture)
 
@@ -71,15 +73,16 @@ class InFlightTaken:
         return len(at_sources) >= 2 and any(at_sources)
 
 
-@pytest.mark.parametrize("mode,transport", [("slash", "shm"), ("uppar", "tcp")])
-def test_an_unaligned_cluster_checkpoint_holds_what_was_in_flight_and_a_resume_replays_it(tmp_path, mode, transport):
+@pytest.mark.parametrize("mode,transport,epochs", [("slash", "shm", SHIPPING_EPOCHS), ("uppar", "tcp", {})])
+def test_an_unaligned_cluster_checkpoint_holds_what_was_in_flight_and_a_resume_replays_it(
+        tmp_path, mode, transport, epochs):
     data = stream()
     # each batch 2 ms slower until the checkpoints this test resumes from were taken (whether a
     # barrier finds records ahead of it in a ring is up to the scheduler: counted, not assumed)
     pace = Paced(seconds=0.002, until=InFlightTaken(tmp_path))
     job, out = counting(pace)
-    slashrt.run(job, {"r": data}, executors=2, mode=mode, transport=transport, checkpoint_dir=tmp_path,
-                checkpoint={"interval": 0.005, "keep": 1000, "alignment_timeout": 0}, **SMALL_RINGS)
+    options = dict(executors=2, mode=mode, transport=transport, checkpoint_dir=tmp_path, **epochs, **SMALL_RINGS)
+    slashrt.run(job, {"r": data}, checkpoint={"interval": 0.005, "keep": 1000, "alignment_timeout": 0}, **options)
     assert int(out.records["count"].sum()) == len(data)
     store = SnapshotStore(tmp_path, job="ucount", keep=1000)
     middle = []
@@ -99,14 +102,13 @@ def test_an_unaligned_cluster_checkpoint_holds_what_was_in_flight_and_a_resume_r
     # taken while records were in flight, at the sources and between executors
     between = [n for n in middle if in_flight(store.load(n), sources=False)]
     assert len(middle) >= 2 and between, store.checkpoints()
-    # on 2 executors each replays its in-flight records once (its feeders post theirs, its lanes
-    # compute what its peers' channels held, its shippers queue theirs first), then goes on; on
-    # 3 (rescaled) each old executor's share starts again at its first record in flight, and the
-    # records in flight between executors go to their keys' new owners
+    # on 2 executors each replays its in-flight records once (its feeders post theirs, it
+    # computes what its peers' channels held, its exchanges ship again what they had queued),
+    # then goes on; on 3 (rescaled) each old executor's share starts again at its first record
+    # in flight, and the rows in flight between executors go to their keys' new owners
     for executors, n in [(2, middle[0]), (2, between[-1]), (3, between[-1])]:
         job, out = counting(Paced())
-        slashrt.run(job, {"r": data}, executors=executors, mode=mode, transport=transport, checkpoint_dir=tmp_path,
-                    checkpoint={"keep": 1000}, resume_from=n, **SMALL_RINGS)
+        slashrt.run(job, {"r": data}, checkpoint={"keep": 1000}, resume_from=n, **{**options, "executors": executors})
         expected = np.bincount(data["k"] - data["k"].min())
         got = np.zeros_like(expected)
         np.add.at(got, out.records["k"] - data["k"].min(), out.records["count"])
@@ -172,98 +174,6 @@ def test_with_a_slow_step_unaligned_checkpoints_keep_their_cadence_where_aligned
     # (buffers of a share) / slots + 1 aligned checkpoints can complete before the end
     aligned_at_most = max(shares) // PER_BUFFER // RINGS["slots"] + 1
     assert middle > aligned_at_most, (middle, fed)
-
-
-class SlowCalls:
-    """A step after an exchange (on a window's results) taking `seconds` a row, at most `cap` a
-    call: its lane's peers' channels, and the SSB shippers' queues before them, stay full."""
-
-    def __init__(self, seconds: float, cap: float):
-        self.seconds, self.cap = seconds, cap
-
-    def __call__(self, batch):
-        time.sleep(min(self.seconds * len(batch), self.cap))
-        return np.ones(len(batch), bool)
-
-
-def two_stages(slow) -> tuple[Dataflow, Collect]:
-    """Counts per key and 10 ms, the slow step on them (lane 1: after the first exchange), their
-    sums over the whole stream (stage 2): the sums are how many records went in."""
-    job = Dataflow("xcount")
-    out = Collect(transactional=True)
-    job.source("r", _cluster_child.SCHEMA, time="t").window(Tumbling(ms=10)).count(key="k").filter(
-        slow, name="slow").window(Tumbling(ms=10**9)).sum("count", key="k").sink(out, name="out")
-    return job, out
-
-
-def channel_parts(checkpoint, kind: str) -> int:
-    """Parts of records in flight on the peers' channels (`kind` "from") or in the exchanges'
-    queues ("to")."""
-    return sum(1 for (step, _), state in checkpoint.states.items()
-               if state.meta.get("kind") == CHANNEL_KIND and step.split(".")[-2].startswith(kind))
-
-
-@pytest.mark.parametrize("mode,transport", [("slash", "shm"), ("uppar", "tcp")])
-def test_a_slow_step_after_an_exchange_is_overtaken_on_the_peers_channels_and_a_resume_is_exact(
-        tmp_path, mode, transport):
-    data = stream()[:60_000]
-    job, out = two_stages(SlowCalls(80e-6, 0.004))
-    slashrt.run(job, {"r": data}, executors=2, mode=mode, transport=transport, checkpoint_dir=tmp_path, **RINGS,
-                checkpoint={"interval": 0.02, "keep": 1000, "alignment_timeout": 0})
-    assert int(out.records["sum_count"].sum()) == len(data)
-    store = SnapshotStore(tmp_path, job="xcount", keep=1000)
-    checkpoints = {n: store.load(n) for n in store.checkpoints()}
-    # barriers overtook the backlog of the slow lane's channels (they waited in its rings), and
-    # in SSB the deltas the shippers queued in front of them
-    overtook = [n for n, c in checkpoints.items() if channel_parts(c, "from")]
-    assert overtook, {n: sorted(step for step, _ in c.states) for n, c in checkpoints.items()}
-    queued = [n for n, c in checkpoints.items() if channel_parts(c, "to")]
-    assert mode == "slash" or not queued, queued  # (UpPar sends as it computes: no queue)
-    # a resume from one replays each channel's records once: its lane computes what its peers'
-    # channels held, its shippers queue theirs first. Rescaled (to 3 in the other mode, to 1),
-    # they go to their keys' new owners, and the first windows' partitions merge even where
-    # watermarks in flight had left their executors' leaders fired up to different times
-    n = (sorted(set(overtook) & set(queued)) or overtook)[-1]
-    other = {"slash": "uppar", "uppar": "slash"}[mode]
-    expected = np.bincount(data["k"] - data["k"].min())
-    for executors, how in [(2, mode), (3, other), (1, mode)]:
-        job, out = two_stages(SlowCalls(0, 0))
-        slashrt.run(job, {"r": data}, executors=executors, mode=how, transport=transport, checkpoint_dir=tmp_path,
-                    **RINGS, checkpoint={"keep": 1000}, resume_from=n)
-        got = np.zeros_like(expected)
-        np.add.at(got, out.records["k"] - data["k"].min(), out.records["sum_count"])
-        assert np.array_equal(got, expected), (executors, how, n)
-
-
-async def test_a_shippers_barrier_overtakes_what_it_queued_since_the_barrier_before_it():
-    from slashrt._buffer import Control
-    from slashrt.ssb.window import Shipper
-    from slashrt.snapshot.channel_state import DATA, WATERMARK
-
-    def fifo(shipper):
-        return [(kind, value if kind is not None else value.tolist()) for kind, value in shipper._fifo]
-
-    a, b, c = (np.arange(k, k + 2) for k in (0, 10, 20))
-    shipper = Shipper(1, sender=None)
-    await shipper.rows(a)
-    shipper.barrier(4)
-    await shipper.rows(b)
-    shipper.watermark(7)
-    # aligned barrier 5 queued behind them, then past its timeout moved ahead: never ahead of 4
-    shipper.barrier(5)
-    await shipper.rows(c)
-    flying = shipper.overtake(5)
-    assert [(k, v.tolist() if k == DATA else v) for k, v in flying] == [(DATA, [10, 11]), (WATERMARK, 7)]
-    assert fifo(shipper) == [(None, [0, 1]), (Control.BARRIER, 4), (Control.BARRIER, 5), (None, [10, 11]),
-                             (Control.WATERMARK, 7), (None, [20, 21])]
-    shipper.barrier(5)  # (its forward, later: queued once)
-    assert shipper.overtake(5) == [] and len(shipper._fifo) == 6
-    # barrier 6 not queued yet: ahead of everything since barrier 5
-    assert [k for k, _ in shipper.overtake(6)] == [DATA, WATERMARK, DATA]
-    assert fifo(shipper)[3] == (Control.BARRIER, 6)
-    restored = Shipper(1, sender=None)
-    restored.requeue(flying)
-    assert fifo(restored) == [(None, [10, 11]), (Control.WATERMARK, 7)] and restored.queued_bytes == b.nbytes
 
 
 def test_the_aligner_counts_overtaken_inputs_as_delivered():

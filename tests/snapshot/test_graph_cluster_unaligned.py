@@ -1,13 +1,14 @@
-"""Unaligned checkpoints of graph flows on clusters (`AgentCheckpointing`: pointstamp
-progress, exchanges chained after exchanges, loops), in real agent processes over shm and tcp.
+"""Unaligned checkpoints of flows whose exchanges are chained after exchanges, on clusters
+(`AgentCheckpointing`: pointstamp progress, loops), in real agent processes over shm and tcp.
 
-- a slow step after an exchange: past the alignment timeout (0: at once) barrier n overtakes
-  what the peers' channels hold in front of it (`<exchange>.from<j>.channel`) and what the
-  exchanges queued to ship (`<exchange>.to<j>.channel`); the output equals the reference, and a
-  resume from a checkpoint holding both computes each exactly once (the receiver's replayed
-  records, the sender's shipped again, each counted in flight until they arrive), also on 3
-  executors, on one, and on 3 in the other mode (every row in flight taken by its key's new
-  owner: `rescale.graph_in_flight`);
+- a slow step after an exchange (a union's explicit exchange, or a linear flow's window): past
+  the alignment timeout (0: at once) barrier n overtakes what the peers' channels hold in front
+  of it (`<exchange>.from<j>.channel`) and what the exchanges queued to ship
+  (`<exchange>.to<j>.channel`: records, or the SSB's partial rows); the output equals the
+  reference, and a resume from a checkpoint holding both computes each exactly once (the
+  receiver's replayed records, the sender's shipped again, each counted in flight until they
+  arrive), also on 3 executors, on one, and on 3 in the other mode (every row in flight taken by
+  its key's new owner: `rescale.graph_in_flight`);
 - a loop that ships every round across executors, with every checkpoint unaligned: its parts
   hold the feedback log, the outboxes and channel state, and a resume from the latest is exact;
 - the exchange's ship queue: barrier n moves ahead of the rows queued since the barrier before
@@ -18,6 +19,7 @@ The kill trials of test_graph_cluster_checkpoints.py run with the default timeou
 """
 
 import collections
+import time
 
 import numpy as np
 import pytest
@@ -34,7 +36,6 @@ from slashrt.ssb.partitions import DEFAULT_PARTITIONS, Partitioning
 from tests.snapshot import _graph_flow
 from tests.snapshot.test_graph_cluster_checkpoints import RINGS as GRAPH_RINGS, chaos_env, published
 from tests.snapshot._paced import until_fired
-from tests.snapshot.test_cluster_unaligned import SlowCalls
 
 SCHEMA = Schema({"t": "i8", "k": "i8", "v": "i8"})
 RINGS = {"slots": 16, "slot_size": 1024}
@@ -54,15 +55,39 @@ def stream(seed: int) -> np.ndarray:
 INPUTS = {"a": stream(1), "b": stream(2)}
 
 
-def chained(slow, window_ms: int = 10**9) -> tuple[Dataflow, Collect]:
-    """Union, an exchange by k, the slow step, then a count per v (its route: an exchange
-    chained after the exchange; by default one window over the whole stream): summed over the
-    windows, the counts are how many records went in."""
+def chained(slow, window_ms: int = 10**9, shape: str = "union") -> tuple[Dataflow, Collect]:
+    """Two exchanges chained, the slow step between them, then a count per v ("counts"; by
+    default one window over the whole stream): summed over its windows, the counts are how many
+    records went in. `shape` "union": the two sources' union and an exchange by k before the
+    slow step; "linear": source a alone and a count per v and 10 ms before it (a window's
+    exchange: records, or in mode slash the SSB's partial rows), "counts" summing those counts."""
     job = Dataflow("gcount")
     out = Collect(transactional=True)
-    a, b = job.source("a", SCHEMA, time="t"), job.source("b", SCHEMA, time="t")
-    a.union(b).exchange(key="k").filter(slow, name="slow").window(Tumbling(ms=window_ms)).count(key="v", name="counts").sink(out, name="out")
+    a = job.source("a", SCHEMA, time="t")
+    if shape == "union":
+        routed = a.union(job.source("b", SCHEMA, time="t")).exchange(key="k").filter(slow, name="slow")
+        counted = routed.window(Tumbling(ms=window_ms)).count(key="v", name="counts")
+    else:
+        routed = a.window(Tumbling(ms=10)).count(key="v", output="n").filter(slow, name="slow")
+        counted = routed.window(Tumbling(ms=window_ms)).sum("n", key="v", output="count", name="counts")
+    counted.sink(out, name="out")
     return job, out
+
+
+def inputs_of(shape: str) -> dict:
+    return INPUTS if shape == "union" else {"a": INPUTS["a"]}
+
+
+class SlowCalls:
+    """A step after an exchange taking `seconds` a row, at most `cap` a call: the peers' channels
+    of the exchange before it, and the exchanges' ship queues before them, stay full."""
+
+    def __init__(self, seconds: float, cap: float):
+        self.seconds, self.cap = seconds, cap
+
+    def __call__(self, batch):
+        time.sleep(min(self.seconds * len(batch), self.cap))
+        return np.ones(len(batch), bool)
 
 
 def channel_parts(checkpoint, kind: str) -> int:
@@ -78,9 +103,12 @@ def window_rows(out: Collect) -> np.ndarray:
     return np.column_stack([rows["window_start"], rows["v"], rows["count"]])
 
 
-def reference_rows(window_ms: int) -> np.ndarray:
-    rows = np.concatenate([INPUTS["a"], INPUTS["b"]])
-    keys, n = np.unique(np.stack([rows["t"] // window_ms * window_ms, rows["v"]], axis=1), axis=0, return_counts=True)
+def reference_rows(window_ms: int, shape: str = "union") -> np.ndarray:
+    """(window start, v, count) of "counts": the input's records per v in each window, at their
+    time t, or linear at the end of their 10 ms window (the time of its row)."""
+    rows = np.concatenate(list(inputs_of(shape).values()))
+    times = rows["t"] if shape == "union" else (rows["t"] // 10 + 1) * 10
+    keys, n = np.unique(np.stack([times // window_ms * window_ms, rows["v"]], axis=1), axis=0, return_counts=True)
     return np.column_stack([keys, n])
 
 
@@ -90,17 +118,23 @@ def counts(out: Collect) -> np.ndarray:
     return got
 
 
-@pytest.mark.parametrize(("transport", "mode"), [("shm", "uppar"), ("tcp", "uppar"), ("shm", "slash"), ("tcp", "slash")])
-def test_a_slow_step_after_an_exchange_is_overtaken_and_a_resume_from_its_channel_state_is_exact(tmp_path, transport, mode):
+@pytest.mark.parametrize(("shape", "transport", "mode"), [
+    ("union", "shm", "uppar"), ("union", "tcp", "uppar"), ("union", "shm", "slash"), ("union", "tcp", "slash"),
+    ("linear", "shm", "slash"), ("linear", "tcp", "uppar"),
+])
+def test_a_slow_step_after_an_exchange_is_overtaken_and_a_resume_from_its_channel_state_is_exact(
+        tmp_path, shape, transport, mode):
     """mode="slash": the count folds into fragments shipped as partial states every 100 ms of
-    event time (30 windows), which the checkpoints hold, with the partials on their way."""
-    expected = np.bincount(np.concatenate([INPUTS["a"]["v"], INPUTS["b"]["v"]]), minlength=300)
+    event time (30 windows), which the checkpoints hold, with the partials on their way (linear:
+    the first window's too, every 10 ms)."""
+    inputs = inputs_of(shape)
+    expected = np.bincount(np.concatenate([r["v"] for r in inputs.values()]), minlength=300)
     window_ms = 100 if mode == "slash" else 10**9
-    job, out = chained(SlowCalls(60e-6, 0.004), window_ms)
-    result = slashrt.run(job, INPUTS, executors=2, transport=transport, mode=mode, checkpoint_dir=tmp_path, **RINGS,
+    job, out = chained(SlowCalls(60e-6, 0.004), window_ms, shape)
+    result = slashrt.run(job, inputs, executors=2, transport=transport, mode=mode, checkpoint_dir=tmp_path, **RINGS,
                          checkpoint={"interval": 0.02, "keep": 1000, "alignment_timeout": 0})
     assert np.array_equal(counts(out), expected)
-    np.testing.assert_array_equal(window_rows(out), reference_rows(window_ms))
+    np.testing.assert_array_equal(window_rows(out), reference_rows(window_ms, shape))
     store = SnapshotStore(tmp_path, job="gcount", keep=1000)
     checkpoints = {n: store.load(n) for n in store.checkpoints()}
     assert all(c.meta.get("unaligned") for c in checkpoints.values()
@@ -121,8 +155,8 @@ def test_a_slow_step_after_an_exchange_is_overtaken_and_a_resume_from_its_channe
     both, other = (sorted(set(overtook) & set(queued)) or overtook)[-1], {"slash": "uppar", "uppar": "slash"}[mode]
     for n, executors, resumed in sorted({(both, 2, mode), (queued[0], 2, mode), (both, 3, mode), (both, 1, mode),
                                          (both, 3, other)}):
-        job, out = chained(SlowCalls(0, 0), window_ms)
-        slashrt.run(job, INPUTS, executors=executors, transport=transport, mode=resumed, checkpoint_dir=tmp_path,
+        job, out = chained(SlowCalls(0, 0), window_ms, shape)
+        slashrt.run(job, inputs, executors=executors, transport=transport, mode=resumed, checkpoint_dir=tmp_path,
                     **RINGS, checkpoint={"keep": 1000}, resume_from=n)
         # what n pre-committed (published by the restore) and all after: the windows each key's
         # owner had not fired at the checkpoint before n, each exact (one window over the whole
@@ -132,7 +166,7 @@ def test_a_slow_step_after_an_exchange_is_overtaken_and_a_resume_from_its_channe
         if before is not None:
             fired.update({e: state.meta["fired_until"] for (step, e), state in checkpoints[before].states.items()
                           if step == "gcount.counts"})
-        reference = reference_rows(window_ms)
+        reference = reference_rows(window_ms, shape)
         owners = Partitioning(DEFAULT_PARTITIONS, 2).owner_of(reference[:, 1])
         unfired = reference[reference[:, 0] + window_ms > np.array([fired[int(o)] for o in owners])]
         assert len(unfired), n
