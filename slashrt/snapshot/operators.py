@@ -47,21 +47,11 @@ def tagged(kind: str, version: int, arrays: dict[str, np.ndarray], **meta) -> St
     return State(arrays, {"kind": kind, "version": version, **meta})
 
 
-# a keyed window on several executors: the kind of its state says the mode it ran in
-_GRAPH_WINDOW_MODES = {"window": "uppar", "ssb_graph_window": "slash", "loop_window": "uppar", "ssb_loop_window": "slash"}
-
-
 def check(state: State, step_id: str, kind: str, version: int) -> dict:
     """The state's meta, once it is known to be a `kind` state of a layout this slashrt reads."""
     meta = state.meta if isinstance(state, State) and isinstance(state.meta, dict) else None
     if meta is None or "kind" not in meta:
         raise SnapshotError(f"step {step_id!r}: the state to restore is not an operator state ({state!r:.80})")
-    found, wanted = _GRAPH_WINDOW_MODES.get(meta["kind"]), _GRAPH_WINDOW_MODES.get(kind)
-    if found is not None and wanted is not None and found != wanted:
-        raise SnapshotError(
-            f"step {step_id!r}: the checkpoint was taken with mode={found!r}, this run has mode={wanted!r}: resume it "
-            f"with mode={found!r}"
-        )
     if meta["kind"] != kind:
         raise SnapshotError(
             f"step {step_id!r} is a {kind} operator and cannot restore the state of a {meta['kind']} operator: "

@@ -1,4 +1,5 @@
-"""Rescaling: resuming a checkpoint on another number of executors.
+"""Rescaling: resuming a checkpoint on another number of executors, or in the other mode (its
+keyed windows' states of the other kind: `other_mode`, taken through the same path).
 
 SSB partitions are the unit of state (as Flink's key groups are): each old executor's window
 state enters the partitioned layout (`as_partitioned`: an owner's windows as leader state, on
@@ -42,8 +43,8 @@ from slashrt.snapshot.channel_state import restored as channel_segments
 from slashrt.snapshot.runtime import source_position
 from slashrt.snapshot.state_format import State
 
-__all__ = ["rescale", "reshaped", "resumed_inputs", "reshare", "reassigned", "as_partitioned", "graph_in_flight",
-           "RESCALABLE"]
+__all__ = ["rescale", "reshaped", "other_mode", "resumed_inputs", "reshare", "reassigned", "as_partitioned",
+           "graph_in_flight", "RESCALABLE", "WINDOW_MODES"]
 
 # the state kinds a rescaled resume reassigns: windows by key partition, sinks' pending
 # transactions to a successor; sources start afresh on their new shares
@@ -56,32 +57,61 @@ RESCALABLE = {"window", "ssb_graph_window", "loop_window", "ssb_loop_window", "o
 RETIRED = {"ssb_window", "route_by_owner"}
 
 
+# the state kinds of a keyed window on several executors, by the mode that keeps them (a window
+# its records reach routed by its key is a plain one in both): a resume in the other mode takes
+# the rescaling path, which turns them into the run's (`reassigned`)
+WINDOW_MODES = {"window": "uppar", "ssb_graph_window": "slash", "loop_window": "uppar", "ssb_loop_window": "slash"}
+
+
 def reshaped(restored, plan, executors: int) -> bool:
     """Whether checkpoint `restored` was taken on another number of executors than `executors`,
-    or holds window state of a retired kind (`RETIRED`)."""
-    if restored.meta.get("executors", 1) != executors:
+    in the other mode than `plan`'s (`other_mode`), or holds window state of a retired kind
+    (`RETIRED`)."""
+    if restored.meta.get("executors", 1) != executors or other_mode(restored, plan) is not None:
         return True
     return any(isinstance(state.meta, dict) and state.meta.get("kind") in RETIRED for state in restored.states.values())
 
 
+def other_mode(restored, plan) -> tuple[str, str] | None:
+    """(the mode checkpoint `restored` was taken in, `plan`'s) where a keyed window's state in
+    it is of the other mode's kind than the window `plan` has (`WINDOW_MODES`); None if none is."""
+    from slashrt.snapshot.operators import stateful_nodes
+
+    nodes = stateful_nodes(plan)
+    for (step, _), state in restored.states.items():
+        node = nodes.get(step)
+        taken = WINDOW_MODES.get(state.meta.get("kind")) if isinstance(state.meta, dict) else None
+        now = None if node is None else WINDOW_MODES.get(node.STATE_KIND)
+        if taken is not None and now is not None and taken != now:
+            return taken, now
+    return None
+
+
 def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tuple[dict, list]:
-    """Resume `restored` on another number of executors (or in another mode): refuse what cannot
-    be (one sentence), settle the sinks of old executors that have no successor, and return
-    every array source's new shares and every FileSource's new readers with the run's
-    rescalings (`resumed_inputs`)."""
+    """Resume `restored` on another number of executors (or in the other mode: every
+    executor's input is shared out anew, as on another count): refuse what cannot be (one
+    sentence), settle the sinks of old executors that have no successor, and return every array
+    source's new shares and every FileSource's new readers with the run's rescalings
+    (`resumed_inputs`)."""
     from slashrt.snapshot.commit import recover
     from slashrt.snapshot.loops import OUTBOX, loop_feedbacks
     from slashrt.snapshot.operators import stateful_nodes
 
     was, n = restored.meta.get("executors", 1), restored.number
-    refuse = f"run(): checkpoint {n} was taken on {was} executor(s) and cannot resume on {executors}:"
+    modes = other_mode(restored, role_plan) if was == executors else None
+    if modes is None:
+        refuse = f"run(): checkpoint {n} was taken on {was} executor(s) and cannot resume on {executors}:"
+        keep = f"executors={was}"  # (every refusal's advice: what resumes it as it was taken)
+    else:
+        refuse = f"run(): checkpoint {n} was taken in mode {modes[0]!r} and cannot resume in mode {modes[1]!r}:"
+        keep = f"mode={modes[0]!r}"
     flying = _in_flight(restored)
-    _refuse_unkeyed_state(refuse, flow, role_plan, restored, was)
+    _refuse_unkeyed_state(refuse, flow, role_plan, restored, keep)
     for step_id, node in stateful_nodes(role_plan).items():
         if node.STATE_KIND not in RESCALABLE:
             raise SnapshotError(
                 f"{refuse} step {step_id!r} keeps {node.STATE_KIND} state, which is not cut by key partition; resume "
-                f"it with executors={was}"
+                f"it with {keep}"
             )
     steps = set(stateful_nodes(role_plan))
     steps |= {f"{step}.route" for step in steps}  # (an earlier plan's UpPar router: read with its window's)
@@ -96,15 +126,16 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
     fed, files, readers = {}, {}, {}
     for step_id, _spec, value in per_source(plan, inputs, "input"):
         if isinstance(value, PerExecutor):
+            why = ("is another input on another executor count (no position in the old streams says what is left of "
+                   "the new ones)") if modes is None else "is not shared out anew, as a run in the other mode needs"
             raise SnapshotError(
-                f"{refuse} source {step_id!r} is a PerExecutor, whose stream make(index, executors) is another input "
-                f"on another executor count (no position in the old streams says what is left of the new ones); resume "
-                f"it with executors={was}, or give the input as an array"
+                f"{refuse} source {step_id!r} is a PerExecutor, whose stream make(index, executors) {why}; resume it "
+                f"with {keep}, or give the input as an array"
             )
         if step_id in flying and not isinstance(value, np.ndarray):
             raise SnapshotError(
                 f"{refuse} it was taken unaligned, with records of source {step_id!r} in flight, which are shared out "
-                f"anew only for in-memory arrays; resume it with executors={was}, or from an aligned checkpoint"
+                f"anew only for in-memory arrays; resume it with {keep}, or from an aligned checkpoint"
             )
         if callable(getattr(value, "rescaled_starts", None)):  # a FileSource: files are splits with offsets
             files[step_id] = _file_starts(refuse, restored, step_id, value, was)
@@ -115,12 +146,12 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
         if callable(getattr(value, "for_executor", None)) and callable(getattr(value, "feed", None)):
             raise SnapshotError(
                 f"{refuse} source {step_id!r} reads {type(value).__name__}, whose input is assigned to executors by a "
-                f"rule over their number (slashrt.connectors); resume it with executors={was}"
+                f"rule over their number (slashrt.connectors); resume it with {keep}"
             )
         if not isinstance(value, np.ndarray):
             raise SnapshotError(
                 f"{refuse} source {step_id!r} reads a {type(value).__name__}, and only in-memory arrays are shared out "
-                f"anew; resume it with executors={was}"
+                f"anew; resume it with {keep}"
             )
         positions = _positions(restored, step_id, was, refuse)
         if any("listing" in (p.get("cursor") or {}) for p in positions):  # (fed counts of files, not of it)
@@ -141,9 +172,10 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
     return {**shares, **readers}, stages
 
 
-def _refuse_unkeyed_state(refuse: str, flow, plan, restored, was: int) -> None:
-    """What of a checkpoint is not cut by key, refused in one sentence: user
-    operators whose state is not keyed, or is keyed but not behind an exchange by key."""
+def _refuse_unkeyed_state(refuse: str, flow, plan, restored, keep: str) -> None:
+    """What of a checkpoint is not cut by key, refused in one sentence (`keep`: the option that
+    resumes it as it was taken): user operators whose state is not keyed, or is keyed but not
+    behind an exchange by key."""
     from slashrt.snapshot.operators import stateful_nodes
 
     for step_id, node in stateful_nodes(plan).items():
@@ -157,14 +189,14 @@ def _refuse_unkeyed_state(refuse: str, flow, plan, restored, was: int) -> None:
             what = "is not keyed" if key is None else f"was taken without keyed_by={key!r}"
             raise SnapshotError(
                 f"{refuse} the state of user operator {step_id!r} {what}, so it is not cut by key (as Flink's "
-                f"non-keyed operator state); resume it with executors={was}, or key it (Operator.keyed_by, behind "
+                f"non-keyed operator state); resume it with {keep}, or key it (Operator.keyed_by, behind "
                 "exchange(key=...))"
             )
         unkeyed = _reached_without_exchange(flow, step_id)
         if unkeyed is not None:
             raise SnapshotError(
                 f"{refuse} user operator {step_id!r} keeps keyed state, but its input from {unkeyed!r} does not pass "
-                f"an exchange(key=...), so its keys were not at their owners; resume it with executors={was}"
+                f"an exchange(key=...), so its keys were not at their owners; resume it with {keep}"
             )
 
 

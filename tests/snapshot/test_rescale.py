@@ -4,8 +4,9 @@ publishes, and what numpy computes.
 
 - chains of resumes through real agent processes (shm and tcp rings of 8 slots of 1 KiB: the
   input is ~90 times one ring): one executor -> 2 -> 3 -> 2 -> 1 -> 1 -> 3 in mode slash,
-  1 -> 3 -> 2 -> 1 -> 2 -> 3 in mode uppar, 3 uppar -> 2 slash -> 2 -> 1 (a resume on the same
-  count from a rescaled run's checkpoint makes its shares again); each stage resumes from a
+  1 -> 3 -> 2 -> 1 -> 2 -> 3 in mode uppar, 3 uppar -> 3 slash -> 3 -> 3 uppar -> 1 (the other
+  mode on as many executors is a rescaling too; a resume on the same count in the same mode
+  from a rescaled run's checkpoint makes its shares again); each stage resumes from a
   checkpoint in the middle of the previous stage's run, as a crash right after that checkpoint
   committed leaves it (later checkpoints and output gone), the last stage of each chain through
   `slashrt run FILE --resume-from latest --executors M` (on 256 SSB partitions where the
@@ -17,7 +18,8 @@ publishes, and what numpy computes.
   mode: exactly one run's output (the windows in between fire again without the keys of the
   leaders that had fired them);
 - split then merge gives the state back (property test over random window states with tails);
-- what cannot be rescaled is refused in one sentence before anything runs.
+- what cannot be rescaled (or resumed in the other mode) is refused in one sentence before
+  anything runs.
 """
 
 import json
@@ -43,7 +45,7 @@ from slashrt.ops.window import WindowAggregate
 from slashrt.snapshot import SnapshotStore
 from slashrt.snapshot.operators import unpack_tables
 from slashrt.ssb.partitioned import merge_partitions, split_partitions
-from slashrt.snapshot.rescale import as_partitioned, as_route, as_window
+from slashrt.snapshot.rescale import as_partitioned, as_window
 from slashrt.ssb.partitions import Partitioning
 
 from tests.snapshot import _rescale_job as job
@@ -135,9 +137,12 @@ CHAINS = [
                   (3, "slash", "shm")], id="slash-1-2-3-2-1-1-3"),
     pytest.param(["local", (3, "uppar", "tcp"), (2, "uppar", "shm"), "local", (2, "uppar", "tcp"), (3, "uppar", "shm")],
                  id="uppar-1-3-2-1-2-3"),
-    # the other mode on another count, then resumes on the same count (no rescaling: the shares made
-    # again from the checkpoint's record of the rescalings), on a cluster and on one executor
-    pytest.param([(3, "uppar", "tcp"), (2, "slash", "shm"), (2, "slash", "tcp"), "local"], id="uppar3-slash2-2-1"),
+    # the other mode on as many executors (its windows' states turned into the other kind's, the
+    # input shared out anew, as on another count), a resume on the same count in the same mode
+    # (no rescaling: the shares made again from the checkpoint's record of the rescalings), back
+    # to the first mode, then on one executor
+    pytest.param([(3, "uppar", "tcp"), (3, "slash", "shm"), (3, "slash", "tcp"), (3, "uppar", "shm"), "local"],
+                 id="uppar3-slash3-3-uppar3-1"),
 ]
 
 
@@ -253,8 +258,8 @@ def test_a_window_state_split_by_partition_then_merged_is_the_state_again(seed, 
         for prefix in ("leader.slices", "leader.tails"):
             keys = state.arrays[f"{prefix}.keys"]
             assert (led.owner_of(keys) == i).all()
-    if uppar:  # as UpPar owners' windows with their routers, and back
-        parts = [as_partitioned(as_window(s), as_route(s, "w.agg.route"), executors, i) for i, s in enumerate(ssb)]
+    if uppar:  # as UpPar owners' windows, and back
+        parts = [as_partitioned(as_window(s), None, executors, i) for i, s in enumerate(ssb)]
     else:
         parts = ssb
     (back,) = spread_all(parts, partitions)
@@ -283,6 +288,14 @@ def test_what_cannot_be_rescaled_is_refused_in_one_sentence(tmp_path, monkeypatc
                  "--executors", "2"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and re.search(refused, err), err
+    # in the other mode on as many executors: the same path, the same refusals, the mode named
+    slashrt.run(job.flow(tmp_path / "out2"), {"r": per_executor}, executors=2, mode="uppar",
+                checkpoint_dir=tmp_path / "chk2", partitions=16, **RINGS)
+    with pytest.raises(SlashError, match=r"^run\(\): checkpoint \d+ was taken in mode 'uppar' and cannot resume in mode "
+                                         r"'slash': source 'rescale\.r' is a PerExecutor, .* resume it with "
+                                         r"mode='uppar', or give the input as an array$"):
+        slashrt.run(job.flow(tmp_path / "out2"), {"r": per_executor}, executors=2, mode="slash",
+                    checkpoint_dir=tmp_path / "chk2", resume_from="latest", partitions=16, **RINGS)
     other = slashrt.Dataflow("rescale")
     other.source("r", job.SCHEMA, time="t").window(Tumbling(ms=10)).count(key="k").sink(slashrt.sinks.Collect())
     with pytest.raises(SlashError, match=r"holds state of step '[^']+', which this dataflow does not have: resume "
