@@ -1,6 +1,6 @@
 """Sliding windows whose owners had fired them up to different times when a checkpoint was
-taken (tests/snapshot/test_graph_rescale.py, test_rescale.py): two graph flows, each with late
-records into transactional CSV sinks, and what finds such a checkpoint.
+taken (tests/snapshot/test_graph_rescale.py): two flows, each with late records into
+transactional CSV sinks, and what finds such a checkpoint.
 
 - `union_flow`: two sources out of order beyond their bound, union, a sliding window sum per
   key (a route to the keys' owners: each fires on the progress it has heard of);
@@ -87,9 +87,9 @@ def fed(checkpoint) -> int:
 
 
 def fired_apart(checkpoint, step: str) -> dict:
-    """Where the owners (leaders) of window `step` had fired it up to different times in
-    `checkpoint`, every one of them some windows: {(): ...} outside loops, {counters: ...} per
-    iteration inside them, each {executor: fired up to} (an SSB state's: its leader state's)."""
+    """Where the owners of window `step` had fired it up to different times in `checkpoint`,
+    every one of them some windows: {(): ...} outside loops, {counters: ...} per iteration inside
+    them, each {executor: fired up to} (an SSB window's: its owner's windows', not its fragments')."""
     fired: dict = {}
     for (at, executor), state in checkpoint.states.items():
         if at != step:
@@ -99,7 +99,7 @@ def fired_apart(checkpoint, step: str) -> dict:
             for counters, until in zip(state.arrays["iterations"].tolist(), state.arrays["fired_until"].tolist()):
                 fired.setdefault(tuple(counters), {})[executor] = until
         else:
-            fired.setdefault((), {})[executor] = (meta["leader"] if meta["kind"] == "ssb_window" else meta)["fired_until"]
+            fired.setdefault((), {})[executor] = meta["fired_until"]
     return {where: owners for where, owners in fired.items() if len(set(owners.values())) > 1 and min(owners.values()) > NO_TIME}
 
 

@@ -11,8 +11,11 @@ iteration's window cut by key partition). Real agent processes over shm and tcp,
 - what a graph flow's checkpoint cannot give another count is refused in one sentence before
   any agent starts: an operator whose state is not keyed, keyed state not behind an exchange;
 - a sliding window with late records whose owners had fired it up to different times (each on
-  the progress it had heard of), behind a union and inside a loop, taken on 3 executors and
-  resumed on 2 and on 4, publishes exactly one uninterrupted run's windows.
+  the progress it had heard of), in a linear flow, behind a union and inside a loop, taken on 3
+  executors and resumed on 2 and on 4 in the other mode, publishes exactly one uninterrupted
+  run's windows.
+
+(A linear flow's chains of resumes, from the command line too: tests/snapshot/test_rescale.py.)
 """
 
 import shutil
@@ -26,7 +29,7 @@ from slashrt import Dataflow, Operator, Schema, State
 from slashrt.errors import SlashError
 from slashrt.snapshot import SnapshotStore
 
-from tests.snapshot import _fired_apart, _graph_flow
+from tests.snapshot import _fired_apart, _graph_flow, _rescale_job
 from tests.snapshot._paced import Paced
 from slashrt.bench.chaos import published
 
@@ -36,11 +39,12 @@ RINGS = {"slot_size": 256, "slots": 4}
 
 
 class Job:
-    """A flow of tests/snapshot/_graph_flow.py: its job name, sinks (directories under "out")
-    and inputs."""
+    """A flow of tests/snapshot/_graph_flow.py (or _fired_apart.py, _rescale_job.py): its job
+    name, sinks (directories under "out"), inputs, and the step of its sliding window."""
 
-    def __init__(self, name: str, make, sinks: tuple[str, ...], inputs):
+    def __init__(self, name: str, make, sinks: tuple[str, ...], inputs, window: str = "win"):
         self.name, self.make, self.sinks, self.inputs = name, make, sinks, inputs
+        self.window = f"{name}.{window}"
 
     def flow(self, directory: Path) -> Dataflow:
         return self.make(directory / "out")
@@ -242,6 +246,9 @@ def test_a_keyed_state_is_checked_when_it_is_taken_and_when_it_is_cut(tmp_path):
 
 # -- a sliding window its owners had fired up to different times --------------------------------------
 FIRED_APART = {
+    # one source into a tumbling and a sliding window (its second), the rescaling tests' job
+    "linear": Job("rescale", _rescale_job.flow, _rescale_job.OUTPUTS, lambda: {"r": _rescale_job.records()},
+                  "sum_window_2"),
     "union": Job("fa", _fired_apart.union_flow, ("out", "late"), _fired_apart.union_inputs),
     "loop": Job("fal", _fired_apart.loop_flow, ("out", "late"), _fired_apart.loop_inputs),
 }
@@ -258,7 +265,7 @@ def test_a_sliding_window_its_owners_had_fired_to_different_times_resumes_on_2_a
     the owners' times fire again with the keys of the owners that had not fired them only."""
     job = FIRED_APART[name]
     reference = one_run(job)
-    directory, step, records = tmp_path / "3", f"{job.name}.win", sum(map(len, job.inputs().values()))
+    directory, step, records = tmp_path / "3", job.window, sum(map(len, job.inputs().values()))
     pace = Paced(seconds=0.004, until=_fired_apart.FiredApart(directory / "chk", job.name, step, records))
     slashrt.run(job.make(directory / "out", pace), job.inputs(), checkpoint={"interval": 0.002, "keep": 1000},
                 checkpoint_dir=directory / "chk", **options((3, mode, "shm")))

@@ -13,13 +13,12 @@ publishes, and what numpy computes.
   checkpoint has 16: keys are cut by their partition of the new run); a late-heavy input (about
   half of it late for some window) into a tumbling and a sliding window (tails of partly late
   records);
-- an unaligned checkpoint whose leaders had fired the sliding window up to different times
-  (watermarks in flight to some), taken on 3 executors, resumed on 2 and on 4 in the other
-  mode: exactly one run's output (the windows in between fire again without the keys of the
-  leaders that had fired them);
 - split then merge gives the state back (property test over random window states with tails);
 - what cannot be rescaled (or resumed in the other mode) is refused in one sentence before
   anything runs.
+
+(This job's sliding window resumed from a checkpoint whose owners had fired it up to different
+times, beside a union's and a loop's: tests/snapshot/test_graph_rescale.py.)
 """
 
 import json
@@ -50,8 +49,6 @@ from slashrt.ssb.partitions import Partitioning
 
 from tests.snapshot import _rescale_job as job
 from tests.snapshot._children import ROOT, published
-from tests.snapshot._fired_apart import FiredApart, fired_apart
-from tests.snapshot._paced import Paced
 
 RINGS = {"slots": 8, "slot_size": 1024}
 JOB = str(Path(job.__file__))
@@ -172,34 +169,6 @@ def test_resumed_on_other_executor_counts_from_mid_run_checkpoints_publishes_one
 
 def count(on) -> int:
     return 1 if on == "local" else on[0]
-
-
-@pytest.mark.parametrize("mode", ["slash", "uppar"])
-def test_an_unaligned_checkpoint_whose_leaders_fired_a_sliding_window_to_different_times_resumes_exactly(
-        tmp_path, expected, mode):
-    """Unaligned under the default alignment timeout (a checkpoint still aligning after half
-    the interval overtakes what is in flight between executors, the watermarks too, sliding
-    window or not): the leaders of the sliding window (the owners' windows in uppar) had
-    fired it up to different times at a checkpoint in the middle of the stream (which stays
-    slow until one completed). Resumed from it on 2 executors and on 4 in the other mode, the
-    output is exactly one uninterrupted run's (numpy's): no window twice, none missing."""
-    directory, step = tmp_path / "3", "rescale.sum_window_2"
-    pace = Paced(seconds=0.004, until=FiredApart(directory / "chk", "rescale", step, job.N))
-    slashrt.run(job.flow(directory, pace), {"r": job.records()}, checkpoint_dir=directory / "chk",
-                checkpoint={"interval": 0.002, "keep": 1000}, **options((3, mode, "shm")))
-    assert published(directory, job.OUTPUTS) == expected
-    store = SnapshotStore(directory / "chk", job="rescale", keep=1000)
-    taken = {n: store.load(n) for n in store.checkpoints()}
-    apart = {n: fired_apart(c, step) for n, c in taken.items() if fed(store, n) < job.N}
-    n = min((n for n, where in apart.items() if where), default=None)
-    assert n is not None and taken[n].meta["unaligned"], apart
-    other = {"slash": "uppar", "uppar": "slash"}[mode]
-    for on in [(2, mode, "tcp"), (4, other, "shm")]:
-        after = crash_after(directory, n, tmp_path / f"{on[0]}")
-        result = slashrt.run(job.flow(after), {"r": job.records()}, checkpoint={"keep": 1000},
-                             checkpoint_dir=after / "chk", resume_from=n, **options(on))
-        assert result.resumed_from == n
-        assert published(after, job.OUTPUTS) == expected, (n, apart[n], on)
 
 
 # -- split then merge: the state back -----------------------------------------------------------------------
