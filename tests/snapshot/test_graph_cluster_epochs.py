@@ -19,7 +19,9 @@ from slashrt.snapshot import SnapshotStore
 from slashrt.snapshot.channel_state import CHANNEL_KIND
 from slashrt.ssb.graph_window import is_partial
 
-from tests.snapshot.test_graph_cluster_unaligned import INPUTS, N, RINGS, SlowCalls, chained, counts, reference_rows, window_rows
+from tests.snapshot.test_graph_cluster_unaligned import (
+    INPUTS, N, RINGS, SlowCalls, chained, counts, reference_rows, window_rows,
+)
 
 STEP = "gcount.counts"
 WHOLE = 10**9  # ms: one window over the whole stream
