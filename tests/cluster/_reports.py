@@ -80,11 +80,13 @@ def capability(source: str) -> str:
 def held_by_source(report: dict, name: str, source: str, holder: int, low: int = 0, high: int = 999) -> bool:
     """Input `name`'s frontier is at a time in [low, high] (by default inside the first chunk),
     held back by `source`'s capability alone, and the report names executor `holder` as its
-    holder."""
+    holder, in every executor's view (a cluster's report before an executor's first one has
+    its view "not reported yet")."""
     frontier, holds = report["frontiers"].get(name), report["holding"].get(name, [])
     return (
         bool(frontier) and low <= frontier[0][0] <= high and bool(holds)
         and all(h["what"] == capability(source) and h.get("held_by") == [holder] for h in holds)
+        and all(e["state"] != "not reported yet" for e in report.get("executors", []))
     )
 
 

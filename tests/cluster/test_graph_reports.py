@@ -146,16 +146,19 @@ def test_a_failed_run_leaves_the_report_with_the_failure_and_the_holder(tmp_path
     final = json.loads(path.read_text())
     assert final["state"] == "failed" and "second chunk is gone" in final["error"]
     assert [e["state"] for e in final["executors"]][1] == "failed"
-    # the executors' last views: the user step's input waits for executor 1's source alone; the
-    # window's may wait for records executor 0 shipped to executor 1 too (in its queue, or on the
-    # channel to the failed executor), else for that source as well
+    # the executors' last views: the user step's input waits for executor 1's source (and, in a
+    # view that had not heard of executor 0's latest moves, which wait in its buffer until
+    # someone needs them, for executor 0's source where that view last had it); the window's
+    # may wait for records executor 0 shipped to executor 1 too (in its queue, or on the channel
+    # to the failed executor), else for those sources as well
     step = final["holding"]["g.step.in0"]
-    assert step and all(h["what"] == SOURCE and h["held_by"] == [1] for h in step), step
+    assert step and all(h["what"] == SOURCE and len(h["held_by"]) == 1 for h in step), step
+    (by_1,) = [h for h in step if h["held_by"] == [1]]
     window = final["holding"][WINDOW]
-    assert window and all(h["held_by"] == [1] if h["what"] == SOURCE else "on their way" in h["what"]
+    assert window and all(h["held_by"] in ([0], [1]) if h["what"] == SOURCE else "on their way" in h["what"]
                           for h in window), window
-    assert f"held by {SOURCE} at g.a.out0 ({step[0]['time'][0]}) (seen by executors " \
-           f"{', '.join(map(str, step[0]['executors']))}), held by executor 1" in describe(final)
+    assert f"held by {SOURCE} at g.a.out0 ({by_1['time'][0]}) (seen by executors " \
+           f"{', '.join(map(str, by_1['executors']))}), held by executor 1" in describe(final)
 
 
 def test_an_executor_reports_as_its_own_only_what_every_view_can_have_from_it():
