@@ -139,10 +139,13 @@ def test_a_slow_step_after_an_exchange_is_overtaken_and_a_resume_from_its_channe
     checkpoints = {n: store.load(n) for n in store.checkpoints()}
     assert all(c.meta.get("unaligned") for c in checkpoints.values()
                if any(state.meta.get("kind") == CHANNEL_KIND for state in c.states.values()))
-    # barriers overtook the backlog of the peers' channels, and the rows queued to ship
+    # barriers overtook the backlog of the peers' channels, and (behind a union's exchange, whose
+    # ship queues fill while the slow step holds the channels) the rows queued to ship; a
+    # linear flow's route queues only while its channel has no credit, which a run may not meet
     overtook = [n for n, c in checkpoints.items() if channel_parts(c, "from")]
     queued = [n for n, c in checkpoints.items() if channel_parts(c, "to")]
-    assert overtook and queued, {n: sorted(step for step, _ in c.states) for n, c in checkpoints.items()}
+    assert overtook and (queued or shape == "linear"), {
+        n: sorted(step for step, _ in c.states) for n, c in checkpoints.items()}
     assert len([c for c in result.checkpoints if c["status"] == "completed"]) == len(checkpoints)
     if mode == "slash":
         assert len(result.epochs["gcount.counts"][0]) > 1  # shipped while the stream went on
@@ -153,8 +156,8 @@ def test_a_slow_step_after_an_exchange_is_overtaken_and_a_resume_from_its_channe
     # another executor count (3, and one; 3 in the other mode too) every row in flight goes to its
     # key's new owner (records, or the SSB's partial rows, into whatever window the run has)
     both, other = (sorted(set(overtook) & set(queued)) or overtook)[-1], {"slash": "uppar", "uppar": "slash"}[mode]
-    for n, executors, resumed in sorted({(both, 2, mode), (queued[0], 2, mode), (both, 3, mode), (both, 1, mode),
-                                         (both, 3, other)}):
+    resumes = {(both, 2, mode), (both, 3, mode), (both, 1, mode), (both, 3, other)} | {(n, 2, mode) for n in queued[:1]}
+    for n, executors, resumed in sorted(resumes):
         job, out = chained(SlowCalls(0, 0), window_ms, shape)
         slashrt.run(job, inputs, executors=executors, transport=transport, mode=resumed, checkpoint_dir=tmp_path,
                     **RINGS, checkpoint={"keep": 1000}, resume_from=n)
