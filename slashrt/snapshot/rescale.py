@@ -562,8 +562,7 @@ def as_partitioned(state: State, route: State | None = None, executors: int = 1,
         SSB_STATE, SSB_STATE_VERSION, arrays, step=step, **window, next_start=None, fired_until=judged,
         late_records=meta["late_records"], leader={**window, "next_start": meta["next_start"],
         "fired_until": meta["fired_until"], "late_records": 0},
-        partitions=1, executors=executors, index=index, epoch=0, helper_epoch=[0] * executors, frontier=frontier,
-        watermark=frontier[index], shipped_promise=judged, direct=False, epoch_counters=[0] * 6,
+        partitions=1, executors=executors, index=index, watermark=frontier[index], shipped_promise=judged,
     )
 
 
@@ -587,8 +586,7 @@ def _graph_as_partitioned(state: State, executors: int, index: int) -> State:
         SSB_STATE, SSB_STATE_VERSION, arrays, step=meta["step"], **window, next_start=parts["next_start"],
         fired_until=judged, late_records=parts["late_records"], leader={**window, "next_start": meta["next_start"],
         "fired_until": meta["fired_until"], "late_records": 0},
-        partitions=1, executors=executors, index=index, epoch=0, helper_epoch=[0] * executors,
-        frontier=[judged] * executors, watermark=judged, shipped_promise=NO_TIME, direct=False, epoch_counters=[0] * 6,
+        partitions=1, executors=executors, index=index, watermark=judged, shipped_promise=NO_TIME,
     )
 
 

@@ -111,17 +111,12 @@ def merge_partitions(parts: list[State], partitioning, index: int) -> State:
     live = [m for m in metas if END_TIME not in (m["watermark"], m["shipped_promise"])] or metas
     meta = {
         **first,
-        "epoch": 0,
-        "helper_epoch": [0] * partitioning.executors,
-        "frontier": [min(m["watermark"] for m in live)] * partitioning.executors,
         "watermark": min(m["watermark"] for m in live),
         "shipped_promise": min(m["shipped_promise"] for m in live),
         "fired_until": min(m["fired_until"] for m in live),
         # each old executor's late count once (its meta is in every partition cut from it)
         "late_records": sum({m["index"]: m["late_records"] for m in metas}.values()) if index == 0 else 0,
         "next_start": None,
-        "direct": False,
-        "epoch_counters": [0] * len(first["epoch_counters"]),
         "leader": {**first["leader"], "next_start": min(starts, default=None), "fired_until": leader_fired,
                    "late_records": 0},
         "partitions": partitioning.partitions,
