@@ -126,8 +126,7 @@ class AgentCheckpointing(Checkpointing):
     async def restore(self, progress=None) -> None:
         """The nodes, then the outboxes shipped again and counted in flight (an unaligned
         checkpoint's `<exchange>.to<j>` channel parts, as they are restored: `requeue`), and
-        the records in flight on the peers' channels counted (their lanes compute them first:
-        `replay_input`), before the feedback queues' log is replayed (`replay`): one batch of
+        the records in flight on the peers' channels counted (computed first: `replay_input`), before the feedback queues' log is replayed (`replay`): one batch of
         counts with the recount."""
         self.progress = progress
         states = {} if self.restored is None else self.restored.states
@@ -224,7 +223,7 @@ class AgentCheckpointing(Checkpointing):
 
     def barrier_due(self) -> bool:
         """A checkpoint is requested or aligning here and not yet taken (a source throttled by a
-        graph exchange's bound polls on meanwhile: `slashrt.ops.route.room_for_sources`)."""
+        exchange's bound polls on meanwhile: `slashrt.ops.route.room_for_sources`)."""
         return self.aligner.aligning is not None or any(self._still_aligning(n) for n in self._requested)
 
     async def _overtake_after(self, n: int, seconds: float) -> None:

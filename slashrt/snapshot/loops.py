@@ -182,8 +182,8 @@ def outbox_steps(plan) -> list[str]:
 
 
 class Outbox:
-    """An exchange's rows shipped after its barrier and before the executor's snapshot (a graph
-    flow with loops on a cluster: `slashrt.snapshot.cluster_agent`): records in flight at the
+    """An exchange's rows shipped after its barrier and before the executor's snapshot (a flow
+    with loops on a cluster: `slashrt.snapshot.cluster_agent`): records in flight at the
     cut, which the receiver's snapshot does not hold."""
 
     STATE_KIND, STATE_VERSION = "exchange_outbox", 1

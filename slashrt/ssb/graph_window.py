@@ -8,10 +8,10 @@ before it: `PointstampProgress` hands it over, `on_upstream`) passes that window
 owner joins the partial states (a CRDT merge) into its window, which fires on the frontier
 at the step's input, as a routed window does (`slashrt.ops.route.WindowRoute`).
 
-Epochs and routing (`epoch_bytes`, `ssb_routing`: `slashrt.ssb.epochs`). An epoch ends every `epoch_bytes` of the window's input (checked after each batch): every
-fragment then ships what it holds, due or not (`take_all`: the delta since its last
-shipment, after which it restarts from the zero value), so a long window's fragments stay
-small. An epoch also ends at each shipment of due fragments. Routed *directly*, a record is
+Epochs and routing (`epoch_bytes`, `ssb_routing`: `slashrt.ssb.epochs`). An epoch ends every
+`epoch_bytes` of the window's input (checked after each batch): every fragment then ships
+what it holds, due or not (`take_all`: the delta since its last shipment, after which it
+restarts from the zero value), so a long window's fragments stay small. An epoch also ends at each shipment of due fragments. Routed *directly*, a record is
 judged late or not where it is read, as the fragments would judge it, and goes to its key's
 owner at once as a partial row of its own (count 1, under the NaN policy:
 `records_as_partials`), at the time its fragment would have been held at (`_as_partials`);
