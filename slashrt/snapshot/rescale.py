@@ -99,12 +99,15 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
 
     was, n = restored.meta.get("executors", 1), restored.number
     modes = other_mode(restored, role_plan) if was == executors else None
-    if modes is None:
+    if was != executors:
         refuse = f"run(): checkpoint {n} was taken on {was} executor(s) and cannot resume on {executors}:"
         keep = f"executors={was}"  # (every refusal's advice: what resumes it as it was taken)
-    else:
+    elif modes is not None:
         refuse = f"run(): checkpoint {n} was taken in mode {modes[0]!r} and cannot resume in mode {modes[1]!r}:"
         keep = f"mode={modes[0]!r}"
+    else:  # its windows are of a retired kind (`RETIRED`): only this path reads them
+        refuse = f"run(): checkpoint {n} was taken by an earlier slashrt's per-source plan and cannot resume here:"
+        keep = "the slashrt that wrote it"
     flying = _in_flight(restored)
     _refuse_unkeyed_state(refuse, flow, role_plan, restored, keep)
     for step_id, node in stateful_nodes(role_plan).items():
@@ -127,7 +130,7 @@ def rescale(flow, plan, role_plan, inputs: dict, restored, executors: int) -> tu
     for step_id, _spec, value in per_source(plan, inputs, "input"):
         if isinstance(value, PerExecutor):
             why = ("is another input on another executor count (no position in the old streams says what is left of "
-                   "the new ones)") if modes is None else "is not shared out anew, as a run in the other mode needs"
+                   "the new ones)") if was != executors else "is not shared out anew, as this resume needs"
             raise SnapshotError(
                 f"{refuse} source {step_id!r} is a PerExecutor, whose stream make(index, executors) {why}; resume it "
                 f"with {keep}, or give the input as an array"

@@ -20,6 +20,8 @@ import pytest
 
 import slashrt
 from slashrt import Dataflow, Schema, Sliding
+from slashrt.cluster import PerExecutor
+from slashrt.errors import SnapshotError
 from slashrt.ops.sinks import CsvFile
 from slashrt.snapshot import SnapshotStore
 from slashrt.snapshot.operators import tagged
@@ -123,3 +125,13 @@ def test_a_tree_plans_checkpoint_resumes_on_the_one_path_exactly(tmp_path, refer
                              resume_from=n, **options)
         assert result.resumed_from == n
         assert JOB.outputs(directory) == reference, f"checkpoint {n} of the tree plan ({mode}) on {executors} executors"
+    # this path shares every input out anew: a PerExecutor's streams cannot be, refused in one
+    # sentence naming the checkpoint's origin (not an executor count, which is the same)
+    directory = tmp_path / "per_executor"
+    shutil.copytree(crashed, directory)
+    per_executor = PerExecutor(lambda index, executors: records()[index::executors], deterministic=True)
+    with pytest.raises(SnapshotError, match=rf"checkpoint {n} was taken by an earlier slashrt's per-source plan and "
+                                            r"cannot resume here: source 'tree.r' is a PerExecutor, .* not shared out "
+                                            r"anew, as this resume needs; resume it with the slashrt that wrote it"):
+        slashrt.run(JOB.flow(directory), {"r": per_executor}, executors=2, checkpoint_dir=directory / "chk",
+                    resume_from=n, **options)
