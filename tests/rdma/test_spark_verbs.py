@@ -3,12 +3,11 @@
 Inside the VM the endpoint finds rxe0 and offers a verbs listener beside its TCP one; tasks on
 this host then send over verbs ("auto"), and the exactly-once protocol is unchanged: a task
 killed mid-partition and its retry, a duplicate, the driver's commit (over TCP). The last test
-runs the whole pipeline in real PySpark (local mode; its JVM start costs about 100 s under
+runs the whole pipeline in real PySpark (local mode; its JVM start is the slowest part under
 the emulated CPU, so it is one test with one small job).
 """
 
 import contextlib
-import os
 
 import numpy as np
 import pytest
@@ -16,13 +15,14 @@ import trio
 
 from slashrt._buffer import Control
 from slashrt._runtime import run_receivers
-from slashrt.spark import IngestEndpoint, IngestServer, ingest
+from slashrt.spark import IngestEndpoint
 from slashrt.spark._ingest import _driver_send, _PartitionPusher
-from slashrt.spark.demo import local_session
 from slashrt.transport._auth import generate_secret
 
 # the host suite's ingest helpers (tests/ is on sys.path: its packages are imported from there)
 from spark.test_endpoint import PLAN, batches, flow_and_sink, reference, rows_of
+
+from . import _spark_jvm
 
 
 async def test_task_attempts_stream_over_verbs_and_only_committed_ones_count(rdma_device):
@@ -59,29 +59,16 @@ JVM_ATTEMPTS = 3
 
 
 def _start_spark():
-    """A fresh local session. Under qemu's emulated CPU the JVM now and then dies of SIGSEGV in
-    its own generated code (seen at start-up and in a job, with and without AVX): a dead JVM's
-    context is forgotten first, so the next session gets a new JVM."""
+    """A fresh local session (`_spark_jvm`: its options and class-data archive). Under qemu's
+    emulated CPU the JVM now and then dies of SIGSEGV in its own generated code (seen at
+    start-up and in a job, with and without AVX): a dead JVM's context is forgotten first, so
+    the next session gets a new JVM."""
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     SparkContext._active_spark_context = SparkContext._gateway = SparkContext._jvm = None
     SparkSession._instantiatedSession = SparkSession._activeSession = None
-    # fewer of the features qemu emulates badly: no AVX code, no C2 compiler
-    os.environ["JAVA_TOOL_OPTIONS"] = "-XX:UseAVX=0 -XX:TieredStopAtLevel=1"
-    return local_session("local[2]", app="slashrt-rdma-vm", driver_memory="512m")[0]
-
-
-def _ingest_over_verbs(spark, n):
-    flow, sink = flow_and_sink()
-    df = spark.range(0, n, numPartitions=2).selectExpr("id as t", "id % 5 as key")
-    with IngestServer(flow) as server:
-        target = server.target()
-        assert target.verbs_address is not None
-        report = ingest(df, target, secret=server.secret, check="tasks", end=True)
-        result = server.result(timeout=120)
-        stats = server.endpoints["events"].stats
-    return report, result, stats, sink
+    return _spark_jvm.session("slashrt-rdma-vm")
 
 
 def test_spark_ingests_a_dataframe_over_verbs_exactly(rdma_device):
@@ -95,7 +82,7 @@ def test_spark_ingests_a_dataframe_over_verbs_exactly(rdma_device):
         spark = None
         try:
             spark = _start_spark()
-            report, result, stats, sink = _ingest_over_verbs(spark, n)
+            report, result, stats, sink = _spark_jvm.ingest_job(spark, n, check_verbs=True)
             break
         except (Py4JNetworkError, ConnectionRefusedError) as exc:
             crashes.append(f"{type(exc).__name__}: {exc}")
