@@ -50,7 +50,7 @@ from slashrt.cluster._job import Job
 from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent, PeersUnreachable
 from slashrt.cluster._stall import stall_watch
 from slashrt.errors import ChannelClosed, OperatorError, unwrap_groups
-from slashrt.ops.route import room_for_sources
+from slashrt.ops.route import RoomForSources
 from slashrt.ops.sinks import Callback
 from slashrt.scheduler import Input
 from slashrt.scheduler._bus_counts import initial_capabilities
@@ -220,8 +220,8 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
                 x = exchanges[step_id]
                 executor_inputs.append(Input(f"{step_id}.from{src}", receiver, x.inbound(src), x.exchange_dtype))
             shipping = list(exchanges.values())
-            if shipping:  # the ship queues are bounded at the sources (`room_for_sources`)
-                throttle = room_for_sources(shipping, checkpoints.barrier_due if checkpoints is not None else lambda: False)
+            if shipping:  # the ship queues are bounded at the sources (`RoomForSources`)
+                throttle = RoomForSources(shipping, checkpoints.barrier_due if checkpoints is not None else lambda: False)
                 for inp in executor_inputs:
                     if inp.name in plan.sources:
                         inp.throttle = throttle

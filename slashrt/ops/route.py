@@ -16,7 +16,7 @@ backpressure into compute: the exchange channels are read by the same compute
 coroutine that sends, so waiting for a peer's credits there could deadlock two executors
 sending to each other). The queues are bounded from further up instead: while an exchange
 holds more than two rings' worth of rows a peer (`backlogged`), the executor polls its sources
-no more (`room_for_sources`, its sources' rings fill and their feeders wait), and goes on
+no more (`RoomForSources`, its sources' rings fill and their feeders wait), and goes on
 computing its peers' channels, which is what empties the queues elsewhere; a checkpoint
 requested and not yet taken lifts it, so that no barrier waits behind it.
 When the step's input frontier is empty (nothing anywhere can send more), the queues end with
@@ -51,7 +51,7 @@ from slashrt.ops.window import InFrontOfWindow
 from slashrt.progress import Timestamp
 from slashrt.ssb.partitions import Partitioning
 
-__all__ = ["ExchangeNode", "WindowRoute", "room_for_sources", "routed_dtype", "shipped_times", "take_by_time", "time_columns"]
+__all__ = ["ExchangeNode", "RoomForSources", "WindowRoute", "routed_dtype", "shipped_times", "take_by_time", "time_columns"]
 
 _END = None
 
@@ -341,17 +341,27 @@ async def take_by_time(node: Node, rows: np.ndarray, take) -> None:
 RECHECK_S = 0.01  # a source waiting for room looks again this often whether a checkpoint lifted the bound
 
 
-def room_for_sources(exchanges, exempt=lambda: False):
-    """What an executor's source inputs await before each poll (`Input.throttle`): room in
+class RoomForSources:
+    """What an executor's source inputs wait for before each poll (`Input.throttle`): room in
     every exchange's queues, unless `exempt()` (a checkpoint requested and not taken: its
-    barriers must not wait behind the bound)."""
+    barriers must not wait behind the bound). `full()` is the poller's check, on every poll:
+    plain attribute reads, no coroutine."""
 
-    async def throttle() -> None:
-        while (full := next((x for x in exchanges if x.backlogged()), None)) is not None and not exempt():
+    def __init__(self, exchanges, exempt=lambda: False):
+        self.exchanges = tuple(exchanges)
+        self.exempt = exempt
+
+    def full(self) -> bool:
+        for x in self.exchanges:
+            if x.backlogged():
+                return not self.exempt()
+        return False
+
+    async def wait(self) -> None:
+        """Until every queue has room (or the exemption holds), looking again every RECHECK_S."""
+        while (full := next((x for x in self.exchanges if x.backlogged()), None)) is not None and not self.exempt():
             with trio.move_on_after(RECHECK_S):
                 await full.room()
-
-    return throttle
 
 
 class WindowRoute(InFrontOfWindow, ExchangeNode):

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import attrs
 import numpy as np
@@ -68,6 +68,9 @@ from slashrt.errors import ChannelClosed, MalformedBuffer, unwrap_groups
 from slashrt.ops._node import Node
 from slashrt.scheduler._stats import ExecutorStats
 from slashrt.transport import Buffer, DataRun, Receiver
+
+if TYPE_CHECKING:
+    from slashrt.ops.route import RoomForSources
 
 __all__ = ["Executor", "Input"]
 
@@ -89,7 +92,7 @@ class Input:
     blocked: trio.Event | None = None
     held: collections.deque = attrs.field(factory=collections.deque)
     run_cap: int = 1 << 30  # buffers per pipeline call (the executor shortens the runs of a slow pipeline)
-    throttle: Callable[[], Awaitable[None]] | None = None  # awaited before each poll: room downstream (a source's)
+    throttle: RoomForSources | None = None  # room downstream, looked at before each poll (a source's)
 
 
 class Executor:
@@ -147,8 +150,8 @@ class Executor:
         while True:
             if inp.blocked is not None:  # aligning a barrier: its data waits in the ring
                 await inp.blocked.wait()
-            if inp.throttle is not None:  # its ring fills meanwhile: backpressure to its feeder
-                await inp.throttle()
+            if inp.throttle is not None and inp.throttle.full():  # its ring fills meanwhile: backpressure to its feeder
+                await inp.throttle.wait()
             t0 = time.perf_counter()
             got = 0
             try:
@@ -231,7 +234,9 @@ class Executor:
                         if progress is None or progress.grace is None:
                             await self._lot.park()
                         else:  # progress to publish, unless work comes within the grace
-                            with trio.move_on_after(progress.grace) as grace:
+                            # (a scope of its own, not move_on_after's context manager: this runs at
+                            # every idle moment of a streaming executor)
+                            with trio.CancelScope(deadline=trio.current_time() + progress.grace) as grace:
                                 await self._lot.park()
                             if grace.cancelled_caught:
                                 progress.publish()
@@ -266,7 +271,7 @@ class Executor:
                     # (pollers, sources, checkpoints' triggers and writes) run between two calls
                     took = time.perf_counter() - t0
                     inp.run_cap = self.coalesce if took * self.coalesce <= n * self.SLICE_S else max(1, int(n * self.SLICE_S / took))
-                if progress is not None and self._halted is None:  # (halted by the barrier just computed)
+                if progress is not None and self._halted is None and progress.unsettled:  # (halted by the barrier just computed)
                     await progress.settle()
                 stats.compute_s += time.perf_counter() - t0
                 handled += 1

@@ -274,6 +274,12 @@ class PointstampProgress:
         self._dirty = True
         await self.settle()
 
+    @property
+    def unsettled(self) -> bool:
+        """Would `settle` do anything now? (The executor asks after every batch, before it
+        awaits `settle`.)"""
+        return self._dirty and not self._settling
+
     async def settle(self) -> None:
         """Propagate counts and deliver what they make due, until nothing changes."""
         if self._settling or not self._dirty:

@@ -223,7 +223,7 @@ class AgentCheckpointing(Checkpointing):
 
     def barrier_due(self) -> bool:
         """A checkpoint is requested or aligning here and not yet taken (a source throttled by a
-        exchange's bound polls on meanwhile: `slashrt.ops.route.room_for_sources`)."""
+        exchange's bound polls on meanwhile: `slashrt.ops.route.RoomForSources`)."""
         return self.aligner.aligning is not None or any(self._still_aligning(n) for n in self._requested)
 
     async def _overtake_after(self, n: int, seconds: float) -> None:

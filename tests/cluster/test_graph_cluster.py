@@ -247,7 +247,7 @@ def test_a_progress_error_fails_the_cluster_in_one_sentence_and_leaves_nothing_b
 
 def test_a_slow_owner_bounds_what_its_senders_queue_for_it():
     """Every key is owned by executor 1, whose step after the exchange is slow: executor 0 ships
-    all it reads to it. Its ship queue is bounded at its sources (`room_for_sources`: they are
+    all it reads to it. Its ship queue is bounded at its sources (`RoomForSources`: they are
     polled no more while the queue holds over two rings' worth), so the records on their way
     between executors (the tracker's pointstamps at the exchange) stay a small part of the
     input, instead of all of it queued as fast as the sources read; the counts are exact."""
