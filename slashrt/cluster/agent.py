@@ -283,14 +283,26 @@ async def connect_to_peer(channels, transport: str, index: int, dst: int, addres
         if _refused(exc):
             raise ChannelClosed(f"executor {dst}'s listener refused executor {index}'s connection: it had closed "
                                 f"(executor {dst} failed first)") from None
-        raise PeersUnreachable(index, dst, f"connecting their channel failed ({exc.strerror or exc})") from None
+        raise PeersUnreachable(index, dst, f"connecting their channel failed ({_why_not_connected(exc)})") from None
+
+
+def _attempts(exc: OSError) -> tuple[BaseException, ...]:
+    """The errors of a connection's attempts (trio's open_tcp_stream raises one OSError caused
+    by a group of them)."""
+    return exc.__cause__.exceptions if isinstance(exc.__cause__, BaseExceptionGroup) else (exc,)
 
 
 def _refused(exc: OSError) -> bool:
-    """Whether every attempt of a connection was refused by the peer's host (trio's
-    open_tcp_stream raises one OSError caused by a group of the attempts' errors)."""
-    attempts = exc.__cause__.exceptions if isinstance(exc.__cause__, BaseExceptionGroup) else (exc,)
-    return all(isinstance(e, ConnectionRefusedError) for e in attempts)
+    """Whether every attempt of a connection was refused by the peer's host."""
+    return all(isinstance(e, ConnectionRefusedError) for e in _attempts(exc))
+
+
+def _why_not_connected(exc: OSError) -> str:
+    """The connection's failure, with what its attempts met (e.g. 'No route to host')."""
+    if exc.strerror:
+        return exc.strerror
+    met = sorted({getattr(e, "strerror", None) or str(e) for e in _attempts(exc) if e is not exc})
+    return f"{exc}: {'; '.join(met)}" if met else str(exc)
 
 
 @contextlib.asynccontextmanager
