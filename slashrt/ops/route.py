@@ -352,16 +352,20 @@ class RoomForSources:
         self.exempt = exempt
 
     def full(self) -> bool:
-        for x in self.exchanges:
-            if x.backlogged():
-                return not self.exempt()
-        return False
+        return self._backlogged() is not None and not self.exempt()
 
     async def wait(self) -> None:
         """Until every queue has room (or the exemption holds), looking again every RECHECK_S."""
-        while (full := next((x for x in self.exchanges if x.backlogged()), None)) is not None and not self.exempt():
+        while (full := self._backlogged()) is not None and not self.exempt():
             with trio.move_on_after(RECHECK_S):
                 await full.room()
+
+    def _backlogged(self):
+        """The first exchange holding more than its bound, or None."""
+        for x in self.exchanges:
+            if x.backlogged():
+                return x
+        return None
 
 
 class WindowRoute(InFrontOfWindow, ExchangeNode):

@@ -282,7 +282,7 @@ class PointstampProgress:
 
     async def settle(self) -> None:
         """Propagate counts and deliver what they make due, until nothing changes."""
-        if self._settling or not self._dirty:
+        if not self.unsettled:
             return  # (a settle further up the stack goes on until nothing changes)
         self._settling = True
         now = self.now

@@ -126,8 +126,9 @@ class AgentCheckpointing(Checkpointing):
     async def restore(self, progress=None) -> None:
         """The nodes, then the outboxes shipped again and counted in flight (an unaligned
         checkpoint's `<exchange>.to<j>` channel parts, as they are restored: `requeue`), and
-        the records in flight on the peers' channels counted (computed first: `replay_input`), before the feedback queues' log is replayed (`replay`): one batch of
-        counts with the recount."""
+        the records in flight on the peers' channels counted (computed first: `replay_input`),
+        before the feedback queues' log is replayed (`replay`): one batch of counts with the
+        recount."""
         self.progress = progress
         states = {} if self.restored is None else self.restored.states
         outboxes = {key: states.pop(key) for key in list(states) if key[0].endswith(OUTBOX)}

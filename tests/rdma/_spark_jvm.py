@@ -26,17 +26,18 @@ def archive() -> Path:
     return Path(sys.prefix) / f"spark-cds-{pyspark.__version__}.jsa"
 
 
-def java_options() -> str:
-    """JAVA_TOOL_OPTIONS for the guest's JVM: the archive's classes where it was dumped."""
+def java_options(*extra: str) -> str:
+    """JAVA_TOOL_OPTIONS for the guest's JVM: the archive's classes where it was dumped, and
+    `extra` options."""
     path = archive()
-    return " ".join([*BASE_OPTIONS, *([f"-XX:SharedArchiveFile={path}"] if path.exists() else [])])
+    return " ".join([*BASE_OPTIONS, *([f"-XX:SharedArchiveFile={path}"] if path.exists() else []), *extra])
 
 
-def session(app: str):
-    """A new local session (2 task slots) started with `java_options()`."""
+def session(app: str, *extra_options: str):
+    """A new local session (2 task slots) started with `java_options(*extra_options)`."""
     from slashrt.spark.demo import local_session
 
-    os.environ["JAVA_TOOL_OPTIONS"] = java_options()
+    os.environ["JAVA_TOOL_OPTIONS"] = java_options(*extra_options)
     return local_session("local[2]", app=app, driver_memory=DRIVER_MEMORY)[0]
 
 
@@ -58,10 +59,11 @@ def ingest_job(spark, n: int, check_verbs: bool):
     return report, result, stats, sink
 
 
-def _job() -> None:
-    """The classes to archive: the guest's job, over TCP here."""
+def _job(dump_option: str) -> None:
+    """The classes to archive: the guest's job, over TCP here, in a JVM that dumps them
+    (`dump_option`) when it exits."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    spark = session("slashrt-rdma-vm-cds")
+    spark = session("slashrt-rdma-vm-cds", dump_option)
     report, result, _, _ = ingest_job(spark, 20_000, check_verbs=False)
     assert report.rows == result.records == 20_000, (report.rows, result.records)
     spark.stop()
@@ -78,8 +80,8 @@ def dump() -> int:
     done = subprocess.run([sys.executable, __file__, "--job"], env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=600)
     if done.returncode != 0 or not partial.exists():
-        print(f"rdma-vm-setup: no Spark class-data archive (the guest's JVM starts without it): "
-              f"{done.stderr.strip().splitlines()[-1:] or done.returncode}")
+        last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        print(f"rdma-vm-setup: no Spark class-data archive (the guest's JVM starts without it): {last}")
         partial.unlink(missing_ok=True)
         return 0  # a slower start, not a failure
     partial.rename(path)
@@ -89,7 +91,6 @@ def dump() -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--job"]:
-        BASE_OPTIONS = (*BASE_OPTIONS, os.environ["SLASHRT_SPARK_CDS_DUMP"])
-        _job()
+        _job(os.environ["SLASHRT_SPARK_CDS_DUMP"])
     else:
         sys.exit(dump())
