@@ -619,3 +619,30 @@ def test_kill_stop_or_interrupt_at_a_random_moment_leaves_no_process_behind(seed
             driver.wait()
         for pid in _marked(token):
             os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_channel_that_cannot_connect_says_what_its_attempt_met():
+    """A refused connection is the echo of the peer's own failure (`ChannelClosed`); any other
+    is a partition (`PeersUnreachable`) whose sentence ends with what the attempt met, not
+    only trio's 'all attempts to connect ... failed'."""
+    import errno
+
+    from slashrt.cluster._liveness import PeersUnreachable
+    from slashrt.cluster.agent import connect_to_peer
+    from slashrt.errors import ChannelClosed
+
+    class Refusing:  # a port nobody listens on: the host refuses
+        async def connect(self, transport, address, spec, secret, **_):
+            await trio.open_tcp_stream("127.0.0.1", 1)
+
+    class Unroutable:  # what trio raises when the network has no route: one OSError over the attempts'
+        async def connect(self, transport, address, spec, secret, **_):
+            raise OSError("all attempts to connect to 10.77.126.3:45075 failed") from BaseExceptionGroup(
+                "attempts", [OSError(errno.EHOSTUNREACH, "No route to host")])
+
+    with pytest.raises(ChannelClosed, match=r"executor 1's listener refused executor 0's connection"):
+        await connect_to_peer(Refusing(), "tcp", 0, 1, ("127.0.0.1", 1), None, b"", timeout=1)
+    with pytest.raises(PeersUnreachable, match=r"^executors 0 and 2 cannot reach each other: connecting their channel "
+                                               r"failed \(all attempts to connect to 10\.77\.126\.3:45075 failed: "
+                                               r"No route to host\)$"):
+        await connect_to_peer(Unroutable(), "tcp", 2, 0, ("10.77.126.3", 45075), None, b"", timeout=1)
