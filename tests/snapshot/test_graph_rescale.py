@@ -46,8 +46,8 @@ class Job:
         self.name, self.make, self.sinks, self.inputs = name, make, sinks, inputs
         self.window = f"{name}.{window}"
 
-    def flow(self, directory: Path) -> Dataflow:
-        return self.make(directory / "out")
+    def flow(self, directory: Path, pace: Paced | None = None) -> Dataflow:
+        return self.make(directory / "out") if pace is None else self.make(directory / "out", pace)
 
     def outputs(self, directory: Path) -> dict:
         return {name: published(directory / "out" / name) for name in self.sinks}
@@ -59,7 +59,7 @@ JOBS = {
     # exchanges' outboxes go with the checkpoints
     "loop-shipping": Job("hop-ckpt", _graph_flow.hop_flow, ("hopped",), lambda: {"a": _graph_flow.inputs()["a"]}),
     # a keyed window inside a loop: every iteration's window cut by key partition
-    "loop-window": Job("lw-ckpt", lambda out: _graph_flow.loop_window_flow(out / "lw"), ("lw",),
+    "loop-window": Job("lw-ckpt", lambda out, pace=None: _graph_flow.loop_window_flow(out / "lw", pace), ("lw",),
                        _graph_flow.loop_window_inputs),
 }
 
@@ -92,8 +92,14 @@ def options(on) -> dict:
 def stage(job: Job, directory: Path, on, resume: bool):
     # (the default alignment timeout: checkpoints that align slowly hold records in flight, which
     # go to their keys' new owners; test_graph_cluster_unaligned.py makes sure of some)
+    # Paced until two checkpoints of this stage completed: however fast the machine, a resumed
+    # stage cannot feed the input it has left before its first checkpoint (the next stage
+    # resumes from one taken in the middle of the feed). hop_flow paces its feedback edge,
+    # which holds its source through the exchange's backlog.
+    manifests = directory / "chk" / job.name / "chk-*" / "_manifest.json"
     return slashrt.run(
-        job.flow(directory), job.inputs(), checkpoint={"interval": 0.002, "keep": 1000},
+        job.flow(directory, Paced(seconds=0.004, until=(manifests, 2), fresh=True)), job.inputs(),
+        checkpoint={"interval": 0.002, "keep": 1000},
         checkpoint_dir=directory / "chk", resume_from="latest" if resume else None, **options(on),
     )
 
