@@ -8,6 +8,7 @@
         [--executors N --mode slash|uppar --zipf S]   ... on N executors (weak scaling)
     slashrt bench redis [--url URL] [--checkpoint-interval S] [--json]   YSB from a Redis stream to a Redis stream
     slashrt bench files [--checkpoint-interval S] [--json]   YSB from Parquet, CSV and .npy files (FileSource)
+    slashrt bench peers [--events N] [--json]   slashrt against Polars on the same Parquet files, 1 and 2 threads
     slashrt bench checkpoint [--query ysb|nexmark] [--interval S] [--executors N] [--json]   what checkpoints cost
     slashrt bench chaos [--kills N|0] [--query ysb|nexmark] [--executors N] [--transport shm|tcp] [--events N] [--sink csv|collect] [--interval S] [--seed S] [--redis] [--faults A,B] [--json]   exactly once under SIGKILLs (or other faults)
     slashrt bench report                        the scaling and skew sweeps, with plots
@@ -224,6 +225,12 @@ def _parser() -> argparse.ArgumentParser:
     files.add_argument("--parts", type=_positive_int, default=4, help="files per format")
     _add_checkpoint_interval(files, "from the Parquet files")
     _add_runtime_options(files)
+
+    peers = queries.add_parser("peers", help="YSB from the same Parquet files: slashrt against Polars on 1 and 2 threads")
+    peers.add_argument("--events", type=_positive_int, default=10_000_000)
+    peers.add_argument("--campaigns", type=_positive_int, default=1000)
+    peers.add_argument("--parts", type=_positive_int, default=4, help="Parquet files (on 2 executors: 2 each)")
+    _add_runtime_options(peers)
 
     report = queries.add_parser("report", help="weak-scaling and skew sweeps of every query, with PNG plots")
     report.add_argument("--events", type=_positive_int, default=4_000_000, help="records per executor per run")
@@ -742,6 +749,11 @@ def _run_bench(args, given: set[str]) -> dict:
 
         return redis_streams.bench(events=args.events, campaigns=args.campaigns, url=args.url,
                                    checkpoint_interval=args.checkpoint_interval, **_runtime_options(args))
+    if args.query == "peers":
+        _require(("polars",), "bench", "`slashrt bench peers`")
+        from slashrt.bench import peers
+
+        return peers.bench(events=args.events, campaigns=args.campaigns, parts=args.parts, **_runtime_options(args))
     if args.query == "files":
         from slashrt.bench import files
 
@@ -760,7 +772,7 @@ def _run_bench(args, given: set[str]) -> dict:
 # optional dependencies -> the extra that installs them (pyproject.toml)
 _EXTRAS = {
     "pyspark": "spark", "pandas": "spark", "matplotlib": "bench", "scipy": "bench", "networkx": "bench",
-    "redis": "redis",
+    "redis": "redis", "polars": "bench",
 }
 
 

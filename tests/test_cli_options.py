@@ -268,6 +268,7 @@ sys.exit(main({argv!r}))
         ("matplotlib", ["bench", "report", "--events", "1000"], "slashrt[bench]"),
         ("scipy", ["bench", "cc", "--edges", "1000"], "slashrt[bench]"),
         ("networkx", ["bench", "cc", "--edges", "1000"], "slashrt[bench]"),
+        ("polars", ["bench", "peers", "--events", "1000"], "slashrt[bench]"),
     ],
 )
 def test_a_missing_optional_dependency_names_its_extra(module, argv, extra):

@@ -18,7 +18,7 @@ from slashrt.bench._common import generate_chunked, sort_rows, zipf_choice
 from slashrt.errors import SchemaError
 from slashrt.ops.window import Tumbling
 
-__all__ = ["YSB_SCHEMA", "VIEW", "WINDOW_MS", "generate", "campaign_map", "dataflow", "reference", "load_input"]
+__all__ = ["YSB_SCHEMA", "READ_SCHEMA", "VIEW", "WINDOW_MS", "generate", "campaign_map", "dataflow", "reference", "load_input"]
 
 YSB_SCHEMA = Schema(
     [
@@ -110,11 +110,16 @@ def load_ads(path: str | Path, n_ads_needed: int | None = None) -> np.ndarray:
     return ads.astype(np.int64)
 
 
-def dataflow(ad_to_campaign: np.ndarray, sink, *, max_delay: int = 0, step=None) -> Dataflow:
+# the columns the query reads: a source of these alone reads only them from columnar files
+READ_SCHEMA = Schema([("event_time", "<i8"), ("ad_id", "<i8"), ("event_type", "u1")])
+
+
+def dataflow(ad_to_campaign: np.ndarray, sink, *, max_delay: int = 0, step=None, schema: Schema = YSB_SCHEMA) -> Dataflow:
     """The YSB query written against the public API; `step`: a filter put right after the
-    source (bench checkpoint's slow step)."""
+    source (bench checkpoint's slow step); `schema`: the source's (`READ_SCHEMA`: the columns
+    the query reads)."""
     flow = Dataflow("ysb")
-    events = flow.source("events", YSB_SCHEMA, time="event_time", max_delay=max_delay)
+    events = flow.source("events", schema, time="event_time", max_delay=max_delay)
     if step is not None:
         events = events.filter(step, name="step")
 

@@ -452,3 +452,22 @@ def test_bench_files_checks_itself_for_every_format_and_removes_its_files(capsys
     assert report["checkpointed_over_plain"] > 0 and report["checkpoint_interval_s"] == 0.001
     assert 30_000 * 78 < report["bytes_npy"] < 30_000 * 78 + 3 * 1024 and report["bytes_csv"] > report["bytes_parquet"] > 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_peers_checks_slashrt_and_polars_on_one_and_two_threads_and_removes_its_files(capsys, monkeypatch, tmp_path):
+    from slashrt.cli import main
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the benchmark makes its directory
+    assert main(["bench", "peers", "--events", "60000", "--parts", "3", "--repeat", "1", "--slots", "8", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    # each side's result against numpy: slashrt on one executor and on two (each reading its
+    # own files, with rings of 8 slots: the 2-executor run's windows cross executors), Polars on 1 and 2 threads
+    assert report["checks"] == {"slashrt_1t": True, "polars_1t": True, "slashrt_2t": True, "polars_2t": True}
+    assert report["correct"] is True and report["query"] == "peers-ysb" and report["events"] == 60_000
+    for side in ("slashrt", "polars"):
+        for threads in (1, 2):
+            assert report[f"{side}_records_per_s_{threads}t"] > 0
+    assert report["slashrt_over_polars_1t"] == pytest.approx(
+        report["slashrt_records_per_s_1t"] / report["polars_records_per_s_1t"], rel=1e-2)
+    assert report["parquet_bytes"] > 60_000 * 17 and report["polars_version"]
+    assert list(tmp_path.iterdir()) == []
