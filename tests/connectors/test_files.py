@@ -6,6 +6,8 @@ input, one sentence each, after delivering what came before; empty files and dir
 import io
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -471,3 +473,47 @@ def test_bench_peers_checks_slashrt_and_polars_on_one_and_two_threads_and_remove
         report["slashrt_records_per_s_1t"] / report["polars_records_per_s_1t"], rel=1e-2)
     assert report["parquet_bytes"] > 60_000 * 17 and report["polars_version"]
     assert list(tmp_path.iterdir()) == []
+
+
+MIXED = np.dtype([("b", "?"), ("i1", "i1"), ("u2", "<u2"), ("i4", "<i4"), ("i8", "<i8"), ("f4", "<f4"), ("f8", "<f8")])
+
+
+@pytest.mark.parametrize("start,length", [(0, 0), (0, 37), (3, 17), (9, 28), (36, 1)])
+def test_numbers_and_booleans_read_from_arrow_columns_at_any_offset(start, length):
+    from slashrt.connectors._columns import to_records
+
+    rng = np.random.default_rng(start)
+    data = np.zeros(37, MIXED)
+    for name in MIXED.names:
+        data[name] = rng.integers(0, 2, 37) if name == "b" else rng.integers(-100, 100, 37) if name[0] != "u" else rng.integers(0, 1000, 37)
+    data["f8"] += 0.25
+    table = pa.table({name: data[name] for name in MIXED.names})
+    # (a slice of a batch: its arrays start at an offset into their buffers, a bool's inside a byte)
+    batch = table.to_batches()[0].slice(start, length)
+    assert batch.column("b").offset == start
+    assert np.array_equal(to_records(batch, MIXED, text=False), data[start : start + length])
+    # a column of another width is cast (int32 values into an i8 field), safely
+    wider = np.dtype([("i4", "<i8")])
+    assert np.array_equal(to_records(batch, wider, text=False)["i4"], data["i4"][start : start + length])
+
+
+def test_reading_a_parquet_file_leaves_pandas_unimported(tmp_path):
+    # pyarrow's Array.to_numpy imports pandas (0.15 s) at its first call: a freshly forked
+    # executor reading files would spend that inside its run
+    pq.write_table(pa.table({"t": np.arange(1000, dtype=np.int64), "k": np.arange(1000, dtype=np.int32) % 7}),
+                   tmp_path / "a.parquet")
+    code = f"""
+import sys
+import numpy as np
+import slashrt
+from slashrt.connectors import FileSource
+flow = slashrt.Dataflow("f")
+out = slashrt.sinks.Collect()
+flow.source("s", {{"t": "i8", "k": "i8"}}, time="t").sink(out)
+slashrt.run(flow, {{"s": FileSource({str(tmp_path)!r})}})
+assert len(out.records) == 1000 and int(out.records["k"].sum()) == int((np.arange(1000) % 7).sum())
+print("pandas" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"
