@@ -21,7 +21,7 @@ import numpy as np
 import trio
 
 from slashrt._buffer import Control
-from slashrt._kernels import copy_rows_max
+from slashrt._kernels import copy_rows_max, minmax
 from slashrt._schema import Schema
 from slashrt.errors import SchemaError, SnapshotError
 from slashrt.ops.event_time import watermark_of
@@ -57,7 +57,7 @@ async def feed_array(
     """Feed `records`, then end the stream; with `resume` (a `ChannelFeeder.snapshot()`), from
     the first record that snapshot had not fed, as if the feeding had not stopped. `barriers`
     (`slashrt.snapshot.runtime.SourceBarriers`): checkpoints' barriers go in band."""
-    feeder = ChannelFeeder(sender, time=time, max_delay=max_delay, watermark_every=watermark_every)
+    feeder = ChannelFeeder(sender, time=time, max_delay=max_delay, watermark_every=watermark_every, lend=True)
     feeder.barriers = barriers
     if resume is None:
         feeder.mark({"records": len(records)})
@@ -75,6 +75,11 @@ async def feed_array(
     await feeder.finish()
 
 
+def _max_time(times: np.ndarray) -> int:
+    """The largest event time of a lent run (a field view: one strided pass, natively for int64)."""
+    return int(minmax(times)[1]) if times.dtype == np.int64 else int(times.max())
+
+
 def another_input(step_id) -> SnapshotError:
     """A position recorded of another kind of input than the one resuming from it."""
     return SnapshotError(
@@ -88,8 +93,12 @@ class ChannelFeeder:
     broker's reads one after another): full slots by runs, a watermark every `watermark_every`
     buffers and after each array; the largest event time and the cadence carry across arrays."""
 
-    def __init__(self, sender: Sender, *, time: str | None, max_delay: int, watermark_every: int = 16):
+    def __init__(self, sender: Sender, *, time: str | None, max_delay: int, watermark_every: int = 16,
+                 lend: bool = False):
         self.sender = sender
+        # the arrays fed are the feeder's own until the run ends (nobody changes them): a channel
+        # that lends (in this process) gets them lent, not copied (`Sender.lend_run`)
+        self.lend = lend and sender.lends
         self.time = time
         self.max_delay = max_delay
         self.watermark_every = watermark_every
@@ -179,10 +188,15 @@ class ChannelFeeder:
             k = min(sender.contiguous_credits(), full_slots - sent, watermark_every - self.sent % watermark_every)
             count = per_slot if k > 0 else tail
             k = max(k, 1)  # else: the last, partial slot
-            run_max = fill(sender.reserve_run(k), sent * per_slot, count)
+            if self.lend:
+                run = records[sent * per_slot : sent * per_slot + k * count].reshape(k, count)
+                run_max = None if time is None else _max_time(run[time])
+                sender.lend_run(run, count=count)
+            else:
+                run_max = fill(sender.reserve_run(k), sent * per_slot, count)
+                sender.post_run(k, nbytes=count * size, count=count)
             if run_max is not None:
                 self.max_time = run_max if self.max_time is None else max(self.max_time, run_max)
-            sender.post_run(k, nbytes=count * size, count=count)
             sent += k
             self.sent += k
             self.fed += k * count

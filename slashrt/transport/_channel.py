@@ -266,6 +266,17 @@ class Sender(abc.ABC):
         self._posted += k
         self._publish_run(first, k)
 
+    # Can this end lend records instead of copying them (`lend_run`)? Only a receiver in the
+    # same process can read what a sender lends.
+    lends = False
+
+    def lend_run(self, records: np.ndarray, *, count: int, epoch: int = 0) -> None:
+        """Publish the next k slots as data buffers of `count` records each whose records are
+        `records` (k x count of the channel's layout, read-only, contiguous), lent instead of
+        copied: the receiver reads them in place until it releases the slots. Only for
+        backends that lend (`lends`); the caller must not change `records` meanwhile."""
+        raise NotImplementedError(f"{type(self).__name__} cannot lend records: copy them (reserve_run, post_run)")
+
     def _publish_run(self, first: int, k: int) -> None:
         """Make k consecutive written slots visible; backends may do it at once (one RDMA WRITE)."""
         for index in range(first, first + k):
