@@ -245,7 +245,7 @@ class FileSource:
         The input hook of `slashrt._runtime.local_inputs`."""
         await feed_reads(sender, spec, watermark_every=watermark_every, read=lambda reads: self._read(reads, spec.schema),
                          advance=self._advance, resume_hint=self._resume_hint, cursor=self._cursor,
-                         rewind=self._rewind, resume=resume, barriers=barriers)
+                         rewind=self._rewind, resume=resume, barriers=barriers, lend=True)
         log.info("files read", path=self.path, position=tuple(self._position), records=self.delivered)
 
     def _cursor(self) -> dict:

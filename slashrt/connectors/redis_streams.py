@@ -206,7 +206,7 @@ class RedisStream:
         try:
             await feed_reads(sender, spec, watermark_every=watermark_every, read=lambda reads: self._read(reads, decoder),
                              advance=self._advance, resume_hint=self._resume_hint, cursor=self._cursor,
-                             rewind=self._rewind, resume=resume, barriers=barriers)
+                             rewind=self._rewind, resume=resume, barriers=barriers, lend=True)
         finally:
             self._client.connection_pool.disconnect()
         log.info("redis stream read", stream=self.stream_key, position=self._position, records=self.delivered)

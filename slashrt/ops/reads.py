@@ -39,6 +39,7 @@ async def feed_reads(
     rewind: Callable[[object], None],
     resume=None,
     barriers=None,
+    lend: bool = False,
 ) -> int:
     """Run `read(send_channel)` beside a task that feeds what it sends into `sender`'s channel
     (for source `spec`), calling `advance(position, count)` after each read's records are in;
@@ -46,8 +47,10 @@ async def feed_reads(
     after records were delivered. `cursor()` is the source's position as JSON (what a checkpoint
     records); with `resume` (a feeder state, see `slashrt.ops.sources`), `rewind(cursor)` first
     puts the source back at the recorded cursor. `barriers`: the checkpoints' `SourceBarriers`.
-    Returns the number of records delivered."""
-    feeder = ChannelFeeder(sender, time=spec.time, max_delay=spec.max_delay, watermark_every=watermark_every)
+    `lend`: the reads' arrays are fresh and nobody changes them (a connector's decoding, not a
+    user's chunks, which may reuse one array): an in-process channel gets them lent, not
+    copied (`ChannelFeeder`). Returns the number of records delivered."""
+    feeder = ChannelFeeder(sender, time=spec.time, max_delay=spec.max_delay, watermark_every=watermark_every, lend=lend)
     feeder.barriers = barriers
     if resume is None:
         feeder.mark(cursor())

@@ -175,3 +175,46 @@ async def test_a_source_fed_by_lending_sends_what_a_copying_one_sends(n):
     assert lent[1] == copied[1]  # the same watermarks at the same places
     assert lent[3] == copied[3]  # the same position (records, buffers, largest time)
     assert (len(lent[2]) > 0) == (n > 0) and all(lent[2]) and not copied[2]
+
+
+# -- which sources lend: what an operator sees ---------------------------------------------------
+def _writeable_batches(tmp_path, source_input) -> set:
+    import slashrt
+
+    seen = set()
+
+    async def look(batch):
+        seen.add(bool(batch._records.flags.writeable))  # (the records under the batch: a ring's or a loan's)
+        return batch
+
+    flow = slashrt.Dataflow("lend")
+    flow.source("s", REC, time="t").apply(look).sink(slashrt.sinks.Collect())
+    slashrt.run(flow, {"s": source_input}, slot_size=SPEC.slot_size, slots=SPEC.slots)
+    return seen
+
+
+def _chunks(data):
+    from slashrt.cluster import PerExecutor
+
+    def make(index, executors):
+        buffer = np.empty(PER_SLOT * 7, REC)  # one array refilled for every chunk: it must be copied
+        for start in range(0, len(data), len(buffer)):
+            part = data[start : start + len(buffer)]
+            buffer[: len(part)] = part
+            yield buffer[: len(part)]
+
+    return PerExecutor(make)
+
+
+def test_arrays_and_files_are_lent_a_users_chunks_copied(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from slashrt.connectors import FileSource
+
+    data = records(PER_SLOT * 8 * 30)
+    data["t"].sort()
+    pq.write_table(pa.table({name: data[name] for name in REC.names}), tmp_path / "a.parquet")
+    assert _writeable_batches(tmp_path, data) == {False}  # lent: read-only views of the array
+    assert _writeable_batches(tmp_path, FileSource(tmp_path)) == {False}
+    assert _writeable_batches(tmp_path, _chunks(data)) == {True}  # copied into the ring
