@@ -1,7 +1,8 @@
 """Batch: what operators see, a zero-copy view over a buffer's records.
 
 A batch wraps a numpy structured array (usually a view straight into a channel slot, or a 2-D
-view over several consecutive full slots, whose columns are flattened when first read), an
+view over several consecutive full slots, whose columns are flattened when first read, or a
+read-only view of a source's own array lent to its channel), an
 optional selection (row indices kept by earlier filters, so filtering copies no records) and
 derived columns added by `with_columns`. Column access gathers only the column asked for.
 
