@@ -14,6 +14,8 @@ releases the slot.
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import trio
 
@@ -23,7 +25,7 @@ __all__ = ["open_inproc_channel", "InprocSender", "InprocReceiver"]
 
 
 class _Shared:
-    __slots__ = ("ring", "released", "data_lot", "credit_lot", "spec", "lent_from", "lent_row", "loans")
+    __slots__ = ("ring", "released", "data_lot", "credit_lot", "spec", "lent_from", "lent_row", "loans", "loan_ends")
 
     def __init__(self, spec: RingSpec):
         self.spec = spec
@@ -32,10 +34,12 @@ class _Shared:
         self.data_lot = trio.lowlevel.ParkingLot()
         self.credit_lot = trio.lowlevel.ParkingLot()
         # lent slots: slot i holds row lent_row[i] of loans[lent_from[i]] (the run of k x count
-        # records lent from that sequence number on); -1: the slot's records are in the ring
+        # records lent from that sequence number on); -1: the slot's records are in the ring.
+        # A loan occupies consecutive slots; loan_ends: (loan, sequence after its last slot), in order
         self.lent_from = np.full(spec.slots, -1, np.int64)
         self.lent_row = np.zeros(spec.slots, np.int64)
         self.loans: dict[int, np.ndarray] = {}
+        self.loan_ends: collections.deque[tuple[int, int]] = collections.deque()
 
     def lent(self, first: int, n: int) -> np.ndarray | None:
         """The records of the n polled slots from `first` (one loan) as one k x count view,
@@ -53,19 +57,21 @@ class _Shared:
 
     def lent_extent(self, first: int, n: int) -> int:
         """How many of the n slots from `first` hold records of one loan (or none lent)."""
+        head, last = self.lent_from[first], self.lent_from[first + n - 1]
+        if head >= 0 and head == last:  # (a loan's slots are consecutive: all of it)
+            return n
         owners = self.lent_from[first : first + n]
-        if owners[0] < 0:
-            return n if (owners < 0).all() else int(np.argmax(owners >= 0))
-        same = owners == owners[0]
-        return n if same.all() else int(np.argmin(same))
+        return int(np.argmax(owners != head)) if (owners != head).any() else n
 
-    def forget(self, first: int, k: int) -> None:
-        """Released slots: no loan any more (a loan is dropped with its last slot)."""
-        owners = self.lent_from[first : first + k]
-        for owner in set(owners[owners >= 0].tolist()):
-            if not (self.lent_from == owner).sum() > (owners == owner).sum():
-                del self.loans[owner]
-        owners[:] = -1
+    def forget(self, released: int) -> None:
+        """The slots up to sequence `released` were released: no loan there any more, and the
+        loans whose last slot is among them are dropped."""
+        done, first = released - self.released, self.released % self.spec.slots
+        head = min(done, self.spec.slots - first)
+        self.lent_from[first : first + head] = -1
+        self.lent_from[: done - head] = -1
+        while self.loan_ends and self.loan_ends[0][1] <= released:
+            del self.loans[self.loan_ends.popleft()[0]]
 
     def slot(self, index: int) -> np.ndarray:
         start = index * self.spec.slot_size
@@ -104,6 +110,7 @@ class InprocSender(Sender):
         # keyed by the first slot's sequence number, not its index: a loan whose first slot
         # was released may still be read in its other slots when that index is lent again
         shared.loans[self._posted] = records
+        shared.loan_ends.append((self._posted, self._posted + k))
         shared.lent_from[first : first + k] = self._posted
         shared.lent_row[first : first + k] = np.arange(k)
         self.post_run(k, nbytes=count * records.dtype.itemsize, count=count, epoch=epoch)
@@ -130,12 +137,7 @@ class InprocReceiver(Receiver):
     def _return_credits(self, released):
         shared = self._shared
         if shared.loans:  # (forget what the released slots held on loan)
-            done = released - shared.released
-            first = shared.released % self.spec.slots
-            head = min(done, self.spec.slots - first)
-            shared.forget(first, head)
-            if done > head:
-                shared.forget(0, done - head)
+            shared.forget(released)
         shared.released = released
         if shared.credit_lot:
             shared.credit_lot.unpark_all()
