@@ -130,20 +130,27 @@ def test_a_slow_step_after_an_exchange_is_overtaken_and_a_resume_from_its_channe
     inputs = inputs_of(shape)
     expected = np.bincount(np.concatenate([r["v"] for r in inputs.values()]), minlength=300)
     window_ms = 100 if mode == "slash" else 10**9
-    job, out = chained(SlowCalls(60e-6, 0.004), window_ms, shape)
-    result = slashrt.run(job, inputs, executors=2, transport=transport, mode=mode, checkpoint_dir=tmp_path, **RINGS,
-                         checkpoint={"interval": 0.02, "keep": 1000, "alignment_timeout": 0})
-    assert np.array_equal(counts(out), expected)
-    np.testing.assert_array_equal(window_rows(out), reference_rows(window_ms, shape))
-    store = SnapshotStore(tmp_path, job="gcount", keep=1000)
-    checkpoints = {n: store.load(n) for n in store.checkpoints()}
-    assert all(c.meta.get("unaligned") for c in checkpoints.values()
-               if any(state.meta.get("kind") == CHANNEL_KIND for state in c.states.values()))
-    # barriers overtook the backlog of the peers' channels, and (behind a union's exchange, whose
+    # barriers overtake the backlog of the peers' channels, and (behind a union's exchange, whose
     # ship queues fill while the slow step holds the channels) the rows queued to ship; a
-    # linear flow's route queues only while its channel has no credit, which a run may not meet
-    overtook = [n for n, c in checkpoints.items() if channel_parts(c, "from")]
-    queued = [n for n, c in checkpoints.items() if channel_parts(c, "to")]
+    # linear flow's route queues only while its channel has no credit, which a run may not meet.
+    # Whether a barrier meets a backlog is the machine's timing (a linear flow in mode slash
+    # ships only its fragments' partial rows: about one run in eight has no checkpoint that
+    # overtook any): up to three runs, each exact, until one did
+    for attempt in range(3):
+        directory = tmp_path / f"run{attempt}"
+        job, out = chained(SlowCalls(60e-6, 0.004), window_ms, shape)
+        result = slashrt.run(job, inputs, executors=2, transport=transport, mode=mode, checkpoint_dir=directory,
+                             **RINGS, checkpoint={"interval": 0.02, "keep": 1000, "alignment_timeout": 0})
+        assert np.array_equal(counts(out), expected)
+        np.testing.assert_array_equal(window_rows(out), reference_rows(window_ms, shape))
+        store = SnapshotStore(directory, job="gcount", keep=1000)
+        checkpoints = {n: store.load(n) for n in store.checkpoints()}
+        assert all(c.meta.get("unaligned") for c in checkpoints.values()
+                   if any(state.meta.get("kind") == CHANNEL_KIND for state in c.states.values()))
+        overtook = [n for n, c in checkpoints.items() if channel_parts(c, "from")]
+        queued = [n for n, c in checkpoints.items() if channel_parts(c, "to")]
+        if overtook and (queued or shape == "linear"):
+            break
     assert overtook and (queued or shape == "linear"), {
         n: sorted(step for step, _ in c.states) for n, c in checkpoints.items()}
     assert len([c for c in result.checkpoints if c["status"] == "completed"]) == len(checkpoints)
@@ -159,7 +166,7 @@ def test_a_slow_step_after_an_exchange_is_overtaken_and_a_resume_from_its_channe
     resumes = {(both, 2, mode), (both, 3, mode), (both, 1, mode), (both, 3, other)} | {(n, 2, mode) for n in queued[:1]}
     for n, executors, resumed in sorted(resumes):
         job, out = chained(SlowCalls(0, 0), window_ms, shape)
-        slashrt.run(job, inputs, executors=executors, transport=transport, mode=resumed, checkpoint_dir=tmp_path,
+        slashrt.run(job, inputs, executors=executors, transport=transport, mode=resumed, checkpoint_dir=directory,
                     **RINGS, checkpoint={"keep": 1000}, resume_from=n)
         # what n pre-committed (published by the restore) and all after: the windows each key's
         # owner had not fired at the checkpoint before n, each exact (one window over the whole
