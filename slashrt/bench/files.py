@@ -20,9 +20,27 @@ import numpy as np
 from slashrt.bench import ysb
 from slashrt.bench._common import best_interleaved, checkpoint_fields, checkpointing, throughput_fields
 
-__all__ = ["FORMATS", "bench"]
+__all__ = ["FORMATS", "bench", "write_parts"]
 
 FORMATS = ("parquet", "csv", "npy")
+
+
+def write_parts(records: np.ndarray, directory: Path, parts: int, fmt: str) -> None:
+    """`records` as `parts` files `part-<i>.<fmt>` of about equal size in a new `directory`:
+    Parquet and CSV by our own sinks, .npy by np.save."""
+    from slashrt import sinks
+
+    directory.mkdir()
+    cuts = np.linspace(0, len(records), parts + 1).astype(np.int64)
+    for i in range(parts):
+        path, part = directory / f"part-{i}.{fmt}", records[cuts[i] : cuts[i + 1]]
+        if fmt == "npy":
+            np.save(path, part)
+            continue
+        sink = (sinks.ParquetFile if fmt == "parquet" else sinks.CsvFile)(path)
+        sink.open()
+        sink.write(part)
+        sink.close()
 
 
 def bench(*, events: int, campaigns: int = 1000, parts: int = 4, repeat: int = 1, checkpoint_interval: float | None = None,
@@ -34,7 +52,6 @@ def bench(*, events: int, campaigns: int = 1000, parts: int = 4, repeat: int = 1
     records = ysb.generate(events, campaigns)
     ads = ysb.campaign_map(campaigns)
     expected = ysb.reference(records, ads)
-    cuts = np.linspace(0, events, parts + 1).astype(np.int64)
 
     correct = True
 
@@ -50,16 +67,7 @@ def bench(*, events: int, campaigns: int = 1000, parts: int = 4, repeat: int = 1
     with tempfile.TemporaryDirectory(prefix="slashrt-bench-files-") as root:
         for fmt in FORMATS:
             directory = Path(root, fmt)
-            directory.mkdir()
-            for i in range(parts):
-                path, part = directory / f"part-{i}.{fmt}", records[cuts[i] : cuts[i + 1]]
-                if fmt == "npy":
-                    np.save(path, part)
-                    continue
-                sink = (sinks.ParquetFile if fmt == "parquet" else sinks.CsvFile)(path)
-                sink.open()
-                sink.write(part)
-                sink.close()
+            write_parts(records, directory, parts, fmt)
             intervals = [None] if fmt != "parquet" or checkpoint_interval is None else [None, checkpoint_interval]
             runs = best_interleaved(repeat, lambda interval, d=directory: run_once(lambda: FileSource(d), interval), intervals)
             results[fmt] = runs[None]

@@ -26,6 +26,7 @@ import numpy as np
 
 from slashrt.bench import ysb
 from slashrt.bench._common import throughput_fields
+from slashrt.bench.files import write_parts
 
 __all__ = ["bench"]
 
@@ -71,13 +72,7 @@ def bench(*, events: int, campaigns: int = 1000, parts: int = 4, repeat: int = 3
     with tempfile.TemporaryDirectory(prefix="slashrt-bench-peers-") as tmp:
         root = Path(tmp)
         directory = root / "events"
-        directory.mkdir()
-        cuts = np.linspace(0, events, parts + 1).astype(np.int64)
-        for i in range(parts):
-            sink = sinks.ParquetFile(directory / f"part-{i}.parquet")
-            sink.open()
-            sink.write(records[cuts[i] : cuts[i + 1]])
-            sink.close()
+        write_parts(records, directory, parts, "parquet")
         np.save(root / "ads.npy", ads)
         for _ in range(repeat):
             for threads in THREADS:
