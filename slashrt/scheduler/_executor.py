@@ -206,6 +206,11 @@ class Executor:
         checkpoints = self.checkpoints
         handled = 0
         try:
+            if progress is not None:
+                # the frontiers as they start (or as restored) first: the tracker consolidates
+                # what it has not propagated, so a source that ended before this (restored at
+                # its end) would cancel its own capability unseen, and no window would fire
+                await progress.settle()
             if checkpoints is not None:  # a restored checkpoint's records in flight on a peer's channel come first
                 for inp in self.inputs:
                     await checkpoints.replay_input(inp)

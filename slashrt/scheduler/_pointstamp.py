@@ -20,7 +20,8 @@ source, the queue, a notification) covers them.
 whose input frontier moved its frontier (a window fires what it passed, a sink forwards it),
 deliver every requested notification complete at all inputs of its operator (in timestamp
 order), and repeat until nothing changes. `now` is the logical time of the batch being pushed
-(see `slashrt.ops.operator`).
+(see `slashrt.ops.operator`). The executor settles once before its first input: a frontier is
+delivered when it changes, and the tracker consolidates what it has not propagated yet.
 
 Checkpoints: after the nodes' state was restored, `recount()` counts what they hold again
 (sources' capabilities at their restored watermarks, operators' notification requests,
