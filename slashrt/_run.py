@@ -58,6 +58,7 @@ def run(
     on_ready: Callable[[dict], None] | None = None,
     heartbeat_interval: float | None = None,
     heartbeat_timeout: float | None = None,
+    channel_budget: int | None = None,
     **unknown,
 ) -> RunResult:
     """Run `flow` to completion over `inputs` (source name -> structured array, or a connector).
@@ -92,7 +93,9 @@ def run(
     channels' `secret` (random by default), `on_ready({source: [IngestTarget]})` once every
     executor is ready (`Ingest` inputs need it), and the heartbeats between the coordinator
     and its agents: one every `heartbeat_interval` seconds, an executor silent for
-    `heartbeat_timeout` seconds fails the job.
+    `heartbeat_timeout` seconds fails the job; `channel_budget`, the bytes of rings each
+    executor's channels may hold (128 MiB): its sources' rings, and its exchanges' rings to
+    every peer, which shrink as executors are added (`slashrt.cluster._ring_budget`).
 
     Anything else is refused in one sentence that lists these options."""
     given = {name: value for name, value in locals().items() if name in _RUN_DEFAULTS and not _is_default(name, value)}

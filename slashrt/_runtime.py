@@ -105,6 +105,11 @@ class RunResult:
     def records(self) -> int:
         return sum(s.records for s in self.stats)
 
+    @property
+    def channel_bytes_per_executor(self) -> int:
+        """Multi-executor runs: the most bytes of rings one executor's channels held."""
+        return max((s.channel_bytes for s in self.stats), default=0)
+
     def __getitem__(self, sink_step_id: str) -> np.ndarray | None:
         return self.outputs[sink_step_id]
 

@@ -141,6 +141,9 @@ def _add_cluster_options(p: argparse.ArgumentParser, *, transport: bool = True) 
     )
     if transport:
         g.add_argument("--transport", choices=["shm", "tcp", "verbs"], help="between executors (default shm)")
+    g.add_argument("--channel-budget", type=_positive_int, metavar="BYTES",
+                   help="bytes of rings each executor's channels may hold; its exchanges' rings shrink to fit "
+                   "(default 128 MiB)")
     _add_liveness_options(g)
 
 
@@ -552,7 +555,7 @@ def _given(argv: list[str]) -> set[str]:
     return set(vars(parser.parse_args(argv)))
 
 
-_CLUSTER_OPTIONS = ("executors", "mode", "epoch_bytes", "partitions", "ssb_routing")
+_CLUSTER_OPTIONS = ("executors", "mode", "epoch_bytes", "partitions", "ssb_routing", "channel_budget")
 
 
 def _removed(unknown: list[str]) -> str | None:
@@ -633,6 +636,7 @@ def _cluster_bench(args) -> dict:
         epoch_bytes=args.epoch_bytes,
         partitions=args.partitions,
         ssb_routing=args.ssb_routing,
+        channel_budget=args.channel_budget,
         params=params,
         records=records,
         **_runtime_options(args),

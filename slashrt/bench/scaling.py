@@ -120,6 +120,7 @@ def bench_with_result(
     epoch_bytes: int | None = None,
     partitions: int | None = None,
     ssb_routing: str | None = None,
+    channel_budget: int | None = None,
     params: dict | None = None,
     records: np.ndarray | None = None,
     **options,
@@ -140,7 +141,8 @@ def bench_with_result(
         expected = lazy(lambda: q.reference(np.concatenate([make.make(i, executors) for i in range(executors)]), **params))
     extra = {
         k: v
-        for k, v in (("epoch_bytes", epoch_bytes), ("partitions", partitions), ("ssb_routing", ssb_routing))
+        for k, v in (("epoch_bytes", epoch_bytes), ("partitions", partitions), ("ssb_routing", ssb_routing),
+                     ("channel_budget", channel_budget))
         if v is not None
     }
     best, correct, got, startup = None, True, None, []
@@ -171,6 +173,8 @@ def bench_with_result(
         "late_records": sum(best.late_records.values()),
         # from the call until every executor processes: the slowest run's (None: one executor, in this process)
         "startup_s": None if None in startup else round(max(startup), 3),
+        # the most bytes of rings one executor's channels held (`channel_budget`)
+        "channel_bytes_per_executor": best.channel_bytes_per_executor,
         **_epoch_fields(best),
         **{k: v for k, v in params.items() if np.isscalar(v)},  # not an --ads array
         **extra,

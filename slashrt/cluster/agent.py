@@ -44,6 +44,7 @@ from slashrt._plan import ClusterRole, build_plan
 from slashrt._runtime import execute, local_inputs
 from slashrt.cluster._control import receive_message, send_message
 from slashrt.cluster._progress import open_progress_bus
+from slashrt.cluster._ring_budget import EXCHANGE_SLOTS, ring_ends
 from slashrt.cluster._reports import AGENT_MARKER, AgentReporter
 from slashrt._inputs import Ingest, PerExecutor
 from slashrt.cluster._job import Job
@@ -57,7 +58,7 @@ from slashrt.scheduler._bus_counts import initial_capabilities
 from slashrt.snapshot.cluster_agent import agent_checkpointing
 from slashrt.ssb.partitions import Partitioning
 from slashrt.transport import RingSpec
-from slashrt.transport._channel import ChannelSilent, Liveness
+from slashrt.transport._channel import ChannelSilent, Liveness, Receiver
 from slashrt.transport._accept import HandshakeListener, authenticated_peers
 from slashrt.transport._auth import load_secret
 from slashrt.transport._registry import open_channels, open_listener
@@ -68,7 +69,6 @@ log = structlog.get_logger("slashrt.agent")
 
 SETUP_TIMEOUT = 120.0  # connecting to every peer and making the input
 CONNECT_TIMEOUT = 60.0  # every peer connects its channels within this, once the directory is out
-EXCHANGE_SLOTS = 32
 
 
 class CoordinatorGone(ChannelClosed):
@@ -225,7 +225,10 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
                 for inp in executor_inputs:
                     if inp.name in plan.sources:
                         inp.throttle = throttle
-            bound.info("executor ready", exchanges=list(exchanges),
+            # the rings its channels hold (`_ring_budget`): its sources', and each end to a peer that keeps one
+            channel_bytes = sum(inp.receiver.spec.ring_bytes for inp in executor_inputs if inp.name in plan.sources)
+            channel_bytes += sum(end.spec.ring_bytes for end in peer_of if isinstance(end, Receiver) or ring_ends(job.transport) == 2)
+            bound.info("executor ready", exchanges=list(exchanges), channel_bytes=channel_bytes,
                        records={k: len(v) if hasattr(v, "__len__") else "chunks" for k, v in inputs.items()
                                 if k not in targets and not callable(getattr(v, "feed", None))},
                        connectors={k: repr(v) for k, v in inputs.items() if callable(getattr(v, "feed", None))},
@@ -254,6 +257,7 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
                             await control.send("report", reporter.latest)
                 watch.cancel_scope.cancel()
             result.stats[0].shipped_bytes = sum(x.shipped_bytes for x in plan.exchanges())
+            result.stats[0].channel_bytes = channel_bytes
             if bus is not None:
                 result.stats[0].progress_bytes, result.stats[0].progress_messages = bus.stats.bytes, bus.stats.messages
             if result.savepoint is not None:

@@ -44,12 +44,14 @@ import numpy as np
 import structlog
 import trio
 
+from slashrt._buffer import DEFAULT_SLOT_SIZE, DEFAULT_SLOTS
 from slashrt._frontier_report import lower_envelope
 from slashrt._plan import MODES, ClusterRole, build_plan, check_cluster_flow, per_source
 from slashrt._runtime import RunResult
 from slashrt._inputs import Ingest, PerExecutor, split_input
 from slashrt.cluster._job import Job, job_message
 from slashrt.cluster._reports import cluster_reports
+from slashrt.cluster._ring_budget import DEFAULT_CHANNEL_BUDGET, exchange_slots
 from slashrt.cluster._zygote import Zygote, open_zygote
 from slashrt.cluster._liveness import (
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Link, OwnStalls, PeerSilent, PeerStalled, PeersUnreachable,
@@ -533,6 +535,7 @@ async def _run_attempt(
     on_ready=None,
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+    channel_budget: int = DEFAULT_CHANNEL_BUDGET,
     marks: dict | None = None,
     committed: Committed | None = None,
     zygote: Zygote | None = None,
@@ -567,8 +570,14 @@ async def _run_attempt(
     reports = cluster_reports(options, flow, n)  # run(..., on_report=): gathered here
     shares = _shares(plan, inputs, n)
     role = ClusterRole(0, Partitioning(partitions, n), mode, epoch_bytes, options.get("ssb_routing", "auto"))
+    executor_plan = build_plan(flow, role)
+    if "exchange_slots" not in options:  # (tests set the rings' size themselves)
+        slot_size = options.get("slot_size", DEFAULT_SLOT_SIZE)
+        options["exchange_slots"] = exchange_slots(
+            channel_budget, executors=n, exchanges=len(executor_plan.exchanges()), slot_size=slot_size,
+            source_bytes=len(plan.sources) * options.get("slots", DEFAULT_SLOTS) * slot_size, transport=transport)
     try:
-        checkpoints = cluster_checkpoints(flow, plan, build_plan(flow, role), inputs, n, options)
+        checkpoints = cluster_checkpoints(flow, plan, executor_plan, inputs, n, options)
     except RetryableError as exc:  # (a broker a sink asks what it published is away: an attempt's failure)
         raise ClusterError(f"{type(exc).__name__}: {exc}", retryable=True) from None
     if checkpoints is not None:  # what was committed after the checkpoint resumed from is produced again

@@ -26,6 +26,7 @@ class ExecutorStats:
     progress_bytes: int = 0  # on several executors: bytes its progress bus posted (to all peers)
     progress_messages: int = 0  # and the messages it broadcast
     shipped_bytes: int = 0  # several executors: bytes of rows its exchanges sent peers (records or partial states)
+    channel_bytes: int = 0  # several executors: bytes of the rings its channels hold (`slashrt.cluster._ring_budget`)
 
     def as_dict(self) -> dict:
         return attrs.asdict(self)

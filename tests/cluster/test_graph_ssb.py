@@ -16,7 +16,7 @@ import pytest
 import slashrt
 from slashrt import Dataflow, Operator, Schema, Tumbling, sinks
 from slashrt.cluster import PerExecutor
-from slashrt.cluster.agent import EXCHANGE_SLOTS
+from slashrt.cluster._ring_budget import EXCHANGE_SLOTS
 from slashrt._buffer import FOOTER_SIZE
 from slashrt.ssb.partitions import DEFAULT_PARTITIONS, Partitioning
 

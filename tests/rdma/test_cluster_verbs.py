@@ -1,7 +1,8 @@
 """Multi-executor jobs over verbs, inside the VM: every exchange mode, with every channel
 wrapping its small ring at least a hundred times, gives the single-executor result; the
 progress bus keeps the distributed protocol's laws over verbs queue pairs, a loop whose
-records cross executors runs on it, and so does a graph flow's window on the state backend."""
+records cross executors runs on it, and so does a graph flow's window on the state backend;
+exchange rings shrunk by the channel budget hold what it says."""
 
 import os
 import subprocess
@@ -19,6 +20,7 @@ from cluster.test_graph_cluster import KEYED, exchange_flow
 from cluster.test_graph_cluster import K as HOPS
 from cluster.test_graph_ssb import N as SSB_N, RINGS as SSB_RINGS, expected as ssb_expected, inputs as ssb_inputs
 from cluster.test_graph_ssb import union_count, windows as ssb_windows
+from cluster.test_ring_budget import SCHEMA as BUDGET_SCHEMA, SLOT, SOURCE_SLOTS, counting, held
 
 MEDIUM = "verbs"
 
@@ -99,3 +101,24 @@ def test_a_graph_flows_window_on_the_state_backend_over_verbs_ships_partials_and
     assert 0 < sum(s.shipped_bytes for s in result.stats) < 3 * SSB_N * 8  # partial rows, not a row per record
     rdma_report(f"a graph flow's SSB window over {MEDIUM}, 2 executors: {3 * SSB_N} records, "
                 f"{sum(s.shipped_bytes for s in result.stats)} bytes shipped: {result.seconds:.1f} s")
+
+
+def test_exchange_rings_shrunk_by_the_channel_budget_over_verbs_hold_what_it_says_and_are_exact(rdma_device, agents, rdma_report):
+    # verbs keeps a ring at both ends of a channel (the receiver's registered ring, the sender's
+    # slots): the budget counts both, and 5 slots a ring carry data many times their size
+    addresses, secret = agents
+    n, slots = 40_000, 5
+    budget = held(2, 1, slots, MEDIUM) + SLOT // 2
+    records = np.zeros(n * 2, BUDGET_SCHEMA.dtype)
+    records["t"] = np.arange(len(records)) // 200
+    records["k"] = np.random.default_rng(5).integers(0, 20_000, len(records))
+    flow, out = counting()
+    result = slashrt.run(flow, {"a": records}, executors=addresses, transport=MEDIUM, secret=secret, mode="uppar",
+                         slot_size=SLOT, slots=SOURCE_SLOTS, channel_budget=budget)
+    windows, counts = np.unique(np.column_stack([records["t"] // 10, records["k"]]), axis=0, return_counts=True)
+    rows = out.records[np.lexsort((out.records["k"], out.records["window_start"]))]
+    assert np.array_equal(rows["k"], windows[:, 1]) and np.array_equal(rows["count"], counts)
+    assert [s.channel_bytes for s in result.stats] == [held(2, 1, slots, MEDIUM)] * 2
+    assert min(s.shipped_bytes for s in result.stats) > 20 * slots * SLOT
+    rdma_report(f"exchange rings of {slots} slots under channel_budget={budget} over {MEDIUM}, 2 executors: "
+                f"{result.channel_bytes_per_executor} bytes of rings each, {result.seconds:.1f} s")
