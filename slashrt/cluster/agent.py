@@ -279,8 +279,10 @@ async def connect_to_peer(channels, transport: str, index: int, dst: int, addres
     peer already failed, and is only the echo of that failure (`ChannelClosed`), so that the
     coordinator names the first cause rather than this one."""
     try:
-        return await channels.connect(transport, address, spec, secret,
-                                      **({"connect_timeout": timeout} if transport == "tcp" else {}))
+        # (shm: its set-up may take seconds when many executors set up their channels on few
+        # cores; the listener gives it as long, `_accept.accept_each`)
+        return await channels.connect(transport, address, spec, secret, **(
+            {"connect_timeout": timeout} if transport == "tcp" else {"timeout": timeout} if transport == "shm" else {}))
     except ChannelSilent as exc:
         raise PeersUnreachable(index, dst, f"no answer to a connection between them for {exc.seconds:g} s") from None
     except OSError as exc:

@@ -8,7 +8,9 @@ accept loop, which keeps accepting: an idle, slow, garbage or wrong-secret conne
 task and a descriptor until its deadline, never a real peer's time. A connection that fails
 its set-up is closed and logged ("connection dropped") and never counts as a peer. At most
 `MAX_PENDING` connections are set up at once; a further one drops the oldest of them (a real
-peer finishes in milliseconds, so only a flood of strangers can be that old).
+peer finishes in milliseconds on a machine with room, so only a flood of strangers can be that
+old). A job's exchange and progress listeners, which wait for known peers (`accept_each`),
+give each set-up the whole wait instead.
 
 A listener offers two hooks::
 
@@ -224,11 +226,15 @@ async def authenticated_peers(listener, *, waiting: int = MAX_PENDING) -> AsyncI
 async def accept_each(listeners: dict, *, timeout: float = math.inf, describe: Callable[[Hashable], str] = str) -> dict:
     """One peer on each of `listeners` ({key: listener}), all within `timeout` seconds; returns
     {key: end}. Raises PeersMissing naming (by `describe(key)`) every listener nobody proved
-    the secret on in time."""
+    the secret on in time. A connection's set-up may take as long (not `SETUP_TIMEOUT`): these
+    are a job's own peers, whose set-ups on a machine crowded with executors (64 processes
+    on 2 cores, each setting up 126 channels) take seconds, not milliseconds; a stranger still
+    never delays them, and at most `MAX_PENDING` of its connections wait at once."""
     ends: dict = {}
+    each = None if math.isinf(timeout) else max(timeout, SETUP_TIMEOUT)
 
     async def accept(key, listener) -> None:
-        (ends[key],) = await accept_authenticated(listener)
+        (ends[key],) = await accept_authenticated(listener, timeout=each)
 
     try:
         with trio.move_on_after(timeout):

@@ -1,6 +1,6 @@
 """Accepting peers beside strangers (`transport._accept`): connections are set up concurrently
 under a deadline, strangers are dropped and never count as peers, and a listener that waits for
-several peers names the ones missing.
+several peers names the ones missing and gives their set-ups its whole wait.
 
 Set-up deadlines here are a minute unless a test is about the deadline: a listener that waited
 on any stranger would take that minute, so finishing within `WITHIN` proves it waited on none.
@@ -19,6 +19,7 @@ from trio.testing import wait_all_tasks_blocked
 from slashrt.testing import hostile_connections
 from slashrt.errors import ChannelClosed
 from slashrt.transport import RingSpec, shm
+from slashrt.transport import _accept
 from slashrt.transport._accept import PeersMissing, accept_authenticated, accept_each, serve_authenticated
 from slashrt.transport._auth import generate_secret, receive_exactly, server_handshake
 from slashrt.transport._registry import _backend
@@ -224,3 +225,50 @@ async def test_an_shm_listener_announcing_a_huge_refusal_is_refused_before_readi
                 await shm.connect_shm(name, SPEC, secret)
             nursery.cancel_scope.cancel()
     server.close()
+
+
+class SlowSetUp:
+    """A listener whose every set-up first waits `delay` seconds: a peer's, on a machine whose
+    cores are busy with many executors setting up their channels at once."""
+
+    def __init__(self, listener, delay: float):
+        self.listener, self.delay = listener, delay
+        self.what = listener.what
+
+    async def accept_connection(self):
+        return await self.listener.accept_connection()
+
+    async def set_up(self, connection, peer):
+        try:
+            await trio.sleep(self.delay)
+        except BaseException:  # (dropped while it waited: closed, as a listener's set-up closes it)
+            connection[0].close()  # (an shm listener's connection: its socket and the peer's uid)
+            raise
+        return await self.listener.set_up(connection, peer)
+
+
+async def test_accept_each_gives_its_peers_set_up_the_whole_wait_not_the_short_deadline(monkeypatch):
+    # a job's own peers (accept_each) whose set-up takes longer than SETUP_TIMEOUT are accepted;
+    # a listener waiting for anyone (accept_authenticated) still drops them at the deadline
+    monkeypatch.setattr(_accept, "SETUP_TIMEOUT", 0.2)
+    secret = generate_secret()
+    with trio.fail_after(WITHIN):
+        async with open_listener("shm", SPEC, secret) as listener:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send_one, listener.address, "shm", secret, 5)
+                ends = await accept_each({"a": SlowSetUp(listener, 0.6)}, timeout=WITHIN)
+                assert await receive_one(ends["a"]) == 5
+        async with open_listener("shm", SPEC, secret) as listener:
+            with structlog.testing.capture_logs() as logs:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(refused_sender, listener.address, secret)
+                    with trio.move_on_after(1.5):
+                        await accept_authenticated(SlowSetUp(listener, 0.6))
+                    nursery.cancel_scope.cancel()
+    assert [e["reason"] for e in logs if e["event"] == "connection dropped"] == [
+        "did not finish the handshake and set-up within 0.2 s"]
+
+
+async def refused_sender(address, secret) -> None:
+    with pytest.raises(ChannelClosed, match="during the handshake"):  # (dropped by the listener)
+        await connect("shm", address, SPEC, secret)
