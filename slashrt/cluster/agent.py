@@ -34,7 +34,6 @@ import sys
 import time
 import traceback
 
-import cloudpickle
 import structlog
 import trio
 
@@ -47,7 +46,7 @@ from slashrt.cluster._progress import open_progress_bus
 from slashrt.cluster._ring_budget import EXCHANGE_SLOTS, ring_ends
 from slashrt.cluster._reports import AGENT_MARKER, AgentReporter
 from slashrt._inputs import Ingest, PerExecutor
-from slashrt.cluster._job import Job
+from slashrt.cluster._job import MESSAGE_FIELDS, Job, job_of
 from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent, PeersUnreachable
 from slashrt.cluster._stall import stall_watch
 from slashrt.errors import ChannelClosed, OperatorError, unwrap_groups
@@ -144,8 +143,8 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
             # the progress bus's listeners travel in the same message as the exchanges'
             addresses.update({("progress", peer): address for peer, address in progress_listeners.items()})
             await control.send("addresses", addresses)
-            _, everyone = await control.receive("peers")
-            directory.update(everyone)
+            _, mine = await control.receive("peers")  # {peer: {(step, this executor): address}}
+            directory.update(mine)
             return {peer: directory[peer][("progress", job.index)] for peer in progress_listeners}
 
         async def dial_progress(channels, dst: int, address, spec: RingSpec):
@@ -359,11 +358,10 @@ def _describe(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, (OperatorError, PeersUnreachable)) else f"{type(exc).__name__}: {exc}"
 
 
-_JOB_FIELDS = frozenset({"index", "heartbeat_interval", "heartbeat_timeout", "job"})
 
 
 async def _receive_job(stream: trio.SocketStream) -> dict | None:
-    """The coordinator's "job" message (`_job.job_message`), or None (logged) if it sends none:
+    """The coordinator's "job" message (`_job.JobMessages`), or None (logged) if it sends none:
     it left, announced an absurd size, or sent something else. It beats from the handshake on,
     and until the job (which brings the heartbeat settings) comes, each of its heartbeats is
     answered with one."""
@@ -379,7 +377,7 @@ async def _receive_job(stream: trio.SocketStream) -> dict | None:
         if kind != "job":
             log.warning("control connection dropped", reason=f"expected a 'job' control message, got {kind!r}")
             return None
-        if not (isinstance(payload, dict) and _JOB_FIELDS <= payload.keys()):
+        if not (isinstance(payload, dict) and MESSAGE_FIELDS <= payload.keys()):
             reason = f"the coordinator's job message holds a {type(payload).__name__}, not a Job"
             log.warning("control connection dropped", reason=reason)
             with contextlib.suppress(Exception):
@@ -398,10 +396,8 @@ async def _run_job_on(stream: trio.SocketStream, message: dict, secret: bytes) -
         try:
             # unpickling imports the user's modules: in a thread, so that heartbeats go on
             setup = _Phases()
-            job = await trio.to_thread.run_sync(cloudpickle.loads, message["job"])
+            job = await trio.to_thread.run_sync(job_of, message)
             setup.note("unpickle")
-            if not isinstance(job, Job):
-                raise ChannelClosed(f"the coordinator's job message holds a {type(job).__name__}, not a Job")
             async with stall_watch(link, nursery):  # a stuck loop is named, not taken for a frozen process
                 await run_job(job, link, secret, setup)
             return True

@@ -184,6 +184,24 @@ async def test_a_long_running_agent_survives_coordinators_that_misbehave():
     assert 4 <= len(refused) <= 5, refused
 
 
+async def test_a_job_message_whose_parts_are_damaged_is_refused_in_one_sentence_and_the_agent_serves_on():
+    secret = generate_secret()
+    with trio.fail_after(WITHIN):
+        async with agents(1, secret) as (address,):
+            host, port = address.rsplit(":", 1)
+            stream = await trio.open_tcp_stream(host, int(port))
+            await client_handshake(stream, secret)
+            damaged = {"index": 0, "heartbeat_interval": 10.0, "heartbeat_timeout": 50.0, "shared": b"\x78\x01garbage",
+                       "own": b"not a pickle"}
+            await send_message(stream, "job", damaged)
+            kind, why = await receive_message(stream)
+            assert kind == "failed" and why.startswith(
+                "ChannelClosed: the coordinator's job message holds no job: its parts do not unpickle (")
+            assert "\n" not in why
+            await stream.aclose()
+            await run_job([address], secret)  # still serving
+
+
 async def test_a_coordinator_arriving_while_another_is_served_waits_its_turn():
     """The agent keeps accepting (and authenticating) while it serves a coordinator: the next
     one proves the secret at once and is served when the first is done, never dropped."""
