@@ -145,6 +145,14 @@ async def test_a_peer_that_never_connects_fails_the_job_naming_it(monkeypatch, u
     assert "progress" in str(failed.value)  # (the bus's dial was the one that hung)
 
 
+async def authenticated(address: str, secret: bytes) -> trio.SocketStream:
+    """A control connection to the agent at `address` that proved the secret (a coordinator's)."""
+    host, port = address.rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    await client_handshake(stream, secret)
+    return stream
+
+
 async def test_a_long_running_agent_survives_coordinators_that_misbehave():
     """An authenticated coordinator that leaves before sending the job, one that announces a
     2**40-byte message, one that sends something else than a job, and a coordinator given an
@@ -152,24 +160,17 @@ async def test_a_long_running_agent_survives_coordinators_that_misbehave():
     secret = generate_secret()
     with trio.fail_after(WITHIN), structlog.testing.capture_logs() as logs:
         async with agents(1, secret) as (address,):
-            host, port = address.rsplit(":", 1)
-
-            async def authenticated() -> trio.SocketStream:
-                stream = await trio.open_tcp_stream(host, int(port))
-                await client_handshake(stream, secret)
-                return stream
-
-            stream = await authenticated()
+            stream = await authenticated(address, secret)
             await stream.aclose()  # gone before the job
-            stream = await authenticated()
+            stream = await authenticated(address, secret)
             await stream.send_all(struct.pack("<Q", 1 << 40))  # an absurd length, then nothing
             assert await stream.receive_some(1) == b""  # the agent hangs up
             await stream.aclose()
-            stream = await authenticated()
+            stream = await authenticated(address, secret)
             await send_message(stream, "start")  # not a job
             assert await stream.receive_some(1) == b""
             await stream.aclose()
-            stream = await authenticated()
+            stream = await authenticated(address, secret)
             await send_message(stream, "job", "not a job")
             kind, why = await receive_message(stream)
             assert kind == "failed" and "not a Job" in why
@@ -188,9 +189,7 @@ async def test_a_job_message_whose_parts_are_damaged_is_refused_in_one_sentence_
     secret = generate_secret()
     with trio.fail_after(WITHIN):
         async with agents(1, secret) as (address,):
-            host, port = address.rsplit(":", 1)
-            stream = await trio.open_tcp_stream(host, int(port))
-            await client_handshake(stream, secret)
+            stream = await authenticated(address, secret)
             damaged = {"index": 0, "heartbeat_interval": 10.0, "heartbeat_timeout": 50.0, "shared": b"\x78\x01garbage",
                        "own": b"not a pickle"}
             await send_message(stream, "job", damaged)
@@ -208,11 +207,8 @@ async def test_a_coordinator_arriving_while_another_is_served_waits_its_turn():
     secret = generate_secret()
     with trio.fail_after(WITHIN):
         async with agents(1, secret) as (address,):
-            host, port = address.rsplit(":", 1)
-            first = await trio.open_tcp_stream(host, int(port))
-            await client_handshake(first, secret)
-            second = await trio.open_tcp_stream(host, int(port))
-            await client_handshake(second, secret)  # while the agent waits for the first's job
+            first = await authenticated(address, secret)
+            second = await authenticated(address, secret)  # while the agent waits for the first's job
             await first.aclose()
             await send_message(second, "job", "not a Job")
             kind, why = await receive_message(second)
