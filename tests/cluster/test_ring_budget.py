@@ -62,22 +62,37 @@ def counting():
     return flow, out
 
 
+def keyed_records(n: int) -> np.ndarray:
+    """n records of 20,000 keys, 200 a millisecond."""
+    records = np.zeros(n, SCHEMA.dtype)
+    records["t"] = np.arange(n) // 200
+    records["k"] = np.random.default_rng(5).integers(0, 20_000, n)
+    return records
+
+
+def budget_for(executors: int, slots: int, transport: str) -> int:
+    """A budget with room for `slots` slots in every exchange ring of `counting`, not one more."""
+    return held(executors, 1, slots, transport) + SLOT // 2
+
+
+def assert_counted(out: Collect, records: np.ndarray) -> None:
+    """`counting`'s rows are numpy's counts per 10 ms window and key of `records`."""
+    expected, counts = np.unique(np.column_stack([records["t"] // 10, records["k"]]), axis=0, return_counts=True)
+    rows = out.records[np.lexsort((out.records["k"], out.records["window_start"]))]
+    assert np.array_equal(rows["window_start"] // 10, expected[:, 0]) and np.array_equal(rows["k"], expected[:, 1])
+    assert np.array_equal(rows["count"], counts)
+
+
 @pytest.mark.parametrize(("executors", "transport", "mode"), [(3, "shm", "uppar"), (3, "tcp", "slash"), (2, "tcp", "uppar"),
                                                                 (1, "shm", "uppar")])
 def test_a_run_on_rings_the_budget_shrank_is_exact_and_holds_what_the_budget_says(executors, transport, mode):
-    n = 300_000  # 4.8 MB of records per executor: hundreds of times an exchange ring of 5 slots of 4 KiB
-    records = np.zeros(n * executors, SCHEMA.dtype)
-    records["t"] = np.arange(len(records)) // 200
-    records["k"] = np.random.default_rng(5).integers(0, 20_000, len(records))
-    slots = 5
-    budget = held(executors, 1, slots, transport) + SLOT // 2  # room for 5 slots a ring, not 6
+    # 4.8 MB of records per executor: hundreds of times an exchange ring of 5 slots of 4 KiB
+    records, slots = keyed_records(300_000 * executors), 5
+    budget = budget_for(executors, slots, transport)
     flow, out = counting()
     result = slashrt.run(flow, {"a": records}, executors=executors, transport=transport, mode=mode, slot_size=SLOT,
                          slots=SOURCE_SLOTS, channel_budget=budget)
-    expected = np.unique(np.column_stack([records["t"] // 10, records["k"]]), axis=0, return_counts=True)
-    rows = out.records[np.lexsort((out.records["k"], out.records["window_start"]))]
-    assert np.array_equal(rows["window_start"] // 10, expected[0][:, 0]) and np.array_equal(rows["k"], expected[0][:, 1])
-    assert np.array_equal(rows["count"], expected[1])
+    assert_counted(out, records)
     assert [s.channel_bytes for s in result.stats] == [held(executors, 1, slots, transport)] * executors
     assert result.channel_bytes_per_executor <= budget
     if executors > 1:  # the rows shipped were many times the rings they went through

@@ -20,7 +20,7 @@ from cluster.test_graph_cluster import KEYED, exchange_flow
 from cluster.test_graph_cluster import K as HOPS
 from cluster.test_graph_ssb import N as SSB_N, RINGS as SSB_RINGS, expected as ssb_expected, inputs as ssb_inputs
 from cluster.test_graph_ssb import union_count, windows as ssb_windows
-from cluster.test_ring_budget import SCHEMA as BUDGET_SCHEMA, SLOT, SOURCE_SLOTS, counting, held
+from cluster.test_ring_budget import SLOT, SOURCE_SLOTS, assert_counted, budget_for, counting, held, keyed_records
 
 MEDIUM = "verbs"
 
@@ -107,17 +107,12 @@ def test_exchange_rings_shrunk_by_the_channel_budget_over_verbs_hold_what_it_say
     # verbs keeps a ring at both ends of a channel (the receiver's registered ring, the sender's
     # slots): the budget counts both, and 5 slots a ring carry data many times their size
     addresses, secret = agents
-    n, slots = 40_000, 5
-    budget = held(2, 1, slots, MEDIUM) + SLOT // 2
-    records = np.zeros(n * 2, BUDGET_SCHEMA.dtype)
-    records["t"] = np.arange(len(records)) // 200
-    records["k"] = np.random.default_rng(5).integers(0, 20_000, len(records))
+    records, slots = keyed_records(80_000), 5
+    budget = budget_for(2, slots, MEDIUM)
     flow, out = counting()
     result = slashrt.run(flow, {"a": records}, executors=addresses, transport=MEDIUM, secret=secret, mode="uppar",
                          slot_size=SLOT, slots=SOURCE_SLOTS, channel_budget=budget)
-    windows, counts = np.unique(np.column_stack([records["t"] // 10, records["k"]]), axis=0, return_counts=True)
-    rows = out.records[np.lexsort((out.records["k"], out.records["window_start"]))]
-    assert np.array_equal(rows["k"], windows[:, 1]) and np.array_equal(rows["count"], counts)
+    assert_counted(out, records)
     assert [s.channel_bytes for s in result.stats] == [held(2, 1, slots, MEDIUM)] * 2
     assert min(s.shipped_bytes for s in result.stats) > 20 * slots * SLOT
     rdma_report(f"exchange rings of {slots} slots under channel_budget={budget} over {MEDIUM}, 2 executors: "
