@@ -3,11 +3,11 @@
     python -m slashrt.bench.hostile [--transport tcp|shm] [--strangers 50] [--events N] [--repeat R]
     python -m slashrt.bench.hostile --listener ingest [--strangers 50] [--events N] [--repeat R]
 
-Two agents run in this process (`agent.serve`), so the data listeners of a real job can be
+Two agents run in this process (`agent.serve`), so the channel ports of a real job can be
 attacked the moment they open. A job (a keyed tumbling-window sum over `--events` records, two
 executors) runs `--repeat` times alone, then `--repeat` times with `--strangers` hostile
 connections (`slashrt.testing.hostile_connections`: idle, garbage, wrong secret, slowloris) on
-each agent's control port and on each data listener, connected before the real peers. Reported:
+each agent's control port and on each channel port, connected before the real peers. Reported:
 the wall time of each job from connecting to the agents to the result (setup included: that is
 where a listener that waited on strangers would lose time), less the time the attack itself
 spends opening its connections inside the job's set-up (it runs in the agents' task here),
@@ -38,7 +38,7 @@ from slashrt.cluster import agent, run_cluster_async
 from slashrt.ops.sinks import Collect
 from slashrt.testing import hostile_connections
 from slashrt.transport._auth import generate_secret
-from slashrt.transport._registry import open_listener
+from slashrt.transport._registry import open_port
 
 SCHEMA = Schema([("ts", "<i8"), ("key", "<i8"), ("value", "<i8")])
 
@@ -69,20 +69,20 @@ async def measure(transport: str, strangers: int, events: int, repeat: int) -> d
     secret = generate_secret()
     data = _records(events)
     attacking = False
-    opened = [0.0]  # per job beside strangers: seconds spent opening the data listeners' strangers
+    opened = [0.0]  # per job beside strangers: seconds spent opening the channel ports' strangers
 
     @contextlib.asynccontextmanager
-    async def attacked_listener(name, spec, secret, **where):
-        async with open_listener(name, spec, secret, **where) as listener:
+    async def attacked_port(name, secret, **where):
+        async with open_port(name, secret, **where) as port:
             if not attacking:
-                yield listener
+                yield port
                 return
             opening = time.perf_counter()
-            async with hostile_connections(listener.address, strangers):
+            async with hostile_connections(port.address, strangers):
                 opened[-1] += time.perf_counter() - opening  # the attacker's work, in this process
-                yield listener
+                yield port
 
-    original, agent.open_listener = agent.open_listener, attacked_listener
+    original, agent.open_port = agent.open_port, attacked_port
     try:
         async with trio.open_nursery() as nursery:
             addresses = []
@@ -107,12 +107,12 @@ async def measure(transport: str, strangers: int, events: int, repeat: int) -> d
                     equal = equal and np.array_equal(rows, reference)
             nursery.cancel_scope.cancel()
     finally:
-        agent.open_listener = original
+        agent.open_port = original
     return {
         "transport": transport,
         "events": events,
         "strangers_per_listener": strangers,
-        "listeners_attacked": 4,  # two control ports, one data listener per agent
+        "listeners_attacked": 4,  # two control ports, one channel port per agent
         "seconds_alone": [round(s, 3) for s in alone],
         "seconds_beside_strangers": [round(s, 3) for s in beside],
         "attack_opening_seconds": [round(s, 3) for s in opened[1:]],

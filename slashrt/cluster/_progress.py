@@ -53,6 +53,7 @@ from slashrt.progress.tracker import Pointstamp
 from slashrt.progress.wire import ProgressCodec
 from slashrt.transport._channel import Receiver, RingSpec, Sender
 from slashrt.transport._channel import Liveness
+from slashrt.transport._port import ChannelPort, channel_name
 from slashrt.transport._registry import Channels, open_channels
 
 __all__ = ["ProgressBus", "ProgressStats", "open_progress_bus", "PROGRESS_RING"]
@@ -298,6 +299,7 @@ async def open_progress_bus(
     connect_timeout: float = math.inf,
     dial: Dial | None = None,
     liveness: Liveness | None = None,
+    port: ChannelPort | None = None,
     **where,
 ) -> AsyncIterator[ProgressBus]:
     """Executor `index`'s progress bus among `executors`, over medium `transport`.
@@ -311,14 +313,18 @@ async def open_progress_bus(
     pointstamps every executor starts with (e.g. each source instance's first capability). On
     leaving the block the bus flushes, ends its channels and waits until every peer has ended
     its own. With `liveness`, its channels are watched as the exchanges' are
-    (`transport._channel.Liveness`): a silent one raises `ChannelSilent` out of the block."""
+    (`transport._channel.Liveness`): a silent one raises `ChannelSilent` out of the block.
+    With a `port` (`transport._port`: the executor's, shared with its exchanges), its
+    listeners are the port's channels named `channel_name("progress", peer)`."""
     peers = [p for p in range(executors) if p != index]
     async with open_channels(liveness) as channels:
-        if transport == "shm":
-            # no spin before parking: a receiver spins without yielding, so a waiter it just
-            # woke would wait out the spin (100 us a hop, measured), and progress is sparse
-            where.setdefault("spin_us", 0)
-        listeners = {peer: await channels.listen(transport, spec, secret, **where) for peer in peers}
+        # no spin before parking over shm: a receiver spins without yielding, so a waiter it
+        # just woke would wait out the spin (100 us a hop, measured), and progress is sparse
+        options = {"spin_us": where.pop("spin_us", 0)} if transport == "shm" else {}
+        if port is not None:
+            listeners = {peer: port.listener(channel_name("progress", peer), spec, **options) for peer in peers}
+        else:
+            listeners = {peer: await channels.listen(transport, spec, secret, **where, **options) for peer in peers}
         directory = await swap_addresses({peer: lst.address for peer, lst in listeners.items()})
         senders: dict[int, Sender] = {}
         receivers: dict[int, Receiver] = {}

@@ -8,7 +8,8 @@ it listens, and for each job:
 
 1. builds its plan: every keyed window is an exchange (`SsbRoute` or `WindowRoute`, and every
    `exchange(key=)` step: see `slashrt._plan`), and opens the progress bus to its peers;
-2. opens a data listener per (exchange, peer), reports the addresses, gets everyone's back;
+2. opens its channel port (`slashrt.transport._port`: one listening socket, whose channels a
+   peer names when it connects), reports its address, gets every executor's back;
 3. connects a channel to every peer per exchange and accepts every peer's, then makes its
    own input (its share of arrays, or a `PerExecutor`'s array or chunks) and reports ready; an
    `Ingest` input opens an ingest endpoint instead (slashrt.spark), whose `IngestTarget` the
@@ -60,7 +61,8 @@ from slashrt.transport import RingSpec
 from slashrt.transport._channel import ChannelSilent, Liveness, Receiver
 from slashrt.transport._accept import HandshakeListener, authenticated_peers
 from slashrt.transport._auth import load_secret
-from slashrt.transport._registry import open_channels, open_listener
+from slashrt.transport._port import ChannelAddress, channel_name
+from slashrt.transport._registry import open_channels, open_port
 
 __all__ = ["serve", "run_job", "main", "SETUP_TIMEOUT"]
 
@@ -130,22 +132,19 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
     receivers = {}
     peer_of = {}  # channel end -> the executor at its other end (to name a partition)
     async with _naming_partitions(job.index, peer_of), contextlib.AsyncExitStack() as stack:
-        listeners = {}
-        for step_id in exchanges:
-            for src in peers:
-                listeners[(step_id, src)] = await stack.enter_async_context(
-                    open_listener(job.transport, ring(step_id), secret, **where)
-                )
-        addresses = {key: lst.address for key, lst in listeners.items()}
-        directory = {}
+        # one port per executor: a peer names the channel it dials (`transport._port`), so the
+        # coordinator hands out one address per executor, not one per channel
+        port = await stack.enter_async_context(open_port(
+            job.transport, secret, expected=len(peers) * (len(exchanges) + 1), setup_timeout=CONNECT_TIMEOUT, **where))
+        listeners = {(step_id, src): port.listener(channel_name(step_id, src), ring(step_id))
+                     for step_id in exchanges for src in peers}
+        ports = []  # every executor's port's address
 
         async def swap_addresses(progress_listeners: dict) -> dict:
-            # the progress bus's listeners travel in the same message as the exchanges'
-            addresses.update({("progress", peer): address for peer, address in progress_listeners.items()})
-            await control.send("addresses", addresses)
-            _, mine = await control.receive("peers")  # {peer: {(step, this executor): address}}
-            directory.update(mine)
-            return {peer: directory[peer][("progress", job.index)] for peer in progress_listeners}
+            await control.send("addresses", port.address)
+            _, table = await control.receive("peers")
+            ports.extend(table)
+            return {peer: ChannelAddress(ports[peer], channel_name("progress", job.index)) for peer in progress_listeners}
 
         async def dial_progress(channels, dst: int, address, spec: RingSpec):
             # as the exchanges' channels are dialled: silence or a refusing route names a partition
@@ -159,7 +158,7 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
                 job.index, job.executors, plan.graph, transport=job.transport, secret=secret,
                 swap_addresses=swap_addresses, initial=initial_capabilities(sources, job.executors),
                 connect_timeout=CONNECT_TIMEOUT, dial=dial_progress,
-                liveness=Liveness(control.interval, control.timeout), **where,
+                liveness=Liveness(control.interval, control.timeout), port=port,
             ))
             peer_of.update(bus.peer_of)
         else:
@@ -174,7 +173,8 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
             peer_of.update({end: src for (_, src), end in receivers.items()})
 
         async def dial(step_id: str, dst: int) -> None:
-            sender = await connect_to_peer(channels, job.transport, job.index, dst, directory[dst][(step_id, job.index)],
+            sender = await connect_to_peer(channels, job.transport, job.index, dst,
+                                           ChannelAddress(ports[dst], channel_name(step_id, job.index)),
                                            ring(step_id), secret, timeout=control.timeout)
             peer_of[sender] = dst
             exchanges[step_id].add_peer(dst, sender)

@@ -6,9 +6,9 @@
       spawn agents (local) or take          listen for the control connection
       their addresses (multi-host)
       connect, prove the secret      ───>   prove it back
-      "job" (flow, share of input)   ───>   build the plan, open data listeners
-                                     <───   "addresses"
-      "peers" (the addresses it dials) ───> connect to peers, accept peers, make input
+      "job" (flow, share of input)   ───>   build the plan, open its channel port
+                                     <───   "addresses" (its port's)
+      "peers" (every executor's port) ───>  connect to peers, accept peers, make input
                                      <───   "ready" ({source: IngestTarget} of its
       on_ready(targets), if given           `Ingest` inputs' endpoints; usually empty)
       "start"  (the clock starts)    ───>   run the executor
@@ -397,18 +397,6 @@ class _Agents:
         return [got[i] for i in range(len(self.links))]
 
 
-def dialled_by(addresses: list[dict]) -> list[dict]:
-    """Per executor, the listeners it dials: {peer: {(step, itself): address}} out of every
-    executor's {(step or "progress", the peer it listens for): address}. Each executor gets only
-    its own column: the addresses of a job are O(N^2) (a listener per channel), and sending all
-    of them to each of N executors was O(N^3): 84 MB at 100 executors, 700 MB at 200."""
-    columns: list[dict] = [{} for _ in addresses]
-    for listener, table in enumerate(addresses):
-        for key, address in table.items():
-            columns[key[1]].setdefault(listener, {})[key] = address
-    return columns
-
-
 def _shares(plan, inputs: dict, executors: int) -> list[dict]:
     shares: list[dict] = [{} for _ in range(executors)]
     for step_id, spec, value in per_source(plan, inputs, "input"):
@@ -654,7 +642,9 @@ async def _run_attempt(
                 jobs = (messages.message(i, shares[i], addresses[i][0]) for i in range(n))
                 marks["job_sent"] = time.monotonic()
                 await agents.send_all("job", jobs)
-                await agents.send_all("peers", dialled_by(await agents.gather("addresses")))
+                # every executor's port (`transport._port`): N addresses, the same table for all
+                ports = await agents.gather("addresses")
+                await agents.send_all("peers", [ports] * n)
                 readies = await agents.gather("ready")
                 marks["ready"] = time.monotonic()
                 marks["restore"] = None if checkpoints is None else checkpoints.job["restore"]

@@ -40,6 +40,7 @@ import errno
 import functools
 import itertools
 import math
+import socket
 from collections.abc import AsyncIterator, Callable, Hashable
 
 import attrs
@@ -51,10 +52,14 @@ from slashrt.transport._auth import server_handshake
 
 __all__ = [
     "MAX_PENDING",
+    "PORT_BACKLOG",
     "SETUP_TIMEOUT",
     "HandshakeListener",
     "PeersMissing",
     "TcpAcceptor",
+    "TcpPortSocket",
+    "bind_tcp",
+    "stream_authenticator",
     "accept_authenticated",
     "accept_each",
     "authenticated_peers",
@@ -257,6 +262,24 @@ def peer_name(address) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+PORT_BACKLOG = 4096  # (the kernel caps it at somaxconn) a job's peers dial a port's channels all at once
+
+
+async def bind_tcp(host: str, port: int, backlog: int) -> trio.socket.SocketType:
+    """A listening trio TCP socket on (host, port); port 0 picks a free one."""
+    infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, type_, proto, _, sockaddr = infos[0]
+    sock = trio.socket.socket(family, type_, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        await sock.bind(sockaddr)
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 class TcpAcceptor:
     """The raw accept of a listener over a listening trio TCP socket (`_sock`): the tcp and
     verbs channel listeners' `accept_connection`."""
@@ -266,6 +289,36 @@ class TcpAcceptor:
     async def accept_connection(self) -> tuple[trio.SocketStream, str]:
         tsock, address = await self._sock.accept()
         return trio.SocketStream(tsock), peer_name(address)
+
+
+class TcpPortSocket(TcpAcceptor):
+    """The listening socket of a tcp or verbs `_port.ChannelPort`."""
+
+    def __init__(self, sock: trio.socket.SocketType):
+        self._sock = sock
+        self.address: tuple[str, int] = tuple(sock.getsockname()[:2])
+
+    @staticmethod
+    async def close_connection(stream: trio.SocketStream) -> None:
+        await _close(stream)
+
+    async def aclose(self) -> None:
+        self._sock.close()
+        await trio.lowlevel.checkpoint()
+
+
+def stream_authenticator(secret: bytes):
+    """A port's handshake of an accepted TCP stream (closed if it fails): the name of the
+    channel it asks for."""
+
+    async def authenticate(stream: trio.SocketStream, peer: str) -> str:
+        try:
+            return await server_handshake(stream, secret)
+        except BaseException:
+            await _close(stream)
+            raise
+
+    return authenticate
 
 
 class HandshakeListener:
@@ -288,7 +341,9 @@ class HandshakeListener:
 
     async def set_up(self, stream: trio.SocketStream, peer: str) -> trio.SocketStream:
         try:
-            await server_handshake(stream, self._secret)
+            channel = await server_handshake(stream, self._secret)
+            if channel:
+                raise ChannelClosed(f"{peer} asked for channel {channel!r} of a control listener")
         except BaseException:
             await _close(stream)
             raise

@@ -5,8 +5,14 @@ the cluster secret without sending it::
 
     client -> server   HELLO  b"SLRT1" + client nonce (32 B)
     server -> client   b"SLRT1" + server nonce (32 B) + HMAC(secret, "server" | cn | sn)
-    client -> server   HMAC(secret, "client" | sn | cn)
+    client -> server   HMAC(secret, "client" | sn | cn | channel) + len(channel) (2 B) + channel
     server -> client   b"OK" (or the server closes the connection)
+
+`channel` names the channel the client wants from a listening port that serves many
+(`_port.ChannelPort`: one port per executor and medium); it is empty for a listener of one
+channel and for a control connection. It travels only after the server proved the secret, and
+the client's MAC covers it, so nobody can redirect an authenticated connection to another
+channel.
 
 A server that proved the secret can refuse the client's proof only if that proof was forged,
 so a client whose proof was answered by a closed connection says so, not "wrong secret".
@@ -39,6 +45,7 @@ MAGIC = b"SLRT1"
 NONCE = 32
 MAC = hashlib.sha256().digest_size
 ACCEPTED = b"OK"
+MAX_CHANNEL_NAME = 1024  # bytes of a channel's name
 HANDSHAKE_TIMEOUT = 10.0
 
 
@@ -118,9 +125,10 @@ def _handshake_errors(timeout: float, who: str):
         raise AuthenticationFailed(str(exc)) from None
 
 
-async def server_handshake(stream: trio.abc.Stream, secret: bytes, *, timeout: float = math.inf) -> None:
-    """The accepting side of the handshake; raises AuthenticationFailed unless the peer proves the secret.
-    No deadline of its own by default: a listener's acceptor (`_accept`) bounds the whole set-up."""
+async def server_handshake(stream: trio.abc.Stream, secret: bytes, *, timeout: float = math.inf) -> str:
+    """The accepting side of the handshake; raises AuthenticationFailed unless the peer proves
+    the secret, and returns the name of the channel it asks for ("" for none). No deadline of
+    its own by default: a listener's acceptor (`_accept`) bounds the whole set-up."""
     with _handshake_errors(timeout, "peer"):
         hello = await receive_exactly(stream, len(MAGIC) + NONCE, "the handshake hello")
         if hello[: len(MAGIC)] != MAGIC:
@@ -128,14 +136,28 @@ async def server_handshake(stream: trio.abc.Stream, secret: bytes, *, timeout: f
         client_nonce = hello[len(MAGIC) :]
         server_nonce = secrets.token_bytes(NONCE)
         await stream.send_all(MAGIC + server_nonce + _mac(secret, b"server", client_nonce, server_nonce))
-        proof = await receive_exactly(stream, MAC, "the handshake proof")
-        if not hmac.compare_digest(proof, _mac(secret, b"client", server_nonce, client_nonce)):
+        proof = await receive_exactly(stream, MAC + 2, "the handshake proof")
+        length = int.from_bytes(proof[MAC:], "big")
+        if length > MAX_CHANNEL_NAME:
+            raise AuthenticationFailed(f"peer announced a {length}-byte channel name (at most {MAX_CHANNEL_NAME})")
+        name = await receive_exactly(stream, length, "the channel's name") if length else b""
+        if not hmac.compare_digest(proof[:MAC], _mac(secret, b"client", server_nonce, client_nonce + name)):
             raise AuthenticationFailed("peer failed the handshake: wrong cluster secret")
+        try:
+            channel = name.decode()
+        except UnicodeDecodeError:
+            raise AuthenticationFailed("peer sent a channel name that is not UTF-8") from None
         await stream.send_all(ACCEPTED)
+        return channel
 
 
-async def client_handshake(stream: trio.abc.Stream, secret: bytes, *, timeout: float = HANDSHAKE_TIMEOUT) -> None:
-    """The connecting side; raises AuthenticationFailed unless the server proves the secret."""
+async def client_handshake(stream: trio.abc.Stream, secret: bytes, *, timeout: float = HANDSHAKE_TIMEOUT,
+                           channel: str = "") -> None:
+    """The connecting side, asking for `channel` (a port's channel, or "" for none); raises
+    AuthenticationFailed unless the server proves the secret."""
+    name = channel.encode()
+    if len(name) > MAX_CHANNEL_NAME:
+        raise ValueError(f"a channel's name is at most {MAX_CHANNEL_NAME} bytes, {channel!r} has {len(name)}")
     with _handshake_errors(timeout, "server"):
         client_nonce = secrets.token_bytes(NONCE)
         await stream.send_all(MAGIC + client_nonce)
@@ -145,7 +167,8 @@ async def client_handshake(stream: trio.abc.Stream, secret: bytes, *, timeout: f
         server_nonce = reply[len(MAGIC) : len(MAGIC) + NONCE]
         if not hmac.compare_digest(reply[len(MAGIC) + NONCE :], _mac(secret, b"server", client_nonce, server_nonce)):
             raise AuthenticationFailed("server failed the handshake: wrong cluster secret")
-        await stream.send_all(_mac(secret, b"client", server_nonce, client_nonce))
+        await stream.send_all(_mac(secret, b"client", server_nonce, client_nonce + name)
+                              + len(name).to_bytes(2, "big") + name)
         try:
             verdict = await receive_exactly(stream, len(ACCEPTED), "the handshake verdict")
         except ChannelClosed:  # (it proved the same secret, so ours was right: it closed, say while failing)

@@ -11,6 +11,8 @@ forget a drive, because no end leaves here undriven::
         receiver = await channels.accept(listener)                      # after the handshake, driven
         receivers = await channels.accept_each({key: listener, ...}, timeout=60)   # one per listener
         sender = await channels.connect(name, listener.address, spec, secret)   # driven
+        port = await channels.open_port(name, secret, expected=n, **where)     # one socket, served
+        listener = port.listener("channel name", spec)                          # many channels (`_port`)
         ...
     # on leaving: senders not ended are aborted (a stream cut short never looks complete),
     # receivers closed, drives stopped, listeners closed
@@ -31,6 +33,7 @@ Backends are imported on first use: `verbs` needs pyverbs, which only exists whe
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import math
 import weakref
@@ -41,24 +44,26 @@ import trio
 from slashrt.errors import unwrap_groups
 from slashrt.transport._accept import accept_authenticated, accept_each, serve_authenticated
 from slashrt.transport._channel import ChannelSilent, Liveness, Receiver, RingSpec, Sender
+from slashrt.transport._port import ChannelPort, PortListener
 
-__all__ = ["NETWORK_TRANSPORTS", "Channels", "Listener", "open_channels", "open_listener"]
+__all__ = ["NETWORK_TRANSPORTS", "Channels", "Listener", "open_channels", "open_listener", "open_port"]
 
-# name -> (module, listener factory, connect function)
+# name -> (module, listener factory, connect function, port factory)
 NETWORK_TRANSPORTS = {
-    "shm": ("slashrt.transport.shm", "open_shm_listener", "connect_shm"),
-    "tcp": ("slashrt.transport.tcp", "open_tcp_listener", "connect_tcp"),
-    "verbs": ("slashrt.transport.verbs", "open_verbs_listener", "connect_verbs"),
+    "shm": ("slashrt.transport.shm", "open_shm_listener", "connect_shm", "open_shm_port"),
+    "tcp": ("slashrt.transport.tcp", "open_tcp_listener", "connect_tcp", "open_tcp_port"),
+    "verbs": ("slashrt.transport.verbs", "open_verbs_listener", "connect_verbs", "open_verbs_port"),
 }
 
 
 def _backend(name: str):
+    """(listener factory, connect function, port factory) of medium `name`."""
     try:
-        module, listen, dial = NETWORK_TRANSPORTS[name]
+        module, *functions = NETWORK_TRANSPORTS[name]
     except KeyError:
         raise ValueError(f"unknown transport {name!r}; choose one of {sorted(NETWORK_TRANSPORTS)}") from None
     mod = importlib.import_module(module)
-    return getattr(mod, listen), getattr(mod, dial)
+    return tuple(getattr(mod, f) for f in functions)
 
 
 class Listener:
@@ -77,6 +82,25 @@ async def open_listener(name: str, spec: RingSpec, secret: bytes, **where) -> As
     """Listen for channel senders of medium `name` (bound where `where` says: host, port, ...)."""
     async with _backend(name)[0](spec, secret, **where) as backend_listener:
         yield Listener(name, backend_listener)
+
+
+def _acceptor(listener: Listener | PortListener):
+    """What `_accept` accepts from: a medium's listener, or a port's channel as it is."""
+    return listener._backend if isinstance(listener, Listener) else listener
+
+
+@contextlib.asynccontextmanager
+async def open_port(name: str, secret: bytes, *, expected: int = 0, setup_timeout: float | None = None,
+                    **where) -> AsyncIterator[ChannelPort]:
+    """A port of named channels of medium `name` (`_port`; bound where `where` says), served
+    until the block ends: each handshake within `setup_timeout` (default
+    `_accept.SETUP_TIMEOUT`); `expected`: the connections its peers make at once. Its channels'
+    listeners (`port.listener(...)`) are accepted from through any owner."""
+    async with _backend(name)[2](secret, expected=expected, **where) as port, unwrap_groups(), \
+            trio.open_nursery() as nursery:
+        nursery.start_soon(functools.partial(port.serve, timeout=setup_timeout), name=f"serve:{port.what}")
+        yield port
+        nursery.cancel_scope.cancel()
 
 
 class Channels:
@@ -114,17 +138,25 @@ class Channels:
         """A listener of medium `name`, closed when the owner is done."""
         return await self._listeners.enter_async_context(open_listener(name, spec, secret, **where))
 
-    async def accept(self, listener: Listener) -> Receiver:
+    async def open_port(self, name: str, secret: bytes, *, expected: int = 0, setup_timeout: float | None = None,
+                        **where) -> ChannelPort:
+        """A port of named channels of medium `name` (`_port`), served (each handshake within
+        `setup_timeout`, default `_accept.SETUP_TIMEOUT`) and closed when the owner is done.
+        Its channels' listeners (`port.listener(...)`) are accepted from like any listener's."""
+        return await self._listeners.enter_async_context(
+            open_port(name, secret, expected=expected, setup_timeout=setup_timeout, **where))
+
+    async def accept(self, listener: Listener | PortListener) -> Receiver:
         """The next sender that proves the cluster secret and agrees on the ring spec, as a
         driven receiver; strangers dropped meanwhile (`_accept.accept_authenticated`)."""
-        (end,) = await accept_authenticated(listener._backend)
+        (end,) = await accept_authenticated(_acceptor(listener))
         return await self._own(end)
 
     async def accept_each(self, listeners: dict, *, timeout: float = math.inf, describe=str) -> dict:
         """One driven receiver per listener ({key: Listener}), every one within `timeout`
         seconds, strangers dropped meanwhile (`_accept.accept_each`); PeersMissing names the
         listeners nobody connected to in time."""
-        ends = await accept_each({k: lst._backend for k, lst in listeners.items()}, timeout=timeout, describe=describe)
+        ends = await accept_each({k: _acceptor(lst) for k, lst in listeners.items()}, timeout=timeout, describe=describe)
         return {key: await self._own(end) for key, end in ends.items()}
 
     async def serve(self, listener: Listener, on_peer, *, on_refused=None) -> None:
@@ -138,7 +170,7 @@ class Channels:
             await on_peer(await self._own(end))
 
         async with trio.open_nursery() as peers:
-            await serve_authenticated(listener._backend, lambda end: peers.start_soon(own, end), on_refused=on_refused)
+            await serve_authenticated(_acceptor(listener), lambda end: peers.start_soon(own, end), on_refused=on_refused)
 
     async def connect(self, name: str, address, spec: RingSpec, secret: bytes, **options) -> Sender:
         """A driven sender connected to a listener of medium `name` at `address`."""

@@ -59,6 +59,7 @@ import stat
 import struct
 import time
 import weakref
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import attrs
@@ -71,7 +72,9 @@ from slashrt._buffer import FULL
 from slashrt._logging import fault_level
 from slashrt.errors import ChannelClosed
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
+from slashrt.transport._accept import PORT_BACKLOG
 from slashrt.transport._channel import Receiver, RingSpec, Sender
+from slashrt.transport._port import ChannelPort, channel_of, refuse_named
 
 __all__ = [
     "ShmListener",
@@ -616,7 +619,8 @@ def _received_fds(ancdata) -> list[int]:
 
 class ShmListener:
     """The receiving side's listening socket; each sender accepted through `_accept` (as every
-    listener's) becomes a ShmReceiver.
+    listener's) becomes a ShmReceiver. Without a socket of its own (`path=False`) it is a
+    channel of a port (`_port`; `attach` only).
 
     Connections are set up concurrently, each within `_accept.SETUP_TIMEOUT` seconds: one from
     another user is dropped at once (the kernel names its uid), one that fails the handshake,
@@ -626,55 +630,38 @@ class ShmListener:
 
     what = "shm channel listener"
 
-    def __init__(self, spec: RingSpec, secret: bytes, path: str | os.PathLike | None = None, *, backlog: int = 128,
-                 spin_us: float = DEFAULT_SPIN_US):
+    def __init__(self, spec: RingSpec, secret: bytes, path: str | os.PathLike | None | bool = None, *,
+                 backlog: int = 128, spin_us: float = DEFAULT_SPIN_US):
         self.spec = spec
         self.spin_us = spin_us
         self._secret = secret
         self._path: Path | None = None
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            if path is None or os.fspath(path).startswith("@"):
-                self.address = "@slashrt-shm-" + secrets.token_hex(12) if path is None else os.fspath(path)
-                sock.bind(_sockaddr(self.address))
-            else:
-                self._path = Path(path)
-                self.address = os.fspath(path)
-                old = os.umask(0o177)  # the socket is born 0600: no window with wider permissions
-                try:
-                    sock.bind(self.address)
-                finally:
-                    os.umask(old)
-            sock.listen(backlog)
-        except BaseException:
-            sock.close()
-            raise
-        self._sock = trio.socket.from_stdlib_socket(sock)
-        log.debug("shm listener open", address=self.address)
+        self._sock = None
+        self.address = None
+        if path is not False:
+            self._sock, self.address, self._path = _bind_unix(path, backlog)
+            log.debug("shm listener open", address=self.address)
 
     async def accept_connection(self):
-        conn, _ = await self._sock.accept()
-        try:
-            pid, uid = _peer_credentials(conn)
-        except OSError:
-            pid, uid = "?", None
-        return (conn, uid), f"shm sender (pid {pid})"
+        return await _accept_unix(self._sock)
 
     async def set_up(self, connection, peer: str) -> ShmReceiver:
         """Authenticate the sender, agree on the ring, hand it the memory (the connection is
         closed if anything fails); `accept_authenticated`'s deadline bounds it."""
-        conn, uid = connection
+        refuse_named(await _authenticate(connection, peer, self._secret), peer, self.what)
+        return await self.attach(connection, peer)
+
+    async def attach(self, connection, peer: str) -> ShmReceiver:
+        """The set-up after the handshake: the ring spec, the memory (closed if it fails)."""
+        conn, _ = connection
         try:
-            if uid not in (os.geteuid(), 0):  # abstract names are open to every local user
-                raise ChannelClosed(f"{peer} runs as uid {uid}, not as this user (uid {os.geteuid()}) or root")
-            return await self._set_up(conn, peer)
+            return await self._attach(conn, peer)
         except BaseException:
             conn.close()
             raise
 
-    async def _set_up(self, conn, peer: str) -> ShmReceiver:
+    async def _attach(self, conn, peer: str) -> ShmReceiver:
         stream = trio.SocketStream(conn)
-        await server_handshake(stream, self._secret)
         try:
             theirs = _decode_spec(await receive_exactly(stream, _SPEC.size, "the ring spec"))
             if theirs != self.spec:
@@ -703,11 +690,8 @@ class ShmListener:
         return ShmReceiver(self.spec, link, spin_us=self.spin_us)
 
     async def aclose(self) -> None:
-        self._sock.close()
-        if self._path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self._path.unlink()
-            self._path = None
+        _close_unix(self._sock, self._path)
+        self._path = None
         await trio.lowlevel.checkpoint()
 
     async def __aenter__(self) -> ShmListener:
@@ -715,6 +699,95 @@ class ShmListener:
 
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
+
+
+def _bind_unix(path, backlog: int):
+    """A listening unix socket (trio), its address and its file (None for an abstract name):
+    `open_shm_listener` says which path means what."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    file = None
+    try:
+        if path is None or os.fspath(path).startswith("@"):
+            address = "@slashrt-shm-" + secrets.token_hex(12) if path is None else os.fspath(path)
+            sock.bind(_sockaddr(address))
+        else:
+            file = Path(path)
+            address = os.fspath(path)
+            old = os.umask(0o177)  # the socket is born 0600: no window with wider permissions
+            try:
+                sock.bind(address)
+            finally:
+                os.umask(old)
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return trio.socket.from_stdlib_socket(sock), address, file
+
+
+def _close_unix(sock, file: Path | None) -> None:
+    if sock is not None:
+        sock.close()
+    if file is not None:
+        with contextlib.suppress(FileNotFoundError):
+            file.unlink()
+
+
+async def _accept_unix(sock):
+    conn, _ = await sock.accept()
+    try:
+        pid, uid = _peer_credentials(conn)
+    except OSError:
+        pid, uid = "?", None
+    return (conn, uid), f"shm sender (pid {pid})"
+
+
+async def _authenticate(connection, peer: str, secret: bytes) -> str:
+    """The handshake of an accepted sender (closed if it fails): another user's is refused
+    at once; returns the channel it asks for."""
+    conn, uid = connection
+    try:
+        if uid not in (os.geteuid(), 0):  # abstract names are open to every local user
+            raise ChannelClosed(f"{peer} runs as uid {uid}, not as this user (uid {os.geteuid()}) or root")
+        return await server_handshake(trio.SocketStream(conn), secret)
+    except BaseException:
+        conn.close()
+        raise
+
+
+class _UnixPortSocket:
+    """The listening socket of an shm `_port.ChannelPort`."""
+
+    def __init__(self, path, backlog: int):
+        self._sock, self.address, self._file = _bind_unix(path, backlog)
+
+    async def accept_connection(self):
+        return await _accept_unix(self._sock)
+
+    @staticmethod
+    async def close_connection(connection) -> None:
+        connection[0].close()
+        await trio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        _close_unix(self._sock, self._file)
+        self._file = None
+        await trio.lowlevel.checkpoint()
+
+
+@contextlib.asynccontextmanager
+async def open_shm_port(secret: bytes, path: str | os.PathLike | None = None, *, expected: int = 0
+                        ) -> AsyncIterator[ChannelPort]:
+    """A port of named shm channels (`_port`), bound as `open_shm_listener` binds; its
+    channels take the listener's options (`spin_us`). `expected`: the connections its peers
+    make at once."""
+    channel_port = ChannelPort(
+        "shm", _UnixPortSocket(path, PORT_BACKLOG), lambda connection, peer: _authenticate(connection, peer, secret),
+        lambda spec, **options: ShmListener(spec, secret, False, **options), expected=expected)
+    try:
+        yield channel_port
+    finally:
+        await channel_port.aclose()
 
 
 def open_shm_listener(
@@ -728,7 +801,9 @@ def open_shm_listener(
 
 
 async def connect_shm(address: str, spec: RingSpec, secret: bytes, *, timeout: float = HANDSHAKE_TIMEOUT) -> ShmSender:
-    """Connect to a listener at `address`, prove the secret, agree on `spec`, map the ring."""
+    """Connect to a listener at `address` (or a port's channel: `_port.ChannelAddress`), prove
+    the secret, agree on `spec`, map the ring."""
+    address, channel = channel_of(address)
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         try:
@@ -736,7 +811,7 @@ async def connect_shm(address: str, spec: RingSpec, secret: bytes, *, timeout: f
         except OSError as exc:
             raise ChannelClosed(f"cannot connect to the shm listener at {address!r}: {exc}") from None
         stream = trio.SocketStream(sock)
-        await client_handshake(stream, secret, timeout=timeout)
+        await client_handshake(stream, secret, timeout=timeout, channel=channel)
         peer = f"shm receiver (pid {_peer_pid(sock)})"
         with trio.move_on_after(timeout):
             try:

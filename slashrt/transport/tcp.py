@@ -74,8 +74,9 @@ import trio
 from slashrt._buffer import FOOTER_SIZE, FULL, Control, Kind
 from slashrt._logging import fault_level
 from slashrt.errors import ChannelClosed, MalformedBuffer
-from slashrt.transport._accept import TcpAcceptor, peer_name
+from slashrt.transport._accept import PORT_BACKLOG, TcpAcceptor, TcpPortSocket, bind_tcp, peer_name, stream_authenticator
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
+from slashrt.transport._port import ChannelPort, channel_of, refuse_named
 from slashrt.transport._channel import ChannelSilent, DrivenReceiver, RingSpec, RunningDrive, Sender
 
 __all__ = ["TcpListener", "TcpReceiver", "TcpSender", "TcpStatistics", "connect_tcp", "open_tcp_listener"]
@@ -800,21 +801,30 @@ class TcpReceiver(DrivenReceiver):
 
 class TcpListener(TcpAcceptor):
     """Accepts channel senders on one address; each accepted connection becomes a TcpReceiver.
-    Connections are set up concurrently (`_accept`): a stranger never delays a real sender."""
+    Connections are set up concurrently (`_accept`): a stranger never delays a real sender.
+    Without a socket of its own it is a channel of a port (`_port`; `attach` only)."""
 
     what = "tcp channel listener"
 
-    def __init__(self, sock: trio.socket.SocketType, spec: RingSpec, secret: bytes):
+    def __init__(self, sock: trio.socket.SocketType | None, spec: RingSpec, secret: bytes):
         self._sock = sock
         self.spec = spec
         self._secret = secret
-        self.address: tuple[str, int] = sock.getsockname()[:2]
+        self.address: tuple[str, int] | None = None if sock is None else sock.getsockname()[:2]
 
     async def set_up(self, stream: trio.SocketStream, peer: str) -> TcpReceiver:
         """Handshake and ring spec check on an accepted connection (closed if they fail);
         `accept_authenticated`'s deadline bounds them."""
         try:
-            await server_handshake(stream, self._secret)
+            refuse_named(await server_handshake(stream, self._secret), peer, self.what)
+        except BaseException:
+            await _close_stream_forcefully(stream)
+            raise
+        return await self.attach(stream, peer)
+
+    async def attach(self, stream: trio.SocketStream, peer: str) -> TcpReceiver:
+        """The set-up after the handshake: the ring spec check (the stream is closed if it fails)."""
+        try:
             await _agree_spec(stream, self.spec, _RECEIVER, peer)
         except BaseException:
             await _close_stream_forcefully(stream)
@@ -823,7 +833,8 @@ class TcpListener(TcpAcceptor):
         return TcpReceiver(self.spec, _detach(stream), peer)
 
     async def aclose(self) -> None:
-        self._sock.close()
+        if self._sock is not None:
+            self._sock.close()
         await trio.lowlevel.checkpoint()
 
     async def __aenter__(self) -> TcpListener:
@@ -841,20 +852,27 @@ async def open_tcp_listener(
     port 0 picks a free one (see `listener.address`)."""
     if not secret:
         raise ValueError("a TCP channel needs the cluster secret")
-    infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, type_, proto, _, sockaddr = infos[0]
-    sock = trio.socket.socket(family, type_, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        await sock.bind(sockaddr)
-        sock.listen(backlog)
-    except BaseException:
-        sock.close()
-        raise
+    sock = await bind_tcp(host, port, backlog)
     async with TcpListener(sock, spec, secret) as listener:
         if not _is_loopback(listener.address[0]):
             log.info("tcp listener on a non-loopback address", address=peer_name(listener.address))
         yield listener
+
+
+@contextlib.asynccontextmanager
+async def open_tcp_port(secret: bytes, *, host: str = "127.0.0.1", port: int = 0, expected: int = 0
+                        ) -> AsyncIterator[ChannelPort]:
+    """A port of named tcp channels (`_port`) on (host, port); `expected`: the connections its
+    peers make at once."""
+    if not secret:
+        raise ValueError("a TCP channel needs the cluster secret")
+    channel_port = ChannelPort("tcp", TcpPortSocket(await bind_tcp(host, port, PORT_BACKLOG)),
+                               stream_authenticator(secret), lambda spec: TcpListener(None, spec, secret),
+                               expected=expected)
+    try:
+        yield channel_port
+    finally:
+        await channel_port.aclose()
 
 
 def _is_loopback(host: str) -> bool:
@@ -871,14 +889,15 @@ async def connect_tcp(address: tuple[str, int], spec: RingSpec, secret: bytes, *
     peer's kernel answers a connection whatever its process does, so no answer is the network)."""
     if not secret:
         raise ValueError("a TCP channel needs the cluster secret")
+    address, channel = channel_of(address)
     host, port = address[0], address[1]
-    peer = peer_name((host, port))
+    peer = peer_name((host, port)) + (f" {channel!r}" if channel else "")
     with trio.move_on_after(connect_timeout if connect_timeout is not None else math.inf) as unanswered:
         stream = await trio.open_tcp_stream(host, port)
     if unanswered.cancelled_caught:
         raise ChannelSilent(peer, connect_timeout, "no answer to a connection")
     try:
-        await client_handshake(stream, secret)
+        await client_handshake(stream, secret, channel=channel)
         await _agree_spec(stream, spec, _SENDER, peer)
     except ChannelClosed as exc:
         log.error("tcp connection refused", peer=peer, end="sender", reason=str(exc))

@@ -101,9 +101,10 @@ from slashrt import _kernels as kernels
 from slashrt._buffer import FOOTER_SIZE, FULL
 from slashrt._logging import fault_level
 from slashrt.errors import ChannelClosed
-from slashrt.transport._accept import TcpAcceptor, peer_name
+from slashrt.transport._accept import PORT_BACKLOG, TcpAcceptor, TcpPortSocket, bind_tcp, peer_name, stream_authenticator
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._channel import DrivenReceiver, RingSpec, RunningDrive, Sender
+from slashrt.transport._port import ChannelPort, channel_of, refuse_named
 
 # pyverbs configures the root logger when it is imported (logging.basicConfig in pyverbs.base);
 # undo that so that importing this backend leaves the application's logging as it was.
@@ -1226,23 +1227,33 @@ class VerbsReceiver(DrivenReceiver):
 
 
 class VerbsListener(TcpAcceptor):
-    """Accepts channel senders on one TCP address; each accepted one becomes a VerbsReceiver."""
+    """Accepts channel senders on one TCP address; each accepted one becomes a VerbsReceiver.
+    Without a socket of its own it is a channel of a port (`_port`; `attach` only)."""
 
     what = "verbs channel listener"
 
-    def __init__(self, sock: trio.socket.SocketType, spec: RingSpec, secret: bytes, where: dict):
+    def __init__(self, sock: trio.socket.SocketType | None, spec: RingSpec, secret: bytes, where: dict):
         self._sock = sock
         self.spec = spec
         self._secret = secret
         self._where = where
-        self.address: tuple[str, int] = tuple(sock.getsockname()[:2])
+        self.address: tuple[str, int] | None = None if sock is None else tuple(sock.getsockname()[:2])
 
     async def set_up(self, stream: trio.SocketStream, peer: str) -> VerbsReceiver:
         """Handshake, hello, queue pairs and ring on an accepted connection (closed if any of
         them fails); `accept_authenticated`'s deadline bounds it."""
+        try:
+            refuse_named(await server_handshake(stream, self._secret), peer, self.what)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+            raise
+        return await self.attach(stream, peer)
+
+    async def attach(self, stream: trio.SocketStream, peer: str) -> VerbsReceiver:
+        """The set-up after the handshake: hello, queue pairs and ring (closed if it fails)."""
         receiver: VerbsReceiver | None = None
         try:
-            await server_handshake(stream, self._secret)
             hello = await _receive_message(stream, peer, "its channel hello")
             if hello.get("proto") != PROTOCOL or hello.get("version") != VERSION:
                 raise ChannelClosed(f"peer {peer} does not speak {PROTOCOL} version {VERSION}")
@@ -1271,7 +1282,8 @@ class VerbsListener(TcpAcceptor):
         return receiver
 
     async def aclose(self) -> None:
-        self._sock.close()
+        if self._sock is not None:
+            self._sock.close()
         await trio.lowlevel.checkpoint()
 
     async def __aenter__(self) -> VerbsListener:
@@ -1298,21 +1310,32 @@ async def open_verbs_listener(
     override the discovery of the RDMA port the receivers use."""
     if not secret:
         raise ValueError("a verbs channel needs the cluster secret")
-    infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, type_, proto, _, sockaddr = infos[0]
-    sock = trio.socket.socket(family, type_, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        await sock.bind(sockaddr)
-        sock.listen(backlog)
-    except BaseException:
-        sock.close()
-        raise
+    sock = await bind_tcp(host, port, backlog)
     where = {"device": device, "ib_port": ib_port, "gid_index": gid_index}
     async with VerbsListener(sock, spec, secret, where) as listener:
         if not (listener.address[0].startswith("127.") or listener.address[0] == "::1"):
             log.info("verbs listener on a non-loopback address", address=peer_name(listener.address))
         yield listener
+
+
+@contextlib.asynccontextmanager
+async def open_verbs_port(
+    secret: bytes, *, host: str = "127.0.0.1", port: int = 0, expected: int = 0, device: str | None = None,
+    ib_port: int | None = None, gid_index: int | None = None,
+) -> AsyncIterator[ChannelPort]:
+    """A port of named verbs channels (`_port`): their set-up connections on TCP (host, port),
+    their receivers on the RDMA port `open_verbs_listener` would pick. `expected`: the
+    connections its peers make at once."""
+    if not secret:
+        raise ValueError("a verbs channel needs the cluster secret")
+    where = {"device": device, "ib_port": ib_port, "gid_index": gid_index}
+    channel_port = ChannelPort("verbs", TcpPortSocket(await bind_tcp(host, port, PORT_BACKLOG)),
+                               stream_authenticator(secret), lambda spec: VerbsListener(None, spec, secret, where),
+                               expected=expected)
+    try:
+        yield channel_port
+    finally:
+        await channel_port.aclose()
 
 
 async def connect_verbs(
@@ -1333,12 +1356,13 @@ async def connect_verbs(
     listens there."""
     if not secret:
         raise ValueError("a verbs channel needs the cluster secret")
+    address, channel = channel_of(address)
     host, port = address[0], address[1]
-    peer = peer_name((host, port))
+    peer = peer_name((host, port)) + (f" {channel!r}" if channel else "")
     stream = await trio.open_tcp_stream(host, port)
     sender: VerbsSender | None = None
     try:
-        await client_handshake(stream, secret)
+        await client_handshake(stream, secret, channel=channel)
         # Only now, with the peer authenticated, create queue pair and memory.
         try:
             sender = VerbsSender(spec, discover_device(device, ib_port, gid_index), sig_every=sig_every)

@@ -27,7 +27,7 @@ from slashrt.ops.sinks import Collect
 from slashrt.testing import hostile_connections
 from slashrt.transport import _accept
 from slashrt.transport._auth import client_handshake, generate_secret
-from slashrt.transport._registry import Channels, open_listener
+from slashrt.transport._registry import Channels, open_port
 
 SCHEMA = Schema([("ts", "<i8"), ("key", "<i8"), ("value", "<i8")])
 STRANGERS = 50  # per listener
@@ -93,19 +93,19 @@ async def run_job(addresses, secret, transport="tcp", seed=0, union=False):
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 async def test_strangers_on_every_listener_of_a_job_change_nothing(transport, monkeypatch):
     """50 strangers (idle, garbage, wrong secret, slowloris) on each agent's control port and on
-    each data listener the job opens, connected before the real peers: the job's result is the
+    the channel port each job opens, connected before the real peers: the job's result is the
     same and it finishes well within one set-up deadline."""
     secret = generate_secret()
     attacks = []
 
     @contextlib.asynccontextmanager
-    async def attacked_listener(name, spec, secret, **where):
-        async with open_listener(name, spec, secret, **where) as listener:
-            async with hostile_connections(listener.address, STRANGERS) as strangers:
+    async def attacked_port(name, secret, **where):
+        async with open_port(name, secret, **where) as port:
+            async with hostile_connections(port.address, STRANGERS) as strangers:
                 attacks.append(strangers)
-                yield listener
+                yield port
 
-    monkeypatch.setattr(agent, "open_listener", attacked_listener)
+    monkeypatch.setattr(agent, "open_port", attacked_port)
     with trio.fail_after(WITHIN):
         async with agents(2, secret) as addresses:
             async with contextlib.AsyncExitStack() as stack:
@@ -114,7 +114,7 @@ async def test_strangers_on_every_listener_of_a_job_change_nothing(transport, mo
                     attacks.append(await stack.enter_async_context(hostile_connections((host, int(port)), STRANGERS)))
                 await run_job(addresses, secret, transport)
                 await run_job(addresses, secret, transport, seed=1)  # and the next job too
-    assert len(attacks) == 2 + 2 * 2  # two control ports, a data listener per agent per job
+    assert len(attacks) == 2 + 2 * 2  # two control ports, a channel port per agent per job
     # every stranger was connected ahead of the real peers; none became a peer (the results
     # would differ, or the job would have waited for the real peer's data until the deadline)
     assert all(a.connected == STRANGERS for a in attacks)

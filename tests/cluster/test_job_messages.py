@@ -1,14 +1,12 @@
-"""What the coordinator sends its executors (`cluster._job`, `coordinator.dialled_by`): the
-part every job shares is pickled and compressed once per run, each message adds the
-executor's own part and gives the agent its job back; each executor gets only the addresses it
-dials, every address once."""
+"""What the coordinator sends its executors (`cluster._job`): the part every job shares is
+pickled and compressed once per run, each message adds the executor's own part and gives the
+agent its job back."""
 
 import numpy as np
 import pytest
 
 from slashrt import Dataflow, Schema, Tumbling
 from slashrt.cluster._job import JobMessages, job_message, job_of, Job
-from slashrt.cluster.coordinator import dialled_by
 from slashrt.errors import ChannelClosed
 from slashrt.ops.sinks import Collect
 
@@ -48,15 +46,3 @@ def test_a_damaged_part_is_one_sentence(part):
     message[part] = message[part][: len(message[part]) // 2]
     with pytest.raises(ChannelClosed, match="^the coordinator's job message holds no job: "):
         job_of(message)
-
-
-def test_each_executor_gets_the_addresses_it_dials_and_every_address_goes_once():
-    n = 5
-    addresses = [{**{("x", src): f"x:{dst}<-{src}" for src in range(n) if src != dst},
-                  **{("progress", src): f"p:{dst}<-{src}" for src in range(n) if src != dst}} for dst in range(n)]
-    columns = dialled_by(addresses)
-    for i, column in enumerate(columns):
-        assert sorted(column) == [d for d in range(n) if d != i]
-        for dst, table in column.items():
-            assert table == {("x", i): f"x:{dst}<-{i}", ("progress", i): f"p:{dst}<-{i}"}
-    assert sum(len(t) for c in columns for t in c.values()) == sum(len(a) for a in addresses)
