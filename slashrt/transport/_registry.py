@@ -143,8 +143,10 @@ class Channels:
         """A port of named channels of medium `name` (`_port`), served (each handshake within
         `setup_timeout`, default `_accept.SETUP_TIMEOUT`) and closed when the owner is done.
         Its channels' listeners (`port.listener(...)`) are accepted from like any listener's."""
-        return await self._listeners.enter_async_context(
-            open_port(name, secret, expected=expected, setup_timeout=setup_timeout, **where))
+        # (the port's socket closes with the listeners, after the owner's nursery, which serves it)
+        port = await self._listeners.enter_async_context(_backend(name)[2](secret, expected=expected, **where))
+        self._nursery.start_soon(functools.partial(port.serve, timeout=setup_timeout), name=f"serve:{port.what}")
+        return port
 
     async def accept(self, listener: Listener | PortListener) -> Receiver:
         """The next sender that proves the cluster secret and agrees on the ring spec, as a

@@ -648,7 +648,12 @@ class ShmListener:
     async def set_up(self, connection, peer: str) -> ShmReceiver:
         """Authenticate the sender, agree on the ring, hand it the memory (the connection is
         closed if anything fails); `accept_authenticated`'s deadline bounds it."""
-        refuse_named(await _authenticate(connection, peer, self._secret), peer, self.what)
+        channel = await _authenticate(connection, peer, self._secret)
+        try:
+            refuse_named(channel, peer, self.what)
+        except BaseException:
+            connection[0].close()
+            raise
         return await self.attach(connection, peer)
 
     async def attach(self, connection, peer: str) -> ShmReceiver:
