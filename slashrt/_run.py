@@ -59,6 +59,8 @@ def run(
     heartbeat_interval: float | None = None,
     heartbeat_timeout: float | None = None,
     channel_budget: int | None = None,
+    blob_store: str | os.PathLike | None = None,
+    offload_min_bytes: int | None = None,
     **unknown,
 ) -> RunResult:
     """Run `flow` to completion over `inputs` (source name -> structured array, or a connector).
@@ -95,7 +97,11 @@ def run(
     and its agents: one every `heartbeat_interval` seconds, an executor silent for
     `heartbeat_timeout` seconds fails the job; `channel_budget`, the bytes of rings each
     executor's channels may hold (128 MiB): its sources' rings, and its exchanges' rings to
-    every peer, which shrink as executors are added (`slashrt.cluster._ring_budget`).
+    every peer, which shrink as executors are added (`slashrt.cluster._ring_budget`);
+    `blob_store`, a directory or fsspec URL every agent reads, where parts of the agents'
+    messages of `offload_min_bytes` (1 MiB) or more are written once instead of sent to each
+    (a flow capturing a large table; by default a temporary directory for local executors:
+    `slashrt.cluster._blobs`).
 
     Anything else is refused in one sentence that lists these options."""
     given = {name: value for name, value in locals().items() if name in _RUN_DEFAULTS and not _is_default(name, value)}

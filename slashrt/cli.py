@@ -257,6 +257,16 @@ def _parser() -> argparse.ArgumentParser:
     cc.add_argument("--json", action="store_true", help="print one JSON object with the results")
     _add_log_level(cc)
 
+    pln = queries.add_parser("plan", help="the coordinator's plan, descriptors and restart set of an all-to-all job "
+                             "of N executors, without processes (and of N/10: how each grows)")
+    pln.add_argument("--executors", type=_positive_int, default=10_000, help="executors of the job (at least 10)")
+    pln.add_argument("--hosts-every", type=_positive_int, default=32,
+                     help="executors per host of the agents' ports the descriptors carry")
+    pln.add_argument("--repeat", type=_positive_int, default=3, help="report the best of this many plans")
+    pln.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the ports' random numbers")
+    pln.add_argument("--json", action="store_true", help="print one JSON object with the results")
+    _add_log_level(pln)
+
     prog = queries.add_parser("progress", help="distributed pointstamp progress: notify latency, loop round trip, traffic")
     prog.add_argument("--executors", type=_positive_int, default=2, help="executor processes (at least 2)")
     prog.add_argument("--transport", choices=["shm", "tcp"], default="shm", help="medium between the executors")
@@ -582,7 +592,7 @@ def _refuse(given: set[str], dests, why: str) -> None:
 def _bench_path(args, given: set[str]) -> str:
     """Which benchmark runs ("single", "cluster", "channel" or the query's own), refusing
     options that the chosen path would ignore."""
-    if args.query in ("report", "spark-convert", "cc", "progress", "checkpoint", "chaos", "operators", "union"):
+    if args.query in ("report", "spark-convert", "cc", "plan", "progress", "checkpoint", "chaos", "operators", "union"):
         return args.query
     cluster = args.query == "nexmark" or any(d in given for d in _CLUSTER_OPTIONS)
     if args.query == "ro":
@@ -665,6 +675,12 @@ def _run_bench(args, given: set[str]) -> dict:
         if args.executors > 1:  # labels partitioned by node id across the executors
             return cc.bench_partitioned(executors=args.executors, transport=args.transport, **shape)
         return cc.bench(**shape)
+    if path == "plan":
+        if args.executors < 10:
+            raise _Refused(f"--executors {args.executors}: `bench plan` compares N executors with N/10; give 10 or more")
+        from slashrt.bench import plan
+
+        return plan.bench(args.executors, hosts_every=args.hosts_every, repeat=args.repeat, seed=args.seed)
     if path == "progress":
         if args.executors < 2:
             raise _Refused(f"--executors {args.executors}: `bench progress` measures progress between executors; "

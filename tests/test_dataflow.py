@@ -261,7 +261,7 @@ def test_run_names_every_option_of_the_paths_it_takes_with_their_defaults():
     local = inspect.signature(run_async).parameters
     assert set(local) - {"flow", "inputs"} <= set(_RUN_DEFAULTS)
     assert all(_RUN_DEFAULTS[name] == p.default for name, p in local.items() if name in _RUN_DEFAULTS)
-    internal = {"executors", "transport", "mode", "marks", "committed", "zygote"}  # (given by run, or the recovery loop's)
+    internal = {"executors", "transport", "mode", "marks", "committed", "zygote", "blobs"}  # (given by run, or the recovery loop's)
     cluster = (_keywords(run_cluster_async) | _keywords(run_cluster_async.attempt)) - internal
     assert cluster <= set(_RUN_DEFAULTS)
     assert set(_RUN_DEFAULTS) - set(local) - cluster == {"ssb_routing"}  # (each attempt reads it from its options)

@@ -47,7 +47,7 @@ from slashrt.cluster._progress import open_progress_bus
 from slashrt.cluster._ring_budget import EXCHANGE_SLOTS, ring_ends
 from slashrt.cluster._reports import AGENT_MARKER, AgentReporter
 from slashrt._inputs import Ingest, PerExecutor
-from slashrt.cluster._job import MESSAGE_FIELDS, Job, job_of
+from slashrt.cluster._job import MESSAGE_FIELDS, Job, job_of, ports_of
 from slashrt.cluster._liveness import HEARTBEAT, Link, PeerSilent, PeersUnreachable
 from slashrt.cluster._stall import stall_watch
 from slashrt.errors import ChannelClosed, OperatorError, unwrap_groups
@@ -143,7 +143,7 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
         async def swap_addresses(progress_listeners: dict) -> dict:
             await control.send("addresses", port.address)
             _, table = await control.receive("peers")
-            ports.extend(table)
+            ports.extend(await trio.to_thread.run_sync(ports_of, table, job.executors))  # (maybe from the blob store)
             return {peer: ChannelAddress(ports[peer], channel_name("progress", job.index)) for peer in progress_listeners}
 
         async def dial_progress(channels, dst: int, address, spec: RingSpec):

@@ -46,10 +46,12 @@ import trio
 
 from slashrt._buffer import DEFAULT_SLOT_SIZE, DEFAULT_SLOTS
 from slashrt._frontier_report import lower_envelope
-from slashrt._plan import MODES, ClusterRole, build_plan, check_cluster_flow, per_source
+from slashrt._plan import MODES, check_cluster_flow
 from slashrt._runtime import RunResult
 from slashrt._inputs import Ingest, PerExecutor, split_input
-from slashrt.cluster._job import JobMessages
+from slashrt.cluster._blobs import OFFLOAD_MIN_BYTES, RunBlobs
+from slashrt.cluster._execution_plan import ExecutionPlan
+from slashrt.cluster._job import JobMessages, port_table
 from slashrt.cluster._reports import cluster_reports
 from slashrt.cluster._ring_budget import DEFAULT_CHANNEL_BUDGET, exchange_slots
 from slashrt.cluster._zygote import Zygote, open_zygote
@@ -64,7 +66,7 @@ from slashrt.ssb.epochs import DEFAULT_EPOCH_BYTES, check_routing
 from slashrt.snapshot.cluster import cluster_checkpoints
 from slashrt.snapshot.collected import COMMITTED, Committed
 from slashrt.snapshot.restart import GiveUp, NoRestart, parse_restart
-from slashrt.ssb.partitions import DEFAULT_PARTITIONS, Partitioning
+from slashrt.ssb.partitions import DEFAULT_PARTITIONS
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, HandshakeTimeout, client_handshake, generate_secret, load_secret
 from slashrt.transport._registry import NETWORK_TRANSPORTS
 
@@ -397,21 +399,17 @@ class _Agents:
         return [got[i] for i in range(len(self.links))]
 
 
-def _shares(plan, inputs: dict, executors: int) -> list[dict]:
-    shares: list[dict] = [{} for _ in range(executors)]
-    for step_id, spec, value in per_source(plan, inputs, "input"):
-        name = step_id.split(".", 1)[1]
-        if callable(getattr(value, "feed", None)):  # a connector source (slashrt.connectors): its readers
-            if not callable(getattr(value, "for_executor", None)):
-                raise DataflowError(f"source {name!r}: {value!r} feeds one executor only; run with executors=1")
-            parts = [value.for_executor(i, executors) for i in range(executors)]
-        elif isinstance(value, (PerExecutor, Ingest)):  # each executor makes (or opens) its own
-            parts = [value] * executors
-        else:
-            parts = split_input(validate_input(step_id, spec.schema, value), spec.time, executors)
-        for i in range(executors):
-            shares[i][name] = parts[i]
-    return shares
+def _split(step_id: str, spec, value, executors: int) -> list | None:
+    """Each executor's part of a source's input, or None where every executor gets the same
+    (`ExecutionPlan.input_parts`)."""
+    name = step_id.split(".", 1)[1]
+    if callable(getattr(value, "feed", None)):  # a connector source (slashrt.connectors): its readers
+        if not callable(getattr(value, "for_executor", None)):
+            raise DataflowError(f"source {name!r}: {value!r} feeds one executor only; run with executors=1")
+        return [value.for_executor(i, executors) for i in range(executors)]
+    if isinstance(value, (PerExecutor, Ingest)):  # each executor makes (or opens) its own
+        return None
+    return split_input(validate_input(step_id, spec.schema, value), spec.time, executors)
 
 
 def _combine(plan, results: list[RunResult], seconds: float, checkpoints=(), committed: Committed | None = None) -> RunResult:
@@ -445,7 +443,8 @@ def _combine(plan, results: list[RunResult], seconds: float, checkpoints=(), com
     return RunResult(seconds, [s for r in results for s in r.stats], late, outputs, epochs, frontiers, list(checkpoints))
 
 
-async def run_cluster_async(flow, inputs: dict, *, restart=None, **options) -> RunResult:
+async def run_cluster_async(flow, inputs: dict, *, restart=None, blob_store: str | os.PathLike | None = None,
+                            offload_min_bytes: int = OFFLOAD_MIN_BYTES, **options) -> RunResult:
     """Run `flow` on N executors (`_run_attempt` says how) and, with a `restart` strategy
     (`slashrt.snapshot.restart.parse_restart`: "fixed-delay:attempts=3,delay=1s",
     "failure-rate:...", "none" or a strategy object) and a `checkpoint_dir`, recover from what
@@ -455,14 +454,23 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, **options) -> R
     sentence naming it and the last failure. `RunResult.recoveries` lists each recovery. Local
     agents, every attempt's, are forked from one zygote (`_zygote`), started here and stopped
     with the run: an executor costs a fork, not an interpreter importing slashrt.
-    `RunResult.startup_s` is how long the first attempt took from this call to processing."""
+    `RunResult.startup_s` is how long the first attempt took from this call to processing.
+    Parts of the agents' messages of `offload_min_bytes` or more are written once to a blob
+    store the agents read (`_blobs`): `blob_store` (a directory or fsspec URL they all reach),
+    by default a temporary directory for local agents; agents at addresses without one get
+    every part inline. The run's blobs are removed when it ends."""
     called_at = time.monotonic()
     strategy = parse_restart(restart)
     if not isinstance(strategy, NoRestart):
         _check_restartable(flow, options)
     async with contextlib.AsyncExitStack() as stack:
+        local = isinstance(options.get("executors", 2), int)
+        blobs = RunBlobs(blob_store, offload_min_bytes) if local or blob_store is not None else None
+        if blobs is not None:
+            stack.callback(blobs.remove)
+        options["blobs"] = blobs
         zygote = None
-        if isinstance(options.get("executors", 2), int):
+        if local:
             # (it imports the job's modules too: the flow's and its inputs' makers, not arrays)
             makers = {name: v for name, v in inputs.items() if not isinstance(v, np.ndarray)}
             zygote = await stack.enter_async_context(open_zygote(preload=(flow, makers)))
@@ -539,6 +547,7 @@ async def _run_attempt(
     marks: dict | None = None,
     committed: Committed | None = None,
     zygote: Zygote | None = None,
+    blobs: RunBlobs | None = None,
     **options,
 ) -> RunResult:
     """Run `flow` on N executors once: `executors` is a count (local processes, forked by
@@ -549,7 +558,6 @@ async def _run_attempt(
     seconds; an executor silent for `heartbeat_timeout` seconds fails the job (and an agent
     whose coordinator is silent that long stops its job). `committed` keeps what in-memory
     sinks committed (across the attempts of a recovery loop)."""
-    plan = build_plan(flow)
     check_cluster_flow(flow)
     if mode not in MODES:
         raise DataflowError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
@@ -567,10 +575,11 @@ async def _run_attempt(
         raise DataflowError(f"need at least one executor, got {n}")
     if not local and transport == "shm" and any(not h.startswith("127.") and h != "localhost" for h, _ in addresses):
         raise DataflowError("shm joins processes of one machine: use transport='tcp' or 'verbs' across hosts")
+    xplan = ExecutionPlan(flow, n, mode=mode, partitions=partitions, epoch_bytes=epoch_bytes,
+                          ssb_routing=options.get("ssb_routing", "auto"))
+    plan, executor_plan = xplan.logical, xplan.executor
     reports = cluster_reports(options, flow, n)  # run(..., on_report=): gathered here
-    shares = _shares(plan, inputs, n)
-    role = ClusterRole(0, Partitioning(partitions, n), mode, epoch_bytes, options.get("ssb_routing", "auto"))
-    executor_plan = build_plan(flow, role)
+    common, shares = xplan.input_parts(inputs, _split)
     if "exchange_slots" not in options:  # (tests set the rings' size themselves)
         slot_size = options.get("slot_size", DEFAULT_SLOT_SIZE)
         options["exchange_slots"] = exchange_slots(
@@ -586,7 +595,7 @@ async def _run_attempt(
     for name, parts in ({} if checkpoints is None else checkpoints.shares).items():  # a rescaled resume's
         for i in range(n):
             shares[i][name] = parts[i]
-    if on_ready is None and any(isinstance(v, Ingest) for v in shares[0].values()):
+    if on_ready is None and any(isinstance(v, Ingest) for v in [*common.values(), *shares[0].values()]):
         raise DataflowError("Ingest inputs need on_ready: it hands their endpoints' targets to the producers")
     secret = _secret(secret)
     procs: list[trio.Process | None] = [None] * n
@@ -637,14 +646,14 @@ async def _run_attempt(
                 agents.start(nursery)
                 messages = JobMessages(  # what every executor's job shares: pickled once
                     heartbeat_interval, heartbeat_timeout, flow=flow, executors=n, transport=transport, mode=mode,
-                    partitions=partitions, epoch_bytes=epoch_bytes, options=options,
-                    checkpoint=None if checkpoints is None else checkpoints.job)
+                    partitions=partitions, epoch_bytes=epoch_bytes, options=options, common_inputs=common,
+                    checkpoint=None if checkpoints is None else checkpoints.job, blobs=blobs)
                 jobs = (messages.message(i, shares[i], addresses[i][0]) for i in range(n))
                 marks["job_sent"] = time.monotonic()
                 await agents.send_all("job", jobs)
                 # every executor's port (`transport._port`): N addresses, the same table for all
-                ports = await agents.gather("addresses")
-                await agents.send_all("peers", [ports] * n)
+                table = port_table(await agents.gather("addresses"), blobs)
+                await agents.send_all("peers", [table] * n)
                 readies = await agents.gather("ready")
                 marks["ready"] = time.monotonic()
                 marks["restore"] = None if checkpoints is None else checkpoints.job["restore"]
