@@ -13,6 +13,7 @@ from slashrt.transport._accept import PeersMissing
 from slashrt.transport._auth import AuthenticationFailed, generate_secret
 from slashrt.transport._port import ChannelAddress
 from slashrt.transport._registry import open_channels
+from tests.transport.test_registry import _take_all
 
 RINGS = 50  # each channel moves this many times its ring
 
@@ -23,17 +24,6 @@ def _spec(i: int) -> RingSpec:
 
 def _data(i: int) -> np.ndarray:
     return np.arange(RINGS * _spec(i).ring_bytes // 8, dtype="<i8") * (i + 1)
-
-
-async def _take_all(receiver) -> np.ndarray:
-    got = []
-    while not receiver.finished:
-        await receiver.wait_readable()
-        while (buf := receiver.poll()) is not None:
-            if not buf.is_control:
-                got.append(buf.records(np.dtype("<i8")).copy())
-            receiver.release()
-    return np.concatenate(got)
 
 
 @pytest.mark.parametrize("medium", ["shm", "tcp"])
