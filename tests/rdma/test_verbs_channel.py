@@ -18,6 +18,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 import structlog
 import trio
 from trio.testing import wait_all_tasks_blocked
@@ -303,6 +304,58 @@ async def test_many_channels_on_one_device_at_once(rdma_device):
     for i in range(channels):
         assert results[i].error is None, (i, results[i].error)
         assert results[i].seqs == list(range(count)), i
+
+
+async def test_named_channels_of_one_port_each_move_many_rings_and_a_name_it_does_not_serve_is_dropped(rdma_device):
+    """A verbs port (`transport._port`): one set-up socket, a channel per name, each with its own
+    ring spec and queue pairs; every channel moves 50 times its ring."""
+    from slashrt.transport._port import ChannelAddress
+    from slashrt.transport._registry import open_channels
+
+    secret = generate_secret()
+    specs = {f"window/{i}": RingSpec(slots=4 + i, slot_size=4096, record_size=8) for i in range(3)}
+    data = {name: np.arange(50 * spec.ring_bytes // 8, dtype="<i8") * (i + 1) for i, (name, spec) in enumerate(specs.items())}
+    got: dict = {}
+
+    async def take(name, receiver) -> None:
+        parts = []
+        while not receiver.finished:
+            await receiver.wait_readable()
+            while (buf := receiver.poll()) is not None:
+                if not buf.is_control:
+                    parts.append(buf.records(np.dtype("<i8")).copy())
+                receiver.release()
+        got[name] = np.concatenate(parts)
+
+    with trio.fail_after(180):
+        async with open_channels() as receiving, open_channels() as sending:
+            port = await receiving.open_port("verbs", secret, host=RDMA_ADDR, expected=len(specs))
+            listeners = {name: port.listener(name, spec) for name, spec in specs.items()}
+            with pytest.raises(ChannelClosed):
+                await sending.connect("verbs", ChannelAddress(port.address, "window/9"), specs["window/0"], secret)
+            senders, receivers = {}, {}
+
+            async def dial(name) -> None:
+                senders[name] = await sending.connect("verbs", listeners[name].address, specs[name], secret)
+
+            async def accept() -> None:
+                receivers.update(await receiving.accept_each(listeners, timeout=120))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(accept)
+                for name in specs:
+                    nursery.start_soon(dial, name)
+
+            async def send(name) -> None:
+                await senders[name].send_records(data[name])
+                await senders[name].aclose()
+
+            async with trio.open_nursery() as nursery:
+                for name in specs:
+                    nursery.start_soon(send, name)
+                    nursery.start_soon(take, name, receivers[name])
+    for name in specs:
+        np.testing.assert_array_equal(got[name], data[name])
 
 
 # -- refusals and failures ------------------------------------------------------------------------------------
