@@ -186,6 +186,7 @@ def summary(flow, result, executors: int) -> dict:
         "stopped": result.savepoint is not None,
         "savepoint": result.savepoint,
         "recoveries": len(result.recoveries),
+        "restarted": [r.get("restarted") for r in result.recoveries],
         "startup_s": result.startup_s,  # several executors: from the call until every one processed
     }
     return out

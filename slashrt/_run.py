@@ -43,6 +43,7 @@ def run(
     resume_from: int | str | None = None,
     stop: StopHandle | None = None,
     restart: str | object | None = None,
+    failover: str | None = None,
     on_records: Callable[[int], None] | None = None,
     on_report: Callable[[dict], None] | str | os.PathLike | None = None,
     report_every: float = 0.5,
@@ -76,7 +77,10 @@ def run(
     `CheckpointConfig` options or one; None: only the final checkpoint); `resume_from` ("latest"
     or a checkpoint number) restores one first; `stop` (a `StopHandle`) stops the run with a
     savepoint; `restart` (clusters: "fixed-delay:attempts=3,delay=1s", "failure-rate:...",
-    "none") recovers from an executor's death from the last complete checkpoint.
+    "none") recovers from an executor's death from the last complete checkpoint: every executor
+    (`failover="job"`, the default), or with `failover="region"` only the executors of the dead
+    one's region (executors that exchange nothing are a region each; any exchange joins them all
+    in one), whose progress is then tracked per region (docs/guide.md "Fault tolerance").
 
     `on_records(n)` is called now and then with the records processed so far;
     `on_report(report)` gets the progress tracker's `report()` every `report_every` seconds

@@ -94,8 +94,9 @@ class RunResult:
     resumed_from: int | None = None
     savepoint: int | None = None
     # multi-executor runs with restart=: per recovery its cause (the failure's sentence), the
-    # seconds from the failure to processing again, of them restore_s (agents reading the
-    # state back), and the checkpoint resumed from
+    # executors it restarted (`restarted`: all, or a region of its own where executors exchange
+    # nothing), the seconds from the failure to processing again, of them restore_s (agents
+    # reading the state back), and the checkpoint resumed from
     recoveries: list[dict] = attrs.field(factory=list)
     # multi-executor runs: seconds from the call until every executor was told to process (spawning,
     # handshakes, jobs delivered, channels connected, inputs opened); of the first attempt

@@ -423,6 +423,9 @@ def _add_run(sub) -> None:
                      help="with --executors N and --checkpoint-dir: after an executor dies, restart from the last "
                      "complete checkpoint: 'fixed-delay:attempts=3,delay=1s', 'failure-rate:max-failures=3,"
                      "interval=1min,delay=1s' or 'none' (one executor: rerun with --resume-from latest instead)")
+    run.add_argument("--failover", choices=["job", "region"],
+                     help="with --restart: restart every executor (job, the default) or only the dead one's region, "
+                     "whose progress is then its own (region: executors that exchange nothing restart alone)")
     run.add_argument("--report", metavar="PATH",
                      help="keep where the job stands in this JSON file while it runs and after: every window's or "
                      "operator input's frontier and what holds it back (show it with `slashrt frontiers PATH`)")
@@ -450,6 +453,8 @@ def _run_user_job(args, given: set[str]) -> int:
     if "alignment_timeout" in given and args.checkpoint_interval is None:
         raise _Refused("--alignment-timeout applies to periodic checkpoints: give --checkpoint-interval too")
     local = (args.executors or 1) == 1 and args.transport is None and args.mode is None
+    if args.failover is not None and (args.restart is None or args.restart.name == "none"):
+        raise _Refused("--failover chooses what --restart restarts: give --restart STRATEGY too")
     if args.restart is not None and args.restart.name != "none" and local:
         raise _Refused("--restart needs --executors N: a run on one executor lives in this process, which cannot "
                        "restart itself after it dies; rerun it with --resume-from latest from a supervisor")
@@ -467,6 +472,8 @@ def _run_user_job(args, given: set[str]) -> int:
         options.update(checkpoint_dir=args.checkpoint_dir, checkpoint=checkpoint, resume_from=args.resume_from)
         if args.restart is not None and not local:
             options["restart"] = args.restart
+            if args.failover is not None:
+                options["failover"] = args.failover
     result = _cli_run.run_job(flow, inputs, executors=args.executors or 1, transport=args.transport,
                               mode=args.mode, options=options)
     try:  # (a signal now is ignored: the job is over, its figures are printed whatever comes)

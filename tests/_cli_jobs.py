@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 
+import slashrt
 from slashrt import Dataflow, Schema, Tumbling, sinks
 
 SCHEMA = Schema({"t": "i8", "k": "i8"})
@@ -52,6 +53,45 @@ def csv_counts():
         events = events.filter(until_fired(os.environ[MARKS_ENV], os.environ[KILLS_ENV]), name="paced")
     events.window(Tumbling(ms=WINDOW_MS)).count(key="k").sink(
         ChaosCsv(os.environ["CLI_JOBS_OUT"], transactional=True), name="out")
+    return flow, {"events": records()}
+
+
+class Numbered(slashrt.Operator):
+    """Each record with how many records its executor had seen up to it (state a restart must
+    restore exactly)."""
+
+    def __init__(self):
+        self.seen = 0
+
+    async def on_batch(self, ctx, port, batch):
+        out = np.zeros(len(batch), [("t", "i8"), ("k", "i8"), ("seen", "i8")])
+        out["t"], out["k"], out["seen"] = batch["t"], batch["k"], self.seen + np.arange(1, len(batch) + 1)
+        self.seen += len(batch)
+        await ctx.emit(out)
+
+    def snapshot(self):
+        return slashrt.State({}, {"seen": self.seen})
+
+    def restore(self, state):
+        self.seen = state.meta["seen"]
+
+
+def numbered():
+    """Every record numbered on its executor into a transactional Collect whose executors carry
+    the chaos bench's kill hooks: executors that exchange nothing, what `--failover region`
+    restarts alone. Until every planned kill fired each batch takes 10 ms more."""
+    import os
+
+    from slashrt.bench.chaos import KILLS_ENV, MARKS_ENV, ChaosCollect
+
+    from tests.snapshot._paced import Paced
+
+    flow = Dataflow("numbered")
+    events = flow.source("events", SCHEMA, time="t")
+    if os.environ.get(KILLS_ENV):
+        events = events.filter(Paced(seconds=0.01, until=(os.environ[MARKS_ENV], 1)), name="paced")
+    events.operator(Numbered(), schema={"t": "i8", "k": "i8", "seen": "i8"}).sink(
+        ChaosCollect(transactional=True), name="out")
     return flow, {"events": records()}
 
 

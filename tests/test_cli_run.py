@@ -186,6 +186,18 @@ def test_restart_recovers_a_transactional_collect_on_a_local_cluster(tmp_path):
     assert done["outputs"] == {"collect-counts.out": ROWS}
 
 
+@pytest.mark.parametrize(("failover", "restarted"), [("region", 1), ("job", 3)])
+def test_failover_chooses_what_a_restart_restarts(tmp_path, failover, restarted):
+    (tmp_path / "marks").mkdir()
+    env = {"SLASHRT_CHAOS_KILLS": "pre_commit:2", "SLASHRT_CHAOS_DIR": str(tmp_path / "marks")}
+    done = summary(f"{JOBS}:numbered", "--executors", "3", "--checkpoint-dir", str(tmp_path / "chk"),
+                   "--checkpoint-interval", "20ms", "--slots", "4", "--slot-size", "512",
+                   "--restart", "fixed-delay:attempts=2,delay=10ms", "--failover", failover, env=env)
+    assert done["recoveries"] == 1 and (tmp_path / "marks" / "kill-0").exists()
+    assert [len(r) for r in done["restarted"]] == [restarted], done
+    assert done["outputs"] == {"numbered.out": _cli_jobs.EVENTS}  # every record once
+
+
 def test_resume_from_latest_without_a_checkpoint_runs_from_the_start_and_says_so(tmp_path):
     done = slashrt("run", JOBS, "--checkpoint-dir", str(tmp_path), "--resume-from", "latest")
     assert done.returncode == 0, done.stderr
@@ -325,6 +337,10 @@ def checkpointed(tmp_path_factory) -> Path:
          "written by another dataflow"),
         (["run", JOBS, "--slot-size", "8"], "slot_size=8"),
         (["run", JOBS, "--restart", "fixed-delay"], "--restart needs --checkpoint-dir"),
+        (["run", JOBS, "--executors", "2", "--checkpoint-dir", "CHK", "--failover", "region"],
+         "--failover chooses what --restart restarts: give --restart STRATEGY too"),
+        (["run", JOBS, "--checkpoint-dir", "CHK", "--restart", "fixed-delay", "--failover", "region"],
+         "--restart needs --executors N: a run on one executor lives in this process"),
         (["run", JOBS, "--checkpoint-dir", "CHK", "--restart", "fixed-delay:attempts=2"],
          "--restart needs --executors N: a run on one executor lives in this process"),
         (["run", JOBS, "--executors", "2", "--checkpoint-dir", "CHK", "--restart", "fixed-delay"],

@@ -173,6 +173,10 @@ class Link:
                 nursery.start_soon(self._watch)
                 nursery.start_soon(self._beat)
 
+    def end(self, reason: str) -> None:
+        """Stop the link (its agent was replaced): its tasks end, a send to it fails."""
+        self._end(ChannelClosed(reason))
+
     def _end(self, reason: ChannelClosed) -> None:
         """The connection is over: deliver why after the messages before it, fail any send
         blocked on a peer that no longer reads, and stop the link's tasks."""

@@ -114,6 +114,7 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
     # run(..., on_report=): this executor's reports go to the coordinator, which gathers them
     reporter = AgentReporter() if opts.pop("on_report", None) == AGENT_MARKER else None
     routing = opts.pop("ssb_routing", "auto")
+    regions = opts.pop("regions", False)
     role = ClusterRole(job.index, Partitioning(job.partitions, job.executors), job.mode, job.epoch_bytes, routing)
     plan = build_plan(job.flow, role)
     _executor_sinks(plan, job.index, job.checkpoint is not None)
@@ -134,8 +135,13 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
     async with _naming_partitions(job.index, peer_of), contextlib.AsyncExitStack() as stack:
         # one port per executor: a peer names the channel it dials (`transport._port`), so the
         # coordinator hands out one address per executor, not one per channel
+        # distributed pointstamp progress, over every executor; with failover="region", over its
+        # region's (`_execution_plan`): an executor whose flow exchanges nothing is a region of its
+        # own, whose operators wait on its own progress only, and it runs and restarts alone
+        distributed = job.executors > 1 and (bool(exchanges) or not regions)
         port = await stack.enter_async_context(open_port(
-            job.transport, secret, expected=len(peers) * (len(exchanges) + 1), setup_timeout=CONNECT_TIMEOUT, **where))
+            job.transport, secret, expected=len(peers) * (len(exchanges) + distributed), setup_timeout=CONNECT_TIMEOUT,
+            **where))
         listeners = {(step_id, src): port.listener(channel_name(step_id, src), ring(step_id))
                      for step_id in exchanges for src in peers}
         ports = []  # every executor's port's address
@@ -152,7 +158,7 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
                                          timeout=control.timeout)
 
         bus = None
-        if job.executors > 1:  # distributed pointstamp progress
+        if distributed:
             sources = [i for i, spec in enumerate(job.flow.steps.values()) if spec.step_id in plan.sources]
             bus = await stack.enter_async_context(open_progress_bus(
                 job.index, job.executors, plan.graph, transport=job.transport, secret=secret,

@@ -245,6 +245,10 @@ class _Agents:
 
     def __init__(self, links: list[Link], procs: list[trio.Process | None], handlers: dict | None = None,
                  stalls: OwnStalls | None = None):
+        # async fn(executor, how it died) -> True if it restarted that executor's region alone
+        # (`_run_attempt`'s regional failover): its death then fails nothing
+        self.on_death = None
+        self._nursery = None
         self.links = links
         self.procs = procs
         self.stalls = stalls  # the coordinator's own stalls: a long one is the cause of what follows
@@ -257,10 +261,23 @@ class _Agents:
         self.ended_at: list[float] = []  # when agents' processes ended (time.monotonic), as they did
 
     def start(self, nursery) -> None:
-        for i, link in enumerate(self.links):
-            nursery.start_soon(self._read, i, link)
-            if self.procs[i] is not None:
-                nursery.start_soon(self._exit, i, self.procs[i])
+        self._nursery = nursery
+        for i in range(len(self.links)):
+            self._watch(i)
+
+    def _watch(self, i: int) -> None:
+        self._nursery.start_soon(self._read, i, self.links[i])
+        if self.procs[i] is not None:
+            self._nursery.start_soon(self._exit, i, self.procs[i])
+
+    def replace(self, i: int, link: Link) -> None:
+        """Executor i is a new agent (`procs[i]` its process, `link` its control link): what
+        the old one left queued is dropped, and the new one's messages are read from now."""
+        self.links[i] = link
+        self._fifos[i] = collections.deque()
+        self._ended[i], self._heard_all[i] = trio.Event(), trio.Event()
+        self._reports.pop(i, None)
+        self._watch(i)
 
     def _put(self, i: int, kind: str, payload) -> None:
         self._fifos[i].append((kind, payload))
@@ -272,10 +289,12 @@ class _Agents:
                 try:
                     kind, payload = await link.receive()
                 except PeerSilent as exc:  # (or PeerStalled: the call that runs too long, named)
-                    self._put(i, "silent", exc)
+                    if self.links[i] is link:  # (not an agent replaced meanwhile: `replace`)
+                        self._put(i, "silent", exc)
                     return
                 except ChannelClosed as exc:
-                    self._put(i, "lost", str(exc))
+                    if self.links[i] is link:
+                        self._put(i, "lost", str(exc))
                     return
                 if kind in self.handlers:
                     await self.handlers[kind](i, payload)
@@ -299,17 +318,23 @@ class _Agents:
     async def _exit(self, i: int, proc: trio.Process) -> None:
         code = await proc.wait()
         self.ended_at.append(time.monotonic())
+        if self.procs[i] is not proc:  # an agent replaced meanwhile (`replace`): its end is known
+            return
         self._ended[i].set()
         if code != 0:  # a clean exit follows "done"; a lost connection reports the rest
             await trio.sleep(self.LAST_WORDS_S)
-            self._put(i, "exited", code)
+            if self.procs[i] is proc:
+                self._put(i, "exited", code)
 
-    async def send_all(self, kind: str, payloads) -> None:
-        """Send to every agent. One that cannot take it (gone, or silent) is queued as failed,
-        and the task waiting on the agents (`settle`, `gather`) raises the job's failure: not
-        here, where the sender may be an agent's reader running a handler (a commit after an
-        ack), which would keep that agent's own report of why it failed from being read."""
-        for i, (link, payload) in enumerate(zip(self.links, payloads)):
+    async def send_all(self, kind: str, payloads, executors=None) -> None:
+        """Send to every agent (of `executors`, default all: a payload each). One that cannot
+        take it (gone, or silent) is queued as failed, and the task waiting on the agents
+        (`settle`, `gather`) raises the job's failure: not here, where the sender may be an
+        agent's reader running a handler (a commit after an ack), which would keep that
+        agent's own report of why it failed from being read."""
+        executors = range(len(self.links)) if executors is None else executors
+        for i, payload in zip(executors, payloads):
+            link = self.links[i]
             try:
                 await link.send(kind, payload)
             except PeerSilent as exc:
@@ -334,13 +359,16 @@ class _Agents:
         peers fail too (their channels from it break), so look for a death first; and a peer
         whose own failure aborted the channel that broke (ChannelFailed) is the cause too.
         A lost connection waits a moment for its process's exit status (how it died), unless
-        the agent's own report of its failure came first."""
+        the agent's own report of its failure came first. A death `on_death` recovers (its
+        region restarted alone) returns instead."""
         if what in ("lost", "exited") and (words := await self._last_words(i)) is not None:
             what, payload = "failed", words
         if what == "lost" and self.procs[i] is not None:
             with trio.move_on_after(self.LAST_WORDS_S):
                 await self._ended[i].wait()
         message = self._describe(i, what, payload, kind)
+        if what in ("lost", "exited", "silent") and self.on_death is not None and await self.on_death(i, message):
+            return
         retryable = what in ("lost", "exited", "silent") or _retryable_report(str(payload))
         if what == "failed":
             await trio.sleep(2 * self.LAST_WORDS_S)
@@ -380,11 +408,14 @@ class _Agents:
             self._arrived = trio.Event()
             await self._arrived.wait()
 
-    async def gather(self, kind: str) -> list:
-        """The next message of every agent, which must be `kind`; any failure raises."""
+    async def gather(self, kind: str, executors=None) -> list:
+        """The next message of every agent (of `executors`, default all), which must be `kind`;
+        any failure raises."""
+        executors = range(len(self.links)) if executors is None else executors
         got: dict[int, object] = {}
-        while len(got) < len(self.links):
-            for i, fifo in enumerate(self._fifos):
+        while len(got) < len(executors):
+            for i in executors:
+                fifo = self._fifos[i]
                 if i in got or not fifo:
                     continue
                 what, payload = fifo.popleft()
@@ -392,11 +423,11 @@ class _Agents:
                     got[i] = payload
                 else:
                     await self._fail(i, what, payload, kind)
-            if len(got) < len(self.links):
+            if len(got) < len(executors):
                 self._arrived = trio.Event()
-                if not any(self._fifos[i] for i in range(len(self._fifos)) if i not in got):
+                if not any(self._fifos[i] for i in executors if i not in got):
                     await self._arrived.wait()
-        return [got[i] for i in range(len(self.links))]
+        return [got[i] for i in executors]
 
 
 def _split(step_id: str, spec, value, executors: int) -> list | None:
@@ -443,8 +474,12 @@ def _combine(plan, results: list[RunResult], seconds: float, checkpoints=(), com
     return RunResult(seconds, [s for r in results for s in r.stats], late, outputs, epochs, frontiers, list(checkpoints))
 
 
-async def run_cluster_async(flow, inputs: dict, *, restart=None, blob_store: str | os.PathLike | None = None,
-                            offload_min_bytes: int = OFFLOAD_MIN_BYTES, **options) -> RunResult:
+FAILOVERS = ("job", "region")
+
+
+async def run_cluster_async(flow, inputs: dict, *, restart=None, failover: str = "job",
+                            blob_store: str | os.PathLike | None = None, offload_min_bytes: int = OFFLOAD_MIN_BYTES,
+                            **options) -> RunResult:
     """Run `flow` on N executors (`_run_attempt` says how) and, with a `restart` strategy
     (`slashrt.snapshot.restart.parse_restart`: "fixed-delay:attempts=3,delay=1s",
     "failure-rate:...", "none" or a strategy object) and a `checkpoint_dir`, recover from what
@@ -455,14 +490,23 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, blob_store: str
     agents, every attempt's, are forked from one zygote (`_zygote`), started here and stopped
     with the run: an executor costs a fork, not an interpreter importing slashrt.
     `RunResult.startup_s` is how long the first attempt took from this call to processing.
+    With `failover="region"`, a region (`ExecutionPlan.regions`) has a progress tracker of its
+    own and a death restarts only its region (`_run_attempt`: "regional failover"); a run
+    of one region restarts every executor either way.
     Parts of the agents' messages of `offload_min_bytes` or more are written once to a blob
     store the agents read (`_blobs`): `blob_store` (a directory or fsspec URL they all reach),
     by default a temporary directory for local agents; agents at addresses without one get
     every part inline. The run's blobs are removed when it ends."""
     called_at = time.monotonic()
     strategy = parse_restart(restart)
+    if failover not in FAILOVERS:
+        raise DataflowError(f"run(): failover={failover!r}: choose one of {', '.join(map(repr, FAILOVERS))}")
+    if failover == "region" and isinstance(strategy, NoRestart):
+        raise DataflowError("run(): failover='region' restarts a failed executor's region: give restart= (and "
+                            "checkpoint_dir=) as well")
     if not isinstance(strategy, NoRestart):
         _check_restartable(flow, options)
+    options["regions"] = failover == "region"  # progress per region, and a region restarted alone
     async with contextlib.AsyncExitStack() as stack:
         local = isinstance(options.get("executors", 2), int)
         blobs = RunBlobs(blob_store, offload_min_bytes) if local or blob_store is not None else None
@@ -486,6 +530,8 @@ async def _recovery_loop(flow, inputs: dict, strategy, zygote: Zygote | None, op
     while True:
         # (a recovery attempt that cannot reach an agent at an address is retried: the agent may be back soon)
         marks: dict = {"fail_grace": 1.0 if isinstance(strategy, NoRestart) else 0.2, "recovery": bool(recoveries)}
+        if not isinstance(strategy, NoRestart):  # (an attempt may restart an executor's region alone)
+            marks.update(strategy=strategy, recoveries=recoveries)
         recovering = recoveries[-1] if recoveries else None  # the recovery this attempt makes
         try:
             result = await _run_attempt(flow, inputs, marks=marks, committed=committed, zygote=zygote, **dict(options))
@@ -501,8 +547,8 @@ async def _recovery_loop(flow, inputs: dict, strategy, zygote: Zygote | None, op
             log.warning("restarting the job from its last complete checkpoint", flow=flow.name, cause=str(exc),
                         delay=decision.delay, attempt=len(recoveries) + 1)
             died_at = min(marks.get("ended_at") or [failed_at])  # the first agent to end: the death, if seen
-            recoveries.append({"cause": str(exc), "failed_at": failed_at, "died_at": died_at,
-                               "detect_s": failed_at - died_at})
+            recoveries.append({"cause": str(exc), "restarted": list(range(marks.get("executors", 0))),
+                               "failed_at": failed_at, "died_at": died_at, "detect_s": failed_at - died_at})
             await trio.sleep(decision.delay)
             options["resume_from"] = "latest"
             continue
@@ -603,6 +649,7 @@ async def _run_attempt(
     results = failure = agents = None
     stalls = OwnStalls(heartbeat_interval, heartbeat_timeout)  # the driver's own, not the agents' silence
     marks = {} if marks is None else marks  # the recovery loop's notes: when each phase began, agents' ends
+    marks["executors"] = n
     bound = log.bind(flow=flow.name, executors=n, transport=transport, mode=mode)
     try:
         async with unwrap_groups(), trio.open_nursery() as nursery:
@@ -644,16 +691,83 @@ async def _run_attempt(
                     nursery.start_soon(reports.run)
                 agents = _Agents(links, procs, handlers, stalls)
                 agents.start(nursery)
-                messages = JobMessages(  # what every executor's job shares: pickled once
-                    heartbeat_interval, heartbeat_timeout, flow=flow, executors=n, transport=transport, mode=mode,
-                    partitions=partitions, epoch_bytes=epoch_bytes, options=options, common_inputs=common,
-                    checkpoint=None if checkpoints is None else checkpoints.job, blobs=blobs)
+
+                def job_messages(restore=None) -> JobMessages:
+                    """What every executor's job shares, pickled once (`restore`: a checkpoint
+                    the executors of a region restarting alone resume from)."""
+                    checkpoint = None if checkpoints is None else checkpoints.job
+                    if restore is not None:
+                        checkpoint = {**checkpoint, "restore": restore[0], "rescale": False}
+                    return JobMessages(
+                        heartbeat_interval, heartbeat_timeout, flow=flow, executors=n, transport=transport, mode=mode,
+                        partitions=partitions, epoch_bytes=epoch_bytes, options=options, common_inputs=common,
+                        checkpoint=checkpoint, blobs=blobs)
+
+                messages = job_messages()
                 jobs = (messages.message(i, shares[i], addresses[i][0]) for i in range(n))
                 marks["job_sent"] = time.monotonic()
                 await agents.send_all("job", jobs)
                 # every executor's port (`transport._port`): N addresses, the same table for all
-                table = port_table(await agents.gather("addresses"), blobs)
+                ports = await agents.gather("addresses")
+                table = port_table(ports, blobs)
                 await agents.send_all("peers", [table] * n)
+                if options.get("regions") and local and checkpoints is not None and "strategy" in marks and \
+                        xplan.regions > 1 and not any(isinstance(v, Ingest) for v in common.values()):
+                    restarting: set[int] = set()
+
+                    async def restart_alone(i: int, cause: str) -> bool:
+                        """Regional failover: restart only executor i's region (`ExecutionPlan.
+                        restart_set`), from the newest complete checkpoint its parts verify in,
+                        while the other executors run on; False where the run cannot (it is
+                        finishing or stopping, its region is every executor, or one of it died
+                        while it restarted): the recovery loop then restarts them all."""
+                        region = xplan.restart_set([i]).tolist()
+                        if len(region) == n or restarting or not checkpoints.can_restart_alone():
+                            return False
+                        failed_at = time.monotonic()
+                        died_at = agents.ended_at[-1] if procs[i].returncode is not None and agents.ended_at else failed_at
+                        decision = marks["strategy"].on_failure(failed_at)
+                        if isinstance(decision, GiveUp):
+                            raise ClusterError(f"gave up recovering ({marks['strategy']!r}): {decision.reason}; the last "
+                                               f"failure: {cause}") from None
+                        restarting.update(region)
+                        try:
+                            bound.warning("restarting an executor's region alone from its last complete checkpoint",
+                                          cause=cause, executors=region, delay=decision.delay)
+                            restore = await checkpoints.lose(region, f"executor {i} died")
+                            committed.restored(restore, executors=region)
+                            await trio.sleep(decision.delay)
+                            for j in region:  # (a frozen one is still there)
+                                links[j].end(f"executor {j} is replaced")
+                                if procs[j].returncode is None:
+                                    procs[j].kill()
+                                await procs[j].wait()
+                            async with trio.open_nursery() as reaching:
+                                for j in region:
+                                    reaching.start_soon(reach, j)
+                            for j in region:
+                                agents.replace(j, links[j])
+                            job_sent = time.monotonic()
+                            alone = job_messages(restore=(restore,))
+                            await agents.send_all("job", [alone.message(j, shares[j], addresses[j][0]) for j in region],
+                                                  region)
+                            for j, address in zip(region, await agents.gather("addresses", region)):
+                                ports[j] = address
+                            await agents.send_all("peers", [port_table(ports, blobs)] * len(region), region)
+                            await agents.gather("ready", region)
+                            ready = time.monotonic()
+                            checkpoints.rejoined()
+                            await agents.send_all("start", [None] * len(region), region)
+                        finally:
+                            restarting.difference_update(region)
+                        agents.ended_at.clear()  # (accounted for: a later failure's death is another's)
+                        marks["recoveries"].append({
+                            "cause": cause, "restarted": region, "failed_at": failed_at, "died_at": died_at,
+                            "detect_s": failed_at - died_at, "seconds": time.monotonic() - died_at,
+                            "respawn_s": job_sent - failed_at, "restore_s": ready - job_sent, "checkpoint": restore})
+                        return True
+
+                    agents.on_death = restart_alone
                 readies = await agents.gather("ready")
                 marks["ready"] = time.monotonic()
                 marks["restore"] = None if checkpoints is None else checkpoints.job["restore"]

@@ -78,6 +78,8 @@ class ClusterCheckpoints:
         self._drained: set[int] = set()  # executors whose inputs all ended
         self._changed = trio.Event()
         self.reshared: list = []  # the rescalings the sources' shares come from (`rescale.resumed_inputs`)
+        self.restarting: set[int] = set()  # executors restarting alone (`lose`): no checkpoint starts meanwhile
+        self.finishing = False  # every executor drained: the final checkpoint's turn (no executor restarts alone)
 
     def handlers(self) -> dict:
         return {"ack": self._on_ack, "decline": self._on_decline, "drained": self._on_drained}
@@ -94,11 +96,41 @@ class ClusterCheckpoints:
         if not self.stopped:
             await self.final(agents)
 
+    def can_restart_alone(self) -> bool:
+        """Whether executors may restart alone now (`lose`): not once the run finishes, nor
+        while a stop's savepoint is under way."""
+        return self.coordinator is not None and not self.finishing and not self.stopped and \
+            self.coordinator.state == "running"
+
+    async def lose(self, executors, reason: str) -> int | None:
+        """`executors` died and restart alone (a region of their own: `cluster._execution_plan`).
+        Every checkpoint in flight aborts (they will not take it), none starts until
+        `rejoined`, and they count as not drained. Returns the checkpoint they restore: the
+        newest complete one whose parts of theirs verify (None: none, they start afresh)."""
+        self.restarting |= set(executors)
+        for n in list(self.coordinator.pending):
+            if self.coordinator.decline(n, (self.steps[0], executors[0]), reason) is not None:
+                self._acks.pop(n, None)
+                log.warning("checkpoint aborted", checkpoint=n, reason=reason)
+                await self._go_on(n)
+        self._drained -= set(executors)
+        while self._completing:  # a manifest being written: it may be the newest
+            await self._changed.wait()
+        latest = await self.store.alatest(executor=executors[0] if len(executors) == 1 else None)
+        return None if latest is None else latest.number
+
+    def rejoined(self) -> None:
+        """The executors restarting alone are running again: checkpoints go on."""
+        self.restarting = set()
+        self._signal()
+
     async def _stop_when_asked(self, agents) -> None:
         """Stop with a savepoint when `stop` asks: savepoint n at every agent's sources, which feed
         nothing after its barrier; once n is complete and its commit sent, "stop" every agent
         (each ends its executor's run there). If n aborts, the sources feed on ("go_on")."""
         await self.stop.wait()
+        while self.restarting:  # (an executor restarting alone takes the savepoint once it runs)
+            await self._changed.wait()
         while self.config.mode == "sync" and (self.coordinator.pending or self._completing):
             await self._changed.wait()  # stop-the-world: one checkpoint halts the sources at a time
         with trio.CancelScope(shield=True):  # asked of every agent or none, as a trigger
@@ -145,6 +177,9 @@ class ClusterCheckpoints:
                     continue
                 await trio.sleep_until(min(due, self._expiry()))
                 await self._expire()
+                if self.restarting:  # an executor restarting alone could not take it
+                    await self._changed.wait()
+                    continue
                 record = coordinator.maybe_trigger()
                 if record is None:  # max_in_flight pending (or not due yet): wait for one to end
                     with trio.move_on_at(self._expiry()):
@@ -179,6 +214,7 @@ class ClusterCheckpoints:
         asked for), then the final one is taken, committed, and the agents finish. A stop's
         savepoint that completed with the end is the final one."""
         self.agents = agents
+        self.finishing = True
         await agents.settle(lambda: not self.coordinator.pending and not self._completing)
         if self.coordinator.state == "stopped":
             self.savepoint = self.coordinator.savepoint.checkpoint

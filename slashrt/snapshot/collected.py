@@ -69,9 +69,11 @@ class Committed:
             else:
                 self._kept[key] = records
 
-    def restored(self, checkpoint: int | None) -> None:
-        """An attempt resumes from `checkpoint` (None: from the start): what is newer goes."""
-        for key in [k for k in self._kept if checkpoint is None or k[2] > checkpoint]:
+    def restored(self, checkpoint: int | None, executors=None) -> None:
+        """An attempt resumes from `checkpoint` (None: from the start): what is newer goes (of
+        `executors` only, where they restart alone)."""
+        for key in [k for k in self._kept if (checkpoint is None or k[2] > checkpoint)
+                    and (executors is None or k[1] in executors)]:
             del self._kept[key]
 
     def parts(self, step_id: str, executors: int) -> list[np.ndarray | None]:

@@ -85,6 +85,7 @@ def test_kills_at_chosen_points_recover_to_exactly_the_failure_free_output(tmp_p
     assert len(list((tmp_path / "out-marks").iterdir())) == planned  # every chosen kill fired
     assert len(result.recoveries) == planned
     assert all("killed by signal 9 (SIGKILL)" in r["cause"] for r in result.recoveries), result.recoveries
+    assert all(r["restarted"] == [0, 1] for r in result.recoveries)  # one region: every executor
     assert all(r["seconds"] >= r["restore_s"] > 0 for r in result.recoveries)
     assert published(tmp_path / "out") == reference
 
@@ -254,5 +255,6 @@ def test_kills_with_a_chunked_deterministic_source_recover_to_exactly_the_failur
     result = go("chunked", _chunked_stream, "pre_commit:3")  # a restart rewinds into the stream's middle chunks
     assert len(list((tmp_path / "marks").iterdir())) == 1 and len(result.recoveries) == 1, result.recoveries
     assert all("killed by signal 9 (SIGKILL)" in r["cause"] for r in result.recoveries), result.recoveries
+    assert all(r["restarted"] == [0, 1] for r in result.recoveries)  # one region: every executor
     reference = published(tmp_path / "whole")
     assert sum(reference.values()) > 1000 and published(tmp_path / "chunked") == reference

@@ -1,0 +1,143 @@
+"""Regional failover (`failover="region"`): a job whose executors exchange nothing is a region
+per executor (`cluster._execution_plan`), so a killed executor is restarted alone, from the
+newest complete checkpoint, while the others run on; the output is exactly the failure-free
+run's. A job with an exchange is one region: every executor restarts, and the recovery says so,
+as it does with the default `failover="job"`."""
+
+import collections
+import os
+import re
+
+import numpy as np
+import pytest
+
+import slashrt
+from slashrt import Dataflow, Schema, Tumbling
+from slashrt.bench import chaos
+from slashrt.bench.chaos import ChaosCollect
+
+from tests.snapshot._paced import Paced
+from tests.snapshot.test_recovery import bounded
+
+SCHEMA = Schema({"t": "i8", "k": "i8"})
+OUT = {"t": "i8", "k": "i8", "seen": "i8"}
+
+
+class RunningCount(slashrt.Operator):
+    """Each record with how many records its executor had seen up to it: state that a restart
+    from a checkpoint must restore exactly. Every process that unpickles it leaves a file in
+    `started` naming its parent: the agents' is the run's zygote, the zygote's the test."""
+
+    def __init__(self, started):
+        self.seen, self.started = 0, str(started)
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        with open(os.path.join(self.started, f"process-{os.getpid()}"), "w") as f:
+            f.write(str(os.getppid()))
+
+    async def on_batch(self, ctx, port, batch):
+        out = np.zeros(len(batch), [(name, dtype) for name, dtype in OUT.items()])
+        out["t"], out["k"] = batch["t"], batch["k"]
+        out["seen"] = self.seen + np.arange(1, len(batch) + 1)
+        self.seen += len(batch)
+        await ctx.emit(out)
+
+    def snapshot(self):
+        return slashrt.State({}, {"seen": self.seen})
+
+    def restore(self, state):
+        self.seen = state.meta["seen"]
+
+
+def records(n: int) -> np.ndarray:
+    out = np.zeros(n, SCHEMA.dtype)
+    out["t"] = np.arange(n)
+    out["k"] = np.arange(n) * 7 % 1001
+    return out
+
+
+def pipelines(sink, pace: Paced, started) -> Dataflow:
+    flow = Dataflow("pipelines")
+    flow.source("r", SCHEMA, time="t").filter(pace, name="paced").operator(RunningCount(started), schema=OUT).sink(
+        sink, name="out")
+    return flow
+
+
+def windowed(sink, pace: Paced, started) -> Dataflow:
+    flow = Dataflow("windowed")
+    flow.source("r", SCHEMA, time="t").filter(pace, name="paced").operator(RunningCount(started), schema=OUT).window(
+        Tumbling(ms=100)).count(key="k").sink(sink, name="out")
+    return flow
+
+
+def run(tmp_path, make_flow, executors: int, kills: str, monkeypatch, failover="region"):
+    """`make_flow` on `executors` with checkpoints, a restart strategy and `failover`; with `kills`, the chaos
+    hooks fire them (`slashrt.bench.chaos`) and every batch is 10 ms slower until they did, in
+    every process: the job cannot end first. Returns the result and the processes that ran."""
+    marks, started = tmp_path / "marks", tmp_path / "started"
+    marks.mkdir(parents=True)
+    started.mkdir()
+    if kills:
+        monkeypatch.setenv(chaos.KILLS_ENV, kills)
+        monkeypatch.setenv(chaos.MARKS_ENV, str(marks))
+    pace = Paced(seconds=0.01 if kills else 0.0, until=(marks, len(kills.split(";"))) if kills else None)
+    result = bounded(make_flow(ChaosCollect(transactional=True), pace, started), {"r": records(60_000)}, seconds=120,
+                     executors=executors, checkpoint={"interval": 0.05, "keep": 2}, failover=failover,
+                     checkpoint_dir=tmp_path / "chk", restart="fixed-delay:attempts=3,delay=0", slots=8, slot_size=4096)
+    return result, sum(p.read_text() != str(os.getpid()) for p in started.iterdir())  # (not the zygote)
+
+
+def rows(result) -> collections.Counter:
+    out = result.outputs["pipelines.out" if "pipelines.out" in result.outputs else "windowed.out"]
+    return collections.Counter(map(tuple, out.tolist()))
+
+
+@pytest.mark.parametrize(("executors", "kills"), [
+    (8, "pre_commit:2"),  # a sink pre-committed, its checkpoint not complete
+    (4, "async:3"),  # a state part written, its checkpoint not acknowledged
+    (4, "pre_commit:2;pre_commit:2"),  # and the replacement killed in turn
+])
+def test_a_killed_executor_of_independent_pipelines_restarts_alone_and_the_output_is_exact(tmp_path, monkeypatch,
+                                                                                          executors, kills):
+    reference, processes = run(tmp_path / "reference", pipelines, executors, "", monkeypatch)
+    assert reference.recoveries == [] and processes == executors
+    assert sum(rows(reference).values()) == 60_000 and max(rows(reference).values()) == 1
+    result, processes = run(tmp_path / "killed", pipelines, executors, kills, monkeypatch)
+    assert len(result.recoveries) == len(kills.split(";")), result.recoveries
+    for recovery in result.recoveries:
+        assert "killed by signal 9 (SIGKILL)" in recovery["cause"] and len(recovery["restarted"]) == 1, recovery
+        assert recovery["seconds"] >= recovery["restore_s"] > 0
+    assert processes == executors + len(result.recoveries)  # each replacement once more, the others once
+    assert rows(result) == rows(reference)  # each record once, with the count its executor had reached
+
+
+def test_a_killed_executor_of_an_exchanging_job_restarts_every_executor(tmp_path, monkeypatch):
+    result, processes = run(tmp_path, windowed, 3, "pre_commit:2", monkeypatch)
+    (recovery,) = result.recoveries
+    assert recovery["restarted"] == [0, 1, 2] and processes == 6, recovery
+    data, out = records(60_000), result.outputs["windowed.out"]
+    expected = np.unique(np.column_stack([data["t"] // 100 * 100, data["k"]]), axis=0, return_counts=True)
+    got = np.unique(np.column_stack([out["window_start"], out["k"]]), axis=0, return_counts=True)
+    assert np.array_equal(got[0], expected[0]) and len(out) == len(expected[0])
+    order = np.lexsort((out["k"], out["window_start"]))
+    np.testing.assert_array_equal(out["count"][order], expected[1])
+
+
+def test_the_default_failover_restarts_every_executor_of_independent_pipelines(tmp_path, monkeypatch):
+    result, processes = run(tmp_path, pipelines, 3, "pre_commit:2", monkeypatch, failover="job")
+    (recovery,) = result.recoveries
+    assert recovery["restarted"] == [0, 1, 2] and processes == 6, recovery
+    assert sum(rows(result).values()) == 60_000 and max(rows(result).values()) == 1
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"failover": "pipelined"}, "failover='pipelined': choose one of 'job', 'region'"),
+    ({"failover": "region"}, "failover='region' restarts a failed executor's region: give restart="),
+    ({"failover": "region", "executors": 1, "restart": "fixed-delay"}, "restart= needs executors=N"),
+])
+def test_a_failover_the_run_cannot_honour_is_refused_in_one_sentence(tmp_path, options, message):
+    options = {"executors": 2, **options}
+    with pytest.raises(slashrt.DataflowError, match=re.escape(message)):
+        slashrt.run(pipelines(ChaosCollect(transactional=True), Paced(), tmp_path), {"r": records(10)},
+                    checkpoint_dir=tmp_path / "chk", **options)
