@@ -242,6 +242,7 @@ class _Agents:
     # a crashed agent's last words (its "failed" message), or its exit status after its
     # connection broke, are worth a moment's wait
     LAST_WORDS_S = 0.5
+    CAUSE_WAIT_S = 5.0  # at most this long for the cause of a broken channel (`_fail`)
 
     def __init__(self, links: list[Link], procs: list[trio.Process | None], handlers: dict | None = None,
                  stalls: OwnStalls | None = None):
@@ -354,6 +355,12 @@ class _Agents:
             return executor_death(i, code=code, silent_s=silent_s, reason=payload)
         return f"executor {i} sent {what!r} where {kind!r} was due"
 
+    def _cause_known(self, i: int) -> bool:
+        """Whether an executor other than i reported a failure that is not a broken channel,
+        or died."""
+        return any(j != i and not _broken_channel(str(p)) for j, p in self._reports.items()) or any(
+            w in ("exited", "lost", "silent") for j, fifo in enumerate(self._fifos) if j != i for w, _ in fifo)
+
     async def _fail(self, i: int, what: str, payload, kind: str):
         """Raise the job's failure, naming the root cause: an executor that died makes its
         peers fail too (their channels from it break), so look for a death first; and a peer
@@ -372,6 +379,11 @@ class _Agents:
         retryable = what in ("lost", "exited", "silent") or _retryable_report(str(payload))
         if what == "failed":
             await trio.sleep(2 * self.LAST_WORDS_S)
+            # a channel that broke is the consequence of another executor's failure: on a loaded
+            # machine that one's own report (or its death) may take longer to arrive
+            waited = trio.current_time() + self.CAUSE_WAIT_S
+            while _broken_channel(message) and not self._cause_known(i) and trio.current_time() < waited:
+                await trio.sleep(self.LAST_WORDS_S / 10)
             # an executor that reported its own failure and then exited did not die
             deaths = [
                 self._describe(j, w, p, kind)

@@ -10,6 +10,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import slashrt
 from slashrt import Dataflow, Schema, Tumbling
@@ -141,3 +143,19 @@ def test_a_failover_the_run_cannot_honour_is_refused_in_one_sentence(tmp_path, o
     with pytest.raises(slashrt.DataflowError, match=re.escape(message)):
         slashrt.run(pipelines(ChaosCollect(transactional=True), Paced(), tmp_path), {"r": records(10)},
                     checkpoint_dir=tmp_path / "chk", **options)
+
+
+REFERENCES: dict[int, collections.Counter] = {}  # executors -> the failure-free run's rows
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(executors=st.integers(2, 4), point=st.sampled_from(["pre_commit", "async"]), k=st.integers(1, 4))
+def test_a_kill_at_a_random_point_restarts_one_executor_and_the_output_is_exact(tmp_path_factory, executors, point, k):
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        if executors not in REFERENCES:
+            reference, _ = run(tmp_path_factory.mktemp("reference"), pipelines, executors, "", monkeypatch)
+            REFERENCES[executors] = rows(reference)
+        result, processes = run(tmp_path_factory.mktemp("killed"), pipelines, executors, f"{point}:{k}", monkeypatch)
+    assert [len(r["restarted"]) for r in result.recoveries] == [1], result.recoveries
+    assert processes == executors + 1
+    assert rows(result) == REFERENCES[executors]
