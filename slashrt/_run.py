@@ -62,6 +62,7 @@ def run(
     channel_budget: int | None = None,
     blob_store: str | os.PathLike | None = None,
     offload_min_bytes: int | None = None,
+    session=None,
     **unknown,
 ) -> RunResult:
     """Run `flow` to completion over `inputs` (source name -> structured array, or a connector).
@@ -105,7 +106,8 @@ def run(
     `blob_store`, a directory or fsspec URL every agent reads, where parts of the agents'
     messages of `offload_min_bytes` (1 MiB) or more are written once instead of sent to each
     (a flow capturing a large table; by default a temporary directory for local executors:
-    `slashrt.cluster._blobs`).
+    `slashrt.cluster._blobs`); `session`, a `slashrt.cluster.Session` whose fork server the
+    run's local executors are forked from (it outlives runs: they start in milliseconds).
 
     Anything else is refused in one sentence that lists these options."""
     given = {name: value for name, value in locals().items() if name in _RUN_DEFAULTS and not _is_default(name, value)}

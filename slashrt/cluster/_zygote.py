@@ -47,7 +47,7 @@ import trio
 
 from slashrt.errors import unwrap_groups
 
-__all__ = ["ForkedAgent", "Zygote", "open_zygote"]
+__all__ = ["ForkedAgent", "Session", "Zygote", "open_zygote"]
 
 log = structlog.get_logger("slashrt.cluster")
 
@@ -168,17 +168,87 @@ class Zygote:
                 agent._exited(-signal.SIGKILL)
 
 
+def _zygote_env() -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
+
+
+class Session:
+    """A zygote that outlives runs: the runs given it (`run(..., session=)`) fork their local
+    agents from it, so none but the first waits for an interpreter to import slashrt, numpy
+    and trio. Use as a context manager (or `close()`): the zygote exits, and with it any agent
+    still running; so it does when this process ends, however it ends. Each run has a
+    connection of its own to it (`connect`): the agents forked for a run are killed when that
+    run's connection closes, as a run's own zygote's are when it exits."""
+
+    def __init__(self):
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-c", _MAIN], stdin=theirs.fileno(),
+                                          stdout=subprocess.DEVNULL, env=_zygote_env())
+        except BaseException:
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+        self._lifeline = mine
+        self.pid = self._proc.pid
+
+    def connect(self) -> socket.socket:
+        """A new run's connection to the zygote (its end here)."""
+        if self._lifeline is None or self._proc.poll() is not None:
+            raise OSError("the session's fork server is not running")
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._lifeline.sendmsg([_frame(("run",))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno()]))])
+        except BaseException:
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+        return mine
+
+    def close(self) -> None:
+        if self._lifeline is not None:
+            self._lifeline.close()  # the zygote kills what it forked and is left, reaps it, exits
+            self._lifeline = None
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 @contextlib.asynccontextmanager
-async def open_zygote(preload=None):
+async def open_zygote(preload=None, session: Session | None = None):
     """Start a zygote (it imports the agent's modules meanwhile; requests wait for it) and stop
     it on the way out, with every agent it forked still running: none is left behind.
     `preload` (e.g. the flow): unpickled by the zygote before its first fork, so that the
-    modules a job imports as its agent unpickles it are imported once, not by every agent."""
+    modules a job imports as its agent unpickles it are imported once, not by every agent.
+    With a `session`, its zygote instead, on a connection of this run's own: on the way out
+    the connection closes and the agents forked for the run are killed; the zygote stays."""
+    if session is not None:
+        zygote = Zygote(None, trio.socket.from_stdlib_socket(session.connect()))
+        try:
+            async with unwrap_groups(), trio.open_nursery() as nursery:
+                nursery.start_soon(zygote._read)
+                nursery.start_soon(_preload_in, zygote, preload)
+                try:
+                    yield zygote
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            zygote.sock.close()
+        return
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
     try:
         proc = await trio.lowlevel.open_process([sys.executable, "-c", _MAIN], stdin=theirs.fileno(),
-                                                stdout=subprocess.DEVNULL, env=env)
+                                                stdout=subprocess.DEVNULL, env=_zygote_env())
     except BaseException:
         mine.close()
         raise
@@ -270,68 +340,120 @@ def _preload(data: bytes) -> None:
         cloudpickle.loads(data)
 
 
-def _serve(sock: socket.socket) -> None:
-    """Fork an agent per request until the coordinator's end closes; report each child's exit."""
+class _Connection:
+    """One coordinator's connection to the zygote: its requests and the children it forked."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.pending, self.fds = b"", []
+        self.children: set[int] = set()
+
+
+def _kill(pids) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _serve(lifeline: socket.socket) -> None:
+    """Fork an agent per request until the coordinator's end closes; report each child's exit.
+    `lifeline` is the coordinator's connection; a session's (`Session`) also hands over a
+    connection per run ("run"), whose children are killed when that run's end closes."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # (the wake-up fd is what matters)
-    children: set[int] = set()
-    pending, fds = b"", []
+    connections = {lifeline: _Connection(lifeline)}
+    owner: dict[int, _Connection] = {}  # child -> the connection it was forked for
+    dropped: set[int] = set()  # children of a closed connection, killed, to reap
 
     def reap() -> None:
-        while children:
+        while owner or dropped:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            children.discard(pid)
-            with contextlib.suppress(OSError):
-                sock.sendall(_frame(("exited", pid, os.waitstatus_to_exitcode(status))))
+            dropped.discard(pid)
+            if (connection := owner.pop(pid, None)) is not None:
+                connection.children.discard(pid)
+                with contextlib.suppress(OSError):
+                    connection.sock.sendall(_frame(("exited", pid, os.waitstatus_to_exitcode(status))))
+
+    def close(connection: _Connection) -> None:
+        _kill(connection.children)  # nothing forked for a run outlives it
+        for pid in connection.children:
+            owner.pop(pid, None)
+        dropped.update(connection.children)
+        for fd in connection.fds:
+            os.close(fd)
+        connections.pop(connection.sock, None)
+        connection.sock.close()
 
     try:
         while True:
-            ready, _, _ = select.select([sock, wake_r], [], [])
+            ready, _, _ = select.select([*connections, wake_r], [], [])
             if wake_r in ready:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 4096)
                 reap()
-            if sock not in ready:
-                continue
-            data, ancillary, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(_FDS * 4 * 4))
-            for level, kind, payload in ancillary:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds.extend(array.array("i", payload[: len(payload) - len(payload) % 4]))
-            if not data:
-                return
-            pending += data
-            while len(pending) >= _HEADER.size and len(pending) >= _HEADER.size + _HEADER.unpack_from(pending)[0]:
-                size = _HEADER.unpack_from(pending)[0]
-                request, pending = pickle.loads(pending[_HEADER.size:_HEADER.size + size]), pending[_HEADER.size + size:]
-                if request[0] == "preload":
-                    _preload(request[1])
+            for sock in ready:
+                if sock is wake_r or sock not in connections:
                     continue
-                mine, fds = fds[:_FDS], fds[_FDS:]
-                pid = os.fork()
-                if pid == 0:
-                    _child(request, mine, [sock.fileno(), wake_r, wake_w, *fds])
-                children.add(pid)
-                for fd in mine:
-                    os.close(fd)
+                connection = connections[sock]
                 try:
-                    sock.sendall(_frame(("forked", pid)))
-                except OSError:  # the coordinator is gone (interrupted, killed) mid-request
-                    return
+                    data, ancillary, _, _ = sock.recvmsg(65536, socket.CMSG_SPACE(_FDS * 4 * 4))
+                except OSError:
+                    data, ancillary = b"", []
+                for level, kind, payload in ancillary:
+                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                        connection.fds.extend(array.array("i", payload[: len(payload) - len(payload) % 4]))
+                if not data:
+                    if sock is lifeline:
+                        return
+                    close(connection)
+                    continue
+                connection.pending += data
+                while _whole(connection.pending):
+                    size = _HEADER.unpack_from(connection.pending)[0]
+                    request = pickle.loads(connection.pending[_HEADER.size:_HEADER.size + size])
+                    connection.pending = connection.pending[_HEADER.size + size:]
+                    if request[0] == "preload":
+                        _preload(request[1])
+                        continue
+                    if request[0] == "run":  # a session's run: its connection, handed over
+                        (fd,), connection.fds = connection.fds[:1], connection.fds[1:]
+                        run = socket.socket(fileno=fd)
+                        connections[run] = _Connection(run)
+                        continue
+                    mine, connection.fds = connection.fds[:_FDS], connection.fds[_FDS:]
+                    others = [c.sock.fileno() for c in connections.values()]
+                    others += [fd for c in connections.values() for fd in c.fds]
+                    pid = os.fork()
+                    if pid == 0:
+                        _child(request, mine, [*others, wake_r, wake_w])
+                    connection.children.add(pid)
+                    owner[pid] = connection
+                    for fd in mine:
+                        os.close(fd)
+                    try:
+                        sock.sendall(_frame(("forked", pid)))
+                    except OSError:  # the coordinator is gone (interrupted, killed) mid-request
+                        if sock is lifeline:
+                            return
+                        close(connection)
+                        break
     finally:  # the coordinator is gone or done: nothing forked here outlives it
-        for pid in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        for pid in list(children):
+        _kill(list(owner) + list(dropped))
+        for pid in list(owner) + list(dropped):
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
+
+
+def _whole(pending: bytes) -> bool:
+    return len(pending) >= _HEADER.size and len(pending) >= _HEADER.size + _HEADER.unpack_from(pending)[0]
 
 
 def main() -> None:

@@ -54,7 +54,7 @@ from slashrt.cluster._execution_plan import ExecutionPlan
 from slashrt.cluster._job import JobMessages, port_table
 from slashrt.cluster._reports import cluster_reports
 from slashrt.cluster._ring_budget import DEFAULT_CHANNEL_BUDGET, exchange_slots
-from slashrt.cluster._zygote import Zygote, open_zygote
+from slashrt.cluster._zygote import Session, Zygote, open_zygote
 from slashrt.cluster._liveness import (
     DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT, Link, OwnStalls, PeerSilent, PeerStalled, PeersUnreachable,
     check_heartbeat,
@@ -491,7 +491,7 @@ FAILOVERS = ("job", "region")
 
 async def run_cluster_async(flow, inputs: dict, *, restart=None, failover: str = "job",
                             blob_store: str | os.PathLike | None = None, offload_min_bytes: int = OFFLOAD_MIN_BYTES,
-                            **options) -> RunResult:
+                            session: Session | None = None, **options) -> RunResult:
     """Run `flow` on N executors (`_run_attempt` says how) and, with a `restart` strategy
     (`slashrt.snapshot.restart.parse_restart`: "fixed-delay:attempts=3,delay=1s",
     "failure-rate:...", "none" or a strategy object) and a `checkpoint_dir`, recover from what
@@ -502,6 +502,8 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, failover: str =
     agents, every attempt's, are forked from one zygote (`_zygote`), started here and stopped
     with the run: an executor costs a fork, not an interpreter importing slashrt.
     `RunResult.startup_s` is how long the first attempt took from this call to processing.
+    With a `session` (`_zygote.Session`) they are forked from its zygote, which outlives the
+    run and has imported everything already: they start in milliseconds.
     With `failover="region"`, a region (`ExecutionPlan.regions`) has a progress tracker of its
     own and a death restarts only its region (`_run_attempt`: "regional failover"); a run
     of one region restarts every executor either way.
@@ -521,6 +523,8 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, failover: str =
     options["regions"] = failover == "region"  # progress per region, and a region restarted alone
     async with contextlib.AsyncExitStack() as stack:
         local = isinstance(options.get("executors", 2), int)
+        if session is not None and not local:
+            raise DataflowError("run(): session= forks local executors: give executors=N, not agents' addresses")
         blobs = RunBlobs(blob_store, offload_min_bytes) if local or blob_store is not None else None
         if blobs is not None:
             stack.callback(blobs.remove)
@@ -529,7 +533,7 @@ async def run_cluster_async(flow, inputs: dict, *, restart=None, failover: str =
         if local:
             # (it imports the job's modules too: the flow's and its inputs' makers, not arrays)
             makers = {name: v for name, v in inputs.items() if not isinstance(v, np.ndarray)}
-            zygote = await stack.enter_async_context(open_zygote(preload=(flow, makers)))
+            zygote = await stack.enter_async_context(open_zygote(preload=(flow, makers), session=session))
         return await _recovery_loop(flow, inputs, strategy, zygote, options, called_at)
 
 

@@ -2,9 +2,10 @@
 first ones and (with a restart strategy) the replacements of killed ones, are forked from one
 zygote that imported slashrt once; their deaths are named as spawned agents' are; nothing
 outlives the run, nor a coordinator killed by SIGKILL; `RunResult.startup_s` says how long the
-run took to process."""
+run took to process. A `Session`'s zygote serves run after run, each run's agents gone with it."""
 
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -21,7 +22,8 @@ from slashrt import Dataflow, Schema, Tumbling
 from slashrt.bench import chaos
 from slashrt.bench.chaos import ChaosCsv, published
 from slashrt.cluster import ClusterError, PerExecutor
-from slashrt.cluster._zygote import open_zygote
+from slashrt.cluster._zygote import Session, open_zygote
+from slashrt.ops.sinks import Collect
 
 from tests.cluster._processes import children
 from tests.snapshot._paced import until_fired
@@ -273,3 +275,112 @@ def test_agents_are_forked_with_what_numpy_imports_at_its_first_unique(tmp_path)
     result = slashrt.run(f, inputs, executors=2, mode="slash")
     # (it ran: the filter raised nothing, and the window's partials were joined on the SSB)
     assert sum(e.shipped_rows for epochs in result.epochs["ma.count_window_2"] for e in epochs) > 0
+
+
+# --- a session: one zygote for many runs -------------------------------------------------------
+
+
+def _zygote_children(pid: int) -> set[int]:
+    return {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+
+
+def test_runs_of_a_session_fork_their_agents_from_its_zygote_and_leave_none_behind(tmp_path):
+    before = children()
+    with Session() as session:
+        for run in range(3):
+            notes = tmp_path / f"notes{run}"
+            notes.mkdir()
+            result = slashrt.run(_flow(tmp_path / f"out{run}", notes), {"r": PerExecutor(_make, deterministic=True)},
+                                 executors=2, session=session, checkpoint_dir=tmp_path / f"chk{run}", slots=8,
+                                 slot_size=1024, partitions=16)
+            parents = _parents(notes)
+            assert {p.split("\n")[0] for p in parents.values()} == {str(session.pid)}, parents  # the session's zygote
+            assert all(_gone(pid) for pid in parents) and _zygote_children(session.pid) == set()
+            rows = published(tmp_path / f"out{run}")
+            assert sum(rows.values()) == 40 * 20 and max(rows.values()) == 1
+            assert result.startup_s > 0
+    assert _gone(session.pid) and children() - before == set()
+
+
+def test_a_failed_run_of_a_session_leaves_no_agent_and_the_next_run_works(tmp_path):
+    with Session() as session:
+        with pytest.raises(ClusterError, match="record 5 is poisoned"):
+            slashrt.run(_poisoned(), {"r": PerExecutor(_make)}, executors=2, session=session, slots=8, slot_size=1024)
+        assert _zygote_children(session.pid) == set()
+        notes = tmp_path / "notes"
+        notes.mkdir()
+        slashrt.run(_flow(tmp_path / "out", notes), {"r": PerExecutor(_make, deterministic=True)}, executors=2,
+                    session=session, checkpoint_dir=tmp_path / "chk", slots=8, slot_size=1024, partitions=16)
+        assert sum(published(tmp_path / "out").values()) == 40 * 20
+
+
+def _poison(batch):
+    if (batch["ts"] == 5).any() and batch["value"][0] == 1:  # (executor 1's share only)
+        raise ValueError("record 5 is poisoned")
+    return np.ones(len(batch), bool)
+
+
+def _poisoned() -> Dataflow:
+    f = Dataflow("poisoned")
+    f.source("r", SCHEMA, time="ts").filter(_poison).sink(Collect())
+    return f
+
+
+def test_a_session_is_refused_where_it_cannot_fork_the_executors(tmp_path):
+    with Session() as session:
+        with pytest.raises(slashrt.DataflowError, match="session= forks local executors: give executors=N"):
+            slashrt.run(_poisoned(), {"r": PerExecutor(_make)}, executors=["127.0.0.1:1"], session=session)
+        with pytest.raises(slashrt.DataflowError, match="session= is an option of multi-executor runs"):
+            slashrt.run(_poisoned(), {"r": _make(0, 1)}, session=session)
+
+
+_SESSION = """
+import functools, sys
+import slashrt
+from slashrt.cluster import PerExecutor, Session
+from tests.cluster import test_zygote as t
+from tests.snapshot._paced import Paced
+
+notes = sys.argv[1]
+session = Session()
+slashrt.run(t._flow(notes + "/out", notes, Paced(seconds=0.05)),
+            {"r": PerExecutor(functools.partial(t._make, n=10**6), deterministic=True)}, executors=2, session=session,
+            checkpoint_dir=notes + "/chk", slots=8, slot_size=1024)
+"""
+
+
+def test_a_coordinator_killed_by_sigkill_leaves_no_session_zygote_nor_agent(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
+    coordinator = subprocess.Popen([sys.executable, "-c", _SESSION, str(tmp_path)], env=env, stdin=subprocess.DEVNULL)
+    agents: dict = {}
+    try:
+        deadline = time.monotonic() + 120  # (a bound on a loaded machine, not a pace: it waits for the agents)
+        while len(agents := _parents(tmp_path)) < 2:
+            assert coordinator.poll() is None and time.monotonic() < deadline, "the agents did not start"
+            time.sleep(0.05)
+        zygote = int(next(iter(agents.values())).split("\n")[0])
+        coordinator.kill()
+        coordinator.wait()
+        deadline = time.monotonic() + 30
+        while not all(_gone(pid) for pid in [zygote, *agents]):
+            assert time.monotonic() < deadline, "left behind by a coordinator killed by SIGKILL"
+            time.sleep(0.05)
+    finally:
+        if coordinator.poll() is None:
+            coordinator.kill()
+            coordinator.wait()
+        for pid in agents:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_startup_bench_runs_alone_and_in_a_session_and_checks_every_run(capsys):
+    from slashrt.bench import startup
+
+    assert startup.main(["--executors", "2", "--runs", "2", "--events", "5000", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["correct"] and len(result["alone_startup_s"]) == len(result["session_startup_s"]) == 2
+    assert result["session_s"] == result["session_startup_s"][1] and all(s > 0 for s in result["alone_startup_s"])
+    with pytest.raises(SystemExit):
+        startup.main(["--runs", "1"])
+    assert "--executors and --runs must be at least 2" in capsys.readouterr().err
