@@ -168,6 +168,20 @@ class Zygote:
                 agent._exited(-signal.SIGKILL)
 
 
+@contextlib.contextmanager
+def _socketpair():
+    """(mine, theirs): theirs is closed on the way out (handed to another process by then), mine
+    too if the block fails."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        yield mine, theirs
+    except BaseException:
+        mine.close()
+        raise
+    finally:
+        theirs.close()
+
+
 def _zygote_env() -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
 
@@ -181,15 +195,9 @@ class Session:
     run's connection closes, as a run's own zygote's are when it exits."""
 
     def __init__(self):
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
+        with _socketpair() as (mine, theirs):
             self._proc = subprocess.Popen([sys.executable, "-c", _MAIN], stdin=theirs.fileno(),
                                           stdout=subprocess.DEVNULL, env=_zygote_env())
-        except BaseException:
-            mine.close()
-            raise
-        finally:
-            theirs.close()
         self._lifeline = mine
         self.pid = self._proc.pid
 
@@ -197,14 +205,9 @@ class Session:
         """A new run's connection to the zygote (its end here)."""
         if self._lifeline is None or self._proc.poll() is not None:
             raise OSError("the session's fork server is not running")
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            self._lifeline.sendmsg([_frame(("run",))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno()]))])
-        except BaseException:
-            mine.close()
-            raise
-        finally:
-            theirs.close()
+        with _socketpair() as (mine, theirs):
+            self._lifeline.sendmsg([_frame(("run",))],
+                                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [theirs.fileno()]))])
         return mine
 
     def close(self) -> None:
@@ -245,15 +248,9 @@ async def open_zygote(preload=None, session: Session | None = None):
         finally:
             zygote.sock.close()
         return
-    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
+    with _socketpair() as (mine, theirs):
         proc = await trio.lowlevel.open_process([sys.executable, "-c", _MAIN], stdin=theirs.fileno(),
                                                 stdout=subprocess.DEVNULL, env=_zygote_env())
-    except BaseException:
-        mine.close()
-        raise
-    finally:
-        theirs.close()
     zygote = Zygote(proc, trio.socket.from_stdlib_socket(mine))
     try:
         async with unwrap_groups(), trio.open_nursery() as nursery:  # (the run's error itself, not a group)

@@ -185,13 +185,15 @@ slashrt.run(t._flow(notes + "/out", notes, slow), {"r": PerExecutor(functools.pa
 """
 
 
-def test_a_coordinator_killed_by_sigkill_leaves_no_zygote_nor_agent(tmp_path):
+def _killed_coordinator_leaves_nothing(script: str, directory) -> None:
+    """Run `script` (a coordinator) in a process, SIGKILL it once two agents are up: its zygote
+    and agents must be gone soon after."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
-    coordinator = subprocess.Popen([sys.executable, "-c", _COORDINATOR, str(tmp_path)], env=env, stdin=subprocess.DEVNULL)
+    coordinator = subprocess.Popen([sys.executable, "-c", script, str(directory)], env=env, stdin=subprocess.DEVNULL)
     agents: dict = {}
     try:
         deadline = time.monotonic() + 120  # (a bound on a loaded machine, not a pace: it waits for the agents)
-        while len(agents := _parents(tmp_path)) < 2:
+        while len(agents := _parents(directory)) < 2:
             assert coordinator.poll() is None and time.monotonic() < deadline, "the agents did not start"
             time.sleep(0.05)
         zygote = int(next(iter(agents.values())).split("\n")[0])
@@ -208,6 +210,10 @@ def test_a_coordinator_killed_by_sigkill_leaves_no_zygote_nor_agent(tmp_path):
         for pid in agents:
             if not _gone(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_coordinator_killed_by_sigkill_leaves_no_zygote_nor_agent(tmp_path):
+    _killed_coordinator_leaves_nothing(_COORDINATOR, tmp_path)
 
 
 def test_a_frozen_zygote_is_named_within_the_listen_timeout():
@@ -350,28 +356,7 @@ slashrt.run(t._flow(notes + "/out", notes, Paced(seconds=0.05)),
 
 
 def test_a_coordinator_killed_by_sigkill_leaves_no_session_zygote_nor_agent(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
-    coordinator = subprocess.Popen([sys.executable, "-c", _SESSION, str(tmp_path)], env=env, stdin=subprocess.DEVNULL)
-    agents: dict = {}
-    try:
-        deadline = time.monotonic() + 120  # (a bound on a loaded machine, not a pace: it waits for the agents)
-        while len(agents := _parents(tmp_path)) < 2:
-            assert coordinator.poll() is None and time.monotonic() < deadline, "the agents did not start"
-            time.sleep(0.05)
-        zygote = int(next(iter(agents.values())).split("\n")[0])
-        coordinator.kill()
-        coordinator.wait()
-        deadline = time.monotonic() + 30
-        while not all(_gone(pid) for pid in [zygote, *agents]):
-            assert time.monotonic() < deadline, "left behind by a coordinator killed by SIGKILL"
-            time.sleep(0.05)
-    finally:
-        if coordinator.poll() is None:
-            coordinator.kill()
-            coordinator.wait()
-        for pid in agents:
-            if not _gone(pid):
-                os.kill(pid, signal.SIGKILL)
+    _killed_coordinator_leaves_nothing(_SESSION, tmp_path)
 
 
 def test_the_startup_bench_runs_alone_and_in_a_session_and_checks_every_run(capsys):

@@ -18,6 +18,7 @@ from slashrt import Dataflow, Schema, Tumbling
 from slashrt.bench import chaos
 from slashrt.bench.chaos import ChaosCollect
 
+from tests._cli_jobs import Numbered
 from tests.snapshot._paced import Paced
 from tests.snapshot.test_recovery import bounded
 
@@ -25,31 +26,19 @@ SCHEMA = Schema({"t": "i8", "k": "i8"})
 OUT = {"t": "i8", "k": "i8", "seen": "i8"}
 
 
-class RunningCount(slashrt.Operator):
-    """Each record with how many records its executor had seen up to it: state that a restart
-    from a checkpoint must restore exactly. Every process that unpickles it leaves a file in
-    `started` naming its parent: the agents' is the run's zygote, the zygote's the test."""
+class RunningCount(Numbered):
+    """Each record with how many records its executor had seen up to it (`Numbered`: state that
+    a restart from a checkpoint must restore exactly). Every process that unpickles it leaves a
+    file in `started` naming its parent: the agents' is the run's zygote, the zygote's the test."""
 
     def __init__(self, started):
-        self.seen, self.started = 0, str(started)
+        super().__init__()
+        self.started = str(started)
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         with open(os.path.join(self.started, f"process-{os.getpid()}"), "w") as f:
             f.write(str(os.getppid()))
-
-    async def on_batch(self, ctx, port, batch):
-        out = np.zeros(len(batch), [(name, dtype) for name, dtype in OUT.items()])
-        out["t"], out["k"] = batch["t"], batch["k"]
-        out["seen"] = self.seen + np.arange(1, len(batch) + 1)
-        self.seen += len(batch)
-        await ctx.emit(out)
-
-    def snapshot(self):
-        return slashrt.State({}, {"seen": self.seen})
-
-    def restore(self, state):
-        self.seen = state.meta["seen"]
 
 
 def records(n: int) -> np.ndarray:
