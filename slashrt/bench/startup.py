@@ -55,8 +55,8 @@ def bench(executors: int = 2, runs: int = 5, events: int = 100_000) -> dict:
         "runs": runs,
         "alone_startup_s": alone,
         "session_startup_s": in_session,
-        "alone_s": statistics.median(alone),
-        "session_s": statistics.median(in_session[1:]) if runs > 1 else None,
+        "alone_s": round(statistics.median(alone), 4),
+        "session_s": round(statistics.median(in_session[1:]), 4) if runs > 1 else None,
         "correct": correct,
     }
 
