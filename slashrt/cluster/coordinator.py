@@ -557,7 +557,8 @@ async def _recovery_loop(flow, inputs: dict, strategy, zygote: Zygote | None, op
                 raise  # (a job that cannot start is not a failure to restart from)
             if not exc.retryable:
                 raise ClusterError(f"{exc}: a failure in the job itself, which a restart would repeat; not restarted") from None
-            decision = strategy.on_failure(failed_at)
+            # (a region's restart asked the strategy already about this death, which gave up)
+            decision = marks.get("given_up") or strategy.on_failure(failed_at)
             if isinstance(decision, GiveUp):
                 raise ClusterError(f"gave up recovering ({strategy!r}): {decision.reason}; the last failure: {exc}") from None
             log.warning("restarting the job from its last complete checkpoint", flow=flow.name, cause=str(exc),
@@ -743,9 +744,9 @@ async def _run_attempt(
                         failed_at = time.monotonic()
                         died_at = agents.ended_at[-1] if procs[i].returncode is not None and agents.ended_at else failed_at
                         decision = marks["strategy"].on_failure(failed_at)
-                        if isinstance(decision, GiveUp):
-                            raise ClusterError(f"gave up recovering ({marks['strategy']!r}): {decision.reason}; the last "
-                                               f"failure: {cause}") from None
+                        if isinstance(decision, GiveUp):  # the death fails the attempt; the loop gives up
+                            marks["given_up"] = decision
+                            return False
                         restarting.update(region)
                         try:
                             bound.warning("restarting an executor's region alone from its last complete checkpoint",

@@ -62,7 +62,8 @@ def windowed(sink, pace: Paced, started) -> Dataflow:
     return flow
 
 
-def run(tmp_path, make_flow, executors: int, kills: str, monkeypatch, failover="region"):
+def run(tmp_path, make_flow, executors: int, kills: str, monkeypatch, failover="region",
+        restart="fixed-delay:attempts=3,delay=0"):
     """`make_flow` on `executors` with checkpoints, a restart strategy and `failover`; with `kills`, the chaos
     hooks fire them (`slashrt.bench.chaos`) and every batch is 10 ms slower until they did, in
     every process: the job cannot end first. Returns the result and the processes that ran."""
@@ -75,7 +76,7 @@ def run(tmp_path, make_flow, executors: int, kills: str, monkeypatch, failover="
     pace = Paced(seconds=0.01 if kills else 0.0, until=(marks, len(kills.split(";"))) if kills else None)
     result = bounded(make_flow(ChaosCollect(transactional=True), pace, started), {"r": records(60_000)}, seconds=120,
                      executors=executors, checkpoint={"interval": 0.05, "keep": 2}, failover=failover,
-                     checkpoint_dir=tmp_path / "chk", restart="fixed-delay:attempts=3,delay=0", slots=8, slot_size=4096)
+                     checkpoint_dir=tmp_path / "chk", restart=restart, slots=8, slot_size=4096)
     return result, sum(p.read_text() != str(os.getpid()) for p in started.iterdir())  # (not the zygote)
 
 
@@ -148,3 +149,10 @@ def test_a_kill_at_a_random_point_restarts_one_executor_and_the_output_is_exact(
     assert [len(r["restarted"]) for r in result.recoveries] == [1], result.recoveries
     assert processes == executors + 1
     assert rows(result) == REFERENCES[executors]
+
+
+def test_a_strategy_that_gives_up_on_a_regions_restart_says_so_once(tmp_path, monkeypatch):
+    with pytest.raises(slashrt.SlashError) as failed:
+        run(tmp_path, pipelines, 3, "pre_commit:2;pre_commit:2", monkeypatch, restart="fixed-delay:attempts=1,delay=0")
+    assert re.fullmatch(r"gave up recovering \(FixedDelay\(attempts=1, delay=0(\.0)?\)\): .*; the last failure: executor \d "
+                        r"was killed by signal 9 \(SIGKILL\)", str(failed.value)), str(failed.value)
