@@ -840,11 +840,24 @@ def _executor(args) -> int:
     return agent.run_agent(args)
 
 
+def _flat(result: dict, prefix: str = "") -> dict:
+    """A result's fields, a nested one's as `outer.inner` (e.g. `bench plan`'s `growth.plan_s`)."""
+    out = {}
+    for key, value in result.items():
+        if isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _print_human(result: dict) -> None:
+    result = _flat(result)
     width = max(len(k) for k in result)
     for key, value in result.items():
         if isinstance(value, float):
-            value = f"{value:,.3f}" if value < 1000 else f"{value:,.0f}"
+            # (3 significant digits below a thousandth: `bench plan`'s seconds, not 0.000)
+            value = f"{value:.3g}" if 0 < abs(value) < 0.001 else f"{value:,.3f}" if value < 1000 else f"{value:,.0f}"
         elif isinstance(value, int) and not isinstance(value, bool):
             value = f"{value:,}"
         print(f"{key:<{width}}  {value}")

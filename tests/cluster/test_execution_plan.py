@@ -111,3 +111,12 @@ def test_bench_plan_hosts_every_and_seed_shape_the_ports_the_descriptors_carry(c
     one_host, a_host_each = table_bytes("--hosts-every", "400"), table_bytes("--hosts-every", "1")
     assert one_host < a_host_each  # 400 host names cost more than one
     assert table_bytes("--seed", "3") == table_bytes("--seed", "3")  # the same ports again
+
+
+def test_bench_plan_prints_every_figure_on_a_line_of_its_own(capsys):
+    assert main(["bench", "plan", "--executors", "100", "--repeat", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    fields = {line.split()[0]: line.split()[1] for line in lines}
+    assert "growth.plan_s" in fields and "at_10.descriptors_s" in fields and fields["correct"] == "True"
+    assert not any("{" in line for line in lines)  # no nested figure on one line
+    assert float(fields["plan_s"]) > 0  # (a fraction of a millisecond, not 0.000)
