@@ -92,7 +92,7 @@ def measure(executors: int, *, hosts_every: int = 32, repeat: int = 3, seed: int
             best[name] = min(best[name], seconds)
     table_raw = len(pickle.dumps(ports, protocol=5))
     own_bytes = sum(len(j["own"]) for j in jobs)
-    compressed = executors * (len(messages.shared) + len(table)) + own_bytes
+    compressed = executors * (messages.shared_bytes + len(table)) + own_bytes
     raw = executors * (messages.shared_raw_bytes + table_raw) + own_bytes
     return {
         "executors": executors,
@@ -103,7 +103,7 @@ def measure(executors: int, *, hosts_every: int = 32, repeat: int = 3, seed: int
         "descriptor_bytes": round(compressed / executors),
         "descriptor_raw_bytes": round(raw / executors),
         "compression": round(1 - compressed / raw, 4),
-        "shared_bytes": len(messages.shared),
+        "shared_bytes": messages.shared_bytes,
         "port_table_bytes": len(table),
         "port_table_raw_bytes": table_raw,
         "port_bytes_per_executor": round(len(table) / executors, 2),

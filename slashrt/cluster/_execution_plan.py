@@ -62,13 +62,9 @@ class ExecutionPlan:
         role = ClusterRole(0, Partitioning(partitions, executors), mode, epoch_bytes, ssb_routing)
         self.executor = build_plan(flow, role)  # executor 0's: every executor's has the same shape
         self.groups = tuple(AllToAll(x.step_id, executors) for x in self.executor.exchanges())
-        # a region's number per executor: one region when any exchange joins them
-        self.region_of = (np.zeros(executors, np.int32) if self.groups and executors > 1
-                          else np.arange(executors, dtype=np.int32))
-
-    @property
-    def regions(self) -> int:
-        return 1 if self.groups and self.executors > 1 else self.executors
+        # one region when any exchange joins the executors, else one each
+        self.regions = 1 if self.groups else executors
+        self.region_of = np.zeros(executors, np.int32) if self.groups else np.arange(executors, dtype=np.int32)
 
     def restart_set(self, failed) -> np.ndarray:
         """The executors (sorted) that a failure of `failed` (indexes) must restart: every

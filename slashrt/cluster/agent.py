@@ -133,12 +133,12 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
     receivers = {}
     peer_of = {}  # channel end -> the executor at its other end (to name a partition)
     async with _naming_partitions(job.index, peer_of), contextlib.AsyncExitStack() as stack:
-        # one port per executor: a peer names the channel it dials (`transport._port`), so the
-        # coordinator hands out one address per executor, not one per channel
         # distributed pointstamp progress, over every executor; with failover="region", over its
         # region's (`_execution_plan`): an executor whose flow exchanges nothing is a region of its
         # own, whose operators wait on its own progress only, and it runs and restarts alone
         distributed = job.executors > 1 and (bool(exchanges) or not regions)
+        # one port per executor: a peer names the channel it dials (`transport._port`), so the
+        # coordinator hands out one address per executor, not one per channel
         port = await stack.enter_async_context(open_port(
             job.transport, secret, expected=len(peers) * (len(exchanges) + distributed), setup_timeout=CONNECT_TIMEOUT,
             **where))

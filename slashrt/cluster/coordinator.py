@@ -709,18 +709,15 @@ async def _run_attempt(
                 agents = _Agents(links, procs, handlers, stalls)
                 agents.start(nursery)
 
-                def job_messages(restore=None) -> JobMessages:
-                    """What every executor's job shares, pickled once (`restore`: a checkpoint
-                    the executors of a region restarting alone resume from)."""
-                    checkpoint = None if checkpoints is None else checkpoints.job
-                    if restore is not None:
-                        checkpoint = {**checkpoint, "restore": restore[0], "rescale": False}
+                def job_messages(checkpoint: dict | None) -> JobMessages:
+                    """What every executor's job shares, pickled once (`checkpoint`: the
+                    checkpoint job, `checkpoints.job` or a restarting region's)."""
                     return JobMessages(
                         heartbeat_interval, heartbeat_timeout, flow=flow, executors=n, transport=transport, mode=mode,
                         partitions=partitions, epoch_bytes=epoch_bytes, options=options, common_inputs=common,
                         checkpoint=checkpoint, blobs=blobs)
 
-                messages = job_messages()
+                messages = job_messages(None if checkpoints is None else checkpoints.job)
                 jobs = (messages.message(i, shares[i], addresses[i][0]) for i in range(n))
                 marks["job_sent"] = time.monotonic()
                 await agents.send_all("job", jobs)
@@ -765,7 +762,7 @@ async def _run_attempt(
                             for j in region:
                                 agents.replace(j, links[j])
                             job_sent = time.monotonic()
-                            alone = job_messages(restore=(restore,))
+                            alone = job_messages({**checkpoints.job, "restore": restore, "rescale": False})
                             await agents.send_all("job", [alone.message(j, shares[j], addresses[j][0]) for j in region],
                                                   region)
                             for j, address in zip(region, await agents.gather("addresses", region)):

@@ -64,6 +64,7 @@ __all__ = [
     "accept_each",
     "authenticated_peers",
     "peer_name",
+    "refuse_named",
     "serve_authenticated",
 ]
 
@@ -307,6 +308,12 @@ class TcpPortSocket(TcpAcceptor):
         await trio.lowlevel.checkpoint()
 
 
+def refuse_named(channel: str, peer: str, what: str) -> None:
+    """A listener of one channel (not a port's: `_port`) takes connections that name none."""
+    if channel:
+        raise ChannelClosed(f"{peer} asked for channel {channel!r} of a {what}, which serves one channel")
+
+
 def stream_authenticator(secret: bytes):
     """A port's handshake of an accepted TCP stream (closed if it fails): the name of the
     channel it asks for."""
@@ -341,9 +348,7 @@ class HandshakeListener:
 
     async def set_up(self, stream: trio.SocketStream, peer: str) -> trio.SocketStream:
         try:
-            channel = await server_handshake(stream, self._secret)
-            if channel:
-                raise ChannelClosed(f"{peer} asked for channel {channel!r} of a control listener")
+            refuse_named(await server_handshake(stream, self._secret), peer, self.what)
         except BaseException:
             await _close(stream)
             raise

@@ -29,10 +29,9 @@ import attrs
 import structlog
 import trio
 
-from slashrt.errors import ChannelClosed
 from slashrt.transport._accept import MAX_PENDING, serve_authenticated
 
-__all__ = ["ChannelAddress", "ChannelPort", "PortListener", "channel_name", "channel_of", "refuse_named"]
+__all__ = ["ChannelAddress", "ChannelPort", "PortListener", "channel_name", "channel_of"]
 
 log = structlog.get_logger("slashrt.transport.port")
 
@@ -162,8 +161,3 @@ class ChannelPort:
             await listener.aclose()
         await self._acceptor.aclose()
 
-
-def refuse_named(channel: str, peer: str, what: str) -> None:
-    """A listener of one channel takes connections that name none."""
-    if channel:
-        raise ChannelClosed(f"{peer} asked for channel {channel!r} of a {what}, which serves one channel")

@@ -72,9 +72,9 @@ from slashrt._buffer import FULL
 from slashrt._logging import fault_level
 from slashrt.errors import ChannelClosed
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
-from slashrt.transport._accept import PORT_BACKLOG
+from slashrt.transport._accept import PORT_BACKLOG, refuse_named
 from slashrt.transport._channel import Receiver, RingSpec, Sender
-from slashrt.transport._port import ChannelPort, channel_of, refuse_named
+from slashrt.transport._port import ChannelPort, channel_of
 
 __all__ = [
     "ShmListener",

@@ -74,9 +74,11 @@ import trio
 from slashrt._buffer import FOOTER_SIZE, FULL, Control, Kind
 from slashrt._logging import fault_level
 from slashrt.errors import ChannelClosed, MalformedBuffer
-from slashrt.transport._accept import PORT_BACKLOG, TcpAcceptor, TcpPortSocket, bind_tcp, peer_name, stream_authenticator
+from slashrt.transport._accept import (
+    PORT_BACKLOG, TcpAcceptor, TcpPortSocket, bind_tcp, peer_name, refuse_named, stream_authenticator,
+)
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
-from slashrt.transport._port import ChannelPort, channel_of, refuse_named
+from slashrt.transport._port import ChannelPort, channel_of
 from slashrt.transport._channel import ChannelSilent, DrivenReceiver, RingSpec, RunningDrive, Sender
 
 __all__ = ["TcpListener", "TcpReceiver", "TcpSender", "TcpStatistics", "connect_tcp", "open_tcp_listener"]

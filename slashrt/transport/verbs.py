@@ -101,10 +101,12 @@ from slashrt import _kernels as kernels
 from slashrt._buffer import FOOTER_SIZE, FULL
 from slashrt._logging import fault_level
 from slashrt.errors import ChannelClosed
-from slashrt.transport._accept import PORT_BACKLOG, TcpAcceptor, TcpPortSocket, bind_tcp, peer_name, stream_authenticator
+from slashrt.transport._accept import (
+    PORT_BACKLOG, TcpAcceptor, TcpPortSocket, bind_tcp, peer_name, refuse_named, stream_authenticator,
+)
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._channel import DrivenReceiver, RingSpec, RunningDrive, Sender
-from slashrt.transport._port import ChannelPort, channel_of, refuse_named
+from slashrt.transport._port import ChannelPort, channel_of
 
 # pyverbs configures the root logger when it is imported (logging.basicConfig in pyverbs.base);
 # undo that so that importing this backend leaves the application's logging as it was.
