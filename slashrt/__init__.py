@@ -20,6 +20,8 @@ _configure_from_environment()  # before anything logs: slashrt's events to stder
 
 from slashrt._batch import Batch
 from slashrt._dataflow import ConnectedStreams, Dataflow, Loop, Stream, WindowedStream
+from slashrt._inputs import Paced
+from slashrt._latency import LatencyHistogram
 from slashrt._run import run
 from slashrt._runtime import ChannelFailed, RunResult, run_async
 from slashrt._schema import Schema
@@ -49,10 +51,12 @@ __all__ = [
     "Context",
     "DataflowError",
     "Dataflow",
+    "LatencyHistogram",
     "Loop",
     "MalformedBuffer",
     "Operator",
     "OperatorError",
+    "Paced",
     "RunResult",
     "Schema",
     "SchemaError",

@@ -189,4 +189,6 @@ def summary(flow, result, executors: int) -> dict:
         "restarted": [r.get("restarted") for r in result.recoveries],
         "startup_s": result.startup_s,  # several executors: from the call until every one processed
     }
+    if result.latency:  # sinks fed from Paced sources: their rows' latency
+        out["latency"] = {step: histogram.summary() for step, histogram in result.latency.items()}
     return out

@@ -56,6 +56,11 @@ def packed_dtype(fields: Fields) -> np.dtype | None:
 _UNITS_PER_MS = {"s": Fraction(1, 1000), "ms": 1, "us": 1000, "ns": 1_000_000}
 
 
+def ms_per_unit(unit: str) -> float:
+    """Milliseconds in one `unit` of event time ("s", "ms", "us" or "ns")."""
+    return float(1 / _UNITS_PER_MS[unit])
+
+
 def _length(ms, seconds, what: str) -> int:
     if (ms is None) == (seconds is None):
         raise DataflowError(f"{what}: give exactly one of ms= or seconds=")
@@ -125,6 +130,7 @@ class SourceSpec:
     schema: Schema
     time: str | None
     max_delay: int
+    time_unit: str = "ms"  # the unit of its event times
 
 
 @attrs.frozen
@@ -260,6 +266,8 @@ class SinkSpec:
     up: str
     sink: object
     dtype: np.dtype | None = None  # the records the sink sees, when every column's type is known
+    time: str | None = None  # the stream's event-time column (a window's: window_end), and its unit
+    time_unit: str = "ms"
 
 
 class Dataflow:
@@ -324,7 +332,7 @@ class Dataflow:
                 f"source {name!r}: max_delay must be a whole number of {TIME_UNITS[time_unit]} (the source's "
                 f"time_unit) from 0 to 2**62, got {max_delay!r}"
             )
-        step_id = self._add(SourceSpec(self._step_id(name, "source"), schema, time, int(max_delay)))
+        step_id = self._add(SourceSpec(self._step_id(name, "source"), schema, time, int(max_delay), time_unit))
         fields = {n: schema.field(n) for n in schema.names}
         return Stream(self, step_id, fields, time, time_unit)
 
@@ -495,7 +503,7 @@ class Stream:
         """Send the stream to a sink (`slashrt.sinks.Collect()`, `CsvFile`, `ParquetFile`, `Callback`)."""
         default = getattr(sink, "default_name", "sink")
         step_id = self.flow._step_id(name, default)
-        self.flow._add(SinkSpec(step_id, self.step_id, sink, packed_dtype(self.fields)))
+        self.flow._add(SinkSpec(step_id, self.step_id, sink, packed_dtype(self.fields), self.time, self.time_unit))
         if hasattr(sink, "bind"):
             sink.bind(step_id)
         return step_id

@@ -20,7 +20,7 @@ import numpy as np
 
 from slashrt.ops.event_time import Share, blocks_before
 
-__all__ = ["Ingest", "PerExecutor", "share", "split_input", "SPLIT_BLOCK"]
+__all__ = ["Ingest", "Paced", "PerExecutor", "share", "split_input", "SPLIT_BLOCK"]
 
 SPLIT_BLOCK = 4096  # records per block when splitting an array across executors
 
@@ -49,6 +49,41 @@ class PerExecutor:
         from slashrt.ops.chunks import per_executor_input
 
         return per_executor_input(source, self.make(index, executors))
+
+
+@attrs.frozen
+class Paced(PerExecutor):
+    """A `PerExecutor` input released at a steady rate, as a live source would: `rate` records
+    per second in all (each of N executors feeds `rate / N` of its own stream), each record's
+    event time the wall-clock time it is due (`start_ms`, milliseconds since the epoch, plus
+    its place in the schedule; the source's time column is overwritten, in its time unit).
+    A run whose sinks are fed only from paced sources measures their rows' latency
+    (`RunResult.latency`, `slashrt._latency`). `make(index, executors)` gives the records as a
+    `PerExecutor`'s does (one array or chunks, an endless generator for an unbounded run).
+
+    Without `start_ms` each executor's schedule starts when its source begins to feed; give one
+    for the same schedule on every executor (event times a reference can compute). A
+    checkpoint records the schedule: a resumed run keeps it, and emits what is overdue at once.
+    See `slashrt.ops.paced`."""
+
+    rate: float = attrs.field(kw_only=True)
+    start_ms: int | None = attrs.field(default=None, kw_only=True)
+
+    paced = True
+
+    def __attrs_post_init__(self):
+        from slashrt.errors import DataflowError
+
+        if isinstance(self.rate, bool) or not isinstance(self.rate, (int, float)) or not 0 < self.rate < float("inf"):
+            raise DataflowError(f"Paced: rate must be a positive number of records per second, got {self.rate!r}")
+        if self.start_ms is not None and (isinstance(self.start_ms, bool) or not isinstance(self.start_ms, int)):
+            raise DataflowError(f"Paced: start_ms must be whole milliseconds since the epoch, got {self.start_ms!r}")
+
+    def open(self, source: str, index: int, executors: int):
+        """Executor `index`'s paced stream for `source` (`slashrt.ops.paced.PacedStream`)."""
+        from slashrt.ops.paced import PacedStream
+
+        return PacedStream(source, self.make(index, executors), rate=self.rate / executors, start_ms=self.start_ms)
 
 
 @attrs.frozen

@@ -25,6 +25,7 @@ from slashrt._buffer import DEFAULT_SLOT_SIZE, DEFAULT_SLOTS
 from slashrt._dataflow import Dataflow
 from slashrt._frontier_report import ReportFile
 from slashrt._inputs import Ingest, PerExecutor
+from slashrt._latency import LatencyHistogram, measuring_sinks
 from slashrt._plan import build_plan, per_source
 from slashrt.errors import DataflowError, SlashError, unwrap_groups
 from slashrt.ops.event_time import Share
@@ -101,6 +102,9 @@ class RunResult:
     # multi-executor runs: seconds from the call until every executor was told to process (spawning,
     # handshakes, jobs delivered, channels connected, inputs opened); of the first attempt
     startup_s: float | None = None
+    # sinks fed only from `Paced` sources: sink step id -> its rows' latency (`slashrt._latency`:
+    # p50_ms, p99_ms, max_ms, mean_ms, rows, quantile(q); every executor's rows)
+    latency: dict[str, LatencyHistogram] = attrs.field(factory=dict)
 
     @property
     def records(self) -> int:
@@ -266,6 +270,7 @@ def local_inputs(
     checkpointed position and carries the checkpoints' barriers."""
     feeds = []
     executor_inputs = []
+    paced = set()
     for step_id, spec, records in per_source(plan, inputs, "input"):
         if isinstance(records, Receiver):
             plan.roots[step_id].follow_channel()  # its producer sends the watermark
@@ -273,6 +278,8 @@ def local_inputs(
             continue
         if isinstance(records, PerExecutor):  # one executor: it makes the whole stream (a resume: again)
             records = records.open(step_id, 0, 1)
+        if getattr(records, "paced", False):
+            paced.add(step_id)
         if isinstance(records, Share):  # an executor's share of an array: it keeps the input's order
             plan.roots[step_id].carry(records)
             records = records.records
@@ -285,6 +292,10 @@ def local_inputs(
 
     if watermark_every is None:
         watermark_every = max(1, slots - 1)
+    measured = measuring_sinks(plan.flow, paced)
+    for node in plan.sinks:
+        if node.step_id in measured:
+            node.measure_latency(plan.flow.steps[node.step_id].time, measured[node.step_id])
 
     async def sources(nursery) -> None:
         for sender, records, spec in feeds:
@@ -381,6 +392,7 @@ async def execute(
         [] if checkpoints is None else checkpoints.report(),
         None if checkpoints is None or checkpoints.restored is None else checkpoints.restored.number,
         None if checkpoints is None else checkpoints.savepoint,
+        latency={s.step_id: s.latency for s in plan.sinks if s.latency is not None},
     )
     log.info("run finished", flow=flow.name, seconds=round(seconds, 6), records=result.records)
     if executor.failed:

@@ -94,6 +94,13 @@ def _zipf_list(text: str) -> list[float]:
     return values
 
 
+def _executor_counts(text: str) -> list[int]:
+    values = [_positive_int(k.strip()) for k in text.split(",") if k.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r} names no executor count")
+    return values
+
+
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows every option's default, except where there is none (None, a flag) or the help
     says it itself."""
@@ -266,6 +273,16 @@ def _parser() -> argparse.ArgumentParser:
     pln.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the ports' random numbers")
     pln.add_argument("--json", action="store_true", help="print one JSON object with the results")
     _add_log_level(pln)
+
+    lat = queries.add_parser("latency", help="YSB's window rows' end-to-end latency at a steady input rate (a Paced "
+                             "source), on each executor count")
+    lat.add_argument("--rate", type=_positive_float, default=1_000_000, help="events per second, all executors together")
+    lat.add_argument("--seconds", type=_positive_float, default=10.0, help="seconds of input at that rate")
+    lat.add_argument("--executors", type=_executor_counts, default="1,2", help="comma-separated executor counts")
+    lat.add_argument("--window-ms", type=_positive_int, default=1000, help="length of the tumbling windows")
+    lat.add_argument("--transport", choices=["shm", "tcp"], default="shm", help="medium between executors")
+    lat.add_argument("--json", action="store_true", help="print one JSON object with the results")
+    _add_log_level(lat)
 
     prog = queries.add_parser("progress", help="distributed pointstamp progress: notify latency, loop round trip, traffic")
     prog.add_argument("--executors", type=_positive_int, default=2, help="executor processes (at least 2)")
@@ -599,7 +616,7 @@ def _refuse(given: set[str], dests, why: str) -> None:
 def _bench_path(args, given: set[str]) -> str:
     """Which benchmark runs ("single", "cluster", "channel" or the query's own), refusing
     options that the chosen path would ignore."""
-    if args.query in ("report", "spark-convert", "cc", "plan", "progress", "checkpoint", "chaos", "operators", "union"):
+    if args.query in ("report", "spark-convert", "cc", "plan", "latency", "progress", "checkpoint", "chaos", "operators", "union"):
         return args.query
     cluster = args.query == "nexmark" or any(d in given for d in _CLUSTER_OPTIONS)
     if args.query == "ro":
@@ -688,6 +705,13 @@ def _run_bench(args, given: set[str]) -> dict:
         from slashrt.bench import plan
 
         return plan.bench(args.executors, hosts_every=args.hosts_every, repeat=args.repeat, seed=args.seed)
+    if path == "latency":
+        if max(args.executors) == 1:
+            _refuse(given, ("transport",), "with --executors 1 (one executor has no channels to other executors)")
+        from slashrt.bench import latency
+
+        return latency.bench(rate=args.rate, seconds=args.seconds, executors=tuple(args.executors),
+                             window_ms=args.window_ms, transport=args.transport)
     if path == "progress":
         if args.executors < 2:
             raise _Refused(f"--executors {args.executors}: `bench progress` measures progress between executors; "

@@ -35,6 +35,13 @@ def counts(source: str = "events"):
     return flow, {source: records()}
 
 
+def paced_counts():
+    """`counts` with its records released at 100,000 per second (`slashrt.Paced`): the summary
+    reports the sink's latency."""
+    flow, inputs = counts()
+    return flow, {"events": slashrt.Paced(lambda index, executors: records()[index::executors], rate=100_000)}
+
+
 def csv_counts():
     """`counts` into a transactional CSV directory ($CLI_JOBS_OUT) whose executors carry the
     chaos bench's kill hooks (`slashrt.bench.chaos`): what `--restart` recovers. Until every

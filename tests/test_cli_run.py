@@ -88,6 +88,15 @@ def test_a_window_behind_a_union_runs_in_either_mode_with_the_same_result(option
     assert result["executors"] == (int(options[options.index("--executors") + 1]) if options else 1)
 
 
+@pytest.mark.parametrize("executors", ["1", "2"])
+def test_a_paced_job_reports_its_latency(executors):
+    result = summary(f"{JOBS}:paced_counts", "--executors", executors)
+    latency = result["latency"]["counts.out"]
+    assert latency["rows"] == result["outputs"]["counts.out"] > 0 and result["seconds"] >= 0.2  # half a second of records
+    assert 0 <= latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"]
+    assert "latency" not in summary(JOBS, "--executors", executors)  # no paced source: nothing measured
+
+
 def test_small_rings_on_one_executor():
     assert summary(JOBS, "--slots", "4", "--slot-size", "512")["outputs"] == {"counts.out": ROWS}
 

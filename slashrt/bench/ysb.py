@@ -114,10 +114,11 @@ def load_ads(path: str | Path, n_ads_needed: int | None = None) -> np.ndarray:
 READ_SCHEMA = Schema([("event_time", "<i8"), ("ad_id", "<i8"), ("event_type", "u1")])
 
 
-def dataflow(ad_to_campaign: np.ndarray, sink, *, max_delay: int = 0, step=None, schema: Schema = YSB_SCHEMA) -> Dataflow:
+def dataflow(ad_to_campaign: np.ndarray, sink, *, max_delay: int = 0, step=None, schema: Schema = YSB_SCHEMA,
+             window_ms: int = WINDOW_MS) -> Dataflow:
     """The YSB query written against the public API; `step`: a filter put right after the
     source (bench checkpoint's slow step); `schema`: the source's (`READ_SCHEMA`: the columns
-    the query reads)."""
+    the query reads); `window_ms`: its windows' length (bench latency's are shorter)."""
     flow = Dataflow("ysb")
     events = flow.source("events", schema, time="event_time", max_delay=max_delay)
     if step is not None:
@@ -129,7 +130,7 @@ def dataflow(ad_to_campaign: np.ndarray, sink, *, max_delay: int = 0, step=None,
     counts = (
         events.apply(views)
         .with_column("campaign_id", lambda b: ad_to_campaign[b["ad_id"]])
-        .window(Tumbling(ms=WINDOW_MS))
+        .window(Tumbling(ms=window_ms))
         .count(key="campaign_id")
     )
     counts.sink(sink, name="counts")

@@ -5,8 +5,8 @@ executor` (`slashrt.cluster.agent`) is the process that runs one executor on a h
 `Session` keeps local executors' fork server up between runs.
 """
 
-from slashrt._inputs import Ingest, PerExecutor, share
+from slashrt._inputs import Ingest, Paced, PerExecutor, share
 from slashrt.cluster._zygote import Session
 from slashrt.cluster.coordinator import ClusterError, run_cluster_async
 
-__all__ = ["Ingest", "PerExecutor", "Session", "share", "ClusterError", "run_cluster_async"]
+__all__ = ["Ingest", "Paced", "PerExecutor", "Session", "share", "ClusterError", "run_cluster_async"]

@@ -483,7 +483,12 @@ def _combine(plan, results: list[RunResult], seconds: float, checkpoints=(), com
         for step, per_executor in r.epochs.items():
             epochs.setdefault(step, []).extend(per_executor)
     frontiers = lower_envelope([r.frontiers for r in results])
-    return RunResult(seconds, [s for r in results for s in r.stats], late, outputs, epochs, frontiers, list(checkpoints))
+    latency = {}
+    for r in results:
+        for step, histogram in r.latency.items():
+            latency[step] = latency[step].merge(histogram) if step in latency else histogram
+    return RunResult(seconds, [s for r in results for s in r.stats], late, outputs, epochs, frontiers, list(checkpoints),
+                     latency=latency)
 
 
 FAILOVERS = ("job", "region")

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from slashrt._batch import Batch
+from slashrt._latency import LatencyHistogram
 from slashrt.errors import OperatorError, SchemaError
 from slashrt.ops._node import Node
 from slashrt.snapshot.commit import NotTransactional, PartFiles, PendingRecords, call_async
@@ -334,6 +335,13 @@ class SinkNode(Node):
         if getattr(sink, "awrite", None) is None and not callable(getattr(sink, "write", None)):
             raise TypeError(f"step {step_id!r}: sink {sink!r} has no write() or awrite() method")
         self._dtype = getattr(sink, "dtype", None)  # the record layout the sink wants, if any
+        self.latency: LatencyHistogram | None = None  # its rows' latency, when the run measures it
+        self._time: tuple[str, float] | None = None
+
+    def measure_latency(self, time: str, ms_per_unit: float) -> None:
+        """Count every row's latency from now on: the wall clock minus its event time (column
+        `time`, in units of `ms_per_unit` milliseconds), see `slashrt._latency`."""
+        self.latency, self._time = LatencyHistogram(), (time, ms_per_unit)
 
     @property
     def forwards_watermarks(self) -> bool:
@@ -350,6 +358,8 @@ class SinkNode(Node):
     async def push(self, batch: Batch) -> None:
         try:
             records = batch.to_numpy(self._dtype)
+            if self._time is not None and self._time[0] in (records.dtype.names or ()):
+                self.latency.record_times(records[self._time[0]], self._time[1])
             # looked up now: an agent replaces the sink by its executor's (`for_executor`)
             if (awrite := getattr(self.sink, "awrite", None)) is not None:
                 await awrite(records)
