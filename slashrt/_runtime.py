@@ -246,8 +246,9 @@ def check_rewindable(plan, inputs: dict, options: dict | None = None) -> None:
         if isinstance(value, PerExecutor):
             if value.deterministic:
                 continue  # made again on resume, fed from the checkpoint's position on
-            why = ("a PerExecutor function not declared deterministic, which cannot rewind to a checkpoint: declare "
-                   "PerExecutor(make, deterministic=True) if make returns the same records on every call")
+            kind = type(value).__name__  # a PerExecutor or a Paced
+            why = (f"a {kind} function not declared deterministic, which cannot rewind to a checkpoint: declare "
+                   f"{kind}(make, ..., deterministic=True) if make returns the same records on every call")
         elif isinstance(value, (Ingest, Receiver)):
             why = (f"a channel ({type(value).__name__}), which cannot rewind to a checkpoint: its producer (Spark "
                    "ingestion, say) does not replay what it sent before one, as ingestion is exactly once within a "

@@ -236,10 +236,13 @@ def test_checkpoints_change_no_result_with_windows_late_records_and_a_union(tmp_
         (lambda: Ingest(), r"reads from a channel \(Ingest\), which cannot rewind .* exactly once within a run, not across"),
         (lambda: PerExecutor(lambda i, n: source_records(10, 0, seed=0)),
          r"reads from a PerExecutor function not declared deterministic, which cannot rewind to a checkpoint: declare "
-         r"PerExecutor\(make, deterministic=True\)"),
+         r"PerExecutor\(make, \.\.\., deterministic=True\)"),
+        (lambda: slashrt.Paced(lambda i, n: source_records(10, 0, seed=0), rate=1000),
+         r"reads from a Paced function not declared deterministic, which cannot rewind to a checkpoint: declare "
+         r"Paced\(make, \.\.\., deterministic=True\)"),
         (lambda: [1, 2, 3], r"reads from list, which cannot rewind to a checkpoint \(arrays, deterministic PerExecutor"),
     ],
-    ids=["channel", "spark-ingest", "per-executor", "list"],
+    ids=["channel", "spark-ingest", "per-executor", "paced", "list"],
 )
 def test_a_source_that_cannot_rewind_is_refused(tmp_path, make_input, message):
     flow = Dataflow("chan")
