@@ -11,7 +11,7 @@ def test_top_level_surface():
     assert sorted(slashrt.__all__) == sorted(
         [
             "Batch", "ChannelClosed", "ChannelFailed", "ConnectedStreams", "Context", "DataflowError", "Dataflow",
-            "Loop", "MalformedBuffer", "Operator", "OperatorError", "RunResult", "Schema", "SchemaError",
+            "LatencyHistogram", "Loop", "MalformedBuffer", "Operator", "OperatorError", "Paced", "RunResult", "Schema", "SchemaError",
             "SlashError", "Sliding", "State", "StopHandle", "Stream", "Timestamp", "Tumbling", "WindowedStream", "configure_logging",
             "run", "run_async", "sinks",
         ]
