@@ -13,6 +13,13 @@ Invariants (checked by the property tests and the conformance kit in slashrt.tes
 FIFO (buffers arrive in post order, seq numbers consecutive), the sender never writes a slot
 that has not been released (0 <= posted - released <= slots), and nothing posted is lost.
 
+Buffer `seq` goes to slot `seq % slots` of the ring, and may be posted while `seq` is below
+the *limit*, released + slots. A channel of a receiver's slot pool (`_pool`: exclusive slots
+per channel and floating ones lent to the channels that have a backlog, as Flink's credit-based
+network stack) overrides the three hooks that say so (`_slot_of`, `_limit`, `_consecutive`):
+there buffer `seq` goes to the slot its receiver granted it, and the limit is the receiver's
+grant counter.
+
 Backends supply only memory and signalling through the hooks of `Sender` and `Receiver`:
 where slot bytes live, how a posted slot becomes visible, where the credit counter lives,
 and how an idle end parks. All protocol logic (sequence numbers, footers, credit arithmetic,
@@ -195,15 +202,28 @@ class Sender(abc.ABC):
         """The sending side is closed (by aclose() or abort()): nothing more is posted."""
         return self._closed
 
+    # -- where buffers go: a ring, unless a pooled channel says otherwise (the module doc) ------------
+    def _slot_of(self, seq: int) -> int:
+        """The slot buffer `seq` goes to."""
+        return seq % self.spec.slots
+
+    def _limit(self) -> int:
+        """Buffers below this sequence number may be posted."""
+        return self._released() + self.spec.slots
+
+    def _consecutive(self, seq: int, n: int) -> int:
+        """How many of the slots of buffers seq .. seq + n - 1 follow one another in memory."""
+        return min(n, self.spec.slots - seq % self.spec.slots)
+
     def credits(self) -> int:
-        return self.spec.slots - (self._posted - self._released())
+        return self._limit() - self._posted
 
     def reserve(self) -> np.ndarray:
         """Writable view of the next slot's payload area; needs a credit."""
         self._check_open()
         if self.credits() <= 0:
             raise NoCredit("no credit: the receiver has not released the next slot yet")
-        return self._slot(self._posted % self.spec.slots)[: self.spec.payload_capacity]
+        return self._slot(self._slot_of(self._posted))[: self.spec.payload_capacity]
 
     def _ring(self) -> np.ndarray | None:
         """The whole local (or staging) ring as one contiguous uint8 array, if there is one."""
@@ -213,7 +233,7 @@ class Sender(abc.ABC):
         """Credits usable by one `reserve_run`: held credits up to the end of the ring."""
         if self._ring() is None:
             return min(self.credits(), 1)
-        return min(self.credits(), self.spec.slots - self._posted % self.spec.slots)
+        return self._consecutive(self._posted, self.credits())
 
     def reserve_run(self, k: int) -> np.ndarray:
         """Writable 2-D view (k x payload capacity) of the next k slots' payload areas, so a
@@ -229,7 +249,7 @@ class Sender(abc.ABC):
             (k, self.spec.payload_capacity),
             dtype=np.uint8,
             buffer=ring,
-            offset=(self._posted % self.spec.slots) * self.spec.slot_size,
+            offset=self._slot_of(self._posted) * self.spec.slot_size,
             strides=(self.spec.slot_size, 1),
         )
 
@@ -241,7 +261,7 @@ class Sender(abc.ABC):
             raise NoCredit("no credit: the receiver has not released the next slot yet")
         if not 0 <= nbytes <= self.spec.payload_capacity:
             raise MalformedBuffer(f"payload of {nbytes} bytes does not fit a {self.spec.slot_size}-byte slot")
-        index = self._posted % self.spec.slots
+        index = self._slot_of(self._posted)
         ring = self._ring()
         if ring is not None:  # native: the flag stored last with release ordering
             kernels.ring_post(ring, self.spec.slot_size, index, 1, count, nbytes, self._posted, epoch, int(kind))
@@ -261,7 +281,7 @@ class Sender(abc.ABC):
             for _ in range(k):
                 self.post(nbytes=nbytes, count=count, epoch=epoch)
             return
-        first = self._posted % self.spec.slots
+        first = self._slot_of(self._posted)
         kernels.ring_post(ring, self.spec.slot_size, first, k, count, nbytes, self._posted, epoch, Kind.DATA)
         self._posted += k
         self._publish_run(first, k)
@@ -344,7 +364,8 @@ class Receiver(abc.ABC):
 
     @abc.abstractmethod
     def _return_credits(self, released: int) -> None:
-        """Publish the released counter to the sender and wake it if it is parked."""
+        """Publish the released counter (a pooled channel's backend: the grant counter,
+        `_limit()`) to the sender and wake it if it is parked."""
 
     @abc.abstractmethod
     async def _park_for_data(self) -> None:
@@ -353,6 +374,43 @@ class Receiver(abc.ABC):
     def _ring(self) -> np.ndarray | None:
         """The whole local ring as one contiguous uint8 array, if the backend has one."""
         return None
+
+    # -- where buffers come: a ring, unless a pooled channel says otherwise (the module doc) ---------
+    # a pooled channel's grants (`_pool.Grants`, set by its backend); None: the slots are a ring
+    grants = None
+
+    def _slot_of(self, seq: int) -> int:
+        """The slot buffer `seq` comes in."""
+        return seq % self.spec.slots if self.grants is None else self.grants.slot_of(seq)
+
+    def _limit(self) -> int:
+        """Buffers below this sequence number may have been posted: released + slots, or the
+        grant counter."""
+        return self._released_count + self.spec.slots if self.grants is None else self.grants.granted
+
+    def _consecutive(self, seq: int, n: int) -> int:
+        """How many of the slots of buffers seq .. seq + n - 1 follow one another in memory."""
+        if self.grants is None:
+            return min(n, self.spec.slots - seq % self.spec.slots)
+        return self.grants.consecutive(seq, n)
+
+    def _regrant(self, first: int, n: int) -> None:
+        """Buffers first .. first + n - 1 were released (their slots' flags cleared): a pooled
+        channel grants their slots again, or others (`_pool`); a ring's come back by themselves.
+        A channel whose sender used every credit granted (the last grant's buffer has landed)
+        is backlogged: it keeps its floating slots and may take more."""
+        grants = self.grants
+        if grants is None:
+            return
+        last = grants.granted - 1
+        backlogged = self._polled > last or self._slot(grants.slot_of(last))[-1] == FULL
+        grants.regrant(first, n, backlogged)
+
+    def _end_grants(self) -> None:
+        """A pooled channel whose END_OF_STREAM was polled gives its floating slots back (its
+        backend calls this when it closes)."""
+        if self.grants is not None and self.finished:
+            self.grants.close(self._released_count)
 
     async def drive(self) -> None:
         """The coroutine that moves this end's bytes, for media that need one (reading frames
@@ -384,9 +442,9 @@ class Receiver(abc.ABC):
 
     def ready(self) -> bool:
         """Is the next slot posted? (Non-blocking, does not consume it.)"""
-        if self.finished or self.error is not None or self.outstanding >= self.spec.slots:
+        if self.finished or self.error is not None or self._polled >= self._limit():
             return False
-        return bool(self._slot(self._polled % self.spec.slots)[-1] == FULL)
+        return bool(self._slot(self._slot_of(self._polled))[-1] == FULL)
 
     def poll(self) -> Buffer | None:
         """Return the next posted buffer in FIFO order, or None if none is ready.
@@ -400,7 +458,7 @@ class Receiver(abc.ABC):
                 self.error = self._peer_error
                 raise self._peer_error
             return None
-        slot = self._slot(self._polled % self.spec.slots)
+        slot = self._slot(self._slot_of(self._polled))
         try:
             footer = read_footer(slot, expected_seq=self._polled, record_size=self.spec.record_size)
             # Decode control messages here too: an unknown type is malformed, and must fail the
@@ -425,10 +483,11 @@ class Receiver(abc.ABC):
         ring = self._ring()
         if ring is None or self.spec.record_size is None or self.finished or self.error is not None:
             return None
-        first = self._polled % self.spec.slots
-        limit = min(max_buffers, self.spec.slots - self.outstanding, self.spec.slots - first)
-        if limit <= 0:
+        available = self._limit() - self._polled
+        if available <= 0 or max_buffers <= 0:
             return None
+        first = self._slot_of(self._polled)
+        limit = self._consecutive(self._polled, min(max_buffers, available))
         n, count = kernels.ring_poll_data(ring, self.spec.slot_size, first, limit, self._polled, self.spec.record_size)
         if n == 0:
             return None
@@ -440,16 +499,18 @@ class Receiver(abc.ABC):
         if not 0 <= n <= self.outstanding:
             raise ValueError(f"release({n}) with only {self.outstanding} buffers outstanding")
         ring = self._ring()
+        first = self._released_count
         if ring is None:
-            for i in range(self._released_count, self._released_count + n):
-                self._slot(i % self.spec.slots)[-1] = EMPTY
+            for seq in range(first, first + n):
+                self._slot(self._slot_of(seq))[-1] = EMPTY
         else:
-            first = self._released_count % self.spec.slots
-            head = min(n, self.spec.slots - first)  # up to the ring's end, then from its start
-            kernels.ring_release(ring, self.spec.slot_size, first, head)
-            if n > head:
-                kernels.ring_release(ring, self.spec.slot_size, 0, n - head)
+            seq, end = first, first + n
+            while seq < end:  # by runs of consecutive slots (a ring: up to its end, then from its start)
+                k = self._consecutive(seq, end - seq)
+                kernels.ring_release(ring, self.spec.slot_size, self._slot_of(seq), k)
+                seq += k
         self._released_count += n
+        self._regrant(first, n)
         self._return_credits(self._released_count)
 
     def posted_unpolled(self) -> list[Buffer]:
@@ -457,8 +518,8 @@ class Receiver(abc.ABC):
         checkpoint copies them as in-flight channel state): views of their slots, valid until
         they are polled and released."""
         found = []
-        for i in range(self.spec.slots - self.outstanding):
-            slot = self._slot((self._polled + i) % self.spec.slots)
+        for i in range(self._limit() - self._polled):
+            slot = self._slot(self._slot_of(self._polled + i))
             if slot[-1] != FULL:
                 break
             footer = read_footer(slot, expected_seq=self._polled + i, record_size=self.spec.record_size)
@@ -467,13 +528,13 @@ class Receiver(abc.ABC):
 
     def _next_landed(self) -> bool:
         """Has the next slot landed (its flag set), whether or not it may be polled yet?"""
-        return self.outstanding < self.spec.slots and self._slot(self._polled % self.spec.slots)[-1] == FULL
+        return self._polled < self._limit() and self._slot(self._slot_of(self._polled))[-1] == FULL
 
     async def wait_readable(self) -> None:
         """Park until the next slot may be ready; returns at once if it already is, or if a
         fault is pending (the next poll raises it)."""
         while not self.ready() and not self.finished and self.error is None and self._peer_error is None:
-            if self.outstanding >= self.spec.slots:
+            if self._polled >= self._limit():
                 raise RuntimeError("every slot is polled and unreleased: release before waiting")
             await self._park_for_data()
 
