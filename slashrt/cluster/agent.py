@@ -62,7 +62,7 @@ from slashrt.transport._channel import ChannelSilent, Liveness, Receiver
 from slashrt.transport._accept import HandshakeListener, authenticated_peers
 from slashrt.transport._auth import load_secret
 from slashrt.transport._port import ChannelAddress, channel_name
-from slashrt.transport._registry import open_channels, open_port
+from slashrt.transport._registry import open_channels, open_port, open_slot_pool
 
 __all__ = ["serve", "run_job", "main", "SETUP_TIMEOUT"]
 
@@ -124,6 +124,7 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
     slot_size = opts.pop("slot_size", DEFAULT_SLOT_SIZE)
     slots = opts.pop("slots", DEFAULT_SLOTS)
     exchange_slots = opts.pop("exchange_slots", EXCHANGE_SLOTS)
+    floating, max_lent = opts.pop("exchange_floating", (0, 0))  # per exchange: a slot pool's (`_ring_budget`)
     watermark_every = opts.pop("watermark_every", None)
     where = {"host": job.host} if job.transport == "tcp" else {}
 
@@ -142,7 +143,14 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
         port = await stack.enter_async_context(open_port(
             job.transport, secret, expected=len(peers) * (len(exchanges) + distributed), setup_timeout=CONNECT_TIMEOUT,
             **where))
-        listeners = {(step_id, src): port.listener(channel_name(step_id, src), ring(step_id))
+        pools = {}  # exchange -> the slot pool its channels from every peer share here (`transport._pool`)
+        if floating and peers:
+            for step_id in exchanges:
+                pools[step_id] = open_slot_pool(job.transport, ring(step_id), channels=len(peers), floating=floating,
+                                                max_lent=max_lent)
+                stack.callback(pools[step_id].close)  # after the channels (they close first)
+        listeners = {(step_id, src): port.listener(channel_name(step_id, src), ring(step_id),
+                                                   **({"pool": pools[step_id]} if step_id in pools else {}))
                      for step_id in exchanges for src in peers}
         ports = []  # every executor's port's address
 
@@ -232,7 +240,10 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
                         inp.throttle = throttle
             # the rings its channels hold (`_ring_budget`): its sources', and each end to a peer that keeps one
             channel_bytes = sum(inp.receiver.spec.ring_bytes for inp in executor_inputs if inp.name in plan.sources)
-            channel_bytes += sum(end.spec.ring_bytes for end in peer_of if isinstance(end, Receiver) or ring_ends(job.transport) == 2)
+            channel_bytes += sum(end.spec.ring_bytes for end in peer_of
+                                 if (isinstance(end, Receiver) and end.grants is None) or
+                                 (not isinstance(end, Receiver) and ring_ends(job.transport) == 2))
+            channel_bytes += sum(pool.nbytes for pool in pools.values())
             bound.info("executor ready", exchanges=list(exchanges), channel_bytes=channel_bytes,
                        records={k: len(v) if hasattr(v, "__len__") else "chunks" for k, v in inputs.items()
                                 if k not in targets and not callable(getattr(v, "feed", None))},
@@ -263,6 +274,7 @@ async def run_job(job: Job, control: Link, secret: bytes, setup: _Phases | None 
                 watch.cancel_scope.cancel()
             result.stats[0].shipped_bytes = sum(x.shipped_bytes for x in plan.exchanges())
             result.stats[0].channel_bytes = channel_bytes
+            result.stats[0].floating_peak = sum(pool.peak for pool in pools.values())
             if bus is not None:
                 result.stats[0].progress_bytes, result.stats[0].progress_messages = bus.stats.bytes, bus.stats.messages
             if result.savepoint is not None:

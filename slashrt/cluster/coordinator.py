@@ -650,9 +650,12 @@ async def _run_attempt(
     common, shares = xplan.input_parts(inputs, _split)
     if "exchange_slots" not in options:  # (tests set the rings' size themselves)
         slot_size = options.get("slot_size", DEFAULT_SLOT_SIZE)
-        options["exchange_slots"] = exchange_slots(
+        shape = exchange_slots(
             channel_budget, executors=n, exchanges=len(executor_plan.exchanges()), slot_size=slot_size,
             source_bytes=len(plan.sources) * options.get("slots", DEFAULT_SLOTS) * slot_size, transport=transport)
+        options["exchange_slots"] = shape.exclusive
+        if shape.floating:  # the exchanges' channels into each executor share a slot pool there
+            options["exchange_floating"] = (shape.floating, shape.max_lent)
     try:
         checkpoints = cluster_checkpoints(flow, plan, executor_plan, inputs, n, options)
     except RetryableError as exc:  # (a broker a sink asks what it published is away: an attempt's failure)

@@ -27,6 +27,7 @@ class ExecutorStats:
     progress_messages: int = 0  # and the messages it broadcast
     shipped_bytes: int = 0  # several executors: bytes of rows its exchanges sent peers (records or partial states)
     channel_bytes: int = 0  # several executors: bytes of the rings its channels hold (`slashrt.cluster._ring_budget`)
+    floating_peak: int = 0  # several executors over shm or tcp: the most floating slots its exchanges' pools lent at once
 
     def as_dict(self) -> dict:
         return attrs.asdict(self)

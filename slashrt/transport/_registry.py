@@ -44,9 +44,10 @@ import trio
 from slashrt.errors import unwrap_groups
 from slashrt.transport._accept import accept_authenticated, accept_each, serve_authenticated
 from slashrt.transport._channel import ChannelSilent, Liveness, Receiver, RingSpec, Sender
+from slashrt.transport._pool import SlotPool
 from slashrt.transport._port import ChannelPort, PortListener
 
-__all__ = ["NETWORK_TRANSPORTS", "Channels", "Listener", "open_channels", "open_listener", "open_port"]
+__all__ = ["NETWORK_TRANSPORTS", "Channels", "Listener", "open_channels", "open_listener", "open_port", "open_slot_pool"]
 
 # name -> (module, listener factory, connect function, port factory)
 NETWORK_TRANSPORTS = {
@@ -82,6 +83,21 @@ async def open_listener(name: str, spec: RingSpec, secret: bytes, **where) -> As
     """Listen for channel senders of medium `name` (bound where `where` says: host, port, ...)."""
     async with _backend(name)[0](spec, secret, **where) as backend_listener:
         yield Listener(name, backend_listener)
+
+
+def open_slot_pool(name: str, spec: RingSpec, *, channels: int, floating: int, max_lent: int | None = None):
+    """A slot pool (`_pool`) for `channels` channels of medium `name` into this process, each with
+    `spec.slots` exclusive slots, and `floating` slots they borrow: a listener's `pool=` option
+    (shm: one memfd every sender maps, `shm.ShmPool`; tcp: this process's memory). Close it after
+    its channels."""
+    if name == "shm":
+        from slashrt.transport.shm import ShmPool
+
+        return ShmPool(spec, channels=channels, floating=floating, max_lent=max_lent)
+    if name == "tcp":
+        return SlotPool(channels=channels, exclusive=spec.slots, floating=floating, slot_size=spec.slot_size,
+                        max_lent=max_lent)
+    raise ValueError(f"the {name} transport has no slot pools (its channels have a ring each)")
 
 
 def _acceptor(listener: Listener | PortListener):

@@ -74,10 +74,12 @@ from slashrt.errors import ChannelClosed
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._accept import PORT_BACKLOG, refuse_named
 from slashrt.transport._channel import Receiver, RingSpec, Sender
+from slashrt.transport._pool import GrantTable, Grants, SlotPool
 from slashrt.transport._port import ChannelPort, channel_of
 
 __all__ = [
     "ShmListener",
+    "ShmPool",
     "ShmReceiver",
     "ShmSender",
     "ShmStats",
@@ -114,6 +116,27 @@ def _segment_size(spec: RingSpec) -> int:
     return CONTROL_BYTES + spec.ring_bytes
 
 
+# A slot pool (`ShmPool`): one memfd for the channels one executor receives of one exchange.
+#   | pool header (4 KiB) | channel 0's control block | ... | channel C-1's | slots x slot_size |
+# A channel's control block has the words of a ring's (the credit word holds its grant counter)
+# and, from TABLE on, its grant table (`_pool.Grants`: window u32 slot numbers).
+POOL_HEADER_BYTES = 4096
+TABLE = 256
+_POOL_HEADER = struct.Struct("<8sIqqqqqqq")  # magic, version, channels, exclusive, window, slots, slot_size, record_size, size
+_POOL_MAGIC = b"SLRTPOOL"
+_POOLED = struct.Struct("<II")  # a pooled channel's set-up reply: its channel index and grant window
+
+
+def _pool_ctrl_bytes(window: int) -> int:
+    return -(-(TABLE + 4 * window) // 4096) * 4096
+
+
+def _pool_layout(channels: int, window: int, slots: int, slot_size: int) -> tuple[int, int, int]:
+    """(the first control block's offset, the slots' offset, the size) of a slot pool."""
+    slots_at = POOL_HEADER_BYTES + channels * _pool_ctrl_bytes(window)
+    return POOL_HEADER_BYTES, slots_at, slots_at + slots * slot_size
+
+
 def _record_size(spec: RingSpec) -> int:
     return -1 if spec.record_size is None else spec.record_size
 
@@ -124,18 +147,19 @@ def _record_size(spec: RingSpec) -> int:
 DEFAULT_SPIN_US = 100.0
 
 class _Segment:
-    """One mapping of the channel's memfd, seen as numpy arrays (control block and ring)."""
+    """One mapping of the channel's memfd (or a pool's), seen as numpy arrays (control block and ring)."""
 
-    def __init__(self, fd: int, spec: RingSpec):
-        size = _segment_size(spec)
+    def __init__(self, fd: int, spec: RingSpec, *, size: int | None = None, ctrl: slice | None = None,
+                 ring: slice | None = None):
+        size = _segment_size(spec) if size is None else size
         # not MAP_POPULATE: a ring's pages are allocated and mapped as its slots are first used
         # (most rings between executors carry a few slots of partial rows; a busy one pays
         # about a millisecond for its first pass), so N executors do not zero N(N-1) rings at
         # set-up (2 GiB at 32 executors: 0.7 s of their start, docs/benchmarks.md)
         self.mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         self.buf = np.frombuffer(self.mm, np.uint8)
-        self.ctrl = self.buf[:CONTROL_BYTES]
-        self.ring = self.buf[CONTROL_BYTES:size]
+        self.ctrl = self.buf[ctrl if ctrl is not None else slice(0, CONTROL_BYTES)]
+        self.ring = self.buf[ring if ring is not None else slice(CONTROL_BYTES, size)]
 
     @classmethod
     def create(cls, spec: RingSpec) -> tuple[_Segment, int]:
@@ -172,6 +196,31 @@ class _Segment:
             raise ChannelClosed("the peer's ring segment header does not match the agreed ring spec")
         return seg
 
+    @classmethod
+    def attach_pool(cls, fd: int, spec: RingSpec, channel: int, window: int) -> _Segment:
+        """Map a slot pool received from the peer (`ShmPool`) as channel `channel`'s end: its
+        control block and grant table, and the pool's slots, after checking the header."""
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < POOL_HEADER_BYTES:
+            raise ChannelClosed(f"the peer's slot pool has {st.st_size} bytes, too few for its header")
+        if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & _SEALS != _SEALS:
+            raise ChannelClosed("the peer's slot pool is not sealed against resizing")
+        with mmap.mmap(fd, POOL_HEADER_BYTES, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) as head:
+            magic, version, channels, exclusive, their_window, slots, slot_size, record_size, total = \
+                _POOL_HEADER.unpack_from(head)
+        layout = _pool_layout(channels, their_window, slots, slot_size)
+        if (magic, version, exclusive, their_window, slot_size, record_size, total) != (
+            _POOL_MAGIC, _VERSION, spec.slots, window, spec.slot_size, _record_size(spec), st.st_size
+        ) or total != layout[-1] or not 0 <= channel < channels:
+            raise ChannelClosed("the peer's slot pool header does not match the agreed ring spec and grant window")
+        first, slots_at, size = layout
+        ctrl_at = first + channel * _pool_ctrl_bytes(window)
+        return cls(fd, spec, size=size, ctrl=slice(ctrl_at, ctrl_at + _pool_ctrl_bytes(window)), ring=slice(slots_at, size))
+
+    def table(self, window: int) -> np.ndarray:
+        """A pool channel's grant table (u32 x window) in its control block."""
+        return self.ctrl[TABLE : TABLE + 4 * window].view(np.uint32)
+
     def close(self) -> None:
         mm, self.mm = self.mm, None
         self.buf = self.ctrl = self.ring = None
@@ -180,6 +229,60 @@ class _Segment:
                 mm.close()
             except BufferError:
                 pass  # a view handed out (a polled payload) still holds the mapping: unmapped when it dies
+
+
+class ShmPool:
+    """The slots that one executor receives one exchange's channels in, from every peer
+    (`_pool.SlotPool`: `spec.slots` exclusive slots per channel and `floating` shared, at most
+    `max_lent` lent to one channel), in one sealed memfd that each sender maps (`ShmListener(...,
+    pool=)`). Close it after its channels."""
+
+    def __init__(self, spec: RingSpec, *, channels: int, floating: int, max_lent: int | None = None):
+        self.spec = spec
+        window = spec.slots + (floating if max_lent is None else min(max_lent, floating))
+        slots = channels * spec.slots + floating
+        first, slots_at, size = _pool_layout(channels, window, slots, spec.slot_size)
+        self.fd = os.memfd_create("slashrt-pool", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(self.fd, size)
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, _SEALS)
+            self.seg = _Segment(self.fd, spec, size=size, ctrl=slice(0, POOL_HEADER_BYTES), ring=slice(slots_at, size))
+        except BaseException:
+            os.close(self.fd)
+            raise
+        ctrl_bytes = _pool_ctrl_bytes(window)
+        tables = np.ndarray((channels, window), np.uint32, buffer=self.seg.buf, offset=first + TABLE,
+                            strides=(ctrl_bytes, 4))
+        self.slots = SlotPool(channels=channels, exclusive=spec.slots, floating=floating, slot_size=spec.slot_size,
+                              max_lent=max_lent, memory=self.seg.ring, tables=tables)
+        self._first, self._ctrl_bytes = first, ctrl_bytes
+        header = _POOL_HEADER.pack(_POOL_MAGIC, _VERSION, channels, spec.slots, window, slots, spec.slot_size,
+                                   _record_size(spec), size)
+        self.seg.ctrl[: _POOL_HEADER.size] = np.frombuffer(header, np.uint8)
+
+    @property
+    def nbytes(self) -> int:
+        """The pool's slots' bytes (its control blocks not counted)."""
+        return self.slots.nbytes
+
+    @property
+    def peak(self) -> int:
+        """The most floating slots lent at once."""
+        return self.slots.peak
+
+    def join(self) -> tuple[np.ndarray, Grants]:
+        """A new channel's control block and grants; its credit word holds its first grants."""
+        grants = Grants(self.slots)
+        at = self._first + grants.channel * self._ctrl_bytes
+        ctrl = self.seg.buf[at : at + self._ctrl_bytes]
+        kernels.shm_store_u64(ctrl, RELEASED, grants.granted)
+        return ctrl, grants
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.seg.close()
 
 
 # -- one end's resources ---------------------------------------------------------------------------
@@ -317,15 +420,18 @@ class _Parking:
 
 
 class ShmSender(Sender):
-    """Producer end: writes slots of the shared ring, reads the credit word from it."""
+    """Producer end: writes slots of the shared ring, reads the credit word from it. A pooled
+    channel's (`table`: its grant table in the pool) writes each buffer into the slot granted
+    for it, and its credit word is the grant counter (`_pool`)."""
 
-    def __init__(self, spec: RingSpec, link: _Link):
+    def __init__(self, spec: RingSpec, link: _Link, table: np.ndarray | None = None):
         super().__init__(spec)
         self._link = link
         self._ctrl = link.seg.ctrl
         self._ring_array = link.seg.ring
+        self._table = None if table is None else GrantTable(table)
         size = spec.slot_size
-        self._slots = [self._ring_array[i * size : (i + 1) * size] for i in range(spec.slots)]
+        self._slots = [self._ring_array[i * size : (i + 1) * size] for i in range(len(self._ring_array) // size)]
         self._last_released = 0
         self._credit_target = 0
         self._parking = _Parking()
@@ -346,6 +452,19 @@ class ShmSender(Sender):
             self._last_released = kernels.shm_load_u64(self._ctrl, RELEASED)
         return self._last_released
 
+    def _slot_of(self, seq):
+        return seq % self.spec.slots if self._table is None else self._table.slot_of(seq)
+
+    def _limit(self):
+        return self._released() + (self.spec.slots if self._table is None else 0)
+
+    def _consecutive(self, seq, n):
+        return super()._consecutive(seq, n) if self._table is None else self._table.consecutive(seq, n)
+
+    def _word_for(self, n: int) -> int:
+        """The credit word's value with which this end holds n credits."""
+        return self._posted + n - (self.spec.slots if self._table is None else 0)
+
     def _publish(self, index):
         # the flag was stored with release (ring_post); wake the receiver only if it sleeps
         if self._ctrl is not None and kernels.shm_wake(self._ctrl, RECV_PARKED, WAKE_ANY, self._link.wake_efd):
@@ -361,7 +480,7 @@ class ShmSender(Sender):
             await parking.lot.park()
             return
         # the credit word this wait needs (wait_credit sets it; else the next credit)
-        target = max(1, self._credit_target or self._posted - self.spec.slots + 1)
+        target = max(1, self._credit_target or self._word_for(1))
         self._credit_target = 0
         parking.busy = True
         try:
@@ -403,7 +522,7 @@ class ShmSender(Sender):
         n = min(n, self.spec.slots)
         while self.credits() < n:
             self._check_open()
-            self._credit_target = self._posted - self.spec.slots + n
+            self._credit_target = self._word_for(n)
             await self._park_for_credit()
 
     # -- closing -----------------------------------------------------------------------------------
@@ -439,15 +558,19 @@ class ShmReceiver(Receiver):
     meanwhile is taken without the eventfd round trip through the kernel (tens of microseconds
     on a VM), at the price of that much CPU per idle moment; then it parks as before."""
 
-    def __init__(self, spec: RingSpec, link: _Link, *, spin_us: float = DEFAULT_SPIN_US):
+    def __init__(self, spec: RingSpec, link: _Link, *, spin_us: float = DEFAULT_SPIN_US,
+                 pooled: tuple[np.ndarray, np.ndarray, Grants] | None = None):
         super().__init__(spec)
         self.spin_us = spin_us
         self._link = link
-        self._ctrl = link.seg.ctrl
-        self._ring_array = link.seg.ring
+        if pooled is None:
+            self._ctrl, self._ring_array = link.seg.ctrl, link.seg.ring
+        else:  # a pool's channel (`ShmPool.join`): its control block, the pool's slots, its grants
+            self._ctrl, self._ring_array, self.grants = pooled
         size = spec.slot_size
-        self._slots = [self._ring_array[i * size : (i + 1) * size] for i in range(spec.slots)]
-        self._flags = [(i + 1) * size - 1 for i in range(spec.slots)]  # offset of each slot's flag
+        n = len(self._ring_array) // size
+        self._slots = [self._ring_array[i * size : (i + 1) * size] for i in range(n)]
+        self._flags = [(i + 1) * size - 1 for i in range(n)]  # offset of each slot's flag
         self._parking = _Parking()
         self.stats = ShmStats()
 
@@ -462,8 +585,9 @@ class ShmReceiver(Receiver):
         return self._ring_array
 
     def _return_credits(self, released):
+        word = released if self.grants is None else self.grants.granted  # (a pool's: after its grant table)
         if self._ctrl is not None and kernels.shm_store_and_wake(
-            self._ctrl, RELEASED, released, SEND_PARKED, self._link.wake_efd
+            self._ctrl, RELEASED, word, SEND_PARKED, self._link.wake_efd
         ):
             self.stats.wakeups += 1
 
@@ -471,14 +595,14 @@ class ShmReceiver(Receiver):
         """Is the next slot's flag FULL (acquire load)? False while every slot is polled and
         unreleased: then nothing more can have been posted."""
         return (
-            self.outstanding < self.spec.slots
-            and kernels.shm_load_u8(self._ring_array, self._flags[self._polled % self.spec.slots]) == FULL
+            self._polled < self._limit()
+            and kernels.shm_load_u8(self._ring_array, self._flags[self._slot_of(self._polled)]) == FULL
         )
 
     def ready(self) -> bool:
-        if self.finished or self.error is not None or self.outstanding >= self.spec.slots:
+        if self.finished or self.error is not None or self._polled >= self._limit():
             return False
-        if kernels.shm_load_u8(self._ring_array, self._flags[self._polled % self.spec.slots]) == FULL:
+        if kernels.shm_load_u8(self._ring_array, self._flags[self._slot_of(self._polled)]) == FULL:
             return True
         if self._link.gone is not None:  # drained, and nothing more will come
             self._peer_gone()
@@ -512,8 +636,10 @@ class ShmReceiver(Receiver):
 
     def _spin(self) -> bool:
         """Poll the next slot's flag for up to spin_us; True if a buffer was posted meanwhile."""
+        if self._polled >= self._limit():
+            return False
         deadline = time.perf_counter() + self.spin_us * 1e-6
-        flag = self._flags[self._polled % self.spec.slots]
+        flag = self._flags[self._slot_of(self._polled)]
         while time.perf_counter() < deadline:
             if kernels.shm_load_u8(self._ring_array, flag) == FULL:
                 return True
@@ -552,6 +678,7 @@ class ShmReceiver(Receiver):
         """Unmap the ring and close the descriptors; the sender sees the channel closed."""
         if self._ctrl is None:
             return
+        self._end_grants()
         self._ctrl = self._ring_array = None
         self._slots = []
         self._link.close()
@@ -631,9 +758,12 @@ class ShmListener:
     what = "shm channel listener"
 
     def __init__(self, spec: RingSpec, secret: bytes, path: str | os.PathLike | None | bool = None, *,
-                 backlog: int = 128, spin_us: float = DEFAULT_SPIN_US):
+                 backlog: int = 128, spin_us: float = DEFAULT_SPIN_US, pool: ShmPool | None = None):
+        if pool is not None and pool.spec != spec:
+            raise ValueError(f"a listener of {spec} with a slot pool of {pool.spec}")
         self.spec = spec
         self.spin_us = spin_us
+        self.pool = pool  # its channels' slots are this pool's (`ShmPool`), not a ring each
         self._secret = secret
         self._path: Path | None = None
         self._sock = None
@@ -674,12 +804,18 @@ class ShmListener:
                 text = why.encode()
                 await stream.send_all(_REPLY.pack(b"N", len(text)) + text)
                 raise ChannelClosed(why)
-            seg, memfd = _Segment.create(self.spec)
+            pooled = None
+            if self.pool is None:
+                seg, memfd = _Segment.create(self.spec)
+                reply = _REPLY.pack(b"Y", 0)
+            else:  # the pool's memfd (the sender maps it all) and this channel's place in it
+                seg, memfd = None, self.pool.fd
+                ctrl, grants = self.pool.join()
+                pooled = (ctrl, self.pool.seg.ring, grants)
+                reply = _REPLY.pack(b"P", _POOLED.size) + _POOLED.pack(grants.channel, grants.window)
             fds = [memfd, _eventfd(), _eventfd()]  # the ring, "data posted", "credit returned"
             try:
-                await conn.sendmsg(
-                    [_REPLY.pack(b"Y", 0)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-                )
+                await conn.sendmsg([reply], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
                 ready = await receive_exactly(stream, 1, "the sender's ready signal")
                 if ready != _READY:
                     raise ChannelClosed(f"{peer} sent {ready!r} instead of its ready signal")
@@ -688,11 +824,13 @@ class ShmListener:
                 _close_all(seg, None, fds[1:])
                 raise
             finally:
-                os.close(memfd)  # the mappings keep the memory alive
+                if seg is not None:
+                    os.close(memfd)  # the mappings keep the memory alive
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise ChannelClosed(f"{peer} left during the ring set-up: {exc}") from None
-        log.info("shm channel accepted", peer=peer, slots=self.spec.slots, slot_size=self.spec.slot_size)
-        return ShmReceiver(self.spec, link, spin_us=self.spin_us)
+        log.info("shm channel accepted", peer=peer, slots=self.spec.slots, slot_size=self.spec.slot_size,
+                 pooled=self.pool is not None)
+        return ShmReceiver(self.spec, link, spin_us=self.spin_us, pooled=pooled)
 
     async def aclose(self) -> None:
         _close_unix(self._sock, self._path)
@@ -846,10 +984,16 @@ async def _receive_ring(sock, stream, spec: RingSpec, peer: str) -> ShmSender:
         extra = await receive_exactly(stream, length, "the ring set-up reply") if length else b""
         if code == b"N":
             raise ChannelClosed(f"{peer} refused the channel: {extra.decode(errors='replace')}")
-        if code != b"Y" or len(fds) != 3:
+        if code not in (b"Y", b"P") or len(fds) != 3 or (code == b"P" and len(extra) != _POOLED.size):
             raise ChannelClosed(f"{peer} sent a bad ring set-up reply ({code!r} with {len(fds)} descriptors)")
         memfd, data_efd, credit_efd = fds
-        seg = _Segment.attach(memfd, spec)
+        table = None
+        if code == b"P":  # a channel of the receiver's slot pool
+            channel, window = _POOLED.unpack(extra)
+            seg = _Segment.attach_pool(memfd, spec, channel, window)
+            table = seg.table(window)
+        else:
+            seg = _Segment.attach(memfd, spec)
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -861,8 +1005,8 @@ async def _receive_ring(sock, stream, spec: RingSpec, peer: str) -> ShmSender:
     except BaseException:
         _close_all(seg, None, [data_efd, credit_efd])
         raise
-    log.info("shm channel connected", peer=peer, slots=spec.slots, slot_size=spec.slot_size)
-    return ShmSender(spec, link)
+    log.info("shm channel connected", peer=peer, slots=spec.slots, slot_size=spec.slot_size, pooled=table is not None)
+    return ShmSender(spec, link, table)
 
 
 def open_shm_pair(spec: RingSpec | None = None, *, spin_us: float = DEFAULT_SPIN_US) -> tuple[ShmSender, ShmReceiver]:

@@ -16,8 +16,11 @@ sequence numbers, credit arithmetic, runs, validation) is the protocol of `_chan
 Wire protocol, after the cluster-secret handshake of `_auth` (nothing is sent before it)::
 
     both ends:          spec    b"SRNG" | version u1 | role u1 | 2 pad | slots u4 | slot_size u4 | record_size u8
+                                | window u4 | 4 pad   (window: the most buffers the receiver lets
+                                in at once: slots, or a pooled channel's grant window)
     sender -> receiver  frame   footer (32 B, as the producer wrote it) | payload (footer.nbytes bytes)
-    receiver -> sender  credit  released u8 (the receiver's released counter; monotonic; sent
+    receiver -> sender  credit  limit u8 (the sender may post the buffers below it: released +
+                                slots, or a pooled channel's grant counter; monotonic; sent
                                 again unchanged every liveness interval as a keepalive)
 
 The footer leads so the receiver knows the payload's length, and a frame carries only the
@@ -26,9 +29,11 @@ receiver sends its counter when a quarter of the ring has been released, or at o
 nothing left to poll (then the sender may be waiting); never one syscall per buffer while both
 ends are busy.
 
-Why the staging ring needs no extra bookkeeping: the sender reuses a staging slot only with a
-credit for it, and the receiver can release a buffer only after receiving it, which the
-sender's drive must have written out first. A credit for a buffer not yet written is a
+The sender's staging ring has `slots` slots, and a staging slot is reused once its frame is
+written out in full: the sender's limit is the receiver's, and at most `slots` past the frames
+written. (A pooled receiver, `_pool`, may grant a backlogged channel more credits than
+`slots`; the receiver's slots are its pool's, and the frames land in the slots it granted.) A
+credit beyond what the receiver may grant (more than `window` past the frames written) is a
 protocol violation and closes the channel.
 
 With a `Liveness` (set by the channels' owner), the receiver sends its counter every interval
@@ -80,15 +85,16 @@ from slashrt.transport._accept import (
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._port import ChannelPort, channel_of
 from slashrt.transport._channel import ChannelSilent, DrivenReceiver, RingSpec, RunningDrive, Sender
+from slashrt.transport._pool import Grants, SlotPool
 
 __all__ = ["TcpListener", "TcpReceiver", "TcpSender", "TcpStatistics", "connect_tcp", "open_tcp_listener"]
 
 log = structlog.get_logger("slashrt.transport.tcp")
 
-_VERSION = 1
+_VERSION = 2
 _SENDER, _RECEIVER = 1, 0
 _ROLE_NAMES = {_SENDER: "sender", _RECEIVER: "receiver"}
-_SPEC = struct.Struct("<4sBB2xIIQ")
+_SPEC = struct.Struct("<4sBB2xIIQI4x")
 _CREDIT = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 
@@ -123,9 +129,10 @@ async def _close_stream_forcefully(stream: trio.abc.AsyncResource) -> None:
         await trio.aclose_forcefully(stream)
 
 
-async def _agree_spec(stream: trio.SocketStream, spec: RingSpec, role: int, peer: str) -> None:
-    """Both ends send their ring spec and check the other's: same shape, opposite roles."""
-    mine = _SPEC.pack(b"SRNG", _VERSION, role, spec.slots, spec.slot_size, spec.record_size or 0)
+async def _agree_spec(stream: trio.SocketStream, spec: RingSpec, role: int, peer: str, window: int = 0) -> int:
+    """Both ends send their ring spec and check the other's: same shape, opposite roles.
+    Returns the peer's window (the receiver's: `window` = its grant window, else slots)."""
+    mine = _SPEC.pack(b"SRNG", _VERSION, role, spec.slots, spec.slot_size, spec.record_size or 0, window or spec.slots)
     with trio.move_on_after(HANDSHAKE_TIMEOUT) as scope:
         try:
             await stream.send_all(mine)
@@ -134,7 +141,7 @@ async def _agree_spec(stream: trio.SocketStream, spec: RingSpec, role: int, peer
             raise ChannelClosed(f"connection to {peer} lost while agreeing on the ring spec: {exc}") from None
     if scope.cancelled_caught:
         raise ChannelClosed(f"peer {peer} did not send its ring spec within {HANDSHAKE_TIMEOUT} s")
-    magic, version, peer_role, slots, slot_size, record_size = _SPEC.unpack(theirs)
+    magic, version, peer_role, slots, slot_size, record_size, their_window = _SPEC.unpack(theirs)
     if magic != b"SRNG" or version != _VERSION:
         raise ChannelClosed(
             f"peer {peer} sent no ring spec of protocol version {_VERSION} (magic {magic!r}, version {version})"
@@ -148,6 +155,9 @@ async def _agree_spec(stream: trio.SocketStream, spec: RingSpec, role: int, peer
             f"ring spec mismatch with {peer}: this end has slots={ours[0]}, slot_size={ours[1]}, "
             f"record_size={ours[2]}; the peer has slots={other[0]}, slot_size={other[1]}, record_size={other[2]}"
         )
+    if their_window < slots:
+        raise ChannelClosed(f"peer {peer} announced a window of {their_window} buffers, fewer than its {slots} slots")
+    return their_window
 
 
 def _detach(stream: trio.SocketStream) -> socket.socket:
@@ -211,9 +221,10 @@ class TcpSender(Sender):
     cause is logged and kept in `error`; `wait_credit`, `reserve`, `post` and their run
     variants then raise ChannelClosed naming it."""
 
-    def __init__(self, spec: RingSpec, sock: socket.socket, peer: str):
+    def __init__(self, spec: RingSpec, sock: socket.socket, peer: str, window: int | None = None):
         super().__init__(spec)
         self.peer = peer
+        self._window = window or spec.slots  # the receiver's: its limit is at most this past the frames written
         self._sock: socket.socket | None = sock
         self._stage = np.zeros(spec.ring_bytes, dtype=np.uint8)
         ss, cap = spec.slot_size, spec.payload_capacity
@@ -223,7 +234,7 @@ class TcpSender(Sender):
         self._footer_mv = [mv[(i + 1) * ss - FOOTER_SIZE : (i + 1) * ss] for i in range(spec.slots)]
         self._published = 0  # slots handed to _publish (frames to send, in ring order)
         self._sent = 0  # frames written to the socket in full
-        self._credit = 0  # the receiver's released counter, as last received
+        self._credit = spec.slots  # the receiver's limit, as last received (its first: one ring)
         self._bytes = self._calls = self._credit_frames = 0
         # the writer's state: the socket it writes, whether it is parked, the run being written
         self._wsock: socket.socket | None = None
@@ -272,7 +283,11 @@ class TcpSender(Sender):
         self._send_lot.unpark_all()
 
     def _released(self):
-        return self._credit
+        return self._credit - self.spec.slots
+
+    def _limit(self):
+        # the receiver's limit, and no staging slot reused before its frame is out (`_pump` wakes)
+        return min(self._credit, self._sent + self.spec.slots)
 
     async def _park_for_credit(self):
         if self.error is not None:
@@ -359,6 +374,8 @@ class TcpSender(Sender):
             while k < len(ends) and ends[k] <= done:
                 k += 1
             self._sent = self._out_first + k
+            if k and self._credit_lot:  # staging slots came free: a wait for credit may be over
+                self._credit_lot.unpark_all()
             if k == len(ends):
                 self._out = None
                 continue
@@ -418,17 +435,17 @@ class TcpSender(Sender):
                     break
                 raise ChannelClosed(
                     f"the receiver {self.peer} closed the connection "
-                    f"({self._posted - self._credit} buffers posted and not released)"
+                    f"({self._posted - self._released()} buffers posted and not released)"
                 )
             self._heard = trio.current_time()
             have += n
             whole = have - have % _CREDIT.size
             credit = self._credit
             for (value,) in _CREDIT.iter_unpack(mv[:whole]):
-                if value < credit or value > self._sent:
+                if value < credit or value > self._sent + self._window:
                     raise MalformedBuffer(
-                        f"receiver {self.peer} returned credit up to {value}, "
-                        f"but {credit} were returned before and {self._sent} buffers sent"
+                        f"receiver {self.peer} granted credit up to buffer {value}, but up to {credit} before "
+                        f"and {self._sent} buffers sent (at most {self._window} more may be granted)"
                     )
                 credit = value
             self._credit_frames += whole // _CREDIT.size
@@ -517,15 +534,16 @@ class TcpReceiver(DrivenReceiver):
     ChannelClosed) and marks the channel failed, as a bad footer does. `wait_readable()`
     returns at once when such a fault is pending."""
 
-    def __init__(self, spec: RingSpec, sock: socket.socket, peer: str):
+    def __init__(self, spec: RingSpec, sock: socket.socket, peer: str, grants: Grants | None = None):
         super().__init__(spec)
         self.peer = peer
         self._sock: socket.socket | None = sock
-        self._ring_arr = np.zeros(spec.ring_bytes, dtype=np.uint8)
+        self.grants = grants  # a pooled channel's (`_pool`): its slots are the pool's
+        self._ring_arr = np.zeros(spec.ring_bytes, dtype=np.uint8) if grants is None else grants.pool.memory
         ss = spec.slot_size
-        self._slots = [self._ring_arr[i * ss : (i + 1) * ss] for i in range(spec.slots)]
+        self._slots = [self._ring_arr[i * ss : (i + 1) * ss] for i in range(len(self._ring_arr) // ss)]
         self._received = 0  # frames written in full into the ring
-        self._credit_sent = 0  # released counter as last sent to the sender
+        self._credit_sent = spec.slots  # the limit as last sent to the sender (its first: one ring)
         self._bytes = self._calls = self._credit_frames = 0
         self._credit_out = b""  # a credit frame (or its rest) not yet taken by the socket
         self._credit_idle = False  # the drive's credit writer is parked
@@ -549,7 +567,7 @@ class TcpReceiver(DrivenReceiver):
     def _return_credits(self, released):
         # Coalesce: send when a batch has built up, or when nothing is left to poll (the sender
         # may be waiting for exactly these credits).
-        if released - self._credit_sent >= self._credit_batch or self._received == self._polled:
+        if self._limit() - self._credit_sent >= self._credit_batch or self._received == self._polled:
             self._want_credits()
 
     def _want_credits(self) -> None:
@@ -568,7 +586,7 @@ class TcpReceiver(DrivenReceiver):
         """Write the latest released counter; False if the socket is full (rest pending)."""
         while True:
             if not self._credit_out:
-                value = self._released_count
+                value = self._limit()
                 if value <= self._credit_sent and not self._ping:
                     return True
                 self._ping = False
@@ -582,7 +600,7 @@ class TcpReceiver(DrivenReceiver):
             self._credit_out = self._credit_out[n:]
 
     async def _park_for_data(self):
-        if self._released_count > self._credit_sent:
+        if self._limit() > self._credit_sent:
             self._want_credits()
         await self._data_lot.park()
 
@@ -594,7 +612,7 @@ class TcpReceiver(DrivenReceiver):
             self._log.error(f"{self.medium} channel closed", reason=str(exc), **self._progress())
             self._stop()
             raise
-        if buf is None and self._released_count > self._credit_sent:
+        if buf is None and self._limit() > self._credit_sent:
             self._want_credits()
         return buf
 
@@ -629,7 +647,6 @@ class TcpReceiver(DrivenReceiver):
             self._want_credits()
 
     async def _read_frames(self, sock: socket.socket) -> None:
-        nslots, ss = self.spec.slots, self.spec.slot_size
         ring_mv = memoryview(self._ring_arr)
         scratch = bytearray(SCRATCH_BYTES)
         smv = memoryview(scratch)
@@ -648,8 +665,7 @@ class TcpReceiver(DrivenReceiver):
                 if length < 0:
                     if avail < FOOTER_SIZE:
                         break
-                    base = (self._received % nslots) * ss
-                    length = self._take_footer(ring_mv, smv[head : head + FOOTER_SIZE], base)
+                    length, base = self._take_footer(ring_mv, smv[head : head + FOOTER_SIZE])
                     head += FOOTER_SIZE
                     got = 0
                     small_run = small_run + 1 if length < DIRECT_MIN else 0
@@ -728,9 +744,9 @@ class TcpReceiver(DrivenReceiver):
         part = f"{tail} of {FOOTER_SIZE} footer bytes" if length < 0 else f"{got} of {length} payload bytes"
         return f"peer {self.peer} vanished mid-buffer{cause}: buffer {self._received} incomplete ({part})"
 
-    def _take_footer(self, ring_mv: memoryview, footer: memoryview, base: int) -> int:
-        """Check a frame's footer (it comes first) and write it into the slot, all but the
-        flag; return the payload length that follows it."""
+    def _take_footer(self, ring_mv: memoryview, footer: memoryview) -> tuple[int, int]:
+        """Check a frame's footer (it comes first) and write it into its slot, all but the
+        flag; return the payload length that follows it and the slot's offset."""
         seq = self._received
         if self._eos:
             raise MalformedBuffer(f"peer {self.peer} sent buffer {seq} after END_OF_STREAM")
@@ -743,15 +759,16 @@ class TcpReceiver(DrivenReceiver):
                 f"peer {self.peer} sent buffer {seq} as a frame of {length} payload bytes, "
                 f"longer than a {self.spec.slot_size}-byte slot holds ({self.spec.payload_capacity})"
             )
-        if seq - self._released_count >= self.spec.slots:
+        if seq >= self._limit():
             raise MalformedBuffer(
                 f"peer {self.peer} sent buffer {seq} without a credit "
-                f"({self._released_count} released in a {self.spec.slots}-slot ring)"
+                f"({self._released_count} released, credit granted up to buffer {self._limit()})"
             )
         # The slot is released (its flag clear): nobody reads these bytes until the flag is set.
+        base = self._slot_of(seq) * self.spec.slot_size
         end = base + self.spec.slot_size
         ring_mv[end - FOOTER_SIZE : end - 1] = footer[:_FLAG_AT]
-        return length
+        return length, base
 
     def _complete(self, ring_mv: memoryview, base: int, length: int) -> None:
         """The whole frame is in its slot: set the flag, last."""
@@ -788,6 +805,7 @@ class TcpReceiver(DrivenReceiver):
 
     async def aclose(self) -> None:
         """Close the socket. Polling afterwards raises ChannelClosed unless the stream ended."""
+        self._end_grants()
         if self._sock is not None:
             _close_socket(self._sock)
             self._sock = None
@@ -808,8 +826,13 @@ class TcpListener(TcpAcceptor):
 
     what = "tcp channel listener"
 
-    def __init__(self, sock: trio.socket.SocketType | None, spec: RingSpec, secret: bytes):
+    def __init__(self, sock: trio.socket.SocketType | None, spec: RingSpec, secret: bytes, *,
+                 pool: SlotPool | None = None):
+        if pool is not None and (pool.exclusive, pool.slot_size) != (spec.slots, spec.slot_size):
+            raise ValueError(f"a listener of {spec} with a slot pool of {pool.exclusive} exclusive slots of "
+                             f"{pool.slot_size} bytes")
         self._sock = sock
+        self.pool = pool  # its channels' slots are this pool's (`_pool`), not a ring each
         self.spec = spec
         self._secret = secret
         self.address: tuple[str, int] | None = None if sock is None else sock.getsockname()[:2]
@@ -827,12 +850,13 @@ class TcpListener(TcpAcceptor):
     async def attach(self, stream: trio.SocketStream, peer: str) -> TcpReceiver:
         """The set-up after the handshake: the ring spec check (the stream is closed if it fails)."""
         try:
-            await _agree_spec(stream, self.spec, _RECEIVER, peer)
+            await _agree_spec(stream, self.spec, _RECEIVER, peer, window=0 if self.pool is None else self.pool.window)
         except BaseException:
             await _close_stream_forcefully(stream)
             raise
-        log.debug("tcp channel accepted", peer=peer, slots=self.spec.slots, slot_size=self.spec.slot_size)
-        return TcpReceiver(self.spec, _detach(stream), peer)
+        log.debug("tcp channel accepted", peer=peer, slots=self.spec.slots, slot_size=self.spec.slot_size,
+                  pooled=self.pool is not None)
+        return TcpReceiver(self.spec, _detach(stream), peer, None if self.pool is None else Grants(self.pool))
 
     async def aclose(self) -> None:
         if self._sock is not None:
@@ -848,14 +872,16 @@ class TcpListener(TcpAcceptor):
 
 @contextlib.asynccontextmanager
 async def open_tcp_listener(
-    spec: RingSpec, secret: bytes, *, host: str = "127.0.0.1", port: int = 0, backlog: int = 128
+    spec: RingSpec, secret: bytes, *, host: str = "127.0.0.1", port: int = 0, backlog: int = 128,
+    pool: SlotPool | None = None,
 ) -> AsyncIterator[TcpListener]:
     """Listen for channel senders on (host, port); loopback unless `host` says otherwise, and
-    port 0 picks a free one (see `listener.address`)."""
+    port 0 picks a free one (see `listener.address`). With a `pool` (`_pool.SlotPool`), its
+    channels' slots are the pool's."""
     if not secret:
         raise ValueError("a TCP channel needs the cluster secret")
     sock = await bind_tcp(host, port, backlog)
-    async with TcpListener(sock, spec, secret) as listener:
+    async with TcpListener(sock, spec, secret, pool=pool) as listener:
         if not _is_loopback(listener.address[0]):
             log.info("tcp listener on a non-loopback address", address=peer_name(listener.address))
         yield listener
@@ -869,7 +895,7 @@ async def open_tcp_port(secret: bytes, *, host: str = "127.0.0.1", port: int = 0
     if not secret:
         raise ValueError("a TCP channel needs the cluster secret")
     channel_port = ChannelPort("tcp", TcpPortSocket(await bind_tcp(host, port, PORT_BACKLOG)),
-                               stream_authenticator(secret), lambda spec: TcpListener(None, spec, secret),
+                               stream_authenticator(secret), lambda spec, **o: TcpListener(None, spec, secret, **o),
                                expected=expected)
     try:
         yield channel_port
@@ -900,7 +926,7 @@ async def connect_tcp(address: tuple[str, int], spec: RingSpec, secret: bytes, *
         raise ChannelSilent(peer, connect_timeout, "no answer to a connection")
     try:
         await client_handshake(stream, secret, channel=channel)
-        await _agree_spec(stream, spec, _SENDER, peer)
+        window = await _agree_spec(stream, spec, _SENDER, peer)
     except ChannelClosed as exc:
         log.error("tcp connection refused", peer=peer, end="sender", reason=str(exc))
         await _close_stream_forcefully(stream)
@@ -908,4 +934,4 @@ async def connect_tcp(address: tuple[str, int], spec: RingSpec, secret: bytes, *
     except BaseException:
         await _close_stream_forcefully(stream)
         raise
-    return TcpSender(spec, _detach(stream), peer)
+    return TcpSender(spec, _detach(stream), peer, window)

@@ -1,11 +1,14 @@
 """Each executor's channel memory within `channel_budget` whatever the executor count
-(`slashrt.cluster._ring_budget`): the exchanges' rings shrink as peers are added, never below
-their least, a budget too small is refused in one sentence before anything starts, and a run on
-small rings (data many times their size) is exact, each executor holding what the budget says,
+(`slashrt.cluster._ring_budget`): the exchanges' slots shrink as peers are added, never below
+their least (over shm and tcp a slot pool per exchange: half exclusive, the rest floating, so a
+busy channel still borrows up to a full ring), a budget too small is refused in one sentence
+before anything starts, and a run on small rings (data many times their size) is exact, each
+executor holding what the budget says and lending floating slots to its backlogged channels,
 over shm and tcp, in both modes, on one executor and several; `bench ysb --channel-budget`."""
 
 import json
 
+import attrs
 import numpy as np
 import pytest
 
@@ -14,7 +17,7 @@ from slashrt import Dataflow, Schema, Tumbling
 from slashrt.cli import main
 from slashrt.cluster._progress import PROGRESS_RING
 from slashrt.cluster._ring_budget import (
-    DEFAULT_CHANNEL_BUDGET, EXCHANGE_SLOTS, MIN_EXCHANGE_SLOTS, exchange_slots, ring_ends,
+    DEFAULT_CHANNEL_BUDGET, EXCHANGE_SLOTS, MIN_EXCHANGE_SLOTS, ExchangeSlots, exchange_slots, ring_ends,
 )
 from slashrt.errors import OptionError
 from slashrt.ops.sinks import Collect
@@ -33,16 +36,30 @@ def held(executors: int, exchanges: int, slots: int, transport: str, slot: int =
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp", "verbs"])
-def test_exchange_rings_shrink_as_executors_are_added_and_stay_within_the_budget(transport):
-    slot = 16384
-    slots = [exchange_slots(DEFAULT_CHANNEL_BUDGET, executors=n, exchanges=2, source_bytes=SOURCE_SLOTS * slot,
-                            slot_size=slot, transport=transport) for n in (2, 16, 64, 128, 256)]
-    assert slots[0] == EXCHANGE_SLOTS and slots == sorted(slots, reverse=True) and slots[-1] < EXCHANGE_SLOTS
-    assert min(slots) >= MIN_EXCHANGE_SLOTS
-    for n, s in zip((2, 16, 64, 128, 256), slots):
-        assert held(n, 2, s, transport, slot) <= DEFAULT_CHANNEL_BUDGET
-        # one slot more in every exchange ring would not fit (or the rings are at their most)
-        assert s == EXCHANGE_SLOTS or held(n, 2, s + 1, transport, slot) > DEFAULT_CHANNEL_BUDGET
+def test_exchange_slots_shrink_as_executors_are_added_and_stay_within_the_budget(transport):
+    slot, sizes = 16384, (2, 16, 64, 128, 256)
+    shapes = [exchange_slots(DEFAULT_CHANNEL_BUDGET, executors=n, exchanges=2, source_bytes=SOURCE_SLOTS * slot,
+                             slot_size=slot, transport=transport) for n in sizes]
+    exclusive = [s.exclusive for s in shapes]
+    assert exclusive == sorted(exclusive, reverse=True) and min(exclusive) >= MIN_EXCHANGE_SLOTS
+    for n, shape in zip(sizes, shapes):
+        peers, ends = n - 1, ring_ends(transport)
+        fixed = SOURCE_SLOTS * slot + peers * ends * PROGRESS_RING.ring_bytes
+        assert fixed + shape.bytes(peers=peers, exchanges=2, ends=ends, slot_size=slot) <= DEFAULT_CHANNEL_BUDGET
+        assert shape.exclusive + shape.max_lent <= EXCHANGE_SLOTS and shape.max_lent <= shape.floating
+    if transport == "verbs":  # rings: as many slots as fit, at most EXCHANGE_SLOTS, and no pool
+        assert exclusive[0] == EXCHANGE_SLOTS and exclusive[-1] < EXCHANGE_SLOTS
+        assert all(s.floating == 0 for s in shapes)
+    else:  # a pool: half a ring's exclusive, and a backlogged channel borrows up to a ring's worth
+        assert shapes[0] == ExchangeSlots(EXCHANGE_SLOTS // 2, EXCHANGE_SLOTS // 2, EXCHANGE_SLOTS // 2)
+        assert all(s.floating > 0 and s.exclusive + s.max_lent == EXCHANGE_SLOTS for s in shapes)
+        # where the budget is short, the pool has fewer floating slots than all channels could borrow
+        assert shapes[-1].floating < (sizes[-1] - 1) * shapes[-1].max_lent
+        # and it takes what the exclusive slots leave: one slot more for every channel would not fit
+        peers, ends = sizes[-1] - 1, ring_ends(transport)
+        fixed = SOURCE_SLOTS * slot + peers * ends * PROGRESS_RING.ring_bytes
+        more = attrs.evolve(shapes[-1], floating=shapes[-1].floating + peers)
+        assert fixed + more.bytes(peers=peers, exchanges=2, ends=ends, slot_size=slot) > DEFAULT_CHANNEL_BUDGET
 
 
 def test_a_budget_below_the_least_rings_is_refused_in_one_sentence():
@@ -97,6 +114,8 @@ def test_a_run_on_rings_the_budget_shrank_is_exact_and_holds_what_the_budget_say
     assert result.channel_bytes_per_executor <= budget
     if executors > 1:  # the rows shipped were many times the rings they went through
         assert min(s.shipped_bytes for s in result.stats) > 20 * (executors - 1) * slots * SLOT
+        # 4 exclusive slots a channel, and the fifth of each as a floating one, lent where a backlog was
+        assert max(s.floating_peak for s in result.stats) > 0
 
 
 def test_a_budget_on_one_executor_in_this_process_is_refused():

@@ -273,7 +273,7 @@ async def raw_sender(listener, secret) -> tuple[trio.SocketStream, TcpReceiver]:
         await client_handshake(stream, secret)
         spec = listener.spec
         await stream.send_all(
-            tcp._SPEC.pack(b"SRNG", tcp._VERSION, tcp._SENDER, spec.slots, spec.slot_size, spec.record_size)
+            tcp._SPEC.pack(b"SRNG", tcp._VERSION, tcp._SENDER, spec.slots, spec.slot_size, spec.record_size, spec.slots)
         )
         await receive_exactly(stream, tcp._SPEC.size, "the spec")
     return stream, accepted[0]
@@ -435,9 +435,9 @@ async def test_a_receiver_that_lies_about_credit_fails_the_sender():
         async def fake_receiver():
             stream = await listen[0].accept()
             await server_handshake(stream, secret)
-            await stream.send_all(tcp._SPEC.pack(b"SRNG", tcp._VERSION, tcp._RECEIVER, 2, 256, 0))
+            await stream.send_all(tcp._SPEC.pack(b"SRNG", tcp._VERSION, tcp._RECEIVER, 2, 256, 0, 2))
             await receive_exactly(stream, tcp._SPEC.size, "the spec")
-            await stream.send_all(struct.pack("<Q", 1000))  # credit for buffers never sent
+            await stream.send_all(struct.pack("<Q", 1000))  # credit far beyond the receiver's window
             await trio.sleep_forever()
 
         async with trio.open_nursery() as nursery:
@@ -448,10 +448,10 @@ async def test_a_receiver_that_lies_about_credit_fails_the_sender():
             s.post(nbytes=0, count=0)
             s.reserve()
             s.post(nbytes=0, count=0)
-            with pytest.raises(ChannelClosed, match="returned credit up to 1000") as info:
+            with pytest.raises(ChannelClosed, match="granted credit up to buffer 1000") as info:
                 await s.wait_credit()
             assert isinstance(info.value.__cause__, MalformedBuffer)
-            with pytest.raises(ChannelClosed, match="returned credit up to 1000"):
+            with pytest.raises(ChannelClosed, match="granted credit up to buffer 1000"):
                 s.reserve()
             with pytest.raises(ChannelClosed):
                 await s.aclose()
