@@ -204,6 +204,9 @@ def _parser() -> argparse.ArgumentParser:
         "(with --executors: the transport between executors)",
     )
     ro.add_argument("--buffer-size", type=_positive_int, default=DEFAULT_SLOT_SIZE, help="with --transport: bytes per buffer")
+    ro.add_argument("--floating", type=_non_negative_int, default=0,
+                    help="with --transport shm, tcp or verbs: the channel is one of a slot pool with --slots exclusive "
+                         "slots and this many floating ones it borrows while it has a backlog (0: a ring)")
     ro.add_argument("--zipf", type=_non_negative_float, default=0.0, help="Zipf exponent of key popularity (0: uniform)")
     _add_runtime_options(ro)
     _add_cluster_options(ro, transport=False)
@@ -624,7 +627,8 @@ def _bench_path(args, given: set[str]) -> str:
             _refuse(given, ("window_ms", "zipf", "slot_size", "coalesce"),
                     "to the channel benchmark (`bench ro --transport` without --executors; its buffers are --buffer-size)")
             return "channel"
-        _refuse(given, ("buffer_size",), "without --transport, or with --executors (the runtime's buffers are --slot-size)")
+        _refuse(given, ("buffer_size", "floating"),
+                "without --transport, or with --executors (the runtime's buffers are --slot-size; its pools, --channel-budget's)")
     elif "transport" in given:
         cluster = True
     if args.query == "ysb" and args.input is not None:
@@ -779,11 +783,13 @@ def _run_bench(args, given: set[str]) -> dict:
         return _cluster_bench(args)
     if path == "channel":
         _check_transport(args.transport)
+        if args.transport == "inproc":
+            _refuse(given, ("floating",), "with --transport inproc (an in-process channel is a ring)")
         from slashrt.bench import channel
 
         return channel.bench(
             transport=args.transport, buffer_size=args.buffer_size, events=args.events, key_range=args.keys,
-            slots=args.slots or channel.DEFAULT_SLOTS, repeat=args.repeat,
+            slots=args.slots or channel.DEFAULT_SLOTS, repeat=args.repeat, floating=args.floating,
         )
     if args.query == "ysb":
         from slashrt.bench import ysb

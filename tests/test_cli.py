@@ -191,6 +191,18 @@ def test_bench_ro_over_a_transport_repeats_and_checks_every_run(transport):
     assert result["latency_us_p50"] > 0
 
 
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_bench_ro_over_a_channel_of_a_slot_pool_borrows_and_is_exact(transport):
+    proc = run_cli(
+        "bench", "ro", "--transport", transport, "--buffer-size", "4096", "--events", "300000", "--keys", "1000",
+        "--slots", "4", "--floating", "12", "--repeat", "1", "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)  # 4.8 MB through 4 exclusive slots of 4 KiB and 12 borrowed
+    assert result["correct"] is True and result["slots"] == 4 and result["floating"] == 12 and result["gbytes_per_s"] > 0
+    assert 0 < result["floating_peak"] <= 12
+
+
 def _descendants(pid: int) -> list[int]:
     found, todo = [], [pid]
     while todo:

@@ -92,6 +92,9 @@ def test_a_cluster_option_without_executors_runs_on_a_cluster(capsys):
         (["bench", "ro", "--transport", "shm", "--slot-size", "4096"], "--slot-size"),
         (["bench", "ro", "--buffer-size", "4096"], "--buffer-size"),
         (["bench", "ro", "--executors", "2", "--buffer-size", "4096"], "--buffer-size"),
+        (["bench", "ro", "--floating", "8"], "--floating"),
+        (["bench", "ro", "--executors", "2", "--floating", "8"], "--floating"),
+        (["bench", "ro", "--transport", "inproc", "--floating", "8"], "--floating"),
         (["bench", "ysb", "--ads", "{a}", "--campaigns", "20"], "--ads"),
     ],
 )

@@ -22,7 +22,7 @@ from slashrt._logging import level_name
 from slashrt._runtime import RunResult, run_receivers
 from slashrt.transport import RingSpec, Sender
 from slashrt.transport._auth import generate_secret
-from slashrt.transport._registry import open_channels
+from slashrt.transport._registry import open_channels, open_slot_pool
 
 __all__ = ["run_with_producer", "producer_channel", "PRODUCER_TIMEOUT"]
 
@@ -30,11 +30,16 @@ PRODUCER_TIMEOUT = 300.0
 
 
 async def run_with_producer(
-    transport: str, spec: RingSpec, flow: Dataflow, source: str, module: str, args: list[str]
+    transport: str, spec: RingSpec, flow: Dataflow, source: str, module: str, args: list[str], floating: int = 0
 ) -> RunResult:
+    """Run `flow` on the channel a producer process (`module`, with `args`) streams `source`
+    into; with `floating`, a channel of a slot pool with that many floating slots."""
     secret = generate_secret()
-    async with open_channels() as channels:
-        listener = await channels.listen(transport, spec, secret)
+    pool = open_slot_pool(transport, spec, channels=1, floating=floating) if floating else None
+    async with contextlib.AsyncExitStack() as stack, open_channels() as channels:
+        if pool is not None:
+            stack.callback(pool.close)  # after the channel
+        listener = await channels.listen(transport, spec, secret, **({"pool": pool} if pool is not None else {}))
         cmd = [
             sys.executable, "-m", module, "--transport", transport, "--address", json.dumps(listener.address),
             "--slot-size", str(spec.slot_size), "--slots", str(spec.slots), *args,
@@ -50,6 +55,8 @@ async def run_with_producer(
                     result = await run_receivers(flow, {source: receiver})
                 finally:
                     await receiver.aclose()
+                if pool is not None:  # the most floating slots the channel borrowed at once
+                    result.stats[0].floating_peak = pool.peak
                 await trio.to_thread.run_sync(proc.wait)
         finally:
             if proc.poll() is None:

@@ -75,9 +75,12 @@ def bench(
     latency_count: int = 2000,
     seed: int = 7,
     repeat: int = 1,
+    floating: int = 0,
     **_ignored,
 ) -> dict:
-    """Throughput: the best of `repeat` runs of the whole stream, every run's count checked."""
+    """Throughput: the best of `repeat` runs of the whole stream, every run's count checked.
+    `floating`: the channel is one of a slot pool (`transport._pool`) with `slots` exclusive
+    slots and as many floating ones as this, which it borrows while its producer has a backlog."""
     spec = RingSpec(slots=slots, slot_size=buffer_size, record_size=ro.RO_SCHEMA.record_size)
     if spec.records_per_slot < 1:
         raise ValueError(f"buffer size {buffer_size} is too small for one record")
@@ -92,7 +95,8 @@ def bench(
             run = trio.run(_inproc, spec, count_flow, records, 0)
         else:
             producer = ["--events", str(events), "--key-range", str(key_range), "--seed", str(seed)]
-            run = trio.run(run_with_producer, transport, spec, count_flow, "records", PRODUCER, ["--phase", "throughput", *producer])
+            run = trio.run(run_with_producer, transport, spec, count_flow, "records", PRODUCER,
+                           ["--phase", "throughput", *producer], floating)
         correct = correct and bool(np.array_equal(ro.to_result(sink.records), expected()))
         result = run if result is None or run.seconds < result.seconds else result
     latency_spec = RingSpec(slots=slots, slot_size=4096, record_size=16)
@@ -121,6 +125,8 @@ def bench(
         "transport": transport,
         "buffer_size": buffer_size,
         "slots": slots,
+        "floating": floating,
+        "floating_peak": result.stats[0].floating_peak,  # the most it borrowed at once (best run)
         "events": events,
         "repeat": repeat,
         "seconds": round(result.seconds, 6),

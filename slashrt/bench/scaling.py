@@ -175,6 +175,8 @@ def bench_with_result(
         "startup_s": None if None in startup else round(max(startup), 3),
         # the most bytes of rings one executor's channels held (`channel_budget`)
         "channel_bytes_per_executor": best.channel_bytes_per_executor,
+        # the most floating slots one executor's pools lent at once (`transport._pool`)
+        "floating_peak": max((s.floating_peak for s in best.stats), default=0),
         **_epoch_fields(best),
         **{k: v for k, v in params.items() if np.isscalar(v)},  # not an --ads array
         **extra,

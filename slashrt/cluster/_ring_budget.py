@@ -6,17 +6,15 @@ keeps slots there: tcp's sender stages its buffers in a ring of its own and verb
 from registered slots, while shared memory has its slots at the receiver only. The sources' and
 the progress bus's rings are fixed; the exchanges share what is left of the budget.
 
-Over shm and tcp an exchange's channels into one executor share a slot pool (`transport._pool`,
+An exchange's channels into one executor share a slot pool (`transport._pool`,
 Flink's exclusive and floating buffers): each channel holds `exclusive` slots (its sender's
 staging ring has as many), and `floating` slots per exchange are lent to the channels with a
 backlog, at most `max_lent` to one, so that a busy channel still gets `EXCHANGE_SLOTS` when
 the others idle. The exclusive slots are half of what a static ring would get from the budget
 (at least `MIN_EXCHANGE_SLOTS`: a receiver returns credits a quarter of its slots at a time,
 and with fewer the sender waits for each), the floating ones the rest, never more than every
-channel could borrow. Over verbs each channel has a ring of as many slots as fit, at most
-`EXCHANGE_SLOTS` and at least `MIN_EXCHANGE_SLOTS`. So the memory per executor stays within the
-budget as the cluster grows, and a budget that cannot give every channel its least is refused
-before anything starts.
+channel could borrow. So the memory per executor stays within the budget as the cluster grows,
+and a budget that cannot give every channel its least is refused before anything starts.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ __all__ = ["DEFAULT_CHANNEL_BUDGET", "EXCHANGE_SLOTS", "MIN_EXCHANGE_SLOTS", "PO
 DEFAULT_CHANNEL_BUDGET = 128 << 20
 EXCHANGE_SLOTS = 32  # the most slots an exchange channel holds (2 MiB of 64 KiB slots)
 MIN_EXCHANGE_SLOTS = 4
-POOLED_TRANSPORTS = ("shm", "tcp")  # whose exchange channels share a slot pool at their receiver
+POOLED_TRANSPORTS = ("shm", "tcp", "verbs")  # whose exchange channels share a slot pool at their receiver
 
 
 @attrs.frozen

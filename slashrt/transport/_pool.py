@@ -19,9 +19,9 @@ buffers below it). When the receiver releases buffers, their slots are granted a
 
 A channel is backlogged when its sender has used every credit granted (the buffer of the last
 grant has landed when the receiver releases): then more slots would have carried more buffers.
-Grants follow release order, so while a channel holds only its exclusive slots they are granted
-in the same order round and round, as a ring's are: runs of consecutive slots, and every native
-run of posts, polls and releases, stay as long as on a ring. A floating slot comes back to the
+The slots of one release are granted in ascending order, and the pool lends its lowest free
+slots, so a channel's grants come in runs of consecutive slots (its own, then what it borrowed)
+and native runs of posts, polls and releases stay long. A floating slot comes back to the
 pool only from a released buffer, so it is never lent while a sender may still write it; the
 slots a finished channel still held (granted, never posted: its END_OF_STREAM was its last)
 return when its receiver closes.
@@ -29,7 +29,7 @@ return when its receiver closes.
 
 from __future__ import annotations
 
-import collections
+import bisect
 
 import numpy as np
 
@@ -57,7 +57,7 @@ class SlotPool:
         self.memory = memory
         # channel c's grant table: tables[c] (u32 x window; where its sender reads it, e.g. shared memory)
         self.tables = np.zeros((channels, self.window), np.uint32) if tables is None else tables
-        self._free = collections.deque(range(channels * exclusive, self.slots))
+        self._free = list(range(channels * exclusive, self.slots))  # sorted: loans of neighbours make runs
         self._joined = 0
         self.peak = 0  # the most floating slots lent at once
 
@@ -86,12 +86,13 @@ class SlotPool:
     def lend(self, k: int) -> list[int]:
         """Up to k free floating slots, lent."""
         k = min(k, len(self._free))
-        lent = [self._free.popleft() for _ in range(k)]
+        lent, self._free = self._free[:k], self._free[k:]
         self.peak = max(self.peak, self.floating - len(self._free))
         return lent
 
     def give_back(self, slots) -> None:
-        self._free.extend(slots)
+        for slot in slots:
+            bisect.insort(self._free, slot)
 
 
 class GrantTable:
@@ -151,6 +152,7 @@ class Grants(GrantTable):
                 released = np.concatenate([released, np.array(extra, np.uint32)])
         k = len(released)
         if k:
+            released = np.sort(released)  # a channel's slots in runs (its own ones, then the borrowed)
             at = (self.granted + np.arange(k)) % self.window
             self.table[at] = released
             self.granted += k

@@ -88,16 +88,20 @@ async def open_listener(name: str, spec: RingSpec, secret: bytes, **where) -> As
 def open_slot_pool(name: str, spec: RingSpec, *, channels: int, floating: int, max_lent: int | None = None):
     """A slot pool (`_pool`) for `channels` channels of medium `name` into this process, each with
     `spec.slots` exclusive slots, and `floating` slots they borrow: a listener's `pool=` option
-    (shm: one memfd every sender maps, `shm.ShmPool`; tcp: this process's memory). Close it after
-    its channels."""
+    (shm: one memfd every sender maps, `shm.ShmPool`; tcp: this process's memory; verbs: memory
+    each receiver registers, `verbs.VerbsPool`). Close it after its channels."""
     if name == "shm":
         from slashrt.transport.shm import ShmPool
 
         return ShmPool(spec, channels=channels, floating=floating, max_lent=max_lent)
+    if name == "verbs":
+        from slashrt.transport.verbs import VerbsPool
+
+        return VerbsPool(spec, channels=channels, floating=floating, max_lent=max_lent)
     if name == "tcp":
         return SlotPool(channels=channels, exclusive=spec.slots, floating=floating, slot_size=spec.slot_size,
                         max_lent=max_lent)
-    raise ValueError(f"the {name} transport has no slot pools (its channels have a ring each)")
+    raise ValueError(f"unknown transport {name!r}; choose one of {sorted(NETWORK_TRANSPORTS)}")
 
 
 def _acceptor(listener: Listener | PortListener):

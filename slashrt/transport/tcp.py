@@ -567,8 +567,15 @@ class TcpReceiver(DrivenReceiver):
     def _return_credits(self, released):
         # Coalesce: send when a batch has built up, or when nothing is left to poll (the sender
         # may be waiting for exactly these credits).
-        if self._limit() - self._credit_sent >= self._credit_batch or self._received == self._polled:
+        if self._limit() - self._credit_sent >= self._batch() or self._received == self._polled:
             self._want_credits()
+
+    def _batch(self) -> int:
+        """Credits worth a frame: a quarter of the slots the channel holds (a pooled channel's
+        grow with what it borrows)."""
+        if self.grants is None:
+            return self._credit_batch
+        return max(1, (self.grants.granted - self._released_count) // 4)
 
     def _want_credits(self) -> None:
         """Send the released counter now, from here, if the drive's credit writer is parked

@@ -100,12 +100,13 @@ import trio
 from slashrt import _kernels as kernels
 from slashrt._buffer import FOOTER_SIZE, FULL
 from slashrt._logging import fault_level
-from slashrt.errors import ChannelClosed
+from slashrt.errors import ChannelClosed, MalformedBuffer
 from slashrt.transport._accept import (
     PORT_BACKLOG, TcpAcceptor, TcpPortSocket, bind_tcp, peer_name, refuse_named, stream_authenticator,
 )
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._channel import DrivenReceiver, RingSpec, RunningDrive, Sender
+from slashrt.transport._pool import GrantTable, Grants, SlotPool
 from slashrt.transport._port import ChannelPort, channel_of
 
 # pyverbs configures the root logger when it is imported (logging.basicConfig in pyverbs.base);
@@ -146,9 +147,10 @@ __all__ = [
 log = structlog.get_logger("slashrt.transport.verbs")
 
 PROTOCOL = "slashrt-verbs"
-VERSION = 1
+VERSION = 2  # 2: a pooled channel (`_pool`): the accept names its grant window and first grants
 PAGE = mmap.PAGESIZE
 SCRATCH = 64  # bytes after the receiver's ring: the target of the sender's flush WRITEs
+MAX_POOL_WINDOW = 1024  # the most slots a pooled channel may hold: its grant table at the sender (4 KiB)
 CREDIT_SOURCES = 64  # the receiver's ring of source words for credit WRITEs
 CREDIT_SIG_EVERY = 16  # one signalled credit WRITE in this many
 SENDER_RECVS = 128  # receive requests the sender keeps posted (one per credit WRITE arriving)
@@ -575,8 +577,9 @@ class _WorkRequests:
                 wr.sg_list = sge  # the WR reads the SGE object itself: its fields can change
                 out.append(wr)
 
-    def chain(self, ranges: list[list[int]], imm: int, flags: int, wr_id: int):
-        """The head of a chain writing each [start, end) of the ring, in order; the last WRITE
+    def chain(self, ranges: list[list[int]], imm: int, flags: int, wr_id: int, shift: int = 0):
+        """The head of a chain writing each [start, end) of the ring, in order, to the remote
+        ring's [start + shift, end + shift) (a pooled channel's granted slots); the last WRITE
         carries `imm`, `flags` and `wr_id`. Returns (head, objects to keep alive until posted)."""
         last = len(ranges) - 1
         head = prev = None
@@ -599,7 +602,7 @@ class _WorkRequests:
                 else:
                     wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[sge], send_flags=0)
                 keep.append((sge, wr))
-            wr.set_wr_rdma(self.rkey, self.remote + start)
+            wr.set_wr_rdma(self.rkey, self.remote + start + shift)
             if prev is None:
                 head = wr
             else:
@@ -694,7 +697,8 @@ class VerbsSender(Sender):
             self._mem = _alloc(spec.ring_bytes + SCRATCH)
             self._stage = self._mem[: spec.ring_bytes]
             self._slots = [self._stage[i * ss : (i + 1) * ss] for i in range(nslots)]
-            self._credit_mem = _alloc(8)
+            # the credit word; a pooled channel's grant table after it (`_pool`: the receiver writes both)
+            self._credit_mem = _alloc(8 + 4 * MAX_POOL_WINDOW)
             self._mr = self._ep.register(self._mem, _ACCESS_LOCAL)
             self._credit_mr = self._ep.register(self._credit_mem, _ACCESS_REMOTE)
             # receive requests for the receiver's credit WRITEs (immediate data only: the
@@ -713,6 +717,8 @@ class VerbsSender(Sender):
         self._pub = 0  # buffers handed to the queue pair
         self._done = 0  # buffers whose WRITEs are known complete
         self._credit = 0  # the receiver's released counter, as last read
+        self._table: GrantTable | None = None  # a pooled channel's grant table (the receiver writes it)
+        self._granted = spec.slots  # a pooled channel's limit, as its last credit WRITE's immediate said
         self._sig_mark = 0  # _pub at the last signalled WRITE
         self._sig_queue: collections.deque[tuple[int, int]] = collections.deque()  # (pub, wr count) per signalled WRITE
         self._wr_posted = 0
@@ -743,13 +749,24 @@ class VerbsSender(Sender):
         self.peer = peer
         self._log = log.bind(peer=peer, end=_SENDER)
         self._remote_ring = remote["ring_addr"]
+        window = remote.get("pool_window")
+        if window:  # a channel of the receiver's slot pool: the ring is the pool, slots as granted
+            if not isinstance(window, int) or not self.spec.slots <= window <= MAX_POOL_WINDOW:
+                raise ChannelClosed(f"peer {peer} announced a grant window of {window!r} slots "
+                                    f"(from {self.spec.slots} to {MAX_POOL_WINDOW})")
+            self._table = GrantTable(self._credit_mem[8 : 8 + 4 * window].view(np.uint32))
+            first = remote.get("pool_grants")
+            if not (isinstance(first, list) and len(first) == self.spec.slots
+                    and all(isinstance(x, int) and 0 <= x < 1 << 32 for x in first)):
+                raise ChannelClosed(f"peer {peer} sent no valid first grants of its pool")
+            self._table.table[: self.spec.slots] = first
         self._wrs = _WorkRequests(
             2 * self.spec.slots + 2, self._mr.lkey, remote["ring_rkey"], self._mem.ctypes.data, self._remote_ring
         )
         flush_sge = SGE(self._mem.ctypes.data + self.spec.ring_bytes, 8, self._mr.lkey)
         self._flush_wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[flush_sge], send_flags=e.IBV_SEND_SIGNALED)
         self._flush_sge = flush_sge
-        self._flush_wr.set_wr_rdma(remote["ring_rkey"], self._remote_ring + self.spec.ring_bytes)
+        self._flush_wr.set_wr_rdma(remote["ring_rkey"], remote.get("scratch_addr", self._remote_ring + self.spec.ring_bytes))
         self._ep.connect(remote)
         # Receive requests can be posted from INIT on; the receiver writes its first credit
         # only after this end's "ready" and a buffer.
@@ -768,6 +785,17 @@ class VerbsSender(Sender):
         if self._credit < word <= self._pub:  # monotonic and only for buffers sent: else torn or bogus
             self._credit = word
         return self._credit if self._credit < self._done else self._done
+
+    def _limit(self):
+        if self._table is None:
+            return super()._limit()
+        # the grants its completions confirmed (their table entries landed before), and no staging
+        # slot reused before its WRITEs completed
+        return min(self._granted, self._done + self.spec.slots)
+
+    def _consecutive(self, seq, n):
+        n = super()._consecutive(seq, n)  # the staging ring's
+        return n if self._table is None else self._table.consecutive(seq, n)
 
     def _publish(self, index):
         self._write_slots(index, 1)
@@ -806,6 +834,8 @@ class VerbsSender(Sender):
         if self.error is not None:
             raise self._failure()
         ss, cap, stage = self.spec.slot_size, self.spec.payload_capacity, self._stage
+        # a pooled channel's buffers go to the slots granted them (consecutive: `_consecutive`)
+        shift = 0 if self._table is None else (self._table.slot_of(self._posted - k) - first) * ss
         # Byte ranges [start, end) of the ring, in posting order; a flag always starts a range.
         ranges: list[list[int]] = []
         cur: list[int] | None = None
@@ -830,7 +860,8 @@ class VerbsSender(Sender):
         self._pub += k
         signal = self._pub - self._sig_mark >= self.sig_every or not self._sig_queue
         # The last WRITE carries an immediate value: it wakes a parked receiver.
-        head, keep = self._wrs.chain(ranges, self._pub & 0xFFFFFFFF, e.IBV_SEND_SIGNALED if signal else 0, self._pub)
+        head, keep = self._wrs.chain(ranges, self._pub & 0xFFFFFFFF, e.IBV_SEND_SIGNALED if signal else 0, self._pub,
+                                     shift)
         try:
             self._ep.qp.post_send(head)
         except PyverbsError as exc:
@@ -873,6 +904,16 @@ class VerbsSender(Sender):
                     self._fail(_wc_error(wc, "receiving credits", self.peer))
                     raise _Stop
                 self._ep.qp.post_recv(self._recvs[wc.wr_id & 0xFFFF])
+                if self._table is not None:  # the limit, low 32 bits: its table entries landed first
+                    low = wc.imm_data
+                    limit = (self._granted & ~0xFFFFFFFF) | low
+                    if limit < self._granted:
+                        limit += 1 << 32
+                    if limit > self._pub + self._table.window:  # beyond any grant
+                        self._fail(MalformedBuffer(f"receiver {self.peer} granted credit up to buffer {limit}, "
+                                                   f"more than its grant window allows"))
+                        raise _Stop
+                    self._granted = limit
                 credit = True
                 continue
             if wc.status != e.IBV_WC_SUCCESS:
@@ -1022,21 +1063,26 @@ class VerbsSender(Sender):
 class VerbsReceiver(DrivenReceiver):
     """Consumer end over RDMA. Run `drive()` in a nursery beside the code that polls."""
 
-    def __init__(self, spec: RingSpec, choice: DeviceChoice):
+    def __init__(self, spec: RingSpec, choice: DeviceChoice, pool: VerbsPool | None = None):
         super().__init__(spec)
         self.peer = "?"
-        nslots, ss = spec.slots, spec.slot_size
+        ss = spec.slot_size
+        if pool is not None:  # a channel of a slot pool: its slots are the pool's, granted (`_pool`)
+            self.grants = Grants(pool.slots)
+        nslots = spec.slots if pool is None else pool.slots.window
         # Receive requests: one per publication with immediate data may be outstanding for each
-        # buffer in the ring, and a few more while the drive catches up.
+        # buffer it may hold, and a few more while the drive catches up.
         self._nrecv = 2 * nslots + 32
-        self._ep: _Endpoint | None = _Endpoint(choice, max_send_wr=CREDIT_SOURCES + 2, max_recv_wr=self._nrecv)
+        # a credit WRITE, and before it up to two of its grant table's entries
+        self._ep: _Endpoint | None = _Endpoint(choice, max_send_wr=3 * CREDIT_SOURCES + 2, max_recv_wr=self._nrecv)
         try:
-            self._mem = _alloc(spec.ring_bytes + SCRATCH)
-            self._ring_arr = self._mem[: spec.ring_bytes]
-            self._slots = [self._ring_arr[i * ss : (i + 1) * ss] for i in range(nslots)]
+            self._mem = _alloc(spec.ring_bytes + SCRATCH) if pool is None else pool.memory
+            self._ring_arr = self._mem[: spec.ring_bytes] if pool is None else pool.slots.memory
+            self._slots = [self._ring_arr[i * ss : (i + 1) * ss] for i in range(len(self._ring_arr) // ss)]
             self._src = _alloc(CREDIT_SOURCES * 8 + 64)
             self._ring_mr = self._ep.register(self._mem, _ACCESS_REMOTE)
             self._src_mr = self._ep.register(self._src, _ACCESS_LOCAL)
+            self._table_mr = None if pool is None else self._ep.register(pool.tables, _ACCESS_LOCAL)
             sink = self._src.ctypes.data + CREDIT_SOURCES * 8
             self._recv_sge = SGE(sink, 8, self._src_mr.lkey)
             self._recvs = [RecvWR(wr_id=_RECV | i, num_sge=1, sg=[self._recv_sge]) for i in range(self._nrecv)]
@@ -1045,7 +1091,8 @@ class VerbsReceiver(DrivenReceiver):
             raise
         self._credit_wrs: list = []
         self._credit_sges: list = []
-        self._credit_sent = 0  # released counter as last posted
+        self._credit_sent = 0 if pool is None else spec.slots  # released counter (pooled: limit) as last posted
+        self._remote_table = 0  # a pooled channel's: where its sender keeps its grant table
         self._credit_writes = 0  # credit WRITEs posted
         self._credit_done = 0  # credit WRITEs known complete
         self._credit_sig_mark = 0
@@ -1065,6 +1112,9 @@ class VerbsReceiver(DrivenReceiver):
             **self._ep.info(),
             "ring_addr": self._mem.ctypes.data,
             "ring_rkey": self._ring_mr.rkey,
+            "scratch_addr": self._mem.ctypes.data + len(self._mem) - SCRATCH,
+            **({} if self.grants is None else {  # the grant window, and the first grants (its exclusive slots)
+                "pool_window": self.grants.window, "pool_grants": self.grants.table[: self.spec.slots].tolist()}),
         }
 
     def _connect(self, hello: dict, peer: str) -> None:
@@ -1077,6 +1127,8 @@ class VerbsReceiver(DrivenReceiver):
             wr.set_wr_rdma(hello["credit_rkey"], hello["credit_addr"])
             self._credit_sges.append(sge)
             self._credit_wrs.append(wr)
+        self._remote_table = hello["credit_addr"] + 8
+        self._credit_rkey = hello["credit_rkey"]
         self._ep.connect(hello)
         # Before the accept goes out: the sender writes only after receiving it.
         for wr in self._recvs:
@@ -1089,21 +1141,43 @@ class VerbsReceiver(DrivenReceiver):
     def _ring(self):
         return self._ring_arr
 
+    def _credit_value(self) -> int:
+        """What a credit WRITE carries: the released counter, or a pooled channel's limit."""
+        return self._released_count if self.grants is None else self.grants.granted
+
     def _return_credits(self, released):
         # Coalesce: write when a batch has built up, or when nothing is left to poll (the sender
         # may be waiting for exactly these credits). Parking or an empty poll writes the rest.
-        if released - self._credit_sent >= self._credit_batch or (
-            self._polled == released and self._slots[self._polled % self.spec.slots][-1] != FULL
+        if self._credit_value() - self._credit_sent >= self._credit_batch or (
+            self._polled == released and self._slots[self._slot_of(self._polled)][-1] != FULL
         ):
             self._post_credit()
 
     async def _park_for_data(self):
-        if self._released_count > self._credit_sent:
+        if self._credit_value() > self._credit_sent:
             self._post_credit()
         await self._data_lot.park()
 
+    def _write_grants(self, first: int, end: int) -> bool:
+        """Post the WRITEs of grant table entries first .. end - 1 into the sender's copy (one,
+        or two where they wrap), before the credit WRITE that announces them."""
+        window = self.grants.window
+        base = self.grants.table.ctypes.data
+        at, n = first % window, end - first
+        pieces = [(at, min(n, window - at))] + ([(0, n - (window - at))] if at + n > window else [])
+        for start, count in pieces:
+            sge = SGE(base + 4 * start, 4 * count, self._table_mr.lkey)
+            wr = SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[sge], send_flags=0)
+            wr.set_wr_rdma(self._credit_rkey, self._remote_table + 4 * start)
+            try:
+                self._ep.qp.post_send(wr)
+            except PyverbsError as exc:
+                self._fail(ChannelClosed(f"returning credits to {self.peer} failed: {exc}"))
+                return False
+        return True
+
     def _post_credit(self) -> None:
-        value = self._released_count
+        value = self._credit_value()
         if value <= self._credit_sent or self._ep is None or not self._credit_wrs:
             return
         if self._peer_error is not None or self._sender_done or self.error is not None:
@@ -1111,6 +1185,8 @@ class VerbsReceiver(DrivenReceiver):
         w = self._credit_writes
         if w - self._credit_done >= CREDIT_SOURCES:
             return  # every source word is in flight: the drive retries when one completes
+        if self.grants is not None and not self._write_grants(self._credit_sent, value):
+            return
         i = w % CREDIT_SOURCES
         kernels.shm_store_u64(self._src, 8 * i, value)
         wr = self._credit_wrs[i]
@@ -1132,7 +1208,7 @@ class VerbsReceiver(DrivenReceiver):
     # -- faults are reported after the buffers that landed before them -----------------------------------------
     def poll(self):
         buf = super().poll()
-        if buf is None and self._released_count > self._credit_sent:
+        if buf is None and self._credit_value() > self._credit_sent:
             self._post_credit()
         return buf
 
@@ -1163,7 +1239,7 @@ class VerbsReceiver(DrivenReceiver):
             credit = True
         if data and self._data_lot:
             self._data_lot.unpark_all()
-        if credit and self._released_count > self._credit_sent and self._credit_writes - self._credit_done < CREDIT_SOURCES:
+        if credit and self._credit_value() > self._credit_sent and self._credit_writes - self._credit_done < CREDIT_SOURCES:
             self._post_credit()  # one that had to wait for a free source word
 
     async def drive(self) -> None:
@@ -1215,6 +1291,7 @@ class VerbsReceiver(DrivenReceiver):
             self._drive.scope.cancel()
         _close_socket(self._sock)
         self._sock = None
+        self._end_grants()
         ep, self._ep = self._ep, None
         if ep is not None:
             self._credit_wrs = []
@@ -1228,14 +1305,45 @@ class VerbsReceiver(DrivenReceiver):
 # -- connection set-up ---------------------------------------------------------------------------------------
 
 
+class VerbsPool:
+    """The slots that one executor receives one exchange's channels in (`_pool.SlotPool`:
+    `spec.slots` exclusive per channel, `floating` lent, at most `max_lent` to one), in memory
+    each of their receivers registers for its senders' WRITEs, with a scratch area after the
+    slots for their flushes, and the grant tables their credit WRITEs read."""
+
+    def __init__(self, spec: RingSpec, *, channels: int, floating: int, max_lent: int | None = None):
+        window = spec.slots + (floating if max_lent is None else min(max_lent, floating))
+        if window > MAX_POOL_WINDOW:
+            raise ValueError(f"a verbs slot pool's channels hold at most {MAX_POOL_WINDOW} slots, not {window}")
+        nbytes = (channels * spec.slots + floating) * spec.slot_size
+        self.memory = _alloc(nbytes + SCRATCH)
+        self.tables = _alloc(4 * channels * window)
+        tables = self.tables[: 4 * channels * window].view(np.uint32).reshape(channels, window)
+        self.slots = SlotPool(channels=channels, exclusive=spec.slots, floating=floating, slot_size=spec.slot_size,
+                              max_lent=max_lent, memory=self.memory[:nbytes], tables=tables)
+
+    @property
+    def nbytes(self) -> int:
+        return self.slots.nbytes
+
+    @property
+    def peak(self) -> int:
+        return self.slots.peak
+
+    def close(self) -> None:
+        """(Python owns the memory; each receiver deregisters its own registration of it.)"""
+
+
 class VerbsListener(TcpAcceptor):
     """Accepts channel senders on one TCP address; each accepted one becomes a VerbsReceiver.
     Without a socket of its own it is a channel of a port (`_port`; `attach` only)."""
 
     what = "verbs channel listener"
 
-    def __init__(self, sock: trio.socket.SocketType | None, spec: RingSpec, secret: bytes, where: dict):
+    def __init__(self, sock: trio.socket.SocketType | None, spec: RingSpec, secret: bytes, where: dict, *,
+                 pool: VerbsPool | None = None):
         self._sock = sock
+        self.pool = pool  # its channels' slots are this pool's (`_pool`), not a ring each
         self.spec = spec
         self._secret = secret
         self._where = where
@@ -1263,7 +1371,7 @@ class VerbsListener(TcpAcceptor):
             if mismatch is None:
                 try:
                     remote = _fields(hello, peer, "its channel hello", credit_addr=int, credit_rkey=int, **_QP_FIELDS)
-                    receiver = VerbsReceiver(self.spec, discover_device(**self._where))
+                    receiver = VerbsReceiver(self.spec, discover_device(**self._where), self.pool)
                     receiver._connect(remote, peer)
                 except (ChannelClosed, PyverbsError) as exc:
                     mismatch = f"the receiver cannot set up its end: {exc}"
@@ -1306,15 +1414,17 @@ async def open_verbs_listener(
     device: str | None = None,
     ib_port: int | None = None,
     gid_index: int | None = None,
+    pool: VerbsPool | None = None,
 ) -> AsyncIterator[VerbsListener]:
     """Listen for channel senders on TCP (host, port) -- loopback unless `host` says otherwise,
     port 0 picks a free one (see `listener.address`). `device`, `ib_port` and `gid_index`
-    override the discovery of the RDMA port the receivers use."""
+    override the discovery of the RDMA port the receivers use. With a `pool` (`VerbsPool`), its
+    channels' slots are the pool's."""
     if not secret:
         raise ValueError("a verbs channel needs the cluster secret")
     sock = await bind_tcp(host, port, backlog)
     where = {"device": device, "ib_port": ib_port, "gid_index": gid_index}
-    async with VerbsListener(sock, spec, secret, where) as listener:
+    async with VerbsListener(sock, spec, secret, where, pool=pool) as listener:
         if not (listener.address[0].startswith("127.") or listener.address[0] == "::1"):
             log.info("verbs listener on a non-loopback address", address=peer_name(listener.address))
         yield listener
@@ -1332,7 +1442,7 @@ async def open_verbs_port(
         raise ValueError("a verbs channel needs the cluster secret")
     where = {"device": device, "ib_port": ib_port, "gid_index": gid_index}
     channel_port = ChannelPort("verbs", TcpPortSocket(await bind_tcp(host, port, PORT_BACKLOG)),
-                               stream_authenticator(secret), lambda spec: VerbsListener(None, spec, secret, where),
+                               stream_authenticator(secret), lambda spec, **o: VerbsListener(None, spec, secret, where, **o),
                                expected=expected)
     try:
         yield channel_port
@@ -1375,6 +1485,10 @@ async def connect_verbs(
         await _send_message(stream, sender._hello(), peer)
         reply = await _receive_message(stream, peer, "its channel accept")
         remote = _fields(reply, peer, "its channel accept", ring_addr=int, ring_rkey=int, **_QP_FIELDS)
+        if "scratch_addr" in reply:
+            remote.update(_fields(reply, peer, "its channel accept", scratch_addr=int))
+        if "pool_window" in reply:  # a channel of the receiver's slot pool (`_connect` checks them)
+            remote.update(pool_window=reply["pool_window"], pool_grants=reply.get("pool_grants"))
         try:
             sender._connect(remote, peer)
         except PyverbsError as exc:

@@ -47,19 +47,17 @@ def test_exchange_slots_shrink_as_executors_are_added_and_stay_within_the_budget
         fixed = SOURCE_SLOTS * slot + peers * ends * PROGRESS_RING.ring_bytes
         assert fixed + shape.bytes(peers=peers, exchanges=2, ends=ends, slot_size=slot) <= DEFAULT_CHANNEL_BUDGET
         assert shape.exclusive + shape.max_lent <= EXCHANGE_SLOTS and shape.max_lent <= shape.floating
-    if transport == "verbs":  # rings: as many slots as fit, at most EXCHANGE_SLOTS, and no pool
-        assert exclusive[0] == EXCHANGE_SLOTS and exclusive[-1] < EXCHANGE_SLOTS
-        assert all(s.floating == 0 for s in shapes)
-    else:  # a pool: half a ring's exclusive, and a backlogged channel borrows up to a ring's worth
-        assert shapes[0] == ExchangeSlots(EXCHANGE_SLOTS // 2, EXCHANGE_SLOTS // 2, EXCHANGE_SLOTS // 2)
-        assert all(s.floating > 0 and s.exclusive + s.max_lent == EXCHANGE_SLOTS for s in shapes)
-        # where the budget is short, the pool has fewer floating slots than all channels could borrow
-        assert shapes[-1].floating < (sizes[-1] - 1) * shapes[-1].max_lent
-        # and it takes what the exclusive slots leave: one slot more for every channel would not fit
-        peers, ends = sizes[-1] - 1, ring_ends(transport)
-        fixed = SOURCE_SLOTS * slot + peers * ends * PROGRESS_RING.ring_bytes
-        more = attrs.evolve(shapes[-1], floating=shapes[-1].floating + peers)
-        assert fixed + more.bytes(peers=peers, exchanges=2, ends=ends, slot_size=slot) > DEFAULT_CHANNEL_BUDGET
+    # a pool: half a ring's exclusive, and a backlogged channel borrows up to a ring's worth
+    assert exclusive[-1] < EXCHANGE_SLOTS // 2
+    assert shapes[0] == ExchangeSlots(EXCHANGE_SLOTS // 2, EXCHANGE_SLOTS // 2, EXCHANGE_SLOTS // 2)
+    assert all(s.floating > 0 and s.exclusive + s.max_lent == EXCHANGE_SLOTS for s in shapes)
+    # where the budget is short, the pool has fewer floating slots than all channels could borrow
+    assert shapes[-1].floating < (sizes[-1] - 1) * shapes[-1].max_lent
+    # and it takes what the exclusive slots leave: one slot more for every channel would not fit
+    peers, ends = sizes[-1] - 1, ring_ends(transport)
+    fixed = SOURCE_SLOTS * slot + peers * ends * PROGRESS_RING.ring_bytes
+    more = attrs.evolve(shapes[-1], floating=shapes[-1].floating + peers)
+    assert fixed + more.bytes(peers=peers, exchanges=2, ends=ends, slot_size=slot) > DEFAULT_CHANNEL_BUDGET
 
 
 def test_a_budget_below_the_least_rings_is_refused_in_one_sentence():

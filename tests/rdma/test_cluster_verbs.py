@@ -104,8 +104,8 @@ def test_a_graph_flows_window_on_the_state_backend_over_verbs_ships_partials_and
 
 
 def test_exchange_rings_shrunk_by_the_channel_budget_over_verbs_hold_what_it_says_and_are_exact(rdma_device, agents, rdma_report):
-    # verbs keeps a ring at both ends of a channel (the receiver's registered ring, the sender's
-    # slots): the budget counts both, and 5 slots a ring carry data many times their size
+    # verbs keeps slots at both ends of a channel (the receiver's registered pool, the sender's
+    # staging slots): the budget counts both, and 5 slots a channel carry data many times their size
     addresses, secret = agents
     records, slots = keyed_records(80_000), 5
     budget = budget_for(2, slots, MEDIUM)
@@ -115,5 +115,6 @@ def test_exchange_rings_shrunk_by_the_channel_budget_over_verbs_hold_what_it_say
     assert_counted(out, records)
     assert [s.channel_bytes for s in result.stats] == [held(2, 1, slots, MEDIUM)] * 2
     assert min(s.shipped_bytes for s in result.stats) > 20 * slots * SLOT
+    assert max(s.floating_peak for s in result.stats) > 0  # its pools lent where a backlog was
     rdma_report(f"exchange rings of {slots} slots under channel_budget={budget} over {MEDIUM}, 2 executors: "
                 f"{result.channel_bytes_per_executor} bytes of rings each, {result.seconds:.1f} s")

@@ -361,6 +361,12 @@ async def test_named_channels_of_one_port_each_move_many_rings_and_a_name_it_doe
 # -- refusals and failures ------------------------------------------------------------------------------------
 
 
+async def test_channels_of_a_slot_pool_move_fifty_pools_and_every_loan_comes_back(rdma_device):
+    from transport.test_pool import move_fifty_pools
+
+    await move_fifty_pools("verbs")
+
+
 async def test_wrong_secret_is_refused_before_any_queue_pair_exists(rdma_device, monkeypatch):
     v = _verbs()
     created = []
