@@ -733,9 +733,22 @@ async def _run_attempt(
                 ports = await agents.gather("addresses")
                 table = port_table(ports, blobs)
                 await agents.send_all("peers", [table] * n)
-                if options.get("regions") and local and checkpoints is not None and "strategy" in marks and \
+                if options.get("regions") and checkpoints is not None and "strategy" in marks and \
                         xplan.regions > 1 and not any(isinstance(v, Ingest) for v in common.values()):
                     restarting: set[int] = set()
+
+                    async def reach_again(j: int) -> None:
+                        """Reach a replacement: a local agent spawned anew; an agent at an address
+                        once it is back there (its supervisor restarts it), within the heartbeat
+                        timeout, else the run's recovery restarts everything."""
+                        deadline = trio.current_time() + heartbeat_timeout
+                        while True:
+                            try:
+                                return await reach(j)
+                            except ClusterError as exc:
+                                if local or trio.current_time() >= deadline:
+                                    raise ClusterError(str(exc), retryable=True) from None
+                            await trio.sleep(_Agents.LAST_WORDS_S / 5)
 
                     async def restart_alone(i: int, cause: str) -> bool:
                         """Regional failover: restart only executor i's region (`ExecutionPlan.
@@ -747,7 +760,8 @@ async def _run_attempt(
                         if len(region) == n or restarting or not checkpoints.can_restart_alone():
                             return False
                         failed_at = time.monotonic()
-                        died_at = agents.ended_at[-1] if procs[i].returncode is not None and agents.ended_at else failed_at
+                        died_at = agents.ended_at[-1] if procs[i] is not None and procs[i].returncode is not None and \
+                            agents.ended_at else failed_at
                         decision = marks["strategy"].on_failure(failed_at)
                         if isinstance(decision, GiveUp):  # the death fails the attempt; the loop gives up
                             marks["given_up"] = decision
@@ -761,12 +775,13 @@ async def _run_attempt(
                             await trio.sleep(decision.delay)
                             for j in region:  # (a frozen one is still there)
                                 links[j].end(f"executor {j} is replaced")
-                                if procs[j].returncode is None:
-                                    procs[j].kill()
-                                await procs[j].wait()
+                                if procs[j] is not None:
+                                    if procs[j].returncode is None:
+                                        procs[j].kill()
+                                    await procs[j].wait()
                             async with trio.open_nursery() as reaching:
                                 for j in region:
-                                    reaching.start_soon(reach, j)
+                                    reaching.start_soon(reach_again, j)
                             for j in region:
                                 agents.replace(j, links[j])
                             job_sent = time.monotonic()

@@ -7,6 +7,11 @@ as it does with the default `failover="job"`."""
 import collections
 import os
 import re
+import socket
+import subprocess
+import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -17,6 +22,8 @@ import slashrt
 from slashrt import Dataflow, Schema, Tumbling
 from slashrt.bench import chaos
 from slashrt.bench.chaos import ChaosCollect
+
+from slashrt.transport._auth import generate_secret
 
 from tests._cli_jobs import Numbered
 from tests.snapshot._paced import Paced
@@ -101,6 +108,83 @@ def test_a_killed_executor_of_independent_pipelines_restarts_alone_and_the_outpu
         assert "killed by signal 9 (SIGKILL)" in recovery["cause"] and len(recovery["restarted"]) == 1, recovery
         assert recovery["seconds"] >= recovery["restore_s"] > 0
     assert processes == executors + len(result.recoveries)  # each replacement once more, the others once
+    assert rows(result) == rows(reference)  # each record once, with the count its executor had reached
+
+
+class Supervised:
+    """`slashrt executor` agents at fixed addresses, each restarted by this supervisor (a thread
+    per agent) whenever its process ends, as systemd would; `starts[i]` counts agent i's
+    processes. Stopped (and every process killed) on leaving."""
+
+    def __init__(self, n: int, secret: bytes):
+        self.env = {**os.environ, "SLASHRT_SECRET": secret.hex(), "PYTHONPATH": os.pathsep.join(sys.path)}
+        self.ports = [_free_port() for _ in range(n)]
+        self.starts = [0] * n
+        self.procs: list = [None] * n
+        self.stopping = threading.Event()
+        self.threads = [threading.Thread(target=self._keep, args=(i,), daemon=True) for i in range(n)]
+
+    @property
+    def addresses(self) -> list[str]:
+        return [f"127.0.0.1:{port}" for port in self.ports]
+
+    def _keep(self, i: int) -> None:
+        while not self.stopping.is_set():
+            self.starts[i] += 1
+            self.procs[i] = subprocess.Popen(
+                [sys.executable, "-m", "slashrt", "executor", "--listen", self.addresses[i]], env=self.env,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            self.procs[i].wait()
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        for port in self.ports:  # every agent listens before the job starts
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, f"no agent listening on port {port}"
+                    time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.stopping.set()
+        for proc in self.procs:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        for thread in self.threads:
+            thread.join(10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_agents_at_addresses_under_a_supervisor_restart_a_killed_one_alone(tmp_path, monkeypatch):
+    """An agent at an address that dies comes back at its address (its supervisor restarts it):
+    only its region is reached again and restarts from the checkpoint, the others run on."""
+    reference, _ = run(tmp_path / "reference", pipelines, 3, "", monkeypatch)
+    marks, started = tmp_path / "marks", tmp_path / "started"
+    marks.mkdir()
+    started.mkdir()
+    monkeypatch.setenv(chaos.KILLS_ENV, "pre_commit:2")
+    monkeypatch.setenv(chaos.MARKS_ENV, str(marks))
+    secret = generate_secret()
+    with Supervised(3, secret) as agents:
+        result = bounded(pipelines(ChaosCollect(transactional=True), Paced(seconds=0.01, until=(marks, 1)), started),
+                         {"r": records(60_000)}, seconds=120, executors=agents.addresses, secret=secret,
+                         checkpoint={"interval": 0.05, "keep": 2}, failover="region", checkpoint_dir=tmp_path / "chk",
+                         restart="fixed-delay:attempts=3,delay=0", slots=8, slot_size=4096)
+        starts = list(agents.starts)
+    (recovery,) = result.recoveries
+    assert len(recovery["restarted"]) == 1 and "lost its control connection" in recovery["cause"], recovery
+    (killed,) = recovery["restarted"]
+    assert starts[killed] == 2 and [n for i, n in enumerate(starts) if i != killed] == [1, 1], starts
     assert rows(result) == rows(reference)  # each record once, with the count its executor had reached
 
 
