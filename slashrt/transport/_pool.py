@@ -33,7 +33,7 @@ import bisect
 
 import numpy as np
 
-__all__ = ["SlotPool", "GrantTable", "Grants"]
+__all__ = ["SlotPool", "GrantTable", "Grants", "MediumPool"]
 
 
 class SlotPool:
@@ -93,6 +93,23 @@ class SlotPool:
     def give_back(self, slots) -> None:
         for slot in slots:
             bisect.insort(self._free, slot)
+
+
+class MediumPool:
+    """A medium's slot pool: its `slots` (a `SlotPool`) in memory the medium shares (shm) or
+    registers (verbs)."""
+
+    slots: SlotPool
+
+    @property
+    def nbytes(self) -> int:
+        """The pool's slots' bytes."""
+        return self.slots.nbytes
+
+    @property
+    def peak(self) -> int:
+        """The most floating slots lent at once."""
+        return self.slots.peak
 
 
 class GrantTable:

@@ -74,7 +74,7 @@ from slashrt.errors import ChannelClosed
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._accept import PORT_BACKLOG, refuse_named
 from slashrt.transport._channel import Receiver, RingSpec, Sender
-from slashrt.transport._pool import GrantTable, Grants, SlotPool
+from slashrt.transport._pool import GrantTable, Grants, MediumPool, SlotPool
 from slashrt.transport._port import ChannelPort, channel_of
 
 __all__ = [
@@ -231,7 +231,7 @@ class _Segment:
                 pass  # a view handed out (a polled payload) still holds the mapping: unmapped when it dies
 
 
-class ShmPool:
+class ShmPool(MediumPool):
     """The slots that one executor receives one exchange's channels in, from every peer
     (`_pool.SlotPool`: `spec.slots` exclusive slots per channel and `floating` shared, at most
     `max_lent` lent to one channel), in one sealed memfd that each sender maps (`ShmListener(...,
@@ -259,16 +259,6 @@ class ShmPool:
         header = _POOL_HEADER.pack(_POOL_MAGIC, _VERSION, channels, spec.slots, window, slots, spec.slot_size,
                                    _record_size(spec), size)
         self.seg.ctrl[: _POOL_HEADER.size] = np.frombuffer(header, np.uint8)
-
-    @property
-    def nbytes(self) -> int:
-        """The pool's slots' bytes (its control blocks not counted)."""
-        return self.slots.nbytes
-
-    @property
-    def peak(self) -> int:
-        """The most floating slots lent at once."""
-        return self.slots.peak
 
     def join(self) -> tuple[np.ndarray, Grants]:
         """A new channel's control block and grants; its credit word holds its first grants."""

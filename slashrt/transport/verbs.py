@@ -106,7 +106,7 @@ from slashrt.transport._accept import (
 )
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._channel import DrivenReceiver, RingSpec, RunningDrive, Sender
-from slashrt.transport._pool import GrantTable, Grants, SlotPool
+from slashrt.transport._pool import GrantTable, Grants, MediumPool, SlotPool
 from slashrt.transport._port import ChannelPort, channel_of
 
 # pyverbs configures the root logger when it is imported (logging.basicConfig in pyverbs.base);
@@ -1305,7 +1305,7 @@ class VerbsReceiver(DrivenReceiver):
 # -- connection set-up ---------------------------------------------------------------------------------------
 
 
-class VerbsPool:
+class VerbsPool(MediumPool):
     """The slots that one executor receives one exchange's channels in (`_pool.SlotPool`:
     `spec.slots` exclusive per channel, `floating` lent, at most `max_lent` to one), in memory
     each of their receivers registers for its senders' WRITEs, with a scratch area after the
@@ -1321,14 +1321,6 @@ class VerbsPool:
         tables = self.tables[: 4 * channels * window].view(np.uint32).reshape(channels, window)
         self.slots = SlotPool(channels=channels, exclusive=spec.slots, floating=floating, slot_size=spec.slot_size,
                               max_lent=max_lent, memory=self.memory[:nbytes], tables=tables)
-
-    @property
-    def nbytes(self) -> int:
-        return self.slots.nbytes
-
-    @property
-    def peak(self) -> int:
-        return self.slots.peak
 
     def close(self) -> None:
         """(Python owns the memory; each receiver deregisters its own registration of it.)"""
