@@ -33,7 +33,7 @@ import bisect
 
 import numpy as np
 
-__all__ = ["SlotPool", "GrantTable", "Grants", "MediumPool"]
+__all__ = ["SlotPool", "GrantTable", "Grants", "MediumPool", "SlotViews"]
 
 
 class SlotPool:
@@ -93,6 +93,22 @@ class SlotPool:
     def give_back(self, slots) -> None:
         for slot in slots:
             bisect.insort(self._free, slot)
+
+
+class SlotViews:
+    """Slot i of `memory` as a uint8 view, made when asked: a pool's channel ends do not slice
+    the pool's thousands of slots up front (at 32 executors that was a million views)."""
+
+    __slots__ = ("memory", "size")
+
+    def __init__(self, memory: np.ndarray, size: int):
+        self.memory, self.size = memory, size
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return self.memory[index * self.size : (index + 1) * self.size]
+
+    def __len__(self) -> int:
+        return len(self.memory) // self.size
 
 
 class MediumPool:

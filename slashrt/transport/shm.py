@@ -74,7 +74,7 @@ from slashrt.errors import ChannelClosed
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._accept import PORT_BACKLOG, refuse_named
 from slashrt.transport._channel import Receiver, RingSpec, Sender
-from slashrt.transport._pool import GrantTable, Grants, MediumPool, SlotPool
+from slashrt.transport._pool import GrantTable, Grants, MediumPool, SlotPool, SlotViews
 from slashrt.transport._port import ChannelPort, channel_of
 
 __all__ = [
@@ -421,7 +421,8 @@ class ShmSender(Sender):
         self._ring_array = link.seg.ring
         self._table = None if table is None else GrantTable(table)
         size = spec.slot_size
-        self._slots = [self._ring_array[i * size : (i + 1) * size] for i in range(len(self._ring_array) // size)]
+        self._slots = [self._ring_array[i * size : (i + 1) * size] for i in range(spec.slots)] if table is None \
+            else SlotViews(self._ring_array, size)
         self._last_released = 0
         self._credit_target = 0
         self._parking = _Parking()
@@ -558,9 +559,8 @@ class ShmReceiver(Receiver):
         else:  # a pool's channel (`ShmPool.join`): its control block, the pool's slots, its grants
             self._ctrl, self._ring_array, self.grants = pooled
         size = spec.slot_size
-        n = len(self._ring_array) // size
-        self._slots = [self._ring_array[i * size : (i + 1) * size] for i in range(n)]
-        self._flags = [(i + 1) * size - 1 for i in range(n)]  # offset of each slot's flag
+        self._slots = [self._ring_array[i * size : (i + 1) * size] for i in range(spec.slots)] if pooled is None \
+            else SlotViews(self._ring_array, size)
         self._parking = _Parking()
         self.stats = ShmStats()
 
@@ -574,6 +574,10 @@ class ShmReceiver(Receiver):
     def _ring(self):
         return self._ring_array
 
+    def _flag(self, slot: int) -> int:
+        """The offset of slot `slot`'s flag byte."""
+        return (slot + 1) * self.spec.slot_size - 1
+
     def _return_credits(self, released):
         word = released if self.grants is None else self.grants.granted  # (a pool's: after its grant table)
         if self._ctrl is not None and kernels.shm_store_and_wake(
@@ -586,13 +590,13 @@ class ShmReceiver(Receiver):
         unreleased: then nothing more can have been posted."""
         return (
             self._polled < self._limit()
-            and kernels.shm_load_u8(self._ring_array, self._flags[self._slot_of(self._polled)]) == FULL
+            and kernels.shm_load_u8(self._ring_array, self._flag(self._slot_of(self._polled))) == FULL
         )
 
     def ready(self) -> bool:
         if self.finished or self.error is not None or self._polled >= self._limit():
             return False
-        if kernels.shm_load_u8(self._ring_array, self._flags[self._slot_of(self._polled)]) == FULL:
+        if kernels.shm_load_u8(self._ring_array, self._flag(self._slot_of(self._polled))) == FULL:
             return True
         if self._link.gone is not None:  # drained, and nothing more will come
             self._peer_gone()
@@ -629,7 +633,7 @@ class ShmReceiver(Receiver):
         if self._polled >= self._limit():
             return False
         deadline = time.perf_counter() + self.spin_us * 1e-6
-        flag = self._flags[self._slot_of(self._polled)]
+        flag = self._flag(self._slot_of(self._polled))
         while time.perf_counter() < deadline:
             if kernels.shm_load_u8(self._ring_array, flag) == FULL:
                 return True

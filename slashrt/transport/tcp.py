@@ -85,7 +85,7 @@ from slashrt.transport._accept import (
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._port import ChannelPort, channel_of
 from slashrt.transport._channel import ChannelSilent, DrivenReceiver, RingSpec, RunningDrive, Sender
-from slashrt.transport._pool import Grants, SlotPool
+from slashrt.transport._pool import Grants, SlotPool, SlotViews
 
 __all__ = ["TcpListener", "TcpReceiver", "TcpSender", "TcpStatistics", "connect_tcp", "open_tcp_listener"]
 
@@ -541,7 +541,8 @@ class TcpReceiver(DrivenReceiver):
         self.grants = grants  # a pooled channel's (`_pool`): its slots are the pool's
         self._ring_arr = np.zeros(spec.ring_bytes, dtype=np.uint8) if grants is None else grants.pool.memory
         ss = spec.slot_size
-        self._slots = [self._ring_arr[i * ss : (i + 1) * ss] for i in range(len(self._ring_arr) // ss)]
+        self._slots = [self._ring_arr[i * ss : (i + 1) * ss] for i in range(spec.slots)] if grants is None \
+            else SlotViews(self._ring_arr, ss)
         self._received = 0  # frames written in full into the ring
         self._credit_sent = spec.slots  # the limit as last sent to the sender (its first: one ring)
         self._bytes = self._calls = self._credit_frames = 0

@@ -106,7 +106,7 @@ from slashrt.transport._accept import (
 )
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
 from slashrt.transport._channel import DrivenReceiver, RingSpec, RunningDrive, Sender
-from slashrt.transport._pool import GrantTable, Grants, MediumPool, SlotPool
+from slashrt.transport._pool import GrantTable, Grants, MediumPool, SlotPool, SlotViews
 from slashrt.transport._port import ChannelPort, channel_of
 
 # pyverbs configures the root logger when it is imported (logging.basicConfig in pyverbs.base);
@@ -1078,7 +1078,8 @@ class VerbsReceiver(DrivenReceiver):
         try:
             self._mem = _alloc(spec.ring_bytes + SCRATCH) if pool is None else pool.memory
             self._ring_arr = self._mem[: spec.ring_bytes] if pool is None else pool.slots.memory
-            self._slots = [self._ring_arr[i * ss : (i + 1) * ss] for i in range(len(self._ring_arr) // ss)]
+            self._slots = [self._ring_arr[i * ss : (i + 1) * ss] for i in range(spec.slots)] if pool is None \
+                else SlotViews(self._ring_arr, ss)
             self._src = _alloc(CREDIT_SOURCES * 8 + 64)
             self._ring_mr = self._ep.register(self._mem, _ACCESS_REMOTE)
             self._src_mr = self._ep.register(self._src, _ACCESS_LOCAL)
