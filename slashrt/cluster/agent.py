@@ -298,8 +298,7 @@ async def connect_to_peer(channels, transport: str, index: int, dst: int, addres
     try:
         # (shm: its set-up may take seconds when many executors set up their channels on few
         # cores; the listener gives it as long, `_accept.accept_each`)
-        return await channels.connect(transport, address, spec, secret, **(
-            {"connect_timeout": timeout} if transport == "tcp" else {"timeout": timeout} if transport == "shm" else {}))
+        return await channels.connect(transport, address, spec, secret, connect_timeout=timeout)
     except ChannelSilent as exc:
         raise PeersUnreachable(index, dst, f"no answer to a connection between them for {exc.seconds:g} s") from None
     except OSError as exc:

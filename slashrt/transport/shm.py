@@ -937,9 +937,13 @@ def open_shm_listener(
     return ShmListener(spec, secret, path, **options)
 
 
-async def connect_shm(address: str, spec: RingSpec, secret: bytes, *, timeout: float = HANDSHAKE_TIMEOUT) -> ShmSender:
+async def connect_shm(address: str, spec: RingSpec, secret: bytes, *,
+                      connect_timeout: float | None = None) -> ShmSender:
     """Connect to a listener at `address` (or a port's channel: `_port.ChannelAddress`), prove
-    the secret, agree on `spec`, map the ring."""
+    the secret, agree on `spec`, map the ring; the handshake and the set-up each within
+    `connect_timeout` seconds (default `HANDSHAKE_TIMEOUT`: a local peer always answers a
+    connection at once, so the time to wait for is its set-up)."""
+    timeout = HANDSHAKE_TIMEOUT if connect_timeout is None else connect_timeout
     address, channel = channel_of(address)
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

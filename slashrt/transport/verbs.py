@@ -85,6 +85,7 @@ import collections
 import contextlib
 import json
 import logging
+import math
 import mmap
 import os
 import secrets
@@ -105,7 +106,7 @@ from slashrt.transport._accept import (
     PORT_BACKLOG, TcpAcceptor, TcpPortSocket, bind_tcp, peer_name, refuse_named, stream_authenticator,
 )
 from slashrt.transport._auth import HANDSHAKE_TIMEOUT, client_handshake, receive_exactly, server_handshake
-from slashrt.transport._channel import DrivenReceiver, RingSpec, RunningDrive, Sender
+from slashrt.transport._channel import ChannelSilent, DrivenReceiver, RingSpec, RunningDrive, Sender
 from slashrt.transport._pool import GrantTable, Grants, MediumPool, SlotPool, SlotViews
 from slashrt.transport._port import ChannelPort, channel_of
 
@@ -1452,19 +1453,24 @@ async def connect_verbs(
     ib_port: int | None = None,
     gid_index: int | None = None,
     sig_every: int | None = None,
+    connect_timeout: float | None = None,
 ) -> VerbsSender:
     """Connect to a listener's address as the channel's sender: handshake, then the queue
     pairs, then a VerbsSender whose `drive()` the caller runs.
 
     Raises AuthenticationFailed if the listener does not prove the secret (or refuses ours),
     ChannelClosed on a spec mismatch, a missing device or a lost connection, OSError if nobody
-    listens there."""
+    listens there, and ChannelSilent if the set-up connection is not answered within
+    `connect_timeout` (a partition, as `connect_tcp` says)."""
     if not secret:
         raise ValueError("a verbs channel needs the cluster secret")
     address, channel = channel_of(address)
     host, port = address[0], address[1]
     peer = peer_name((host, port)) + (f" {channel!r}" if channel else "")
-    stream = await trio.open_tcp_stream(host, port)
+    with trio.move_on_after(connect_timeout if connect_timeout is not None else math.inf) as unanswered:
+        stream = await trio.open_tcp_stream(host, port)
+    if unanswered.cancelled_caught:
+        raise ChannelSilent(peer, connect_timeout, "no answer to a connection")
     sender: VerbsSender | None = None
     try:
         await client_handshake(stream, secret, channel=channel)

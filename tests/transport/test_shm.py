@@ -18,6 +18,7 @@ import gc
 import mmap
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -398,6 +399,21 @@ async def test_ring_spec_mismatch_is_refused_clearly():
                 nursery.cancel_scope.cancel()
     (dropped,) = [e for e in logs if e["event"] == "connection dropped"]
     assert "ring spec mismatch" in dropped["reason"] and "slots=8" in str(info.value)
+
+
+async def test_a_listener_that_never_answers_fails_the_connect_after_its_timeout(autojump_clock):
+    """`connect_timeout` bounds the set-up (the one keyword of every medium's connect)."""
+    name = "slashrt-shm-silent-" + os.urandom(6).hex()
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await sock.bind("\0" + name)
+    sock.listen(1)
+    try:
+        started = trio.current_time()
+        with pytest.raises((ChannelClosed, AuthenticationFailed)):
+            await connect_shm("@" + name, RingSpec(), generate_secret(), connect_timeout=3.0)
+        assert 3.0 <= trio.current_time() - started < 4.0
+    finally:
+        sock.close()
 
 
 async def test_connect_to_nothing_is_a_clear_error():
