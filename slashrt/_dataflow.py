@@ -27,6 +27,7 @@ import numpy as np
 from slashrt._operator import Operator
 from slashrt._schema import Schema
 from slashrt.errors import DataflowError, SchemaError
+from slashrt.ops.keys import key_problem
 from slashrt.ssb.crdt import AggKind, result_dtype
 
 __all__ = ["Dataflow", "Stream", "WindowedStream", "ConnectedStreams", "Loop", "OVERFLOWS", "TIME_UNITS", "inputs_of"]
@@ -527,9 +528,9 @@ class WindowedStream:
             s._need(column, what=f"{kind.value}({column!r})")
         key_dtype = s.fields[key]
         if key_dtype is not None:
-            if key_dtype.kind not in "iu":
-                raise SchemaError(f"{kind.value}: key column {key!r} must be an integer column, is {key_dtype}")
-            key_dtype = key_dtype.newbyteorder("<")
+            if (problem := key_problem(key_dtype)) is not None:
+                raise SchemaError(f"{kind.value}: key column {key!r} {problem}")
+            key_dtype = key_dtype.newbyteorder("<") if key_dtype.kind in "iuf" else key_dtype
         if overflow not in OVERFLOWS:
             raise DataflowError(f"{kind.value}: overflow must be one of {', '.join(OVERFLOWS)}, got {overflow!r}")
         value_dtype = np.dtype("<i8") if column is None else None

@@ -123,7 +123,8 @@ def test_apply_with_a_schema_declares_its_output_columns():
 @pytest.mark.parametrize(
     "build, match",
     [
-        (lambda s: s.window(Tumbling(ms=10)).count(key="v"), "key column 'v' must be an integer"),
+        (lambda s: s.with_column("wide", lambda b: b["tag"], dtype="S16").window(Tumbling(ms=10)).count(key="wide"),
+         "key column 'wide' is |S16, 16 bytes wide"),
         (lambda s: s.window(Tumbling(ms=10)).sum("tag", key="k"), "column 'tag' must be numeric"),
         (lambda s: s.with_column("bad name", lambda b: b["k"]), "identifier-like"),
     ],

@@ -46,6 +46,7 @@ from slashrt._dataflow import ExchangeSpec, WindowAggSpec
 from slashrt._kernels import minmax
 from slashrt.errors import DataflowError
 from slashrt.ops._node import Node
+from slashrt.ops.keys import codes
 from slashrt.ops.loop_window import LoopWindow
 from slashrt.ops.window import InFrontOfWindow
 from slashrt.progress import Timestamp
@@ -125,8 +126,7 @@ class ExchangeNode(Node):
         if self.partitioning is None:
             await self.emit(batch)
             return
-        keys = batch.column(self.spec.key).astype(np.int64, copy=False)
-        owners = self.partitioning.owner_of(keys)
+        owners = self.partitioning.owner_of(codes(batch.column(self.spec.key)))  # (`ops.keys`: a window's key)
         clock = self.clock
         now: Timestamp = clock.now
         order = np.argsort(owners, kind="stable")

@@ -30,6 +30,7 @@ from slashrt._kernels import HashAgg, gather, minmax
 from slashrt.errors import OperatorError, SnapshotError
 from slashrt.ops._node import Node
 from slashrt.ops.event_time import I64_MAX, I64_MIN, NO_TIME, window_promise
+from slashrt.ops.keys import codes, decode, key_problem
 from slashrt.snapshot.operators import check, pack_tables, tagged, unpack_tables
 from slashrt.snapshot.state_format import State
 from slashrt.ssb.crdt import AggKind, finalize
@@ -215,10 +216,10 @@ class WindowAggregate(Node):
             kind = "i" if values is None else values.dtype.kind
             self.value_dtype = np.dtype("<f8") if kind == "f" or self.kind is AggKind.MEAN else np.dtype("<i8")
         if keys.dtype != np.int64:
-            if keys.dtype.kind not in "iu":  # its type may be known only now (a with_column)
-                raise OperatorError(self.step_id, f"key column {self.spec.key!r} must be integers, is {keys.dtype}")
+            if (problem := key_problem(keys.dtype)) is not None:  # its type may be known only now (a with_column)
+                raise OperatorError(self.step_id, f"key column {self.spec.key!r} {problem}")
             check_key_type(self.spec, keys.dtype)
-            keys = keys.astype(np.int64)  # a uint64 key keeps its bits (modulo 2**64)
+            keys = codes(keys)  # int64 codes, 1-D (`ops.keys`: a uint64 key keeps its bits)
         if values is not None and values.dtype != self.value_dtype:
             if values.dtype.kind not in "biuf":
                 raise OperatorError(self.step_id, f"column {self.spec.column!r} must be numeric, is {values.dtype}")
@@ -438,7 +439,7 @@ class WindowAggregate(Node):
         out = np.empty(len(keys), dtype=self._result_dtype(values.dtype))
         out["window_start"] = start
         out["window_end"] = end
-        out[self.spec.key] = keys
+        out[self.spec.key] = keys if self.spec.key_dtype is None else decode(keys, self.spec.key_dtype)
         out[self.spec.output] = values
         await self.emit_at(end, Batch(out), self.counters)
 
