@@ -444,14 +444,14 @@ class Stream:
         return self._next(ApplySpec(step_id, self.step_id, fn, fields), fields, time)
 
     def exchange(self, key: str, *, name: str | None = None) -> Stream:
-        """On several executors, send every record to the executor owning its `key` (an integer
-        column; the key partitioning windows use), so that one executor sees all records of a
-        key; on one executor the stream as it is. Notifications downstream wait for records
-        still on their way (pointstamp progress)."""
+        """On several executors, send every record to the executor owning its `key` (a column of
+        any fixed-width type up to 8 bytes, `slashrt.ops.keys`; the key partitioning windows
+        use), so that one executor sees all records of a key; on one executor the stream as it
+        is. Notifications downstream wait for records still on their way (pointstamp progress)."""
         self._need(key, what="exchange(key=...)")
         kind = self.fields[key]
-        if kind is not None and np.dtype(kind).kind not in "iu":
-            raise SchemaError(f"exchange(key={key!r}): the key must be an integer column, {key!r} is {np.dtype(kind)}")
+        if kind is not None and (problem := key_problem(np.dtype(kind))) is not None:
+            raise SchemaError(f"exchange(key={key!r}): column {key!r} {problem}")
         spec = ExchangeSpec(self.flow._step_id(name, "exchange"), self.step_id, key, packed_dtype(self.fields), len(self.scope))
         return self._next(spec)
 

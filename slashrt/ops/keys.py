@@ -1,4 +1,4 @@
-"""Window keys of any fixed-width type up to 8 bytes, as the int64 codes the tables hold.
+"""Keys of any fixed-width type up to 8 bytes (a window's, an exchange's), as int64 codes.
 
 The hash tables, the SSB's partitions, the UpPar routing and the snapshots all key on int64.
 A key column of another type is coded into one, exactly and the same on every executor:
@@ -23,13 +23,13 @@ MAX_KEY_BYTES = 8
 
 
 def key_problem(dtype: np.dtype) -> str | None:
-    """Why a column of `dtype` cannot key a window (a clause), or None if it can."""
+    """Why a column of `dtype` cannot be a key (a clause), or None if it can."""
     if dtype.kind in "iu":
         return None
     if dtype.kind not in "bfSV" or dtype.names is not None or dtype.subdtype is not None:
-        return f"is {dtype}: a window's key is an integer, bytes (S<n>, V<n>), a boolean or a float column"
+        return f"is {dtype}: a key is an integer, bytes (S<n>, V<n>), a boolean or a float column"
     if dtype.itemsize > MAX_KEY_BYTES:
-        return (f"is {dtype}, {dtype.itemsize} bytes wide: a window's key is at most {MAX_KEY_BYTES} bytes "
+        return (f"is {dtype}, {dtype.itemsize} bytes wide: a key is at most {MAX_KEY_BYTES} bytes "
                 "(an integer, S<n> or V<n> with n <= 8, a boolean or a float)")
     return None
 

@@ -44,9 +44,9 @@ from slashrt._batch import Batch
 from slashrt._buffer import Control
 from slashrt._dataflow import ExchangeSpec, WindowAggSpec
 from slashrt._kernels import minmax
-from slashrt.errors import DataflowError
+from slashrt.errors import DataflowError, OperatorError
 from slashrt.ops._node import Node
-from slashrt.ops.keys import codes
+from slashrt.ops.keys import codes, key_problem
 from slashrt.ops.loop_window import LoopWindow
 from slashrt.ops.window import InFrontOfWindow
 from slashrt.progress import Timestamp
@@ -126,7 +126,10 @@ class ExchangeNode(Node):
         if self.partitioning is None:
             await self.emit(batch)
             return
-        owners = self.partitioning.owner_of(codes(batch.column(self.spec.key)))  # (`ops.keys`: a window's key)
+        keys = batch.column(self.spec.key)
+        if (problem := key_problem(keys.dtype)) is not None:  # a column typed only at run time
+            raise OperatorError(self.step_id, f"key column {self.spec.key!r} {problem}")
+        owners = self.partitioning.owner_of(codes(keys))  # (`ops.keys`: any key as its int64 code)
         clock = self.clock
         now: Timestamp = clock.now
         order = np.argsort(owners, kind="stable")

@@ -5,6 +5,8 @@ another executor count; a float key's NaNs are one key and -0.0 another than 0.0
 to the very keys (hypothesis); a wider key is refused in one sentence, when the dataflow is
 built or, for a column typed only at run time, when its first batch comes."""
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -107,9 +109,9 @@ def test_string_keys_through_a_savepoint_resumed_on_another_executor_count(tmp_p
 
 
 @pytest.mark.parametrize(("dtype", "clause"), [
-    ("S16", "is |S16, 16 bytes wide: a window's key is at most 8 bytes"),
-    ("m8[s]", "is timedelta64[s]: a window's key is an integer, bytes (S<n>, V<n>), a boolean or a float column"),
-    ("c16", "is complex128: a window's key is an integer, bytes"),
+    ("S16", "is |S16, 16 bytes wide: a key is at most 8 bytes"),
+    ("m8[s]", "is timedelta64[s]: a key is an integer, bytes (S<n>, V<n>), a boolean or a float column"),
+    ("c16", "is complex128: a key is an integer, bytes"),
 ])
 def test_a_key_wider_than_8_bytes_or_of_another_kind_is_refused_in_one_sentence(dtype, clause):
     f = Dataflow("wide")
@@ -144,3 +146,29 @@ def test_codes_decode_to_the_keys_and_distinct_keys_have_distinct_codes(dtype, n
     assert canonical(back) == canonical(keys)
     # equal keys, equal codes; distinct keys, distinct codes
     assert len(set(c.tolist())) == len(set(canonical(keys)))
+
+
+@pytest.mark.parametrize("key", ["s", "w"])
+@pytest.mark.parametrize("options", [{"executors": 3}, {"executors": 2, "transport": "tcp"}], ids=["3-shm", "2-tcp"])
+def test_an_exchange_on_a_string_key_puts_each_key_on_one_executor(key, options):
+    data = records(30_000)
+    out = np.dtype([(key, data.dtype[key]), ("pid", "<i8")])
+
+    class Tag(slashrt.Operator):
+        """Each record with the process (the executor) it reached."""
+
+        async def on_batch(self, ctx, port, batch):
+            rows = np.empty(len(batch), out)
+            rows[key], rows["pid"] = batch[key], os.getpid()
+            await ctx.emit(rows)
+
+    sink = sinks.Collect()
+    f = Dataflow("xk")
+    f.source("r", data.dtype, time="t").exchange(key=key).operator(Tag(), schema={key: out[key], "pid": "i8"}).sink(sink)
+    slashrt.run(f, {"r": data}, **options)
+    rows = sink.records
+    assert len(rows) == len(data) and len(set(rows["pid"].tolist())) > 1  # every record; more than one executor
+    pids: dict = {}
+    for k, pid in zip(canonical(rows[key]), rows["pid"].tolist()):
+        pids.setdefault(k, set()).add(pid)
+    assert set(pids) == set(canonical(data[key])) and all(len(p) == 1 for p in pids.values())  # a key, one executor
